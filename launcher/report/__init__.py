@@ -1,0 +1,1 @@
+"""Reading what ranks wrote: aggregation into a RunResult, tables, plots and pages."""

@@ -1,0 +1,146 @@
+"""Read every rank's files into a `RunResult`.
+
+Tolerant by design: a rank file cut mid-line (killed rank) is read up to its last whole
+record, a missing rank is reported as missing, and the reasons are kept in `unreadable`.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from launcher.files import read_json, read_jsonl
+from launcher.specs import LaunchSpec, RankResult, RunResult
+
+log = logging.getLogger(__name__)
+
+LOG_TAIL_LINES = 12
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (q in [0, 100]) of a non-empty sequence."""
+    xs = sorted(values)
+    if len(xs) == 1:
+        return xs[0]
+    pos = (len(xs) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def rank_log_tail(run_dir: Path, node_rank: int, local_rank: int, *,
+                  lines: int = LOG_TAIL_LINES) -> tuple[str, ...]:
+    """The last lines of the rank's stderr log (torchrun's per-rank files), newest attempt."""
+    pattern = f"node-{node_rank}/*/attempt_*/{local_rank}/stderr.log"
+    found = sorted((run_dir / "logs").glob(pattern))
+    if not found:
+        return ()
+    text = found[-1].read_text(encoding="utf-8", errors="replace")
+    return tuple(text.splitlines()[-lines:])
+
+
+def _rank_result(run_dir: Path, rank: int, records: list[dict[str, Any]],
+                 summary: dict[str, Any] | None) -> RankResult:
+    start = next((r for r in records if r.get("kind") == "start"), {})
+    steps = [r for r in records if r.get("kind") == "step"]
+    steady = [r for r in steps if not r.get("warmup")] or steps
+    total_time = sum(r["step_time_s"] for r in steady)
+    times = [r["step_time_s"] for r in steady] or [0.0]
+    status = summary["status"] if summary else ("incomplete" if records else "missing")
+    node_rank, local_rank = int(start.get("node_rank", 0)), int(start.get("local_rank", rank))
+    error = summary.get("error") if summary else None
+    failed = status != "ok"
+    peaks = [r["peak_mem_bytes"] for r in steps if r.get("peak_mem_bytes") is not None]
+    return RankResult(
+        rank=rank, local_rank=local_rank, node_rank=node_rank,
+        host=str(start.get("host", "?")), status=status,
+        steps=len(steps), steady_steps=len(steady),
+        samples_per_s=sum(r["samples"] for r in steady) / total_time if total_time else 0.0,
+        units_per_s=sum(r["units"] for r in steady) / total_time if total_time else 0.0,
+        step_time_median_s=statistics.median(times), step_time_p90_s=percentile(times, 90),
+        step_time_max_s=max(times),
+        data_wait_share=(sum(r["data_wait_s"] for r in steady) / total_time) if total_time else 0.0,
+        peak_mem_bytes=max(peaks) if peaks else None,
+        final_loss=steps[-1]["loss"] if steps else None,
+        error=error,
+        log_tail=rank_log_tail(run_dir, node_rank, local_rank) if failed else (),
+    )
+
+
+def load_rank_files(run_dir: Path, world_size: int) -> tuple[dict[int, list[dict[str, Any]]],
+                                                              dict[int, dict[str, Any]], list[str]]:
+    """Records and summaries per rank, and notes on what could not be read."""
+    records: dict[int, list[dict[str, Any]]] = {}
+    summaries: dict[int, dict[str, Any]] = {}
+    notes: list[str] = []
+    for rank in range(world_size):
+        path = run_dir / f"rank-{rank}.jsonl"
+        if path.exists():
+            records[rank], note = read_jsonl(path)
+            if note:
+                notes.append(note)
+        spath = run_dir / f"rank-{rank}.summary.json"
+        if spath.exists():
+            try:
+                summaries[rank] = read_json(spath)
+            except ValueError as e:
+                notes.append(f"{spath.name}: not valid JSON ({e})")
+    return records, summaries, notes
+
+
+def aggregate(run_dir: str | Path, *, exit_code: int | None = None,
+              wall_time_s: float | None = None) -> RunResult:
+    """Aggregate a run directory (written by `dlaunch run`) into a RunResult."""
+    rd = Path(run_dir)
+    spec = LaunchSpec.from_dict(read_json(rd / "launch.json"))
+    records, summaries, notes = load_rank_files(rd, spec.world_size)
+    ranks = tuple(_rank_result(rd, r, records.get(r, []), summaries.get(r))
+                  for r in range(spec.world_size))
+    units = next((rec.get("sample_units") for recs in records.values() for rec in recs
+                  if rec.get("kind") == "workload"), "samples")
+    # plain scripts report their units in the start record of the step meter
+    units = next((rec.get("sample_units") for recs in records.values() for rec in recs
+                  if rec.get("kind") == "start" and rec.get("sample_units")), units)
+    measured = [r for r in ranks if r.steady_steps]
+    slowest = max(measured, key=lambda r: r.step_time_median_s).rank if measured else None
+    failures = _failures(ranks, summaries)
+    all_ok = all(r.status == "ok" for r in ranks) or (spec.is_script and not failures)
+    code = exit_code if exit_code is not None else (0 if all_ok else 1)
+    if spec.is_script and not records:
+        notes.append("the script reported no steps (call launcher.runtime.meter.StepMeter.step() "
+                     "once per step to see its throughput)")
+    return RunResult(
+        run_id=spec.run_id, run_dir=str(rd), workload=spec.workload,
+        world_size=spec.world_size, num_nodes=spec.num_nodes, device=spec.device,
+        strategy="script" if spec.is_script else spec.strategy.kind,
+        precision=spec.strategy.precision,
+        status="ok" if code == 0 and all_ok else "failed", exit_code=code,
+        wall_time_s=wall_time_s if wall_time_s is not None else _wall_time(records),
+        samples_per_s=sum(r.samples_per_s for r in ranks),
+        units_per_s=sum(r.units_per_s for r in ranks),
+        sample_units=str(units),
+        step_time_median_s=statistics.median([r.step_time_median_s for r in measured]) if measured else 0.0,
+        slowest_rank=slowest,
+        data_wait_share=statistics.fmean([r.data_wait_share for r in measured]) if measured else 0.0,
+        ranks=ranks, failures=failures, unreadable=tuple(notes),
+    )
+
+
+def _failures(ranks: tuple[RankResult, ...], summaries: dict[int, dict[str, Any]]) -> tuple[str, ...]:
+    """One line per failed rank, the earliest failure (the likely cause) first."""
+    failed = [r for r in ranks if r.status not in ("ok",)]
+    order = sorted(failed, key=lambda r: summaries.get(r.rank, {}).get("time", float("inf")))
+    out = []
+    for r in order:
+        what = r.error or (r.log_tail[-1] if r.log_tail else f"no summary ({r.status})")
+        out.append(f"rank {r.rank} (host {r.host}, node {r.node_rank}, local rank {r.local_rank}) "
+                   f"{r.status} after {r.steps} steps: {what}")
+    return tuple(out)
+
+
+def _wall_time(records: dict[int, list[dict[str, Any]]]) -> float:
+    times = [rec["time"] for recs in records.values() for rec in recs if "time" in rec]
+    return (max(times) - min(times)) if times else 0.0

@@ -1,0 +1,66 @@
+"""Plain-text tables for the terminal."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from launcher.specs import GIB, RunResult
+
+
+def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Left-aligned first column, right-aligned others, two spaces apart."""
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
+    lines = []
+    for row in (header, *rows):
+        cells = [str(c).ljust(w) if i == 0 else str(c).rjust(w)
+                 for i, (c, w) in enumerate(zip(row, widths))]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def _mem(b: int | None) -> str:
+    return "-" if b is None else f"{b / GIB:.2f} GiB"
+
+
+def _rate(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:,.1f}"
+
+
+def format_run(result: RunResult) -> str:
+    """The summary printed at the end of `dlaunch run`."""
+    units = result.sample_units
+    head = (f"run {result.run_id}: {result.world_size} rank(s) on {result.num_nodes} node(s), "
+            f"{result.device}, {result.strategy} {result.precision}: {result.status.upper()} "
+            f"(exit {result.exit_code}, wall {result.wall_time_s:.1f} s)")
+    header = ["rank", "host", "status", "steps", "samples/s"]
+    if units != "samples":
+        header.append(f"{units}/s")
+    header += ["step med", "p90", "max", "data wait", "peak mem", "loss"]
+    rows = []
+    for r in result.ranks:
+        row = [str(r.rank), f"{r.host}/{r.local_rank}", r.status, str(r.steps), _rate(r.samples_per_s)]
+        if units != "samples":
+            row.append(_rate(r.units_per_s))
+        row += [f"{r.step_time_median_s:.3f}s", f"{r.step_time_p90_s:.3f}s", f"{r.step_time_max_s:.3f}s",
+                f"{100 * r.data_wait_share:.1f}%", _mem(r.peak_mem_bytes),
+                "-" if r.final_loss is None else f"{r.final_loss:.4f}"]
+        rows.append(row)
+    total = ["all", "", result.status, "", _rate(result.samples_per_s)]
+    if units != "samples":
+        total.append(_rate(result.units_per_s))
+    total += [f"{result.step_time_median_s:.3f}s", "", "", f"{100 * result.data_wait_share:.1f}%", "", ""]
+    rows.append(total)
+    out = [head, format_table(header, rows)]
+    if result.slowest_rank is not None and len(result.ranks) > 1:
+        slow = result.ranks[result.slowest_rank]
+        out.append(f"slowest rank: {slow.rank} on {slow.host} (median step {slow.step_time_median_s:.3f} s)")
+    for f in result.failures:
+        out.append(f"FAILED: {f}")
+    for r in result.ranks:
+        if r.status != "ok" and r.log_tail:
+            out.append(f"last lines of rank {r.rank}'s stderr:")
+            out.extend(f"  | {line}" for line in r.log_tail[-6:])
+    for note in result.unreadable:
+        out.append(f"note: {note}")
+    out.append(f"result: {result.run_dir}/result.json")
+    return "\n".join(out)

@@ -1,0 +1,53 @@
+"""Run directories: unique ids, creation that never reuses a directory, the launch spec file."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import secrets
+import time
+from pathlib import Path
+
+from launcher.errors import LaunchError
+
+log = logging.getLogger(__name__)
+
+_SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def new_run_id(workload: str) -> str:
+    """`<stem>-<UTC time>-<random>`: sortable, and unique across concurrent launches."""
+    stem = _SAFE.sub("-", Path(workload).stem)[:40] or "run"
+    return f"{stem}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(3)}"
+
+
+def create_run_dir(path: str | Path | None, run_id: str, *, root: str | Path = "runs") -> Path:
+    """Create the run directory (mode 0750, never world-writable) and return its absolute path.
+
+    An explicit path may exist only if it is empty, so two runs never share one.
+    """
+    p = Path(path) if path is not None else Path(root) / run_id
+    p = p.expanduser().absolute()
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            p.mkdir(mode=0o750)
+        except FileExistsError:
+            if not p.is_dir():
+                raise LaunchError(f"--run-dir {str(path)!r} exists and is not a directory; "
+                                  "give a new directory") from None
+            if any(p.iterdir()):
+                raise LaunchError(f"--run-dir {str(path)!r} already holds a run; "
+                                  "give a new or empty directory") from None
+        probe = p / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except PermissionError:
+        raise LaunchError(f"cannot write to run dir {str(p)!r} (permission denied); "
+                          "give a writable --run-dir") from None
+    except OSError as e:
+        raise LaunchError(f"cannot create run dir {str(p)!r}: {e.strerror}; "
+                          "give a writable --run-dir") from None
+    os.chmod(p, 0o750)
+    return p

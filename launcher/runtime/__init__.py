@@ -1,0 +1,1 @@
+"""Code that runs inside a rank. Never imports cli, backends or report."""

@@ -1,0 +1,75 @@
+"""The rank's view of the job, read from the environment torchrun (or SLURM) sets."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankContext:
+    """Who this process is within the job."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    host: str
+    device_type: str  # cuda | cpu
+
+    @property
+    def is_distributed(self) -> bool:
+        """True when more than one rank takes part."""
+        return self.world_size > 1
+
+    def device(self) -> Any:
+        """The torch.device this rank computes on."""
+        import torch
+
+        return torch.device("cuda", self.local_rank) if self.device_type == "cuda" else torch.device("cpu")
+
+
+def from_env(device_type: str, env: dict[str, str] | None = None) -> RankContext:
+    """Read RANK / LOCAL_RANK / WORLD_SIZE / GROUP_RANK; defaults describe a single process."""
+    e = os.environ if env is None else env
+    return RankContext(
+        rank=int(e.get("RANK", 0)),
+        local_rank=int(e.get("LOCAL_RANK", 0)),
+        world_size=int(e.get("WORLD_SIZE", 1)),
+        local_world_size=int(e.get("LOCAL_WORLD_SIZE", 1)),
+        node_rank=int(e.get("GROUP_RANK", e.get("SLURM_NODEID", 0))),
+        # fake SLURM nodes share one host; the node name tells them apart
+        host=e.get("SLURMD_NODENAME") or socket.gethostname(),
+        device_type=device_type,
+    )
+
+
+def init_distributed(ctx: RankContext, *, timeout_s: float = 1800.0) -> None:
+    """Pick the device and start the process group: nccl on CUDA, gloo on CPU."""
+    import torch
+    import torch.distributed as dist
+
+    if ctx.device_type == "cuda":
+        torch.cuda.set_device(ctx.local_rank)
+    if ctx.is_distributed and not dist.is_initialized():
+        backend = "nccl" if ctx.device_type == "cuda" else "gloo"
+        kwargs: dict[str, Any] = {"backend": backend, "timeout": timedelta(seconds=timeout_s)}
+        if ctx.device_type == "cuda":
+            kwargs["device_id"] = ctx.device()
+        dist.init_process_group(**kwargs)
+        log.debug("rank %d: process group %s up", ctx.rank, backend)
+
+
+def shutdown_distributed() -> None:
+    """Destroy the process group if one is up."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

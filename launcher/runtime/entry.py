@@ -1,0 +1,77 @@
+"""The program torchrun starts in every rank: `python -m launcher.runtime.entry LAUNCH_JSON`.
+
+It reads the launch spec the launcher wrote, builds the workload, trains it under the
+harness, and always leaves a summary file saying how the rank ended. A failure is reported
+as one line on stderr (the traceback goes to the summary file; `DLAUNCH_DEBUG=1` prints it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import traceback
+from types import FrameType
+
+log = logging.getLogger(__name__)
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    # torchrun stops the surviving ranks with SIGTERM when one fails: unwind so the
+    # recorder flushes what this rank measured and writes its summary
+    raise SystemExit(128 + signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one rank; returns the process exit code."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m launcher.runtime.entry LAUNCH_JSON", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    logging.basicConfig(level=logging.DEBUG if os.environ.get("DLAUNCH_DEBUG") else logging.WARNING)
+
+    from launcher.specs import LaunchSpec
+
+    with open(args[0], encoding="utf-8") as f:
+        spec = LaunchSpec.from_dict(json.load(f))
+
+    from launcher.runtime.context import from_env, init_distributed, shutdown_distributed
+    from launcher.runtime.recorder import RankRecorder
+
+    ctx = from_env(spec.device)
+    recorder = RankRecorder(spec.run_dir, ctx.rank, {
+        "local_rank": ctx.local_rank, "node_rank": ctx.node_rank, "world_size": ctx.world_size,
+        "host": ctx.host, "device": spec.device, "strategy": spec.strategy.kind,
+        "precision": spec.strategy.precision, "micro_batch": spec.micro_batch,
+        "grad_accum_steps": spec.grad_accum_steps,
+    })
+    try:
+        from launcher.runtime.harness import train
+        from launcher.workload import load_workload
+
+        workload = load_workload(spec.workload, spec.workload_args)
+        recorder.add({"kind": "workload", "sample_units": workload.sample_units,
+                      "units_per_sample": workload.units_per_sample})
+        init_distributed(ctx)
+        train(workload, spec, ctx, recorder)
+        recorder.finish("ok")
+        return 0
+    except BaseException as e:  # noqa: BLE001 - every way out must leave a summary
+        recorder.finish("failed", error=e)
+        if os.environ.get("DLAUNCH_DEBUG"):
+            traceback.print_exc()
+        else:
+            print(f"rank {ctx.rank} failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1 if not isinstance(e, SystemExit) else int(e.code or 1)
+    finally:
+        try:
+            shutdown_distributed()
+        except Exception as e:  # a broken group cannot be torn down cleanly; say so, go on
+            log.debug("process group teardown failed: %s", e)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""The one place a model is wrapped for a strategy: DDP, FSDP2 (full / grad-op shard),
+hybrid shard on a 2-D mesh, activation checkpointing per block, torch.compile.
+
+The harness only sees `Wrapped`: the module to call and a context manager that turns
+gradient synchronisation off for the non-final micro-batches of an accumulation window.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from launcher.runtime.context import RankContext
+from launcher.specs import Strategy
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Wrapped:
+    """A model ready to train, and how to skip its gradient sync."""
+
+    module: Any
+    no_sync: Callable[[], contextlib.AbstractContextManager[None]]
+    compiled: bool = False
+
+
+def _ddp_no_sync(model: Any) -> Callable[[], contextlib.AbstractContextManager[None]]:
+    return model.no_sync
+
+
+def _fsdp_no_sync(model: Any) -> Callable[[], contextlib.AbstractContextManager[None]]:
+    @contextlib.contextmanager
+    def off() -> Iterator[None]:
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+
+    return off
+
+
+def _checkpoint_blocks(blocks: list[Any]) -> None:
+    # non-reentrant: works with FSDP2 and compile, and with inputs that need no grad
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl,
+        checkpoint_wrapper,
+    )
+
+    for block in blocks:
+        parent, name = block._dlaunch_parent
+        setattr(parent, name, checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT))
+
+
+def _locate(model: Any, blocks: list[Any]) -> None:
+    """Remember each block's parent so it can be replaced in place."""
+    ids = {id(b): b for b in blocks}
+    for parent in model.modules():
+        for name, child in parent.named_children():
+            if id(child) in ids:
+                child._dlaunch_parent = (parent, name)
+
+
+def wrap(model: Any, strategy: Strategy, ctx: RankContext, blocks: list[Any]) -> Wrapped:
+    """Apply `strategy` to `model` (already on this rank's device) and return it ready to train."""
+    import torch
+
+    if strategy.activation_checkpointing and blocks:
+        _locate(model, blocks)
+        _checkpoint_blocks(blocks)
+        blocks = [getattr(b._dlaunch_parent[0], b._dlaunch_parent[1]) for b in blocks]
+    compiled = False
+    if strategy.kind == "ddp":
+        if strategy.compile:
+            model = torch.compile(model, mode=strategy.compile_mode)
+            compiled = True
+        if not ctx.is_distributed:
+            return Wrapped(module=model, no_sync=contextlib.nullcontext, compiled=compiled)
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        device_ids = [ctx.local_rank] if ctx.device_type == "cuda" else None
+        # grads as bucket views: no second copy of the gradients
+        ddp = DDP(model, device_ids=device_ids, gradient_as_bucket_view=True)
+        return Wrapped(module=ddp, no_sync=_ddp_no_sync(ddp), compiled=compiled)
+    return _wrap_fsdp(model, strategy, ctx, blocks)
+
+
+def _wrap_fsdp(model: Any, strategy: Strategy, ctx: RankContext, blocks: list[Any]) -> Wrapped:
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    if strategy.kind == "hybrid":
+        replicas = ctx.world_size // ctx.local_world_size
+        mesh = init_device_mesh(ctx.device_type, (replicas, ctx.local_world_size),
+                                mesh_dim_names=("replicate", "shard"))
+    else:
+        mesh = init_device_mesh(ctx.device_type, (ctx.world_size,))
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(strategy.precision)
+    # params gathered at the compute dtype, gradients reduced in fp32
+    mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else MixedPrecisionPolicy()
+    reshard = strategy.kind != "fsdp_grad_op"
+    compiled = False
+    for block in blocks:
+        if strategy.compile:
+            # compile each block, not the root: FSDP's block loop breaks a whole-model graph
+            block.compile(mode=strategy.compile_mode)
+            compiled = True
+        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+    return Wrapped(module=model, no_sync=_fsdp_no_sync(model), compiled=compiled)

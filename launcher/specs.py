@@ -1,0 +1,416 @@
+"""Frozen, keyword-only dataclasses shared by every part of dlaunch.
+
+They are plain values: no torch, no I/O. Each validates itself in `__post_init__` and raises a
+`DlaunchError` subclass, so a bad value is caught where it is made, not deep in a rank.
+Units are in the names: `_bytes`, `_gib`, `_s`, `_gb_s` (10^9 bytes per second), `_us`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from launcher.errors import PlanError, TopologyError, UsageError
+
+GIB = 1024**3
+
+LINK_KINDS = (
+    "nvswitch",  # every GPU pair through NVSwitch
+    "nvlink",  # direct NVLink (bridges, meshes)
+    "pcie",  # PCIe with peer-to-peer access
+    "pcie-nop2p",  # PCIe, copies bounce through host memory
+    "shm",  # processes on one host (CPU, gloo over shared memory / loopback)
+    "infiniband",
+    "roce",
+    "ethernet",
+)
+DEVICES = ("cuda", "cpu")
+STRATEGIES = ("ddp", "fsdp_full", "fsdp_grad_op", "hybrid")
+PRECISIONS = ("fp32", "bf16", "fp16")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def _check(cond: bool, err: type[Exception], msg: str) -> None:
+    if not cond:
+        raise err(msg)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Link:
+    """One interconnect: achievable bus bandwidth per device in one direction, and latency."""
+
+    kind: str
+    bw_gb_s: float
+    latency_us: float
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        _check(self.kind in LINK_KINDS, TopologyError,
+               f"unknown link kind {self.kind!r}; use one of {', '.join(LINK_KINDS)}")
+        _check(self.bw_gb_s > 0, TopologyError,
+               f"link {self.kind}: bw_gb_s must be > 0, got {self.bw_gb_s}")
+        _check(self.latency_us >= 0, TopologyError,
+               f"link {self.kind}: latency_us must be >= 0, got {self.latency_us}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceSpec:
+    """One accelerator (or, on CPU, one process's share of the host)."""
+
+    name: str
+    mem_gib: float
+    # peak dense TFLOP/s by dtype: keys among fp32, tf32, bf16, fp16
+    peak_tflops: Mapping[str, float]
+    # CUDA compute capability (major, minor); None for CPUs
+    compute_capability: tuple[int, int] | None = None
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        _check(self.mem_gib > 0, TopologyError,
+               f"device {self.name}: mem_gib must be > 0, got {self.mem_gib}")
+        _check("fp32" in self.peak_tflops, TopologyError,
+               f"device {self.name}: peak_tflops needs at least an fp32 entry")
+        for dtype, tflops in self.peak_tflops.items():
+            _check(dtype in ("fp32", "tf32", "bf16", "fp16"), TopologyError,
+                   f"device {self.name}: unknown dtype {dtype!r} in peak_tflops")
+            _check(tflops > 0, TopologyError,
+                   f"device {self.name}: peak_tflops[{dtype}] must be > 0, got {tflops}")
+
+    @property
+    def supports_bf16(self) -> bool:
+        """bf16 needs compute capability >= 8.0 on GPUs, a bf16 unit (listed peak) on CPUs."""
+        if self.compute_capability is not None:
+            return self.compute_capability >= (8, 0)
+        return "bf16" in self.peak_tflops
+
+
+@dataclass(frozen=True, kw_only=True)
+class Nic:
+    """A network interface seen on a node."""
+
+    name: str
+    kind: str  # infiniband | roce | ethernet
+    speed_gbit_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Topology:
+    """A machine or cluster: nodes, devices per node, and the links between them."""
+
+    name: str
+    device: str
+    num_nodes: int
+    devices_per_node: int
+    accelerator: DeviceSpec
+    intra_node: Link
+    inter_node: Link | None = None
+    cpu_cores_per_node: int = 1
+    nics: tuple[Nic, ...] = ()
+    # pairwise link kinds from detection (row i, column j); empty for topology files
+    device_links: tuple[tuple[str, ...], ...] = ()
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        _check(self.device in DEVICES, TopologyError,
+               f"topology {self.name}: device must be one of {DEVICES}, got {self.device!r}")
+        _check(self.num_nodes >= 1, TopologyError,
+               f"topology {self.name}: num_nodes must be >= 1, got {self.num_nodes}")
+        _check(self.devices_per_node >= 1, TopologyError,
+               f"topology {self.name}: devices_per_node must be >= 1, got {self.devices_per_node}")
+        _check(self.num_nodes == 1 or self.inter_node is not None, TopologyError,
+               f"topology {self.name}: {self.num_nodes} nodes need an inter_node link")
+
+    @property
+    def world_size(self) -> int:
+        """Total number of ranks (one per device)."""
+        return self.num_nodes * self.devices_per_node
+
+    def with_shape(self, *, num_nodes: int, devices_per_node: int) -> Topology:
+        """The same hardware with a different number of nodes or devices per node."""
+        return dataclasses.replace(self, num_nodes=num_nodes, devices_per_node=devices_per_node,
+                                   device_links=())
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelProfile:
+    """What the planner needs to know about a model, measured on the meta device."""
+
+    name: str
+    num_params: int
+    bytes_by_dtype: Mapping[str, int]
+    num_blocks: int
+    largest_block_params: int
+    activation_bytes_per_sample: float  # saved for backward, per sample, at the profiled dtype
+    block_input_bytes_per_sample: float  # one block's input: what checkpointing keeps per block
+    flops_fwd_per_sample: float
+    units_per_sample: int = 1  # e.g. tokens per sequence
+    sample_units: str = "samples"
+
+    def __post_init__(self) -> None:
+        _check(self.num_params > 0, PlanError, f"model {self.name} has no parameters")
+        _check(self.activation_bytes_per_sample >= 0, PlanError,
+               f"model {self.name}: negative activation bytes")
+        _check(self.units_per_sample >= 1, PlanError,
+               f"model {self.name}: units_per_sample must be >= 1")
+
+    @property
+    def param_bytes(self) -> int:
+        """Bytes of all parameters at their stored dtype."""
+        return sum(self.bytes_by_dtype.values())
+
+
+@dataclass(frozen=True, kw_only=True)
+class Strategy:
+    """How each rank wraps and runs the model."""
+
+    kind: str = "ddp"
+    precision: str = "fp32"
+    activation_checkpointing: bool = False
+    compile: bool = False
+    compile_mode: str = "default"
+
+    def __post_init__(self) -> None:
+        _check(self.kind in STRATEGIES, UsageError,
+               f"unknown strategy {self.kind!r}; use one of {', '.join(STRATEGIES)}")
+        _check(self.precision in PRECISIONS, UsageError,
+               f"unknown precision {self.precision!r}; use one of {', '.join(PRECISIONS)}")
+        _check(self.compile_mode in COMPILE_MODES, UsageError,
+               f"unknown compile mode {self.compile_mode!r}; use one of {', '.join(COMPILE_MODES)}")
+
+    @property
+    def uses_grad_scaler(self) -> bool:
+        """fp16 needs loss scaling; bf16 and fp32 do not."""
+        return self.precision == "fp16"
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoaderSpec:
+    """DataLoader settings the harness applies to every workload's dataset."""
+
+    num_workers: int = 0
+    prefetch_factor: int = 2
+    persistent_workers: bool = True
+    pin_memory: bool = True  # only takes effect on CUDA
+    shuffle: bool = True
+
+    def __post_init__(self) -> None:
+        _check(self.num_workers >= 0, UsageError,
+               f"--num-workers must be >= 0, got {self.num_workers}")
+        _check(self.prefetch_factor >= 1, UsageError,
+               f"--prefetch-factor must be >= 1, got {self.prefetch_factor}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchSpec:
+    """Everything a backend needs to start a job and every rank needs to run it."""
+
+    workload: str  # absolute path of the workload file or plain script
+    workload_args: tuple[str, ...] = ()
+    is_script: bool = False  # a plain torchrun script: launched unchanged
+    run_id: str
+    run_dir: str  # absolute
+    device: str = "cpu"
+    num_nodes: int = 1
+    nproc_per_node: int = 1
+    steps: int = 20
+    warmup_steps: int = 3
+    micro_batch: int = 8
+    grad_accum_steps: int = 1
+    seed: int = 0
+    log_every: int = 10
+    strategy: Strategy = field(default_factory=Strategy)
+    loader: LoaderSpec = field(default_factory=LoaderSpec)
+    env: Mapping[str, str] = field(default_factory=dict)  # extra environment for the ranks
+
+    def __post_init__(self) -> None:
+        _check(self.device in DEVICES, UsageError, f"device must be one of {DEVICES}")
+        _check(self.num_nodes >= 1, UsageError, f"--nodes must be >= 1, got {self.num_nodes}")
+        _check(self.nproc_per_node >= 1, UsageError,
+               f"--gpus must be >= 1, got {self.nproc_per_node}")
+        _check(self.steps >= 1, UsageError, f"--steps must be >= 1, got {self.steps}")
+        _check(0 <= self.warmup_steps < self.steps, UsageError,
+               f"--warmup-steps must be >= 0 and below --steps ({self.steps}), "
+               f"got {self.warmup_steps}")
+        _check(self.micro_batch >= 1, UsageError,
+               f"--micro-batch must be >= 1, got {self.micro_batch}")
+        _check(self.grad_accum_steps >= 1, UsageError,
+               f"--grad-accum must be >= 1, got {self.grad_accum_steps}")
+        _check(self.log_every >= 1, UsageError, f"--log-every must be >= 1, got {self.log_every}")
+
+    @property
+    def world_size(self) -> int:
+        """Total ranks across all nodes."""
+        return self.num_nodes * self.nproc_per_node
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per optimizer step across all ranks."""
+        return self.micro_batch * self.grad_accum_steps * self.world_size
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (what ranks read back with `from_dict`)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LaunchSpec:
+        """Rebuild a spec written by `to_dict`."""
+        d = dict(data)
+        d["strategy"] = Strategy(**d.get("strategy", {}))
+        d["loader"] = LoaderSpec(**d.get("loader", {}))
+        d["workload_args"] = tuple(d.get("workload_args", ()))
+        return cls(**d)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankResult:
+    """One rank's measurements, aggregated from its rank file."""
+
+    rank: int
+    local_rank: int
+    node_rank: int
+    host: str
+    status: str  # ok | failed | incomplete | missing
+    steps: int  # optimizer steps recorded
+    steady_steps: int  # steps after warm-up
+    samples_per_s: float
+    units_per_s: float
+    step_time_median_s: float
+    step_time_p90_s: float
+    step_time_max_s: float
+    data_wait_share: float
+    peak_mem_bytes: int | None = None
+    final_loss: float | None = None
+    error: str | None = None
+    log_tail: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunResult:
+    """A whole run: every rank plus the aggregate, as written to `result.json`."""
+
+    run_id: str
+    run_dir: str
+    workload: str
+    world_size: int
+    num_nodes: int
+    device: str
+    strategy: str
+    precision: str
+    status: str  # ok | failed
+    exit_code: int
+    wall_time_s: float
+    samples_per_s: float
+    units_per_s: float
+    sample_units: str
+    step_time_median_s: float
+    slowest_rank: int | None
+    data_wait_share: float
+    ranks: tuple[RankResult, ...]
+    failures: tuple[str, ...] = ()
+    unreadable: tuple[str, ...] = ()  # rank files that could not be read, and why
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RunResult:
+        """Rebuild a result written by `to_dict`."""
+        d = dict(data)
+        d["ranks"] = tuple(RankResult(**{**r, "log_tail": tuple(r.get("log_tail", ()))})
+                           for r in d.get("ranks", ()))
+        d["failures"] = tuple(d.get("failures", ()))
+        d["unreadable"] = tuple(d.get("unreadable", ()))
+        return cls(**d)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Goal:
+    """What the user wants trained: global batch, sequence length, optimizer."""
+
+    global_batch: int | None = None  # samples per optimizer step; None: the planner picks
+    seq_len: int | None = None  # overrides the profile's units_per_sample for sequence models
+    optimizer: str = "adamw"
+    headroom: float = 0.10  # fraction of device memory a plan must leave free
+
+    def __post_init__(self) -> None:
+        _check(self.global_batch is None or self.global_batch >= 1, UsageError,
+               f"--global-batch must be >= 1, got {self.global_batch}")
+        _check(self.seq_len is None or self.seq_len >= 1, UsageError,
+               f"--seq-len must be >= 1, got {self.seq_len}")
+        _check(self.optimizer in ("adamw", "sgd"), UsageError,
+               f"unknown optimizer {self.optimizer!r}; use adamw or sgd")
+        _check(0 <= self.headroom < 1, UsageError,
+               f"headroom must be in [0, 1), got {self.headroom}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryEstimate:
+    """Predicted peak memory of one rank, by term."""
+
+    params_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    overhead_bytes: float  # CUDA context, allocator slack, DDP buckets, FSDP unsharded units
+    assumptions: str = ""
+
+    @property
+    def total_bytes(self) -> float:
+        """Sum of all terms."""
+        return (self.params_bytes + self.grads_bytes + self.optimizer_bytes
+                + self.activations_bytes + self.overhead_bytes)
+
+    @property
+    def total_gib(self) -> float:
+        """Total in GiB."""
+        return self.total_bytes / GIB
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepTimeEstimate:
+    """Predicted time of one optimizer step on one rank."""
+
+    compute_s: float
+    comm_total_s: float
+    comm_exposed_s: float
+
+    @property
+    def step_time_s(self) -> float:
+        """Compute plus the communication backward cannot hide."""
+        return self.compute_s + self.comm_exposed_s
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """One point of the planner's search, fitting or not, with the reason it lost."""
+
+    strategy: Strategy
+    micro_batch: int
+    grad_accum_steps: int
+    memory: MemoryEstimate
+    time: StepTimeEstimate
+    fits: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """The planner's recommendation and why."""
+
+    chosen: Candidate
+    world_size: int
+    num_nodes: int
+    global_batch: int
+    units_per_s: float
+    scaling_efficiency: float
+    env: Mapping[str, str]
+    reasons: tuple[str, ...]
+    rejected: tuple[Candidate, ...]
+    usable_mem_bytes: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return dataclasses.asdict(self)

@@ -1,0 +1,231 @@
+"""The workload contract and the loader of a workload file.
+
+A workload is one Python file that declares the model, the data and the loss; the harness owns
+the loop, so every plan (wrapping, precision, compile, accumulation) is applied the same way:
+
+    DEFAULTS = {"size": "tiny"}                  # optional: options settable with `-- --size small`
+    def build_model(cfg) -> nn.Module            # must also work under `with torch.device("meta")`
+    def make_dataset(cfg, num_samples) -> Dataset   # map-style; item i is deterministic
+    def loss_fn(model, batch) -> Tensor
+    def blocks(model) -> list[nn.Module]         # optional: units for FSDP wrapping / checkpointing
+    SAMPLE_UNITS = "tokens"                      # optional: what throughput counts
+    def units_per_sample(cfg) -> int             # optional: e.g. the sequence length
+
+A file that defines none of these names but has an `if __name__ == "__main__":` block is a
+plain torchrun script: dlaunch launches it unchanged.
+
+`inspect_file` reads a file without executing it (the launcher must not import torch, which a
+workload does); `load_workload` imports it (inside a rank, or for profiling).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import logging
+import sys
+import types
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from launcher.errors import WorkloadError
+
+log = logging.getLogger(__name__)
+
+REQUIRED = ("build_model", "make_dataset", "loss_fn")
+OPTIONAL = ("blocks", "DEFAULTS", "SAMPLE_UNITS", "units_per_sample")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FileKind:
+    """What a file is, decided from its syntax tree alone."""
+
+    path: Path
+    is_script: bool
+
+
+def _resolve(path: str | Path) -> Path:
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise WorkloadError(f"workload file {str(path)!r} does not exist; "
+                            "give the path of a .py file (see workloads/ for examples)")
+    if not p.is_file() or p.suffix != ".py":
+        raise WorkloadError(f"workload {str(path)!r} is not a .py file; "
+                            "give the path of a Python file such as workloads/gpt.py")
+    return p.resolve()
+
+
+def _has_main_guard(tree: ast.Module) -> bool:
+    for node in tree.body:
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Compare):
+            names = {n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)}
+            consts = {n.value for n in ast.walk(node.test) if isinstance(n, ast.Constant)}
+            if "__name__" in names and "__main__" in consts:
+                return True
+    return False
+
+
+def _top_level_names(tree: ast.Module) -> set[str]:
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.ImportFrom | ast.Import):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return names
+
+
+def inspect_file(path: str | Path, *, force_script: bool = False) -> FileKind:
+    """Classify a file as a workload or a plain script without running it.
+
+    Raises WorkloadError for a missing file, a syntax error, a partial contract, or a file that
+    is neither a workload nor a script.
+    """
+    p = _resolve(path)
+    try:
+        tree = ast.parse(p.read_text(encoding="utf-8"), filename=str(p))
+    except SyntaxError as e:
+        raise WorkloadError(f"workload {str(path)!r} has a syntax error at line {e.lineno}: "
+                            f"{e.msg}; fix the file and run again") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise WorkloadError(f"cannot read workload {str(path)!r}: {e}") from None
+    if force_script:
+        return FileKind(path=p, is_script=True)
+    names = _top_level_names(tree)
+    present = [n for n in REQUIRED if n in names]
+    if present and len(present) < len(REQUIRED):
+        missing = ", ".join(n for n in REQUIRED if n not in names)
+        raise WorkloadError(f"workload {str(path)!r} defines {', '.join(present)} but not "
+                            f"{missing}; a workload needs all of {', '.join(REQUIRED)}")
+    if present:
+        return FileKind(path=p, is_script=False)
+    if _has_main_guard(tree):
+        return FileKind(path=p, is_script=True)
+    raise WorkloadError(f"{str(path)!r} is neither a workload (it defines none of "
+                        f"{', '.join(REQUIRED)}) nor a script (no `if __name__ == \"__main__\":` "
+                        "block); see workloads/mlp.py for the contract")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Workload:
+    """A loaded workload module, with its options resolved."""
+
+    path: Path
+    module: types.ModuleType
+    cfg: types.SimpleNamespace
+    sample_units: str = "samples"
+    units_per_sample: int = 1
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+
+    def build_model(self) -> Any:
+        """Build the model (under whatever device context the caller set)."""
+        return self._call("build_model", self.cfg)
+
+    def make_dataset(self, num_samples: int) -> Any:
+        """The map-style dataset the harness wraps in a DataLoader."""
+        return self._call("make_dataset", self.cfg, num_samples)
+
+    def loss_fn(self, model: Any, batch: Any) -> Any:
+        """The loss of one micro-batch (hot path: no wrapping of exceptions here)."""
+        return self.module.loss_fn(model, batch)
+
+    def blocks(self, model: Any) -> list[Any]:
+        """The repeated units for FSDP wrapping and checkpointing; [] when not declared."""
+        fn: Callable[[Any], Sequence[Any]] | None = getattr(self.module, "blocks", None)
+        return list(fn(model)) if fn is not None else []
+
+    def _call(self, name: str, *args: Any) -> Any:
+        try:
+            return getattr(self.module, name)(*args)
+        except WorkloadError:
+            raise
+        except Exception as e:
+            raise WorkloadError(f"workload {self.path.name}: {name}() raised "
+                                f"{type(e).__name__}: {e}") from e
+
+
+def parse_options(defaults: Mapping[str, Any], args: Sequence[str], *,
+                  source: str) -> dict[str, Any]:
+    """Apply `--key value` / `--key=value` / `--flag` pairs to a workload's DEFAULTS.
+
+    Values take the type of the default (bool accepts true/false/1/0); unknown keys are errors.
+    """
+    cfg = dict(defaults)
+    items = list(args)
+    i = 0
+    while i < len(items):
+        tok = items[i]
+        if not tok.startswith("--") or tok == "--":
+            raise WorkloadError(f"{source}: expected --option, got {tok!r}; "
+                                f"options: {', '.join('--' + k for k in defaults) or 'none'}")
+        key, _, value = tok[2:].partition("=")
+        key = key.replace("-", "_")
+        if key not in defaults:
+            raise WorkloadError(f"{source}: unknown option --{key}; "
+                                f"options: {', '.join('--' + k for k in defaults) or 'none'}")
+        default = defaults[key]
+        if not value and "=" not in tok:
+            if isinstance(default, bool) and (i + 1 >= len(items) or items[i + 1].startswith("--")):
+                value = "true"
+            elif i + 1 < len(items):
+                i += 1
+                value = items[i]
+            else:
+                raise WorkloadError(f"{source}: --{key} needs a value")
+        cfg[key] = _coerce(default, value, key=key, source=source)
+        i += 1
+    return cfg
+
+
+def _coerce(default: Any, value: str, *, key: str, source: str) -> Any:
+    try:
+        if isinstance(default, bool):
+            low = value.lower()
+            if low not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError(value)
+            return low in ("true", "1", "yes")
+        if isinstance(default, int):
+            return int(value)
+        if isinstance(default, float):
+            return float(value)
+    except ValueError:
+        raise WorkloadError(f"{source}: --{key} expects a {type(default).__name__}, "
+                            f"got {value!r}") from None
+    return value
+
+
+def load_workload(path: str | Path, args: Sequence[str] = ()) -> Workload:
+    """Import a workload file and resolve its options; every failure is one WorkloadError line."""
+    kind = inspect_file(path)
+    if kind.is_script:
+        raise WorkloadError(f"{str(path)!r} is a plain script, not a workload: it defines none of "
+                            f"{', '.join(REQUIRED)}")
+    p = kind.path
+    mod_name = f"dlaunch_workload_{p.stem}"
+    spec = importlib.util.spec_from_file_location(mod_name, p)
+    if spec is None or spec.loader is None:
+        raise WorkloadError(f"cannot import workload {str(path)!r}")
+    module = importlib.util.module_from_spec(spec)
+    # registered before exec so dataclasses and pickling (DataLoader workers) can find it
+    sys.modules[mod_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        sys.modules.pop(mod_name, None)
+        raise WorkloadError(f"workload {str(path)!r} raised on import: "
+                            f"{type(e).__name__}: {e}") from e
+    defaults = dict(getattr(module, "DEFAULTS", {}) or {})
+    cfg_dict = parse_options(defaults, args, source=f"workload {p.name}")
+    cfg = types.SimpleNamespace(**cfg_dict)
+    units_fn = getattr(module, "units_per_sample", None)
+    units = int(units_fn(cfg)) if callable(units_fn) else 1
+    if units < 1:
+        raise WorkloadError(f"workload {p.name}: units_per_sample() returned {units}; must be >= 1")
+    return Workload(path=p, module=module, cfg=cfg, defaults=defaults,
+                    sample_units=str(getattr(module, "SAMPLE_UNITS", "samples")),
+                    units_per_sample=units)

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The two set-up commands of the README:
+#   bash scripts/dev.sh demo   create .venv, install dlaunch, run a 2-process training run
+#   bash scripts/dev.sh test   create .venv, install dlaunch with test deps, run the test suite
+# Needs only bash and Python >= 3.10 with venv. On a machine without an NVIDIA driver it pins
+# torch==2.13.0, which resolves to the CPU wheel, never the multi-gigabyte CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+
+setup() {
+  if [ ! -x "$VENV/bin/python" ]; then
+    "$PY" -m venv "$VENV"
+  fi
+  local stamp="$VENV/.dlaunch-installed"
+  if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    if ! command -v nvidia-smi >/dev/null 2>&1; then
+      "$VENV/bin/pip" install -q "torch==2.13.0"
+    fi
+    "$VENV/bin/pip" install -q -e ".[dev]"
+    touch "$stamp"
+  fi
+}
+
+case "${1:-}" in
+  demo)
+    setup
+    "$VENV/bin/dlaunch" run workloads/gpt.py --gpus 2 --steps 30
+    ;;
+  test)
+    setup
+    shift
+    "$VENV/bin/python" -m pytest -q -rs "$@"
+    ;;
+  *)
+    echo "usage: bash scripts/dev.sh demo|test [pytest args]" >&2
+    exit 2
+    ;;
+esac
