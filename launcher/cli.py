@@ -94,8 +94,6 @@ def _detect_device(requested: int) -> str:
 
     found = count_gpus()
     if found == 0:
-        print(f"dlaunch: no CUDA GPU on this machine; running {requested} CPU process(es) with gloo",
-              file=sys.stderr)
         return "cpu"
     if found < requested:
         raise UsageError(f"--gpus {requested} asked for more GPUs than this machine has ({found}); "
@@ -145,6 +143,9 @@ def cmd_run(args: argparse.Namespace, workload_args: list[str]) -> int:
     launch_spec_from_args(args, workload_args, device=device, run_dir="/nonexistent",
                           run_id=run_id, is_script=kind.is_script)
     run_dir = str(create_run_dir(args.run_dir, run_id))
+    if device == "cpu":
+        print(f"dlaunch: no CUDA GPU on this machine; running {args.gpus} CPU process(es) with gloo",
+              file=sys.stderr)
     spec = launch_spec_from_args(args, workload_args, device=device, run_dir=run_dir,
                                  run_id=run_id, is_script=kind.is_script)
     from launcher.runner import run_local

@@ -29,6 +29,10 @@ def create_run_dir(path: str | Path | None, run_id: str, *, root: str | Path = "
     """
     p = Path(path) if path is not None else Path(root) / run_id
     p = p.expanduser().absolute()
+    blocker = next((a for a in p.parents if a.exists() and not a.is_dir()), None)
+    if blocker is not None:
+        raise LaunchError(f"cannot create run dir {str(p)!r}: {str(blocker)!r} is a file, not a "
+                          "directory; give a writable --run-dir")
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
         try:

@@ -60,6 +60,7 @@ def rank_env(spec: LaunchSpec, *, base_env: Mapping[str, str], cores: int) -> di
     env: dict[str, str] = {
         "DLAUNCH_RUN_DIR": spec.run_dir,
         "DLAUNCH_RUN_ID": spec.run_id,
+        "DLAUNCH_WARMUP_STEPS": str(spec.warmup_steps),
         "PYTHONUNBUFFERED": "1",
         "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": LINE_PREFIX,
         # the package may be used from a checkout without being installed

@@ -42,14 +42,28 @@ def rank_log_tail(run_dir: Path, node_rank: int, local_rank: int, *,
     return tuple(text.splitlines()[-lines:])
 
 
+def _script_status(run_dir: Path, rank: int, exit_code: int | None) -> str:
+    """A plain script without the step meter leaves no summary: judge by exit code and log."""
+    if exit_code == 0:
+        return "ok"
+    tail = rank_log_tail(run_dir, 0, rank)
+    return "failed" if any("Error" in line or "Traceback" in line for line in tail) else "stopped"
+
+
 def _rank_result(run_dir: Path, rank: int, records: list[dict[str, Any]],
-                 summary: dict[str, Any] | None) -> RankResult:
+                 summary: dict[str, Any] | None, *, script_exit: int | None = None,
+                 is_script: bool = False) -> RankResult:
     start = next((r for r in records if r.get("kind") == "start"), {})
     steps = [r for r in records if r.get("kind") == "step"]
     steady = [r for r in steps if not r.get("warmup")] or steps
     total_time = sum(r["step_time_s"] for r in steady)
     times = [r["step_time_s"] for r in steady] or [0.0]
-    status = summary["status"] if summary else ("incomplete" if records else "missing")
+    if summary:
+        status = summary["status"]
+    elif is_script:
+        status = _script_status(run_dir, rank, script_exit)
+    else:
+        status = "incomplete" if records else "missing"
     node_rank, local_rank = int(start.get("node_rank", 0)), int(start.get("local_rank", rank))
     error = summary.get("error") if summary else None
     failed = status != "ok"
@@ -97,7 +111,8 @@ def aggregate(run_dir: str | Path, *, exit_code: int | None = None,
     rd = Path(run_dir)
     spec = LaunchSpec.from_dict(read_json(rd / "launch.json"))
     records, summaries, notes = load_rank_files(rd, spec.world_size)
-    ranks = tuple(_rank_result(rd, r, records.get(r, []), summaries.get(r))
+    ranks = tuple(_rank_result(rd, r, records.get(r, []), summaries.get(r),
+                               script_exit=exit_code, is_script=spec.is_script)
                   for r in range(spec.world_size))
     units = next((rec.get("sample_units") for recs in records.values() for rec in recs
                   if rec.get("kind") == "workload"), "samples")
@@ -107,11 +122,13 @@ def aggregate(run_dir: str | Path, *, exit_code: int | None = None,
     measured = [r for r in ranks if r.steady_steps]
     slowest = max(measured, key=lambda r: r.step_time_median_s).rank if measured else None
     failures = _failures(ranks, summaries)
-    all_ok = all(r.status == "ok" for r in ranks) or (spec.is_script and not failures)
+    all_ok = all(r.status == "ok" for r in ranks)
     code = exit_code if exit_code is not None else (0 if all_ok else 1)
     if spec.is_script and not records:
         notes.append("the script reported no steps (call launcher.runtime.meter.StepMeter.step() "
                      "once per step to see its throughput)")
+    if code != 0 and all_ok:
+        failures = failures + (f"torchrun exited {code} although every rank reported success",)
     return RunResult(
         run_id=spec.run_id, run_dir=str(rd), workload=spec.workload,
         world_size=spec.world_size, num_nodes=spec.num_nodes, device=spec.device,

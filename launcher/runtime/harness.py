@@ -157,7 +157,7 @@ def train(workload: Workload, spec: LaunchSpec, ctx: RankContext, recorder: Rank
         optimizer.zero_grad(set_to_none=True)
         marks.append(clock.stop(start))
         losses.append(step_loss)
-        window.append({"kind": "step", "step": step, "data_wait_s": data_wait,
+        window.append({"kind": "step", "step": step, "end_time": time.time(), "data_wait_s": data_wait,
                        "samples": samples_per_step, "units": units_per_step,
                        "warmup": step <= spec.warmup_steps})
         if step % spec.log_every == 0 or step == spec.steps or (

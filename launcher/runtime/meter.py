@@ -1,0 +1,93 @@
+"""A tiny helper for plain torchrun scripts that run their own loop.
+
+    from launcher.runtime.meter import StepMeter
+    meter = StepMeter(samples_per_step=32)
+    for batch in loader:
+        ...                      # the script's own step
+        meter.step(loss=loss)    # once per optimizer step; loss may be a float, a tensor or None
+
+Under `dlaunch run` the steps land in the run dir like a workload's; run without dlaunch
+(no DLAUNCH_RUN_DIR), the meter does nothing. It imports no torch. Timing is host wall time
+between calls, so on CUDA it is exact only if the loop synchronises (e.g. `loss.item()`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import socket
+import sys
+import time
+from types import TracebackType
+from typing import Any
+
+from launcher.runtime.recorder import RankRecorder
+
+log = logging.getLogger(__name__)
+
+
+class StepMeter:
+    """Records one step per `step()` call into RUN_DIR/rank-<r>.jsonl."""
+
+    def __init__(self, *, samples_per_step: int, sample_units: str = "samples",
+                 units_per_sample: int = 1, flush_every: int = 10) -> None:
+        run_dir = os.environ.get("DLAUNCH_RUN_DIR")
+        self.enabled = run_dir is not None
+        self.samples_per_step = samples_per_step
+        self.units_per_step = samples_per_step * units_per_sample
+        self.flush_every = flush_every
+        self.warmup_steps = int(os.environ.get("DLAUNCH_WARMUP_STEPS", "0"))
+        self._step = 0
+        self._last = time.perf_counter()
+        self._recorder: RankRecorder | None = None
+        if not self.enabled:
+            return
+        rank = int(os.environ.get("RANK", 0))
+        self._recorder = RankRecorder(run_dir, rank, {
+            "local_rank": int(os.environ.get("LOCAL_RANK", 0)),
+            "node_rank": int(os.environ.get("GROUP_RANK", 0)),
+            "world_size": int(os.environ.get("WORLD_SIZE", 1)),
+            "host": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
+            "device": "script", "strategy": "script", "precision": "script",
+            "sample_units": sample_units, "units_per_sample": units_per_sample,
+        })
+        self._hook_exit()
+
+    def step(self, loss: Any = None, *, data_wait_s: float = 0.0) -> None:
+        """Mark the end of one optimizer step."""
+        if self._recorder is None:
+            return
+        now = time.perf_counter()
+        self._step += 1
+        value = float(loss) if loss is not None else None  # tensors: one sync, the script's choice
+        self._recorder.add({"kind": "step", "step": self._step, "time": time.time(),
+                            "step_time_s": now - self._last, "data_wait_s": data_wait_s,
+                            "samples": self.samples_per_step, "units": self.units_per_step,
+                            "loss": value, "peak_mem_bytes": None,
+                            "warmup": self._step <= self.warmup_steps})
+        self._last = now
+        if self._step % self.flush_every == 0:
+            self._recorder.flush()
+
+    def close(self, error: BaseException | None = None) -> None:
+        """Write the summary (called automatically at exit)."""
+        if self._recorder is not None:
+            self._recorder.finish("failed" if error else "ok", error=error)
+
+    def __enter__(self) -> StepMeter:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close(ev)
+
+    def _hook_exit(self) -> None:
+        previous = sys.excepthook
+
+        def on_uncaught(et: type[BaseException], ev: BaseException, tb: TracebackType | None) -> None:
+            self.close(ev)
+            previous(et, ev, tb)
+
+        sys.excepthook = on_uncaught
+        atexit.register(self.close)

@@ -1,0 +1,40 @@
+"""A workload whose rank FAIL_RANK raises in its FAIL_STEP-th step (tests the fault path)."""
+
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+DEFAULTS = {"fail_rank": 1, "fail_step": 3}
+_calls = {"n": 0}
+_cfg = {}
+
+
+def build_model(cfg):
+    _cfg.update(vars(cfg))
+    return nn.Linear(8, 2)
+
+
+class Data(torch.utils.data.Dataset):
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        return torch.randn(8, generator=g), int(i % 2)
+
+
+def make_dataset(cfg, num_samples):
+    return Data(num_samples)
+
+
+def loss_fn(model, batch):
+    _calls["n"] += 1
+    if int(os.environ.get("RANK", 0)) == _cfg["fail_rank"] and _calls["n"] == _cfg["fail_step"]:
+        raise ValueError(f"injected failure at step {_calls['n']}")
+    x, y = batch
+    return F.cross_entropy(model(x), y)

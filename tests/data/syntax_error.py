@@ -1,0 +1,2 @@
+def build_model(cfg):
+    return (

@@ -1,0 +1,52 @@
+"""Render before run: the torchrun command for a spec is exactly the golden file."""
+
+import os
+from pathlib import Path
+
+from launcher.backends import local
+from launcher.specs import LaunchSpec, Strategy
+
+from conftest import REPO
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def spec(**kw) -> LaunchSpec:
+    base = dict(workload="/work/workloads/gpt.py", workload_args=("--size", "tiny"), run_id="gpt-golden",
+                run_dir="/RUN", nproc_per_node=2, steps=30, micro_batch=8,
+                strategy=Strategy(kind="ddp"))
+    return LaunchSpec(**{**base, **kw})
+
+
+def rendering(s: LaunchSpec) -> str:
+    r = local.render(s, python="python3", base_env={}, cores=2)
+    env = "\n".join(f"{k}={v}" for k, v in sorted(r.env.items()))
+    return (" ".join(r.argv) + "\n" + env + "\n").replace(str(REPO), "<repo>")
+
+
+def check(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("DLAUNCH_UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert text == path.read_text(), f"rendering differs from {path}; DLAUNCH_UPDATE_GOLDEN=1 rewrites it"
+
+
+def test_local_workload_command_matches_golden():
+    check("local-workload-2.txt", rendering(spec()))
+
+
+def test_local_script_command_matches_golden():
+    check("local-script-4.txt", rendering(spec(workload="/work/train.py", workload_args=("--lr", "0.1"),
+                                               is_script=True, nproc_per_node=4)))
+
+
+def test_user_thread_setting_wins():
+    r = local.render(spec(), python="python3", base_env={"OMP_NUM_THREADS": "7"}, cores=2)
+    assert "OMP_NUM_THREADS" not in r.env  # inherited from the user's environment unchanged
+    r = local.render(spec(nproc_per_node=4), python="python3", base_env={}, cores=16)
+    assert r.env["OMP_NUM_THREADS"] == "4"
+
+
+def test_rendezvous_is_loopback_with_a_port_the_store_picks():
+    argv = local.render(spec(), python="python3", base_env={}, cores=2).argv
+    assert argv[argv.index("--rdzv-endpoint") + 1] == "127.0.0.1:0"

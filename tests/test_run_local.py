@@ -1,0 +1,135 @@
+"""`dlaunch run` with real torchrun processes and gloo on CPU (no mocks)."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher.files import read_jsonl
+
+from conftest import DATA, REPO, assert_one_line_error
+
+pytestmark = pytest.mark.distributed
+
+
+GPT = str(REPO / "workloads" / "gpt.py")
+
+
+def losses(run_dir: Path, rank: int = 0) -> list[float]:
+    records, _ = read_jsonl(run_dir / f"rank-{rank}.jsonl")
+    return [r["loss"] for r in records if r["kind"] == "step"]
+
+
+def test_gpt_two_ranks_json(dlaunch, tmp_path):
+    done = dlaunch("run", "workloads/gpt.py", "--gpus", "2", "--steps", "30", "--micro-batch", "4",
+                   "--run-dir", str(tmp_path / "run"), "--json")
+    assert done.code == 0, done.err
+    result = done.json()
+    assert [r["rank"] for r in result["ranks"]] == [0, 1]
+    assert all(r["samples_per_s"] > 0 and r["status"] == "ok" for r in result["ranks"])
+    assert result["sample_units"] == "tokens" and result["units_per_s"] > result["samples_per_s"]
+    assert result["ranks"][0]["steps"] == 30 and result["ranks"][0]["steady_steps"] == 27
+    # ranks' output streamed with a prefix, on stderr in --json mode
+    assert "running 2 CPU process(es) with gloo" in done.err
+    on_disk = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert on_disk["ranks"][1]["samples_per_s"] == result["ranks"][1]["samples_per_s"]
+    # the training actually learns
+    trajectory = losses(tmp_path / "run")
+    assert trajectory[-1] < trajectory[0]
+
+
+@pytest.mark.parametrize("workload", ["mlp.py", "resnet.py"])
+def test_other_workloads_table(dlaunch, tmp_path, workload):
+    done = dlaunch("run", f"workloads/{workload}", "--gpus", "2", "--steps", "8",
+                   "--run-dir", str(tmp_path / "run"))
+    assert done.code == 0, done.err
+    table = done.out.splitlines()
+    assert any(line.startswith("0 ") for line in table) and any(line.startswith("1 ") for line in table)
+    assert "OK" in table[0]
+
+
+def test_plain_script_runs_unchanged_and_is_measured(dlaunch, tmp_path):
+    done = dlaunch("run", str(DATA / "plain_train.py"), "--gpus", "2", "--run-dir", str(tmp_path / "run"),
+                   "--json", env={"PLAIN_STEPS": "12"})
+    assert done.code == 0, done.err
+    assert "[rank 1] plain script rank 1/2 done" in done.err
+    ranks = done.json()["ranks"]
+    assert [r["steps"] for r in ranks] == [12, 12] and all(r["samples_per_s"] > 0 for r in ranks)
+    # per-rank log files kept
+    logs = sorted((tmp_path / "run" / "logs").glob("node-0/*/attempt_0/*/stdout.log"))
+    assert len(logs) == 2 and "done" in logs[1].read_text()
+
+
+def test_rank_failure_names_rank_and_keeps_metrics(dlaunch, tmp_path):
+    run = tmp_path / "run"
+    done = dlaunch("run", str(DATA / "fail_at_step.py"), "--gpus", "2", "--steps", "10", "--log-every", "1",
+                   "--run-dir", str(run))
+    assert done.code == 1
+    first_failure = next(line for line in done.out.splitlines() if line.startswith("FAILED"))
+    assert "rank 1 " in first_failure and "ValueError: injected failure at step 3" in first_failure
+    assert "Traceback" not in done.out + done.err
+    # the healthy rank's steps before the fault stay readable
+    assert len(losses(run, rank=0)) == 2
+    result = json.loads((run / "result.json").read_text())
+    assert result["status"] == "failed" and result["exit_code"] != 0
+
+
+def test_two_ranks_match_one_process_on_the_doubled_batch(dlaunch, tmp_path):
+    common = ["--steps", "10", "--warmup-steps", "0", "--log-every", "5", "--", "--size", "tiny", "--seq-len", "32"]
+    one = dlaunch("run", "workloads/gpt.py", "--gpus", "1", "--micro-batch", "8",
+                  "--run-dir", str(tmp_path / "one"), *common)
+    two = dlaunch("run", "workloads/gpt.py", "--gpus", "2", "--micro-batch", "4",
+                  "--run-dir", str(tmp_path / "two"), *common)
+    assert one.code == 0 and two.code == 0, one.err + two.err
+    a, b = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert len(a) == len(b) == 10
+    worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
+    assert worst < 1e-5, (worst, a, b)
+
+
+def test_two_runs_started_together_both_succeed(tmp_path):
+    # default run dirs (runs/<id> under the working directory): the ids must differ
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    procs = [subprocess.Popen([sys.executable, "-m", "launcher.cli", "run", str(REPO / "workloads/mlp.py"),
+                               "--gpus", "2", "--steps", "5", "--json"], cwd=tmp_path, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=180) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
+    dirs = {json.loads(o[0])["run_dir"] for o in outs}
+    assert len(dirs) == 2 and all(Path(d).parent == tmp_path / "runs" for d in dirs)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["run", "missing.py", "--gpus", "2"], "does not exist"),
+    (["run", GPT, "--gpus", "0"], "--gpus must be an integer >= 1, got 0"),
+    (["run", GPT, "--gpus", "-1"], "--gpus"),
+    (["run", GPT, "--gpus", "abc"], "--gpus must be an integer >= 1, got 'abc'"),
+    (["run", GPT, "--steps", "0"], "--steps must be an integer >= 1, got 0"),
+    (["run", GPT, "--steps", "5", "--warmup-steps", "5"], "--warmup-steps must be below"),
+    (["run", str(DATA / "not_a_workload.py")], "neither a workload"),
+    (["run", str(DATA / "syntax_error.py")], "syntax error at line"),
+    (["run", GPT, "--strategy", "zero9"], "invalid choice"),
+])
+def test_bad_input_is_one_line_exit_2(dlaunch, tmp_path, args, needle):
+    done = dlaunch(*args, cwd=tmp_path)
+    assert_one_line_error(done, needle)
+    assert not (tmp_path / "runs").exists()  # nothing half-written
+
+
+def test_unwritable_run_dir(dlaunch, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    done = dlaunch("run", "workloads/mlp.py", "--run-dir", str(blocker / "run"))
+    assert_one_line_error(done, "run dir", "give a writable --run-dir")
+
+
+def test_dry_run_prints_command_and_starts_nothing(dlaunch, tmp_path):
+    done = dlaunch("run", "workloads/gpt.py", "--gpus", "2", "--dry-run", "--run-dir", str(tmp_path / "r"))
+    assert done.code == 0
+    assert "torch.distributed.run" in done.out and "OMP_NUM_THREADS=1" in done.out
+    assert not (tmp_path / "r").exists()
