@@ -220,6 +220,7 @@ class LaunchSpec:
     grad_accum_steps: int = 1
     seed: int = 0
     log_every: int = 10
+    calibrate_comm: bool = True  # measure exposed communication and busbw after warm-up
     strategy: Strategy = field(default_factory=Strategy)
     loader: LoaderSpec = field(default_factory=LoaderSpec)
     env: Mapping[str, str] = field(default_factory=dict)  # extra environment for the ranks
@@ -284,6 +285,9 @@ class RankResult:
     final_loss: float | None = None
     error: str | None = None
     log_tail: tuple[str, ...] = ()
+    exposed_comm_s: float | None = None  # per step, from the sync-off/on calibration
+    busbw_gb_s: float | None = None  # all-reduce of the gradient size
+    straggler: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -310,6 +314,9 @@ class RunResult:
     ranks: tuple[RankResult, ...]
     failures: tuple[str, ...] = ()
     unreadable: tuple[str, ...] = ()  # rank files that could not be read, and why
+    exposed_comm_s: float | None = None  # median over ranks, per step
+    busbw_gb_s: float | None = None
+    stragglers: tuple[int, ...] = ()  # ranks whose median step exceeds the median of medians by >10%
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -323,6 +330,7 @@ class RunResult:
                            for r in d.get("ranks", ()))
         d["failures"] = tuple(d.get("failures", ()))
         d["unreadable"] = tuple(d.get("unreadable", ()))
+        d["stragglers"] = tuple(d.get("stragglers", ()))
         return cls(**d)
 
 

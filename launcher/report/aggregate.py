@@ -6,6 +6,7 @@ record, a missing rank is reported as missing, and the reasons are kept in `unre
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import statistics
 from collections.abc import Sequence
@@ -18,6 +19,8 @@ from launcher.specs import LaunchSpec, RankResult, RunResult
 log = logging.getLogger(__name__)
 
 LOG_TAIL_LINES = 12
+# a rank is a straggler when its median step exceeds the median of medians by more than this
+STRAGGLER_THRESHOLD = 0.10
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -68,6 +71,7 @@ def _rank_result(run_dir: Path, rank: int, records: list[dict[str, Any]],
     error = summary.get("error") if summary else None
     failed = status != "ok"
     peaks = [r["peak_mem_bytes"] for r in steps if r.get("peak_mem_bytes") is not None]
+    comm = next((r for r in records if r.get("kind") == "comm"), {})
     return RankResult(
         rank=rank, local_rank=local_rank, node_rank=node_rank,
         host=str(start.get("host", "?")), status=status,
@@ -81,7 +85,21 @@ def _rank_result(run_dir: Path, rank: int, records: list[dict[str, Any]],
         final_loss=steps[-1]["loss"] if steps else None,
         error=error,
         log_tail=rank_log_tail(run_dir, node_rank, local_rank) if failed else (),
+        exposed_comm_s=comm.get("exposed_comm_s"), busbw_gb_s=comm.get("busbw_gb_s"),
     )
+
+
+def find_stragglers(medians: dict[int, float], threshold: float = STRAGGLER_THRESHOLD) -> tuple[int, ...]:
+    """Ranks whose median step time exceeds the median of medians by more than `threshold`."""
+    if len(medians) < 2:
+        return ()
+    mid = statistics.median(medians.values())
+    return tuple(sorted(r for r, m in medians.items() if mid > 0 and m > mid * (1 + threshold)))
+
+
+def _median_or_none(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
 
 
 def load_rank_files(run_dir: Path, world_size: int) -> tuple[dict[int, list[dict[str, Any]]],
@@ -120,6 +138,9 @@ def aggregate(run_dir: str | Path, *, exit_code: int | None = None,
     units = next((rec.get("sample_units") for recs in records.values() for rec in recs
                   if rec.get("kind") == "start" and rec.get("sample_units")), units)
     measured = [r for r in ranks if r.steady_steps]
+    stragglers = find_stragglers({r.rank: r.step_time_median_s for r in measured})
+    ranks = tuple(dataclasses.replace(r, straggler=r.rank in stragglers) for r in ranks)
+    measured = [r for r in ranks if r.steady_steps]
     slowest = max(measured, key=lambda r: r.step_time_median_s).rank if measured else None
     failures = _failures(ranks, summaries)
     all_ok = all(r.status == "ok" for r in ranks)
@@ -143,6 +164,9 @@ def aggregate(run_dir: str | Path, *, exit_code: int | None = None,
         slowest_rank=slowest,
         data_wait_share=statistics.fmean([r.data_wait_share for r in measured]) if measured else 0.0,
         ranks=ranks, failures=failures, unreadable=tuple(notes),
+        exposed_comm_s=_median_or_none([r.exposed_comm_s for r in ranks]),
+        busbw_gb_s=_median_or_none([r.busbw_gb_s for r in ranks]),
+        stragglers=stragglers,
     )
 
 

@@ -54,6 +54,15 @@ def format_run(result: RunResult) -> str:
     if result.slowest_rank is not None and len(result.ranks) > 1:
         slow = result.ranks[result.slowest_rank]
         out.append(f"slowest rank: {slow.rank} on {slow.host} (median step {slow.step_time_median_s:.3f} s)")
+    if result.exposed_comm_s is not None:
+        share = result.exposed_comm_s / result.step_time_median_s if result.step_time_median_s else 0.0
+        bw = f", all-reduce busbw {result.busbw_gb_s:.2f} GB/s" if result.busbw_gb_s is not None else ""
+        out.append(f"communication: {1000 * result.exposed_comm_s:.1f} ms exposed per step "
+                   f"({100 * share:.0f}% of the median step){bw}")
+    for rank in result.stragglers:
+        r = result.ranks[rank]
+        out.append(f"STRAGGLER: rank {r.rank} on {r.host} (local rank {r.local_rank}): median step "
+                   f"{r.step_time_median_s:.3f} s vs {result.step_time_median_s:.3f} s median of medians")
     for f in result.failures:
         out.append(f"FAILED: {f}")
     for r in result.ranks:

@@ -134,6 +134,9 @@ def train(workload: Workload, spec: LaunchSpec, ctx: RankContext, recorder: Rank
     samples_per_step = spec.micro_batch * accum
     units_per_step = samples_per_step * workload.units_per_sample
 
+    if ctx.is_distributed and spec.calibrate_comm:
+        _calibrate(workload, wrapped, spec, ctx, loader, recorder, params)
+
     window: list[dict[str, Any]] = []
     marks: list[Any] = []
     losses: list[Any] = []
@@ -166,6 +169,38 @@ def train(workload: Workload, spec: LaunchSpec, ctx: RankContext, recorder: Rank
             window, marks, losses = [], [], []
             last_flush = time.monotonic()
     del batches, loader
+
+
+def _calibrate(workload: Workload, wrapped: Wrapped, spec: LaunchSpec, ctx: RankContext,
+               loader: Any, recorder: RankRecorder, params: list[Any]) -> None:
+    """Measure exposed communication and all-reduce bandwidth; see runtime.calibrate."""
+    import torch
+
+    from launcher.runtime.calibrate import allreduce_bandwidth, exposed_comm
+
+    device = ctx.device()
+    batch = to_device(next(iter(loader)), device)
+
+    def forward_backward() -> None:
+        with _autocast(spec, ctx):
+            loss = workload.loss_fn(wrapped.module, batch)
+        loss.backward()
+
+    def zero_grad() -> None:
+        for p in params:
+            p.grad = None
+
+    record: dict[str, Any] = {"kind": "comm"}
+    devices = [ctx.local_rank] if ctx.device_type == "cuda" else []
+    # training must not depend on whether calibration ran: keep the RNG streams untouched
+    with torch.random.fork_rng(devices=devices):
+        forward_backward()  # the first sync-on pass builds buckets / compiles
+        zero_grad()
+        record.update(exposed_comm(forward_backward, wrapped.no_sync, zero_grad,
+                                   cuda=ctx.device_type == "cuda"))
+    grad_bytes = sum(p.numel() * 4 for p in params)
+    record.update(allreduce_bandwidth(grad_bytes, device, ctx.world_size))
+    recorder.add(record)
 
 
 def _close_window(window: list[dict[str, Any]], marks: list[Any], losses: list[Any],

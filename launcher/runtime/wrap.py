@@ -85,6 +85,10 @@ def wrap(model: Any, strategy: Strategy, ctx: RankContext, blocks: list[Any]) ->
         device_ids = [ctx.local_rank] if ctx.device_type == "cuda" else None
         # grads as bucket views: no second copy of the gradients
         ddp = DDP(model, device_ids=device_ids, gradient_as_bucket_view=True)
+        from launcher.runtime.inject import comm_delay_ms, install_comm_delay
+
+        if comm_delay_ms() > 0:
+            install_comm_delay(ddp, comm_delay_ms())
         return Wrapped(module=ddp, no_sync=_ddp_no_sync(ddp), compiled=compiled)
     return _wrap_fsdp(model, strategy, ctx, blocks)
 
