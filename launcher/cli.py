@@ -58,6 +58,8 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=_int_type("--seed", 0), default=0)
     p.add_argument("--log-every", type=_int_type("--log-every", 1), default=10,
                    help="steps per logging window (one host sync per window)")
+    p.add_argument("--no-calibrate", action="store_true",
+                   help="skip the window that measures exposed communication and busbw")
     p.add_argument("--num-workers", type=_int_type("--num-workers", 0), default=0,
                    help="DataLoader worker processes per rank")
     p.add_argument("--script", action="store_true",
@@ -77,6 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_args(run)
     run.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     run.set_defaults(handler=cmd_run)
+    insp = sub.add_parser("inspect", help="show this machine's hardware: devices, links, NICs, SLURM",
+                          description="Detect this machine (and its SLURM job, if any) and print "
+                                      "what the planner will plan for.")
+    insp.add_argument("--json", action="store_true", help="print the result as JSON")
+    insp.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    insp.set_defaults(handler=cmd_inspect)
     return parser
 
 
@@ -112,7 +120,7 @@ def launch_spec_from_args(args: argparse.Namespace, workload_args: Sequence[str]
         is_script=is_script, run_id=run_id, run_dir=run_dir, device=device,
         nproc_per_node=args.gpus, steps=args.steps, warmup_steps=warmup,
         micro_batch=args.micro_batch, grad_accum_steps=args.grad_accum, seed=args.seed,
-        log_every=args.log_every,
+        log_every=args.log_every, calibrate_comm=not args.no_calibrate,
         strategy=Strategy(kind=args.strategy, precision=args.precision,
                           activation_checkpointing=args.checkpointing, compile=args.compile),
         loader=LoaderSpec(num_workers=args.num_workers),
@@ -152,6 +160,21 @@ def cmd_run(args: argparse.Namespace, workload_args: list[str]) -> int:
 
     result = run_local(spec, as_json=args.json, debug=args.debug)
     return result.exit_code if result.exit_code != 0 else (0 if result.status == "ok" else 1)
+
+
+def cmd_inspect(args: argparse.Namespace, workload_args: list[str]) -> int:
+    """`dlaunch inspect`: this machine as a Topology, as text or as JSON."""
+    if workload_args:
+        raise UsageError(f"dlaunch inspect takes no arguments after `--`, got {' '.join(workload_args)!r}")
+    from launcher.detect import detect_topology
+    from launcher.inspect_view import format_topology, inspect_report
+
+    topology = detect_topology()
+    if args.json:
+        print(json.dumps(inspect_report(topology), indent=2))
+    else:
+        print(format_topology(topology))
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -12,10 +12,11 @@ import pytest
 
 from launcher import detect
 from launcher.detect import (count_gpus, cpu_info, cpu_peak_tflops, detect_nics, detect_topology,
-                             format_topology, inspect_report, inter_node_link, intra_node_link,
-                             parse_nvidia_smi_nvlinks, parse_nvidia_smi_p2p,
-                             parse_nvidia_smi_topo, slurm_allocation)
+                             slurm_allocation)
 from launcher.errors import TopologyError
+from launcher.inspect_view import format_topology, inspect_report
+from launcher.nvtopo import (inter_node_link, intra_node_link, parse_nvidia_smi_nvlinks,
+                             parse_nvidia_smi_p2p, parse_nvidia_smi_topo)
 from launcher.specs import LINK_KINDS, Nic, Topology
 from launcher.topology import load_topology
 

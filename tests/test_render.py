@@ -6,7 +6,7 @@ from pathlib import Path
 from launcher.backends import local
 from launcher.specs import LaunchSpec, Strategy
 
-from conftest import REPO
+from tests.helpers import REPO
 
 GOLDEN = Path(__file__).parent / "golden"
 

@@ -11,7 +11,7 @@ import pytest
 
 from launcher.files import read_jsonl
 
-from conftest import DATA, REPO, assert_one_line_error
+from tests.helpers import DATA, REPO, assert_one_line_error
 
 pytestmark = pytest.mark.distributed
 
@@ -66,8 +66,9 @@ def test_plain_script_runs_unchanged_and_is_measured(dlaunch, tmp_path):
 
 def test_rank_failure_names_rank_and_keeps_metrics(dlaunch, tmp_path):
     run = tmp_path / "run"
+    # no calibration window: it calls loss_fn before step 1 and would shift the failing call
     done = dlaunch("run", str(DATA / "fail_at_step.py"), "--gpus", "2", "--steps", "10", "--log-every", "1",
-                   "--run-dir", str(run))
+                   "--no-calibrate", "--run-dir", str(run))
     assert done.code == 1
     first_failure = next(line for line in done.out.splitlines() if line.startswith("FAILED"))
     assert "rank 1 " in first_failure and "ValueError: injected failure at step 3" in first_failure

@@ -7,7 +7,7 @@ import pytest
 from launcher.errors import WorkloadError
 from launcher.workload import inspect_file, load_workload, parse_options
 
-from conftest import DATA, WORKLOADS
+from tests.helpers import DATA, WORKLOADS
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:

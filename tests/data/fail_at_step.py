@@ -1,4 +1,5 @@
-"""A workload whose rank FAIL_RANK raises in its FAIL_STEP-th step (tests the fault path)."""
+"""A workload whose rank `fail_rank` raises in its `fail_step`-th call of loss_fn (the fault path;
+run it with --no-calibrate so that call is the training step of that number)."""
 
 import os
 

@@ -1,0 +1,310 @@
+"""The planner on real machines and real model shapes: the seed rule must come out of the numbers.
+
+Topologies are built here with the same numbers as topologies/*.yaml (so these tests do not move
+when a file's prose changes); model profiles are analytic GPT/Llama shapes:
+params 12*L*d^2 + vocab*d (or the published count), forward FLOPs 2*params*tokens, activations
+per layer per sample s*h*(34 + 5*a*s/h) bytes at fp16 (Korthikanti et al. 2022), doubled because
+profiles measure fp32 saved tensors, plus fp32 logits s*vocab*4.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+
+from launcher.errors import PlanError
+from launcher.planner import format_plan, plan
+from launcher.specs import DeviceSpec, Goal, Link, ModelProfile, Topology
+
+# --- hardware (numbers from topologies/*.yaml) --------------------------------------------------
+H100 = DeviceSpec(name="H100 SXM", mem_gib=79.6, compute_capability=(9, 0),
+                  peak_tflops={"fp32": 67, "tf32": 495, "bf16": 989, "fp16": 989})
+A100 = DeviceSpec(name="A100 80GB", mem_gib=80.0, compute_capability=(8, 0),
+                  peak_tflops={"fp32": 19.5, "tf32": 156, "bf16": 312, "fp16": 312})
+L40S = DeviceSpec(name="L40S", mem_gib=45.0, compute_capability=(8, 9),
+                  peak_tflops={"fp32": 91.6, "tf32": 183, "bf16": 362, "fp16": 362})
+RTX4090 = DeviceSpec(name="RTX 4090", mem_gib=23.99, compute_capability=(8, 9),
+                     peak_tflops={"fp32": 82.6, "tf32": 82.6, "bf16": 165.2, "fp16": 165.2})
+V100 = DeviceSpec(name="V100 SXM2 32GB", mem_gib=32.0, compute_capability=(7, 0),
+                  peak_tflops={"fp32": 15.7, "fp16": 125})
+T4 = DeviceSpec(name="T4", mem_gib=15.0, compute_capability=(7, 5),
+                peak_tflops={"fp32": 8.1, "fp16": 65})
+CPU = DeviceSpec(name="EPYC 2 vCPU / 4", mem_gib=5.88, peak_tflops={"fp32": 0.041, "bf16": 0.09})
+
+NVSWITCH_H100 = Link(kind="nvswitch", bw_gb_s=370, latency_us=3)
+NVSWITCH_A100 = Link(kind="nvswitch", bw_gb_s=230, latency_us=3)
+PCIE4 = Link(kind="pcie", bw_gb_s=20, latency_us=6)
+IB_NDR_8RAIL = Link(kind="infiniband", bw_gb_s=370, latency_us=5)
+ROCE_1NIC = Link(kind="roce", bw_gb_s=9.5, latency_us=8)
+
+
+def topology(name: str) -> Topology:
+    """The shipped topologies, rebuilt in code."""
+    one = dict(num_nodes=1, devices_per_node=8, device="cuda")
+    specs = {
+        "h100-sxm-8x": dict(one, accelerator=H100, intra_node=NVSWITCH_H100),
+        "a100-sxm-8x": dict(one, accelerator=A100, intra_node=NVSWITCH_A100),
+        "a100-pcie-8x": dict(one, accelerator=A100, intra_node=PCIE4),
+        "l40s-pcie-8x": dict(one, accelerator=L40S, intra_node=PCIE4),
+        "rtx4090-4x": dict(one, devices_per_node=4, accelerator=RTX4090,
+                           intra_node=Link(kind="pcie-nop2p", bw_gb_s=12, latency_us=10)),
+        "v100-sxm-8x": dict(one, accelerator=V100,
+                            intra_node=Link(kind="nvlink", bw_gb_s=120, latency_us=3)),
+        "t4-4x": dict(one, devices_per_node=4, accelerator=T4,
+                      intra_node=Link(kind="pcie", bw_gb_s=10, latency_us=8)),
+        "h100-sxm-8x4node-ib": dict(one, num_nodes=4, accelerator=H100,
+                                    intra_node=NVSWITCH_H100, inter_node=IB_NDR_8RAIL),
+        "h100-sxm-8x128node-ib": dict(one, num_nodes=128, accelerator=H100,
+                                      intra_node=NVSWITCH_H100, inter_node=IB_NDR_8RAIL),
+        "a100-sxm-8x2node-roce": dict(one, num_nodes=2, accelerator=A100,
+                                      intra_node=NVSWITCH_A100, inter_node=ROCE_1NIC),
+        "cpu-local": dict(num_nodes=1, devices_per_node=4, device="cpu", accelerator=CPU,
+                          cpu_cores_per_node=2,
+                          intra_node=Link(kind="shm", bw_gb_s=0.5, latency_us=110)),
+    }
+    return Topology(name=name, **specs[name])
+
+
+# --- models ---------------------------------------------------------------------------------------
+def gpt(name: str, d: int, layers: int, heads: int, vocab: int, seq: int, *,
+        params: float | None = None, tied: bool = True) -> ModelProfile:
+    """An analytic GPT/Llama profile (see the module docstring)."""
+    root = vocab * d * (1 if tied else 2)
+    p = int(params or 12 * layers * d * d + root)
+    per_layer_fp16 = seq * d * (34 + 5 * heads * seq / d)
+    return ModelProfile(
+        name=name, num_params=p, bytes_by_dtype={"float32": 4 * p}, num_blocks=layers,
+        largest_block_params=(p - root) // layers,
+        activation_bytes_per_sample=2 * layers * per_layer_fp16 + seq * vocab * 4,
+        block_input_bytes_per_sample=seq * d * 4, flops_fwd_per_sample=2 * p * seq,
+        units_per_sample=seq, sample_units="tokens")
+
+
+GPT_TINY = gpt("gpt-tiny", 256, 4, 4, 2048, 128)
+GPT_125M = gpt("gpt-125m", 768, 12, 12, 50257, 2048)
+GPT_1_3B = gpt("gpt-1.3b", 2048, 24, 16, 50257, 2048)
+LLAMA3_8B = gpt("llama3-8b", 4096, 32, 32, 128256, 4096, params=8.03e9, tied=False)
+LLAMA3_70B = gpt("llama3-70b", 8192, 80, 64, 128256, 4096, params=70.6e9, tied=False)
+
+FSDP = {"fsdp_full", "fsdp_grad_op", "hybrid"}
+
+# (id, model, topology, global batch, overrides, allowed strategies, precision, checkpointing
+#  (None: either), regexes that must all match the joined reasons)
+SCENARIOS = [
+    ("125m-h100-ddp", GPT_125M, "h100-sxm-8x", 256, None, {"ddp"}, "bf16", False,
+     [r"^DDP fits \(\d+\.\d GiB of 71\.6 usable\)", r"bf16 mixed precision"]),
+    ("125m-h100-default-batch", GPT_125M, "h100-sxm-8x", None, None, {"ddp"}, "bf16", False,
+     [r"no global batch given: micro-batch \d+"]),
+    ("1.3b-a100-nvswitch-ddp", GPT_1_3B, "a100-sxm-8x", 256, None, {"ddp"}, "bf16", False,
+     [r"^DDP fits"]),
+    ("8b-h100-fsdp", LLAMA3_8B, "h100-sxm-8x", 64, None, FSDP - {"hybrid"}, "bf16", None,
+     [r"DDP does not fit: \d+\.\d GiB/GPU > 71\.6 GiB usable",
+      r"params\+grads\+optimizer 119\.7 GiB = 16 B/param"]),
+    ("8b-4node-ib-full-vs-hybrid", LLAMA3_8B, "h100-sxm-8x4node-ib", 256, None, FSDP, "bf16",
+     None, [r"FSDP full\b.*\d s/step", r"hybrid\b.*\d s/step", r"DDP does not fit"]),
+    ("1.3b-4090-fsdp-ckpt", GPT_1_3B, "rtx4090-4x", 64, None, FSDP, "bf16", True,
+     [r"DDP does not fit: .* > 21\.6 GiB usable", r"activation checkpointing on"]),
+    ("125m-4090-nop2p-ddp", GPT_125M, "rtx4090-4x", 64, None, {"ddp"}, "bf16", False,
+     [r"^DDP fits .* and is fastest: .* vs FSDP"]),
+    ("125m-v100-fp16", GPT_125M, "v100-sxm-8x", 256, None, {"ddp"}, "fp16", False,
+     [r"fp16 with GradScaler: .*compute capability 7\.0\) has no bf16"]),
+    ("1.3b-t4-fp16-fsdp", GPT_1_3B, "t4-4x", 64, None, FSDP, "fp16", True,
+     [r"fp16 with GradScaler", r"DDP does not fit"]),
+    ("125m-l40s-pcie-ddp", GPT_125M, "l40s-pcie-8x", 256, None, {"ddp"}, "bf16", False,
+     [r"^DDP fits .* and is fastest: .* vs FSDP"]),
+    ("1.3b-l40s-pcie-ddp", GPT_1_3B, "l40s-pcie-8x", 256, None, {"ddp"}, "bf16", False,
+     [r"^DDP fits .* and is fastest: .* vs FSDP"]),
+    ("125m-a100-pcie-ddp", GPT_125M, "a100-pcie-8x", 256, None, {"ddp"}, "bf16", False,
+     [r"^DDP fits .* and is fastest"]),
+    ("125m-roce-ddp", GPT_125M, "a100-sxm-8x2node-roce", 256, None, {"ddp"}, "bf16", False,
+     [r"^DDP fits .* and is fastest: .* vs hybrid", r"FSDP full: "]),
+    ("1.3b-roce-ddp-or-hybrid", GPT_1_3B, "a100-sxm-8x2node-roce", 256, None, {"ddp", "hybrid"},
+     "bf16", False, [r"DDP", r"hybrid", r"is fastest"]),
+    ("70b-1024-gpus-fsdp", LLAMA3_70B, "h100-sxm-8x128node-ib", 1024, None, {"fsdp_full"},
+     "bf16", True, [r"only strategy that fits", r"hybrid does not fit", r"DDP does not fit"]),
+    ("override-ddp-too-big", LLAMA3_8B, "h100-sxm-8x", 64, {"strategy": "ddp"}, {"ddp"}, "bf16",
+     None, [r"^warning: the forced plan does not fit: DDP", r"FSDP .* would fit",
+            r"forced by overrides: strategy=ddp"]),
+    ("override-fp32-fits", GPT_125M, "h100-sxm-8x", 256, {"precision": "fp32"}, {"ddp"}, "fp32",
+     None, [r"^DDP fits", r"forced by overrides: precision=fp32"]),
+    ("cpu-tiny", GPT_TINY, "cpu-local", 32, None, {"ddp"}, "bf16", False,
+     [r"^DDP fits", r"bf16 autocast on CPU"]),
+]
+
+
+@pytest.mark.parametrize(
+    "model,topo_name,global_batch,overrides,kinds,precision,ckpt,patterns",
+    [s[1:] for s in SCENARIOS], ids=[s[0] for s in SCENARIOS])
+def test_scenario(model, topo_name, global_batch, overrides, kinds, precision, ckpt, patterns):
+    topo = topology(topo_name)
+    p = plan(model, topo, Goal(global_batch=global_batch), overrides=overrides)
+    c = p.chosen
+    why = "\n".join(p.reasons)
+    assert c.strategy.kind in kinds, why
+    assert c.strategy.precision == precision, why
+    if ckpt is not None:
+        assert c.strategy.activation_checkpointing is ckpt, why
+    for pattern in patterns:
+        assert re.search(pattern, why, re.MULTILINE), f"{pattern!r} not in:\n{why}"
+    # the bookkeeping every plan must get right
+    assert c.micro_batch * c.grad_accum_steps * topo.world_size == p.global_batch
+    if global_batch is not None:
+        assert p.global_batch == global_batch
+    assert c.fits == (not p.reasons[0].startswith("warning:"))
+    assert 0 < p.scaling_efficiency <= 1
+    assert p.units_per_s == pytest.approx(p.global_batch * model.units_per_sample
+                                          / c.time.step_time_s)
+    assert c.strategy.uses_grad_scaler == (precision == "fp16")
+
+
+def test_nothing_fits_raises_one_actionable_line():
+    with pytest.raises(PlanError) as err:
+        plan(LLAMA3_70B, topology("rtx4090-4x"), Goal(global_batch=16))
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert re.search(r"nothing fits on 4 x RTX 4090 .* needs \d+\.\d GiB per GPU", msg)
+    assert "add GPUs or nodes" in msg
+
+
+def _per_sample(c) -> float:
+    return c.time.step_time_s / (c.micro_batch * c.grad_accum_steps)
+
+
+@pytest.mark.parametrize("topo_name", ["h100-sxm-8x", "l40s-pcie-8x", "a100-sxm-8x2node-roce"])
+def test_sweep_picks_fastest_or_simplest_tie_and_ends_with_fsdp(topo_name):
+    """As the model grows: small models get DDP, models whose DDP state cannot fit get FSDP,
+    and every choice in between is the fastest fitting plan or the simplest within the tie."""
+    order = ["ddp", "fsdp_grad_op", "fsdp_full", "hybrid"]
+    seen = []
+    for d, layers in [(768, 12), (1024, 24), (1536, 24), (2048, 24), (2560, 32), (3072, 32),
+                      (4096, 32), (5120, 40)]:
+        m = gpt(f"gpt-d{d}", d, layers, d // 128, 50257, 1024)
+        p = plan(m, topology(topo_name), Goal(global_batch=128))
+        fitting = [p.chosen] + [r for r in p.rejected if r.fits]
+        best = min(_per_sample(c) for c in fitting)
+        near = [c for c in fitting if _per_sample(c) <= best * 1.02]
+        assert p.chosen in near, "\n".join(p.reasons)
+        assert order.index(p.chosen.strategy.kind) == min(order.index(c.strategy.kind)
+                                                          for c in near)
+        seen.append(p.chosen.strategy.kind)
+    assert seen[0] == "ddp" and seen[-1] != "ddp", seen
+
+
+def test_fsdp_on_slow_links_loses_more_to_ddp():
+    # the same 125M job: FSDP's extra exposure grows when the link is PCIe instead of NVSwitch
+    def gap(name: str) -> float:
+        p = plan(GPT_125M, topology(name), Goal(global_batch=256))
+        assert p.chosen.strategy.kind == "ddp"
+        fsdp = min(r.time.step_time_s for r in p.rejected
+                   if r.fits and r.strategy.kind == "fsdp_full")
+        return fsdp / p.chosen.time.step_time_s
+    assert gap("l40s-pcie-8x") > gap("h100-sxm-8x") > 1.02
+
+
+def test_rejected_has_one_best_candidate_per_group_with_reasons():
+    p = plan(LLAMA3_8B, topology("h100-sxm-8x4node-ib"), Goal(global_batch=256))
+    groups = [(r.strategy.kind, r.strategy.precision, r.strategy.activation_checkpointing)
+              for r in p.rejected]
+    chosen = (p.chosen.strategy.kind, p.chosen.strategy.precision,
+              p.chosen.strategy.activation_checkpointing)
+    assert len(groups) == len(set(groups)) == 4 * 2 - 1
+    assert chosen not in groups
+    assert all(r.reason for r in p.rejected)
+    too_big = [r for r in p.rejected if not r.fits]
+    assert too_big and all(re.search(r"GiB/GPU > 71\.6 GiB usable", r.reason) for r in too_big)
+
+
+def test_skipped_micro_batches_are_explained():
+    # 24 samples over 8 ranks = 3 per rank: micro-batches 1 and 3 divide it, 2 does not
+    p = plan(GPT_TINY, topology("h100-sxm-8x"), Goal(global_batch=24))
+    assert "micro-batches 2 skipped" in "\n".join(p.reasons)
+    assert p.chosen.micro_batch in (1, 3)
+
+
+def test_bad_requests_raise_plan_errors():
+    with pytest.raises(PlanError, match="multiple of 8"):
+        plan(GPT_TINY, topology("h100-sxm-8x"), Goal(global_batch=100))
+    with pytest.raises(PlanError, match="needs more than one node"):
+        plan(GPT_TINY, topology("h100-sxm-8x"), Goal(), overrides={"strategy": "hybrid"})
+    with pytest.raises(PlanError, match="unknown plan override"):
+        plan(GPT_TINY, topology("h100-sxm-8x"), Goal(), overrides={"zero_stage": 3})
+    with pytest.raises(PlanError, match="pick a divisor of 8"):
+        plan(GPT_TINY, topology("h100-sxm-8x"), Goal(global_batch=64),
+             overrides={"micro_batch": 3})
+
+
+def test_overrides_force_fields_and_none_means_unset():
+    p = plan(GPT_125M, topology("h100-sxm-8x"), Goal(global_batch=256),
+             overrides={"strategy": "fsdp_full", "micro_batch": 4, "compile": True,
+                        "activation_checkpointing": True, "precision": None})
+    s = p.chosen.strategy
+    assert (s.kind, s.activation_checkpointing, s.compile, p.chosen.micro_batch) == \
+        ("fsdp_full", True, True, 4)
+    assert p.chosen.grad_accum_steps == 8
+
+
+def test_env_follows_the_hardware():
+    assert plan(GPT_125M, topology("h100-sxm-8x"), Goal(global_batch=256)).env == \
+        {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    assert plan(GPT_125M, topology("rtx4090-4x"), Goal(global_batch=64)).env[
+        "NCCL_P2P_DISABLE"] == "1"
+    assert plan(GPT_TINY, topology("cpu-local"), Goal(global_batch=32)).env == \
+        {"OMP_NUM_THREADS": "1"}
+
+
+def test_seq_len_goal_scales_the_profile():
+    short = plan(LLAMA3_8B, topology("h100-sxm-8x"), Goal(global_batch=64, seq_len=1024))
+    long = plan(LLAMA3_8B, topology("h100-sxm-8x"), Goal(global_batch=64))
+    assert short.chosen.time.compute_s < long.chosen.time.compute_s
+    assert short.units_per_s > 0
+
+
+def test_format_plan_shows_breakdown_reasons_and_candidates():
+    topo = topology("h100-sxm-8x")
+    p = plan(LLAMA3_8B, topo, Goal(global_batch=64))
+    text = format_plan(p, LLAMA3_8B, topo)
+    for needle in ("Plan for llama3-8b on h100-sxm-8x", "params", "grads", "optimizer",
+                   "activations", "overhead", "compute", "exposed communication",
+                   "tokens/s", "scaling efficiency", "assumptions", "Why", "DDP does not fit",
+                   "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", "Other candidates"):
+        assert needle in text, needle
+    assert len(text.splitlines()) >= 8 + len(p.reasons) + len(p.rejected)
+
+
+def test_plan_is_json_ready_and_fast():
+    t0 = time.perf_counter()
+    p = plan(LLAMA3_70B, topology("h100-sxm-8x128node-ib"), Goal(global_batch=2048))
+    assert time.perf_counter() - t0 < 1.0
+    assert json.loads(json.dumps(p.to_dict()))["chosen"]["strategy"]["kind"] == "fsdp_full"
+
+
+def test_every_shipped_topology_plans_a_small_model():
+    topo_mod = pytest.importorskip("launcher.topology")
+    names = topo_mod.list_shipped()
+    if not names:
+        pytest.skip("no topologies/*.yaml yet")
+    for name in names:
+        topo = topo_mod.load_topology(name)
+        p = plan(GPT_TINY, topo, Goal())
+        assert p.chosen.fits and "fits" in p.reasons[0], name
+        assert f"Plan for gpt-tiny on {name}" in format_plan(p, GPT_TINY, topo)
+
+
+def test_forced_bf16_without_bf16_units_warns():
+    p = plan(GPT_125M, topology("v100-sxm-8x"), Goal(global_batch=256),
+             overrides={"precision": "bf16"})
+    assert p.chosen.strategy.precision == "bf16"
+    assert any(r.startswith("warning: V100 SXM2 32GB has no bf16") for r in p.reasons)
+
+
+def test_seq_len_needs_a_sequence_model():
+    images = ModelProfile(name="resnet", num_params=25_000_000, bytes_by_dtype={"float32": 10**8},
+                          num_blocks=16, largest_block_params=2_000_000,
+                          activation_bytes_per_sample=1e8, block_input_bytes_per_sample=1e6,
+                          flops_fwd_per_sample=4e9, sample_units="images")
+    assert plan(images, topology("h100-sxm-8x"), Goal(global_batch=256)).chosen.fits
+    with pytest.raises(PlanError, match="drop --seq-len"):
+        plan(images, topology("h100-sxm-8x"), Goal(global_batch=256, seq_len=1024))
