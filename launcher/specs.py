@@ -221,6 +221,7 @@ class LaunchSpec:
     seed: int = 0
     log_every: int = 10
     calibrate_comm: bool = True  # measure exposed communication and busbw after warm-up
+    max_grad_norm: float = 0.0  # clip the global gradient norm per optimizer step; 0 = off
     strategy: Strategy = field(default_factory=Strategy)
     loader: LoaderSpec = field(default_factory=LoaderSpec)
     env: Mapping[str, str] = field(default_factory=dict)  # extra environment for the ranks
@@ -288,6 +289,7 @@ class RankResult:
     exposed_comm_s: float | None = None  # per step, from the sync-off/on calibration
     busbw_gb_s: float | None = None  # all-reduce of the gradient size
     straggler: bool = False
+    skipped_steps: int = 0  # optimizer steps the fp16 GradScaler skipped (inf/NaN gradients)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -86,6 +86,7 @@ def _rank_result(run_dir: Path, rank: int, records: list[dict[str, Any]],
         error=error,
         log_tail=rank_log_tail(run_dir, node_rank, local_rank) if failed else (),
         exposed_comm_s=comm.get("exposed_comm_s"), busbw_gb_s=comm.get("busbw_gb_s"),
+        skipped_steps=sum(1 for r in steps if r.get("skipped")),
     )
 
 

@@ -6,6 +6,8 @@ from collections.abc import Sequence
 
 from launcher.specs import GIB, RunResult
 
+SKIP_WARN_FRACTION = 0.01
+
 
 def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """Left-aligned first column, right-aligned others, two spaces apart."""
@@ -59,6 +61,11 @@ def format_run(result: RunResult) -> str:
         bw = f", all-reduce busbw {result.busbw_gb_s:.2f} GB/s" if result.busbw_gb_s is not None else ""
         out.append(f"communication: {1000 * result.exposed_comm_s:.1f} ms exposed per step "
                    f"({100 * share:.0f}% of the median step){bw}")
+    # a GradScaler that keeps skipping steps is the classic silently plateauing loss
+    for r in result.ranks:
+        if r.steps and r.skipped_steps / r.steps > SKIP_WARN_FRACTION:
+            out.append(f"WARNING: rank {r.rank} skipped {r.skipped_steps} of {r.steps} optimizer steps "
+                       "(fp16 overflow); the loss may plateau: check the loss scale or use bf16")
     for rank in result.stragglers:
         r = result.ranks[rank]
         out.append(f"STRAGGLER: rank {r.rank} on {r.host} (local rank {r.local_rank}): median step "

@@ -140,6 +140,9 @@ def train(workload: Workload, spec: LaunchSpec, ctx: RankContext, recorder: Rank
     window: list[dict[str, Any]] = []
     marks: list[Any] = []
     losses: list[Any] = []
+    scales: list[Any] = []
+    # the scale tensor is created lazily by the first scale(); start from the initial value
+    prev_scale = [torch.tensor(scaler.get_scale(), device=device)] if scaler.is_enabled() else []
     last_flush = time.monotonic()
     for step in range(1, spec.steps + 1):
         start = clock.start()
@@ -155,18 +158,27 @@ def train(workload: Workload, spec: LaunchSpec, ctx: RankContext, recorder: Rank
                     loss = workload.loss_fn(wrapped.module, batch) / accum
                 scaler.scale(loss).backward()
             step_loss += loss.detach()
+        if spec.max_grad_norm > 0:
+            # once per optimizer step, on true (unscaled) gradients
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(params, spec.max_grad_norm)
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
         marks.append(clock.stop(start))
         losses.append(step_loss)
+        if scaler.is_enabled():
+            # the scale drops exactly when the step was skipped for inf/NaN gradients;
+            # keep a device copy and compare at the window's end (no sync here)
+            scales.append(scaler._scale.detach().clone())
         window.append({"kind": "step", "step": step, "end_time": time.time(), "data_wait_s": data_wait,
                        "samples": samples_per_step, "units": units_per_step,
                        "warmup": step <= spec.warmup_steps})
         if step % spec.log_every == 0 or step == spec.steps or (
                 time.monotonic() - last_flush > FLUSH_INTERVAL_S):
-            _close_window(window, marks, losses, clock, ctx, recorder)
-            window, marks, losses = [], [], []
+            _close_window(window, marks, losses, clock, ctx, recorder, prev_scale + scales)
+            prev_scale = scales[-1:]
+            window, marks, losses, scales = [], [], [], []
             last_flush = time.monotonic()
     del batches, loader
 
@@ -204,12 +216,17 @@ def _calibrate(workload: Workload, wrapped: Wrapped, spec: LaunchSpec, ctx: Rank
 
 
 def _close_window(window: list[dict[str, Any]], marks: list[Any], losses: list[Any],
-                  clock: _Clock, ctx: RankContext, recorder: RankRecorder) -> None:
-    """Resolve the window's timings and losses (one sync) and hand the records over."""
+                  clock: _Clock, ctx: RankContext, recorder: RankRecorder,
+                  scales: list[Any]) -> None:
+    """Resolve the window's timings, losses and skipped steps (one sync) and record them."""
     import torch
     import torch.distributed as dist
 
     times = clock.resolve(marks)
+    if scales:
+        values = torch.stack(scales).float().tolist()
+        for rec, before, after in zip(window, values, values[1:]):
+            rec["skipped"] = after < before
     loss_vec = torch.stack(losses).float()
     if ctx.is_distributed:
         # the global loss: one collective per window, not per step
