@@ -58,6 +58,8 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=_int_type("--seed", 0), default=0)
     p.add_argument("--log-every", type=_int_type("--log-every", 1), default=10,
                    help="steps per logging window (one host sync per window)")
+    p.add_argument("--max-grad-norm", type=float, default=0.0,
+                   help="clip the global gradient norm once per optimizer step (0: off)")
     p.add_argument("--no-calibrate", action="store_true",
                    help="skip the window that measures exposed communication and busbw")
     p.add_argument("--num-workers", type=_int_type("--num-workers", 0), default=0,
@@ -85,6 +87,25 @@ def build_parser() -> argparse.ArgumentParser:
     insp.add_argument("--json", action="store_true", help="print the result as JSON")
     insp.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     insp.set_defaults(handler=cmd_inspect)
+    pl = sub.add_parser("plan", help="recommend a strategy, precision and batch settings, and say why",
+                        description="Profile WORKLOAD on the meta device and plan it for this machine "
+                                    "or a --topology file. Arguments after `--` go to the workload.")
+    pl.add_argument("workload", help="workload file (see workloads/)")
+    pl.add_argument("--gpus", type=_int_type("--gpus", 1), default=None,
+                    help="devices per node (default: all of the topology's)")
+    pl.add_argument("--nodes", type=_int_type("--nodes", 1), default=None)
+    pl.add_argument("--topology", default=None,
+                    help="a topologies/*.yaml name or path (default: detect this machine)")
+    pl.add_argument("--global-batch", type=_int_type("--global-batch", 1), default=None,
+                    help="samples per optimizer step (default: the largest micro-batch that fits)")
+    pl.add_argument("--seq-len", type=_int_type("--seq-len", 1), default=None,
+                    help="tokens per sample, for sequence models")
+    pl.add_argument("--strategy", choices=("ddp", "fsdp_full", "fsdp_grad_op", "hybrid"), default=None)
+    pl.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default=None)
+    pl.add_argument("--micro-batch", type=_int_type("--micro-batch", 1), default=None)
+    pl.add_argument("--json", action="store_true", help="print the plan as JSON")
+    pl.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    pl.set_defaults(handler=cmd_plan)
     return parser
 
 
@@ -121,6 +142,7 @@ def launch_spec_from_args(args: argparse.Namespace, workload_args: Sequence[str]
         nproc_per_node=args.gpus, steps=args.steps, warmup_steps=warmup,
         micro_batch=args.micro_batch, grad_accum_steps=args.grad_accum, seed=args.seed,
         log_every=args.log_every, calibrate_comm=not args.no_calibrate,
+        max_grad_norm=args.max_grad_norm,
         strategy=Strategy(kind=args.strategy, precision=args.precision,
                           activation_checkpointing=args.checkpointing, compile=args.compile),
         loader=LoaderSpec(num_workers=args.num_workers),
@@ -175,6 +197,38 @@ def cmd_inspect(args: argparse.Namespace, workload_args: list[str]) -> int:
     else:
         print(format_topology(topology))
     return 0
+
+
+def cmd_plan(args: argparse.Namespace, workload_args: list[str]) -> int:
+    """`dlaunch plan`: the recommended plan, its predicted memory and time, and the rejects."""
+    from launcher.planning import plan_workload, resolve_topology
+    from launcher.specs import Goal
+    from launcher.workload import inspect_file
+
+    inspect_file(args.workload)
+    topology = resolve_topology(topology=args.topology, gpus=args.gpus, nodes=args.nodes)
+    goal = Goal(global_batch=args.global_batch, seq_len=args.seq_len)
+    overrides = {k: v for k, v in (("strategy", args.strategy), ("precision", args.precision),
+                                   ("micro_batch", args.micro_batch)) if v is not None}
+    planned = plan_workload(args.workload, workload_args, topology, goal, overrides=overrides)
+    if args.json:
+        print(json.dumps({"plan": planned.plan.to_dict(),
+                          "profile": _asdict(planned.profile),
+                          "topology": planned.topology.name}, indent=2, default=str))
+    else:
+        from launcher.planner import format_plan
+
+        print(format_plan(planned.plan, planned.profile, planned.topology))
+    for reason in planned.plan.reasons:
+        if reason.startswith("warning:"):
+            print(f"dlaunch: {reason}", file=sys.stderr)
+    return 0
+
+
+def _asdict(obj: Any) -> dict[str, Any]:
+    import dataclasses
+
+    return dataclasses.asdict(obj)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from launcher.memory import (CUDA_ALLOCATOR_SLACK, CUDA_CONTEXT_BYTES,
-                             HALF_PRECISION_ACTIVATION_FACTOR, NCCL_BUFFER_BYTES, estimate_memory,
+                             AUTOCAST_ACTIVATION_FACTOR, NCCL_BUFFER_BYTES, estimate_memory,
                              usable_mem_bytes)
 from launcher.specs import GIB, DeviceSpec, ModelProfile, Strategy
 
@@ -46,7 +46,7 @@ def test_ddp_fp32_on_cpu_is_16_bytes_per_param_plus_activations():
 def test_ddp_bf16_on_cuda_counts_autocast_cache_context_and_slack():
     m = est("ddp", "bf16", device="cuda")
     # activations: 0.6 x 2e9 x 2 samples + autocast's bf16 weight copies 2 B x 1e9
-    assert HALF_PRECISION_ACTIVATION_FACTOR == 0.6
+    assert AUTOCAST_ACTIVATION_FACTOR == 0.6
     assert m.activations_bytes == pytest.approx(2.4e9 + 2e9)
     state = 16e9 + 4.4e9
     assert m.overhead_bytes == pytest.approx(CUDA_CONTEXT_BYTES + NCCL_BUFFER_BYTES
@@ -65,8 +65,9 @@ def test_fsdp_full_divides_state_and_adds_unsharded_units():
     assert m.optimizer_bytes == pytest.approx(1e9)  # 8 B x 1e9 / 8
     # root 1e8 + 2 blocks of 9e7 at 2 B = 5.6e8; one block's fp32 grads 4 x 9e7 = 3.6e8
     assert m.overhead_bytes == pytest.approx(5.6e8 + 3.6e8)
-    assert m.activations_bytes == pytest.approx(0.6 * ACT * 2)  # no autocast cache under FSDP
-    assert "16 B/param / 8" in m.assumptions
+    # FSDP computes in bf16 params (no autocast, no weight cache): half the fp32 bytes
+    assert m.activations_bytes == pytest.approx(0.5 * ACT * 2)
+    assert "= 16 B/param / 8 (sharded)" in m.assumptions
 
 
 def test_fsdp_grad_op_keeps_whole_params_at_compute_dtype():
@@ -91,6 +92,13 @@ def test_checkpointing_keeps_block_inputs_plus_one_block():
     assert m.activations_bytes == pytest.approx(1.2e9)
     assert "checkpointed" in m.assumptions
     assert m.activations_bytes < est("ddp", "fp32", mb=4).activations_bytes
+
+
+def test_checkpointed_inputs_stay_fp32_under_autocast_but_not_under_fsdp():
+    # DDP + autocast: residual stream fp32: 2 x (1e7 x 10 + 0.6 x 2e9 / 10) = 2 x 2.2e8
+    assert est("ddp", "bf16", ckpt=True).activations_bytes == pytest.approx(4.4e8 + 2e9)
+    # FSDP bf16 params: everything half: 2 x (0.5e7 x 10 + 0.5 x 2e9 / 10) = 2 x 1.5e8
+    assert est("fsdp_full", "bf16", ckpt=True).activations_bytes == pytest.approx(3e8)
 
 
 def test_memory_grows_with_micro_batch_and_shrinks_with_shards():

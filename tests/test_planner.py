@@ -308,3 +308,10 @@ def test_seq_len_needs_a_sequence_model():
     assert plan(images, topology("h100-sxm-8x"), Goal(global_batch=256)).chosen.fits
     with pytest.raises(PlanError, match="drop --seq-len"):
         plan(images, topology("h100-sxm-8x"), Goal(global_batch=256, seq_len=1024))
+
+
+def test_one_device_plans_a_plain_process():
+    one = topology("h100-sxm-8x").with_shape(num_nodes=1, devices_per_node=1)
+    p = plan(GPT_125M, one, Goal(global_batch=32))
+    assert p.chosen.strategy.kind == "ddp" and p.chosen.time.comm_total_s == 0
+    assert p.scaling_efficiency == 1.0 and p.reasons[0].startswith("one device: a plain process")

@@ -1,0 +1,193 @@
+"""Per-rank peak memory model for one (ModelProfile, Strategy, micro-batch).
+
+Pure arithmetic on the frozen specs: no torch, no I/O. Every byte this model counts is named in
+`MemoryEstimate.assumptions`, because published formulas disagree (ZeRO counts 16 B/param for
+mixed-precision Adam, HF docs 18, DeepSpeed's estimator 20) and a user must be able to see which
+terms were counted.
+
+The model, per rank (P = parameters, G = shard group size, c = compute-dtype bytes):
+
+- parameters are stored in fp32 (4 B/param). FSDP2 `MixedPrecisionPolicy(param_dtype=bf16)`
+  keeps fp32 sharded parameters and all-gathers bf16 copies for compute; DDP + autocast keeps
+  fp32 parameters and autocast caches bf16 copies of the weights for the forward.
+- gradients fp32 (4 B/param); AdamW m and v fp32 (8 B/param), SGD momentum 4 B/param.
+- DDP: everything whole. Gradient buckets cost nothing extra because the runtime builds DDP with
+  `gradient_as_bucket_view=True` (the grads ARE views of the buckets); without it the reducer
+  would hold a second flat copy of all gradients (+4 B/param). Under autocast the cached
+  compute-dtype weights (+c B/param) live until backward consumes them: counted as activations.
+- FSDP full shard (ZeRO-3): params, grads, optimizer / G, plus the unsharded units: the root
+  unit (parameters outside the blocks: embeddings, head; FSDP2 keeps the root unsharded between
+  forward and backward), two blocks (the current one and the prefetched one) at the compute
+  dtype, and one block's unsharded fp32 gradients waiting for their reduce-scatter.
+- FSDP shard-grad-op (ZeRO-2, reshard_after_forward=False): the whole model stays unsharded at
+  the compute dtype from forward to backward; fp32 params, grads and optimizer are sharded.
+- hybrid: full shard inside the shard group (one node), replicated across nodes.
+- activations: `profile.activation_bytes_per_sample` is measured on fp32 saved tensors; bf16 and
+  fp16 scale it (0.6 under DDP's autocast, 0.5 under FSDP's bf16 parameters: see the factors).
+  Per-block checkpointing keeps each block's input plus one block's activations during its
+  recompute.
+- overhead: CUDA context, NCCL buffers and allocator slack on CUDA; nothing on CPU.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from launcher.specs import GIB, DeviceSpec, MemoryEstimate, ModelProfile, Strategy
+
+logger = logging.getLogger(__name__)
+
+# Bytes per parameter of the persistent training state (ZeRO paper, Rajbhandari et al. 2020, s3.1:
+# fp32 master weights, fp32 grads in PyTorch AMP, Adam m and v in fp32).
+MASTER_PARAM_BYTES = 4
+GRAD_BYTES = 4
+OPTIMIZER_STATE_BYTES = {"adamw": 8, "sgd": 4}  # AdamW: exp_avg + exp_avg_sq; SGD: momentum buffer
+# Bytes of one element at the compute dtype of each precision.
+COMPUTE_DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+# Saved activations under bf16/fp16 relative to the fp32 measurement.
+# DDP + autocast (runtime/harness.py): matmul inputs/outputs halve, but autocast runs norms,
+# softmax and the loss in fp32 and the residual stream stays fp32, so a transformer saves ~55-65%
+# of its fp32 bytes (Korthikanti et al. 2022 count 2 B for most tensors and 1 B for masks; the
+# fp32 islands push it above 0.5). 0.6 errs on the safe side.
+AUTOCAST_ACTIVATION_FACTOR = 0.6
+# Checkpointed block inputs are the residual stream, which stays fp32 under autocast
+# (bf16 matmul output + fp32 residual promotes to fp32): no discount.
+AUTOCAST_BLOCK_INPUT_FACTOR = 1.0
+# FSDP2 with MixedPrecisionPolicy(param_dtype=bf16) and no autocast (runtime/wrap.py): the
+# parameters and the cast inputs are bf16, so every saved tensor, block inputs included, is too.
+PARAM_DTYPE_ACTIVATION_FACTOR = 0.5
+
+# The runtime must build DDP with this flag: the memory model relies on it (see module docstring).
+DDP_GRADIENT_AS_BUCKET_VIEW = True
+DDP_BUCKET_CAP_BYTES = 25 * 1024**2  # torch DDP default bucket_cap_mb=25
+
+# A CUDA 12 context with lazy module loading plus cuBLAS/cuDNN workspaces: nvidia-smi shows
+# ~0.4-0.6 GiB for a rank that has allocated nothing (H100, torch 2.x).
+CUDA_CONTEXT_BYTES = 0.5 * GIB
+# NCCL communicator buffers: NCCL_BUFFSIZE 4 MiB per channel and peer direction, up to 32
+# channels on NVSwitch systems -> ~0.25 GiB per process group that has run a collective.
+NCCL_BUFFER_BYTES = 0.25 * GIB
+# Caching-allocator slack as a fraction of the tensors it holds, with expandable_segments:True
+# (which the plan sets); without it fragmentation of 10-30% is common on long runs.
+CUDA_ALLOCATOR_SLACK = 0.05
+
+
+def usable_mem_bytes(device: DeviceSpec, headroom: float) -> float:
+    """Bytes of `device` a plan may fill, leaving `headroom` (a fraction) free."""
+    return device.mem_gib * GIB * (1.0 - headroom)
+
+
+def unsharded_root_params(profile: ModelProfile) -> int:
+    """Parameters outside the blocks (embeddings, final norm, head): FSDP's root unit."""
+    return max(0, profile.num_params - profile.num_blocks * profile.largest_block_params)
+
+
+def activation_factors(strategy: Strategy) -> tuple[float, float]:
+    """(saved activations, checkpointed block inputs) relative to the fp32 measurement."""
+    if strategy.precision == "fp32":
+        return 1.0, 1.0
+    if strategy.kind == "ddp":
+        return AUTOCAST_ACTIVATION_FACTOR, AUTOCAST_BLOCK_INPUT_FACTOR
+    return PARAM_DTYPE_ACTIVATION_FACTOR, PARAM_DTYPE_ACTIVATION_FACTOR
+
+
+def activation_bytes(profile: ModelProfile, strategy: Strategy, micro_batch: int) -> float:
+    """Saved-for-backward bytes of one micro-batch, with checkpointing if the strategy asks."""
+    factor, input_factor = activation_factors(strategy)
+    full = profile.activation_bytes_per_sample * factor
+    if not strategy.activation_checkpointing or profile.num_blocks < 1:
+        return full * micro_batch
+    # Checkpointing per block keeps each block's input, plus one block's activations while
+    # that block is recomputed in backward.
+    kept = profile.block_input_bytes_per_sample * input_factor * profile.num_blocks
+    one_block = full / profile.num_blocks
+    return (kept + one_block) * micro_batch
+
+
+def estimate_memory(profile: ModelProfile, strategy: Strategy, *, micro_batch: int,
+                    world_size: int, shard_group_size: int, device: str,
+                    optimizer: str = "adamw") -> MemoryEstimate:
+    """Predicted peak memory of one rank.
+
+    `shard_group_size` is the number of ranks that share one copy of the model state: 1 for DDP,
+    `world_size` for fsdp_full / fsdp_grad_op, devices per node for hybrid. `device` is
+    "cuda" or "cpu" (the Topology's device). See the module docstring for every term counted.
+    """
+    p = float(profile.num_params)
+    c = COMPUTE_DTYPE_BYTES[strategy.precision]
+    opt_b = OPTIMIZER_STATE_BYTES[optimizer]
+    g = max(1, shard_group_size if strategy.kind != "ddp" else 1)
+    mixed = strategy.precision != "fp32"
+    notes = [f"fp32 params {MASTER_PARAM_BYTES} + fp32 grads {GRAD_BYTES} + {optimizer} state "
+             f"{opt_b} = {MASTER_PARAM_BYTES + GRAD_BYTES + opt_b} B/param"]
+
+    activations = activation_bytes(profile, strategy, micro_batch)
+    factor, input_factor = activation_factors(strategy)
+    act_note = (f"activations x{factor:g} of the fp32 measurement "
+                + ("(autocast)" if strategy.kind == "ddp" else f"({strategy.precision} params)")
+                if mixed else "activations as measured (fp32)")
+    if strategy.activation_checkpointing:
+        act_note += f", checkpointed per block (block inputs x{input_factor:g} + one block)"
+    units = 0.0  # FSDP unsharded parameters/gradients, counted in overhead
+
+    if strategy.kind == "ddp":
+        params, grads, opt = MASTER_PARAM_BYTES * p, GRAD_BYTES * p, opt_b * p
+        if mixed:
+            # autocast's weight cache: one compute-dtype copy of every weight, freed after backward
+            activations += c * p
+            notes.append(f"autocast weight cache {c} B/param (in activations)")
+        if world_size > 1:
+            if DDP_GRADIENT_AS_BUCKET_VIEW:
+                notes.append("DDP buckets 0 extra (gradient_as_bucket_view=True)")
+            else:
+                units += GRAD_BYTES * p
+                notes.append(f"DDP bucket copy {GRAD_BYTES} B/param")
+    else:
+        params, grads, opt = MASTER_PARAM_BYTES * p / g, GRAD_BYTES * p / g, opt_b * p / g
+        notes[0] += f" / {g} (sharded)"
+        block = float(profile.largest_block_params)
+        root = float(unsharded_root_params(profile))
+        if strategy.kind == "fsdp_grad_op":
+            # reshard_after_forward=False: every unit stays unsharded from forward to backward
+            units += c * p
+            notes.append(f"unsharded {strategy.precision} params {c} B/param (grad-op keeps them)")
+        else:
+            units += c * (root + 2 * block)
+            notes.append(f"unsharded root ({root / 1e6:.0f}M params) + 2 blocks (prefetch) at "
+                         f"{c} B")
+        units += GRAD_BYTES * block
+        notes.append("one block's fp32 grads before reduce-scatter")
+    notes.append(act_note)
+
+    state = params + grads + opt + activations + units
+    overhead = units
+    if device == "cuda":
+        overhead += CUDA_CONTEXT_BYTES + CUDA_ALLOCATOR_SLACK * state
+        if world_size > 1:
+            overhead += NCCL_BUFFER_BYTES
+        notes.append(f"CUDA context {CUDA_CONTEXT_BYTES / GIB:.2g} GiB"
+                     + (f" + NCCL {NCCL_BUFFER_BYTES / GIB:.2g} GiB" if world_size > 1 else "")
+                     + f" + allocator slack {CUDA_ALLOCATOR_SLACK:.0%}")
+    else:
+        notes.append("CPU: no context or allocator overhead counted")
+    est = MemoryEstimate(params_bytes=params, grads_bytes=grads, optimizer_bytes=opt,
+                         activations_bytes=activations, overhead_bytes=overhead,
+                         assumptions="; ".join(notes))
+    logger.debug("memory %s %s mb=%d G=%d: %.2f GiB", strategy.kind, strategy.precision,
+                 micro_batch, g, est.total_gib)
+    return est
+
+
+def fmt_gib(nbytes: float) -> str:
+    """Bytes as GiB with one decimal (three significant digits below 1 GiB)."""
+    gib = nbytes / GIB
+    return f"{gib:.1f}" if gib >= 1 or gib == 0 else f"{gib:.2g}"
+
+
+__all__ = ["estimate_memory", "usable_mem_bytes", "activation_bytes", "unsharded_root_params",
+           "fmt_gib", "MASTER_PARAM_BYTES", "GRAD_BYTES", "OPTIMIZER_STATE_BYTES",
+           "COMPUTE_DTYPE_BYTES", "AUTOCAST_ACTIVATION_FACTOR", "AUTOCAST_BLOCK_INPUT_FACTOR",
+           "PARAM_DTYPE_ACTIVATION_FACTOR", "activation_factors",
+           "DDP_GRADIENT_AS_BUCKET_VIEW", "DDP_BUCKET_CAP_BYTES", "CUDA_CONTEXT_BYTES",
+           "NCCL_BUFFER_BYTES", "CUDA_ALLOCATOR_SLACK"]

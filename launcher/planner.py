@@ -1,0 +1,427 @@
+"""The planner: enumerate candidate strategies, drop what does not fit, rank by predicted speed.
+
+Pure functions of the frozen specs (no torch, no I/O). The search space (design.md, "Planner"):
+strategy {ddp, fsdp_grad_op, fsdp_full, hybrid (multi-node only)} x precision (bf16 where the
+device has it, else fp16 + GradScaler on CUDA; fp32 and, where the CPU lists a bf16 peak, bf16 on
+CPU) x activation checkpointing {off, on} x micro-batch (powers of two). Nothing here encodes the
+seed rule ("DDP when it fits, FSDP when it does not, DDP/hybrid on slow links"): it comes out of
+`memory.estimate_memory` and `cost.step_time`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from launcher.cost import step_time
+from launcher.errors import PlanError
+from launcher.memory import estimate_memory, fmt_gib, usable_mem_bytes
+from launcher.specs import Candidate, Goal, ModelProfile, Plan, Strategy, Topology
+
+logger = logging.getLogger(__name__)
+
+# Simpler first: ties go to the strategy with fewer moving parts (and fewer failure modes).
+STRATEGY_ORDER = ("ddp", "fsdp_grad_op", "fsdp_full", "hybrid")
+LABELS = {"ddp": "DDP", "fsdp_grad_op": "FSDP grad-op", "fsdp_full": "FSDP full",
+          "hybrid": "hybrid"}
+# Predictions closer than this are a tie: the model is not more accurate than a few percent.
+TIE_TOLERANCE = 0.02
+# Without --global-batch: power-of-two micro-batches up to this, no accumulation; the best
+# throughput wins, which (ties going to the larger micro-batch) is the largest that fits. Beyond
+# 64 the gains are small once compute dominates, and large batches need the learning rate
+# retuned; users who want more pass --global-batch.
+DEFAULT_MAX_MICRO_BATCH = 64
+OVERRIDE_KEYS = ("strategy", "precision", "micro_batch", "compile", "compile_mode",
+                 "activation_checkpointing")
+
+
+def profile_for_goal(profile: ModelProfile, goal: Goal) -> ModelProfile:
+    """`profile` at `goal.seq_len`: activations and FLOPs scale linearly with sequence length
+    (exact for SDPA/flash attention, which saves no s x s scores; attention FLOPs are <10% for
+    seq_len < d_model, and grow quadratically beyond that)."""
+    if goal.seq_len is None or goal.seq_len == profile.units_per_sample:
+        return profile
+    if profile.sample_units != "tokens":
+        raise PlanError(f"--seq-len {goal.seq_len} applies to sequence models (tokens per "
+                        f"sample); {profile.name} counts {profile.sample_units}: drop --seq-len")
+    r = goal.seq_len / profile.units_per_sample
+    return dataclasses.replace(
+        profile, units_per_sample=goal.seq_len,
+        activation_bytes_per_sample=profile.activation_bytes_per_sample * r,
+        block_input_bytes_per_sample=profile.block_input_bytes_per_sample * r,
+        flops_fwd_per_sample=profile.flops_fwd_per_sample * r)
+
+
+def _check_overrides(overrides: Mapping[str, Any] | None, topology: Topology) -> dict[str, Any]:
+    ov = {k: v for k, v in (overrides or {}).items() if v is not None}
+    unknown = sorted(set(ov) - set(OVERRIDE_KEYS))
+    if unknown:
+        raise PlanError(f"unknown plan override {', '.join(unknown)}; "
+                        f"use {', '.join(OVERRIDE_KEYS)}")
+    if ov.get("strategy") == "hybrid" and topology.num_nodes <= 1:
+        raise PlanError("strategy hybrid shards inside a node and replicates across nodes: it "
+                        "needs more than one node; on one node use fsdp_full")
+    if "micro_batch" in ov and (not isinstance(ov["micro_batch"], int) or ov["micro_batch"] < 1):
+        raise PlanError(f"--micro-batch must be an integer >= 1, got {ov['micro_batch']!r}")
+    # Strategy validates kind/precision/compile_mode with an actionable message
+    Strategy(kind=ov.get("strategy", "ddp"), precision=ov.get("precision", "fp32"),
+             compile_mode=ov.get("compile_mode", "default"))
+    return ov
+
+
+def _precisions(topology: Topology, ov: Mapping[str, Any]) -> list[str]:
+    dev = topology.accelerator
+    if "precision" in ov:
+        return [ov["precision"]]
+    if topology.device == "cpu":
+        return ["fp32", "bf16"] if "bf16" in dev.peak_tflops else ["fp32"]
+    return ["bf16"] if dev.supports_bf16 else ["fp16"]
+
+
+def _batches(goal: Goal, n: int, ov: Mapping[str, Any]) -> tuple[list[tuple[int, int]], list[int]]:
+    """(micro_batch, grad_accum) pairs to try, and micro-batches skipped for divisibility."""
+    forced = ov.get("micro_batch")
+    if goal.global_batch is None:
+        mbs = [forced] if forced else [2**i for i in range(DEFAULT_MAX_MICRO_BATCH.bit_length())
+                                       if 2**i <= DEFAULT_MAX_MICRO_BATCH]
+        return [(mb, 1) for mb in mbs], []
+    gb = goal.global_batch
+    if gb % n:
+        raise PlanError(f"global batch {gb} does not split over {n} data-parallel ranks; "
+                        f"use a multiple of {n} (e.g. {max(n, gb // n * n)})")
+    per_rank = gb // n
+    if forced:
+        if per_rank % forced:
+            raise PlanError(f"micro-batch {forced} x {n} ranks does not divide global batch {gb}"
+                            f" ({per_rank} samples per rank); pick a divisor of {per_rank}")
+        return [(forced, per_rank // forced)], []
+    mbs = sorted({2**i for i in range(per_rank.bit_length()) if 2**i <= per_rank} | {per_rank})
+    ok = [(mb, per_rank // mb) for mb in mbs if per_rank % mb == 0]
+    return ok, [mb for mb in mbs if per_rank % mb]
+
+
+def _candidates(profile: ModelProfile, topology: Topology, goal: Goal, ov: Mapping[str, Any],
+                usable: float) -> tuple[list[Candidate], list[int]]:
+    n = topology.world_size
+    kinds = [k for k in STRATEGY_ORDER if k != "hybrid" or topology.num_nodes > 1]
+    if n == 1 and "strategy" not in ov:
+        kinds = ["ddp"]  # one device: nothing to shard over; the runtime runs it unwrapped
+    batches, skipped = _batches(goal, n, ov)
+    out = []
+    for kind in kinds:
+        group = {"ddp": 1, "hybrid": topology.devices_per_node}.get(kind, n)
+        for precision in _precisions(topology, ov):
+            for ckpt in (False, True):
+                strategy = Strategy(kind=kind, precision=precision, activation_checkpointing=ckpt,
+                                    compile=bool(ov.get("compile", False)),
+                                    compile_mode=ov.get("compile_mode", "default"))
+                for mb, accum in batches:
+                    mem = estimate_memory(profile, strategy, micro_batch=mb, world_size=n,
+                                          shard_group_size=group, device=topology.device,
+                                          optimizer=goal.optimizer)
+                    t = step_time(profile, strategy, topology, mb, accum)
+                    out.append(Candidate(strategy=strategy, micro_batch=mb, grad_accum_steps=accum,
+                                         memory=mem, time=t, fits=mem.total_bytes <= usable))
+    return out, skipped
+
+
+def _matches(c: Candidate, ov: Mapping[str, Any]) -> bool:
+    s = c.strategy
+    return (ov.get("strategy", s.kind) == s.kind
+            and ov.get("activation_checkpointing", s.activation_checkpointing)
+            == s.activation_checkpointing)
+
+
+def _per_sample(c: Candidate) -> float:
+    return c.time.step_time_s / (c.micro_batch * c.grad_accum_steps)
+
+
+def _preference(c: Candidate) -> tuple[int, bool, int, float]:
+    """Among near-ties: simpler strategy, no checkpointing, then the larger micro-batch (the
+    model does not see the better kernel efficiency of larger batches), then speed."""
+    s = c.strategy
+    return STRATEGY_ORDER.index(s.kind), s.activation_checkpointing, -c.micro_batch, _per_sample(c)
+
+
+def _choose(fitting: list[Candidate]) -> Candidate:
+    """Fastest per sample; among those within TIE_TOLERANCE of it, the preferred one."""
+    best = min(_per_sample(c) for c in fitting)
+    near = [c for c in fitting if _per_sample(c) <= best * (1 + TIE_TOLERANCE)]
+    return min(near, key=_preference)
+
+
+def label(c: Candidate) -> str:
+    """Short human name: `FSDP full bf16 + ckpt`."""
+    s = c.strategy
+    return f"{LABELS[s.kind]} {s.precision}" + (" + ckpt" if s.activation_checkpointing else "")
+
+
+def _units_per_s(c: Candidate, n: int, profile: ModelProfile) -> float:
+    return c.micro_batch * c.grad_accum_steps * n * profile.units_per_sample / c.time.step_time_s
+
+
+def _speed(c: Candidate, goal: Goal, n: int, profile: ModelProfile) -> str:
+    """Step time when the global batch is fixed (comparable), else throughput."""
+    if goal.global_batch is not None:
+        return f"{c.time.step_time_s:.3g} s/step"
+    return f"{_units_per_s(c, n, profile):,.0f} {profile.sample_units}/s"
+
+
+def _per_device(topology: Topology) -> str:
+    return "GPU" if topology.device == "cuda" else "rank"
+
+
+def _too_big(c: Candidate, usable: float, profile: ModelProfile, topology: Topology) -> str:
+    """'131.2 GiB/GPU > 71.6 GiB usable at micro-batch 1 (params+grads+optimizer ...)'."""
+    m = c.memory
+    state = m.params_bytes + m.grads_bytes + m.optimizer_bytes
+    units = "" if c.strategy.kind == "ddp" else " incl. unsharded params"
+    return (f"{fmt_gib(m.total_bytes)} GiB/{_per_device(topology)} > {fmt_gib(usable)} GiB "
+            f"usable at micro-batch {c.micro_batch} (params+grads+optimizer {fmt_gib(state)} GiB "
+            f"= {state / profile.num_params:.3g} B/param, activations "
+            f"{fmt_gib(m.activations_bytes)}, overhead{units} {fmt_gib(m.overhead_bytes)})")
+
+
+def _env(topology: Topology) -> dict[str, str]:
+    env: dict[str, str] = {}
+    if topology.device == "cpu":
+        # torchrun only sets OMP_NUM_THREADS=1 when nproc > 1; oversubscribed cores run 4x slower
+        threads = max(1, topology.cpu_cores_per_node // topology.devices_per_node)
+        env["OMP_NUM_THREADS"] = str(threads)
+        return env
+    # fewer fragmentation OOMs with changing shapes; the memory model assumes it
+    env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    if topology.intra_node.kind == "pcie-nop2p":
+        # GeForce cards report P2P NCCL cannot use; without this NCCL can hang or corrupt data
+        env["NCCL_P2P_DISABLE"] = "1"
+    if topology.num_nodes > 1 and topology.inter_node and topology.inter_node.kind == "ethernet":
+        # NCCL's TCP transport needs several sockets/threads to fill a fast NIC (NCCL env docs)
+        env["NCCL_SOCKET_NTHREADS"] = "4"
+        env["NCCL_NSOCKS_PERTHREAD"] = "4"
+    return env
+
+
+def _reasons(chosen: Candidate, cands: list[Candidate], profile: ModelProfile,
+             topology: Topology, goal: Goal, usable: float, skipped: list[int]) -> list[str]:
+    """Human sentences: why this strategy, what the others would do, precision, checkpointing.
+    `cands` are the candidates the overrides allow; the first sentence only when chosen fits."""
+    n, dev = topology.world_size, topology.accelerator
+    fitting = [c for c in cands if c.fits] or [chosen]
+    speed = lambda c: _speed(c, goal, n, profile)  # noqa: E731
+    mem = f"{fmt_gib(chosen.memory.total_bytes)} GiB of {fmt_gib(usable)} usable"
+    best_by_kind = {}
+    for kind in STRATEGY_ORDER:
+        fit = [c for c in fitting if c.strategy.kind == kind]
+        if fit:
+            best_by_kind[kind] = _choose(fit)
+    others = [c for k, c in best_by_kind.items() if k != chosen.strategy.kind]
+    name = LABELS[chosen.strategy.kind]
+    if n == 1:
+        head = f"one device: a plain process, nothing to shard ({mem}): {speed(chosen)}"
+    elif not others:
+        head = f"{name} fits ({mem}) and is the only strategy that fits: {speed(chosen)}"
+    else:
+        runner = min(others, key=_per_sample)
+        rname = LABELS[runner.strategy.kind]
+        if _per_sample(runner) < _per_sample(chosen) * (1 + TIE_TOLERANCE):
+            head = (f"{name} fits ({mem}) and ties with {rname}: {speed(chosen)} vs "
+                    f"{speed(runner)} (within {TIE_TOLERANCE:.0%}; ties go to the simpler "
+                    f"strategy)")
+        else:
+            head = (f"{name} fits ({mem}) and is fastest: {speed(chosen)} vs {rname} "
+                    f"{speed(runner)}")
+    out = [head] if chosen.fits else []
+    for kind in STRATEGY_ORDER:
+        if kind == chosen.strategy.kind or not any(c.strategy.kind == kind for c in cands):
+            continue
+        if kind in best_by_kind:
+            c = best_by_kind[kind]
+            out.append(f"{LABELS[kind]}: {speed(c)} (micro-batch {c.micro_batch} x "
+                       f"{c.grad_accum_steps} accumulation"
+                       + (", checkpointing" if c.strategy.activation_checkpointing else "") + ")")
+        else:
+            smallest = min((c for c in cands if c.strategy.kind == kind),
+                           key=lambda c: c.memory.total_bytes)
+            out.append(f"{LABELS[kind]} does not fit: "
+                       + _too_big(smallest, usable, profile, topology))
+    prec = chosen.strategy.precision
+    if topology.device == "cuda":
+        cc = ".".join(map(str, dev.compute_capability or ()))
+        out.append(f"bf16 mixed precision: {dev.name} supports bf16 (compute capability {cc})"
+                   if prec == "bf16" else
+                   f"fp16 with GradScaler: {dev.name} (compute capability {cc}) has no bf16"
+                   if prec == "fp16" else f"fp32: no mixed precision")
+    elif prec == "bf16":
+        out.append("bf16 autocast on CPU: this CPU lists a bf16 peak and bf16 is predicted faster")
+    else:
+        out.append(f"{prec} on CPU" + ("" if "bf16" in dev.peak_tflops
+                                       else " (this CPU lists no bf16 peak)"))
+    if chosen.strategy.activation_checkpointing and chosen.fits:
+        plain = [c for c in fitting if c.strategy.kind == chosen.strategy.kind
+                 and not c.strategy.activation_checkpointing]
+        out.append("activation checkpointing on: " + (
+            "it allows a larger micro-batch and is faster despite 1/3 more compute" if plain
+            else f"without it {LABELS[chosen.strategy.kind]} does not fit"))
+    if prec == "bf16" and not dev.supports_bf16:
+        out.append(f"warning: {dev.name} has no bf16 units: bf16 autocast will fail or run "
+                   f"emulated and slow; use fp16 (with GradScaler) or fp32")
+    if prec == "fp16" and topology.device == "cpu":
+        out.append("warning: fp16 autocast on CPU is slow and needs a GradScaler; "
+                   "use bf16 or fp32")
+    if chosen.strategy.compile:
+        out.append("torch.compile: not modelled (the estimate is eager speed); the first step "
+                   "compiles for tens of seconds")
+    t = chosen.time
+    out.append(f"communication: {t.comm_total_s:.3g} s per step, {t.comm_exposed_s:.3g} s of it "
+               f"exposed ({t.comm_exposed_s / t.step_time_s:.0%} of the step)")
+    if goal.global_batch is None:
+        out.append(f"no global batch given: micro-batch {chosen.micro_batch} (the power of two up "
+                   f"to {DEFAULT_MAX_MICRO_BATCH} with the best throughput that fits) x {n} ranks, "
+                   f"no accumulation")
+    if skipped:
+        out.append(f"micro-batches {', '.join(map(str, skipped))} skipped: "
+                   f"{goal.global_batch} samples over {n} ranks do not split into them evenly")
+    return out
+
+
+def _rejected(chosen: Candidate, cands: list[Candidate], goal: Goal, topology: Topology,
+              profile: ModelProfile, usable: float) -> list[Candidate]:
+    """Best candidate of each (strategy, precision, checkpointing) group but the chosen one's,
+    each with the reason it lost: slower, a tie the simpler plan won, or too big."""
+    n = topology.world_size
+    key = lambda c: (c.strategy.kind, c.strategy.precision,  # noqa: E731
+                     c.strategy.activation_checkpointing)
+    groups: dict[tuple[str, str, bool], list[Candidate]] = {}
+    for c in cands:
+        groups.setdefault(key(c), []).append(c)
+    groups.pop(key(chosen), None)
+    mine = _speed(chosen, goal, n, profile)
+    out = []
+    for members in groups.values():
+        fit = [c for c in members if c.fits]
+        if fit:
+            best = _choose(fit)
+            theirs = _speed(best, goal, n, profile)
+            tie = _per_sample(best) <= _per_sample(chosen) * (1 + TIE_TOLERANCE)
+            why = (f"{label(best)}: ties with the chosen plan ({theirs} vs {mine}, within "
+                   f"{TIE_TOLERANCE:.0%}), which is simpler" if tie and chosen.fits else
+                   f"{label(best)}: fits ({fmt_gib(best.memory.total_bytes)} GiB) but slower: "
+                   f"{theirs} vs {mine}")
+        else:
+            best = min(members, key=lambda c: c.memory.total_bytes)
+            why = f"{label(best)}: {_too_big(best, usable, profile, topology)}"
+        out.append(dataclasses.replace(best, reason=why))
+    return sorted(out, key=lambda c: (not c.fits,
+                                      _per_sample(c) if c.fits else c.memory.total_bytes))
+
+
+def plan(profile: ModelProfile, topology: Topology, goal: Goal, *,
+         overrides: Mapping[str, Any] | None = None) -> Plan:
+    """Recommend a strategy for training `profile` on `topology` towards `goal`, with reasons.
+
+    `overrides` (keys in OVERRIDE_KEYS; None values are ignored) force those fields; a forced
+    plan that does not fit is still returned, with a first reason starting "warning:".
+    Raises PlanError when nothing fits, or when an override is impossible.
+    """
+    ov = _check_overrides(overrides, topology)
+    profile = profile_for_goal(profile, goal)
+    n = topology.world_size
+    usable = usable_mem_bytes(topology.accelerator, goal.headroom)
+    cands, skipped = _candidates(profile, topology, goal, ov, usable)
+    allowed = [c for c in cands if _matches(c, ov)]
+    fitting = [c for c in allowed if c.fits]
+    warnings = []
+    if fitting:
+        chosen = _choose(fitting)
+    elif ov:
+        chosen = min(allowed, key=lambda c: c.memory.total_bytes)
+        alt = [c for c in cands if c.fits]
+        warnings.append(f"warning: the forced plan does not fit: {label(chosen)}: "
+                        f"{_too_big(chosen, usable, profile, topology)}; it will run out of "
+                        f"memory" + (f" ({label(_choose(alt))} would fit)" if alt else ""))
+    else:
+        smallest = min(cands, key=lambda c: c.memory.total_bytes)
+        fixes = ["add GPUs or nodes (FSDP shards the model state over them)"]
+        if not smallest.strategy.activation_checkpointing:
+            fixes.append("enable activation checkpointing")
+        fixes.append("shorten the sequence" if profile.sample_units == "tokens"
+                     else "use a smaller model")
+        raise PlanError(
+            f"nothing fits on {n} x {topology.accelerator.name} ({fmt_gib(usable)} GiB usable "
+            f"each): the smallest candidate, {label(smallest)} at micro-batch "
+            f"{smallest.micro_batch}, needs {fmt_gib(smallest.memory.total_bytes)} GiB per "
+            f"{_per_device(topology)}; "
+            f"{', '.join(fixes[:-1])} or {fixes[-1]}")
+    reasons = warnings + _reasons(chosen, allowed, profile, topology, goal, usable, skipped)
+    if ov:
+        forced = ", ".join(f"{k}={v}" for k, v in sorted(ov.items()))
+        reasons.append(f"forced by overrides: {forced}")
+    chosen = dataclasses.replace(chosen, reason=reasons[0])
+    global_batch = chosen.micro_batch * chosen.grad_accum_steps * n
+    t = chosen.time
+    result = Plan(chosen=chosen, world_size=n, num_nodes=topology.num_nodes,
+                  global_batch=global_batch, units_per_s=_units_per_s(chosen, n, profile),
+                  # weak scaling vs one device doing the same per-rank work with no communication
+                  scaling_efficiency=t.compute_s / t.step_time_s if t.step_time_s else 1.0,
+                  env=_env(topology), reasons=tuple(reasons),
+                  rejected=tuple(_rejected(chosen, cands, goal, topology, profile, usable)),
+                  usable_mem_bytes=usable)
+    logger.debug("plan %s on %s: %s (%d candidates)", profile.name, topology.name,
+                 label(chosen), len(cands))
+    return result
+
+
+def format_plan(plan: Plan, profile: ModelProfile, topology: Topology) -> str:
+    """The text `dlaunch plan` prints: the chosen plan, its memory and time breakdown, why,
+    the environment it sets, and the other candidates with the reason each lost."""
+    c, dev = plan.chosen, topology.accelerator
+    s, m, t = c.strategy, c.memory, c.time
+    intra = topology.intra_node.kind + (f", {topology.inter_node.kind} between nodes"
+                                        if topology.inter_node and topology.num_nodes > 1 else "")
+    flags = [s.precision + (" + GradScaler" if s.uses_grad_scaler else ""),
+             "activation checkpointing" if s.activation_checkpointing else "no checkpointing",
+             f"compile ({s.compile_mode})" if s.compile else "no compile"]
+    per_gpu = plan.units_per_s / plan.world_size
+    hidden = 1 - t.comm_exposed_s / t.comm_total_s if t.comm_total_s else 1.0
+    lines = [
+        f"Plan for {profile.name} on {topology.name}: {plan.world_size} x {dev.name} "
+        f"({topology.num_nodes} node{'s' if topology.num_nodes > 1 else ''}, {intra})",
+        f"  strategy     {LABELS[s.kind]}, {', '.join(flags)}",
+        f"  batch        global {plan.global_batch} = micro-batch {c.micro_batch} x "
+        f"{plan.world_size} ranks x {c.grad_accum_steps} accumulation step"
+        f"{'s' if c.grad_accum_steps > 1 else ''}",
+        f"  memory/{_per_device(topology):<6}{fmt_gib(m.total_bytes)} GiB of "
+        f"{fmt_gib(plan.usable_mem_bytes)} usable "
+        f"({dev.mem_gib:g} GiB total){'' if c.fits else '  DOES NOT FIT'}",
+        f"               params {fmt_gib(m.params_bytes)}  grads {fmt_gib(m.grads_bytes)}  "
+        f"optimizer {fmt_gib(m.optimizer_bytes)}  activations {fmt_gib(m.activations_bytes)}  "
+        f"overhead {fmt_gib(m.overhead_bytes)}",
+        f"  step time    {t.step_time_s:.3g} s = compute {t.compute_s:.3g} + exposed "
+        f"communication {t.comm_exposed_s:.3g} (of {t.comm_total_s:.3g} s, {hidden:.0%} hidden)",
+        f"  throughput   {plan.units_per_s:,.0f} {profile.sample_units}/s ({per_gpu:,.0f} per "
+        f"device), scaling efficiency {plan.scaling_efficiency:.0%}",
+        f"  assumptions  {m.assumptions}",
+        "Why",
+        *(f"  - {r}" for r in plan.reasons),
+    ]
+    if plan.env:
+        lines += ["Environment", *(f"  {k}={v}" for k, v in sorted(plan.env.items()))]
+    if plan.rejected:
+        lines += ["Other candidates",
+                  f"  {'strategy':<14}{'prec':<6}{'ckpt':<6}{'mb x acc':<10}"
+                  f"{'GiB/' + _per_device(topology):>9}"
+                  f"{'step s':>9}  why not"]
+        for r in plan.rejected:
+            rs = r.strategy
+            lines.append(f"  {LABELS[rs.kind]:<14}{rs.precision:<6}"
+                         f"{'on' if rs.activation_checkpointing else 'off':<6}"
+                         f"{f'{r.micro_batch} x {r.grad_accum_steps}':<10}"
+                         f"{fmt_gib(r.memory.total_bytes):>9}{r.time.step_time_s:>9.3g}  "
+                         f"{r.reason.split(': ', 1)[-1]}")
+    return "\n".join(lines)
+
+
+__all__ = ["plan", "format_plan", "profile_for_goal", "label", "STRATEGY_ORDER",
+           "TIE_TOLERANCE", "DEFAULT_MAX_MICRO_BATCH", "OVERRIDE_KEYS"]
