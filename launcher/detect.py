@@ -3,14 +3,13 @@
 Sources, best first: NVML (`pynvml`, package nvidia-ml-py) for GPUs and per-pair links;
 `nvidia-smi` (`--query-gpu`, `topo -m`, `topo -p2p r`) when NVML cannot be used; torch's
 `can_device_access_peer` only as a last resort for P2P. torch is never imported on the CPU path,
-so `dlaunch inspect` stays fast. Bandwidths derived here are estimates from line rates and the
-efficiencies measured for the shipped topologies (see `topologies/*.yaml`); each says so in
-its `source`.
+so `dlaunch inspect` stays fast. This module only probes (NVML, subprocess, sysfs, psutil, the
+SLURM environment); turning what it finds into links and GPU specs is `launcher.nvtopo`'s job,
+and printing the result is `launcher.inspect_view`'s.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import logging
 import math
@@ -19,51 +18,22 @@ import re
 import shutil
 import socket
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from launcher.errors import TopologyError
+from launcher.nvtopo import (gpu_spec, inter_node_link, intra_node_link, parse_nvidia_smi_nvlinks,
+                             parse_nvidia_smi_p2p, parse_nvidia_smi_topo)
 from launcher.specs import GIB, DeviceSpec, Link, Nic, Topology
-from launcher.topology import topology_to_dict
 
 log = logging.getLogger(__name__)
 
 _SUBPROCESS_TIMEOUT_S = 10.0
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_GPU_LABEL = re.compile(r"GPU\d+")
-_PCIE_CODES = ("PIX", "PXB", "PHB", "NODE", "SYS", "SOC")  # SOC: SYS in drivers before 2017
-_KIND_RANK = {"nvswitch": 0, "nvlink": 1, "pcie": 2, "pcie-nop2p": 3}
-_LATENCY_US = {"nvswitch": 3.0, "nvlink": 3.0, "pcie": 6.0, "pcie-nop2p": 10.0}
-# Achievable ring busbw as a fraction of the per-direction line rate, from the shipped files:
-# NVLink 370/450 (H100) and 230/300 (A100); PCIe Gen4 with P2P 20/31.5; without P2P 12/31.5.
-_NVLINK_EFF, _PCIE_EFF, _NOP2P_EFF = 0.8, 0.65, 0.38
 _PCIE_LANE_GB_S = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
-# Achievable busbw per NIC as a fraction of line rate: IB NDR 46-49 of 50 (nccl-tests #267,
-# #290); RoCE ~75% (nccl #495); TCP sockets: an assumption.
-_NET_EFF = {"infiniband": 0.93, "roce": 0.75, "ethernet": 0.6}
-_NET_LATENCY_US = {"infiniband": 5.0, "roce": 8.0, "ethernet": 30.0}
 _VIRTUAL_IFACES = ("lo", "docker", "veth", "br-", "virbr", "cni", "flannel", "cali", "tun",
                    "tap", "ib", "vxlan", "weave", "kube")
-
-# Dense peak TFLOP/s from the vendors' datasheets (with-sparsity numbers halved), with the
-# compute capability, for GPUs NVML names; first match wins, so specific names come first.
-_GPU_TABLE: tuple[tuple[str, dict[str, float], tuple[int, int]], ...] = (
-    (r"H100.*PCIe", {"fp32": 51, "tf32": 378, "bf16": 756, "fp16": 756}, (9, 0)),
-    (r"H100|H200|H800", {"fp32": 67, "tf32": 495, "bf16": 989, "fp16": 989}, (9, 0)),
-    (r"A100|A800", {"fp32": 19.5, "tf32": 156, "bf16": 312, "fp16": 312}, (8, 0)),
-    (r"L40S", {"fp32": 91.6, "tf32": 183, "bf16": 362, "fp16": 362}, (8, 9)),
-    (r"L40", {"fp32": 90.5, "tf32": 90.5, "bf16": 181, "fp16": 181}, (8, 9)),
-    (r"\bL4\b", {"fp32": 30.3, "tf32": 60, "bf16": 121, "fp16": 121}, (8, 9)),
-    (r"\bA10G?\b", {"fp32": 31.2, "tf32": 62.5, "bf16": 125, "fp16": 125}, (8, 6)),
-    (r"\bA40\b", {"fp32": 37.4, "tf32": 74.8, "bf16": 149.7, "fp16": 149.7}, (8, 6)),
-    (r"A6000", {"fp32": 38.7, "tf32": 77.4, "bf16": 154.8, "fp16": 154.8}, (8, 6)),
-    (r"4090", {"fp32": 82.6, "tf32": 82.6, "bf16": 165.2, "fp16": 165.2}, (8, 9)),
-    (r"3090", {"fp32": 35.6, "tf32": 35.6, "bf16": 71, "fp16": 71}, (8, 6)),
-    (r"V100", {"fp32": 15.7, "fp16": 125}, (7, 0)),
-    (r"\bT4\b", {"fp32": 8.1, "fp16": 65}, (7, 5)),
-)
 
 
 # -- SLURM -----------------------------------------------------------------------------------
@@ -237,162 +207,6 @@ def detect_nics(*, ib_root: Path = Path("/sys/class/infiniband"),
             continue
         nics.append(Nic(name=name, kind="ethernet", speed_gbit_s=st.speed / 1000))
     return tuple(nics)
-
-
-def inter_node_link(nics: Sequence[Nic]) -> Link:
-    """The link a ring spanning nodes sees: the node's aggregate NIC bandwidth of the best kind.
-
-    NCCL spreads its channels over all NICs of the fastest kind (one rail each), so a ring
-    crossing nodes sees their sum (nccl-tests busbw); with one NIC, that NIC's rate.
-    """
-    for kind in ("infiniband", "roce", "ethernet"):
-        same = [n for n in nics if n.kind == kind]
-        if not same:
-            continue
-        # Ethernet without RDMA: NCCL's socket transport uses one interface at a time
-        line = max(n.speed_gbit_s for n in same) if kind == "ethernet" else sum(
-            n.speed_gbit_s for n in same)
-        return Link(kind=kind, bw_gb_s=round(line / 8 * _NET_EFF[kind], 2),
-                    latency_us=_NET_LATENCY_US[kind],
-                    source=f"detected {len(same)} {kind} NIC(s), {line:g} Gb/s in all; "
-                           f"busbw estimated at {_NET_EFF[kind]:.0%} of line rate")
-    return Link(kind="ethernet", bw_gb_s=round(10 / 8 * _NET_EFF["ethernet"], 2),
-                latency_us=_NET_LATENCY_US["ethernet"],
-                source="no NIC detected; 10 GbE TCP assumed")
-
-
-# -- nvidia-smi topo parsing -------------------------------------------------------------------
-
-def _matrix(text: str, what: str) -> tuple[tuple[str, ...], ...]:
-    lines = [_ANSI.sub("", line) for line in text.splitlines()]
-    header = next((i for i, line in enumerate(lines)
-                   if line.split()[:1] == ["GPU0"]), None)
-    if header is None:
-        raise TopologyError(f"{what}: no header row starting with GPU0 found")
-    tokens = lines[header].split()
-    n = sum(1 for t in tokens if _GPU_LABEL.fullmatch(t))
-    rows: list[tuple[str, ...]] = []
-    for line in lines[header + 1:]:
-        parts = line.split()
-        if not parts:
-            break  # the matrix ends at the first blank line, before the legend
-        if _GPU_LABEL.fullmatch(parts[0]):
-            if len(parts) < n + 1:
-                raise TopologyError(f"{what}: row {parts[0]} has {len(parts) - 1} cells, "
-                                    f"expected {n}")
-            rows.append(tuple(parts[1:n + 1]))
-    if len(rows) != n or any(rows[i][i] != "X" for i in range(n)):
-        raise TopologyError(f"{what}: expected a {n}x{n} GPU matrix with X on the diagonal")
-    return tuple(rows)
-
-
-def parse_nvidia_smi_topo(text: str, *, peer_access: bool | Sequence[Sequence[bool | None]]
-                          | None = None) -> tuple[tuple[str, ...], ...]:
-    """Map `nvidia-smi topo -m` output to a GPU x GPU matrix of LINK_KINDS ("" on the diagonal).
-
-    NV# -> nvlink, or nvswitch when every pair of 3+ GPUs is NV# (a 2-GPU bridge stays nvlink);
-    PIX/PXB/PHB/NODE/SYS -> pcie, or pcie-nop2p where `peer_access` (one bool or a matrix, e.g.
-    from `parse_nvidia_smi_p2p`) is known False. NIC and CPU columns are ignored.
-    """
-    cells = _matrix(text, "nvidia-smi topo -m")
-    n = len(cells)
-    all_nv = n > 2 and all(cells[i][j].startswith("NV")
-                           for i in range(n) for j in range(n) if i != j)
-    out = []
-    for i in range(n):
-        row = []
-        for j in range(n):
-            cell = cells[i][j]
-            if i == j:
-                row.append("")
-            elif cell.startswith("NV"):
-                row.append("nvswitch" if all_nv else "nvlink")
-            else:
-                if cell not in _PCIE_CODES:
-                    log.warning("nvidia-smi topo: unknown link %r between GPU%d and GPU%d; "
-                                "treated as PCIe", cell, i, j)
-                known = peer_access if isinstance(peer_access, bool) or peer_access is None \
-                    else peer_access[i][j]
-                row.append("pcie-nop2p" if known is False else "pcie")
-        out.append(tuple(row))
-    return tuple(out)
-
-
-def parse_nvidia_smi_nvlinks(text: str) -> tuple[tuple[int, ...], ...]:
-    """The number of bonded NVLinks per GPU pair in `nvidia-smi topo -m` output (0: none)."""
-    cells = _matrix(text, "nvidia-smi topo -m")
-    return tuple(tuple(int(m.group(1)) if (m := re.fullmatch(r"NV(\d+)", c)) else 0
-                       for c in row) for row in cells)
-
-
-def parse_nvidia_smi_p2p(text: str) -> tuple[tuple[bool | None, ...], ...]:
-    """Map `nvidia-smi topo -p2p r` output to peer-read access: OK -> True, X/U -> None, else
-    (CNS, GNS, TNS, NS) False."""
-    cells = _matrix(text, "nvidia-smi topo -p2p")
-    return tuple(tuple(True if c == "OK" else None if c in ("X", "U") else False for c in row)
-                 for row in cells)
-
-
-def _hamiltonian_cycle(n: int, ok: Sequence[Sequence[bool]]) -> bool:
-    # Held-Karp reachability: can a ring visit every GPU using only `ok` pairs?
-    reach = [0] * (1 << n)  # reach[mask]: bitset of end vertices of paths 0 -> ... over mask
-    reach[1] = 1
-    for mask in range(1, 1 << n):
-        ends = reach[mask]
-        if not ends or not mask & 1:
-            continue
-        for v in range(n):
-            if ends >> v & 1:
-                for w in range(n):
-                    if not mask >> w & 1 and ok[v][w]:
-                        reach[mask | 1 << w] |= 1 << w
-    full = reach[(1 << n) - 1]
-    return any(full >> v & 1 and ok[v][0] for v in range(1, n))
-
-
-def intra_node_link(links: Sequence[Sequence[str]], *,
-                    nvlinks: Sequence[Sequence[int]] | None = None,
-                    nvlink_gb_s: float = 25.0, pcie_gb_s: float = 31.5) -> Link:
-    """The intra-node `Link` a ring over all GPUs sees: its slowest pair, for the best ring.
-
-    Per pair: NVLink/NVSwitch 80% of `nvlink_gb_s` x bonded links (12 when unknown), PCIe with
-    P2P 65% and without P2P 38% of `pcie_gb_s` (per direction of the GPUs' PCIe link). The ring
-    order is searched (up to 10 GPUs) so that, e.g., NVLink-bridged pairs are used where a ring
-    can use them; the result is the bottleneck of the best ring.
-    """
-    n = len(links)
-    if n < 2:
-        return Link(kind="pcie", bw_gb_s=round(_PCIE_EFF * pcie_gb_s, 1),
-                    latency_us=_LATENCY_US["pcie"],
-                    source="single GPU: no peer links; PCIe to the host assumed")
-
-    def pair_bw(i: int, j: int) -> float:
-        kind = links[i][j]
-        if kind in ("nvswitch", "nvlink"):
-            count = (nvlinks[i][j] if nvlinks else 0) or 12
-            return _NVLINK_EFF * nvlink_gb_s * count
-        return (_NOP2P_EFF if kind == "pcie-nop2p" else _PCIE_EFF) * pcie_gb_s
-
-    pairs = [(i, j) for i in range(n) for j in range(n) if i != j]
-    for i, j in pairs:
-        if links[i][j] not in _KIND_RANK:
-            raise TopologyError(f"GPU{i}-GPU{j}: {links[i][j]!r} is not a GPU link kind")
-    if n <= 10:
-        best = min(pair_bw(i, j) for i, j in pairs)  # any complete graph has a ring
-        for threshold in sorted({pair_bw(i, j) for i, j in pairs}, reverse=True):
-            ok = [[i != j and pair_bw(i, j) >= threshold for j in range(n)] for i in range(n)]
-            if n == 2 or _hamiltonian_cycle(n, ok):
-                best = threshold
-                break
-        ring = "best ring order"
-    else:  # the subset search is exponential; NCCL's ring for big boxes is close to index order
-        best = min(pair_bw(i, (i + 1) % n) for i in range(n))
-        ring = "ring in index order"
-    i, j = min(pairs, key=lambda p: (abs(pair_bw(*p) - best), -_KIND_RANK[links[p[0]][p[1]]]))
-    kind = links[i][j]
-    return Link(kind=kind, bw_gb_s=round(best, 1), latency_us=_LATENCY_US[kind],
-                source=f"detected: the slowest link of the {ring} is {kind} (like GPU{i}-GPU{j}); "
-                       "busbw estimated as line rate x the efficiency of the shipped topologies")
 
 
 # -- GPUs --------------------------------------------------------------------------------------
@@ -589,28 +403,6 @@ def _probe_nvidia_smi(env: Mapping[str, str]) -> _Gpus | None:
                  how="nvidia-smi")
 
 
-def _gpu_spec(gpus: _Gpus) -> DeviceSpec:
-    name = gpus.names[0]
-    if len(set(gpus.names)) > 1:
-        log.warning("mixed GPUs %s; planning for %s with the smallest memory",
-                    sorted(set(gpus.names)), name)
-    peaks, cc, note = None, gpus.cc, f"{gpus.how}: {name}"
-    for pattern, table_peaks, table_cc in _GPU_TABLE:
-        if re.search(pattern, name):
-            peaks, cc = dict(table_peaks), cc or table_cc
-            note += "; peak TFLOP/s (dense) from dlaunch's datasheet table"
-            break
-    if peaks is None:
-        cc = cc or (7, 0)
-        peaks = {"fp32": 10.0, "fp16": 40.0, **({"bf16": 40.0} if cc >= (8, 0) else {})}
-        log.warning("unknown GPU %r: peak TFLOP/s are placeholders; write a topology file", name)
-        note += "; unknown GPU: peak TFLOP/s are placeholders"
-    if cc < (8, 0):  # no bf16/tf32 units before Ampere
-        peaks = {k: v for k, v in peaks.items() if k not in ("bf16", "tf32")}
-    return DeviceSpec(name=name, mem_gib=round(min(gpus.mem_bytes) / GIB, 2), peak_tflops=peaks,
-                      compute_capability=cc, source=note)
-
-
 # -- the machine -------------------------------------------------------------------------------
 
 def detect_topology(*, env: Mapping[str, str] | None = None,
@@ -639,7 +431,8 @@ def detect_topology(*, env: Mapping[str, str] | None = None,
         intra = intra_node_link(links, nvlinks=nvlinks, nvlink_gb_s=per_link,
                                 pcie_gb_s=gpus.pcie_gb_s)
         return Topology(name=f"detected-{host}", device="cuda", num_nodes=num_nodes,
-                        devices_per_node=n, accelerator=_gpu_spec(gpus), intra_node=intra,
+                        devices_per_node=n, intra_node=intra,
+                        accelerator=gpu_spec(gpus.names, gpus.mem_bytes, cc=gpus.cc, how=gpus.how),
                         inter_node=inter, cpu_cores_per_node=cores, nics=nics,
                         device_links=links, source=f"detected on {host} via {gpus.how}")
     import psutil  # imported here: only detection needs it
@@ -660,69 +453,3 @@ def detect_topology(*, env: Mapping[str, str] | None = None,
                     devices_per_node=cores, accelerator=accel, intra_node=intra,
                     inter_node=inter, cpu_cores_per_node=cores, nics=nics,
                     source=f"detected on {host}: no usable GPU")
-
-
-# -- reports -----------------------------------------------------------------------------------
-
-def inspect_report(t: Topology, *, env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """A JSON-ready dict for `dlaunch inspect --json`: the topology, links and SLURM job."""
-    slurm = slurm_allocation(env)
-    return {
-        "topology": topology_to_dict(t),
-        "world_size": t.world_size,
-        "backend": "nccl" if t.device == "cuda" else "gloo",
-        "bf16": t.accelerator.supports_bf16,
-        "device_links": [list(row) for row in t.device_links],
-        "slurm": dataclasses.asdict(slurm) if slurm else None,
-    }
-
-
-_SHORT = {"nvswitch": "NVS", "nvlink": "NV", "pcie": "PCIe", "pcie-nop2p": "noP2P", "": "X"}
-
-
-def _link_line(label: str, link: Link) -> str:
-    return f"{label:<11}{link.kind}: {link.bw_gb_s:g} GB/s busbw, {link.latency_us:g} us/step"
-
-
-def format_topology(t: Topology, *, env: Mapping[str, str] | None = None) -> str:
-    """Human-readable text for `dlaunch inspect`: devices, link matrix, NICs, cores, SLURM."""
-    acc = t.accelerator
-    peaks = " | ".join(f"{k} {v:g}" for k, v in acc.peak_tflops.items())
-    lines = [f"Topology   {t.name}: {t.num_nodes} node(s) x {t.devices_per_node} "
-             f"{t.device} device(s) = {t.world_size} ranks"]
-    if t.device == "cuda":
-        cc = f"{acc.compute_capability[0]}.{acc.compute_capability[1]}" \
-            if acc.compute_capability else "?"
-        lines.append(f"{'GPU':<5}{'name':<40}{'memory':>11}{'cc':>6}")
-        lines += [f"{i:<5}{acc.name[:39]:<40}{acc.mem_gib:>7.1f} GiB{cc:>6}"
-                  for i in range(t.devices_per_node)]
-        lines.append(f"Peak       TFLOP/s dense: {peaks}; bf16 "
-                     f"{'supported' if acc.supports_bf16 else 'not supported (use fp16)'}")
-    else:
-        lines.append(f"Device     {acc.name}: {acc.mem_gib:g} GiB, TFLOP/s {peaks}")
-        lines.append(f"Backend    gloo over shared memory between {t.devices_per_node} "
-                     "processes on one host")
-    if t.device_links:
-        n = len(t.device_links)
-        lines.append("Links      " + "".join(f"{'GPU' + str(j):>7}" for j in range(n)))
-        lines += [f"{'  GPU' + str(i):<11}" + "".join(f"{_SHORT.get(c, c):>7}" for c in row)
-                  for i, row in enumerate(t.device_links)]
-    lines.append(_link_line("Intra-node", t.intra_node))
-    if t.inter_node:
-        lines.append(_link_line("Inter-node", t.inter_node))
-    groups: dict[tuple[str, float], list[str]] = {}
-    for nic in t.nics:  # 8 identical rails read better as one line
-        groups.setdefault((nic.kind, nic.speed_gbit_s), []).append(nic.name)
-    nics = ", ".join(
-        f"{len(names)}x {kind} {speed:g} Gb/s "
-        f"({', '.join(names) if len(names) < 3 else names[0] + ' .. ' + names[-1]})"
-        for (kind, speed), names in groups.items())
-    lines.append(f"NICs       {nics or 'none'} per node")
-    lines.append(f"CPU cores  {t.cpu_cores_per_node} per node")
-    slurm = slurm_allocation(env)
-    if slurm:
-        gpus = slurm.gpus_per_node if slurm.gpus_per_node is not None else "?"
-        lines.append(f"SLURM      job {slurm.job_id}: {slurm.num_nodes} node(s) "
-                     f"[{slurm.nodelist or '?'}], {gpus} GPU(s)/node, "
-                     f"partition {slurm.partition or '?'}")
-    return "\n".join(lines)

@@ -152,7 +152,7 @@ def train(workload: Workload, spec: LaunchSpec, ctx: RankContext, recorder: Rank
             t = time.perf_counter()
             batch = to_device(next(batches), device)
             data_wait += time.perf_counter() - t
-            sync = contextlib.nullcontext() if micro == accum - 1 else wrapped.no_sync()
+            sync = contextlib.nullcontext() if micro == accum - 1 else wrapped.accumulate()
             with sync:
                 with _autocast(spec, ctx):
                     loss = workload.loss_fn(wrapped.module, batch) / accum

@@ -21,10 +21,17 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, kw_only=True)
 class Wrapped:
-    """A model ready to train, and how to skip its gradient sync."""
+    """A model ready to train, and how to skip gradient communication.
+
+    `accumulate` wraps the non-final micro-batches of an accumulation window: DDP skips its
+    all-reduce; FSDP still reduce-scatters every micro-batch (sharded gradients, the memory the
+    planner assumes) and hybrid shard defers only the all-reduce across replicas.
+    `no_sync` turns all gradient communication off (the calibration's sync-off pass).
+    """
 
     module: Any
     no_sync: Callable[[], contextlib.AbstractContextManager[None]]
+    accumulate: Callable[[], contextlib.AbstractContextManager[None]]
     compiled: bool = False
 
 
@@ -42,6 +49,18 @@ def _fsdp_no_sync(model: Any) -> Callable[[], contextlib.AbstractContextManager[
             model.set_requires_gradient_sync(True)
 
     return off
+
+
+def _hsdp_defer_allreduce(model: Any) -> Callable[[], contextlib.AbstractContextManager[None]]:
+    @contextlib.contextmanager
+    def defer() -> Iterator[None]:
+        model.set_requires_all_reduce(False)
+        try:
+            yield
+        finally:
+            model.set_requires_all_reduce(True)
+
+    return defer
 
 
 def _checkpoint_blocks(blocks: list[Any]) -> None:
@@ -79,7 +98,8 @@ def wrap(model: Any, strategy: Strategy, ctx: RankContext, blocks: list[Any]) ->
             model = torch.compile(model, mode=strategy.compile_mode)
             compiled = True
         if not ctx.is_distributed:
-            return Wrapped(module=model, no_sync=contextlib.nullcontext, compiled=compiled)
+            return Wrapped(module=model, no_sync=contextlib.nullcontext,
+                           accumulate=contextlib.nullcontext, compiled=compiled)
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         device_ids = [ctx.local_rank] if ctx.device_type == "cuda" else None
@@ -89,7 +109,8 @@ def wrap(model: Any, strategy: Strategy, ctx: RankContext, blocks: list[Any]) ->
 
         if comm_delay_ms() > 0:
             install_comm_delay(ddp, comm_delay_ms())
-        return Wrapped(module=ddp, no_sync=_ddp_no_sync(ddp), compiled=compiled)
+        return Wrapped(module=ddp, no_sync=_ddp_no_sync(ddp), accumulate=_ddp_no_sync(ddp),
+                       compiled=compiled)
     return _wrap_fsdp(model, strategy, ctx, blocks)
 
 
@@ -116,4 +137,5 @@ def _wrap_fsdp(model: Any, strategy: Strategy, ctx: RankContext, blocks: list[An
             compiled = True
         fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
-    return Wrapped(module=model, no_sync=_fsdp_no_sync(model), compiled=compiled)
+    accumulate = _hsdp_defer_allreduce(model) if strategy.kind == "hybrid" else contextlib.nullcontext
+    return Wrapped(module=model, no_sync=_fsdp_no_sync(model), accumulate=accumulate, compiled=compiled)
