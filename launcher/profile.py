@@ -4,7 +4,7 @@
 - activations: the forward runs under `saved_tensors_hooks` at two micro-batch sizes and the
   bytes autograd saves for backward are summed, each storage once and parameters left out;
   the slope is bytes per sample (the intercept, mostly weights saved by reference, is dropped);
-- checkpointing keeps each block's input: measured with a pre-hook on the first block;
+- checkpointing keeps each block's input: a pre-hook on the first block, in the same pass;
 - FLOPs: `FlopCounterMode` over one forward at micro-batch 1.
 """
 
@@ -82,10 +82,18 @@ def _flash_like_sdpa() -> Any:
     return Mode()
 
 
-def _saved_bytes(workload: Workload, model: Any, micro_batch: int, param_keys: set[int]) -> int:
-    """Bytes autograd saves for backward in one forward (each storage once, no parameters)."""
+def _saved_bytes(workload: Workload, model: Any, micro_batch: int, param_keys: set[int],
+                 first_block: Any = None) -> tuple[int, int]:
+    """Bytes autograd saves for backward in one forward (each storage once, no parameters),
+    and the bytes of the first block's input (what checkpointing keeps per block)."""
     import torch
 
+    block_in: list[int] = []
+
+    def hook(module: Any, args: tuple[Any, ...]) -> None:
+        block_in.append(sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor)))
+
+    handle = first_block.register_forward_pre_hook(hook) if first_block is not None else None
     seen: set[int] = set()
     total = 0
 
@@ -99,30 +107,14 @@ def _saved_bytes(workload: Workload, model: Any, micro_batch: int, param_keys: s
         return t
 
     batch = meta_batch(workload, micro_batch)
-    with _flash_like_sdpa(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = workload.loss_fn(model, batch)
-    del loss
-    return total
-
-
-def _block_input_bytes(workload: Workload, model: Any, blocks: Sequence[Any]) -> int:
-    """Bytes of the first block's input at micro-batch 1 (what checkpointing keeps per block)."""
-    import torch
-
-    if not blocks:
-        return 0
-    sizes: list[int] = []
-
-    def hook(module: Any, args: tuple[Any, ...]) -> None:
-        sizes.append(sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor)))
-
-    handle = blocks[0].register_forward_pre_hook(hook)
     try:
-        with torch.no_grad():
-            workload.loss_fn(model, meta_batch(workload, 1))
+        with _flash_like_sdpa(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = workload.loss_fn(model, batch)
     finally:
-        handle.remove()
-    return sizes[0] if sizes else 0
+        if handle is not None:
+            handle.remove()
+    del loss
+    return total, (block_in[0] if block_in else 0)
 
 
 def _flops_per_sample(workload: Workload, model: Any) -> float:
@@ -150,8 +142,9 @@ def profile_workload(workload: Workload) -> ModelProfile:
                                 "`with torch.device('meta')` applies")
         blocks = workload.blocks(model)
         param_keys = {p.untyped_storage()._cdata for p in params}
-        saved = [_saved_bytes(workload, model, b, param_keys) for b in PROFILE_BATCHES]
-        block_in = _block_input_bytes(workload, model, blocks)
+        saved1, block_in = _saved_bytes(workload, model, PROFILE_BATCHES[0], param_keys,
+                                        blocks[0] if blocks else None)
+        saved2, _ = _saved_bytes(workload, model, PROFILE_BATCHES[1], param_keys)
         flops = _flops_per_sample(workload, model)
     except WorkloadError as e:
         msg = str(e)
@@ -165,7 +158,7 @@ def profile_workload(workload: Workload) -> ModelProfile:
     by_dtype: dict[str, int] = {}
     for p in params:
         by_dtype[_dtype_name(p.dtype)] = by_dtype.get(_dtype_name(p.dtype), 0) + p.numel() * p.element_size()
-    slope = (saved[1] - saved[0]) / (PROFILE_BATCHES[1] - PROFILE_BATCHES[0])
+    slope = (saved2 - saved1) / (PROFILE_BATCHES[1] - PROFILE_BATCHES[0])
     block_params = [sum(p.numel() for p in b.parameters()) for b in blocks]
     profile = ModelProfile(
         name=workload.path.stem + "".join(f" {k}={v}" for k, v in vars(workload.cfg).items()
@@ -175,7 +168,7 @@ def profile_workload(workload: Workload) -> ModelProfile:
         num_blocks=len(blocks),
         largest_block_params=max(block_params, default=0),
         activation_bytes_per_sample=max(slope, 0.0),
-        block_input_bytes_per_sample=float(block_in),
+        block_input_bytes_per_sample=float(block_in) / PROFILE_BATCHES[0],
         flops_fwd_per_sample=flops,
         units_per_sample=workload.units_per_sample,
         sample_units=workload.sample_units,
