@@ -36,12 +36,16 @@ def raw_run(steps: int, micro_batch: int, warmup: int, tmp: Path) -> tuple[float
     return rate, first
 
 
-def dlaunch_run(steps: int, micro_batch: int, warmup: int, tmp: Path) -> tuple[float, float]:
+def dlaunch_run(steps: int, micro_batch: int, warmup: int, tmp: Path, *,
+                calibrate: bool = False) -> tuple[float, float]:
     run_dir = Path(tempfile.mkdtemp(dir=tmp)) / "run"
     t0 = time.time()
     subprocess.run([sys.executable, "-m", "launcher.cli", "run", str(REPO / "workloads" / "gpt.py"),
                     "--gpus", "2", "--steps", str(steps), "--warmup-steps", str(warmup),
-                    "--micro-batch", str(micro_batch), "--run-dir", str(run_dir), "--json"],
+                    "--micro-batch", str(micro_batch), "--run-dir", str(run_dir), "--json",
+                    # the calibration window (7 extra forward/backward passes before step 1) is a
+                    # measurement dlaunch adds, not launcher overhead: off here, reported apart
+                    *(() if calibrate else ("--no-calibrate",))],
                    cwd=REPO, check=True, capture_output=True)
     result = json.loads((run_dir / "result.json").read_text())
     firsts = []
