@@ -31,8 +31,9 @@ TIE_TOLERANCE = 0.02
 # Without --global-batch: power-of-two micro-batches up to this, no accumulation; the best
 # throughput wins, which (ties going to the larger micro-batch) is the largest that fits. Beyond
 # 64 the gains are small once compute dominates, and large batches need the learning rate
-# retuned; users who want more pass --global-batch.
-DEFAULT_MAX_MICRO_BATCH = 64
+# retuned; users who want more pass --global-batch. On CPU the step is compute-bound from a
+# few samples on, so throughput is flat in micro-batch and larger ones only add step latency.
+DEFAULT_MAX_MICRO_BATCH = {"cuda": 64, "cpu": 8}
 OVERRIDE_KEYS = ("strategy", "precision", "micro_batch", "compile", "compile_mode",
                  "activation_checkpointing")
 
@@ -80,12 +81,13 @@ def _precisions(topology: Topology, ov: Mapping[str, Any]) -> list[str]:
     return ["bf16"] if dev.supports_bf16 else ["fp16"]
 
 
-def _batches(goal: Goal, n: int, ov: Mapping[str, Any]) -> tuple[list[tuple[int, int]], list[int]]:
+def _batches(goal: Goal, n: int, ov: Mapping[str, Any],
+             device: str) -> tuple[list[tuple[int, int]], list[int]]:
     """(micro_batch, grad_accum) pairs to try, and micro-batches skipped for divisibility."""
     forced = ov.get("micro_batch")
     if goal.global_batch is None:
-        mbs = [forced] if forced else [2**i for i in range(DEFAULT_MAX_MICRO_BATCH.bit_length())
-                                       if 2**i <= DEFAULT_MAX_MICRO_BATCH]
+        top = DEFAULT_MAX_MICRO_BATCH[device]
+        mbs = [forced] if forced else [2**i for i in range(top.bit_length()) if 2**i <= top]
         return [(mb, 1) for mb in mbs], []
     gb = goal.global_batch
     if gb % n:
@@ -108,7 +110,7 @@ def _candidates(profile: ModelProfile, topology: Topology, goal: Goal, ov: Mappi
     kinds = [k for k in STRATEGY_ORDER if k != "hybrid" or topology.num_nodes > 1]
     if n == 1 and "strategy" not in ov:
         kinds = ["ddp"]  # one device: nothing to shard over; the runtime runs it unwrapped
-    batches, skipped = _batches(goal, n, ov)
+    batches, skipped = _batches(goal, n, ov, topology.device)
     out = []
     for kind in kinds:
         group = {"ddp": 1, "hybrid": topology.devices_per_node}.get(kind, n)
@@ -278,7 +280,7 @@ def _reasons(chosen: Candidate, cands: list[Candidate], profile: ModelProfile,
                f"exposed ({t.comm_exposed_s / t.step_time_s:.0%} of the step)")
     if goal.global_batch is None:
         out.append(f"no global batch given: micro-batch {chosen.micro_batch} (the power of two up "
-                   f"to {DEFAULT_MAX_MICRO_BATCH} with the best throughput that fits) x {n} ranks, "
+                   f"to {DEFAULT_MAX_MICRO_BATCH[topology.device]} with the best throughput that fits) x {n} ranks, "
                    f"no accumulation")
     if skipped:
         out.append(f"micro-batches {', '.join(map(str, skipped))} skipped: "

@@ -2,17 +2,25 @@
 
 `resolve_topology` picks the hardware to plan for (a topology file, or this machine), reshaped
 to the requested GPUs and nodes; `plan_workload` profiles the workload on the meta device and
-plans it.
+plans it. Profiles are cached by the workload file's contents, its arguments and the torch
+version, so `dlaunch run` after the first plan does not import torch before launching.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import logging
+import os
+from importlib import metadata
+from pathlib import Path
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from launcher.errors import UsageError
+from launcher.files import atomic_write_json
 from launcher.specs import Goal, ModelProfile, Plan, Topology
 
 log = logging.getLogger(__name__)
@@ -52,13 +60,51 @@ def resolve_topology(*, topology: str | None, gpus: int | None, nodes: int | Non
     return topo
 
 
-def plan_workload(workload: str, workload_args: Sequence[str], topology: Topology, goal: Goal, *,
-                  overrides: Mapping[str, Any] | None = None) -> Planned:
-    """Profile `workload` on the meta device and plan it for `topology`."""
-    from launcher.planner import plan
+def profile_cache_dir() -> Path:
+    """Where profiles are cached: $DLAUNCH_CACHE_DIR/profiles, else ~/.cache/dlaunch/profiles."""
+    root = os.environ.get("DLAUNCH_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dlaunch")
+    return Path(root) / "profiles"
+
+
+def _cache_key(workload: str, workload_args: Sequence[str]) -> str:
+    h = hashlib.sha256(Path(workload).read_bytes())
+    try:
+        torch_version = metadata.version("torch")  # no torch import: this must stay fast
+    except metadata.PackageNotFoundError:
+        torch_version = "none"
+    h.update(json.dumps([list(workload_args), torch_version, _PROFILE_FORMAT]).encode())
+    return h.hexdigest()[:32]
+
+
+# bump when profile.py measures differently, so old cache entries are ignored
+_PROFILE_FORMAT = 2
+
+
+def cached_profile(workload: str, workload_args: Sequence[str]) -> ModelProfile:
+    """The workload's profile, from the cache when its file, arguments and torch are unchanged."""
+    path = profile_cache_dir() / f"{_cache_key(workload, workload_args)}.json"
+    try:
+        return ModelProfile(**json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError):
+        pass  # absent or stale: profile again
     from launcher.profile import profile_workload
     from launcher.workload import load_workload
 
     profile = profile_workload(load_workload(workload, workload_args))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path, dataclasses.asdict(profile))
+    except OSError as e:  # a read-only home must not stop planning
+        log.debug("profile cache not written: %s", e)
+    return profile
+
+
+def plan_workload(workload: str, workload_args: Sequence[str], topology: Topology, goal: Goal, *,
+                  overrides: Mapping[str, Any] | None = None) -> Planned:
+    """Profile `workload` on the meta device (or take the cached profile) and plan it."""
+    from launcher.planner import plan
+
+    profile = cached_profile(workload, workload_args)
     return Planned(plan=plan(profile, topology, goal, overrides=overrides), profile=profile,
                    topology=topology)

@@ -80,7 +80,8 @@ def test_rank_failure_names_rank_and_keeps_metrics(dlaunch, tmp_path):
 
 
 def test_two_ranks_match_one_process_on_the_doubled_batch(dlaunch, tmp_path):
-    common = ["--steps", "10", "--warmup-steps", "0", "--log-every", "5", "--", "--size", "tiny", "--seq-len", "32"]
+    common = ["--steps", "10", "--warmup-steps", "0", "--log-every", "5", "--strategy", "ddp", "--precision", "fp32",
+              "--", "--size", "tiny", "--seq-len", "32"]
     one = dlaunch("run", "workloads/gpt.py", "--gpus", "1", "--micro-batch", "8",
                   "--run-dir", str(tmp_path / "one"), *common)
     two = dlaunch("run", "workloads/gpt.py", "--gpus", "2", "--micro-batch", "4",
