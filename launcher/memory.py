@@ -71,6 +71,13 @@ NCCL_BUFFER_BYTES = 0.25 * GIB
 # Caching-allocator slack as a fraction of the tensors it holds, with expandable_segments:True
 # (which the plan sets); without it fragmentation of 10-30% is common on long runs.
 CUDA_ALLOCATOR_SLACK = 0.05
+# One process without DDP frees its gradients every step (zero_grad(set_to_none=True)), so
+# gradients and activations are never all live at once. Measured on CPU, torch 2.13, for the
+# shipped workloads (tests/test_memory_truth.py): while backward frees activations about half
+# the gradients already exist; the optimizer step then peaks at all gradients plus foreach
+# AdamW's temporaries, 0.57 x the fp32 parameter bytes (fused AdamW on CUDA has none).
+SINGLE_PROCESS_GRAD_OVERLAP = 0.5
+FOREACH_ADAMW_TEMP_FACTOR = 0.57
 
 
 def usable_mem_bytes(device: DeviceSpec, headroom: float) -> float:
@@ -137,6 +144,13 @@ def estimate_memory(profile: ModelProfile, strategy: Strategy, *, micro_batch: i
             # autocast's weight cache: one compute-dtype copy of every weight, freed after backward
             activations += c * p
             notes.append(f"autocast weight cache {c} B/param (in activations)")
+        if world_size == 1:
+            # the peak is max(activations + part of the grads, grads + optimizer temporaries);
+            # keep the terms additive by charging the grads term with what exceeds activations
+            temps = FOREACH_ADAMW_TEMP_FACTOR * MASTER_PARAM_BYTES * p if device == "cpu" else 0.0
+            grads = max(SINGLE_PROCESS_GRAD_OVERLAP * grads, grads + temps - activations)
+            notes.append("one process: grads freed each step, peak = max(activations + half the "
+                         "grads, grads + optimizer-step temporaries)")
         if world_size > 1:
             if DDP_GRADIENT_AS_BUCKET_VIEW:
                 notes.append("DDP buckets 0 extra (gradient_as_bucket_view=True)")
@@ -190,4 +204,5 @@ __all__ = ["estimate_memory", "usable_mem_bytes", "activation_bytes", "unsharded
            "COMPUTE_DTYPE_BYTES", "AUTOCAST_ACTIVATION_FACTOR", "AUTOCAST_BLOCK_INPUT_FACTOR",
            "PARAM_DTYPE_ACTIVATION_FACTOR", "activation_factors",
            "DDP_GRADIENT_AS_BUCKET_VIEW", "DDP_BUCKET_CAP_BYTES", "CUDA_CONTEXT_BYTES",
-           "NCCL_BUFFER_BYTES", "CUDA_ALLOCATOR_SLACK"]
+           "NCCL_BUFFER_BYTES", "CUDA_ALLOCATOR_SLACK", "SINGLE_PROCESS_GRAD_OVERLAP",
+           "FOREACH_ADAMW_TEMP_FACTOR"]

@@ -12,14 +12,7 @@ from launcher.specs import Strategy
 from launcher.workload import load_workload
 from tests.helpers import WORKLOADS
 
-# Known gap (strict xfail, so a fix makes them pass loudly): in one process without DDP,
-# zero_grad(set_to_none=True) frees gradients, so grads and activations are never all live at
-# once (the model adds both: +16% for gpt at micro-batch 2); and a small model's peak is in
-# foreach-AdamW's temporaries during the step, which the model does not count (mlp at 512, +15%).
-GAP = pytest.mark.xfail(strict=True, reason="memory model: single-process grads/activation overlap and "
-                                            "foreach optimizer temporaries not modelled yet")
-CASES = [pytest.param("gpt.py", 2, marks=GAP), ("gpt.py", 8), ("mlp.py", 64),
-         pytest.param("mlp.py", 512, marks=GAP), ("resnet.py", 4), ("resnet.py", 16)]
+CASES = [("gpt.py", 2), ("gpt.py", 8), ("mlp.py", 64), ("mlp.py", 512), ("resnet.py", 4), ("resnet.py", 16)]
 
 
 def measured_peak(workload, micro_batch: int) -> int:
