@@ -78,7 +78,7 @@ def _cache_key(workload: str, workload_args: Sequence[str]) -> str:
 
 
 # bump when profile.py measures differently, so old cache entries are ignored
-_PROFILE_FORMAT = 2
+_PROFILE_FORMAT = 3
 
 
 def cached_profile(workload: str, workload_args: Sequence[str]) -> ModelProfile:

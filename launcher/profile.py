@@ -5,11 +5,13 @@
   bytes autograd saves for backward are summed, each storage once and parameters left out;
   the slope is bytes per sample (the intercept, mostly weights saved by reference, is dropped);
 - checkpointing keeps each block's input: a pre-hook on the first block, in the same pass;
-- FLOPs: `FlopCounterMode` over one forward at micro-batch 1.
+- FLOPs: `FlopCounterMode` over the micro-batch-1 forward, attention added analytically (that
+  pass replaces SDPA to measure flash attention's memory).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -74,19 +76,27 @@ def _flash_like_sdpa() -> Any:
             return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
     class Mode(TorchFunctionMode):
+        # attention FLOPs, as FlopCounterMode counts SDPA: q @ k^T and scores @ v
+        attention_flops = 0
+
         def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             if func is F.scaled_dot_product_attention:
-                return FlashLike.apply(*args[:3])
+                q, k, v = args[:3]
+                b_h_sq = q.numel() // q.shape[-1]
+                self.attention_flops += 2 * b_h_sq * k.shape[-2] * (q.shape[-1] + v.shape[-1])
+                return FlashLike.apply(q, k, v)
             return func(*args, **(kwargs or {}))
 
     return Mode()
 
 
 def _saved_bytes(workload: Workload, model: Any, micro_batch: int, param_keys: set[int],
-                 first_block: Any = None) -> tuple[int, int]:
+                 first_block: Any = None, *, count_flops: bool = False) -> tuple[int, int, float]:
     """Bytes autograd saves for backward in one forward (each storage once, no parameters),
-    and the bytes of the first block's input (what checkpointing keeps per block)."""
+    the bytes of the first block's input (what checkpointing keeps per block), and, with
+    `count_flops`, the forward FLOPs (FlopCounterMode plus the attention it cannot see here)."""
     import torch
+    from torch.utils.flop_counter import FlopCounterMode
 
     block_in: list[int] = []
 
@@ -107,24 +117,17 @@ def _saved_bytes(workload: Workload, model: Any, micro_batch: int, param_keys: s
         return t
 
     batch = meta_batch(workload, micro_batch)
+    counter = FlopCounterMode(display=False) if count_flops else contextlib.nullcontext()
+    sdpa = _flash_like_sdpa()
     try:
-        with _flash_like_sdpa(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with counter, sdpa, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             loss = workload.loss_fn(model, batch)
     finally:
         if handle is not None:
             handle.remove()
     del loss
-    return total, (block_in[0] if block_in else 0)
-
-
-def _flops_per_sample(workload: Workload, model: Any) -> float:
-    import torch
-    from torch.utils.flop_counter import FlopCounterMode
-
-    counter = FlopCounterMode(display=False)
-    with counter, torch.no_grad():
-        workload.loss_fn(model, meta_batch(workload, 1))
-    return float(counter.get_total_flops())
+    flops = float(counter.get_total_flops() + sdpa.attention_flops) if count_flops else 0.0
+    return total, (block_in[0] if block_in else 0), flops
 
 
 def profile_workload(workload: Workload) -> ModelProfile:
@@ -142,10 +145,9 @@ def profile_workload(workload: Workload) -> ModelProfile:
                                 "`with torch.device('meta')` applies")
         blocks = workload.blocks(model)
         param_keys = {p.untyped_storage()._cdata for p in params}
-        saved1, block_in = _saved_bytes(workload, model, PROFILE_BATCHES[0], param_keys,
-                                        blocks[0] if blocks else None)
-        saved2, _ = _saved_bytes(workload, model, PROFILE_BATCHES[1], param_keys)
-        flops = _flops_per_sample(workload, model)
+        saved1, block_in, flops = _saved_bytes(workload, model, PROFILE_BATCHES[0], param_keys,
+                                               blocks[0] if blocks else None, count_flops=True)
+        saved2, _, _ = _saved_bytes(workload, model, PROFILE_BATCHES[1], param_keys)
     except WorkloadError as e:
         msg = str(e)
         if "meta" not in msg:
@@ -169,7 +171,7 @@ def profile_workload(workload: Workload) -> ModelProfile:
         largest_block_params=max(block_params, default=0),
         activation_bytes_per_sample=max(slope, 0.0),
         block_input_bytes_per_sample=float(block_in) / PROFILE_BATCHES[0],
-        flops_fwd_per_sample=flops,
+        flops_fwd_per_sample=flops / PROFILE_BATCHES[0],
         units_per_sample=workload.units_per_sample,
         sample_units=workload.sample_units,
     )
