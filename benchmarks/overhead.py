@@ -43,6 +43,8 @@ def dlaunch_run(steps: int, micro_batch: int, warmup: int, tmp: Path, *,
     subprocess.run([sys.executable, "-m", "launcher.cli", "run", str(REPO / "workloads" / "gpt.py"),
                     "--gpus", "2", "--steps", str(steps), "--warmup-steps", str(warmup),
                     "--micro-batch", str(micro_batch), "--run-dir", str(run_dir), "--json",
+                    # the raw loop's exact settings (otherwise dlaunch follows its plan: bf16 here)
+                    "--strategy", "ddp", "--precision", "fp32",
                     # the calibration window (7 extra forward/backward passes before step 1) is a
                     # measurement dlaunch adds, not launcher overhead: off here, reported apart
                     *(() if calibrate else ("--no-calibrate",))],

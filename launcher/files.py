@@ -17,15 +17,21 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write `text` to `path` through a temp file in the same directory and a rename."""
+def atomic_write_text(path: str | Path, text: str, *, fsync: bool = True) -> None:
+    """Write `text` to `path` through a temp file in the same directory and a rename.
+
+    The temp file is created 0600 (mkstemp), so the result is never world-writable whatever
+    the umask. `fsync=False` is for files rewritten every second (heartbeats): a crash of the
+    machine may lose the last version, but a reader never sees a partial one.
+    """
     p = Path(path)
     fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, p)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -42,10 +48,15 @@ def append_lines(path: str | Path, records: Iterable[dict[str, Any]]) -> None:
     payload = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records)
     if not payload:
         return
+    data = payload.encode("utf-8")
     # O_APPEND makes each write land at the end even with several writers
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, payload.encode("utf-8"))
+        # one write() almost always takes it all; a short write (signal, full disk) must not
+        # leave half a line that the next record would be glued to, so finish the job
+        while data:
+            written = os.write(fd, data)
+            data = data[written:]
     finally:
         os.close(fd)
 

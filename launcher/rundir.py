@@ -34,7 +34,7 @@ def create_run_dir(path: str | Path | None, run_id: str, *, root: str | Path = "
         raise LaunchError(f"cannot create run dir {str(p)!r}: {str(blocker)!r} is a file, not a "
                           "directory; give a writable --run-dir")
     try:
-        p.parent.mkdir(parents=True, exist_ok=True)
+        _make_parents(p)
         try:
             p.mkdir(mode=0o750)
         except FileExistsError:
@@ -47,11 +47,23 @@ def create_run_dir(path: str | Path | None, run_id: str, *, root: str | Path = "
         probe = p / ".write-test"
         probe.write_text("")
         probe.unlink()
+        os.chmod(p, 0o750)  # an existing empty --run-dir too: never world-writable
     except PermissionError:
         raise LaunchError(f"cannot write to run dir {str(p)!r} (permission denied); "
                           "give a writable --run-dir") from None
     except OSError as e:
         raise LaunchError(f"cannot create run dir {str(p)!r}: {e.strerror}; "
                           "give a writable --run-dir") from None
-    os.chmod(p, 0o750)
     return p
+
+
+def _make_parents(p: Path) -> None:
+    """mkdir -p of p's parents, each new one 0755 whatever the umask (`runs/` is shared by
+    every run; with umask 000 `Path.mkdir(parents=True)` would make it world-writable)."""
+    missing = [a for a in reversed(p.parents) if not a.exists()]
+    for d in missing:
+        try:
+            d.mkdir(mode=0o755)
+        except FileExistsError:  # a concurrent launch made it first
+            continue
+        os.chmod(d, 0o755)

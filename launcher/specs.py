@@ -29,7 +29,11 @@ LINK_KINDS = (
 DEVICES = ("cuda", "cpu")
 STRATEGIES = ("ddp", "fsdp_full", "fsdp_grad_op", "hybrid")
 PRECISIONS = ("fp32", "bf16", "fp16")
+MIN_HANG_TIMEOUT_S = 10.0  # twice the harness's flush interval
+MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week; also keeps inf/nan out of the collective timeout
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+# modes that capture CUDA graphs: FSDP's collectives and hooks cannot live inside one
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
 def _check(cond: bool, err: type[Exception], msg: str) -> None:
@@ -170,6 +174,7 @@ class Strategy:
     activation_checkpointing: bool = False
     compile: bool = False
     compile_mode: str = "default"
+    compile_strict: bool = False  # fullgraph=True, and a compile failure fails the run
 
     def __post_init__(self) -> None:
         _check(self.kind in STRATEGIES, UsageError,
@@ -178,6 +183,10 @@ class Strategy:
                f"unknown precision {self.precision!r}; use one of {', '.join(PRECISIONS)}")
         _check(self.compile_mode in COMPILE_MODES, UsageError,
                f"unknown compile mode {self.compile_mode!r}; use one of {', '.join(COMPILE_MODES)}")
+        _check(not (self.compile and self.kind != "ddp" and self.compile_mode in CUDA_GRAPH_MODES),
+               UsageError, f"--compile-mode {self.compile_mode} captures CUDA graphs, which FSDP "
+                           f"({self.kind}) does not support; use --compile-mode default or "
+                           "max-autotune-no-cudagraphs")
 
     @property
     def uses_grad_scaler(self) -> bool:
@@ -225,6 +234,17 @@ class LaunchSpec:
     strategy: Strategy = field(default_factory=Strategy)
     loader: LoaderSpec = field(default_factory=LoaderSpec)
     env: Mapping[str, str] = field(default_factory=dict)  # extra environment for the ranks
+    # hybrid shard: ranks per shard group (the mesh's inner dimension); 0 = the ranks of a node
+    shard_group_size: int = 0
+    profile: bool = False  # torch.profiler over a few steps after warm-up, trace per rank
+    memory_snapshot: bool = False  # CUDA allocation history, dumped at the end or on OOM
+    detect_anomaly: bool = False  # torch.autograd anomaly mode (slow; finds the op making NaNs)
+    # no rank advanced for this long: the launcher ends the job (0 = never); the collective
+    # timeout of the process group is derived from it (see collective_timeout_s)
+    hang_timeout_s: float = 300.0
+    # before every rank has finished step 1 (imports, model build, compile, rendezvous)
+    startup_timeout_s: float = 900.0
+    max_restarts: int = 0  # relaunches (fresh rendezvous, same run dir) after a failed attempt
 
     def __post_init__(self) -> None:
         _check(self.device in DEVICES, UsageError, f"device must be one of {DEVICES}")
@@ -240,6 +260,40 @@ class LaunchSpec:
         _check(self.grad_accum_steps >= 1, UsageError,
                f"--grad-accum must be >= 1, got {self.grad_accum_steps}")
         _check(self.log_every >= 1, UsageError, f"--log-every must be >= 1, got {self.log_every}")
+        _check(self.shard_group_size == 0 or self.strategy.kind == "hybrid", UsageError,
+               f"--shard-group-size applies to --strategy hybrid only, got --strategy "
+               f"{self.strategy.kind}")
+        _check(self.shard_group_size >= 0 and (self.shard_group_size == 0
+                                               or self.world_size % self.shard_group_size == 0),
+               UsageError, f"--shard-group-size must divide the world size ({self.world_size}), "
+                           f"got {self.shard_group_size}")
+        # the profiler skips warm-up, then needs one step of its own warm-up and one to record
+        _check(not self.profile or self.steps >= self.warmup_steps + 2, UsageError,
+               f"--profile needs --steps >= warm-up steps + 2 ({self.warmup_steps + 2}), "
+               f"got {self.steps}")
+        _check(not self.memory_snapshot or self.device == "cuda", UsageError,
+               "--memory-snapshot records CUDA allocations and needs a GPU; this run is on CPU "
+               "(use --profile for CPU time per operator)")
+        # ranks beat at least every MIN_HANG_TIMEOUT_S / 2 while they advance (the harness
+        # flushes every 5 s): a shorter timeout would call a healthy job hung
+        _check(self.hang_timeout_s == 0 or MIN_HANG_TIMEOUT_S <= self.hang_timeout_s <= MAX_TIMEOUT_S,
+               UsageError, f"--hang-timeout-s must be 0 (off) or between {MIN_HANG_TIMEOUT_S:g} "
+                           f"and {MAX_TIMEOUT_S:g} seconds, got {self.hang_timeout_s:g}")
+        _check(self.hang_timeout_s <= self.startup_timeout_s <= MAX_TIMEOUT_S, UsageError,
+               f"--startup-timeout-s must be between --hang-timeout-s ({self.hang_timeout_s:g}) "
+               f"and {MAX_TIMEOUT_S:g} seconds, got {self.startup_timeout_s:g}")
+        _check(self.max_restarts >= 0, UsageError,
+               f"--max-restarts must be >= 0, got {self.max_restarts}")
+
+    @property
+    def collective_timeout_s(self) -> float:
+        """The process group's timeout: twice the hang timeout (the default 30 min when off).
+
+        The launcher's watcher acts at `hang_timeout_s` and can name the stuck rank; the
+        collective timeout is the backstop for when nothing watches (a rank's error then names
+        the rank that waited, not the one that hung), so it must come later.
+        """
+        return 2 * self.hang_timeout_s if self.hang_timeout_s > 0 else 1800.0
 
     @property
     def world_size(self) -> int:
@@ -273,7 +327,7 @@ class RankResult:
     local_rank: int
     node_rank: int
     host: str
-    status: str  # ok | failed | incomplete | missing
+    status: str  # ok | failed | hung | killed | exited | stopped | incomplete | missing
     steps: int  # optimizer steps recorded
     steady_steps: int  # steps after warm-up
     samples_per_s: float
@@ -290,6 +344,15 @@ class RankResult:
     busbw_gb_s: float | None = None  # all-reduce of the gradient size
     straggler: bool = False
     skipped_steps: int = 0  # optimizer steps the fp16 GradScaler skipped (inf/NaN gradients)
+    # torch.compile, counted over the whole run (None when the run did not compile)
+    compiled_graphs: int | None = None
+    graph_breaks: int | None = None
+    recompiles: int | None = None
+    compile_fallback: str | None = None  # why compile failed and the rank ran eagerly
+    # --profile: the rank's trace file and its top operators by self time (device on CUDA)
+    profile_trace: str | None = None
+    top_ops: tuple[Mapping[str, Any], ...] = ()
+    device_busy_share: float | None = None  # CUDA kernel time / profiled step time
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -319,6 +382,8 @@ class RunResult:
     exposed_comm_s: float | None = None  # median over ranks, per step
     busbw_gb_s: float | None = None
     stragglers: tuple[int, ...] = ()  # ranks whose median step exceeds the median of medians by >10%
+    # the bottleneck: {"name", "evidence", "shares"} from the measured shares of the step
+    verdict: Mapping[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -328,7 +393,8 @@ class RunResult:
     def from_dict(cls, data: Mapping[str, Any]) -> RunResult:
         """Rebuild a result written by `to_dict`."""
         d = dict(data)
-        d["ranks"] = tuple(RankResult(**{**r, "log_tail": tuple(r.get("log_tail", ()))})
+        d["ranks"] = tuple(RankResult(**{**r, "log_tail": tuple(r.get("log_tail", ())),
+                                         "top_ops": tuple(r.get("top_ops", ()))})
                            for r in d.get("ranks", ()))
         d["failures"] = tuple(d.get("failures", ()))
         d["unreadable"] = tuple(d.get("unreadable", ()))

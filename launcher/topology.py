@@ -114,7 +114,9 @@ def save_topology(t: Topology, path: str | Path) -> Path:
     """Write `t` as a topology YAML file that `load_topology` reads back unchanged."""
     target = Path(path)
     text = yaml.safe_dump(topology_to_dict(t), sort_keys=False, allow_unicode=True, width=100)
-    target.write_text(text, encoding="utf-8")
+    from launcher.files import atomic_write_text
+
+    atomic_write_text(target, text)  # a reader never sees half a topology
     log.debug("wrote topology %s to %s", t.name, target)
     return target
 

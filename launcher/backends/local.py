@@ -18,10 +18,12 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from launcher.backends import RANK_ENTRY_MODULE
 from launcher.errors import LaunchError
+from launcher.monitor import Beat, Stall, Watcher, host_pids, read_heartbeats, watch
+from launcher.postmortem import STACK_WAIT_S, StackInfo, dump_stacks
 from launcher.specs import LaunchSpec
 
 log = logging.getLogger(__name__)
@@ -29,6 +31,11 @@ log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LINE_PREFIX = "[rank ${rank}] "
 LAUNCH_FILE = "launch.json"
+# seconds between SIGTERM and SIGKILL when dlaunch stops a job: a rank blocked in a collective
+# never runs its SIGTERM handler, so waiting longer only delays the inevitable SIGKILL
+STOP_GRACE_S = 5.0
+CHECKPOINT_SUBDIR = "checkpoints"  # as in backends.slurm_task
+HANG_EXIT_CODE = 124  # like timeout(1): the job was ended because it stopped advancing
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,6 +78,10 @@ def rank_env(spec: LaunchSpec, *, base_env: Mapping[str, str], cores: int) -> di
         env["OMP_NUM_THREADS"] = str(max(1, cores // spec.nproc_per_node))
     if spec.device == "cuda" and "PYTORCH_CUDA_ALLOC_CONF" not in base_env:
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    if spec.max_restarts > 0:
+        # where a checkpointing harness saves and, on a restart (DLAUNCH_RESUME=1), resumes
+        # from; the same variable the SLURM backend sets
+        env["DLAUNCH_CHECKPOINT_DIR"] = str(Path(spec.run_dir) / CHECKPOINT_SUBDIR)
     for k, v in spec.env.items():
         env.setdefault(k, v)
     return env
@@ -117,14 +128,20 @@ def render(spec: LaunchSpec, *, python: str | None = None,
     return Rendered(argv=tuple(argv), env=env, cwd=os.getcwd())
 
 
-def _pump(stream: IO[bytes], console: IO[str], torchrun_log: IO[str], debug: bool) -> None:
-    """Send rank lines to the console; torchrun's own lines to its log (and console if debug)."""
+def _pump(stream: IO[bytes], console: IO[str], torchrun_log: IO[str], debug: bool,
+          stopping: threading.Event | None = None) -> None:
+    """Send rank lines to the console; torchrun's own lines to its log (and console if debug).
+
+    `stopping` is set when torchrun says it is stopping the ranks (one of them failed).
+    """
     for raw in iter(stream.readline, b""):
         line = raw.decode("utf-8", errors="replace")
         if line.startswith("[rank "):
             console.write(line)
             console.flush()
         else:
+            if stopping is not None and "closing signal" in line:
+                stopping.set()
             torchrun_log.write(line)
             torchrun_log.flush()
             if debug:
@@ -132,48 +149,147 @@ def _pump(stream: IO[bytes], console: IO[str], torchrun_log: IO[str], debug: boo
                 console.flush()
 
 
-def launch(rendered: Rendered, spec: LaunchSpec, *, console: IO[str] = sys.stdout,
-           debug: bool = False) -> int:
-    """Run the rendered command to completion; returns torchrun's exit code.
+@dataclass(frozen=True, kw_only=True)
+class Outcome:
+    """How a torchrun invocation ended."""
 
-    Ctrl-C / SIGTERM are passed on to the whole torchrun process group, which stops the ranks.
+    exit_code: int  # torchrun's, or 128 + signal; HANG_EXIT_CODE when dlaunch ended a hang
+    stall: Stall | None = None  # why dlaunch ended the job, if it did
+    stacks: Mapping[int, StackInfo] = field(default_factory=dict)
+    beats: Mapping[int, Beat] = field(default_factory=dict)  # the last heartbeats seen
+    torchrun_log: str = ""  # what torchrun said during this attempt
+
+
+def launch(rendered: Rendered, spec: LaunchSpec, *, console: IO[str] = sys.stdout,
+           debug: bool = False, extra_env: Mapping[str, str] | None = None,
+           attempt: int = 0) -> Outcome:
+    """Run the rendered command to completion while watching the ranks' heartbeats.
+
+    The watcher (launcher.monitor) ends the job when no rank advances for
+    `spec.hang_timeout_s` or a rank leaves without a summary while torchrun waits for it.
+    Ctrl-C / SIGTERM stop the whole job the same way: torchrun and every rank.
     """
-    env = {**os.environ, **rendered.env}
+    env = {**os.environ, **rendered.env, **(extra_env or {})}
     log_path = Path(spec.run_dir) / "torchrun.log"
-    with open(log_path, "a", encoding="utf-8") as tlog:
+    # never world-writable, whatever the user's umask: torchrun and the ranks create the logs
+    umask = os.umask(0o022)
+    os.umask(umask)
+    # 0640 whatever the umask (open() would make it 0666 under umask 000)
+    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+    with os.fdopen(fd, "a", encoding="utf-8") as tlog:
+        offset = tlog.tell()
+        tlog.write(f"=== dlaunch attempt {attempt}: {' '.join(rendered.argv)}\n")
+        tlog.flush()
         try:
             proc = subprocess.Popen(list(rendered.argv), env=env, cwd=rendered.cwd,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+                                    stdin=subprocess.DEVNULL, start_new_session=True,
+                                    umask=umask | 0o002)
         except OSError as e:
             raise LaunchError(f"cannot start {rendered.argv[0]!r}: {e.strerror}") from None
-        pump = threading.Thread(target=_pump, args=(proc.stdout, console, tlog, debug), daemon=True)
+        stopping = threading.Event()
+        pump = threading.Thread(target=_pump, args=(proc.stdout, console, tlog, debug, stopping),
+                                daemon=True)
         pump.start()
-        stop = _forward_signals(proc)
+        watcher = Watcher(run_dir=Path(spec.run_dir), world_size=spec.world_size,
+                          hang_timeout_s=spec.hang_timeout_s,
+                          startup_timeout_s=spec.startup_timeout_s,
+                          expect_heartbeats=not spec.is_script, torchrun_stopping=stopping.is_set)
+        found: dict[str, Any] = {}
+
+        def on_stall(stall: Stall) -> None:
+            found["stall"] = stall
+            if stall.kind == "hang":
+                # before stopping anything: which rank is in its own code, which wait in torch
+                found["stacks"] = dump_stacks(spec.run_dir, watcher.beats)
+            print(f"dlaunch: {stall.message}; stopping the job", file=console, flush=True)
+            stop_job(proc, watcher.beats)
+
+        watch_thread = threading.Thread(
+            target=watch, args=(watcher,),
+            kwargs={"running": lambda: proc.poll() is None, "on_stall": on_stall}, daemon=True)
+        watch_thread.start()
+        stop = _forward_signals(proc, watcher)
         try:
             code = proc.wait()
         finally:
             stop()
+            watch_thread.join(timeout=STOP_GRACE_S + STACK_WAIT_S + 5)
             pump.join(timeout=5)
-    return code
+    beats = read_heartbeats(spec.run_dir) or watcher.beats
+    stall = found.get("stall")
+    if stall is not None:
+        # dlaunch stopped the job: torchrun's code only says that it was told to stop
+        code = HANG_EXIT_CODE if stall.kind == "hang" else 1
+    elif code < 0:
+        code = 128 - code  # killed by a signal: the shell's convention, never a negative status
+    with open(log_path, encoding="utf-8", errors="replace") as f:
+        f.seek(offset)
+        text = f.read()
+    return Outcome(exit_code=code, stall=stall, stacks=found.get("stacks", {}), beats=beats,
+                   torchrun_log=text)
 
 
-def _forward_signals(proc: subprocess.Popen[bytes]) -> Callable[[], None]:
-    """Relay SIGINT/SIGTERM to the job's process group; returns a function that restores."""
+def stop_job(proc: subprocess.Popen[bytes], beats: Mapping[int, Beat] | None = None, *,
+             grace_s: float | None = None) -> None:
+    """SIGTERM torchrun and every rank, then SIGKILL whatever is left after `grace_s`.
+
+    torchrun starts each rank in a session of its own, so signalling torchrun's process group
+    does not reach them; and a rank blocked inside a collective never runs its Python SIGTERM
+    handler. So every process of the job is signalled by pid: torchrun's descendants (found
+    through /proc) plus the ranks that wrote a heartbeat on this host.
+    """
+    import psutil
+
+    grace = STOP_GRACE_S if grace_s is None else grace_s
+    victims: dict[int, psutil.Process] = {}
+    try:
+        root = psutil.Process(proc.pid)
+        for p in [root, *root.children(recursive=True)]:
+            victims[p.pid] = p
+    except psutil.NoSuchProcess:
+        pass
+    for pid in host_pids(dict(beats or {})).values():
+        try:
+            victims.setdefault(pid, psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    _signal_all(victims.values(), signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(_running(p) for p in victims.values()):
+        time.sleep(0.1)
+    left = [p for p in victims.values() if _running(p)]
+    if left:
+        log.warning("SIGKILL to %d process(es) still running %.0f s after SIGTERM", len(left), grace)
+        _signal_all(left, signal.SIGKILL)
+
+
+def _running(p: Any) -> bool:
+    import psutil
+
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _signal_all(procs: Any, sig: int) -> None:
+    import psutil
+
+    for p in procs:
+        try:
+            p.send_signal(sig)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+
+
+def _forward_signals(proc: subprocess.Popen[bytes], watcher: Watcher) -> Callable[[], None]:
+    """Stop the whole job on SIGINT/SIGTERM; returns a function that restores the handlers."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
 
     def relay(signum: int, frame: object) -> None:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        # torchrun stops its ranks on SIGTERM; give it a moment, then make sure
-        deadline = time.monotonic() + 30
-        while proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        stop_job(proc, watcher.beats)
 
     old = {s: signal.signal(s, relay) for s in (signal.SIGINT, signal.SIGTERM)}
 

@@ -58,7 +58,8 @@ def _rank_result(run_dir: Path, rank: int, records: list[dict[str, Any]],
                  is_script: bool = False) -> RankResult:
     start = next((r for r in records if r.get("kind") == "start"), {})
     steps = [r for r in records if r.get("kind") == "step"]
-    steady = [r for r in steps if not r.get("warmup")] or steps
+    # profiled steps (--profile) run slower: out of throughput like warm-up
+    steady = [r for r in steps if not r.get("warmup") and not r.get("profiled")] or steps
     total_time = sum(r["step_time_s"] for r in steady)
     times = [r["step_time_s"] for r in steady] or [0.0]
     if summary:
@@ -72,6 +73,9 @@ def _rank_result(run_dir: Path, rank: int, records: list[dict[str, Any]],
     failed = status != "ok"
     peaks = [r["peak_mem_bytes"] for r in steps if r.get("peak_mem_bytes") is not None]
     comm = next((r for r in records if r.get("kind") == "comm"), {})
+    comp = next((r for r in records if r.get("kind") == "compile"), None)
+    prof = next((r for r in records if r.get("kind") == "profile"), {})
+    prof_time = sum(r["step_time_s"] for r in steps if r.get("profiled"))
     return RankResult(
         rank=rank, local_rank=local_rank, node_rank=node_rank,
         host=str(start.get("host", "?")), status=status,
@@ -87,6 +91,13 @@ def _rank_result(run_dir: Path, rank: int, records: list[dict[str, Any]],
         log_tail=rank_log_tail(run_dir, node_rank, local_rank) if failed else (),
         exposed_comm_s=comm.get("exposed_comm_s"), busbw_gb_s=comm.get("busbw_gb_s"),
         skipped_steps=sum(1 for r in steps if r.get("skipped")),
+        compiled_graphs=comp.get("graphs") if comp else None,
+        graph_breaks=comp.get("graph_breaks") if comp else None,
+        recompiles=comp.get("recompiles") if comp else None,
+        compile_fallback=comp.get("fallback") if comp else None,
+        profile_trace=prof.get("trace"), top_ops=tuple(prof.get("top_ops", ())),
+        device_busy_share=(min(1.0, prof["device_time_s"] / prof_time)
+                           if prof.get("device_time_s") is not None and prof_time else None),
     )
 
 
@@ -96,6 +107,21 @@ def find_stragglers(medians: dict[int, float], threshold: float = STRAGGLER_THRE
         return ()
     mid = statistics.median(medians.values())
     return tuple(sorted(r for r, m in medians.items() if mid > 0 and m > mid * (1 + threshold)))
+
+
+# the second signal (own compute) must also exceed the median by this much: the calibration has
+# only a few samples, and sub-millisecond steps jitter by more than 10%
+BUSY_FLOOR_S = 1e-3
+
+
+def busy_stragglers(busy: dict[int, float]) -> set[int]:
+    """Ranks whose own forward+backward with gradient sync off (the calibration's
+    `nosync_step_s`) is slow. Under DDP every step ends in the all-reduce, so all ranks share
+    the slow rank's step time and only the time before the sync tells them apart."""
+    if len(busy) < 2:
+        return set()
+    mid = statistics.median(busy.values())
+    return {r for r in find_stragglers(busy) if busy[r] - mid > BUSY_FLOOR_S}
 
 
 def _median_or_none(values: list[float | None]) -> float | None:
@@ -139,7 +165,10 @@ def aggregate(run_dir: str | Path, *, exit_code: int | None = None,
     units = next((rec.get("sample_units") for recs in records.values() for rec in recs
                   if rec.get("kind") == "start" and rec.get("sample_units")), units)
     measured = [r for r in ranks if r.steady_steps]
-    stragglers = find_stragglers({r.rank: r.step_time_median_s for r in measured})
+    busy = {rank: float(rec["nosync_step_s"]) for rank, recs in records.items() for rec in recs
+            if rec.get("kind") == "comm" and rec.get("nosync_step_s") is not None}
+    stragglers = tuple(sorted(set(find_stragglers({r.rank: r.step_time_median_s for r in measured}))
+                              | busy_stragglers(busy)))
     ranks = tuple(dataclasses.replace(r, straggler=r.rank in stragglers) for r in ranks)
     measured = [r for r in ranks if r.steady_steps]
     slowest = max(measured, key=lambda r: r.step_time_median_s).rank if measured else None
@@ -168,7 +197,42 @@ def aggregate(run_dir: str | Path, *, exit_code: int | None = None,
         exposed_comm_s=_median_or_none([r.exposed_comm_s for r in ranks]),
         busbw_gb_s=_median_or_none([r.busbw_gb_s for r in ranks]),
         stragglers=stragglers,
+        verdict=run_verdict(ranks, measured),
     )
+
+
+# CUDA only (--profile): a GPU busy less than this share of the step, with neither batches
+# nor communication to blame, waits for the CPU to launch kernels
+LAUNCH_BOUND_BUSY = 0.70
+
+
+def run_verdict(ranks: Sequence[RankResult], measured: Sequence[RankResult]) -> dict[str, Any] | None:
+    """The run's bottleneck from the measured shares of the step, averaged over ranks:
+    {"name", "evidence", "shares"}. The rules are `launcher.report.scaling.verdict`'s (the one
+    place); launch-bound is added here because only a CUDA profile measures it."""
+    from launcher.report.scaling import verdict
+
+    if not measured:
+        return None
+    waits, comms = [], []
+    for r in measured:
+        wait = min(1.0, r.data_wait_share)
+        share = (r.exposed_comm_s or 0.0) / r.step_time_median_s if r.step_time_median_s else 0.0
+        waits.append(wait)
+        comms.append(min(share, 1.0 - wait))
+    shares = {"data_wait": statistics.fmean(waits), "exposed_comm": statistics.fmean(comms)}
+    shares["compute"] = max(0.0, 1.0 - shares["data_wait"] - shares["exposed_comm"])
+    name, evidence = verdict(shares)
+    busy = _median_or_none([r.device_busy_share for r in ranks])
+    if busy is not None:
+        shares["device_busy"] = busy
+        if name == "compute bound" and busy < LAUNCH_BOUND_BUSY:
+            name = "launch bound"
+            evidence = (f"the GPU ran kernels {busy:.0%} of the profiled steps (< "
+                        f"{LAUNCH_BOUND_BUSY:.0%}) with little batch wait or exposed communication: "
+                        "kernel launches and small ops hold it back; try --compile, a larger "
+                        "micro-batch, or CUDA graphs (--compile-mode reduce-overhead, DDP only)")
+    return {"name": name, "evidence": evidence, "shares": shares}
 
 
 def _failures(ranks: tuple[RankResult, ...], summaries: dict[int, dict[str, Any]]) -> tuple[str, ...]:

@@ -61,6 +61,10 @@ def format_run(result: RunResult) -> str:
         bw = f", all-reduce busbw {result.busbw_gb_s:.2f} GB/s" if result.busbw_gb_s is not None else ""
         out.append(f"communication: {1000 * result.exposed_comm_s:.1f} ms exposed per step "
                    f"({100 * share:.0f}% of the median step){bw}")
+    out.extend(compile_lines(result))
+    out.extend(profile_lines(result))
+    if result.verdict:
+        out.append(f"verdict: {result.verdict['name']}: {result.verdict.get('evidence', '')}")
     # a GradScaler that keeps skipping steps is the classic silently plateauing loss
     for r in result.ranks:
         if r.steps and r.skipped_steps / r.steps > SKIP_WARN_FRACTION:
@@ -80,3 +84,37 @@ def format_run(result: RunResult) -> str:
         out.append(f"note: {note}")
     out.append(f"result: {result.run_dir}/result.json")
     return "\n".join(out)
+
+
+def compile_lines(result: RunResult) -> list[str]:
+    """torch.compile: graphs, graph breaks, recompilations (rank 0's), and any eager fallback."""
+    ranks = [r for r in result.ranks if r.compiled_graphs is not None]
+    if not ranks:
+        return []
+    r0 = ranks[0]
+    out = [f"compile: {r0.compiled_graphs} graph(s), {r0.graph_breaks} graph break(s), "
+           f"{r0.recompiles} recompilation(s) on rank {r0.rank}"]
+    fell = [r for r in ranks if r.compile_fallback]
+    if fell:
+        out.append(f"WARNING: torch.compile failed on rank(s) {', '.join(str(r.rank) for r in fell)}; "
+                   f"they ran eagerly: {fell[0].compile_fallback}")
+    return out
+
+
+def profile_lines(result: RunResult, *, top: int = 5) -> list[str]:
+    """--profile: where the traces are and rank 0's top operators by self time."""
+    traced = [r for r in result.ranks if r.profile_trace]
+    if not traced:
+        return []
+    r0 = traced[0]
+    by = "self CUDA time" if result.device == "cuda" else "self CPU time"
+    out = [f"profile: {len(traced)} trace(s) in {result.run_dir} (trace-rank<r>.json; open in "
+           f"https://ui.perfetto.dev); rank {r0.rank}'s top operators by {by}:"]
+    rows = [[op["name"][:60], f"{op['per_step_ms']:.2f} ms/step", f"{100 * op['share']:.1f}%",
+             f"{op.get('calls_per_step', op['calls']):g}"] for op in r0.top_ops[:top]]
+    if rows:
+        out.extend("  " + line for line in format_table(["operator", "self time", "share", "calls/step"],
+                                                          rows).splitlines())
+    if r0.device_busy_share is not None:
+        out.append(f"  GPU busy {100 * r0.device_busy_share:.0f}% of the profiled steps")
+    return out

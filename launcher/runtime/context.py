@@ -44,7 +44,9 @@ def from_env(device_type: str, env: dict[str, str] | None = None) -> RankContext
         local_rank=int(e.get("LOCAL_RANK", 0)),
         world_size=int(e.get("WORLD_SIZE", 1)),
         local_world_size=int(e.get("LOCAL_WORLD_SIZE", 1)),
-        node_rank=int(e.get("GROUP_RANK", e.get("SLURM_NODEID", 0))),
+        # torchrun's c10d rendezvous numbers nodes by host name and pid, not --node-rank; the
+        # SLURM backend passes the node id it logs under, so rank files and logs agree
+        node_rank=int(e.get("DLAUNCH_NODE_RANK", e.get("GROUP_RANK", e.get("SLURM_NODEID", 0)))),
         # fake SLURM nodes share one host; the node name tells them apart
         host=e.get("SLURMD_NODENAME") or socket.gethostname(),
         device_type=device_type,

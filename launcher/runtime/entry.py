@@ -18,10 +18,19 @@ from types import FrameType
 log = logging.getLogger(__name__)
 
 
+class Stopped(SystemExit):
+    """SIGTERM: torchrun (another rank failed) or dlaunch (a hang, Ctrl-C) is ending the job."""
+
+    def __str__(self) -> str:
+        return "stopped by SIGTERM while the job was being ended"
+
+
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     # torchrun stops the surviving ranks with SIGTERM when one fails: unwind so the
-    # recorder flushes what this rank measured and writes its summary
-    raise SystemExit(128 + signum)
+    # recorder flushes what this rank measured and writes its summary. Only once: torchrun and
+    # dlaunch may both send one, and a second raise would cut that summary short
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise Stopped(128 + signum)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         "host": ctx.host, "device": spec.device, "strategy": spec.strategy.kind,
         "precision": spec.strategy.precision, "micro_batch": spec.micro_batch,
         "grad_accum_steps": spec.grad_accum_steps,
-    })
+    }, dump_stacks=True)
     try:
         from launcher.runtime.harness import train
         from launcher.workload import load_workload
@@ -55,18 +64,23 @@ def main(argv: list[str] | None = None) -> int:
         workload = load_workload(spec.workload, spec.workload_args)
         recorder.add({"kind": "workload", "sample_units": workload.sample_units,
                       "units_per_sample": workload.units_per_sample})
-        init_distributed(ctx)
+        # a hung collective must end long before gloo/NCCL's 30-minute default
+        init_distributed(ctx, timeout_s=spec.collective_timeout_s)
         train(workload, spec, ctx, recorder)
         recorder.finish("ok")
         return 0
     except BaseException as e:  # noqa: BLE001 - every way out must leave a summary
-        recorder.finish("failed", error=e)
+        status = "stopped" if isinstance(e, Stopped) else "failed"
+        recorder.finish(status, error=e)
         if os.environ.get("DLAUNCH_DEBUG"):
             traceback.print_exc()
         else:
-            print(f"rank {ctx.rank} failed: {type(e).__name__}: {e}", file=sys.stderr)
+            print(f"rank {ctx.rank} {status}: {type(e).__name__}: {e}", file=sys.stderr)
         return 1 if not isinstance(e, SystemExit) else int(e.code or 1)
     finally:
+        # the summary is written: a SIGTERM from now on (torchrun stopping the job) need not
+        # unwind anything, and raising it inside an atexit hook would only print a traceback
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         try:
             shutdown_distributed()
         except Exception as e:  # a broken group cannot be torn down cleanly; say so, go on

@@ -3,6 +3,13 @@
 Measurement never syncs the host with the device per step: on CUDA each step is bracketed by
 events that are read at the end of a logging window; losses stay tensors until then. On CPU
 the step is synchronous anyway, so `perf_counter` is exact.
+
+Besides `step` and `comm`, the harness writes these records to the rank file:
+  wrap             strategy, compiled, mesh_shape (FSDP's device mesh; [replicas, shards] for hybrid)
+  compile          graphs, graph_breaks, break_reasons, recompiles, recompile_reasons, fallback
+  profile          trace, top_ops [{name, self_s, per_step_ms, share, calls, calls_per_step}],
+                   profiled_steps, by, device_time_s (CUDA); profiled steps carry profiled=true
+  memory_snapshot  path, reason (end of run | out of memory)
 """
 
 from __future__ import annotations
@@ -12,8 +19,10 @@ import logging
 import resource
 import sys
 import time
+from collections.abc import Iterable
 from typing import Any
 
+from launcher.runtime.compiling import CompileGuard, compile_stats
 from launcher.runtime.context import RankContext
 from launcher.runtime.recorder import RankRecorder
 from launcher.runtime.wrap import Wrapped, wrap
@@ -22,8 +31,18 @@ from launcher.workload import Workload
 
 log = logging.getLogger(__name__)
 
-# flush at least this often even inside a long logging window, so a killed rank loses little
+# flush about this often even when --log-every steps take longer, so a killed rank loses little
 FLUSH_INTERVAL_S = 5.0
+
+
+def window_steps(mean_step_s: float, log_every: int) -> int:
+    """Steps in the next logging window: --log-every, fewer when that would exceed the flush
+    interval. Every rank must close its window at the same step (the loss all-reduce is a
+    collective), so the length comes from the previous window's rank-averaged step time, which
+    all ranks share, never from each rank's own clock."""
+    if mean_step_s <= 0:
+        return log_every
+    return max(1, min(log_every, int(FLUSH_INTERVAL_S / mean_step_s)))
 
 
 def to_device(batch: Any, device: Any) -> Any:
@@ -116,14 +135,39 @@ def _peak_mem_bytes(device_type: str) -> int:
 
 
 def train(workload: Workload, spec: LaunchSpec, ctx: RankContext, recorder: RankRecorder) -> None:
-    """Build, wrap and train the workload for `spec.steps` optimizer steps, recording each."""
+    """Build, wrap and train the workload for `spec.steps` optimizer steps, recording each.
+
+    With `--memory-snapshot` the CUDA allocation history is dumped at the end, or when the
+    rank runs out of memory (then the error is raised again).
+    """
+    import torch
+
+    from launcher.runtime import profiling
+
+    if spec.detect_anomaly:
+        profiling.enable_anomaly_detection(ctx.rank)
+    if not spec.memory_snapshot:
+        _train(workload, spec, ctx, recorder)
+        return
+    profiling.start_memory_history()
+    try:
+        _train(workload, spec, ctx, recorder)
+    except torch.OutOfMemoryError:
+        recorder.add(profiling.dump_memory_snapshot(spec.run_dir, ctx.rank, reason="out of memory"))
+        raise
+    recorder.add(profiling.dump_memory_snapshot(spec.run_dir, ctx.rank, reason="end of run"))
+
+
+def _train(workload: Workload, spec: LaunchSpec, ctx: RankContext, recorder: RankRecorder) -> None:
     import torch
 
     device = ctx.device()
     torch.manual_seed(spec.seed)
     model = workload.build_model().to(device)
     blocks = workload.blocks(model)
-    wrapped: Wrapped = wrap(model, spec.strategy, ctx, blocks)
+    wrapped: Wrapped = wrap(model, spec.strategy, ctx, blocks, shard_group_size=spec.shard_group_size)
+    recorder.add({"kind": "wrap", "strategy": spec.strategy.kind, "compiled": wrapped.compiled,
+                  "mesh_shape": list(wrapped.mesh_shape) if wrapped.mesh_shape else None})
     params = [p for p in wrapped.module.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-3, fused=ctx.device_type == "cuda")
     scaler = torch.amp.GradScaler(ctx.device_type, enabled=spec.strategy.uses_grad_scaler)
@@ -133,9 +177,35 @@ def train(workload: Workload, spec: LaunchSpec, ctx: RankContext, recorder: Rank
     accum = spec.grad_accum_steps
     samples_per_step = spec.micro_batch * accum
     units_per_step = samples_per_step * workload.units_per_sample
+    # compilation happens at the first calls: watch them through warm-up (at least step 1)
+    guard = CompileGuard(compiled=wrapped.compiled, strict=spec.strategy.compile_strict,
+                         rank=ctx.rank)
+    watch_until = max(1, spec.warmup_steps)
+
+    def zero_grad() -> None:
+        optimizer.zero_grad(set_to_none=True)
+
+    def forward_backward(micro_batches: Iterable[Any]) -> Any:
+        """One optimizer step's micro-batches; sync only on the last; the summed loss."""
+        step_loss = torch.zeros((), device=device)
+        for micro, batch in enumerate(micro_batches):
+            sync = contextlib.nullcontext() if micro == accum - 1 else wrapped.accumulate()
+            with sync:
+                with _autocast(spec, ctx):
+                    loss = workload.loss_fn(wrapped.module, batch) / accum
+                scaler.scale(loss).backward()
+            step_loss += loss.detach()
+        return step_loss
 
     if ctx.is_distributed and spec.calibrate_comm:
-        _calibrate(workload, wrapped, spec, ctx, loader, recorder, params)
+        _calibrate(workload, wrapped, spec, ctx, loader, recorder, params, guard)
+
+    profiler = None
+    if spec.profile:
+        from launcher.runtime.profiling import StepProfiler
+
+        profiler = StepProfiler(run_dir=spec.run_dir, rank=ctx.rank, warmup_steps=spec.warmup_steps,
+                                steps=spec.steps, cuda=ctx.device_type == "cuda")
 
     window: list[dict[str, Any]] = []
     marks: list[Any] = []
@@ -143,21 +213,26 @@ def train(workload: Workload, spec: LaunchSpec, ctx: RankContext, recorder: Rank
     scales: list[Any] = []
     # the scale tensor is created lazily by the first scale(); start from the initial value
     prev_scale = [torch.tensor(scaler.get_scale(), device=device)] if scaler.is_enabled() else []
-    last_flush = time.monotonic()
+    window_len = 1  # the first window is step 1 alone: it measures the step time
     for step in range(1, spec.steps + 1):
         start = clock.start()
         data_wait = 0.0
-        step_loss = torch.zeros((), device=device)
-        for micro in range(accum):
+
+        def fetch() -> Any:
+            nonlocal data_wait
             t = time.perf_counter()
             batch = to_device(next(batches), device)
             data_wait += time.perf_counter() - t
-            sync = contextlib.nullcontext() if micro == accum - 1 else wrapped.accumulate()
-            with sync:
-                with _autocast(spec, ctx):
-                    loss = workload.loss_fn(wrapped.module, batch) / accum
-                scaler.scale(loss).backward()
-            step_loss += loss.detach()
+            return batch
+
+        if guard.watching:
+            # keep the step's batches: a compile failure re-runs them eagerly
+            held = [fetch() for _ in range(accum)]
+            step_loss = guard.run(lambda: forward_backward(held), zero_grad)
+            if step >= watch_until:
+                guard.stop()
+        else:
+            step_loss = forward_backward(fetch() for _ in range(accum))
         if spec.max_grad_norm > 0:
             # once per optimizer step, on true (unscaled) gradients
             scaler.unscale_(optimizer)
@@ -171,20 +246,30 @@ def train(workload: Workload, spec: LaunchSpec, ctx: RankContext, recorder: Rank
             # the scale drops exactly when the step was skipped for inf/NaN gradients;
             # keep a device copy and compare at the window's end (no sync here)
             scales.append(scaler._scale.detach().clone())
-        window.append({"kind": "step", "step": step, "end_time": time.time(), "data_wait_s": data_wait,
-                       "samples": samples_per_step, "units": units_per_step,
-                       "warmup": step <= spec.warmup_steps})
-        if step % spec.log_every == 0 or step == spec.steps or (
-                time.monotonic() - last_flush > FLUSH_INTERVAL_S):
-            _close_window(window, marks, losses, clock, ctx, recorder, prev_scale + scales)
+        record = {"kind": "step", "step": step, "end_time": time.time(), "data_wait_s": data_wait,
+                  "samples": samples_per_step, "units": units_per_step,
+                  "warmup": step <= spec.warmup_steps}
+        if profiler is not None:
+            profiler.step()
+            # profiled steps run slower: aggregate leaves them out of throughput
+            record["profiled"] = profiler.profiled(step)
+        window.append(record)
+        if len(window) >= window_len or step == spec.steps:
+            mean_step_s = _close_window(window, marks, losses, clock, ctx, recorder,
+                                        prev_scale + scales)
+            window_len = window_steps(mean_step_s, spec.log_every)
             prev_scale = scales[-1:]
             window, marks, losses, scales = [], [], [], []
-            last_flush = time.monotonic()
+    if profiler is not None:
+        recorder.add(profiler.close())
+    if wrapped.compiled:
+        recorder.add(compile_stats(guard.fallback))
+    recorder.flush()
     del batches, loader
 
 
 def _calibrate(workload: Workload, wrapped: Wrapped, spec: LaunchSpec, ctx: RankContext,
-               loader: Any, recorder: RankRecorder, params: list[Any]) -> None:
+               loader: Any, recorder: RankRecorder, params: list[Any], guard: CompileGuard) -> None:
     """Measure exposed communication and all-reduce bandwidth; see runtime.calibrate."""
     import torch
 
@@ -206,7 +291,8 @@ def _calibrate(workload: Workload, wrapped: Wrapped, spec: LaunchSpec, ctx: Rank
     devices = [ctx.local_rank] if ctx.device_type == "cuda" else []
     # training must not depend on whether calibration ran: keep the RNG streams untouched
     with torch.random.fork_rng(devices=devices):
-        forward_backward()  # the first sync-on pass builds buckets / compiles
+        # the first sync-on pass builds buckets and compiles (falling back to eager on failure)
+        guard.run(forward_backward, zero_grad)
         zero_grad()
         record.update(exposed_comm(forward_backward, wrapped.no_sync, zero_grad,
                                    cuda=ctx.device_type == "cuda"))
@@ -217,8 +303,11 @@ def _calibrate(workload: Workload, wrapped: Wrapped, spec: LaunchSpec, ctx: Rank
 
 def _close_window(window: list[dict[str, Any]], marks: list[Any], losses: list[Any],
                   clock: _Clock, ctx: RankContext, recorder: RankRecorder,
-                  scales: list[Any]) -> None:
-    """Resolve the window's timings, losses and skipped steps (one sync) and record them."""
+                  scales: list[Any]) -> float:
+    """Resolve the window's timings, losses and skipped steps (one sync) and record them.
+
+    Returns the window's mean step time averaged over ranks (the same number on every rank).
+    """
     import torch
     import torch.distributed as dist
 
@@ -227,12 +316,13 @@ def _close_window(window: list[dict[str, Any]], marks: list[Any], losses: list[A
         values = torch.stack(scales).float().tolist()
         for rec, before, after in zip(window, values, values[1:]):
             rec["skipped"] = after < before
-    loss_vec = torch.stack(losses).float()
+    # the losses and, last, this rank's mean step time: one collective per window, not per step
+    mean_step = torch.tensor([sum(times) / len(times)], device=losses[0].device)
+    loss_vec = torch.cat([torch.stack(losses).float(), mean_step])
     if ctx.is_distributed:
-        # the global loss: one collective per window, not per step
         dist.all_reduce(loss_vec, op=dist.ReduceOp.SUM)
         loss_vec /= ctx.world_size
-    values = loss_vec.tolist()
+    *values, mean_step_s = loss_vec.tolist()
     peak = _peak_mem_bytes(ctx.device_type)
     now = time.time()
     for rec, step_time, loss in zip(window, times, values):
@@ -240,3 +330,4 @@ def _close_window(window: list[dict[str, Any]], marks: list[Any], losses: list[A
         recorder.add(rec)
     recorder.flush()
     sys.stdout.flush()
+    return mean_step_s

@@ -7,28 +7,44 @@ Records (one JSON object per line, `kind` first):
   step   step, time, end_time (host clock at the step's end), step_time_s, data_wait_s, samples, units, loss, peak_mem_bytes, warmup
   comm   calibration of communication (see harness)
   end    time, steps, status
-The heartbeat file `rank-<r>.heartbeat` holds the last step and its wall time.
+The start record also carries `attempt` (0, or the restart number under `--max-restarts`).
+
+The heartbeat file `rank-<r>.heartbeat` ({step, time, pid, host, stacks}) is what the launcher's
+hang watcher (launcher.monitor) reads: it is replaced atomically at every flush and whenever a
+step record is added at least `BEAT_INTERVAL_S` after the last beat, so beating costs one small
+file write a second at most and never a device sync. With `dump_stacks=True` the rank also
+writes the Python stack of every thread to `rank-<r>.stacks` when it receives SIGUSR1, which is
+how the watcher tells the rank stuck in its own code from the ranks waiting for it.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
 import os
+import signal
+import socket
 import time
 import traceback as tb
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from launcher.files import append_lines, atomic_write_json
+from launcher.files import append_lines, atomic_write_json, atomic_write_text
 
 log = logging.getLogger(__name__)
+
+BEAT_INTERVAL_S = 1.0
+STACKS_SIGNAL = signal.SIGUSR1
+# kept open for the life of the process: faulthandler writes to its fd from a signal handler
+_stack_files: list[IO[str]] = []
 
 
 class RankRecorder:
     """Buffers step records and appends them at window ends; writes the final summary."""
 
-    def __init__(self, run_dir: str | Path, rank: int, start: dict[str, Any]) -> None:
+    def __init__(self, run_dir: str | Path, rank: int, start: dict[str, Any], *,
+                 dump_stacks: bool = False) -> None:
         self.run_dir = Path(run_dir)
         self.rank = rank
         self.path = self.run_dir / f"rank-{rank}.jsonl"
@@ -36,15 +52,27 @@ class RankRecorder:
         self._buffer: list[dict[str, Any]] = []
         self.steps_done = 0
         self._finished = False
+        self._last_beat = 0.0
+        self._host = socket.gethostname()
+        # before the first heartbeat: the watcher only signals ranks whose heartbeat says
+        # they can take it (SIGUSR1's default action would kill the rank)
+        self._stacks = dump_stacks and _enable_stack_dumps(self.run_dir / f"rank-{rank}.stacks")
+        attempt = int(os.environ.get("DLAUNCH_ATTEMPT", "0") or 0)
         append_lines(self.path, [{"kind": "start", "rank": rank, "pid": os.getpid(),
-                                  "time": time.time(), **start}])
+                                  "time": time.time(), "attempt": attempt, **start}])
         self.heartbeat(0)
 
     def add(self, record: dict[str, Any]) -> None:
-        """Queue a record (written at the next flush)."""
+        """Queue a record (written at the next flush); a step record may beat the heartbeat."""
         self._buffer.append(record)
         if record.get("kind") == "step":
             self.steps_done = max(self.steps_done, int(record["step"]))
+            self.progress(self.steps_done)
+
+    def progress(self, step: int) -> None:
+        """Cheap liveness mark, callable once per step: beats when >= BEAT_INTERVAL_S passed."""
+        if time.monotonic() - self._last_beat >= BEAT_INTERVAL_S:
+            self.heartbeat(step)
 
     def flush(self) -> None:
         """Append every queued record in one write, then beat the heartbeat."""
@@ -55,9 +83,11 @@ class RankRecorder:
 
     def heartbeat(self, step: int) -> None:
         """Record progress for the launcher's hang detection (small file, replaced atomically)."""
-        tmp = self._heartbeat.with_suffix(".heartbeat.tmp")
-        tmp.write_text(json.dumps({"step": step, "time": time.time(), "pid": os.getpid()}))
-        os.replace(tmp, self._heartbeat)
+        self._last_beat = time.monotonic()
+        beat = {"step": step, "time": time.time(), "pid": os.getpid(), "host": self._host,
+                "stacks": self._stacks}
+        # no fsync: this is rewritten every second; readers only need it whole, never durable
+        atomic_write_text(self._heartbeat, json.dumps(beat), fsync=False)
 
     def finish(self, status: str, *, error: BaseException | None = None,
                extra: dict[str, Any] | None = None) -> None:
@@ -75,3 +105,20 @@ class RankRecorder:
         append_lines(self.path, [{"kind": "end", "time": now, "steps": self.steps_done,
                                   "status": status}])
         atomic_write_json(self.run_dir / f"rank-{self.rank}.summary.json", summary)
+
+
+def _enable_stack_dumps(path: Path) -> bool:
+    """Dump every thread's Python stack to `path` on SIGUSR1; False when that is impossible.
+
+    faulthandler writes from the C signal handler, so the dump works even while the main
+    thread is blocked inside a collective (where a Python-level handler would never run).
+    """
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+        f = os.fdopen(fd, "a", encoding="utf-8")
+        faulthandler.register(STACKS_SIGNAL, file=f, all_threads=True, chain=False)
+    except (OSError, RuntimeError, ValueError) as e:
+        log.debug("no stack dumps on %s: %s", STACKS_SIGNAL.name, e)
+        return False
+    _stack_files.append(f)
+    return True

@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from launcher.errors import UsageError
+from launcher.runtime.compiling import compile_forward
 from launcher.runtime.context import RankContext
 from launcher.specs import Strategy
 
@@ -33,6 +35,7 @@ class Wrapped:
     no_sync: Callable[[], contextlib.AbstractContextManager[None]]
     accumulate: Callable[[], contextlib.AbstractContextManager[None]]
     compiled: bool = False
+    mesh_shape: tuple[int, ...] | None = None  # FSDP's device mesh; (replicas, shards) for hybrid
 
 
 def _ddp_no_sync(model: Any) -> Callable[[], contextlib.AbstractContextManager[None]]:
@@ -84,22 +87,33 @@ def _locate(model: Any, blocks: list[Any]) -> None:
                 child._dlaunch_parent = (parent, name)
 
 
-def wrap(model: Any, strategy: Strategy, ctx: RankContext, blocks: list[Any]) -> Wrapped:
-    """Apply `strategy` to `model` (already on this rank's device) and return it ready to train."""
-    import torch
+def hybrid_mesh_shape(ctx: RankContext, shard_group_size: int = 0) -> tuple[int, int]:
+    """(replicas, shards) of the hybrid mesh: shard within a group, replicate across groups.
 
+    The group is a node's ranks unless `shard_group_size` says otherwise, which lets one host
+    stand in for several nodes (4 processes as 2 "nodes" x 2) in the equivalence tests.
+    """
+    shards = shard_group_size or ctx.local_world_size
+    if shards < 1 or ctx.world_size % shards:
+        raise UsageError(f"--shard-group-size must divide the world size ({ctx.world_size}), "
+                         f"got {shards}")
+    return ctx.world_size // shards, shards
+
+
+def wrap(model: Any, strategy: Strategy, ctx: RankContext, blocks: list[Any], *,
+         shard_group_size: int = 0) -> Wrapped:
+    """Apply `strategy` to `model` (already on this rank's device) and return it ready to train."""
     if strategy.activation_checkpointing and blocks:
         _locate(model, blocks)
         _checkpoint_blocks(blocks)
         blocks = [getattr(b._dlaunch_parent[0], b._dlaunch_parent[1]) for b in blocks]
-    compiled = False
     if strategy.kind == "ddp":
         if strategy.compile:
-            model = torch.compile(model, mode=strategy.compile_mode)
-            compiled = True
+            # the whole model; under DDP Dynamo's DDP optimizer splits it at bucket boundaries
+            compile_forward(model, strategy)
         if not ctx.is_distributed:
             return Wrapped(module=model, no_sync=contextlib.nullcontext,
-                           accumulate=contextlib.nullcontext, compiled=compiled)
+                           accumulate=contextlib.nullcontext, compiled=strategy.compile)
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         device_ids = [ctx.local_rank] if ctx.device_type == "cuda" else None
@@ -110,18 +124,18 @@ def wrap(model: Any, strategy: Strategy, ctx: RankContext, blocks: list[Any]) ->
         if comm_delay_ms() > 0:
             install_comm_delay(ddp, comm_delay_ms())
         return Wrapped(module=ddp, no_sync=_ddp_no_sync(ddp), accumulate=_ddp_no_sync(ddp),
-                       compiled=compiled)
-    return _wrap_fsdp(model, strategy, ctx, blocks)
+                       compiled=strategy.compile)
+    return _wrap_fsdp(model, strategy, ctx, blocks, shard_group_size)
 
 
-def _wrap_fsdp(model: Any, strategy: Strategy, ctx: RankContext, blocks: list[Any]) -> Wrapped:
+def _wrap_fsdp(model: Any, strategy: Strategy, ctx: RankContext, blocks: list[Any],
+               shard_group_size: int) -> Wrapped:
     import torch
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     if strategy.kind == "hybrid":
-        replicas = ctx.world_size // ctx.local_world_size
-        mesh = init_device_mesh(ctx.device_type, (replicas, ctx.local_world_size),
+        mesh = init_device_mesh(ctx.device_type, hybrid_mesh_shape(ctx, shard_group_size),
                                 mesh_dim_names=("replicate", "shard"))
     else:
         mesh = init_device_mesh(ctx.device_type, (ctx.world_size,))
@@ -133,9 +147,14 @@ def _wrap_fsdp(model: Any, strategy: Strategy, ctx: RankContext, blocks: list[An
     for block in blocks:
         if strategy.compile:
             # compile each block, not the root: FSDP's block loop breaks a whole-model graph
-            block.compile(mode=strategy.compile_mode)
+            compile_forward(block, strategy)
             compiled = True
         fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+    if strategy.compile and not blocks:
+        # no units declared: the whole model is one FSDP unit, so compiling it breaks nothing
+        compile_forward(model, strategy)
+        compiled = True
     accumulate = _hsdp_defer_allreduce(model) if strategy.kind == "hybrid" else contextlib.nullcontext
-    return Wrapped(module=model, no_sync=_fsdp_no_sync(model), accumulate=accumulate, compiled=compiled)
+    return Wrapped(module=model, no_sync=_fsdp_no_sync(model), accumulate=accumulate, compiled=compiled,
+                   mesh_shape=tuple(mesh.shape))

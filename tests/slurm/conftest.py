@@ -188,7 +188,9 @@ def slurm_cluster(request: pytest.FixtureRequest) -> Iterator[SlurmCluster]:
     cluster = SlurmCluster(base=base, script=SCRIPT, up_output=proc.stdout)
     yield cluster
 
-    if os.environ.get("DLAUNCH_SLURM_KEEP") == "1":
+    # a cluster this session found running belongs to whoever started it (another pytest
+    # session, a developer): stopping it would pull it out from under them
+    if os.environ.get("DLAUNCH_SLURM_KEEP") == "1" or "already up and healthy" in proc.stdout:
         return
     down = subprocess.run(["bash", str(SCRIPT), "down"], capture_output=True, text=True,
                           timeout=DOWN_TIMEOUT_S, env=_script_env(), stdin=subprocess.DEVNULL)

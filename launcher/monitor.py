@@ -1,0 +1,221 @@
+"""Watching a running job's ranks through their heartbeat files: hangs and silent exits.
+
+Every rank replaces `RUN_DIR/rank-<r>.heartbeat` ({step, time, pid, host, stacks}) at least
+every few seconds while it advances (see runtime.recorder). `Watcher.poll()` turns those files
+into a verdict, a `Stall`, when
+  - no rank has advanced for `hang_timeout_s` (after every rank finished step 1; before that,
+    `startup_timeout_s` counted from the launch covers imports, model build, compile and
+    rendezvous), or
+  - a rank on this host has exited without writing its summary while the job goes on
+    (`os._exit(0)` mid-training: torchrun counts exit 0 as success and waits for the others,
+    which wait in a collective for the rank that left).
+It only reads files (and, for ranks on this host, asks the kernel whether their pid lives), so
+the SLURM backend can run the same watcher over a run dir on a shared file system.
+
+Time is the watcher's own monotonic clock at which it *saw* a change, never the ranks' wall
+clocks: nodes' clocks may disagree, and a rank that stops cannot lie about stopping.
+
+Use from a backend (the local one runs `watch` in a thread beside torchrun):
+
+    watcher = Watcher(run_dir=..., world_size=spec.world_size, hang_timeout_s=spec.hang_timeout_s,
+                      startup_timeout_s=spec.startup_timeout_s, expect_heartbeats=not spec.is_script,
+                      check_pids=False)            # SLURM: the ranks run on other hosts
+    while job_running():
+        if (stall := watcher.poll()) is not None:
+            cancel_job(); break                    # then postmortem.write_missing_summaries(...)
+        time.sleep(POLL_INTERVAL_S)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+POLL_INTERVAL_S = 0.5
+# a rank gone without a summary: torchrun ends the job by itself on a non-zero exit within
+# about a second; only if it is still running after this long did the rank exit with code 0
+EXIT_GRACE_S = 3.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Beat:
+    """One rank's heartbeat file."""
+
+    rank: int
+    step: int
+    time: float  # the rank's wall clock when it beat
+    pid: int | None = None
+    host: str | None = None
+    stacks: bool = False  # the rank dumps its stacks on SIGUSR1
+
+
+@dataclass(frozen=True, kw_only=True)
+class Stall:
+    """Why the watcher wants the job ended."""
+
+    kind: str  # hang | exited | teardown
+    message: str  # one line for the summary
+    steps: dict[int, int]  # step each named rank reached (missing heartbeat: -1)
+    ranks: tuple[int, ...]  # the ranks named: stopped advancing, or exited
+    idle_s: float = 0.0
+
+
+def read_heartbeats(run_dir: str | Path) -> dict[int, Beat]:
+    """Every readable heartbeat in the run dir (a file being replaced is simply skipped)."""
+    beats: dict[int, Beat] = {}
+    for path in Path(run_dir).glob("rank-*.heartbeat"):
+        try:
+            rank = int(path.name[len("rank-"):-len(".heartbeat")])
+            data = json.loads(path.read_text(encoding="utf-8"))
+            beats[rank] = Beat(rank=rank, step=int(data.get("step", 0)),
+                               time=float(data.get("time", 0.0)), pid=data.get("pid"),
+                               host=data.get("host"), stacks=bool(data.get("stacks")))
+        except (OSError, ValueError, TypeError, AttributeError):
+            continue
+    return beats
+
+
+def summary_path(run_dir: str | Path, rank: int) -> Path:
+    """Where a rank (or, when it could not, the launcher) writes how the rank ended."""
+    return Path(run_dir) / f"rank-{rank}.summary.json"
+
+
+def pid_alive(pid: int, *, not_after: float | None = None) -> bool:
+    """True when `pid` runs (a zombie does not) and, given `not_after`, was started by then.
+
+    The start-time check keeps a recycled pid from passing for the rank that had it.
+    """
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return not_after is None or proc.create_time() <= not_after + 1.0
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
+
+
+@dataclass
+class Watcher:
+    """Polls heartbeats and summaries of `world_size` ranks; see the module docstring."""
+
+    run_dir: Path
+    world_size: int
+    hang_timeout_s: float
+    startup_timeout_s: float
+    # plain scripts beat only if they use the step meter: never call them hung for silence
+    expect_heartbeats: bool = True
+    check_pids: bool = True  # ranks on this host: notice one that left without a summary
+    # True once torchrun has begun stopping the ranks itself (a rank failed): it then reports
+    # every exit code, which says more than a pid that is gone
+    torchrun_stopping: Callable[[], bool] = lambda: False
+    clock: Callable[[], float] = time.monotonic
+    _t0: float = field(init=False)
+    _last_advance: float = field(init=False)
+    _steps: dict[int, int] = field(init=False, default_factory=dict)
+    _done: set[int] = field(init=False, default_factory=set)
+    _gone_since: dict[int, float] = field(init=False, default_factory=dict)
+    beats: dict[int, Beat] = field(init=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.run_dir = Path(self.run_dir)
+        self._t0 = self._last_advance = self.clock()
+        self._host = socket.gethostname()
+
+    def poll(self) -> Stall | None:
+        """Look once; a Stall when the job should be ended now."""
+        now = self.clock()
+        self.beats = beats = read_heartbeats(self.run_dir)
+        for rank, beat in beats.items():
+            if beat.step > self._steps.get(rank, -1):
+                self._steps[rank] = beat.step
+                self._last_advance = now
+        done = {r for r in range(self.world_size) if summary_path(self.run_dir, r).exists()}
+        if done - self._done:
+            self._done |= done
+            self._last_advance = now
+        gone = self._exited_without_summary(now)
+        if gone is not None:
+            return gone
+        return self._hang(now)
+
+    def _exited_without_summary(self, now: float) -> Stall | None:
+        if not self.check_pids or self.torchrun_stopping():
+            return None
+        for rank, beat in sorted(self.beats.items()):
+            if rank in self._done or beat.pid is None or beat.host != self._host:
+                continue
+            if pid_alive(int(beat.pid), not_after=beat.time):
+                self._gone_since.pop(rank, None)
+                continue
+            since = self._gone_since.setdefault(rank, now)
+            if now - since >= EXIT_GRACE_S and not summary_path(self.run_dir, rank).exists():
+                others = [r for r in range(self.world_size) if r != rank and r not in self._done]
+                msg = f"rank {rank} exited without writing its summary after step {beat.step}"
+                if others:
+                    msg += f" while rank(s) {_list(others)} went on (torchrun waits for them)"
+                return Stall(kind="exited", message=msg, steps={rank: beat.step}, ranks=(rank,))
+        return None
+
+    def _hang(self, now: float) -> Stall | None:
+        if self.hang_timeout_s <= 0:
+            return None
+        idle = now - self._last_advance
+        running = [r for r in range(self.world_size) if r not in self._done]
+        if not running:
+            # every rank said how it ended; torchrun should be gone within seconds
+            if idle > self.hang_timeout_s:
+                return Stall(kind="teardown", steps=dict(self._steps), ranks=(), idle_s=idle,
+                             message=f"every rank finished but the job did not exit for "
+                                     f"{idle:.0f} s")
+            return None
+        if not self.beats and not self.expect_heartbeats:
+            return None
+        started = all(r in self._done or self._steps.get(r, 0) >= 1 for r in range(self.world_size))
+        if idle <= self.hang_timeout_s:
+            return None
+        if not started and now - self._t0 <= self.startup_timeout_s:
+            return None
+        steps = {r: self._steps.get(r, -1) for r in running}
+        where = ", ".join(f"rank {r} at step {s}" if s >= 0 else f"rank {r} before its first heartbeat"
+                          for r, s in steps.items())
+        phase = "" if started else f" (still starting up after {now - self._t0:.0f} s)"
+        return Stall(kind="hang", steps=steps, ranks=tuple(running), idle_s=idle,
+                     message=f"no rank advanced for {idle:.0f} s{phase}: {where}")
+
+
+def watch(watcher: Watcher, *, running: Callable[[], bool], on_stall: Callable[[Stall], None],
+          interval_s: float = POLL_INTERVAL_S) -> Stall | None:
+    """Poll while `running()`; call `on_stall` once with the first Stall and return it.
+
+    The loop for a backend that has no better place to poll (a thread beside a local torchrun,
+    or the SLURM launcher's wait loop can call `watcher.poll()` itself).
+    """
+    while running():
+        stall = watcher.poll()
+        if stall is not None:
+            log.info("%s", stall.message)
+            on_stall(stall)
+            return stall
+        time.sleep(interval_s)
+    return None
+
+
+def _list(ranks: list[int]) -> str:
+    return ", ".join(str(r) for r in ranks) or "none"
+
+
+def host_pids(beats: dict[int, Beat]) -> dict[int, int]:
+    """Ranks whose process runs on this host -> pid (what the local backend may signal)."""
+    here = socket.gethostname()
+    return {r: int(b.pid) for r, b in beats.items()
+            if b.pid is not None and b.host == here and pid_alive(int(b.pid), not_after=b.time)}
+

@@ -1,0 +1,277 @@
+"""The report's figures, drawn with matplotlib's object API on the Agg backend.
+
+matplotlib is imported inside the functions (it costs ~1 s), and no pyplot is used: figures
+are plain `Figure` objects, so nothing global is touched and nothing opens a window.
+Each figure comes out as PNG bytes and as SVG text for inlining in the HTML page.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from launcher.report.scaling import PARTS, Point, ScalingReport
+
+log = logging.getLogger(__name__)
+
+COLORS = {"compute": "#4C72B0", "exposed_comm": "#DD8452", "data_wait": "#C44E52",
+          "other": "#8C8C8C", "measured": "#4C72B0", "predicted": "#55A868", "ideal": "#8C8C8C",
+          "straggler": "#C44E52"}
+LABELS = {"compute": "compute", "exposed_comm": "exposed communication",
+          "data_wait": "batch wait", "other": "other (optimizer, host)"}
+MAX_RANK_PANELS = 6  # per-rank box plots: one panel per world size, the largest ones first
+
+
+@dataclass(frozen=True)
+class Plot:
+    """One rendered figure."""
+
+    key: str  # file stem: throughput, efficiency, breakdown, ranks, predicted
+    title: str
+    caption: str
+    png: bytes
+    svg: str
+
+
+def _figure(width: float = 7.0, height: float = 4.0) -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), dpi=100, layout="constrained")
+
+
+def render(fig: Any) -> tuple[bytes, str]:
+    """(PNG bytes, SVG markup without the XML prologue) of a figure."""
+    png = io.BytesIO()
+    fig.savefig(png, format="png")
+    svg = io.StringIO()
+    fig.savefig(svg, format="svg")
+    text = svg.getvalue()
+    start = text.find("<svg")
+    # comments and the RDF metadata block are noise inside an HTML page
+    text = re.sub(r"<!--.*?-->|<metadata>.*?</metadata>", "", text[start:], flags=re.S)
+    return png.getvalue(), text
+
+
+def _ok_rows(report: ScalingReport) -> list[Any]:
+    return [r for r in report.rows if r.samples_per_s]
+
+
+def throughput_figure(report: ScalingReport) -> Any:
+    """Measured throughput against world size, the ideal (linear) line and the prediction."""
+    fig = _figure()
+    ax = fig.add_subplot()
+    rows = _ok_rows(report)
+    units = report.sample_units
+    use_units = units != "samples"
+    xs = [r.world_size for r in rows]
+    ys = [(r.units_per_s if use_units else r.samples_per_s) or 0.0 for r in rows]
+    scale = [(r.units_per_s / r.samples_per_s) if use_units and r.samples_per_s else 1.0
+             for r in rows]
+    lo = [y - (r.samples_per_s_min or 0) * s for y, r, s in zip(ys, rows, scale)]
+    hi = [(r.samples_per_s_max or 0) * s - y for y, r, s in zip(ys, rows, scale)]
+    if rows:
+        ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", color=COLORS["measured"], capsize=3,
+                    label="measured (median, min-max of repeats)")
+        ideal = [(r.ideal_samples_per_s or 0) * s for r, s in zip(rows, scale)]
+        ax.plot(xs, ideal, "--", color=COLORS["ideal"], label="ideal (linear from the smallest)")
+        pred = [(r.predicted_samples_per_s or 0) * s for r, s in zip(rows, scale)]
+        if any(r.predicted_samples_per_s for r in rows):
+            ax.plot(xs, pred, "s:", color=COLORS["predicted"], label="predicted (cost model)")
+        ax.legend(loc="upper left", fontsize=8)
+    _world_axis(ax, [r.world_size for r in report.rows])
+    ax.set_ylabel(f"{units}/s")
+    _value_axis(ax, ys + [y for y in pred if y] if rows else [])
+    ax.set_title(f"Throughput ({report.mode} scaling)")
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def efficiency_figure(report: ScalingReport) -> Any:
+    """Scaling efficiency against world size, measured and predicted, with 100% marked."""
+    fig = _figure()
+    ax = fig.add_subplot()
+    rows = [r for r in report.rows if r.efficiency is not None]
+    xs = [r.world_size for r in rows]
+    ax.axhline(100, ls="--", color=COLORS["ideal"], label="ideal (100%)")
+    ax.plot(xs, [100 * (r.efficiency or 0) for r in rows], "o-", color=COLORS["measured"],
+            label="measured")
+    for x, r in zip(xs, rows):
+        ax.annotate(f"{100 * (r.efficiency or 0):.0f}%", (x, 100 * (r.efficiency or 0)),
+                    textcoords="offset points", xytext=(0, 7), ha="center", fontsize=8)
+    pred = [r for r in rows if r.predicted_efficiency is not None]
+    if pred:
+        ax.plot([r.world_size for r in pred], [100 * (r.predicted_efficiency or 0) for r in pred],
+                "s:", color=COLORS["predicted"], label="predicted")
+    top = max([110.0] + [100 * (r.efficiency or 0) + 10 for r in rows])
+    ax.set_ylim(0, top)
+    _world_axis(ax, [r.world_size for r in report.rows])
+    ax.set_ylabel("efficiency (%)")
+    formula = ("throughput(N) / (N/N0 x throughput(N0))" if report.mode == "weak"
+               else "T(N0) x N0 / (N x T(N))")
+    ax.set_title(f"{report.mode.capitalize()} scaling efficiency = {formula}", fontsize=10)
+    ax.legend(loc="lower left", fontsize=8)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def breakdown_figure(report: ScalingReport) -> Any:
+    """Stacked step time per point: compute, exposed communication, batch wait, other."""
+    points = [p for p in report.points if p.breakdown_s]
+    fig = _figure(max(7.0, min(12.0, 1.2 + 0.7 * len(points))), 4.0)
+    ax = fig.add_subplot()
+    labels = [_point_label(p, report) for p in points]
+    bottom = [0.0] * len(points)
+    for part in PARTS:
+        vals = [1000 * p.breakdown_s.get(part, 0.0) for p in points]
+        ax.bar(labels, vals, bottom=bottom, color=COLORS[part], label=LABELS[part])
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    for i, p in enumerate(points):
+        if p.verdict:
+            ax.annotate(p.verdict["name"].split()[0], (i, bottom[i]), textcoords="offset points",
+                        xytext=(0, 3), ha="center", fontsize=7)
+    ax.set_ylabel("ms per optimizer step (mean)")
+    ax.set_title("Where the step goes")
+    ax.set_ylim(0, max(bottom + [1e-3]) * 1.18)
+    ax.legend(fontsize=8, loc="upper left", ncols=2)
+    if len(points) > 6:
+        ax.tick_params(axis="x", labelrotation=45, labelsize=8)
+    return fig
+
+
+def ranks_figure(report: ScalingReport) -> Any:
+    """Per-rank (or per-group) step-time box plots, one panel per world size."""
+    chosen: dict[int, Point] = {}
+    for p in report.points:
+        if p.distribution.get("groups") and (p.world_size not in chosen or p.repeat == 0):
+            chosen.setdefault(p.world_size, p)
+    panels = [chosen[n] for n in sorted(chosen)][-MAX_RANK_PANELS:]
+    cols = min(3, max(1, len(panels)))
+    rows = max(1, math.ceil(len(panels) / cols))
+    widest = max([len(p.distribution["groups"]) for p in panels] + [1])
+    width = min(14.0, max(6.0, 2.0 + 0.18 * widest * cols))
+    fig = _figure(width, 3.2 * rows)
+    if not panels:
+        ax = fig.add_subplot()
+        ax.text(0.5, 0.5, "no steady steps recorded", ha="center", va="center")
+        ax.set_axis_off()
+        return fig
+    for i, p in enumerate(panels, 1):
+        ax = fig.add_subplot(rows, cols, i)
+        groups = p.distribution["groups"]
+        stats = [{"label": g["label"], "whislo": 1000 * g["p5"], "q1": 1000 * g["p25"],
+                  "med": 1000 * g["p50"], "q3": 1000 * g["p75"], "whishi": 1000 * g["p95"],
+                  "fliers": []} for g in groups]
+        boxes = ax.bxp(stats, showfliers=False, patch_artist=True, widths=0.6)
+        for box, g in zip(boxes["boxes"], groups):
+            box.set_facecolor(COLORS["straggler"] if g["straggler"] else "#AFC6E9")
+        if p.distribution["grouping"] != "rank":
+            worst = [1000 * (g["worst_rank_median_s"] or 0) for g in groups]
+            ax.plot(range(1, len(groups) + 1), worst, "v", ms=3, color=COLORS["straggler"],
+                    label="slowest rank median")
+            ax.legend(fontsize=7, loc="upper right")
+        step = max(1, len(groups) // 16)
+        ax.set_xticks(range(1, len(groups) + 1, step),
+                      [g["label"] for g in groups][::step], fontsize=7,
+                      rotation=45 if len(groups) > 8 else 0)
+        names = {"rank": "rank", "node": "node", "rank block": "ranks"}
+        ax.set_xlabel(names.get(p.distribution["grouping"], ""), fontsize=8)
+        ax.set_ylabel("step time (ms)", fontsize=8)
+        strag = ", ".join(str(s["rank"]) for s in p.stragglers)
+        ax.set_title(f"{p.world_size} rank(s)" + (f" - straggler: {strag}" if strag else ""),
+                     fontsize=9, color=COLORS["straggler"] if strag else "black")
+    return fig
+
+
+def predicted_figure(report: ScalingReport) -> Any:
+    """Measured against predicted step time per world size (or the reason there is none)."""
+    fig = _figure()
+    ax = fig.add_subplot()
+    rows = _ok_rows(report)
+    if not any(r.predicted_step_time_s for r in rows):
+        ax.text(0.5, 0.55, "Predicted vs measured", ha="center", va="center", fontsize=13)
+        note = report.prediction_note or "prediction unavailable"
+        ax.text(0.5, 0.4, _wrap(note, 70), ha="center", va="center", fontsize=9, color="#555")
+        ax.set_axis_off()
+        return fig
+    labels = [str(r.world_size) for r in rows]
+    xs = list(range(len(rows)))
+    meas = [1000 * (r.step_time_s or 0) for r in rows]
+    pred = [1000 * (r.predicted_step_time_s or 0) for r in rows]
+    ax.set_title("Predicted vs measured step time (label: measured / predicted)", fontsize=10)
+    ax.bar([x - 0.2 for x in xs], meas, 0.4, color=COLORS["measured"], label="measured (median)")
+    ax.bar([x + 0.2 for x in xs], pred, 0.4, color=COLORS["predicted"], label="predicted")
+    for x, m, p in zip(xs, meas, pred):
+        if p:
+            ax.annotate(f"{m / p:.2f}x", (x, max(m, p)), textcoords="offset points",
+                        xytext=(0, 3), ha="center", fontsize=8)
+    ax.set_xticks(xs, labels)
+    ax.set_xlabel("world size (ranks)")
+    ax.set_ylabel("step time (ms)")
+    _value_axis(ax, meas + [p for p in pred if p])
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, axis="y")
+    return fig
+
+
+def _value_axis(ax: Any, values: list[float]) -> None:
+    """Linear from 0, or logarithmic when the values span more than 20x (a prediction far
+    off the measurement must not flatten the measured curve)."""
+    vals = [v for v in values if v and v > 0]
+    if vals and max(vals) / min(vals) > 20:
+        ax.set_yscale("log")
+        ax.set_title(ax.get_title() + " (log scale)", fontsize=10)
+    else:
+        ax.set_ylim(bottom=0)
+
+
+def _wrap(text: str, width: int) -> str:
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, width))
+
+
+def _world_axis(ax: Any, sizes: list[int]) -> None:
+    ax.set_xlabel("world size (ranks)")
+    if sizes and max(sizes) / max(1, min(sizes)) >= 8:
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [str(s) for s in sizes])
+
+
+def _point_label(p: Point, report: ScalingReport) -> str:
+    if report.kind == "run":
+        return f"{p.world_size} rank(s)"
+    reps = max((q.repeat for q in report.points if q.world_size == p.world_size), default=0)
+    return f"{p.world_size}" + (f" r{p.repeat}" if reps else "")
+
+
+def build_plots(report: ScalingReport) -> list[Plot]:
+    """Every figure the report shows (a single run gets breakdown, ranks and prediction)."""
+    specs = []
+    if report.kind != "run":
+        specs += [("throughput", "Throughput against world size", throughput_figure,
+                   "Measured throughput (median over repeats, bars min-max) with the ideal "
+                   "linear line from the smallest world size."),
+                  ("efficiency", "Scaling efficiency", efficiency_figure,
+                   f"{report.mode.capitalize()} scaling efficiency relative to "
+                   f"{report.baseline_world_size} rank(s).")]
+    specs += [("breakdown", "Step-time breakdown", breakdown_figure,
+               "Mean optimizer step split into compute, exposed communication (sync-off/on "
+               "calibration), batch wait and other (optimizer, host overhead)."),
+              ("ranks", "Per-rank step times", ranks_figure,
+               "Step-time distribution of each rank (grouped when there are more than 64); "
+               "red: straggler (median > 110% of the median of medians)."),
+              ("predicted", "Predicted vs measured", predicted_figure,
+               report.prediction_note or "The planner's cost model for the same points.")]
+    out = []
+    for key, title, make, caption in specs:
+        fig = make(report)
+        png, svg = render(fig)
+        out.append(Plot(key=key, title=title, caption=caption, png=png, svg=svg))
+    return out

@@ -1,0 +1,170 @@
+"""`dlaunch report`: a sweep or run directory in, HTML / Markdown / JSON / PNG files out."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from launcher.errors import UsageError
+from launcher.files import atomic_write_json, atomic_write_text
+from launcher.report.scaling import ScalingReport, build_report, verdict
+from launcher.specs import Topology
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("html", "md", "json", "png")
+REPORT_DIR = "report"
+
+__all__ = ["write_report", "render_report", "parse_formats", "markdown", "verdict", "FORMATS"]
+
+
+def parse_formats(text: str | Iterable[str]) -> set[str]:
+    """`"html,md"` -> {"html", "md"}; one-line UsageError for an unknown or empty format."""
+    items = text.split(",") if isinstance(text, str) else list(text)
+    out = set()
+    for item in items:
+        item = item.strip().lower()
+        if item not in FORMATS:
+            raise UsageError(f"--format {item!r} is not one of {','.join(FORMATS)} "
+                             f"(comma-separated, e.g. --format html,png)")
+        out.add(item)
+    if not out:
+        raise UsageError(f"--format needs at least one of {','.join(FORMATS)}")
+    return out
+
+
+def _f(x: float | None, fmt: str) -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def markdown(report: ScalingReport, plots: Iterable[str] = ()) -> str:
+    """A short Markdown summary: scaling table, verdicts, stragglers, notes."""
+    units = report.sample_units
+    lines = [f"# dlaunch report: {Path(report.source).name}", "",
+             f"{report.kind}, {report.mode} scaling, source `{report.source}`", ""]
+    if report.kind != "run":
+        extra = units != "samples"
+        lines += [f"| ranks | ok/runs | samples/s | {units + '/s | ' if extra else ''}step (s) | "
+                  "efficiency | predicted step (s) | predicted eff. |",
+                  "|---:|---:|---:|" + ("---:|" if extra else "") + "---:|---:|---:|---:|"]
+        for r in report.rows:
+            lines.append(f"| {r.world_size} | {r.repeats_ok}/{r.repeats} | "
+                         f"{_f(r.samples_per_s, '{:,.1f}')} | "
+                         + (f"{_f(r.units_per_s, '{:,.0f}')} | " if extra else "") +
+                         f"{_f(r.step_time_s, '{:.4f}')} | {_f(r.efficiency and 100 * r.efficiency, '{:.0f}%')} | "
+                         f"{_f(r.predicted_step_time_s, '{:.3g}')} | "
+                         f"{_f(r.predicted_efficiency and 100 * r.predicted_efficiency, '{:.0f}%')} |")
+        lines.append("")
+    lines += ["| point | status | compute | exposed comm | batch wait | other | busbw GB/s | verdict |",
+              "|---|---|---:|---:|---:|---:|---:|---|"]
+    for p in report.points:
+        s = p.shares
+        lines.append(f"| {p.name} | {p.status} | {_f(s.get('compute'), '{:.0%}')} | "
+                     f"{_f(s.get('exposed_comm'), '{:.0%}')} | {_f(s.get('data_wait'), '{:.0%}')} | "
+                     f"{_f(s.get('other'), '{:.0%}')} | {_f(p.busbw_gb_s, '{:.3g}')} | "
+                     f"{p.verdict.get('name', '-') if p.verdict else (p.error or '-')} |")
+    lines.append("")
+    for p in report.points:
+        if p.verdict:
+            lines.append(f"- **{p.name}: {p.verdict['name']}**: {p.verdict.get('evidence', '')}")
+        for st in p.stragglers:
+            lines.append(f"- STRAGGLER in {p.name}: rank {st['rank']} on {st['host']} "
+                         f"(local rank {st['local_rank']}), median step {st['median_s']:.4f} s; "
+                         f"{st['signal']}")
+    notes = [f"{p.name}: {n}" for p in report.points for n in p.unreadable]
+    notes += [f"{p.name}: FAILED: {f}" for p in report.points for f in p.failures]
+    notes += [n for n in (*report.notes, report.prediction_note, report.link_note) if n]
+    if notes:
+        lines += ["", "## Notes", *(f"- {n}" for n in notes)]
+    figs = list(plots)
+    if figs:
+        lines += ["", "## Figures", *(f"![{k}]({k}.png)" for k in figs)]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(path: str | Path, formats: Iterable[str] = FORMATS, *,
+                 out_dir: str | Path | None = None, topology: Topology | None = None,
+                 default_topology: Topology | None = None,
+                 with_prediction: bool = True) -> list[Path]:
+    """Write the report of a sweep or run directory into `out_dir` (default PATH/report/)
+    and return the files written; see `render_report`."""
+    return render_report(path, formats, out_dir=out_dir, topology=topology,
+                         default_topology=default_topology, with_prediction=with_prediction)[0]
+
+
+def render_report(path: str | Path, formats: Iterable[str] = FORMATS, *,
+                  out_dir: str | Path | None = None, topology: Topology | None = None,
+                  default_topology: Topology | None = None,
+                  with_prediction: bool = True) -> tuple[list[Path], ScalingReport]:
+    """Build the report's numbers, then write the files asked for in `formats`.
+
+    Returns the files written and the numbers. DlaunchError (one line) for a directory
+    without runs; unreadable rank files are named in the report, not fatal.
+    """
+    fmts = parse_formats(formats if isinstance(formats, str) else list(formats))
+    t0 = time.perf_counter()
+    report = build_report(Path(path), topology=topology, default_topology=default_topology,
+                          with_prediction=with_prediction)
+    t_build = time.perf_counter() - t0
+    out = Path(out_dir) if out_dir is not None else Path(path) / REPORT_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    plots = []
+    if fmts & {"html", "png"}:
+        from launcher.report.plots import build_plots
+
+        plots = build_plots(report)
+    if "png" in fmts:
+        for p in plots:
+            target = out / f"{p.key}.png"
+            tmp = target.with_suffix(".png.tmp")
+            tmp.write_bytes(p.png)
+            tmp.replace(target)
+            written.append(target)
+    if "html" in fmts:
+        from launcher.report.html import page
+
+        atomic_write_text(out / "report.html", page(report, plots))
+        written.append(out / "report.html")
+    if "json" in fmts:
+        atomic_write_json(out / "report.json", report.to_dict())
+        written.append(out / "report.json")
+    if "md" in fmts:
+        atomic_write_text(out / "report.md",
+                          markdown(report, [p.key for p in plots] if "png" in fmts else []))
+        written.append(out / "report.md")
+    log.debug("report of %s: numbers %.2f s, total %.2f s", path, t_build,
+              time.perf_counter() - t0)
+    return written, report
+
+
+def summary_lines(report: ScalingReport) -> list[str]:
+    """What `dlaunch report` prints to the terminal."""
+    lines = []
+    if report.kind != "run":
+        for r in report.rows:
+            eff = "-" if r.efficiency is None else f"{100 * r.efficiency:.0f}%"
+            thr = "-" if r.samples_per_s is None else f"{r.samples_per_s:,.1f}"
+            lines.append(f"  {r.world_size:>5} rank(s): {thr} samples/s, efficiency {eff}"
+                         f" ({r.repeats_ok}/{r.repeats} ok)")
+    for p in report.points:
+        if p.verdict:
+            lines.append(f"  {p.name}: {p.verdict['name']} ({p.verdict.get('evidence', '')})")
+        elif p.status != "ok":
+            lines.append(f"  {p.name}: {p.status.upper()}" + (f": {p.error}" if p.error else ""))
+        for s in p.stragglers:
+            lines.append(f"  STRAGGLER in {p.name}: rank {s['rank']} on {s['host']} (local rank "
+                         f"{s['local_rank']}), median step {s['median_s']:.4f} s; {s['signal']}")
+        for n in p.unreadable:
+            lines.append(f"  note: {p.name}: {n}")
+    if report.prediction_note:
+        lines.append(f"  note: {report.prediction_note}")
+    return lines
+
+
+def to_json(report: ScalingReport) -> str:
+    """report.json's text."""
+    return json.dumps(report.to_dict(), indent=2)

@@ -1,0 +1,291 @@
+"""Finding and reading the runs a report covers: a sweep, one run, or a directory of runs.
+
+Reading is built for thousands of ranks: `result.json` is trusted while no rank file is newer
+than it (otherwise the run is aggregated again, so a rank file cut after the run is noticed),
+and the per-step times come from one regular-expression pass per rank file, falling back to
+parsing each line as JSON when a file does not have the harness's record layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from launcher.errors import DlaunchError
+from launcher.files import read_json
+from launcher.report.aggregate import aggregate, percentile
+from launcher.specs import LaunchSpec, RunResult, Topology
+
+log = logging.getLogger(__name__)
+
+# at most this many boxes in a per-rank plot: beyond it ranks are grouped (per node, or blocks)
+GROUP_LIMIT = 64
+# the harness writes "warmup" right before "step_time_s" (runtime/harness.py); files written
+# another way (the plain-script meter) take the line-by-line JSON path
+_STEP = re.compile(rb'"warmup":(t|f)[a-z]*,"step_time_s":(-?[0-9.]+(?:[eE][-+]?[0-9]+)?)')
+_RESULT_FIELDS = {f.name for f in dataclasses.fields(RunResult)}
+
+
+@dataclass(kw_only=True)
+class RunData:
+    """One run directory, read: its spec, its aggregate, and every rank's steady steps."""
+
+    run_dir: Path
+    spec: LaunchSpec | None
+    result: RunResult | None
+    step_times: dict[int, list[float]] = field(default_factory=dict)  # steady steps, seconds
+    comm: dict[int, dict[str, Any]] = field(default_factory=dict)  # the calibration record
+    verdict: Any = None  # result.json's `verdict`, when the run wrote one
+    plan: dict[str, Any] | None = None  # plan.json: the plan `dlaunch run` followed, if any
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Entry:
+    """A run the report covers, with its place in the sweep."""
+
+    name: str
+    world_size: int
+    repeat: int
+    run_dir: Path
+    status: str | None = None  # from the manifest
+    error: str | None = None
+
+
+@dataclass(kw_only=True)
+class Target:
+    """What a report directory holds."""
+
+    kind: str  # sweep | run | runs
+    entries: list[Entry]
+    mode: str | None = None
+    topology: Topology | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _is_run(d: Path) -> bool:
+    return (d / "launch.json").is_file() or (d / "result.json").is_file()
+
+
+def _world_size(d: Path) -> int:
+    for name in ("launch.json", "result.json"):
+        try:
+            data = read_json(d / name)
+        except (OSError, ValueError):
+            continue
+        if name == "launch.json":
+            return int(data.get("num_nodes", 1)) * int(data.get("nproc_per_node", 1))
+        return int(data.get("world_size", 1))
+    return 1
+
+
+def discover(path: Path) -> Target:
+    """Classify `path`; one-line DlaunchError when it does not exist or holds no run."""
+    if not path.exists():
+        raise DlaunchError(f"{path} does not exist; give a run or sweep directory (runs/<id>)")
+    if not path.is_dir():
+        raise DlaunchError(f"{path} is not a directory; give a run or sweep directory")
+    manifest = path / "sweep.json"
+    if manifest.is_file():
+        from launcher.sweepdir import read_manifest
+
+        data = read_manifest(path) or {}
+        entries = [Entry(name=p["name"], world_size=int(p["world_size"]),
+                         repeat=int(p.get("repeat", 0)), run_dir=path / p["name"],
+                         status=p.get("status"), error=p.get("error"))
+                   for p in data.get("points", [])]
+        if not entries:
+            raise DlaunchError(f"no runs in {path}: the sweep has no points yet")
+        notes = [f"{e.name}: {e.status}" + (f" ({e.error})" if e.error else "")
+                 for e in entries if e.status not in ("ok", "failed")]
+        return Target(kind="sweep", entries=entries, mode=data.get("mode"),
+                      topology=_topology(data.get("topology")), notes=notes)
+    if _is_run(path):
+        return Target(kind="run", entries=[Entry(name=path.name, world_size=_world_size(path),
+                                                 repeat=0, run_dir=path)])
+    runs = sorted(d for d in path.iterdir() if d.is_dir() and _is_run(d))
+    if not runs:
+        raise DlaunchError(f"no runs in {path}: expected a sweep (sweep.json), a run "
+                           "(launch.json / result.json) or directories of runs")
+    seen: dict[int, int] = {}
+    entries = []
+    for d in runs:
+        n = _world_size(d)
+        entries.append(Entry(name=d.name, world_size=n, repeat=seen.get(n, 0), run_dir=d))
+        seen[n] = seen.get(n, 0) + 1
+    return Target(kind="runs", entries=sorted(entries, key=lambda e: (e.world_size, e.repeat)))
+
+
+def _topology(data: Any) -> Topology | None:
+    if not data:
+        return None
+    try:
+        from launcher.topology import topology_from_dict
+
+        return topology_from_dict(data, origin="sweep.json")
+    except Exception as e:  # an unreadable topology only costs the link column
+        log.warning("sweep.json: topology unreadable (%s)", e)
+        return None
+
+
+def _read_result(run_dir: Path, world_size: int | None) -> tuple[RunResult | None, Any, list[str]]:
+    """result.json when it is newer than every rank file, else a fresh aggregate."""
+    path = run_dir / "result.json"
+    notes: list[str] = []
+    raw: dict[str, Any] | None = None
+    if path.is_file():
+        try:
+            raw = read_json(path)
+        except (OSError, ValueError) as e:
+            notes.append(f"result.json: unreadable ({e}); aggregated the rank files again")
+    stale = False
+    if raw is not None:
+        newest = path.stat().st_mtime
+        stale = any(p.stat().st_mtime > newest for p in run_dir.glob("rank-*.jsonl"))
+    fresh = None
+    if raw is not None:
+        try:
+            fresh = RunResult.from_dict({k: v for k, v in raw.items() if k in _RESULT_FIELDS})
+        except (TypeError, ValueError, KeyError) as e:
+            notes.append(f"result.json: not a dlaunch result ({e}); aggregated the rank files")
+    if fresh is not None and not stale:
+        return fresh, getattr(fresh, "verdict", None) or (raw or {}).get("verdict"), notes
+    if (run_dir / "launch.json").is_file():
+        try:
+            result = aggregate(run_dir)
+            return result, getattr(result, "verdict", None), notes
+        except (OSError, ValueError, TypeError, KeyError, DlaunchError) as e:
+            notes.append(f"{run_dir.name}: cannot aggregate the rank files again "
+                         f"({type(e).__name__}: {e})"
+                         + ("; showing result.json as written at the end of the run"
+                            if fresh is not None else ""))
+    return fresh, (getattr(fresh, "verdict", None) or (raw or {}).get("verdict")
+                   if fresh is not None else None), notes
+
+
+def _parse_rank_file(path: Path) -> tuple[list[float], dict[str, Any] | None, str | None]:
+    """Steady step times, the comm record, and a note on an unreadable tail."""
+    raw = path.read_bytes()
+    note = None
+    if raw and not raw.endswith(b"\n"):
+        n = raw.count(b"\n") + 1
+        note = f"{path.name}: last line {n} is cut off (rank killed mid-write?); ignored"
+        raw = raw[:raw.rfind(b"\n") + 1]
+    comm = None
+    i = raw.find(b'{"kind":"comm"')
+    if i >= 0:
+        try:
+            comm = json.loads(raw[i:raw.index(b"\n", i)])
+        except ValueError:
+            comm = None
+    lines = raw.count(b"\n")
+    wellformed = lines == 0 or (raw.startswith(b'{"kind":')
+                                and raw.count(b'\n{"kind":') == lines - 1)
+    matches = _STEP.findall(raw) if wellformed else []
+    # every step record has exactly one "step_time_s" key, whatever its layout
+    if wellformed and len(matches) == raw.count(b'"step_time_s"'):
+        times = [float(t) for w, t in matches if w == b"f"]
+        if not times:  # every step was warm-up: use them all, as aggregate does
+            times = [float(t) for _, t in matches]
+        return times, comm, note
+    return _parse_slow(path, raw.decode("utf-8", errors="replace"), note)
+
+
+def _parse_slow(path: Path, text: str, note: str | None) -> tuple[list[float],
+                                                                  dict[str, Any] | None, str | None]:
+    """Line by line, stopping at the first line that is not JSON (as files.read_jsonl does)."""
+    steps, comm = [], None
+    for n, line in enumerate(text.splitlines(), 1):
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            note = f"{path.name}: line {n} is not JSON; read up to line {n - 1}"
+            break
+        if rec.get("kind") == "step" and "step_time_s" in rec:
+            steps.append(rec)
+        elif rec.get("kind") == "comm":
+            comm = rec
+    steady = [r for r in steps if not r.get("warmup")] or steps
+    return [float(r["step_time_s"]) for r in steady], comm, note
+
+
+def read_run(run_dir: Path) -> RunData:
+    """Read one run directory (never raises for unreadable files: it notes them)."""
+    spec, notes = None, []
+    if (run_dir / "launch.json").is_file():
+        try:
+            spec = LaunchSpec.from_dict(read_json(run_dir / "launch.json"))
+        except (OSError, ValueError, TypeError, DlaunchError) as e:
+            notes.append(f"launch.json: unreadable ({e})")
+    result, verdict, more = _read_result(run_dir, spec.world_size if spec else None)
+    notes += more
+    data = RunData(run_dir=run_dir, spec=spec, result=result, verdict=verdict, notes=notes)
+    if (run_dir / "plan.json").is_file():
+        try:
+            data.plan = read_json(run_dir / "plan.json")
+        except (OSError, ValueError) as e:
+            notes.append(f"plan.json: unreadable ({e})")
+    world = spec.world_size if spec else (result.world_size if result else 0)
+    for rank in range(world):
+        path = run_dir / f"rank-{rank}.jsonl"
+        if not path.is_file():
+            notes.append(f"rank-{rank}.jsonl: missing (rank {rank} never started or wrote nothing)")
+            continue
+        times, comm, note = _parse_rank_file(path)
+        data.step_times[rank] = times
+        if comm:
+            data.comm[rank] = comm
+        if note:
+            notes.append(note)
+    return data
+
+
+def _stats(values: list[float]) -> dict[str, float]:
+    xs = sorted(values)
+    return {"p5": percentile(xs, 5), "p25": percentile(xs, 25), "p50": percentile(xs, 50),
+            "p75": percentile(xs, 75), "p95": percentile(xs, 95), "min": xs[0], "max": xs[-1],
+            "mean": sum(xs) / len(xs), "n": len(xs)}
+
+
+def group_distributions(data: RunData, result: RunResult, slow: set[int] | None = None,
+                        limit: int = GROUP_LIMIT) -> dict[str, Any]:
+    """Step-time distributions for box plots: one per rank up to `limit` ranks, else one per
+    node (when the nodes are few enough), else contiguous blocks of ranks. Each group keeps the
+    slowest rank median, so a straggler stays visible in an aggregated plot."""
+    ranks = {r.rank: r for r in result.ranks}
+    slow = set(result.stragglers) if slow is None else slow
+    present = [r for r in sorted(data.step_times) if data.step_times[r]]
+    if not present:
+        return {"grouping": "none", "groups": [], "caption": "no steady steps recorded"}
+    if len(present) <= limit:
+        grouping, groups = "rank", [(f"{r}", [r]) for r in present]
+    else:
+        nodes: dict[int, list[int]] = {}
+        for r in present:
+            nodes.setdefault(ranks[r].node_rank if r in ranks else 0, []).append(r)
+        if 1 < len(nodes) <= limit:
+            grouping = "node"
+            groups = [(f"n{n}", rs) for n, rs in sorted(nodes.items())]
+        else:
+            grouping = "rank block"
+            size = -(-len(present) // (limit // 2))
+            groups = [(f"{present[i]}-{present[min(i + size, len(present)) - 1]}",
+                       present[i:i + size]) for i in range(0, len(present), size)]
+    out = []
+    for label, members in groups:
+        values = [t for r in members for t in data.step_times[r]]
+        worst = max(members, key=lambda r: ranks[r].step_time_median_s if r in ranks else 0.0)
+        out.append({"label": label, "ranks": len(members), **_stats(values),
+                    "straggler": any(r in slow for r in members),
+                    "worst_rank": worst,
+                    "worst_rank_median_s": ranks[worst].step_time_median_s if worst in ranks else None})
+    caption = {"rank": "one box per rank",
+               "node": f"{len(present)} ranks grouped per node",
+               "rank block": f"{len(present)} ranks grouped in blocks of {len(groups[0][1])}"}[grouping]
+    return {"grouping": grouping, "groups": out,
+            "caption": caption + "; boxes p25-p75, whiskers p5-p95, line median"}

@@ -1,0 +1,155 @@
+"""torch.compile inside a rank: how the model is compiled, what happens when that fails, and
+what it cost (graphs, graph breaks, recompilations).
+
+Compilation is lazy: `torch.compile` returns at once and the first call traces and builds the
+kernels, so a failure (no C++ compiler, an unsupported op under `fullgraph=True`, an Inductor
+bug) surfaces in the first forward or backward. `CompileGuard` runs those first uses: by default
+a compile error switches Dynamo to eager (`torch.compiler.set_stance("force_eager")`, which
+keeps every wrapper in place) and the same micro-batches run again; under `--compile-strict`
+it is an error that fails the rank.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from launcher.errors import DlaunchError
+from launcher.specs import Strategy
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+# at most this many graph-break / recompile reasons are kept in the rank file
+MAX_REASONS = 3
+REASON_CHARS = 400
+
+
+class CompileFailed(DlaunchError):
+    """torch.compile failed and the run asked for no eager fallback (--compile-strict)."""
+
+    exit_code = 1
+
+
+def compile_kwargs(strategy: Strategy) -> dict[str, Any]:
+    """The torch.compile arguments for a strategy: its mode, fullgraph under strict."""
+    return {"mode": strategy.compile_mode, "fullgraph": strategy.compile_strict}
+
+
+def compile_forward(module: Any, strategy: Strategy) -> None:
+    """Compile `module.forward` in place: the model of a DDP rank (before DDP wraps it), the bare
+    model of one process, or one FSDP unit (before `fully_shard`).
+
+    In place, not `torch.compile(module)`: parameter names keep no `_orig_mod.` prefix (state
+    dicts and checkpoints are unchanged) and module hooks (FSDP2's all-gathers) stay eager.
+    `forward`, not `Module.compile()`: that compiles `_call_impl`, which Dynamo skips for
+    torch.nn containers (an `nn.Sequential` root compiled nothing, silently, in torch 2.13).
+    Under DDP the compiled frame runs inside DDP's forward, so Dynamo's DDP optimizer (on by
+    default) splits the graph at bucket boundaries and all-reduces still overlap backward;
+    compiling the DDP wrapper instead breaks the graph at DDP's own bookkeeping (3 breaks
+    measured) and cannot run under fullgraph=True.
+    """
+    import torch
+
+    module.forward = torch.compile(module.forward, **compile_kwargs(strategy))
+
+
+def one_line(e: BaseException) -> str:
+    """The exception's type and first message line, plus what Dynamo adds to it: the
+    "Explanation:" line and the first user-code location ("RuntimeError when making fake
+    tensor call" alone does not say which op)."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    text = f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
+    explain = next((x[len("Explanation:"):].strip() for x in lines if x.startswith("Explanation:")), "")
+    if explain:
+        text += f"; {explain}"
+    if "from user code:" in lines:
+        where = lines[lines.index("from user code:") + 1:][:1]
+        if where and where[0].startswith("File "):
+            text += f" [{where[0]}]"
+    return text if len(text) <= REASON_CHARS else text[:REASON_CHARS - 3] + "..."
+
+
+def is_compile_error(e: BaseException) -> bool:
+    """True for errors raised by Dynamo / AOTAutograd / Inductor rather than by the model."""
+    import torch._dynamo.exc as dexc
+
+    if isinstance(e, dexc.TorchDynamoException):
+        return True
+    mod = type(e).__module__ or ""
+    return mod.startswith(("torch._dynamo", "torch._inductor", "torch._functorch"))
+
+
+class CompileGuard:
+    """Runs the first uses of a compiled model; falls back to eager on a compile error.
+
+    `run(fn, reset)` calls `fn`; when it raises a compile error and the run is not strict, the
+    guard switches Dynamo to eager for the rest of the process, calls `reset` (drop partial
+    gradients) and calls `fn` again with the same inputs (the caller keeps them).
+    """
+
+    def __init__(self, *, compiled: bool, strict: bool, rank: int) -> None:
+        self.watching = compiled
+        self.strict = strict
+        self.rank = rank
+        self.fallback: str | None = None
+
+    def run(self, fn: Callable[[], T], reset: Callable[[], None]) -> T:
+        """`fn()`, retried once in eager mode if compiling it failed."""
+        if not self.watching:
+            return fn()
+        try:
+            return fn()
+        except Exception as e:
+            if not is_compile_error(e):
+                raise
+            reason = one_line(e)
+            if self.strict:
+                raise CompileFailed(f"torch.compile failed under --compile-strict: {reason}") from e
+            self._fall_back(reason)
+        reset()
+        return fn()
+
+    def stop(self) -> None:
+        """Later failures propagate (compilation is expected to be done after warm-up)."""
+        self.watching = False
+
+    def _fall_back(self, reason: str) -> None:
+        import torch
+
+        self.fallback = reason
+        self.watching = False
+        torch.compiler.set_stance("force_eager")
+        if self.rank == 0:
+            # one line: the run goes on, and the summary repeats it
+            print(f"dlaunch: warning: torch.compile failed, running eagerly ({reason}); "
+                  "--compile-strict makes this an error", file=sys.stderr, flush=True)
+
+
+def compile_stats(fallback: str | None = None) -> dict[str, Any]:
+    """The `compile` record: graphs compiled, graph breaks and recompilations, with reasons.
+
+    From Dynamo's process-wide counters: `counters["stats"]["unique_graphs"]`, the graph-break
+    counter (one entry per distinct break reason), and the compilation metrics (a bounded deque
+    of 64 entries; each recompilation carries its guard-failure reason).
+    """
+    from torch._dynamo.utils import counters, get_compilation_metrics
+
+    breaks = counters["graph_break"]
+    recompiles = [m.recompile_reason for m in get_compilation_metrics() if m.recompile_reason]
+    return {
+        "kind": "compile",
+        "graphs": int(counters["stats"]["unique_graphs"]),
+        "graph_breaks": int(sum(breaks.values())),
+        "break_reasons": [_short(r) for r in list(breaks)[:MAX_REASONS]],
+        "recompiles": len(recompiles),
+        "recompile_reasons": [_short(r) for r in recompiles[:MAX_REASONS]],
+        "fallback": fallback,
+    }
+
+
+def _short(reason: str) -> str:
+    first = next((line.strip() for line in str(reason).splitlines() if line.strip()), "")
+    return first if len(first) <= REASON_CHARS else first[:REASON_CHARS - 3] + "..."

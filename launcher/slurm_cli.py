@@ -1,0 +1,156 @@
+"""The `--slurm` half of `dlaunch run`: its flags, argv -> SlurmSpec, and the run itself.
+
+`cli.py` adds these flags to `run` and hands over when `--slurm` is given, so the SLURM code
+stays out of the local path. Precedence: command line > dlaunch.yaml (slurm section) > what
+SLURM says (sinfo: CPUs per node, GPUs in the partition) > built-in defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import math
+import os
+import shutil
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from launcher.errors import UsageError
+
+log = logging.getLogger(__name__)
+
+# flags that mean nothing without --slurm: (dest, flag, value when not given)
+_SLURM_ONLY = (("nodes", "--nodes", None), ("gpus_per_node", "--gpus-per-node", None),
+               ("partition", "--partition", None), ("account", "--account", None),
+               ("qos", "--qos", None), ("constraint", "--constraint", None),
+               ("time_min", "--time-min", None), ("cpus_per_node", "--cpus-per-node", None),
+               ("slurm_opt", "--slurm-opt", None), ("queue_timeout_min", "--queue-timeout-min", None),
+               ("detach", "--detach", False))
+
+
+def _minutes(flag: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise UsageError(f"{flag} must be a number of minutes > 0 (fractions allowed), got {text!r}") from None
+        if not (value > 0 and math.isfinite(value)):
+            raise UsageError(f"{flag} must be a number of minutes > 0, got {text}")
+        return value
+
+    return parse
+
+
+def _positive(flag: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        if not text.isdigit() or int(text) < 1:
+            raise UsageError(f"{flag} must be an integer >= 1, got {text!r}")
+        return int(text)
+
+    return parse
+
+
+def add_slurm_args(p: argparse.ArgumentParser) -> None:
+    """The SLURM flags of `dlaunch run` (see `dlaunch run --help`)."""
+    g = p.add_argument_group("SLURM (with --slurm; defaults from dlaunch.yaml's slurm: section)")
+    g.add_argument("--slurm", action="store_true",
+                   help="submit to SLURM (submitit): one task per node, each running torchrun")
+    g.add_argument("--nodes", type=_positive("--nodes"), default=None, help="nodes (default 1)")
+    g.add_argument("--gpus-per-node", type=_positive("--gpus-per-node"), default=None,
+                   help="processes (GPUs) per node; same as --gpus")
+    g.add_argument("--partition", default=None, help="SLURM partition (default: the cluster's default)")
+    g.add_argument("--account", default=None)
+    g.add_argument("--qos", default=None)
+    g.add_argument("--constraint", default=None, help="node features, e.g. a100")
+    g.add_argument("--time-min", type=_minutes("--time-min"), default=None,
+                   help="job time limit in minutes (default 60)")
+    g.add_argument("--cpus-per-node", type=_positive("--cpus-per-node"), default=None,
+                   help="CPUs to request per node (default: the partition's CPUs per node)")
+    g.add_argument("--slurm-opt", action="append", default=None, metavar="KEY=VALUE",
+                   help="extra sbatch option, e.g. --slurm-opt mem=64G (repeatable)")
+    g.add_argument("--queue-timeout-min", type=_minutes("--queue-timeout-min"), default=None,
+                   help="cancel the job if it is still pending after this many minutes")
+    g.add_argument("--detach", action="store_true",
+                   help="print the job id and run dir and return (see dlaunch status/logs/cancel)")
+
+
+def reject_without_slurm(args: argparse.Namespace) -> None:
+    """A SLURM flag given to a local run is a mistake worth one line."""
+    for dest, flag, unset in _SLURM_ONLY:
+        if getattr(args, dest, unset) not in (unset,):
+            raise UsageError(f"{flag} needs --slurm (a local run uses this machine only)")
+
+
+def slurm_spec_from_args(args: argparse.Namespace) -> Any:
+    """SlurmSpec from the flags, dlaunch.yaml and sinfo."""
+    from launcher.backends.slurm import DEFAULT_TIME_MIN, SlurmSpec, parse_slurm_opts
+    from launcher.backends.slurm_jobs import partition_shape
+    from launcher.config import load_config
+
+    cfg = load_config().slurm
+    partition = args.partition or cfg.partition
+    cpus = args.cpus_per_node or cfg.cpus_per_node
+    if cpus is None and shutil.which("sinfo"):
+        cpus = partition_shape(partition)[0]
+    return SlurmSpec(
+        partition=partition, account=args.account or cfg.account, qos=args.qos or cfg.qos,
+        constraint=args.constraint or cfg.constraint,
+        time_min=args.time_min or cfg.time_min or DEFAULT_TIME_MIN,
+        opts=parse_slurm_opts(args.slurm_opt or [], cfg.opts),
+        cpus_per_node=cpus,
+        queue_timeout_min=args.queue_timeout_min or cfg.queue_timeout_min,
+        detach=args.detach,
+    )
+
+
+def _device(args: argparse.Namespace, partition: str | None) -> str:
+    """cuda when the partition's nodes have GPUs (sinfo GRES), else cpu; the login node's own
+    hardware says nothing about the compute nodes."""
+    from launcher.backends.slurm_jobs import partition_shape
+
+    if shutil.which("sinfo"):
+        return "cuda" if partition_shape(partition)[1] else "cpu"
+    return "cuda" if args.gpus_per_node else "cpu"
+
+
+def run_from_args(args: argparse.Namespace, workload_args: Sequence[str]) -> int:
+    """`dlaunch run --slurm ...`: validate, then dry-run, detach or submit-and-follow."""
+    from launcher.backends import slurm as backend
+    from launcher.cli import launch_spec_from_args
+    from launcher.rundir import create_run_dir, new_run_id
+    from launcher.workload import inspect_file
+
+    kind = inspect_file(args.workload, force_script=args.script)
+    args.workload_path = str(kind.path)
+    if args.warmup_steps is not None and args.warmup_steps >= args.steps:
+        raise UsageError(f"--warmup-steps must be below --steps ({args.steps}), got {args.warmup_steps}")
+    if args.gpus_per_node and args.gpus not in (1, args.gpus_per_node):
+        raise UsageError(f"--gpus {args.gpus} and --gpus-per-node {args.gpus_per_node} disagree; give one")
+    if args.gpus_per_node:
+        args.gpus = args.gpus_per_node
+    nodes = args.nodes or 1
+    slurm = slurm_spec_from_args(args)  # bad flags/config fail before anything runs
+    if not args.dry_run:
+        backend.check_slurm_available()
+    device = _device(args, slurm.partition)
+    run_id = new_run_id(args.workload)
+
+    def spec_for(run_dir: str) -> Any:
+        spec = launch_spec_from_args(args, workload_args, device=device, run_dir=run_dir,
+                                     run_id=run_id, is_script=kind.is_script)
+        return dataclasses.replace(spec, num_nodes=nodes)
+
+    if args.dry_run:
+        spec = spec_for(os.path.abspath(args.run_dir or os.path.join("runs", run_id)))
+        print(backend.dry_run_text(spec, slurm, backend.render(spec, slurm)), end="")
+        return 0
+    spec_for("/nonexistent")  # validate before creating the run dir
+    spec = spec_for(str(create_run_dir(args.run_dir, run_id)))
+    from launcher.slurm_runner import run_slurm
+
+    result = run_slurm(spec, slurm, as_json=args.json, out=sys.stdout)
+    if result is None:  # detached
+        return 0
+    return result.exit_code if result.exit_code != 0 else (0 if result.status == "ok" else 1)

@@ -1,0 +1,254 @@
+"""`dlaunch run --slurm` without argv: submit, follow the queue and the ranks, summarise.
+
+The SLURM counterpart of `runner.run_local`. The job is the source of truth for when a run is
+over (scontrol/sacct state), the rank files on the shared filesystem for how far it got: a
+rank summary alone proves nothing under SLURM (a requeued job leaves the previous attempt's).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from launcher.backends import slurm as backend
+from launcher.backends.local import LAUNCH_FILE
+from launcher.backends.slurm_jobs import (SLURM_FILE, JobInfo, cancel_job, in_queue, query_job,
+                                          read_slurm_file)
+from launcher.errors import JobFailed, LaunchError
+from launcher.files import atomic_write_json, read_json
+from launcher.report.aggregate import aggregate, rank_log_tail
+from launcher.report.table import format_run
+from launcher.secrets import masked_spec_dict
+from launcher.slurm_progress import Progress, first_step_time
+from launcher.specs import LaunchSpec, RunResult
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.5
+PROGRESS_EVERY_S = 5.0
+# after a cancel, how long to let the ranks write their summaries before aggregating
+SETTLE_S = 15.0
+UNKNOWN_GRACE_S = 30.0  # a job slurmctld does not know yet (just submitted) or any more
+
+
+class QueueTimeout(JobFailed):
+    """The job was still pending after --queue-timeout-min; dlaunch cancelled it."""
+
+
+def submit_run(spec: LaunchSpec, slurm: backend.SlurmSpec) -> dict[str, Any]:
+    """Write the launch spec, sbatch the job, persist RUN_DIR/slurm.json; returns its content."""
+    rendered = backend.render(spec, slurm)
+    run_dir = Path(spec.run_dir)
+    # secrets in the environment never land on disk in the clear
+    atomic_write_json(run_dir / LAUNCH_FILE, masked_spec_dict(spec))
+    submitted_at = time.time()
+    try:
+        job = backend.submit(spec, slurm, rendered)
+    except LaunchError:
+        _remove_unsubmitted(run_dir)
+        raise
+    record = {
+        "job_id": job.job_id, "submitit_folder": job.folder, "script": job.script_path,
+        "run_dir": spec.run_dir, "submitted_at": submitted_at, "nodes": spec.num_nodes,
+        "procs_per_node": spec.nproc_per_node, "partition": slurm.partition,
+        "time_min": slurm.time_min, "queue_timeout_min": slurm.queue_timeout_min,
+    }
+    atomic_write_json(run_dir / SLURM_FILE, record)
+    log.debug("submitted job %s for %s", job.job_id, spec.run_dir)
+    return record
+
+
+def _remove_unsubmitted(run_dir: Path) -> None:
+    """sbatch refused the job: take back what was written for it, so bad input leaves nothing."""
+    import shutil
+
+    (run_dir / LAUNCH_FILE).unlink(missing_ok=True)
+    shutil.rmtree(run_dir / backend.SUBMITIT_SUBDIR, ignore_errors=True)
+    try:
+        run_dir.rmdir()  # only if now empty (a --run-dir may hold other things)
+    except OSError:
+        pass
+
+
+def run_slurm(spec: LaunchSpec, slurm: backend.SlurmSpec, *, as_json: bool = False,
+              out: IO[str] = sys.stdout) -> RunResult | None:
+    """Submit and (unless detached) wait, showing queue state and progress; the RunResult."""
+    record = submit_run(spec, slurm)
+    job_id = record["job_id"]
+    if slurm.detach:
+        if as_json:
+            out.write(json.dumps({"job_id": job_id, "run_dir": spec.run_dir}) + "\n")
+        else:
+            out.write(f"submitted job {job_id}\nrun dir: {spec.run_dir}\n"
+                      f"follow with: dlaunch status {job_id} | dlaunch logs {job_id} --follow"
+                      f" | dlaunch cancel {job_id}\n")
+        return None
+    console = sys.stderr if as_json else out
+    console.write(f"dlaunch: submitted job {job_id} ({spec.num_nodes} node(s) x "
+                  f"{spec.nproc_per_node} process(es)); run dir {spec.run_dir}\n")
+    console.flush()
+    info = follow(job_id, spec, slurm, submitted_at=record["submitted_at"], console=console)
+    result = finish(Path(spec.run_dir), info, record)
+    out.write(json.dumps(result.to_dict(), indent=2) + "\n" if as_json
+              else format_run(result) + "\n" + timing_line(Path(spec.run_dir), info) + "\n")
+    return result
+
+
+def _say(console: IO[str], text: str) -> None:
+    console.write(f"dlaunch: {text}\n")
+    console.flush()
+
+
+def follow(job_id: str, spec: LaunchSpec, slurm: backend.SlurmSpec, *, submitted_at: float,
+           console: IO[str]) -> JobInfo:
+    """Poll the job until it is over; print state changes and progress. Ctrl-C cancels it."""
+    progress = Progress(Path(spec.run_dir), spec.world_size, spec.steps)
+    seen: tuple[str, str, int] | None = None
+    pending_since = time.monotonic()
+    unknown_since: float | None = None
+    ran = False
+    next_progress = 0.0
+    try:
+        while True:
+            info = query_job(job_id)
+            if info is None:
+                unknown_since = unknown_since or time.monotonic()
+                if time.monotonic() - unknown_since > UNKNOWN_GRACE_S:
+                    raise LaunchError(f"SLURM does not know job {job_id} any more; see "
+                                      f"{spec.run_dir} for what the ranks wrote")
+                time.sleep(POLL_S)
+                continue
+            unknown_since = None
+            key = (info.state, info.reason, info.restarts)
+            if key != seen:
+                _say(console, _state_line(info, submitted_at))
+                if info.state == "PENDING" and (ran or info.restarts):
+                    pending_since = time.monotonic()  # a requeued job queues again
+                seen = key
+            if info.state == "RUNNING":
+                ran = True
+                if time.monotonic() >= next_progress:
+                    line = progress.line()
+                    if line:
+                        _say(console, line)
+                    next_progress = time.monotonic() + PROGRESS_EVERY_S
+            elif (info.state == "PENDING" and not ran and not info.restarts
+                  and slurm.queue_timeout_min is not None
+                  and time.monotonic() - pending_since > slurm.queue_timeout_min * 60):
+                cancel_job(job_id)
+                why = info.reason_text() or "no reason given"
+                raise QueueTimeout(f"job {job_id} still PENDING after {slurm.queue_timeout_min:g} min "
+                                   f"({why}); cancelled it. Ask for fewer nodes, another "
+                                   "--partition, or a longer --queue-timeout-min")
+            if info.final:
+                return _settle(info)
+            time.sleep(POLL_S)
+    except KeyboardInterrupt:
+        cancel_job(job_id)
+        _say(console, f"interrupted: cancelled job {job_id}")
+        raise
+
+
+def _settle(info: JobInfo) -> JobInfo:
+    """Give a cancelled/failed job's ranks a moment to leave the queue (and write summaries)."""
+    deadline = time.monotonic() + SETTLE_S
+    while in_queue(info.job_id) and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+    return query_job(info.job_id) or info
+
+
+def _state_line(info: JobInfo, submitted_at: float) -> str:
+    waited = time.time() - submitted_at
+    text = f"job {info.job_id}: {info.state}"
+    if info.state == "PENDING":
+        why = info.reason_text()
+        text += f" ({why})" if why else ""
+        if info.restarts:
+            text += (f" — requeued (restart {info.restarts}); the ranks restart with "
+                     "DLAUNCH_RESUME=1 (resume from the last checkpoint, if any)")
+    elif info.state == "RUNNING":
+        text += f" on {info.nodes} ({waited:.1f} s after submission)"
+        if info.restarts:
+            text += f", restart {info.restarts}"
+    elif info.final:
+        text += f" (exit {info.exit_code})" if info.exit_code else ""
+        why = info.reason_text()
+        if why and info.state != "COMPLETED":
+            text += f": {why}"
+    return text
+
+
+def finish(run_dir: Path, info: JobInfo, record: dict[str, Any]) -> RunResult:
+    """Aggregate the rank files into result.json, with the SLURM outcome in the failures."""
+    code = 0 if info.state == "COMPLETED" else (info.exit_status or 1)
+    wall = time.time() - float(record.get("submitted_at", time.time()))
+    result = with_slurm_node_ids(run_dir, aggregate(run_dir, exit_code=code, wall_time_s=wall))
+    if info.state != "COMPLETED":
+        why = info.reason_text()
+        line = f"SLURM job {info.job_id} ended {info.state}" + (f" ({why})" if why else "")
+        result = dataclasses.replace(result, status="failed", failures=(line, *result.failures))
+    atomic_write_json(run_dir / "result.json", result.to_dict())
+    timings = {"state": info.state, "submit_to_result_s": wall}
+    first = first_step_time(run_dir)
+    if first is not None:
+        timings["submit_to_first_step_s"] = first - float(record["submitted_at"])
+    atomic_write_json(run_dir / SLURM_FILE, {**record, "final": timings})
+    return result
+
+
+def node_ids_by_host(run_dir: Path) -> dict[str, int]:
+    """host -> SLURM node id, from the node.json each node task wrote into its log dir."""
+    from launcher.backends.slurm_task import NODE_FILE
+
+    out: dict[str, int] = {}
+    for path in (run_dir / "logs").glob(f"node-*/{NODE_FILE}"):
+        try:
+            data = read_json(path)
+            out[str(data["host"])] = int(data["slurm_node_id"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
+def with_slurm_node_ids(run_dir: Path, result: RunResult) -> RunResult:
+    """Report each rank under its SLURM node id, and read its log from that node's log dir.
+
+    torchrun's c10d rendezvous numbers the nodes (GROUP_RANK, what a rank records as its
+    node_rank) by sorted host name and pid, not in SLURM_NODEID order, while each node's log
+    dir is named after SLURM_NODEID. Where the two disagree, the log tails aggregate found
+    belong to another rank's node: map back through the host names. A no-op when the ranks
+    already record SLURM's node id.
+    """
+    ids = node_ids_by_host(run_dir)
+    ranks, failures = [], list(result.failures)
+    for r in result.ranks:
+        nid = ids.get(r.host)
+        if nid is None or nid == r.node_rank:
+            ranks.append(r)
+            continue
+        tail = rank_log_tail(run_dir, nid, r.local_rank) if r.status != "ok" else ()
+        old = f"rank {r.rank} (host {r.host}, node {r.node_rank},"
+        failures = [f.replace(old, f"rank {r.rank} (host {r.host}, node {nid},", 1) for f in failures]
+        ranks.append(dataclasses.replace(r, node_rank=nid, log_tail=tail))
+    return dataclasses.replace(result, ranks=tuple(ranks), failures=tuple(failures))
+
+
+def timing_line(run_dir: Path, info: JobInfo) -> str:
+    """`slurm: job N STATE on NODES: submit->first step X s, submit->result Y s`."""
+    final = read_slurm_file(run_dir).get("final", {})
+    parts = []
+    if "submit_to_first_step_s" in final:
+        parts.append(f"submit->first step {final['submit_to_first_step_s']:.1f} s")
+    parts.append(f"submit->result {final.get('submit_to_result_s', 0.0):.1f} s")
+    return f"slurm: job {info.job_id} {info.state} on {info.nodes or '-'}: {', '.join(parts)}"
+
+
+def existing_result(run_dir: Path) -> RunResult | None:
+    """result.json of a finished run, if written."""
+    path = run_dir / "result.json"
+    return RunResult.from_dict(read_json(path)) if path.is_file() else None

@@ -1,0 +1,116 @@
+"""Sweep directories: the manifest, the lock, and point directories moved aside.
+
+The counterpart of rundir.py for sweeps (layout in launcher/sweep.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from launcher.errors import LaunchError, UsageError
+from launcher.files import read_json
+from launcher.specs import RunResult
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "sweep.json"
+LOCK = "sweep.lock"
+ATTEMPTS = ".attempts"
+
+
+def read_manifest(sweep_dir: str | Path) -> dict[str, Any] | None:
+    """The manifest of a sweep directory, or None when there is none."""
+    path = Path(sweep_dir) / MANIFEST
+    if not path.exists():
+        return None
+    try:
+        data = read_json(path)
+    except ValueError as e:
+        raise UsageError(f"{path} is not valid JSON ({e}); move it away to start a new sweep") from None
+    if not isinstance(data, dict) or data.get("kind") != "sweep":
+        raise UsageError(f"{path} is not a dlaunch sweep manifest")
+    return data
+
+
+def first_difference(a: Any, b: Any, prefix: str = "") -> str:
+    """`key.sub: old before, new now` for the first key where two configs differ."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b)):
+            if a.get(k) != b.get(k):
+                return first_difference(a.get(k), b.get(k), f"{prefix}{k}.")
+    return f"{prefix.rstrip('.')}: {a!r} before, {b!r} now"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def acquire_lock(sweep_dir: Path) -> Path:
+    """Refuse a second sweep in the same directory; take over a dead one's lock."""
+    path = sweep_dir / LOCK
+    me = {"pid": os.getpid(), "host": socket.gethostname()}
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            try:
+                held = json.loads(path.read_text() or "{}")
+            except (OSError, ValueError):
+                held = {}
+            pid = int(held.get("pid", 0) or 0)
+            if held.get("host") == me["host"] and pid and _pid_alive(pid):
+                raise LaunchError(f"another dlaunch scale (pid {pid}) is running in {sweep_dir}; "
+                                  "wait for it or give another --sweep-dir") from None
+            log.warning("taking over the stale lock of %s (pid %s)", sweep_dir, pid)
+            path.unlink(missing_ok=True)
+            continue
+        with os.fdopen(fd, "w") as f:
+            json.dump(me, f)
+        return path
+    raise LaunchError(f"cannot lock {sweep_dir}: {path} keeps reappearing")
+
+
+def move_aside(point_dir: Path, sweep_dir: Path) -> Path:
+    """Keep what a point left behind under .attempts/ (never delete measurements)."""
+    dest_root = sweep_dir / ATTEMPTS
+    dest_root.mkdir(exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    dest = dest_root / f"{point_dir.name}-{stamp}"
+    n = 1
+    while dest.exists():
+        n += 1
+        dest = dest_root / f"{point_dir.name}-{stamp}-{n}"
+    shutil.move(str(point_dir), str(dest))
+    return dest
+
+
+def finished_ok(point_dir: Path) -> RunResult | None:
+    """The point's result when its result.json exists and says ok, else None."""
+    path = point_dir / "result.json"
+    if not path.exists():
+        return None
+    try:
+        data = read_json(path)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("status") != "ok":
+        return None
+    fields = {f.name for f in dataclasses.fields(RunResult)}
+    try:
+        return RunResult.from_dict({k: v for k, v in data.items() if k in fields})
+    except (TypeError, ValueError):
+        return None

@@ -1,0 +1,66 @@
+"""A tiny workload that injects one fault on rank `fault_rank` at its `fault_step`-th call of
+loss_fn (run with --no-calibrate so that call is the training step of that number):
+
+  --fault raise     raise ValueError
+  --fault sigkill   the rank SIGKILLs itself (no summary, file possibly cut mid-line)
+  --fault hang      the rank sleeps forever (the other ranks wait in the gradient all-reduce)
+  --fault exit0     the rank exits with code 0 at once (os._exit: no summary, no teardown)
+
+`--fault-attempt N` injects only in attempt N of a `--max-restarts` run (-1: every attempt).
+"""
+
+import os
+import signal
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+DEFAULTS = {"fault": "raise", "fault_rank": 1, "fault_step": 3, "fault_attempt": -1}
+_calls = {"n": 0}
+_cfg = {}
+
+
+def build_model(cfg):
+    _cfg.update(vars(cfg))
+    return nn.Linear(8, 2)
+
+
+class Data(torch.utils.data.Dataset):
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        return torch.randn(8, generator=g), int(i % 2)
+
+
+def make_dataset(cfg, num_samples):
+    return Data(num_samples)
+
+
+def _inject(kind):
+    if kind == "raise":
+        raise ValueError(f"injected failure at step {_calls['n']}")
+    if kind == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if kind == "hang":
+        while True:
+            time.sleep(3600)
+    if kind == "exit0":
+        os._exit(0)
+    raise ValueError(f"unknown --fault {kind!r}")
+
+
+def loss_fn(model, batch):
+    _calls["n"] += 1
+    attempt = int(os.environ.get("DLAUNCH_ATTEMPT", "0"))
+    if (int(os.environ.get("RANK", 0)) == _cfg["fault_rank"] and _calls["n"] == _cfg["fault_step"]
+            and _cfg["fault_attempt"] in (-1, attempt)):
+        _inject(_cfg["fault"])
+    x, y = batch
+    return F.cross_entropy(model(x), y)

@@ -1,0 +1,177 @@
+"""`dlaunch run --slurm` against the real local cluster (scripts/slurm-cluster.sh): the three
+shapes with the loss of a local run, a failing rank, cancel, and bad input — each through the
+CLI, as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import DATA, REPO, WORKLOADS, Done, assert_one_line_error, run_dlaunch
+
+pytestmark = pytest.mark.slurm
+
+STEPS = "6"
+# the whole plan is given, so the local run does not plan (the same plan on both sides)
+COMMON = ("--steps", STEPS, "--no-calibrate", "--log-every", "2", "--micro-batch", "4",
+          "--grad-accum", "1", "--strategy", "ddp", "--precision", "fp32")
+
+
+@pytest.fixture
+def sl(slurm_cluster, tmp_path: Path):
+    """`sl(*args)`: dlaunch in tmp_path (runs/ lands there) with one thread per rank (the two
+    fake nodes share two cores) and TMPDIR inside the test dir; sbatch exports this env."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir(exist_ok=True)
+    slurm_cluster.wait_idle()
+
+    def call(*args: str, **kw) -> Done:
+        env = {"TMPDIR": str(tmp), "OMP_NUM_THREADS": "1", **kw.pop("env", {})}
+        return run_dlaunch(*args, cwd=tmp_path, env=env, **kw)
+
+    return call
+
+
+def _losses(run_dir: Path) -> list[float]:
+    rows = [json.loads(line) for line in (run_dir / "rank-0.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in sorted((r for r in rows if r["kind"] == "step"), key=lambda r: r["step"])]
+
+
+_local_runs: dict[int, list[float]] = {}
+
+
+def _local_losses(world: int, tmp_path_factory) -> list[float]:
+    """Loss trajectory of the same plan run locally with `world` processes (cached per size)."""
+    if world not in _local_runs:
+        d = tmp_path_factory.mktemp(f"local{world}")
+        done = run_dlaunch("run", str(WORKLOADS / "mlp.py"), "--gpus", str(world), *COMMON,
+                           "--run-dir", str(d / "run"), cwd=d,
+                           env={"TMPDIR": str(d), "OMP_NUM_THREADS": "1"})
+        assert done.code == 0, done.out + done.err
+        _local_runs[world] = _losses(d / "run")
+    return _local_runs[world]
+
+
+def _diagnose(done: Done) -> str:
+    """The CLI output plus the tails of the job's node logs (pytest's tmp dirs rotate away)."""
+    text = done.out + done.err
+    if "run dir " not in text:
+        return text
+    run_dir = Path(text.split("run dir ")[1].split()[0])
+    for log in sorted(run_dir.glob("slurm/*/*_log.err")) + sorted(run_dir.glob("logs/node-*/*/attempt_*/*/stderr.log")):
+        text += f"\n--- {log} ---\n" + "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+    return text
+
+
+def _run_dir(done: Done) -> Path:
+    result = json.loads((Path(done.out.split("result: ")[1].split()[0])).read_text())
+    return Path(result["run_dir"])
+
+
+@pytest.mark.parametrize("nodes,procs", [(1, 2), (2, 1), (2, 2)], ids=["1x2", "2x1", "2x2"])
+def test_shapes_complete_on_every_node_with_the_local_loss(sl, slurm_cluster, nodes, procs,
+                                                           tmp_path_factory):
+    done = sl("run", str(WORKLOADS / "mlp.py"), "--slurm", "--nodes", str(nodes), "--gpus", str(procs),
+              *COMMON, timeout=120)
+    assert done.code == 0, _diagnose(done)
+    run_dir = _run_dir(done)
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "ok" and result["num_nodes"] == nodes
+    assert [r["rank"] for r in result["ranks"]] == list(range(nodes * procs))
+    assert all(r["status"] == "ok" and r["steps"] == int(STEPS) for r in result["ranks"])
+    hosts = {r["host"] for r in result["ranks"]}
+    assert hosts == set(slurm_cluster.nodes[:nodes]), hosts
+    # each host's ranks are reported under the SLURM node id of that host
+    node_of = {json.loads(p.read_text())["host"]: json.loads(p.read_text())["slurm_node_id"]
+               for p in (run_dir / "logs").glob("node-*/node.json")}
+    assert all(r["node_rank"] == node_of[r["host"]] for r in result["ranks"])
+    job = json.loads((run_dir / "slurm.json").read_text())
+    assert slurm_cluster.wait_sacct_state(job["job_id"], "COMPLETED", "FAILED", "CANCELLED") == "COMPLETED"
+    assert job["final"]["submit_to_first_step_s"] < job["final"]["submit_to_result_s"]
+    assert "RUNNING on" in done.out and f"job {job['job_id']} COMPLETED" in done.out
+    slurm_losses, local = _losses(run_dir), _local_losses(nodes * procs, tmp_path_factory)
+    assert len(slurm_losses) == len(local) == int(STEPS)
+    assert slurm_losses == pytest.approx(local, rel=1e-5)
+
+
+def test_a_failing_rank_fails_the_job_and_names_node_rank_and_exception(sl, slurm_cluster):
+    t0 = time.monotonic()
+    done = sl("run", str(DATA / "fail_at_step.py"), "--slurm", "--nodes", "2", "--gpus", "1",
+              "--steps", "20", "--no-calibrate", "--log-every", "1", timeout=120)
+    took = time.monotonic() - t0
+    assert done.code == 1, _diagnose(done)
+    run_dir = _run_dir(done)
+    result = json.loads((run_dir / "result.json").read_text())
+    bad = next(r for r in result["ranks"] if "injected failure" in (r["error"] or ""))
+    assert bad["rank"] == 1 and bad["host"] in slurm_cluster.nodes
+    line = next(ln for ln in done.out.splitlines() if "injected failure" in ln and ln.startswith("FAILED"))
+    assert f"rank 1 (host {bad['host']}, node {bad['node_rank']}," in line and "ValueError" in line
+    assert bad["steps"] >= 2, "steps recorded before the failure must be kept"
+    assert any("injected failure" in t for t in bad["log_tail"]), bad["log_tail"]
+    assert "SLURM job" in done.out and "FAILED" in done.out
+    job_id = json.loads((run_dir / "slurm.json").read_text())["job_id"]
+    assert slurm_cluster.wait_sacct_state(job_id, "COMPLETED", "FAILED", "CANCELLED") == "FAILED"
+    assert took < 60, f"the failure took {took:.0f} s to surface"
+    # the failing rank's own lines, by rank, from the node logs
+    logs = sl("logs", str(run_dir), "--rank", "1")
+    assert logs.code == 0 and "[rank 1]" in logs.out and "injected failure" in logs.out, logs.out + logs.err
+    assert "[rank 0]" not in logs.out
+    status = sl("status", job_id, "--json")  # a bare job id resolves through slurmctld
+    assert status.code == 0, status.err
+    assert status.json()["state"] == "FAILED" and status.json()["run_dir"] == str(run_dir)
+
+
+def test_cancel_stops_a_running_job_and_the_waiting_launcher(sl, slurm_cluster, tmp_path: Path):
+    env = {**os.environ, "TMPDIR": str(tmp_path / "tmp"), "OMP_NUM_THREADS": "1"}
+    run_dir = tmp_path / "long"
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "launcher.cli", "run", str(WORKLOADS / "mlp.py"), "--slurm", "--nodes", "2",
+         "--gpus", "1", "--steps", "100000", "--no-calibrate", "--log-every", "5", "--run-dir", str(run_dir)],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while not any(json.loads(h.read_text() or "{}").get("step", 0) > 0
+                      for h in run_dir.glob("rank-*.heartbeat") if h.stat().st_size):
+            assert follower.poll() is None, follower.communicate()
+            assert time.monotonic() < deadline, "the job did not start stepping in 90 s"
+            time.sleep(0.3)
+        job_id = json.loads((run_dir / "slurm.json").read_text())["job_id"]
+        t0 = time.monotonic()
+        done = sl("cancel", job_id)
+        assert done.code == 0, done.err
+        assert f"job {job_id} cancelled" in done.out
+        assert job_id not in slurm_cluster.squeue("-h", "-o", "%i").split()
+        out, err = follower.communicate(timeout=30)  # the launcher stops waiting
+        print(f"launcher returned {time.monotonic() - t0:.1f} s after dlaunch cancel")
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+    assert follower.returncode == 1, out + err
+    assert f"job {job_id}: CANCELLED" in out and "SLURM job" in out and "CANCELLED" in out
+    status = sl("status", str(run_dir))
+    assert status.code == 0 and f"job {job_id}: CANCELLED" in status.out, status.out + status.err
+    assert "already ended (CANCELLED)" in sl("cancel", str(run_dir)).out
+
+
+def test_more_nodes_than_the_cluster_has_gives_up_after_the_queue_timeout(sl, slurm_cluster):
+    t0 = time.monotonic()
+    done = sl("run", str(WORKLOADS / "mlp.py"), "--slurm", "--nodes", "3", "--queue-timeout-min", "0.1",
+              "--steps", "2", timeout=60)
+    took = time.monotonic() - t0
+    assert_one_line_error(Done(2, "", done.err), "still PENDING after 0.1 min", "Partition", "cancelled it")
+    assert done.code == 1 and took < 30, (done.code, took)
+    job_id = done.out.split("submitted job ")[1].split()[0]
+    assert job_id not in slurm_cluster.squeue("-h", "-o", "%i").split()
+    assert slurm_cluster.wait_sacct_state(job_id, "CANCELLED", "COMPLETED", "FAILED").startswith("CANCELLED")
+
+
+def test_unknown_partition_is_one_readable_line(sl, tmp_path: Path):
+    done = sl("run", str(WORKLOADS / "mlp.py"), "--slurm", "--partition", "nope", "--steps", "2")
+    assert_one_line_error(done, "unknown partition 'nope'", "partitions here: debug", "--partition")
+    assert not list((tmp_path / "runs").glob("*")), "a refused job leaves no run dir"

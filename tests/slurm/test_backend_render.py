@@ -1,0 +1,146 @@
+"""The SLURM backend without a cluster: sbatch script + per-node torchrun commands against golden
+files, --slurm-opt validation, dlaunch.yaml defaults and errors, flags that need --slurm."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from launcher.backends import slurm
+from launcher.config import load_config
+from launcher.errors import ConfigError, UsageError
+from launcher.specs import LaunchSpec, Strategy
+from tests.helpers import REPO, WORKLOADS, assert_one_line_error
+
+GOLDEN = REPO / "tests" / "golden"
+PYTHON = "/PY/bin/python"
+
+
+def spec(**kw) -> LaunchSpec:
+    base = dict(workload="/work/workloads/mlp.py", run_id="mlp-golden", run_dir="/RUN",
+                num_nodes=1, nproc_per_node=2, steps=30, micro_batch=8, strategy=Strategy(kind="ddp"))
+    return LaunchSpec(**{**base, **kw})
+
+
+def rendering(s: LaunchSpec, sl: slurm.SlurmSpec) -> str:
+    text = slurm.dry_run_text(s, sl, slurm.render(s, sl, python=PYTHON, base_env={}))
+    return text.replace(str(REPO), "<repo>").replace(PYTHON, "<python>").replace("/RUN", "<run>")
+
+
+def check(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("DLAUNCH_UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert text == path.read_text(), f"rendering differs from {path}; DLAUNCH_UPDATE_GOLDEN=1 rewrites it"
+
+
+@pytest.mark.parametrize("name,kw,sl", [
+    ("slurm-1x2.txt", dict(num_nodes=1, nproc_per_node=2),
+     slurm.SlurmSpec(partition="debug", time_min=30, cpus_per_node=2)),
+    ("slurm-2x1.txt", dict(num_nodes=2, nproc_per_node=1),
+     slurm.SlurmSpec(partition="debug", cpus_per_node=2)),
+    ("slurm-2x2.txt", dict(num_nodes=2, nproc_per_node=2, device="cuda"),
+     slurm.SlurmSpec(partition="gpu", time_min=90.5, account="proj", qos="high", constraint="a100",
+                     cpus_per_node=32, opts=slurm.parse_slurm_opts(["mem=64G", "exclusive=user"]))),
+])
+def test_sbatch_script_and_node_commands_match_golden(name, kw, sl):
+    check(name, rendering(spec(**kw), sl))
+
+
+def test_rendering_is_what_submitit_generates():
+    """The printed script is submitit's own, byte for byte (what submit() compares too)."""
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    s, sl = spec(num_nodes=2), slurm.SlurmSpec(partition="debug", cpus_per_node=2)
+    r = slurm.render(s, sl, python=PYTHON, base_env={})
+    cmd = f"{PYTHON} -u -m submitit.core._submit /RUN/slurm/%j"
+    assert r.script == _make_sbatch_string(command=cmd, folder="/RUN/slurm/%j", **r.parameters)
+    assert "#SBATCH --ntasks-per-node=1" in r.script and "#SBATCH --nodes=2" in r.script
+    assert "--wckey" not in r.script  # refused where wckeys are enforced
+
+
+def test_node_commands_rendezvous_on_the_first_node_with_a_job_derived_port():
+    from launcher.backends.slurm_task import node_argv, rdzv_port
+
+    assert rdzv_port(7) == 20007 and rdzv_port(20007) == 20007 and rdzv_port(123456) == 23456
+    argv = node_argv(spec(num_nodes=2), python="py", head="n1", port=rdzv_port(42), node_rank=1)
+    assert argv[argv.index("--rdzv-endpoint") + 1] == "n1:20042"
+    assert argv[argv.index("--node-rank") + 1] == "1"
+    assert argv[argv.index("--log-dir") + 1] == "/RUN/logs/node-1"
+
+
+@pytest.mark.parametrize("items,needle", [
+    (["mem32G"], "malformed"), (["=5"], "malformed"), (["mem="], "malformed"),
+    (["bad key=1"], "malformed"), (["nodes=3"], "use --nodes"), (["output=/x"], "dlaunch sets it"),
+    (["comment=a\nrm -rf /"], "control characters"),
+])
+def test_bad_slurm_opts_are_refused(items, needle):
+    with pytest.raises(UsageError, match=needle):
+        slurm.parse_slurm_opts(items)
+
+
+def test_slurm_opts_merge_over_config_and_normalise():
+    assert slurm.parse_slurm_opts(["mail_type=END", "--mem=8G"], {"mem": "4G", "gres": "gpu:2"}) == (
+        ("gres", "gpu:2"), ("mail-type", "END"), ("mem", "8G"))
+
+
+def test_config_defaults_and_errors(tmp_path: Path):
+    assert load_config(tmp_path).path is None
+    (tmp_path / "dlaunch.yaml").write_text(
+        "slurm:\n  partition: gpu\n  account: proj\n  time_min: 30\n  opts: {mem: 8G, exclusive: true}\n")
+    cfg = load_config(tmp_path)
+    assert (cfg.slurm.partition, cfg.slurm.account, cfg.slurm.time_min) == ("gpu", "proj", 30)
+    assert dict(cfg.slurm.opts) == {"mem": "8G", "exclusive": "true"}
+    for text, needle in [("slurm:\n  partitoin: gpu\n", "unknown key 'slurm.partitoin'"),
+                         ("slrum: {}\n", "unknown key 'slrum'"),
+                         ("slurm:\n  time_min: yes\n", "slurm.time_min"),
+                         ("slurm: [1\n", "not valid YAML"),
+                         ("- a\n", "must be a mapping")]:
+        (tmp_path / "dlaunch.yaml").write_text(text)
+        with pytest.raises(ConfigError, match=needle):
+            load_config(tmp_path)
+
+
+def test_dry_run_uses_dlaunch_yaml_and_flags_win(dlaunch, tmp_path: Path):
+    (tmp_path / "dlaunch.yaml").write_text("slurm:\n  partition: fromyaml\n  account: acct\n  time_min: 30\n")
+    done = dlaunch("run", str(WORKLOADS / "mlp.py"), "--slurm", "--nodes", "2", "--dry-run",
+                   "--cpus-per-node", "2", "--time-min", "45", cwd=tmp_path)
+    assert done.code == 0, done.err
+    assert "#SBATCH --partition=fromyaml" in done.out and "#SBATCH --account=acct" in done.out
+    assert "#SBATCH --time=45" in done.out and "#SBATCH --cpus-per-task=2" in done.out
+    assert done.out.count("-m torch.distributed.run") == 2 and "--node-rank 1" in done.out
+    assert not (tmp_path / "runs").exists()  # a dry run creates nothing
+
+
+def test_unknown_config_key_is_one_line(dlaunch, tmp_path: Path):
+    (tmp_path / "dlaunch.yaml").write_text("slurm:\n  partiton: gpu\n")
+    done = dlaunch("run", str(WORKLOADS / "mlp.py"), "--slurm", "--dry-run", cwd=tmp_path)
+    assert_one_line_error(done, "dlaunch.yaml", "unknown key 'slurm.partiton'")
+
+
+def test_malformed_slurm_opt_is_one_line(dlaunch, tmp_path: Path):
+    done = dlaunch("run", str(WORKLOADS / "mlp.py"), "--slurm", "--slurm-opt", "mem32G", cwd=tmp_path)
+    assert_one_line_error(done, "--slurm-opt 'mem32G' is malformed", "KEY=VALUE")
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("flag", [["--nodes", "2"], ["--partition", "x"], ["--detach"],
+                                  ["--slurm-opt", "mem=1G"]])
+def test_slurm_flags_need_slurm(dlaunch, flag, tmp_path: Path):
+    done = dlaunch("run", str(WORKLOADS / "mlp.py"), *flag, cwd=tmp_path)
+    assert_one_line_error(done, f"{flag[0]} needs --slurm")
+
+
+def test_no_slurm_commands_is_one_line(dlaunch, tmp_path: Path):
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    done = dlaunch("run", str(WORKLOADS / "mlp.py"), "--slurm", cwd=tmp_path, env={"PATH": str(empty)})
+    assert_one_line_error(done, "--slurm needs the SLURM client commands", "sbatch")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_status_of_a_dir_that_is_no_slurm_run_is_one_line(dlaunch, tmp_path: Path):
+    assert_one_line_error(dlaunch("status", str(tmp_path)), "not a SLURM run")
+    assert_one_line_error(dlaunch("logs", "not-a-job"), "neither a run directory nor a SLURM job id")

@@ -1,0 +1,220 @@
+"""Bad input everywhere: every case is one clear line on stderr, exit code 2, no traceback, and
+nothing written to the working directory (the run dir, when one was named, stays as it was).
+
+Cases cover `run`, `plan`, `scale`, `report`, `lab`, `inspect`, `status`/`logs`/`cancel`,
+topology files, workload files and `dlaunch.yaml`. Every case runs the real CLI in a subprocess
+with its own empty working directory; the cases run four at a time in one module fixture (most
+of the cost is Python start-up), then each case is checked on its own.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import DATA, REPO, WORKLOADS
+
+MLP = str(WORKLOADS / "mlp.py")
+GPT = str(WORKLOADS / "gpt.py")
+A100 = (REPO / "topologies" / "a100-sxm-8x.yaml").read_text()
+# explicit strategy/precision/micro-batch: `run` has nothing to plan and fails before torch
+FIXED = ["--strategy", "ddp", "--precision", "fp32", "--micro-batch", "8"]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One bad invocation: argv, the words its error line must contain, files to set up."""
+
+    id: str
+    argv: list[str]
+    needles: tuple[str, ...]
+    files: dict[str, str] = field(default_factory=dict)  # relative path -> text, made first
+    dirs: tuple[str, ...] = ()
+
+
+def _c(id: str, argv: list[str], *needles: str, files: dict[str, str] | None = None,
+       dirs: tuple[str, ...] = ()) -> Case:
+    return Case(id, argv, needles, files or {}, dirs)
+
+
+TOPO_OK_HEAD = A100
+CASES = [
+    # --- run: the command line
+    _c("run-missing-file", ["run", "missing.py", "--gpus", "2"], "does not exist"),
+    _c("run-directory", ["run", "adir"], "is not a .py file", dirs=("adir",)),
+    _c("run-not-python", ["run", "notes.txt"], "is not a .py file", files={"notes.txt": "hi\n"}),
+    _c("run-no-workload", ["run"], "required"),
+    _c("run-gpus-0", ["run", MLP, "--gpus", "0"], "--gpus must be an integer >= 1, got 0"),
+    _c("run-gpus-negative", ["run", MLP, "--gpus", "-1"], "--gpus"),
+    _c("run-gpus-abc", ["run", MLP, "--gpus", "abc"], "--gpus must be an integer >= 1, got 'abc'"),
+    _c("run-steps-0", ["run", MLP, "--steps", "0"], "--steps must be an integer >= 1, got 0"),
+    _c("run-warmup-too-long", ["run", MLP, "--steps", "5", "--warmup-steps", "5"],
+       "--warmup-steps must be below"),
+    _c("run-micro-batch-0", ["run", MLP, "--micro-batch", "0"], "--micro-batch must be an integer"),
+    _c("run-log-every-0", ["run", MLP, "--log-every", "0"], "--log-every must be an integer"),
+    _c("run-num-workers-negative", ["run", MLP, "--num-workers", "-1"], "--num-workers"),
+    _c("run-strategy", ["run", MLP, "--strategy", "zero9"], "invalid choice", "zero9"),
+    _c("run-precision", ["run", MLP, "--precision", "fp8"], "invalid choice", "fp8"),
+    _c("run-unknown-flag", ["run", MLP, "--bogus"], "unrecognized arguments", "--bogus"),
+    _c("run-max-grad-norm-abc", ["run", MLP, "--max-grad-norm", "abc"], "--max-grad-norm"),
+    _c("run-hang-timeout-short", ["run", MLP, *FIXED, "--hang-timeout-s", "3"],
+       "--hang-timeout-s must be 0 (off) or between 10"),
+    _c("run-hang-timeout-abc", ["run", MLP, "--hang-timeout-s", "abc"], "--hang-timeout-s", "abc"),
+    _c("run-hang-timeout-nan", ["run", MLP, *FIXED, "--hang-timeout-s", "nan"], "--hang-timeout-s"),
+    _c("run-hang-timeout-inf", ["run", MLP, *FIXED, "--hang-timeout-s", "inf"], "--hang-timeout-s"),
+    _c("run-startup-below-hang", ["run", MLP, *FIXED, "--startup-timeout-s", "20"],
+       "--startup-timeout-s must be between --hang-timeout-s (300)"),
+    _c("run-max-restarts-negative", ["run", MLP, "--max-restarts", "-1"],
+       "--max-restarts must be an integer >= 0"),
+    _c("run-dir-under-a-file", ["run", MLP, *FIXED, "--run-dir", "a-file/run"],
+       "give a writable --run-dir", files={"a-file": ""}),
+    _c("run-dir-holds-a-run", ["run", MLP, *FIXED, "--run-dir", "old"], "already holds a run",
+       files={"old/result.json": "{}\n"}),
+    _c("run-slurm-flag-without-slurm", ["run", MLP, "--partition", "gpu"], "needs --slurm"),
+    # --- workload files
+    _c("workload-syntax-error", ["run", str(DATA / "syntax_error.py")], "syntax error at line"),
+    _c("workload-neither", ["run", str(DATA / "not_a_workload.py")], "neither a workload"),
+    _c("workload-partial-contract", ["run", "half.py"], "defines build_model but not",
+       files={"half.py": "def build_model(cfg):\n    return None\n"}),
+    _c("workload-raises-on-import", ["plan", "boom.py", "--gpus", "1"], "raised on import",
+       "RuntimeError: boom", files={"boom.py": "raise RuntimeError('boom')\n"
+                                   "def build_model(cfg): pass\ndef make_dataset(cfg, n): pass\n"
+                                   "def loss_fn(m, b): pass\n"}),
+    _c("workload-unknown-option", ["run", MLP, "--", "--nosuch", "1"], "unknown option --nosuch"),
+    _c("workload-option-type", ["plan", MLP, "--gpus", "1", "--", "--features", "wide"],
+       "--features expects a int", "'wide'"),
+    _c("workload-not-meta-safe", ["plan", str(DATA / "meta_unsafe.py"), "--gpus", "1"], "meta"),
+    # --- plan
+    _c("plan-missing-file", ["plan", "missing.py"], "does not exist"),
+    _c("plan-gpus-0", ["plan", GPT, "--gpus", "0"], "--gpus must be an integer >= 1"),
+    _c("plan-global-batch-x", ["plan", GPT, "--global-batch", "x"], "--global-batch must be an integer"),
+    _c("plan-seq-len-0", ["plan", GPT, "--seq-len", "0"], "--seq-len must be an integer >= 1"),
+    _c("plan-precision", ["plan", GPT, "--precision", "fp8"], "invalid choice"),
+    _c("plan-plain-script", ["plan", str(DATA / "plain_train.py"), "--gpus", "1"], "plain script"),
+    _c("plan-too-many-gpus", ["plan", GPT, "--topology", "h100-sxm-8x", "--gpus", "16"],
+       "--gpus 16 is more than"),
+    # --- topology files
+    _c("topology-unknown-name", ["plan", GPT, "--topology", "no-such-machine"], "no-such-machine"),
+    _c("topology-bad-yaml", ["plan", GPT, "--topology", "bad.yaml"], "bad.yaml",
+       files={"bad.yaml": "name: x\ndevice: cuda\n  num_nodes: [1\n"}),
+    _c("topology-negative-bandwidth", ["plan", GPT, "--topology", "neg.yaml"], "bw_gb_s",
+       files={"neg.yaml": A100.replace("bw_gb_s: 230", "bw_gb_s: -230", 1)}),
+    _c("topology-not-a-mapping", ["plan", GPT, "--topology", "list.yaml"], "list.yaml",
+       files={"list.yaml": "- 1\n- 2\n"}),
+    _c("topology-unknown-key", ["plan", GPT, "--topology", "extra.yaml"], "extra.yaml",
+       files={"extra.yaml": A100 + "\nflux_capacitor: 1.21\n"}),
+    _c("topology-empty", ["plan", GPT, "--topology", "empty.yaml"], "empty.yaml",
+       files={"empty.yaml": ""}),
+    # --- inspect, status, logs
+    _c("inspect-extra-args", ["inspect", "--", "x"], "takes no arguments after"),
+    _c("inspect-unknown-flag", ["inspect", "--bogus"], "unrecognized arguments"),
+    _c("status-not-a-run", ["status", "nowhere"], "nowhere"),
+    _c("logs-rank-negative", ["logs", "nowhere", "--rank", "-1"], "--rank must be an integer >= 0"),
+    _c("cancel-not-a-run", ["cancel", "nowhere"], "nowhere"),
+    # --- lab (three runs of one workload)
+    _c("lab-missing-file", ["lab", "missing.py"], "does not exist"),
+    _c("lab-gpus-0", ["lab", MLP, "--gpus", "0"], "--gpus must be an integer >= 1, got 0"),
+    _c("lab-hang-timeout-short", ["lab", MLP, "--micro-batch", "8", "--hang-timeout-s", "5"],
+       "--hang-timeout-s must be 0 (off) or between 10"),
+    # --- dlaunch.yaml (read by runs on SLURM; --dry-run needs no cluster)
+    _c("config-bad-yaml", ["run", MLP, "--slurm", "--dry-run"], "dlaunch.yaml", "not valid YAML",
+       files={"dlaunch.yaml": "slurm: [partition\n"}),
+    _c("config-unknown-key", ["run", MLP, "--slurm", "--dry-run"], "dlaunch.yaml", "unknown key",
+       files={"dlaunch.yaml": "slurn:\n  partition: gpu\n"}),
+    _c("config-negative-time", ["run", MLP, "--slurm", "--dry-run"], "slurm.time_min",
+       files={"dlaunch.yaml": "slurm:\n  time_min: -5\n"}),
+    _c("config-not-a-mapping", ["run", MLP, "--slurm", "--dry-run"], "dlaunch.yaml",
+       files={"dlaunch.yaml": "- slurm\n"}),
+    _c("config-empty-partition", ["run", MLP, "--slurm", "--dry-run"], "slurm.partition",
+       files={"dlaunch.yaml": "slurm:\n  partition: ''\n"}),
+    # --- scale
+    _c("scale-gpus-abc", ["scale", MLP, "--gpus", "1,abc"], "'abc' is not an integer"),
+    _c("scale-gpus-0", ["scale", MLP, "--gpus", "0,1"], "world sizes must be >= 1"),
+    _c("scale-gpus-twice", ["scale", MLP, "--gpus", "1,1"], "listed twice"),
+    _c("scale-gpus-too-many", ["scale", MLP, "--gpus", "1,4096"], "more than"),
+    _c("scale-no-gpus", ["scale", MLP], "required"),
+    _c("scale-plain-script", ["scale", str(DATA / "plain_train.py"), "--gpus", "1,2"],
+       "plain script"),
+    _c("scale-warmup-too-long", ["scale", MLP, "--gpus", "1", "--steps", "3", "--warmup-steps", "3"],
+       "--warmup-steps must be below"),
+    # --- report
+    _c("report-missing-dir", ["report", "nowhere"], "nowhere", "does not exist"),
+    _c("report-empty-dir", ["report", "empty"], "no runs in", dirs=("empty",)),
+    _c("report-bad-format", ["report", "empty", "--format", "pdf"], "pdf", dirs=("empty",)),
+    _c("report-extra-args", ["report", "empty", "--", "x"], "takes no arguments after",
+       dirs=("empty",)),
+]
+
+
+def _tree(root: Path) -> dict[str, float]:
+    return {str(p.relative_to(root)): p.stat().st_mtime for p in root.rglob("*")}
+
+
+@dataclass
+class Outcome:
+    code: int
+    err: str
+    before: dict[str, float]
+    after: dict[str, float]
+
+
+def _run(case: Case, root: Path, cache: Path) -> Outcome:
+    cwd = root / case.id
+    cwd.mkdir()
+    for d in case.dirs:
+        (cwd / d).mkdir(parents=True)
+    for rel, text in case.files.items():
+        (cwd / rel).parent.mkdir(parents=True, exist_ok=True)
+        (cwd / rel).write_text(text)
+    before = _tree(cwd)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "DLAUNCH_CACHE_DIR": str(cache),
+           "TMPDIR": str(root), "CUDA_VISIBLE_DEVICES": ""}
+    env.pop("DLAUNCH_DEBUG", None)
+    proc = subprocess.run([sys.executable, "-m", "launcher.cli", *case.argv], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=240)
+    return Outcome(proc.returncode, proc.stderr, before, _tree(cwd))
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Outcome]:
+    root = tmp_path_factory.mktemp("bad-input")
+    cache = root / "cache"
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        futures = {c.id: pool.submit(_run, c, root, cache) for c in CASES}
+        return {k: f.result() for k, f in futures.items()}
+
+
+def test_there_are_at_least_40_cases():
+    assert len(CASES) >= 40 and len({c.id for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input(outcomes: dict[str, Outcome], case: Case):
+    done = outcomes[case.id]
+    lines = [line for line in done.err.splitlines() if line.strip()]
+    assert done.code == 2, (done.code, done.err)
+    assert len(lines) == 1, done.err
+    assert "Traceback" not in done.err
+    assert lines[0].startswith(("dlaunch: error:", "dlaunch run: error", "dlaunch: ")), lines[0]
+    for needle in case.needles:
+        assert needle in lines[0], (needle, lines[0])
+    # nothing written: no runs/ dir, no file changed (a named run dir is left as it was)
+    assert done.after == done.before, sorted(set(done.after) ^ set(done.before))
+
+
+def _all(check: Callable[[Case], bool]) -> list[str]:
+    return [c.id for c in CASES if check(c)]
+
+
+def test_every_command_and_input_kind_is_covered():
+    covered = {c.argv[0] for c in CASES if c.argv}
+    assert {"run", "plan", "scale", "report", "lab", "inspect", "status", "logs", "cancel"} <= covered
+    assert _all(lambda c: c.id.startswith("topology-")) and _all(lambda c: c.id.startswith("config-"))
+    assert _all(lambda c: c.id.startswith("workload-"))

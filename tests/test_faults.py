@@ -1,0 +1,157 @@
+"""Fault injection with real processes (torchrun, gloo, 2 CPU ranks): a rank that raises, is
+SIGKILLed, hangs inside a collective, or exits 0 early; and a restart after a failed attempt.
+
+Each job must end within (hang timeout +) 15 s of the fault, exit non-zero, name the right
+rank first, and keep every metric written before the fault readable. The five jobs run at
+the same time (one module fixture) to keep the suite short; that they do not disturb each
+other is part of what is tested.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from launcher.files import read_jsonl
+from launcher.report.aggregate import aggregate
+from launcher.specs import RunResult
+
+from tests.helpers import DATA, REPO
+
+pytestmark = pytest.mark.distributed
+
+HANG_TIMEOUT_S = 10
+FAULT_STEP = 3  # the faulty rank's 3rd loss_fn call: steps 1 and 2 are on disk
+COMMON = ["--gpus", "2", "--steps", "8", "--log-every", "1", "--no-calibrate",
+          "--strategy", "ddp", "--precision", "fp32", "--micro-batch", "8"]
+JOBS = {
+    "raise": ["--", "--fault", "raise"],
+    "sigkill": ["--", "--fault", "sigkill"],
+    "hang": ["--hang-timeout-s", str(HANG_TIMEOUT_S), "--", "--fault", "hang"],
+    "exit0": ["--", "--fault", "exit0"],
+    "restart": ["--max-restarts", "1", "--", "--fault", "sigkill", "--fault-attempt", "0"],
+}
+
+
+@dataclass
+class Job:
+    run_dir: Path
+    code: int
+    out: str
+    err: str
+    ended: float  # wall clock when dlaunch exited
+
+    def failures(self) -> list[str]:
+        return [line for line in self.out.splitlines() if line.startswith("FAILED: ")]
+
+    def steps(self, rank: int) -> list[dict]:
+        records, _ = read_jsonl(self.run_dir / f"rank-{rank}.jsonl")
+        return [r for r in records if r["kind"] == "step"]
+
+    def fault_time(self) -> float:
+        """The end of the last step any rank recorded: the fault came right after."""
+        return max(r["time"] for rank in (0, 1) for r in self.steps(rank))
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Job]:
+    root = tmp_path_factory.mktemp("faults")
+    env = {**os.environ, "TMPDIR": str(root), "OMP_NUM_THREADS": "1"}
+    env.pop("DLAUNCH_DEBUG", None)
+    procs = {}
+    for name, extra in JOBS.items():
+        argv = [sys.executable, "-m", "launcher.cli", "run", str(DATA / "fault.py"), *COMMON,
+                "--run-dir", str(root / name), *extra]
+        procs[name] = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True)
+    done: dict[str, Job] = {}
+    deadline = time.monotonic() + 240
+    while procs:
+        for name, p in list(procs.items()):
+            if p.poll() is not None:
+                out, err = p.communicate()
+                done[name] = Job(root / name, p.returncode, out, err, time.time())
+                del procs[name]
+        if time.monotonic() > deadline:
+            for p in procs.values():
+                p.kill()
+            pytest.fail(f"jobs still running after 240 s: {sorted(procs)}")
+        time.sleep(0.2)
+    return done
+
+
+def _check_common(job: Job, *, within_s: float) -> None:
+    assert job.code != 0, job.out + job.err
+    assert "Traceback" not in job.out
+    # every metric written before the fault is still readable: steps 1..2 on both ranks
+    for rank in (0, 1):
+        assert [r["step"] for r in job.steps(rank)] == list(range(1, FAULT_STEP)), rank
+    assert job.ended - job.fault_time() <= within_s, (job.ended - job.fault_time(), job.out)
+    result = json.loads((job.run_dir / "result.json").read_text())
+    assert result["status"] == "failed"
+    # the result of a finished run never changes when the run dir is read again
+    again = aggregate(job.run_dir, exit_code=result["exit_code"], wall_time_s=result["wall_time_s"])
+    assert again == RunResult.from_dict(result) == aggregate(
+        job.run_dir, exit_code=result["exit_code"], wall_time_s=result["wall_time_s"])
+
+
+def test_rank_raising_is_named_with_its_exception(jobs):
+    job = jobs["raise"]
+    _check_common(job, within_s=15)
+    first = job.failures()[0]
+    assert first.startswith("FAILED: rank 1 (host ") and "failed after 2 steps" in first
+    assert "ValueError: injected failure at step 3" in first
+    assert "last lines of rank 1's stderr:" in job.out
+
+
+def test_sigkilled_rank_is_named_with_its_signal(jobs):
+    job = jobs["sigkill"]
+    _check_common(job, within_s=15)
+    first = job.failures()[0]
+    assert first.startswith("FAILED: rank 1 (host ") and "killed after 2 steps" in first
+    assert "SIGKILL (9)" in first
+    summary = json.loads((job.run_dir / "rank-1.summary.json").read_text())
+    assert summary["written_by"] == "dlaunch" and summary["status"] == "killed"
+
+
+def test_rank_hanging_in_a_collective_is_found_by_its_heartbeat(jobs):
+    job = jobs["hang"]
+    _check_common(job, within_s=HANG_TIMEOUT_S + 15)
+    assert job.code == 124
+    assert f"no rank advanced for {HANG_TIMEOUT_S}" in job.out  # said while it happens
+    first, second = job.failures()[:2]
+    # the ranks that stopped advancing and the step each reached; the one in its own code first
+    assert first.startswith("FAILED: rank 1 (host ") and "hung after 2 steps" in first
+    assert "rank 0 at step 2, rank 1 at step 2" in first and "stuck in _inject" in first
+    assert second.startswith("FAILED: rank 0 ") and "waiting in" in second
+    assert "most likely for rank(s) 1" in second
+
+
+def test_rank_exiting_0_early_ends_the_job(jobs):
+    job = jobs["exit0"]
+    _check_common(job, within_s=15)
+    first = job.failures()[0]
+    assert first.startswith("FAILED: rank 1 (host ") and "exited after 2 steps" in first
+    assert "exit code 0 before finishing its 8 steps" in first
+
+
+def test_max_restarts_relaunches_with_a_fresh_rendezvous(jobs):
+    job = jobs["restart"]
+    assert job.code == 0, job.out + job.err
+    assert "attempt 0 failed (rank 1 " in job.err + job.out and "restarting" in job.err + job.out
+    result = json.loads((job.run_dir / "result.json").read_text())
+    assert result["status"] == "ok" and [r["steps"] for r in result["ranks"]] == [8, 8]
+    # the failed attempt is kept aside; the top level is the attempt that succeeded
+    first = json.loads((job.run_dir / "attempts" / "0" / "result.json").read_text())
+    assert first["status"] == "failed" and "SIGKILL" in first["failures"][0]
+    starts = [r for r in read_jsonl(job.run_dir / "rank-0.jsonl")[0] if r["kind"] == "start"]
+    assert [s["attempt"] for s in starts] == [1]
+    history = json.loads((job.run_dir / "attempts.json").read_text())["attempts"]
+    assert [a["attempt"] for a in history] == [0, 1]

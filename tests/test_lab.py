@@ -1,0 +1,118 @@
+"""`dlaunch lab`: the three run specs, the precision choice, the table and its reading.
+
+The runs themselves are faked here (a real lab is three torchrun jobs, one compiled: minutes on
+2 cores); `dlaunch lab workloads/gpt.py --gpus 2` is the end-to-end check (docs/benchmarks.md).
+"""
+
+import dataclasses
+import io
+import json
+
+from launcher.lab import (LabRow, cpu_precisions, cuda_precisions, format_lab, lab_specs, reading,
+                          run_lab)
+from launcher.specs import LaunchSpec, RankResult, RunResult, Strategy
+from tests.helpers import REPO, assert_one_line_error
+
+
+def base_spec(tmp_path) -> LaunchSpec:
+    return LaunchSpec(workload=str(REPO / "workloads" / "gpt.py"), run_id="lab-x", run_dir=str(tmp_path),
+                      nproc_per_node=2, steps=6, micro_batch=4, seed=3,
+                      strategy=Strategy(kind="ddp", precision="bf16"))
+
+
+def fake_result(spec: LaunchSpec, samples_per_s: float, *, status: str = "ok",
+                data_wait: float = 0.02) -> RunResult:
+    rank = RankResult(rank=0, local_rank=0, node_rank=0, host="h", status=status, steps=spec.steps,
+                      steady_steps=spec.steps - spec.warmup_steps, samples_per_s=samples_per_s / 2,
+                      units_per_s=samples_per_s * 64, step_time_median_s=8 / samples_per_s,
+                      step_time_p90_s=0.1, step_time_max_s=0.1, data_wait_share=data_wait,
+                      peak_mem_bytes=2**30, final_loss=4.5,
+                      compiled_graphs=4 if spec.strategy.compile else None,
+                      graph_breaks=0 if spec.strategy.compile else None,
+                      recompiles=0 if spec.strategy.compile else None)
+    return RunResult(run_id=spec.run_id, run_dir=spec.run_dir, workload=spec.workload, world_size=2,
+                     num_nodes=1, device="cpu", strategy="ddp", precision=spec.strategy.precision,
+                     status=status, exit_code=0 if status == "ok" else 1, wall_time_s=5.0,
+                     samples_per_s=samples_per_s, units_per_s=samples_per_s * 128, sample_units="tokens",
+                     step_time_median_s=8 / samples_per_s, slowest_rank=0, data_wait_share=data_wait,
+                     ranks=(rank,), verdict={"name": "compute bound", "evidence": "compute is 95%"})
+
+
+def test_three_specs_differ_only_in_precision_and_compile(tmp_path):
+    base = base_spec(tmp_path)
+    specs = lab_specs(base, "bf16")
+    assert [name for name, _ in specs] == ["fp32", "bf16", "bf16+compile"]
+    assert [(s.strategy.precision, s.strategy.compile) for _, s in specs] == [
+        ("fp32", False), ("bf16", False), ("bf16", True)]
+    for _, s in specs:
+        same = dataclasses.replace(s, run_id=base.run_id, run_dir=base.run_dir, strategy=base.strategy)
+        assert same == base  # same seed, steps, batch: the same fixed data slice
+    assert len({s.run_dir for _, s in specs}) == 3
+
+
+def test_cpu_precisions_follow_the_bf16_unit():
+    with_unit = cpu_precisions({"avx512f", "avx512_bf16"}, "bf16")
+    assert with_unit.mixed == "bf16" and with_unit.usable == ("fp32", "bf16")
+    assert "avx512_bf16" in with_unit.note
+    without = cpu_precisions({"avx2", "fma"}, "fp32")
+    assert without.mixed == "bf16" and without.usable == ("fp32",) and "no bf16 unit" in without.note
+    assert cuda_precisions((7, 0)).mixed == "fp16" and cuda_precisions((9, 0)).mixed == "bf16"
+
+
+def test_run_lab_table_speedups_and_reading(tmp_path):
+    speeds = iter([100.0, 110.0, 112.0])  # +10% from bf16, +2% from compile
+
+    def run(spec, *, out):
+        out.write("rank output that only a failed run shows\n")
+        return fake_result(spec, next(speeds))
+
+    progress = io.StringIO()
+    lab = run_lab(base_spec(tmp_path), cpu_precisions({"avx512_bf16"}), run=run, progress=progress)
+    assert lab.ok and round(lab.precision_speedup, 2) == 1.10 and round(lab.compile_speedup, 3) == 1.018
+    text = format_lab(lab)
+    rows = [line for line in text.splitlines() if line.startswith(("fp32 ", "bf16 ", "bf16+compile "))]
+    assert len(rows) == 3 and "1.00x" in rows[0] and "1.10x" in rows[1] and "1.02x" in rows[2]
+    assert "4 graph(s), 0 break(s)" in rows[2]
+    assert "not bound by arithmetic" in text and "already large or fused" in text
+    assert "bottleneck (bf16 run): compute bound" in text
+    assert "rank output" not in progress.getvalue()
+    on_disk = json.loads((tmp_path / "lab.json").read_text())
+    assert [r["name"] for r in on_disk["rows"]] == ["fp32", "bf16", "bf16+compile"]
+
+
+def test_run_lab_stops_at_a_failed_run_and_shows_its_output(tmp_path):
+    def run(spec, *, out):
+        out.write("rank 0 failed: boom\n")
+        return fake_result(spec, 100.0, status="failed")
+
+    progress = io.StringIO()
+    lab = run_lab(base_spec(tmp_path), cpu_precisions({"avx512_bf16"}), run=run, progress=progress)
+    assert not lab.ok and len(lab.rows) == 1 and lab.precision_speedup is None
+    assert "rank 0 failed: boom" in progress.getvalue()
+
+
+def test_reading_says_arithmetic_bound_when_precision_pays(tmp_path):
+    rows = tuple(LabRow(name=n, precision="bf16", compile=False,
+                        result=fake_result(base_spec(tmp_path), 100.0)) for n in ("fp32", "bf16"))
+    text = " ".join(reading(rows, 1.6, 1.3))
+    assert "arithmetic-bound" in text and "fusing kernels pays" in text
+
+
+def test_lab_refuses_precision_and_compile_flags(dlaunch):
+    done = dlaunch("lab", "workloads/gpt.py", "--precision", "bf16")
+    assert_one_line_error(done, "dlaunch lab chooses precision and compile itself", "--precision")
+
+
+def test_lab_dry_run_prints_three_commands(dlaunch):
+    done = dlaunch("lab", "workloads/mlp.py", "--gpus", "2", "--strategy", "ddp", "--micro-batch", "4",
+                   "--dry-run")
+    assert done.code == 0, done.err
+    assert [line for line in done.out.splitlines() if line.startswith("# ")][:1] == ["# fp32"]
+    assert done.out.count("torch.distributed.run") == 3
+
+
+def test_reading_calls_a_slower_mixed_precision_by_its_name(tmp_path):
+    rows = tuple(LabRow(name=n, precision="bf16", compile=False,
+                        result=fake_result(base_spec(tmp_path), 100.0)) for n in ("fp32", "bf16"))
+    text = " ".join(reading(rows, 0.8, None))
+    assert "mixed precision was 20% slower than fp32" in text and "repeat the lab" in text

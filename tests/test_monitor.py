@@ -1,0 +1,229 @@
+"""The hang watcher and the post-mortem, on hand-written heartbeat files and a fake clock
+(no torch, no torchrun: the real processes are in tests/test_faults.py)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from launcher.files import atomic_write_json
+from launcher.monitor import Stall, Watcher, read_heartbeats
+from launcher.postmortem import (StackInfo, parse_stack_dump, parse_torchrun_exits,
+                                 write_missing_summaries)
+
+HOST = socket.gethostname()
+
+TORCHRUN_REPORT = """\
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+=======================================================
+launcher.runtime.entry FAILED
+-------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-22_15:41:59
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 14282)  (SIGTERM)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 14282
+-------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-22_15:41:58
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 14283)  (SIGKILL)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 14283
+=======================================================
+"""
+
+STACKS = """\
+Thread 0x00007f1 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 327 in wait
+  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap
+
+Current thread 0x00007f2 (most recent call first):
+  File "/work/main/tests/data/fault.py", line 51 in _inject
+  File "/work/main/tests/data/fault.py", line 60 in loss_fn
+  File "/work/main/launcher/runtime/harness.py", line 176 in forward_backward
+  File "/work/main/launcher/runtime/entry.py", line 60 in main
+  File "<frozen runpy>", line 88 in _run_code
+"""
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def beat(run_dir: Path, rank: int, step: int, *, pid: int | None = None, host: str = "elsewhere") -> None:
+    atomic_write_json(run_dir / f"rank-{rank}.heartbeat",
+                      {"step": step, "time": 1.0e9 + step, "pid": pid, "host": host, "stacks": False})
+
+
+def watcher(run_dir: Path, clock: Clock, **kw) -> Watcher:
+    args = {"hang_timeout_s": 10, "startup_timeout_s": 60, **kw}
+    return Watcher(run_dir=run_dir, world_size=2, clock=clock, **args)
+
+
+def test_training_hang_is_reported_after_the_timeout_with_each_ranks_step(tmp_path):
+    clock = Clock()
+    w = watcher(tmp_path, clock)
+    beat(tmp_path, 0, 4), beat(tmp_path, 1, 3)
+    assert w.poll() is None
+    clock.t += 9
+    assert w.poll() is None
+    beat(tmp_path, 0, 5)  # rank 0 advanced: the clock restarts when the watcher sees it
+    assert w.poll() is None
+    clock.t += 9
+    assert w.poll() is None
+    clock.t += 2
+    stall = w.poll()
+    assert isinstance(stall, Stall) and stall.kind == "hang"
+    assert stall.steps == {0: 5, 1: 3} and stall.ranks == (0, 1)
+    assert "no rank advanced for 11 s: rank 0 at step 5, rank 1 at step 3" == stall.message
+
+
+def test_startup_gets_its_own_allowance(tmp_path):
+    clock = Clock()
+    w = watcher(tmp_path, clock)
+    beat(tmp_path, 0, 0)  # rank 0 is up, rank 1 still importing
+    clock.t += 30
+    assert w.poll() is None  # 30 s of silence, but within the 60 s startup allowance
+    clock.t += 31
+    stall = w.poll()
+    assert stall is not None and "still starting up" in stall.message
+    assert "rank 1 before its first heartbeat" in stall.message
+
+
+def test_finished_ranks_are_not_hung_and_plain_scripts_without_beats_are_not_watched(tmp_path):
+    clock = Clock()
+    w = watcher(tmp_path, clock)
+    beat(tmp_path, 0, 8), beat(tmp_path, 1, 8)
+    for r in (0, 1):
+        atomic_write_json(tmp_path / f"rank-{r}.summary.json", {"status": "ok"})
+    assert w.poll() is None
+    clock.t += 5
+    assert w.poll() is None
+    clock.t += 6  # every rank finished 11 s ago and the job is still there
+    assert w.poll().kind == "teardown"
+    script = watcher(tmp_path / "nothing", Clock(), expect_heartbeats=False)
+    (tmp_path / "nothing").mkdir()
+    script.clock.t += 3600
+    assert script.poll() is None
+
+
+def test_zero_timeout_turns_hang_detection_off(tmp_path):
+    clock = Clock()
+    w = watcher(tmp_path, clock, hang_timeout_s=0)
+    beat(tmp_path, 0, 1), beat(tmp_path, 1, 1)
+    w.poll()
+    clock.t += 10_000
+    assert w.poll() is None
+
+
+def test_a_rank_gone_without_summary_is_noticed_after_a_grace(tmp_path):
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # reaped: its pid no longer exists
+    clock = Clock()
+    w = watcher(tmp_path, clock)
+    beat(tmp_path, 0, 2, pid=gone.pid, host=HOST)
+    beat(tmp_path, 1, 2, pid=None)
+    assert w.poll() is None  # torchrun may still end the job itself
+    clock.t += 3.5
+    stall = w.poll()
+    assert stall is not None and stall.kind == "exited" and stall.ranks == (0,)
+    assert "rank 0 exited without writing its summary after step 2 while rank(s) 1" in stall.message
+
+
+def test_a_gone_rank_is_left_to_torchrun_once_torchrun_is_stopping_the_job(tmp_path):
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    clock = Clock()
+    w = watcher(tmp_path, clock, torchrun_stopping=lambda: True)
+    beat(tmp_path, 0, 2, pid=gone.pid, host=HOST)
+    w.poll()
+    clock.t += 5  # a SIGKILLed rank: torchrun reports its signal; a guess would say less
+    assert w.poll() is None
+
+
+def test_heartbeats_being_replaced_or_garbled_are_skipped(tmp_path):
+    beat(tmp_path, 0, 2)
+    (tmp_path / "rank-1.heartbeat").write_text('{"step": 3, "ti')
+    (tmp_path / "rank-x.heartbeat").write_text("{}")
+    assert list(read_heartbeats(tmp_path)) == [0]
+
+
+def test_torchrun_report_and_stack_dump_parsing():
+    exits = parse_torchrun_exits("noise\n" + TORCHRUN_REPORT)
+    assert {r: (e.code, e.root) for r, e in exits.items()} == {0: (-15, False), 1: (-9, True)}
+    info = parse_stack_dump(STACKS)
+    assert info == StackInfo(file="/work/main/tests/data/fault.py", line=51, func="_inject",
+                             in_torch=False)
+    torch_wait = STACKS.replace('"/work/main/tests/data/fault.py", line 51 in _inject',
+                                '"/venv/lib/site-packages/torch/autograd/graph.py", line 829 in run')
+    assert parse_stack_dump(torch_wait).in_torch
+
+
+def _run_dir(tmp_path: Path, steps: int = 2) -> Path:
+    for rank in (0, 1):
+        lines = [{"kind": "start", "rank": rank, "time": 1.0e9, "host": "h"}]
+        lines += [{"kind": "step", "step": s, "time": 1.0e9 + s} for s in range(1, steps + 1)]
+        (tmp_path / f"rank-{rank}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return tmp_path
+
+
+def _summary(run_dir: Path, rank: int) -> dict:
+    return json.loads((run_dir / f"rank-{rank}.summary.json").read_text())
+
+
+def test_sigkilled_rank_gets_a_summary_that_sorts_before_the_ranks_it_took_down(tmp_path):
+    rd = _run_dir(tmp_path)
+    atomic_write_json(rd / "rank-0.summary.json", {"status": "failed", "time": 2.0e9,
+                                                   "error": "RuntimeError: Connection reset"})
+    lines = write_missing_summaries(rd, 2, expected_steps=8, beats={}, torchrun_log=TORCHRUN_REPORT)
+    s1 = _summary(rd, 1)
+    assert s1["status"] == "killed" and "SIGKILL (9)" in s1["error"] and s1["steps"] == 2
+    assert s1["time"] < 2.0e9 and s1["written_by"] == "dlaunch"
+    assert _summary(rd, 0)["error"] == "RuntimeError: Connection reset"  # the rank's own word stays
+    assert lines == [f"rank 1: killed: {s1['error']}"]
+
+
+def test_rank_missing_from_torchruns_report_exited_with_code_0(tmp_path):
+    rd = _run_dir(tmp_path)
+    report = TORCHRUN_REPORT.replace("rank      : 1 (local_rank: 1)", "rank      : 0 (local_rank: 0)")
+    write_missing_summaries(rd, 2, expected_steps=8, beats={}, torchrun_log=report)
+    assert _summary(rd, 1)["status"] == "exited"
+    assert "exit code 0 before finishing its 8 steps" in _summary(rd, 1)["error"]
+
+
+def test_hang_names_the_rank_in_its_own_code_first(tmp_path):
+    rd = _run_dir(tmp_path)
+    # rank 0 was stopped by the SIGTERM and wrote "stopped": the launcher says why
+    atomic_write_json(rd / "rank-0.summary.json", {"status": "stopped", "time": 3.0e9,
+                                                   "error": "Stopped: stopped by SIGTERM"})
+    stall = Stall(kind="hang", message="no rank advanced for 10 s: rank 0 at step 2, rank 1 at step 2",
+                  steps={0: 2, 1: 2}, ranks=(0, 1))
+    stacks = {0: StackInfo(file="/x/torch/autograd/graph.py", line=829, func="run", in_torch=True),
+              1: StackInfo(file="/w/fault.py", line=51, func="_inject", in_torch=False)}
+    write_missing_summaries(rd, 2, expected_steps=8, beats={}, stall=stall, stacks=stacks)
+    s0, s1 = _summary(rd, 0), _summary(rd, 1)
+    assert s1["status"] == s0["status"] == "hung"
+    assert "stuck in _inject (/w/fault.py:51)" in s1["error"] and stall.message in s1["error"]
+    assert "waiting in run" in s0["error"] and "most likely for rank(s) 1" in s0["error"]
+    assert s0["rank_error"] == "Stopped: stopped by SIGTERM"
+    assert s1["time"] < s0["time"]  # aggregate lists the culprit first
+
+
+def test_an_unreadable_summary_is_never_overwritten(tmp_path):
+    rd = _run_dir(tmp_path)
+    (rd / "rank-1.summary.json").write_text("{not json")
+    write_missing_summaries(rd, 2, expected_steps=8, beats={}, torchrun_log=TORCHRUN_REPORT)
+    assert (rd / "rank-1.summary.json").read_text() == "{not json"

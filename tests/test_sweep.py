@@ -1,0 +1,225 @@
+"""`dlaunch scale`: a real sweep (torchrun, gloo), resuming, failures recorded, bad input.
+
+The real runs use the smallest MLP for a few steps; the bookkeeping cases use a fake
+`launch_point` that writes a result.json the way runner.run_local does.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher.errors import LaunchError, UsageError
+from launcher.files import atomic_write_json, read_json
+from launcher.specs import LaunchSpec, RunResult
+from launcher.sweep import SweepInterrupted, run_sweep
+from launcher.sweepdir import LOCK
+
+from tests.helpers import REPO, WORKLOADS, Done, assert_one_line_error
+
+MLP = str(WORKLOADS / "mlp.py")
+TINY = ["--features", "32", "--hidden", "32", "--depth", "1"]
+
+
+def dlaunch_cli(*args: str, tmp: Path, timeout: float = 300) -> Done:
+    """`dlaunch ARGS`."""
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    env.pop("DLAUNCH_DEBUG", None)
+    proc = subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    return Done(proc.returncode, proc.stdout, proc.stderr)
+
+
+@pytest.mark.distributed
+def test_real_sweep_then_resume_runs_only_the_missing_point(tmp_path):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    sweep = tmp_path / "sweep"
+    args = ("scale", MLP, "--gpus", "1,2", "--steps", "6", "--sweep-dir", str(sweep), "--", *TINY)
+    done = dlaunch_cli(*args, tmp=tmp)
+    assert done.code == 0, done.err[-3000:]
+    manifest = read_json(sweep / "sweep.json")
+    assert [(p["name"], p["status"], p["attempts"]) for p in manifest["points"]] == [
+        ("ws1-r0", "ok", 1), ("ws2-r0", "ok", 1)]
+    assert manifest["topology"]["device"] == "cpu"
+    report = sweep / "report"
+    for name in ("report.html", "report.json", "report.md", "throughput.png", "efficiency.png",
+                 "breakdown.png", "ranks.png", "predicted.png"):
+        assert (report / name).stat().st_size > 0, name
+    numbers = json.loads((report / "report.json").read_text())
+    assert [r["world_size"] for r in numbers["rows"]] == [1, 2]
+    assert numbers["rows"][0]["efficiency"] == pytest.approx(1.0)
+    assert numbers["rows"][1]["efficiency"] > 0
+    assert numbers["points"][1]["exposed_comm_s"] is not None
+    assert numbers["points"][1]["busbw_gb_s"] > 0
+    assert "report: " in done.out and "efficiency" in done.out
+    assert "2/2 points" in done.err  # the progress bar
+
+    # interrupted while the second point ran: its directory is half done (no result.json)
+    first = (sweep / "ws1-r0" / "result.json").stat().st_mtime_ns
+    (sweep / "ws2-r0" / "result.json").unlink()
+    again = dlaunch_cli(*args[:-len(TINY) - 1], "--no-report", "--", *TINY, tmp=tmp)
+    assert again.code == 0, again.err[-3000:]
+    assert "ws1-r0: ok (already done, skipped" in again.err
+    assert "ws2-r0: moved what a previous attempt left to .attempts/" in again.err
+    assert (sweep / "ws1-r0" / "result.json").stat().st_mtime_ns == first
+    manifest = read_json(sweep / "sweep.json")
+    assert [(p["name"], p["status"], p["attempts"]) for p in manifest["points"]] == [
+        ("ws1-r0", "ok", 1), ("ws2-r0", "ok", 2)]
+    assert len(list((sweep / ".attempts").iterdir())) == 1
+    assert not (sweep / LOCK).exists()
+
+
+class FakeLauncher:
+    """A launch_point that records what it was asked and writes a result like run_local."""
+
+    def __init__(self, fail: set[int] = frozenset(), raise_at: set[int] = frozenset(),
+                 interrupt_at: int | None = None) -> None:
+        self.calls: list[LaunchSpec] = []
+        self.fail, self.raise_at, self.interrupt_at = fail, raise_at, interrupt_at
+
+    def __call__(self, spec: LaunchSpec, console: io.TextIOBase) -> RunResult:
+        self.calls.append(spec)
+        n = spec.world_size
+        if n == self.interrupt_at:
+            raise KeyboardInterrupt
+        if n in self.raise_at:
+            raise OSError("torchrun vanished")
+        ok = n not in self.fail
+        result = RunResult(
+            run_id=spec.run_id, run_dir=spec.run_dir, workload=spec.workload, world_size=n,
+            num_nodes=1, device="cpu", strategy="ddp", precision="fp32",
+            status="ok" if ok else "failed", exit_code=0 if ok else 1, wall_time_s=1.0,
+            samples_per_s=100.0 * n, units_per_s=100.0 * n, sample_units="samples",
+            step_time_median_s=0.08, slowest_rank=0, data_wait_share=0.0, ranks=(),
+            failures=() if ok else (f"rank 1 failed after 3 steps: boom at world size {n}",))
+        atomic_write_json(Path(spec.run_dir) / "result.json", result.to_dict())
+        console.write("fake run\n")
+        return result
+
+
+def sweep(tmp_path: Path, launcher: FakeLauncher, sizes=(1, 2, 4), **kw):
+    kw.setdefault("mode", "weak")
+    return run_sweep(workload=MLP, world_sizes=list(sizes), steps=5, warmup_steps=1,
+                     sweep_dir=tmp_path / "sw", launch_point=launcher, progress=io.StringIO(),
+                     **kw)
+
+
+def test_failed_point_is_recorded_and_the_sweep_goes_on(tmp_path):
+    fake = FakeLauncher(fail={2}, raise_at={4})
+    result = sweep(tmp_path, fake, sizes=(1, 2, 4, 8))
+    assert [s.world_size for s in fake.calls] == [1, 2, 4, 8]
+    status = {p.name: (p.status, p.error) for p in result.points}
+    assert status["ws1-r0"] == ("ok", None)
+    assert status["ws2-r0"][0] == "failed" and "boom at world size 2" in status["ws2-r0"][1]
+    assert status["ws4-r0"] == ("failed", "OSError: torchrun vanished")
+    assert status["ws8-r0"] == ("ok", None)
+    assert not result.ok and [p.name for p in result.failed] == ["ws2-r0", "ws4-r0"]
+    manifest = read_json(tmp_path / "sw" / "sweep.json")
+    assert [p["status"] for p in manifest["points"]] == ["ok", "failed", "failed", "ok"]
+    # the next call retries only the failed points
+    retry = FakeLauncher()
+    result = sweep(tmp_path, retry, sizes=(1, 2, 4, 8))
+    assert [s.world_size for s in retry.calls] == [2, 4]
+    assert result.ok and (result.ran, result.skipped) == (2, 2)
+    # and the report still covers everything, failures named
+    from launcher.report.scaling import build_report
+
+    rep = build_report(tmp_path / "sw", with_prediction=False)
+    assert [r.world_size for r in rep.rows] == [1, 2, 4, 8]
+
+
+def test_interrupt_leaves_the_point_pending_and_resume_runs_it(tmp_path):
+    with pytest.raises(KeyboardInterrupt):
+        sweep(tmp_path, FakeLauncher(interrupt_at=2))
+    manifest = read_json(tmp_path / "sw" / "sweep.json")
+    assert [(p["name"], p["status"]) for p in manifest["points"]] == [
+        ("ws1-r0", "ok"), ("ws2-r0", "pending"), ("ws4-r0", "pending")]
+    assert not (tmp_path / "sw" / LOCK).exists()
+    again = FakeLauncher()
+    sweep(tmp_path, again)
+    assert [s.world_size for s in again.calls] == [2, 4]
+    assert (tmp_path / "sw" / ".attempts").is_dir()  # ws2's half-done dir was kept
+
+
+def test_strong_scaling_splits_the_global_batch_and_repeats(tmp_path):
+    fake = FakeLauncher()
+    result = sweep(tmp_path, fake, mode="strong", global_batch=16, micro_batch=1, repeats=2)
+    assert [(s.world_size, s.micro_batch, s.global_batch) for s in fake.calls] == [
+        (1, 16, 16), (1, 16, 16), (2, 8, 16), (2, 8, 16), (4, 4, 16), (4, 4, 16)]
+    assert [p.name for p in result.points] == ["ws1-r0", "ws1-r1", "ws2-r0", "ws2-r1",
+                                               "ws4-r0", "ws4-r1"]
+    assert len({s.run_id for s in fake.calls}) == 6
+    with pytest.raises(UsageError, match="does not split"):
+        sweep(tmp_path, fake, sizes=(1, 3), mode="strong", global_batch=16)
+
+
+def test_other_configuration_needs_force(tmp_path):
+    sweep(tmp_path, FakeLauncher(), sizes=(1, 2))
+    with pytest.raises(UsageError, match="another configuration .*steps: 5 before, 7 now"):
+        run_sweep(workload=MLP, world_sizes=[1, 2], steps=7, warmup_steps=1,
+                  sweep_dir=tmp_path / "sw", launch_point=FakeLauncher(), progress=None)
+    forced = FakeLauncher()
+    run_sweep(workload=MLP, world_sizes=[1, 2], steps=7, warmup_steps=1, sweep_dir=tmp_path / "sw",
+              launch_point=forced, progress=None, force=True)
+    assert [s.world_size for s in forced.calls] == [1, 2]
+    # growing the sweep reuses the finished points
+    more = FakeLauncher()
+    run_sweep(workload=MLP, world_sizes=[1, 2, 4], steps=7, warmup_steps=1,
+              sweep_dir=tmp_path / "sw", launch_point=more, progress=None)
+    assert [s.world_size for s in more.calls] == [4]
+
+
+def test_a_running_sweep_holds_the_directory(tmp_path):
+    (tmp_path / "sw").mkdir()
+    (tmp_path / "sw" / LOCK).write_text(json.dumps({"pid": os.getpid(),
+                                                     "host": __import__("socket").gethostname()}))
+    with pytest.raises(LaunchError, match="another dlaunch scale"):
+        sweep(tmp_path, FakeLauncher())
+    (tmp_path / "sw" / LOCK).write_text(json.dumps({"pid": 2**22 + 12345, "host": "x"}))
+    sweep(tmp_path, FakeLauncher())  # a lock from elsewhere / a dead process is taken over
+
+
+def test_signal_stopped_point_interrupts_the_sweep(tmp_path, monkeypatch):
+    import launcher.runner
+    from launcher.sweep import launch_local
+
+    def stopped(spec, out):
+        (Path(spec.run_dir) / "torchrun.log").write_text(
+            "torch.distributed.elastic.multiprocessing.api.SignalException: Process 1 got signal: 15\n")
+        return RunResult(run_id=spec.run_id, run_dir=spec.run_dir, workload=spec.workload,
+                         world_size=1, num_nodes=1, device="cpu", strategy="ddp",
+                         precision="fp32", status="failed", exit_code=1, wall_time_s=1.0,
+                         samples_per_s=0.0, units_per_s=0.0, sample_units="samples",
+                         step_time_median_s=0.0, slowest_rank=None, data_wait_share=0.0, ranks=())
+
+    monkeypatch.setattr(launcher.runner, "run_local", stopped)
+    with pytest.raises(SweepInterrupted, match="run the same command again"):
+        sweep(tmp_path, launch_local, sizes=(1,))
+    assert read_json(tmp_path / "sw" / "sweep.json")["points"][0]["status"] == "pending"
+
+
+@pytest.mark.parametrize("gpus,needle", [
+    ("1,,2", "item 2 is empty"),
+    ("0,2", "world sizes must be >= 1, got 0"),
+    ("1,99", "world size 99 is more than the"),
+    ("a,b", "'a' is not an integer"),
+])
+def test_bad_world_sizes_are_one_line_errors(tmp_path, gpus, needle):
+    done = dlaunch_cli("scale", MLP, "--gpus", gpus, "--sweep-dir", str(tmp_path / "sw"), tmp=tmp_path)
+    assert_one_line_error(done, "--gpus", needle)
+    assert not (tmp_path / "sw").exists()
+
+
+def test_dry_run_lists_points_and_runs_nothing(tmp_path):
+    done = dlaunch_cli("scale", MLP, "--gpus", "1,2,4", "--mode", "strong", "--global-batch", "32",
+                "--sweep-dir", str(tmp_path / "sw"), "--dry-run", tmp=tmp_path)
+    assert done.code == 0, done.err
+    assert "ws4-r0: 4 rank(s), micro-batch 8, global batch 32" in done.out
+    assert not (tmp_path / "sw").exists()
