@@ -195,7 +195,7 @@ def _split_workload_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 def _detect_device(requested: int) -> str:
     """cuda when this host has the GPUs asked for, cpu when it has none."""
-    from launcher.detect import count_gpus
+    from launcher.gpu_probe import count_gpus
 
     found = count_gpus()
     if found == 0:
@@ -434,7 +434,7 @@ def cmd_plan(args: argparse.Namespace, workload_args: list[str]) -> int:
                           "profile": _asdict(planned.profile),
                           "topology": planned.topology.name}, indent=2, default=str))
     else:
-        from launcher.planner import format_plan
+        from launcher.plan_view import format_plan
 
         print(format_plan(planned.plan, planned.profile, planned.topology))
     for reason in planned.plan.reasons:

@@ -171,7 +171,7 @@ def _speed(c: Candidate, goal: Goal, n: int, profile: ModelProfile) -> str:
     return f"{_units_per_s(c, n, profile):,.0f} {profile.sample_units}/s"
 
 
-def _per_device(topology: Topology) -> str:
+def per_device(topology: Topology) -> str:
     return "GPU" if topology.device == "cuda" else "rank"
 
 
@@ -180,7 +180,7 @@ def _too_big(c: Candidate, usable: float, profile: ModelProfile, topology: Topol
     m = c.memory
     state = m.params_bytes + m.grads_bytes + m.optimizer_bytes
     units = "" if c.strategy.kind == "ddp" else " incl. unsharded params"
-    return (f"{fmt_gib(m.total_bytes)} GiB/{_per_device(topology)} > {fmt_gib(usable)} GiB "
+    return (f"{fmt_gib(m.total_bytes)} GiB/{per_device(topology)} > {fmt_gib(usable)} GiB "
             f"usable at micro-batch {c.micro_batch} (params+grads+optimizer {fmt_gib(state)} GiB "
             f"= {state / profile.num_params:.3g} B/param, activations "
             f"{fmt_gib(m.activations_bytes)}, overhead{units} {fmt_gib(m.overhead_bytes)})")
@@ -354,7 +354,7 @@ def plan(profile: ModelProfile, topology: Topology, goal: Goal, *,
             f"nothing fits on {n} x {topology.accelerator.name} ({fmt_gib(usable)} GiB usable "
             f"each): the smallest candidate, {label(smallest)} at micro-batch "
             f"{smallest.micro_batch}, needs {fmt_gib(smallest.memory.total_bytes)} GiB per "
-            f"{_per_device(topology)}; "
+            f"{per_device(topology)}; "
             f"{', '.join(fixes[:-1])} or {fixes[-1]}")
     reasons = warnings + _reasons(chosen, allowed, profile, topology, goal, usable, skipped)
     if ov:
@@ -375,55 +375,5 @@ def plan(profile: ModelProfile, topology: Topology, goal: Goal, *,
     return result
 
 
-def format_plan(plan: Plan, profile: ModelProfile, topology: Topology) -> str:
-    """The text `dlaunch plan` prints: the chosen plan, its memory and time breakdown, why,
-    the environment it sets, and the other candidates with the reason each lost."""
-    c, dev = plan.chosen, topology.accelerator
-    s, m, t = c.strategy, c.memory, c.time
-    intra = topology.intra_node.kind + (f", {topology.inter_node.kind} between nodes"
-                                        if topology.inter_node and topology.num_nodes > 1 else "")
-    flags = [s.precision + (" + GradScaler" if s.uses_grad_scaler else ""),
-             "activation checkpointing" if s.activation_checkpointing else "no checkpointing",
-             f"compile ({s.compile_mode})" if s.compile else "no compile"]
-    per_gpu = plan.units_per_s / plan.world_size
-    hidden = 1 - t.comm_exposed_s / t.comm_total_s if t.comm_total_s else 1.0
-    lines = [
-        f"Plan for {profile.name} on {topology.name}: {plan.world_size} x {dev.name} "
-        f"({topology.num_nodes} node{'s' if topology.num_nodes > 1 else ''}, {intra})",
-        f"  strategy     {LABELS[s.kind]}, {', '.join(flags)}",
-        f"  batch        global {plan.global_batch} = micro-batch {c.micro_batch} x "
-        f"{plan.world_size} ranks x {c.grad_accum_steps} accumulation step"
-        f"{'s' if c.grad_accum_steps > 1 else ''}",
-        f"  memory/{_per_device(topology):<6}{fmt_gib(m.total_bytes)} GiB of "
-        f"{fmt_gib(plan.usable_mem_bytes)} usable "
-        f"({dev.mem_gib:g} GiB total){'' if c.fits else '  DOES NOT FIT'}",
-        f"               params {fmt_gib(m.params_bytes)}  grads {fmt_gib(m.grads_bytes)}  "
-        f"optimizer {fmt_gib(m.optimizer_bytes)}  activations {fmt_gib(m.activations_bytes)}  "
-        f"overhead {fmt_gib(m.overhead_bytes)}",
-        f"  step time    {t.step_time_s:.3g} s = compute {t.compute_s:.3g} + exposed "
-        f"communication {t.comm_exposed_s:.3g} (of {t.comm_total_s:.3g} s, {hidden:.0%} hidden)",
-        f"  throughput   {plan.units_per_s:,.0f} {profile.sample_units}/s ({per_gpu:,.0f} per "
-        f"device), scaling efficiency {plan.scaling_efficiency:.0%}",
-        f"  assumptions  {m.assumptions}",
-        "Why",
-        *(f"  - {r}" for r in plan.reasons),
-    ]
-    if plan.env:
-        lines += ["Environment", *(f"  {k}={v}" for k, v in sorted(plan.env.items()))]
-    if plan.rejected:
-        lines += ["Other candidates",
-                  f"  {'strategy':<14}{'prec':<6}{'ckpt':<6}{'mb x acc':<10}"
-                  f"{'GiB/' + _per_device(topology):>9}"
-                  f"{'step s':>9}  why not"]
-        for r in plan.rejected:
-            rs = r.strategy
-            lines.append(f"  {LABELS[rs.kind]:<14}{rs.precision:<6}"
-                         f"{'on' if rs.activation_checkpointing else 'off':<6}"
-                         f"{f'{r.micro_batch} x {r.grad_accum_steps}':<10}"
-                         f"{fmt_gib(r.memory.total_bytes):>9}{r.time.step_time_s:>9.3g}  "
-                         f"{r.reason.split(': ', 1)[-1]}")
-    return "\n".join(lines)
-
-
-__all__ = ["plan", "format_plan", "profile_for_goal", "label", "STRATEGY_ORDER",
+__all__ = ["plan", "profile_for_goal", "label", "LABELS", "per_device", "STRATEGY_ORDER",
            "TIE_TOLERANCE", "DEFAULT_MAX_MICRO_BATCH", "OVERRIDE_KEYS"]

@@ -86,7 +86,7 @@ def add_report_args(p: argparse.ArgumentParser) -> None:
 def _devices() -> tuple[str, int, str]:
     """(device, how many ranks one host offers, what they are called)."""
     from launcher.backends.local import usable_cores
-    from launcher.detect import count_gpus
+    from launcher.gpu_probe import count_gpus
 
     gpus = count_gpus()
     if gpus:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher import detect
-from launcher.detect import (count_gpus, cpu_info, cpu_peak_tflops, detect_nics, detect_topology,
-                             slurm_allocation)
+from launcher import gpu_probe
+from launcher.detect import cpu_info, cpu_peak_tflops, detect_nics, detect_topology, slurm_allocation
+from launcher.gpu_probe import count_gpus
 from launcher.errors import TopologyError
 from launcher.inspect_view import format_topology, inspect_report
 from launcher.nvtopo import (inter_node_link, intra_node_link, parse_nvidia_smi_nvlinks,
@@ -195,7 +195,7 @@ def test_cpu_topology_forced_and_bf16_follows_cpu_flags():
 
 
 def test_cpu_detection_does_not_import_torch():
-    code = ("import sys, launcher.detect as d; d.detect_topology(); d.count_gpus(); "
+    code = ("import sys, launcher.detect as d, launcher.gpu_probe as g; d.detect_topology(); g.count_gpus(); "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                          text=True, timeout=60, check=True)
@@ -295,8 +295,8 @@ def test_reports_for_shipped_topologies(name):
 
 
 def test_report_includes_the_link_matrix(monkeypatch):
-    monkeypatch.setattr(detect, "_probe_nvml", lambda env: None)
-    monkeypatch.setattr(detect, "_probe_nvidia_smi", lambda env: detect._Gpus(
+    monkeypatch.setattr(gpu_probe, "_probe_nvml", lambda env: None)
+    monkeypatch.setattr(gpu_probe, "_probe_nvidia_smi", lambda env: gpu_probe.Gpus(
         names=("NVIDIA RTX A6000",) * 4, mem_bytes=(48 * 2**30,) * 4, cc=(8, 6),
         links=parse_nvidia_smi_topo(recorded("a6000-4x-nvlink-bridge.txt")),
         nvlinks=parse_nvidia_smi_nvlinks(recorded("a6000-4x-nvlink-bridge.txt")),
@@ -321,8 +321,8 @@ def test_nvidia_smi_fallback_when_nvml_fails(monkeypatch):
         assert isinstance(argv, list)  # an argv list, never a shell string
         return answers.get(argv[1]) or answers.get(argv[-1])
 
-    monkeypatch.setattr(detect, "_probe_nvml", lambda env: None)
-    monkeypatch.setattr(detect, "_run", fake_run)
+    monkeypatch.setattr(gpu_probe, "_probe_nvml", lambda env: None)
+    monkeypatch.setattr(gpu_probe, "_run", fake_run)
     t = detect_topology(env={"CUDA_VISIBLE_DEVICES": "1,2,3"})
     assert t.devices_per_node == 3 and off_diagonal(t.device_links) == {"pcie-nop2p"}
     assert t.accelerator.compute_capability == (8, 9)
@@ -331,8 +331,8 @@ def test_nvidia_smi_fallback_when_nvml_fails(monkeypatch):
 
 
 def test_cuda_visible_devices():
-    assert detect._visible(4, {}) == [0, 1, 2, 3]
-    assert detect._visible(4, {"CUDA_VISIBLE_DEVICES": "2,0"}) == [2, 0]
-    assert detect._visible(4, {"CUDA_VISIBLE_DEVICES": "0,-1,1"}) == [0]
-    assert detect._visible(4, {"CUDA_VISIBLE_DEVICES": "GPU-aaa,GPU-bbb"}) == [0, 1]
-    assert detect._visible(2, {"CUDA_VISIBLE_DEVICES": "0,5"}) == [0]
+    assert gpu_probe._visible(4, {}) == [0, 1, 2, 3]
+    assert gpu_probe._visible(4, {"CUDA_VISIBLE_DEVICES": "2,0"}) == [2, 0]
+    assert gpu_probe._visible(4, {"CUDA_VISIBLE_DEVICES": "0,-1,1"}) == [0]
+    assert gpu_probe._visible(4, {"CUDA_VISIBLE_DEVICES": "GPU-aaa,GPU-bbb"}) == [0, 1]
+    assert gpu_probe._visible(2, {"CUDA_VISIBLE_DEVICES": "0,5"}) == [0]

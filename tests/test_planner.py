@@ -16,7 +16,8 @@ import time
 import pytest
 
 from launcher.errors import PlanError
-from launcher.planner import format_plan, plan
+from launcher.plan_view import format_plan
+from launcher.planner import plan
 from launcher.specs import DeviceSpec, Goal, Link, ModelProfile, Topology
 
 # --- hardware (numbers from topologies/*.yaml) --------------------------------------------------
