@@ -12,28 +12,15 @@ import json
 import logging
 import socket
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from launcher.argtypes import int_at_least
 from launcher.errors import UsageError
 
 log = logging.getLogger(__name__)
 
 CPU_PROCESSES_PER_CORE = 4  # beyond this a CPU sweep measures contention, not scaling
-
-
-def _int(flag: str, minimum: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise UsageError(f"{flag} must be an integer >= {minimum}, got {text!r}") from None
-        if value < minimum:
-            raise UsageError(f"{flag} must be an integer >= {minimum}, got {value}")
-        return value
-
-    return parse
 
 
 def add_scale_args(p: argparse.ArgumentParser) -> None:
@@ -43,21 +30,21 @@ def add_scale_args(p: argparse.ArgumentParser) -> None:
                    help="world sizes to run, comma-separated (e.g. 1,2,4,8)")
     p.add_argument("--mode", choices=("weak", "strong"), default="weak",
                    help="weak: keep --micro-batch per rank; strong: keep --global-batch")
-    p.add_argument("--global-batch", type=_int("--global-batch", 1), default=None,
+    p.add_argument("--global-batch", type=int_at_least("--global-batch", 1), default=None,
                    help="samples per optimizer step for --mode strong (every world size must divide it)")
-    p.add_argument("--micro-batch", type=_int("--micro-batch", 1), default=8,
+    p.add_argument("--micro-batch", type=int_at_least("--micro-batch", 1), default=8,
                    help="samples per rank per forward pass (weak scaling)")
-    p.add_argument("--repeat", type=_int("--repeat", 1), default=1, help="runs per world size")
-    p.add_argument("--steps", type=_int("--steps", 1), default=20, help="optimizer steps per run")
-    p.add_argument("--warmup-steps", type=_int("--warmup-steps", 0), default=None,
+    p.add_argument("--repeat", type=int_at_least("--repeat", 1), default=1, help="runs per world size")
+    p.add_argument("--steps", type=int_at_least("--steps", 1), default=20, help="optimizer steps per run")
+    p.add_argument("--warmup-steps", type=int_at_least("--warmup-steps", 0), default=None,
                    help="steps left out of throughput (default: min(3, steps - 1))")
-    p.add_argument("--grad-accum", type=_int("--grad-accum", 1), default=1)
+    p.add_argument("--grad-accum", type=int_at_least("--grad-accum", 1), default=1)
     p.add_argument("--strategy", choices=("ddp", "fsdp_full", "fsdp_grad_op", "hybrid"), default="ddp")
     p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32")
     p.add_argument("--checkpointing", action="store_true", help="activation checkpointing per block")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
-    p.add_argument("--seed", type=_int("--seed", 0), default=0)
-    p.add_argument("--num-workers", type=_int("--num-workers", 0), default=0)
+    p.add_argument("--seed", type=int_at_least("--seed", 0), default=0)
+    p.add_argument("--num-workers", type=int_at_least("--num-workers", 0), default=0)
     p.add_argument("--sweep-dir", default=None,
                    help="where the sweep goes (default runs/scale-<workload>-<mode>-<hash>: the "
                         "same command resumes the same sweep)")

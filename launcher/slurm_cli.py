@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from launcher.argtypes import int_at_least
 from launcher.errors import UsageError
 
 log = logging.getLogger(__name__)
@@ -43,22 +44,13 @@ def _minutes(flag: str) -> Callable[[str], float]:
     return parse
 
 
-def _positive(flag: str) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        if not text.isdigit() or int(text) < 1:
-            raise UsageError(f"{flag} must be an integer >= 1, got {text!r}")
-        return int(text)
-
-    return parse
-
-
 def add_slurm_args(p: argparse.ArgumentParser) -> None:
     """The SLURM flags of `dlaunch run` (see `dlaunch run --help`)."""
     g = p.add_argument_group("SLURM (with --slurm; defaults from dlaunch.yaml's slurm: section)")
     g.add_argument("--slurm", action="store_true",
                    help="submit to SLURM (submitit): one task per node, each running torchrun")
-    g.add_argument("--nodes", type=_positive("--nodes"), default=None, help="nodes (default 1)")
-    g.add_argument("--gpus-per-node", type=_positive("--gpus-per-node"), default=None,
+    g.add_argument("--nodes", type=int_at_least("--nodes", 1), default=None, help="nodes (default 1)")
+    g.add_argument("--gpus-per-node", type=int_at_least("--gpus-per-node", 1), default=None,
                    help="processes (GPUs) per node; same as --gpus")
     g.add_argument("--partition", default=None, help="SLURM partition (default: the cluster's default)")
     g.add_argument("--account", default=None)
@@ -66,7 +58,7 @@ def add_slurm_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--constraint", default=None, help="node features, e.g. a100")
     g.add_argument("--time-min", type=_minutes("--time-min"), default=None,
                    help="job time limit in minutes (default 60)")
-    g.add_argument("--cpus-per-node", type=_positive("--cpus-per-node"), default=None,
+    g.add_argument("--cpus-per-node", type=int_at_least("--cpus-per-node", 1), default=None,
                    help="CPUs to request per node (default: the partition's CPUs per node)")
     g.add_argument("--slurm-opt", action="append", default=None, metavar="KEY=VALUE",
                    help="extra sbatch option, e.g. --slurm-opt mem=64G (repeatable)")
@@ -118,7 +110,7 @@ def _device(args: argparse.Namespace, partition: str | None) -> str:
 def run_from_args(args: argparse.Namespace, workload_args: Sequence[str]) -> int:
     """`dlaunch run --slurm ...`: validate, then dry-run, detach or submit-and-follow."""
     from launcher.backends import slurm as backend
-    from launcher.cli import launch_spec_from_args
+    from launcher.run_cli import launch_spec_from_args
     from launcher.rundir import create_run_dir, new_run_id
     from launcher.workload import inspect_file
 
