@@ -22,8 +22,9 @@ from launcher.specs import Candidate, Goal, ModelProfile, Plan, Strategy, Topolo
 
 logger = logging.getLogger(__name__)
 
-# Simpler first: ties go to the strategy with fewer moving parts (and fewer failure modes).
-STRATEGY_ORDER = ("ddp", "fsdp_grad_op", "fsdp_full", "hybrid")
+# Ties go to DDP (fewest moving parts), then to full shard over grad-op: at the same predicted
+# speed full shard keeps less in memory (more headroom), and hybrid only wins when faster.
+STRATEGY_ORDER = ("ddp", "fsdp_full", "fsdp_grad_op", "hybrid")
 LABELS = {"ddp": "DDP", "fsdp_grad_op": "FSDP grad-op", "fsdp_full": "FSDP full",
           "hybrid": "hybrid"}
 # Predictions closer than this are a tie: the model is not more accurate than a few percent.
@@ -141,7 +142,7 @@ def _per_sample(c: Candidate) -> float:
 
 
 def _preference(c: Candidate) -> tuple[int, bool, int, float]:
-    """Among near-ties: simpler strategy, no checkpointing, then the larger micro-batch (the
+    """Among near-ties: STRATEGY_ORDER, no checkpointing, then the larger micro-batch (the
     model does not see the better kernel efficiency of larger batches), then speed."""
     s = c.strategy
     return STRATEGY_ORDER.index(s.kind), s.activation_checkpointing, -c.micro_batch, _per_sample(c)
@@ -229,8 +230,8 @@ def _reasons(chosen: Candidate, cands: list[Candidate], profile: ModelProfile,
         rname = LABELS[runner.strategy.kind]
         if _per_sample(runner) < _per_sample(chosen) * (1 + TIE_TOLERANCE):
             head = (f"{name} fits ({mem}) and ties with {rname}: {speed(chosen)} vs "
-                    f"{speed(runner)} (within {TIE_TOLERANCE:.0%}; ties go to the simpler "
-                    f"strategy)")
+                    f"{speed(runner)} (within {TIE_TOLERANCE:.0%}; ties go to DDP, then to "
+                    f"the strategy that keeps less in memory)")
         else:
             head = (f"{name} fits ({mem}) and is fastest: {speed(chosen)} vs {rname} "
                     f"{speed(runner)}")
@@ -291,7 +292,7 @@ def _reasons(chosen: Candidate, cands: list[Candidate], profile: ModelProfile,
 def _rejected(chosen: Candidate, cands: list[Candidate], goal: Goal, topology: Topology,
               profile: ModelProfile, usable: float) -> list[Candidate]:
     """Best candidate of each (strategy, precision, checkpointing) group but the chosen one's,
-    each with the reason it lost: slower, a tie the simpler plan won, or too big."""
+    each with the reason it lost: slower, a tie the preferred plan won, or too big."""
     n = topology.world_size
     key = lambda c: (c.strategy.kind, c.strategy.precision,  # noqa: E731
                      c.strategy.activation_checkpointing)
@@ -308,7 +309,7 @@ def _rejected(chosen: Candidate, cands: list[Candidate], goal: Goal, topology: T
             theirs = _speed(best, goal, n, profile)
             tie = _per_sample(best) <= _per_sample(chosen) * (1 + TIE_TOLERANCE)
             why = (f"{label(best)}: ties with the chosen plan ({theirs} vs {mine}, within "
-                   f"{TIE_TOLERANCE:.0%}), which is simpler" if tie and chosen.fits else
+                   f"{TIE_TOLERANCE:.0%}), which is preferred on ties" if tie and chosen.fits else
                    f"{label(best)}: fits ({fmt_gib(best.memory.total_bytes)} GiB) but slower: "
                    f"{theirs} vs {mine}")
         else:
