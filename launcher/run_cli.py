@@ -66,7 +66,12 @@ def add_fault_args(p: argparse.ArgumentParser) -> None:
                    help="allowance before every rank finished step 1: imports, model build, "
                         "compile, rendezvous (default max(900, --hang-timeout-s))")
     p.add_argument("--max-restarts", type=int_at_least("--max-restarts", 0), default=0,
-                   help="relaunch a failed job up to N times (fresh rendezvous, same run dir)")
+                   help="relaunch a failed job up to N times (fresh rendezvous, same run dir); "
+                        "it resumes from the last checkpoint (see --checkpoint-every)")
+    p.add_argument("--checkpoint-every", type=int_at_least("--checkpoint-every", 0), default=0,
+                   help="save a checkpoint (torch.distributed.checkpoint, RUN_DIR/checkpoints) "
+                        "every N optimizer steps (0: only on the preemption signal); restarts "
+                        "and SLURM requeues resume from the newest with the same data order")
 
 
 def _detect_device(requested: int) -> str:
@@ -97,6 +102,7 @@ def launch_spec_from_args(args: argparse.Namespace, workload_args: Sequence[str]
         log_every=args.log_every, calibrate_comm=not args.no_calibrate,
         max_grad_norm=args.max_grad_norm,
         hang_timeout_s=args.hang_timeout_s, max_restarts=args.max_restarts,
+        checkpoint_every=getattr(args, "checkpoint_every", 0) or 0,
         startup_timeout_s=(args.startup_timeout_s if args.startup_timeout_s is not None
                            else max(900.0, args.hang_timeout_s)),
         strategy=Strategy(kind=args.strategy, precision=args.precision,

@@ -245,6 +245,9 @@ class LaunchSpec:
     # before every rank has finished step 1 (imports, model build, compile, rendezvous)
     startup_timeout_s: float = 900.0
     max_restarts: int = 0  # relaunches (fresh rendezvous, same run dir) after a failed attempt
+    # save a checkpoint (torch.distributed.checkpoint) every N optimizer steps; 0 = only on
+    # the preemption signal. A restart / requeue resumes from the newest one (runtime.resume)
+    checkpoint_every: int = 0
 
     def __post_init__(self) -> None:
         _check(self.device in DEVICES, UsageError, f"device must be one of {DEVICES}")
@@ -284,6 +287,11 @@ class LaunchSpec:
                f"and {MAX_TIMEOUT_S:g} seconds, got {self.startup_timeout_s:g}")
         _check(self.max_restarts >= 0, UsageError,
                f"--max-restarts must be >= 0, got {self.max_restarts}")
+        _check(self.checkpoint_every >= 0, UsageError,
+               f"--checkpoint-every must be >= 0 (0: off), got {self.checkpoint_every}")
+        _check(not (self.checkpoint_every and self.is_script), UsageError,
+               "--checkpoint-every needs a workload: dlaunch's harness saves the checkpoints, "
+               "and a plain script saves its own")
 
     @property
     def collective_timeout_s(self) -> float:
@@ -353,6 +361,8 @@ class RankResult:
     profile_trace: str | None = None
     top_ops: tuple[Mapping[str, Any], ...] = ()
     device_busy_share: float | None = None  # CUDA kernel time / profiled step time
+    # the last attempt resumed from this step's checkpoint (`steps` counts the steps before it)
+    resumed_from_step: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -384,6 +394,9 @@ class RunResult:
     stragglers: tuple[int, ...] = ()  # ranks whose median step exceeds the median of medians by >10%
     # the bottleneck: {"name", "evidence", "shares"} from the measured shares of the step
     verdict: Mapping[str, Any] | None = None
+    # attempts the rank files record (--max-restarts relaunches, SLURM requeues); every
+    # per-rank number above comes from the last one
+    attempts: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""

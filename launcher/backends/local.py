@@ -78,9 +78,9 @@ def rank_env(spec: LaunchSpec, *, base_env: Mapping[str, str], cores: int) -> di
         env["OMP_NUM_THREADS"] = str(max(1, cores // spec.nproc_per_node))
     if spec.device == "cuda" and "PYTORCH_CUDA_ALLOC_CONF" not in base_env:
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
-    if spec.max_restarts > 0:
-        # where a checkpointing harness saves and, on a restart (DLAUNCH_RESUME=1), resumes
-        # from; the same variable the SLURM backend sets
+    if spec.max_restarts > 0 or spec.checkpoint_every > 0:
+        # where the harness saves and, on a restart (DLAUNCH_RESUME=1), resumes from
+        # (runtime.resume); the same variable the SLURM backend sets
         env["DLAUNCH_CHECKPOINT_DIR"] = str(Path(spec.run_dir) / CHECKPOINT_SUBDIR)
     for k, v in spec.env.items():
         env.setdefault(k, v)

@@ -2,6 +2,12 @@
 
 Tolerant by design: a rank file cut mid-line (killed rank) is read up to its last whole
 record, a missing rank is reported as missing, and the reasons are kept in `unreadable`.
+
+Attempts: a requeued SLURM job appends a second `start` record (and its steps) to the same rank
+files; a `--max-restarts` relaunch moves the failed attempt aside but its start record says
+which attempt it is. Each rank's numbers come from its records after its LAST start record
+only (a requeued 1500-step run must not report 1650 steps); `steps` adds the steps the
+checkpoint it resumed from covers, and `RunResult.attempts` says how many attempts there were.
 """
 
 from __future__ import annotations
@@ -53,11 +59,27 @@ def _script_status(run_dir: Path, rank: int, exit_code: int | None) -> str:
     return "failed" if any("Error" in line or "Traceback" in line for line in tail) else "stopped"
 
 
+def last_attempt(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    """The records from the last `start` record on, and how many attempts the file shows.
+
+    The count is the larger of the start records in the file and the last start's `attempt`
+    + 1 (a `--max-restarts` relaunch moved the earlier attempts' files to attempts/<n>/).
+    """
+    starts = [i for i, r in enumerate(records) if r.get("kind") == "start"]
+    if not starts:
+        return records, 1
+    attempt = records[starts[-1]].get("attempt") or 0
+    return records[starts[-1]:], max(len(starts), int(attempt) + 1)
+
+
 def _rank_result(run_dir: Path, rank: int, records: list[dict[str, Any]],
                  summary: dict[str, Any] | None, *, script_exit: int | None = None,
-                 is_script: bool = False) -> RankResult:
+                 is_script: bool = False, earlier_loss: float | None = None) -> RankResult:
+    """One rank from its last attempt's records; `earlier_loss`: the last loss any earlier
+    attempt recorded (the final loss of an attempt that resumed at the last step)."""
     start = next((r for r in records if r.get("kind") == "start"), {})
     steps = [r for r in records if r.get("kind") == "step"]
+    resumed = next((int(r["step"]) for r in records if r.get("kind") == "resume"), None)
     # profiled steps (--profile) run slower: out of throughput like warm-up
     steady = [r for r in steps if not r.get("warmup") and not r.get("profiled")] or steps
     total_time = sum(r["step_time_s"] for r in steady)
@@ -79,14 +101,14 @@ def _rank_result(run_dir: Path, rank: int, records: list[dict[str, Any]],
     return RankResult(
         rank=rank, local_rank=local_rank, node_rank=node_rank,
         host=str(start.get("host", "?")), status=status,
-        steps=len(steps), steady_steps=len(steady),
+        steps=(resumed or 0) + len(steps), steady_steps=len(steady),
         samples_per_s=sum(r["samples"] for r in steady) / total_time if total_time else 0.0,
         units_per_s=sum(r["units"] for r in steady) / total_time if total_time else 0.0,
         step_time_median_s=statistics.median(times), step_time_p90_s=percentile(times, 90),
         step_time_max_s=max(times),
         data_wait_share=(sum(r["data_wait_s"] for r in steady) / total_time) if total_time else 0.0,
         peak_mem_bytes=max(peaks) if peaks else None,
-        final_loss=steps[-1]["loss"] if steps else None,
+        final_loss=steps[-1]["loss"] if steps else earlier_loss,
         error=error,
         log_tail=rank_log_tail(run_dir, node_rank, local_rank) if failed else (),
         exposed_comm_s=comm.get("exposed_comm_s"), busbw_gb_s=comm.get("busbw_gb_s"),
@@ -98,6 +120,7 @@ def _rank_result(run_dir: Path, rank: int, records: list[dict[str, Any]],
         profile_trace=prof.get("trace"), top_ops=tuple(prof.get("top_ops", ())),
         device_busy_share=(min(1.0, prof["device_time_s"] / prof_time)
                            if prof.get("device_time_s") is not None and prof_time else None),
+        resumed_from_step=resumed,
     )
 
 
@@ -155,9 +178,13 @@ def aggregate(run_dir: str | Path, *, exit_code: int | None = None,
     """Aggregate a run directory (written by `dlaunch run`) into a RunResult."""
     rd = Path(run_dir)
     spec = LaunchSpec.from_dict(read_json(rd / "launch.json"))
-    records, summaries, notes = load_rank_files(rd, spec.world_size)
+    every, summaries, notes = load_rank_files(rd, spec.world_size)
+    split = {r: last_attempt(recs) for r, recs in every.items()}
+    records = {r: recs for r, (recs, _) in split.items()}
+    attempts = max((n for _, n in split.values()), default=1)
     ranks = tuple(_rank_result(rd, r, records.get(r, []), summaries.get(r),
-                               script_exit=exit_code, is_script=spec.is_script)
+                               script_exit=exit_code, is_script=spec.is_script,
+                               earlier_loss=_last_loss(every.get(r, [])))
                   for r in range(spec.world_size))
     units = next((rec.get("sample_units") for recs in records.values() for rec in recs
                   if rec.get("kind") == "workload"), "samples")
@@ -186,7 +213,7 @@ def aggregate(run_dir: str | Path, *, exit_code: int | None = None,
         strategy="script" if spec.is_script else spec.strategy.kind,
         precision=spec.strategy.precision,
         status="ok" if code == 0 and all_ok else "failed", exit_code=code,
-        wall_time_s=wall_time_s if wall_time_s is not None else _wall_time(records),
+        wall_time_s=wall_time_s if wall_time_s is not None else _wall_time(every),
         samples_per_s=sum(r.samples_per_s for r in ranks),
         units_per_s=sum(r.units_per_s for r in ranks),
         sample_units=str(units),
@@ -198,6 +225,7 @@ def aggregate(run_dir: str | Path, *, exit_code: int | None = None,
         busbw_gb_s=_median_or_none([r.busbw_gb_s for r in ranks]),
         stragglers=stragglers,
         verdict=run_verdict(ranks, measured),
+        attempts=attempts,
     )
 
 
@@ -241,10 +269,21 @@ def _failures(ranks: tuple[RankResult, ...], summaries: dict[int, dict[str, Any]
     order = sorted(failed, key=lambda r: summaries.get(r.rank, {}).get("time", float("inf")))
     out = []
     for r in order:
-        what = r.error or (r.log_tail[-1] if r.log_tail else f"no summary ({r.status})")
+        summary = summaries.get(r.rank, {})
+        if r.status == "preempted":
+            # not an error: the rank saved and left on purpose (runtime.resume)
+            what = (f"stopped on {summary.get('preempted_by', 'a preemption signal')} after saving "
+                    f"the checkpoint of step {summary.get('checkpoint_step', r.steps)}")
+        else:
+            what = r.error or (r.log_tail[-1] if r.log_tail else f"no summary ({r.status})")
         out.append(f"rank {r.rank} (host {r.host}, node {r.node_rank}, local rank {r.local_rank}) "
                    f"{r.status} after {r.steps} steps: {what}")
     return tuple(out)
+
+
+def _last_loss(records: list[dict[str, Any]]) -> float | None:
+    losses = [r["loss"] for r in records if r.get("kind") == "step" and r.get("loss") is not None]
+    return losses[-1] if losses else None
 
 
 def _wall_time(records: dict[int, list[dict[str, Any]]]) -> float:

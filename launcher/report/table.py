@@ -74,6 +74,13 @@ def format_run(result: RunResult) -> str:
         r = result.ranks[rank]
         out.append(f"STRAGGLER: rank {r.rank} on {r.host} (local rank {r.local_rank}): median step "
                    f"{r.step_time_median_s:.3f} s vs {result.step_time_median_s:.3f} s median of medians")
+    if result.attempts > 1:
+        resumed = sorted({r.resumed_from_step for r in result.ranks if r.resumed_from_step})
+        how = (f"resumed from the checkpoint of step {resumed[0]}" if len(resumed) == 1 else
+               "started over (no checkpoint)" if not resumed else
+               f"resumed from steps {', '.join(map(str, resumed))}")
+        out.append(f"attempts: {result.attempts}; the last {how}; the table shows the last attempt "
+                   "(steps include those its checkpoint covers)")
     for f in result.failures:
         out.append(f"FAILED: {f}")
     for r in result.ranks:

@@ -1,7 +1,8 @@
 """The program torchrun starts in every rank: `python -m launcher.runtime.entry LAUNCH_JSON`.
 
 It reads the launch spec the launcher wrote, builds the workload, trains it under the
-harness, and always leaves a summary file saying how the rank ended. A failure is reported
+harness, and always leaves a summary file saying how the rank ended (ok, preempted — a
+checkpoint was saved on the preemption signal, exit 0 — failed or stopped). A failure is reported
 as one line on stderr (the traceback goes to the summary file; `DLAUNCH_DEBUG=1` prints it).
 """
 
@@ -31,6 +32,14 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     # dlaunch may both send one, and a second raise would cut that summary short
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise Stopped(128 + signum)
+
+
+def _stop_was_requested() -> bool:
+    """A rank told to stop (SIGTERM under SLURM) whose next collective then failed (a peer
+    was already gone) was being stopped, not failing of its own."""
+    from launcher.runtime.resume import stop_requested
+
+    return stop_requested() is not None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,11 +75,12 @@ def main(argv: list[str] | None = None) -> int:
                       "units_per_sample": workload.units_per_sample})
         # a hung collective must end long before gloo/NCCL's 30-minute default
         init_distributed(ctx, timeout_s=spec.collective_timeout_s)
-        train(workload, spec, ctx, recorder)
-        recorder.finish("ok")
+        outcome = train(workload, spec, ctx, recorder)
+        # `preempted` also exits 0: the checkpoint is saved, a requeue or restart resumes it
+        recorder.finish(outcome.status, extra=outcome.summary or None)
         return 0
     except BaseException as e:  # noqa: BLE001 - every way out must leave a summary
-        status = "stopped" if isinstance(e, Stopped) else "failed"
+        status = "stopped" if isinstance(e, Stopped) or _stop_was_requested() else "failed"
         recorder.finish(status, error=e)
         if os.environ.get("DLAUNCH_DEBUG"):
             traceback.print_exc()

@@ -1,8 +1,8 @@
 """The training loop every workload runs under: data, precision, accumulation, measurement.
 
 Measurement never syncs the host with the device per step: on CUDA each step is bracketed by
-events that are read at the end of a logging window; losses stay tensors until then. On CPU
-the step is synchronous anyway, so `perf_counter` is exact.
+events that are read at the end of a logging window; losses stay tensors until then (see
+runtime.window). On CPU the step is synchronous anyway, so `perf_counter` is exact.
 
 Besides `step` and `comm`, the harness writes these records to the rank file:
   wrap             strategy, compiled, mesh_shape (FSDP's device mesh; [replicas, shards] for hybrid)
@@ -10,40 +10,33 @@ Besides `step` and `comm`, the harness writes these records to the rank file:
   profile          trace, top_ops [{name, self_s, per_step_ms, share, calls, calls_per_step}],
                    profiled_steps, by, device_time_s (CUDA); profiled steps carry profiled=true
   memory_snapshot  path, reason (end of run | out of memory)
+  resume, checkpoint   see runtime.resume (--checkpoint-every, DLAUNCH_RESUME, preemption)
+
+Every step beats the heartbeat (`recorder.progress`, no device sync) so the launcher's hang
+watcher sees progress even inside a long window; a rank that fails inside a window still
+records the steps it completed (with its own loss: `loss_scope: "rank"`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import resource
-import sys
 import time
 from collections.abc import Iterable
 from typing import Any
 
+from launcher.runtime import resume
 from launcher.runtime.compiling import CompileGuard, compile_stats
 from launcher.runtime.context import RankContext
 from launcher.runtime.recorder import RankRecorder
+from launcher.runtime.window import FLUSH_INTERVAL_S, Clock, Window, window_steps
 from launcher.runtime.wrap import Wrapped, wrap
 from launcher.specs import LaunchSpec
 from launcher.workload import Workload
 
 log = logging.getLogger(__name__)
 
-# flush about this often even when --log-every steps take longer, so a killed rank loses little
-FLUSH_INTERVAL_S = 5.0
-
-
-def window_steps(mean_step_s: float, log_every: int) -> int:
-    """Steps in the next logging window: --log-every, fewer when that would exceed the flush
-    interval. Every rank must close its window at the same step (the loss all-reduce is a
-    collective), so the length comes from the previous window's rank-averaged step time, which
-    all ranks share, never from each rank's own clock."""
-    if mean_step_s <= 0:
-        return log_every
-    return max(1, min(log_every, int(FLUSH_INTERVAL_S / mean_step_s)))
-
+__all__ = ["FLUSH_INTERVAL_S", "make_loader", "to_device", "train", "window_steps"]
 
 def to_device(batch: Any, device: Any) -> Any:
     """Move a batch (tensor, or tuple / list / dict of them) to `device`."""
@@ -58,12 +51,14 @@ def to_device(batch: Any, device: Any) -> Any:
     return batch
 
 
-def make_loader(workload: Workload, spec: LaunchSpec, ctx: RankContext) -> Any:
+def make_loader(workload: Workload, spec: LaunchSpec, ctx: RankContext, *,
+                start_step: int = 0) -> Any:
     """A DataLoader over exactly the samples this rank trains on, in a fixed order.
 
     The dataset holds steps x global batch samples; DistributedSampler hands rank r every
     world_size-th index, so the union of all ranks' micro-batches at a step is the batch one
     process would see with world_size times the micro-batch (the equivalence the tests check).
+    After a resume at `start_step` the index list starts where step start_step + 1 begins.
     """
     import torch
     from torch.utils.data import DataLoader, DistributedSampler
@@ -71,6 +66,8 @@ def make_loader(workload: Workload, spec: LaunchSpec, ctx: RankContext) -> Any:
     dataset = workload.make_dataset(spec.steps * spec.global_batch)
     sampler = DistributedSampler(dataset, num_replicas=ctx.world_size, rank=ctx.rank,
                                  shuffle=spec.loader.shuffle, seed=spec.seed, drop_last=True)
+    if start_step:
+        sampler = resume.SkipSampler(sampler, start_step * spec.micro_batch * spec.grad_accum_steps)
     workers = spec.loader.num_workers
     return DataLoader(
         dataset, batch_size=spec.micro_batch, sampler=sampler, drop_last=True,
@@ -92,53 +89,14 @@ def _autocast(spec: LaunchSpec, ctx: RankContext) -> contextlib.AbstractContextM
     return torch.autocast(device_type=ctx.device_type, dtype=dtype)
 
 
-class _Clock:
-    """Step timing: CUDA events read lazily, or perf_counter on CPU."""
-
-    def __init__(self, device_type: str) -> None:
-        import torch
-
-        self.cuda = device_type == "cuda"
-        self._torch = torch
-        self._pending: list[tuple[Any, Any]] = []
-        self._t0 = 0.0
-
-    def start(self) -> Any:
-        if self.cuda:
-            ev = self._torch.cuda.Event(enable_timing=True)
-            ev.record()
-            return ev
-        return time.perf_counter()
-
-    def stop(self, start: Any) -> Any:
-        if self.cuda:
-            ev = self._torch.cuda.Event(enable_timing=True)
-            ev.record()
-            return (start, ev)
-        return time.perf_counter() - start
-
-    def resolve(self, marks: list[Any]) -> list[float]:
-        """Seconds per step; on CUDA this is the one host sync of the window."""
-        if not self.cuda:
-            return list(marks)
-        self._torch.cuda.synchronize()
-        return [a.elapsed_time(b) / 1000.0 for a, b in marks]
-
-
-def _peak_mem_bytes(device_type: str) -> int:
-    if device_type == "cuda":
-        import torch
-
-        return int(torch.cuda.max_memory_allocated())
-    # CPU: peak resident set of this process (ru_maxrss is KiB on Linux)
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-
-
-def train(workload: Workload, spec: LaunchSpec, ctx: RankContext, recorder: RankRecorder) -> None:
+def train(workload: Workload, spec: LaunchSpec, ctx: RankContext,
+          recorder: RankRecorder) -> resume.Outcome:
     """Build, wrap and train the workload for `spec.steps` optimizer steps, recording each.
 
-    With `--memory-snapshot` the CUDA allocation history is dumped at the end, or when the
-    rank runs out of memory (then the error is raised again).
+    Resumes from the last checkpoint with DLAUNCH_RESUME=1 and stops early (status
+    `preempted`) on the preemption signal; see runtime.resume. With `--memory-snapshot` the
+    CUDA allocation history is dumped at the end, or when the rank runs out of memory (then the
+    error is raised again).
     """
     import torch
 
@@ -147,18 +105,19 @@ def train(workload: Workload, spec: LaunchSpec, ctx: RankContext, recorder: Rank
     if spec.detect_anomaly:
         profiling.enable_anomaly_detection(ctx.rank)
     if not spec.memory_snapshot:
-        _train(workload, spec, ctx, recorder)
-        return
+        return _train(workload, spec, ctx, recorder)
     profiling.start_memory_history()
     try:
-        _train(workload, spec, ctx, recorder)
+        outcome = _train(workload, spec, ctx, recorder)
     except torch.OutOfMemoryError:
         recorder.add(profiling.dump_memory_snapshot(spec.run_dir, ctx.rank, reason="out of memory"))
         raise
     recorder.add(profiling.dump_memory_snapshot(spec.run_dir, ctx.rank, reason="end of run"))
+    return outcome
 
 
-def _train(workload: Workload, spec: LaunchSpec, ctx: RankContext, recorder: RankRecorder) -> None:
+def _train(workload: Workload, spec: LaunchSpec, ctx: RankContext,
+           recorder: RankRecorder) -> resume.Outcome:
     import torch
 
     device = ctx.device()
@@ -171,16 +130,18 @@ def _train(workload: Workload, spec: LaunchSpec, ctx: RankContext, recorder: Ran
     params = [p for p in wrapped.module.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-3, fused=ctx.device_type == "cuda")
     scaler = torch.amp.GradScaler(ctx.device_type, enabled=spec.strategy.uses_grad_scaler)
-    loader = make_loader(workload, spec, ctx)
+    # after wrapping (DCP loads DDP and FSDP2 state alike) and before the loader (data position)
+    start = resume.resume(wrapped.module, optimizer, scaler, spec, ctx, recorder)
+    loader = make_loader(workload, spec, ctx, start_step=start)
     batches = iter(loader)
-    clock = _Clock(ctx.device_type)
+    clock = Clock(ctx.device_type)
     accum = spec.grad_accum_steps
     samples_per_step = spec.micro_batch * accum
     units_per_step = samples_per_step * workload.units_per_sample
-    # compilation happens at the first calls: watch them through warm-up (at least step 1)
+    # compilation happens at the first calls: watch them through warm-up (at least one step)
     guard = CompileGuard(compiled=wrapped.compiled, strict=spec.strategy.compile_strict,
                          rank=ctx.rank)
-    watch_until = max(1, spec.warmup_steps)
+    watch_until = start + max(1, spec.warmup_steps)
 
     def zero_grad() -> None:
         optimizer.zero_grad(set_to_none=True)
@@ -204,68 +165,72 @@ def _train(workload: Workload, spec: LaunchSpec, ctx: RankContext, recorder: Ran
     if spec.profile:
         from launcher.runtime.profiling import StepProfiler
 
+        # the profiler counts this attempt's steps (a resumed run starts after `start`)
         profiler = StepProfiler(run_dir=spec.run_dir, rank=ctx.rank, warmup_steps=spec.warmup_steps,
-                                steps=spec.steps, cuda=ctx.device_type == "cuda")
+                                steps=spec.steps - start, cuda=ctx.device_type == "cuda")
 
-    window: list[dict[str, Any]] = []
-    marks: list[Any] = []
-    losses: list[Any] = []
-    scales: list[Any] = []
-    # the scale tensor is created lazily by the first scale(); start from the initial value
-    prev_scale = [torch.tensor(scaler.get_scale(), device=device)] if scaler.is_enabled() else []
-    window_len = 1  # the first window is step 1 alone: it measures the step time
-    for step in range(1, spec.steps + 1):
-        start = clock.start()
-        data_wait = 0.0
+    window = Window(clock, ctx, recorder, scaler, device, spec.log_every)
+    stopped_at = 0  # the step after which a preemption request stopped training
+    with resume.Preemption(sigterm=resume.under_slurm()) as preemption:
+        try:
+            for step in range(start + 1, spec.steps + 1):
+                step_start = clock.start()
+                data_wait = 0.0
 
-        def fetch() -> Any:
-            nonlocal data_wait
-            t = time.perf_counter()
-            batch = to_device(next(batches), device)
-            data_wait += time.perf_counter() - t
-            return batch
+                def fetch() -> Any:
+                    nonlocal data_wait
+                    t = time.perf_counter()
+                    batch = to_device(next(batches), device)
+                    data_wait += time.perf_counter() - t
+                    return batch
 
-        if guard.watching:
-            # keep the step's batches: a compile failure re-runs them eagerly
-            held = [fetch() for _ in range(accum)]
-            step_loss = guard.run(lambda: forward_backward(held), zero_grad)
-            if step >= watch_until:
-                guard.stop()
-        else:
-            step_loss = forward_backward(fetch() for _ in range(accum))
-        if spec.max_grad_norm > 0:
-            # once per optimizer step, on true (unscaled) gradients
-            scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(params, spec.max_grad_norm)
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
-        marks.append(clock.stop(start))
-        losses.append(step_loss)
-        if scaler.is_enabled():
-            # the scale drops exactly when the step was skipped for inf/NaN gradients;
-            # keep a device copy and compare at the window's end (no sync here)
-            scales.append(scaler._scale.detach().clone())
-        record = {"kind": "step", "step": step, "end_time": time.time(), "data_wait_s": data_wait,
-                  "samples": samples_per_step, "units": units_per_step,
-                  "warmup": step <= spec.warmup_steps}
-        if profiler is not None:
-            profiler.step()
-            # profiled steps run slower: aggregate leaves them out of throughput
-            record["profiled"] = profiler.profiled(step)
-        window.append(record)
-        if len(window) >= window_len or step == spec.steps:
-            mean_step_s = _close_window(window, marks, losses, clock, ctx, recorder,
-                                        prev_scale + scales)
-            window_len = window_steps(mean_step_s, spec.log_every)
-            prev_scale = scales[-1:]
-            window, marks, losses, scales = [], [], [], []
+                if guard.watching:
+                    # keep the step's batches: a compile failure re-runs them eagerly
+                    held = [fetch() for _ in range(accum)]
+                    step_loss = guard.run(lambda: forward_backward(held), zero_grad)
+                    if step >= watch_until:
+                        guard.stop()
+                else:
+                    step_loss = forward_backward(fetch() for _ in range(accum))
+                if spec.max_grad_norm > 0:
+                    # once per optimizer step, on true (unscaled) gradients
+                    scaler.unscale_(optimizer)
+                    torch.nn.utils.clip_grad_norm_(params, spec.max_grad_norm)
+                scaler.step(optimizer)
+                scaler.update()
+                optimizer.zero_grad(set_to_none=True)
+                mark = clock.stop(step_start)
+                # warm-up counts from this attempt's first step: a resumed rank is cold again
+                record = {"kind": "step", "step": step, "end_time": time.time(),
+                          "data_wait_s": data_wait, "samples": samples_per_step,
+                          "units": units_per_step, "warmup": step - start <= spec.warmup_steps}
+                if profiler is not None:
+                    profiler.step()
+                    # profiled steps run slower: aggregate leaves them out of throughput
+                    record["profiled"] = profiler.profiled(step - start)
+                window.add(record, mark, step_loss)
+                recorder.progress(step)  # hang watcher: every step, a small file a second at most
+                boundary = resume.window_boundary(step, spec)
+                if window.full or step == spec.steps or boundary:
+                    if window.close(stop=preemption.requested):
+                        # every rank learnt it from the same all-reduce: all save at this step
+                        resume.save_preempted(step, wrapped.module, optimizer, scaler, spec,
+                                              ctx, recorder)
+                        stopped_at = step
+                        break
+                    if boundary:
+                        resume.save(step, wrapped.module, optimizer, scaler, spec, recorder,
+                                    reason="periodic")
+        except BaseException:
+            window.flush_open()
+            raise
     if profiler is not None:
         recorder.add(profiler.close())
     if wrapped.compiled:
         recorder.add(compile_stats(guard.fallback))
     recorder.flush()
     del batches, loader
+    return resume.outcome(stopped_at, spec)
 
 
 def _calibrate(workload: Workload, wrapped: Wrapped, spec: LaunchSpec, ctx: RankContext,
@@ -299,35 +264,3 @@ def _calibrate(workload: Workload, wrapped: Wrapped, spec: LaunchSpec, ctx: Rank
     grad_bytes = sum(p.numel() * 4 for p in params)
     record.update(allreduce_bandwidth(grad_bytes, device, ctx.world_size))
     recorder.add(record)
-
-
-def _close_window(window: list[dict[str, Any]], marks: list[Any], losses: list[Any],
-                  clock: _Clock, ctx: RankContext, recorder: RankRecorder,
-                  scales: list[Any]) -> float:
-    """Resolve the window's timings, losses and skipped steps (one sync) and record them.
-
-    Returns the window's mean step time averaged over ranks (the same number on every rank).
-    """
-    import torch
-    import torch.distributed as dist
-
-    times = clock.resolve(marks)
-    if scales:
-        values = torch.stack(scales).float().tolist()
-        for rec, before, after in zip(window, values, values[1:]):
-            rec["skipped"] = after < before
-    # the losses and, last, this rank's mean step time: one collective per window, not per step
-    mean_step = torch.tensor([sum(times) / len(times)], device=losses[0].device)
-    loss_vec = torch.cat([torch.stack(losses).float(), mean_step])
-    if ctx.is_distributed:
-        dist.all_reduce(loss_vec, op=dist.ReduceOp.SUM)
-        loss_vec /= ctx.world_size
-    *values, mean_step_s = loss_vec.tolist()
-    peak = _peak_mem_bytes(ctx.device_type)
-    now = time.time()
-    for rec, step_time, loss in zip(window, times, values):
-        rec.update(step_time_s=step_time, loss=loss, peak_mem_bytes=peak, time=now)
-        recorder.add(rec)
-    recorder.flush()
-    sys.stdout.flush()
-    return mean_step_s

@@ -7,7 +7,8 @@ Records (one JSON object per line, `kind` first):
   step   step, time, end_time (host clock at the step's end), step_time_s, data_wait_s, samples, units, loss, peak_mem_bytes, warmup
   comm   calibration of communication (see harness)
   end    time, steps, status
-The start record also carries `attempt` (0, or the restart number under `--max-restarts`).
+The start record also carries `attempt` (0, or the restart number under `--max-restarts`, or
+SLURM's restart count of a requeued job); runtime.resume adds `resume` and `checkpoint` records.
 
 The heartbeat file `rank-<r>.heartbeat` ({step, time, pid, host, stacks}) is what the launcher's
 hang watcher (launcher.monitor) reads: it is replaced atomically at every flush and whenever a
@@ -57,7 +58,9 @@ class RankRecorder:
         # before the first heartbeat: the watcher only signals ranks whose heartbeat says
         # they can take it (SIGUSR1's default action would kill the rank)
         self._stacks = dump_stacks and _enable_stack_dumps(self.run_dir / f"rank-{rank}.stacks")
-        attempt = int(os.environ.get("DLAUNCH_ATTEMPT", "0") or 0)
+        # a --max-restarts relaunch, or a requeued SLURM job (its restart count)
+        attempt = int(os.environ.get("DLAUNCH_ATTEMPT")
+                      or os.environ.get("DLAUNCH_SLURM_RESTART_COUNT") or 0)
         append_lines(self.path, [{"kind": "start", "rank": rank, "pid": os.getpid(),
                                   "time": time.time(), "attempt": attempt, **start}])
         self.heartbeat(0)
@@ -65,8 +68,11 @@ class RankRecorder:
     def add(self, record: dict[str, Any]) -> None:
         """Queue a record (written at the next flush); a step record may beat the heartbeat."""
         self._buffer.append(record)
-        if record.get("kind") == "step":
+        kind = record.get("kind")
+        # a resume counts the steps its checkpoint covers: the summary says how far the run got
+        if kind in ("step", "resume"):
             self.steps_done = max(self.steps_done, int(record["step"]))
+        if kind == "step":
             self.progress(self.steps_done)
 
     def progress(self, step: int) -> None:

@@ -1,0 +1,215 @@
+"""Resume and preemption for the harness: where training starts, when it saves, when it stops.
+
+Resume (`resume`): with DLAUNCH_RESUME=1 (a `--max-restarts` relaunch, a requeued SLURM job)
+every rank loads the newest complete checkpoint of DLAUNCH_CHECKPOINT_DIR (default
+RUN_DIR/checkpoints) — model, optimizer, RNG streams, and the GradScaler for fp16 — and
+training goes on at the next step. The data order is that of an uninterrupted run: the
+DistributedSampler's index list is sliced (`SkipSampler`) so the first batch is the one that
+step would have seen; nothing is loaded to skip.
+
+Saving (`save`): collective, at the end of a logging window (every rank at the same step):
+every `--checkpoint-every` steps (the harness closes a window on those steps) and when a
+preemption was requested.
+
+Preemption (`Preemption`): SIGUSR2 (SLURM's preemption / time-limit signal, `--signal USR2@90`)
+and, under SLURM, SIGTERM (what `scontrol requeue`, `scancel` and a preempting job send to every
+process of the step) only set a flag: a Python handler cannot save from inside a collective,
+and ranks stopping at different steps would leave the others waiting in the next all-reduce.
+The flag rides along in the window's loss all-reduce (no extra collective); when any rank set it,
+all save at that step and the rank ends with status `preempted` and exit code 0. Locally SIGTERM
+keeps meaning "torchrun is ending the job" (entry.Stopped): another rank failed, and a collective
+with it would never complete.
+
+Records added to the rank file: `resume` {step, checkpoint, load_s, same_data_order} and
+`checkpoint` {step, path, save_s, reason}.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from launcher.runtime import checkpoint
+from launcher.runtime.context import RankContext
+from launcher.runtime.recorder import RankRecorder
+from launcher.specs import LaunchSpec
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_SUBDIR = "checkpoints"  # as in backends.local / backends.slurm_task
+# the meta.json keys that fix which sample each step sees: a checkpoint written under other
+# values resumes, but not with the data order of an uninterrupted run
+_DATA_KEYS = ("global_batch", "dataset_size", "seed", "shuffle")
+
+# set from a signal handler; module-level because handlers are process-wide
+_requested: dict[str, str | None] = {"signal": None}
+
+
+def stop_requested() -> str | None:
+    """The name of the signal that asked this rank to stop (SIGUSR2, SIGTERM), or None."""
+    return _requested["signal"]
+
+
+def under_slurm(env: dict[str, str] | None = None) -> bool:
+    """True in a rank the SLURM backend started (it sets DLAUNCH_SLURM_RESTART_COUNT)."""
+    e = os.environ if env is None else env
+    return "DLAUNCH_SLURM_RESTART_COUNT" in e
+
+
+def checkpoint_dir(spec: LaunchSpec, env: dict[str, str] | None = None) -> Path:
+    """DLAUNCH_CHECKPOINT_DIR, or RUN_DIR/checkpoints."""
+    e = os.environ if env is None else env
+    return Path(e.get("DLAUNCH_CHECKPOINT_DIR") or Path(spec.run_dir) / CHECKPOINT_SUBDIR)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How `harness.train` ended: `ok`, or `preempted` (checkpoint saved; exit 0, resume later)."""
+
+    status: str = "ok"
+    summary: dict[str, Any] = field(default_factory=dict)  # extra keys for the rank summary
+
+
+class Preemption:
+    """Signal handlers that turn SIGUSR2 (and SIGTERM under SLURM) into a stop flag.
+
+    Use as a context manager around the training loop; the previous handlers come back on exit
+    (entry's SIGTERM handler then again ends the rank at once).
+    """
+
+    def __init__(self, *, sigterm: bool) -> None:
+        self.signals = [signal.SIGUSR2] + ([signal.SIGTERM] if sigterm else [])
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> Preemption:
+        _requested["signal"] = None
+        for sig in self.signals:
+            self._old[sig] = signal.signal(sig, _on_signal)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+    @property
+    def requested(self) -> bool:
+        """True once one of the signals arrived at this rank."""
+        return _requested["signal"] is not None
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    # only a flag: the harness acts on it at the next window end, where all ranks meet
+    # (no print here: a handler that writes while the main thread is writing raises
+    # "reentrant call"; the harness says what it does when it acts)
+    if _requested["signal"] is None:
+        _requested["signal"] = signal.Signals(signum).name
+
+
+def window_boundary(step: int, spec: LaunchSpec) -> bool:
+    """A window must close after `step` so that a periodic checkpoint lands exactly on it."""
+    return spec.checkpoint_every > 0 and step % spec.checkpoint_every == 0
+
+
+def _data_meta(spec: LaunchSpec) -> dict[str, Any]:
+    return {"global_batch": spec.global_batch, "dataset_size": spec.steps * spec.global_batch,
+            "seed": spec.seed, "shuffle": spec.loader.shuffle,
+            "micro_batch": spec.micro_batch, "grad_accum_steps": spec.grad_accum_steps}
+
+
+def save(step: int, module: Any, optimizer: Any, scaler: Any, spec: LaunchSpec,
+         recorder: RankRecorder, *, reason: str) -> Path:
+    """Collective: checkpoint the state after `step` (model, optimizer, RNG, GradScaler)."""
+    t0 = time.perf_counter()
+    extra: dict[str, Any] = {**_data_meta(spec), "reason": reason}
+    if scaler.is_enabled():
+        # scale and growth tracker: without them fp16 restarts from 65536 and skips steps again
+        extra["scaler"] = scaler.state_dict()
+    path = checkpoint.save(step, module, optimizer, checkpoint_dir(spec), extra=extra)
+    recorder.add({"kind": "checkpoint", "step": step, "path": str(path), "reason": reason,
+                  "save_s": time.perf_counter() - t0, "time": time.time()})
+    recorder.flush()
+    return path
+
+
+def save_preempted(step: int, module: Any, optimizer: Any, scaler: Any, spec: LaunchSpec,
+                   ctx: RankContext, recorder: RankRecorder) -> Path:
+    """The preemption checkpoint: the SLURM grace period is short, so say what happens."""
+    why = stop_requested() or "another rank's preemption signal"
+    print(f"dlaunch: rank {ctx.rank}: {why}: saving a checkpoint at step {step}, then stopping",
+          file=sys.stderr, flush=True)
+    return save(step, module, optimizer, scaler, spec, recorder, reason="preempted")
+
+
+def outcome(stopped_at: int, spec: LaunchSpec) -> Outcome:
+    """`preempted` when a stop request ended training before the last step, else `ok`."""
+    if 0 < stopped_at < spec.steps:
+        return Outcome("preempted", {"preempted_by": stop_requested() or "another rank",
+                                     "checkpoint_step": stopped_at})
+    return Outcome()
+
+
+def resume(module: Any, optimizer: Any, scaler: Any, spec: LaunchSpec, ctx: RankContext,
+           recorder: RankRecorder) -> int:
+    """With DLAUNCH_RESUME=1, load the newest complete checkpoint; the last step it covers.
+
+    0 means start from scratch (not a resume, or no checkpoint yet). Collective when resuming:
+    every rank must call it (rank 0 picks the checkpoint for all).
+    """
+    if os.environ.get("DLAUNCH_RESUME") != "1":
+        return 0
+    directory = checkpoint_dir(spec)
+    t0 = time.perf_counter()
+    loaded = checkpoint.load(module, optimizer, directory)
+    if loaded is None:
+        log.warning("rank %d: DLAUNCH_RESUME=1 but no complete checkpoint in %s; starting at "
+                    "step 1", ctx.rank, directory)
+        recorder.add({"kind": "resume", "step": 0, "checkpoint": None, "time": time.time()})
+        return 0
+    step, meta = loaded
+    if scaler.is_enabled() and meta.get("scaler"):
+        scaler.load_state_dict(meta["scaler"])
+    now = _data_meta(spec)
+    same = all(meta.get(k) == now[k] for k in _DATA_KEYS if k in meta)
+    if not same:
+        log.warning("rank %d: checkpoint step %d was written with %s, this run has %s: the data "
+                    "order differs from an uninterrupted run", ctx.rank, step,
+                    {k: meta.get(k) for k in _DATA_KEYS}, {k: now[k] for k in _DATA_KEYS})
+    if step >= spec.steps:
+        log.warning("rank %d: checkpoint step %d already covers --steps %d; nothing left to train",
+                    ctx.rank, step, spec.steps)
+    recorder.add({"kind": "resume", "step": step, "checkpoint": str(checkpoint.step_dir(directory, step)),
+                  "load_s": time.perf_counter() - t0, "same_data_order": same,
+                  "time": time.time()})
+    # not flushed here: a flush beats the heartbeat with this step, and the hang watcher would
+    # take the resumed rank for started (hang timeout) before its first step (startup timeout)
+    return min(step, spec.steps)
+
+
+class SkipSampler:
+    """A sampler yielding the wrapped sampler's indices from position `skip` on.
+
+    The indices are computed (cheap integers), not the samples: no batch is loaded to skip.
+    Subclassing `torch.utils.data.Sampler` is not needed; DataLoader only iterates it.
+    """
+
+    def __init__(self, sampler: Any, skip: int) -> None:
+        self.sampler = sampler
+        self.skip = skip
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(list(self.sampler)[self.skip:])
+
+    def __len__(self) -> int:
+        return max(0, len(self.sampler) - self.skip)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Forwarded to the DistributedSampler (one epoch here; kept for completeness)."""
+        self.sampler.set_epoch(epoch)

@@ -1,0 +1,173 @@
+"""Logging windows: the harness's per-step measurements, resolved and written a window at a time.
+
+Measurement never syncs the host with the device per step: on CUDA each step is bracketed by
+events that are read at the end of a window; losses (and the fp16 loss scale) stay tensors
+until then. On CPU the step is synchronous anyway, so `perf_counter` is exact.
+
+Closing a window is a collective (the losses are averaged over ranks in one all-reduce), so
+every rank must close at the same step: the length comes from the rank-averaged step time of
+the previous window (`window_steps`), and the harness adds steps all ranks know (the last
+step, a checkpoint step). The same all-reduce carries each rank's stop flag (preemption).
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+import sys
+import time
+from typing import Any
+
+from launcher.runtime.context import RankContext
+from launcher.runtime.recorder import RankRecorder
+
+log = logging.getLogger(__name__)
+
+# flush about this often even when --log-every steps take longer, so a killed rank loses little
+# and a preemption request waits at most this long (plus one step) for the window's end
+FLUSH_INTERVAL_S = 5.0
+
+
+def window_steps(mean_step_s: float, log_every: int) -> int:
+    """Steps in the next logging window: --log-every, fewer when that would exceed the flush
+    interval. Every rank must close its window at the same step (the loss all-reduce is a
+    collective), so the length comes from the previous window's rank-averaged step time, which
+    all ranks share, never from each rank's own clock."""
+    if mean_step_s <= 0:
+        return log_every
+    return max(1, min(log_every, int(FLUSH_INTERVAL_S / mean_step_s)))
+
+
+class Clock:
+    """Step timing: CUDA events read lazily, or perf_counter on CPU."""
+
+    def __init__(self, device_type: str) -> None:
+        import torch
+
+        self.cuda = device_type == "cuda"
+        self._torch = torch
+
+    def start(self) -> Any:
+        """A mark at the start of a step."""
+        if self.cuda:
+            ev = self._torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    def stop(self, start: Any) -> Any:
+        """The step's duration: seconds on CPU, an event pair on CUDA (read in `resolve`)."""
+        if self.cuda:
+            ev = self._torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return (start, ev)
+        return time.perf_counter() - start
+
+    def resolve(self, marks: list[Any]) -> list[float]:
+        """Seconds per step; on CUDA this is the one host sync of the window."""
+        if not self.cuda:
+            return list(marks)
+        self._torch.cuda.synchronize()
+        return [a.elapsed_time(b) / 1000.0 for a, b in marks]
+
+
+def peak_mem_bytes(device_type: str) -> int:
+    """Peak device memory (CUDA) or peak resident set of this process (CPU)."""
+    if device_type == "cuda":
+        import torch
+
+        return int(torch.cuda.max_memory_allocated())
+    # CPU: peak resident set of this process (ru_maxrss is KiB on Linux)
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+class Window:
+    """The open logging window: step records waiting for their times, losses and skip flags."""
+
+    def __init__(self, clock: Clock, ctx: RankContext, recorder: RankRecorder, scaler: Any,
+                 device: Any, log_every: int) -> None:
+        import torch
+
+        self.clock, self.ctx, self.recorder, self.scaler = clock, ctx, recorder, scaler
+        self.log_every = log_every
+        self.length = 1  # the first window is the first step alone: it measures the step time
+        self.records: list[dict[str, Any]] = []
+        self._marks: list[Any] = []
+        self._losses: list[Any] = []
+        self._scales: list[Any] = []
+        # the scale tensor is created lazily by the first scale(); start from the initial value
+        self._prev_scale = ([torch.tensor(scaler.get_scale(), device=device)]
+                            if scaler.is_enabled() else [])
+
+    def add(self, record: dict[str, Any], mark: Any, loss: Any) -> None:
+        """One finished step: its record, its clock mark and its loss tensor (no sync)."""
+        self.records.append(record)
+        self._marks.append(mark)
+        self._losses.append(loss)
+        if self.scaler.is_enabled():
+            # the scale drops exactly when the step was skipped for inf/NaN gradients;
+            # keep a device copy and compare at the window's end (no sync here)
+            self._scales.append(self.scaler._scale.detach().clone())
+
+    @property
+    def full(self) -> bool:
+        """The window has its planned number of steps (the same on every rank)."""
+        return len(self.records) >= self.length
+
+    def close(self, *, stop: bool = False) -> bool:
+        """Resolve timings, losses and skipped steps (one sync, one all-reduce), record them.
+
+        `stop`: this rank was asked to stop. Returns True when any rank was (the flag rides in
+        the loss all-reduce: a sum > 0 is an all-reduce MAX without a second collective).
+        """
+        import torch
+        import torch.distributed as dist
+
+        times = self.clock.resolve(self._marks)
+        scales = self._prev_scale + self._scales
+        if self._scales:
+            values = torch.stack(scales).float().tolist()
+            for rec, before, after in zip(self.records, values, values[1:]):
+                rec["skipped"] = after < before
+        tail = torch.tensor([sum(times) / len(times), float(stop)], device=self._losses[0].device)
+        vec = torch.cat([torch.stack(self._losses).float(), tail])
+        if self.ctx.is_distributed:
+            dist.all_reduce(vec, op=dist.ReduceOp.SUM)
+            vec /= self.ctx.world_size
+        *losses, mean_step_s, stop_any = vec.tolist()
+        peak = peak_mem_bytes(self.ctx.device_type)
+        now = time.time()
+        for rec, step_time, loss in zip(self.records, times, losses):
+            rec.update(step_time_s=step_time, loss=loss, peak_mem_bytes=peak, time=now)
+            self.recorder.add(rec)
+        self.recorder.flush()
+        sys.stdout.flush()
+        self.length = window_steps(mean_step_s, self.log_every)
+        self._prev_scale = self._scales[-1:] or self._prev_scale
+        self.records, self._marks, self._losses, self._scales = [], [], [], []
+        return stop_any > 0
+
+    def flush_open(self) -> None:
+        """A rank failing inside a window: record the steps it completed (call, then re-raise).
+
+        No collective (the other ranks may never reach the window end), so each loss is this
+        rank's own (`loss_scope: "rank"`), not the mean over ranks. Never masks the error.
+        """
+        import torch
+
+        pending = [rec for rec in self.records if "loss" not in rec]  # not written by close()
+        if not pending:
+            return
+        try:
+            times = self.clock.resolve(self._marks)
+            losses = torch.stack(self._losses).float().tolist()
+            peak = peak_mem_bytes(self.ctx.device_type)
+            now = time.time()
+            for rec, step_time, loss in zip(self.records, times, losses):
+                if "loss" not in rec:
+                    rec.update(step_time_s=step_time, loss=loss, loss_scope="rank",
+                               peak_mem_bytes=peak, time=now)
+                    self.recorder.add(rec)
+            self.recorder.flush()
+        except Exception as e:  # e.g. a broken CUDA context: the original error matters more
+            log.debug("rank %d: could not record the open window: %s", self.ctx.rank, e)

@@ -1,0 +1,52 @@
+"""workloads/gpt.py (same model, data and loss) with one injected fault, for the resume tests.
+
+Rank `fault_rank` raises ValueError in its `fault_step`-th call of loss_fn (with --no-calibrate
+and no accumulation: training step `fault_step`) in attempt `fault_attempt` of a
+`--max-restarts` run (DLAUNCH_ATTEMPT), as tests/data/fault.py does. `--fault none` (default)
+trains like workloads/gpt.py. `--step-sleep-ms X` pauses every loss_fn call, so a test can
+signal or requeue a run while it is in the middle.
+"""
+
+import importlib.util
+import os
+import time
+from pathlib import Path
+
+_spec = importlib.util.spec_from_file_location(
+    "dlaunch_test_gpt_base", Path(__file__).resolve().parents[2] / "workloads" / "gpt.py")
+_gpt = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_gpt)
+
+DEFAULTS = {**_gpt.DEFAULTS, "fault": "none", "fault_rank": 1, "fault_step": 10,
+            "fault_attempt": 0, "step_sleep_ms": 0.0}
+SAMPLE_UNITS = _gpt.SAMPLE_UNITS
+_calls = {"n": 0}
+_cfg = {}
+
+
+def build_model(cfg):
+    _cfg.update(vars(cfg))
+    return _gpt.build_model(cfg)
+
+
+def blocks(model):
+    return _gpt.blocks(model)
+
+
+def units_per_sample(cfg):
+    return _gpt.units_per_sample(cfg)
+
+
+def make_dataset(cfg, num_samples):
+    return _gpt.make_dataset(cfg, num_samples)
+
+
+def loss_fn(model, batch):
+    _calls["n"] += 1
+    attempt = int(os.environ.get("DLAUNCH_ATTEMPT", "0"))
+    if (_cfg["fault"] == "raise" and int(os.environ.get("RANK", 0)) == _cfg["fault_rank"]
+            and _calls["n"] == _cfg["fault_step"] and _cfg["fault_attempt"] in (-1, attempt)):
+        raise ValueError(f"injected failure at step {_calls['n']}")
+    if _cfg["step_sleep_ms"] > 0:
+        time.sleep(_cfg["step_sleep_ms"] / 1000.0)
+    return _gpt.loss_fn(model, batch)

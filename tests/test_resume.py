@@ -1,0 +1,306 @@
+"""Checkpoint, resume and preemption (launcher.runtime.resume) with real processes, plus the
+aggregation of several attempts.
+
+* `--max-restarts 1` after a rank raised: the relaunch resumes from the last checkpoint, with
+  the data order and therefore exactly the losses (fp32) of an uninterrupted run.
+* SIGUSR2 to one rank: every rank saves at the same step, stops with status `preempted` and
+  exit code 0; the relaunch resumes from that checkpoint, again with the uninterrupted losses.
+* In one process (fast): resume with fp16's GradScaler state, every step beats the heartbeat,
+  the sampler slice, and `aggregate` counting only the last attempt.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher.files import read_jsonl
+from launcher.report.aggregate import aggregate, last_attempt
+from launcher.runtime.recorder import RankRecorder
+
+from tests.helpers import DATA, REPO, WORKLOADS, assert_one_line_error, run_dlaunch
+
+STEPS, EVERY, FAULT_STEP = 12, 4, 10  # checkpoints at 4 and 8; rank 1 raises in step 10
+# the whole plan is given: nothing to plan, the same run on both sides
+PLAN = ("--gpus", "2", "--steps", str(STEPS), "--strategy", "ddp", "--precision", "fp32",
+        "--micro-batch", "4", "--no-calibrate")
+FAULT = str(DATA / "gpt_fault.py")
+SEQ = ("--seq-len", "32")  # workload option (after `--`): cheaper steps, the same model
+
+
+def _records(path: Path) -> list[dict]:
+    return read_jsonl(path)[0]
+
+
+def _steps(path: Path) -> list[tuple[int, float]]:
+    return [(r["step"], r["loss"]) for r in _records(path) if r["kind"] == "step"]
+
+
+def _start(argv: list[str], tmp: Path) -> subprocess.Popen[str]:
+    env = {**os.environ, "TMPDIR": str(tmp), "OMP_NUM_THREADS": "1"}
+    env.pop("DLAUNCH_DEBUG", None)
+    return subprocess.Popen([sys.executable, "-m", "launcher.cli", *argv], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.fixture(scope="module")
+def restarted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, int, str]]:
+    """An uninterrupted run of workloads/gpt.py and the faulty one with a restart, at once."""
+    root = tmp_path_factory.mktemp("resume")
+    (root / "tmp").mkdir()
+    procs = {
+        "ref": _start(["run", str(WORKLOADS / "gpt.py"), *PLAN, "--run-dir", str(root / "ref"),
+                       "--", *SEQ], root / "tmp"),
+        "fault": _start(["run", FAULT, *PLAN, "--checkpoint-every", str(EVERY), "--max-restarts",
+                         "1", "--run-dir", str(root / "fault"), "--", *SEQ, "--fault", "raise",
+                         "--fault-step", str(FAULT_STEP), "--fault-attempt", "0"], root / "tmp"),
+    }
+    out = {}
+    for name, proc in procs.items():
+        text, _ = proc.communicate(timeout=150)
+        out[name] = (root / name, proc.returncode, text)
+    return out
+
+
+@pytest.mark.distributed
+def test_restart_resumes_from_the_last_checkpoint_with_uninterrupted_losses(restarted):
+    ref_dir, code, text = restarted["ref"]
+    assert code == 0, text
+    run_dir, code, text = restarted["fault"]
+    assert code == 0, text
+    assert "attempt 0 failed (rank 1 " in text and "restarting" in text
+    # the failed attempt: rank 1 recorded step 9, completed inside the window it failed in
+    first = run_dir / "attempts" / "0"
+    assert [s for s, _ in _steps(first / "rank-1.jsonl")] == list(range(1, FAULT_STEP))
+    assert _records(first / "rank-1.jsonl")[-2]["loss_scope"] == "rank"  # its own loss
+    failed = json.loads((first / "result.json").read_text())["failures"][0]
+    assert f"failed after {FAULT_STEP - 1} steps" in failed and "injected failure" in failed
+    # the relaunch loaded the newest complete checkpoint (step 8) and went on at step 9
+    reference = _steps(ref_dir / "rank-0.jsonl")
+    for rank in (0, 1):
+        records = _records(run_dir / f"rank-{rank}.jsonl")
+        assert records[0]["kind"] == "start" and records[0]["attempt"] == 1
+        resume = next(r for r in records if r["kind"] == "resume")
+        assert resume["step"] == 8 and resume["same_data_order"] is True
+        resumed = _steps(run_dir / f"rank-{rank}.jsonl")
+        assert [s for s, _ in resumed] == list(range(9, STEPS + 1))
+        # fp32, same data order, same RNG and optimizer state: the same losses, bit for bit
+        assert resumed == reference[8:], (resumed, reference)
+    # and the steps before the fault were the uninterrupted run's as well
+    assert _steps(first / "rank-0.jsonl")[:8] == reference[:8]
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "ok" and result["attempts"] == 2
+    assert [(r["steps"], r["resumed_from_step"]) for r in result["ranks"]] == [(STEPS, 8)] * 2
+    assert result["ranks"][0]["final_loss"] == reference[-1][1]
+    assert "attempts: 2; the last resumed from the checkpoint of step 8" in text
+    kept = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert kept == ["step-000008", "step-000012"]  # the newest two; 12 = the end of the run
+
+
+@pytest.mark.distributed
+def test_usr2_saves_on_every_rank_at_one_step_and_the_restart_resumes_there(restarted, tmp_path):
+    ref_dir, code, _ = restarted["ref"]
+    assert code == 0
+    (tmp_path / "tmp").mkdir()
+    run_dir = tmp_path / "run"
+    proc = _start(["run", FAULT, *PLAN, "--log-every", "2", "--max-restarts", "1",
+                   "--run-dir", str(run_dir), "--", *SEQ, "--step-sleep-ms", "200"], tmp_path / "tmp")
+    try:
+        beat = run_dir / "rank-1.heartbeat"
+        deadline = time.monotonic() + 90  # generous: only a failing run waits this long
+        data: dict = {}
+        # a few steps into the run (the heartbeat beats every step, at most once a second)
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                data = json.loads(beat.read_text())
+            except (OSError, ValueError):
+                data = {}
+            if data.get("step", 0) >= 3:
+                break
+            time.sleep(0.05)
+        else:
+            proc.kill()
+            pytest.fail(f"rank 1 did not reach step 3 (heartbeat {data}):\n{proc.communicate()[0]}")
+        t0 = time.monotonic()
+        os.kill(int(data["pid"]), signal.SIGUSR2)  # one rank only: the others learn it in the all-reduce
+        text, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, text
+    first = run_dir / "attempts" / "0"
+    summaries = [json.loads((first / f"rank-{r}.summary.json").read_text()) for r in (0, 1)]
+    assert [s["status"] for s in summaries] == ["preempted"] * 2
+    assert summaries[1]["preempted_by"] == "SIGUSR2" and summaries[0]["preempted_by"] == "another rank"
+    stop = summaries[0]["checkpoint_step"]
+    assert stop == summaries[1]["checkpoint_step"] and 3 <= stop < STEPS
+    saved = [r for r in _records(first / "rank-0.jsonl") if r["kind"] == "checkpoint"]
+    assert [(r["step"], r["reason"]) for r in saved] == [(stop, "preempted")]
+    # the signal is acted on at the next window end (log-every 2): fast, well inside SLURM's grace
+    assert saved[0]["time"] - (time.time() - (time.monotonic() - t0)) < 10
+    assert "preempted after" in text  # the runner's restart line
+    failures = json.loads((first / "result.json").read_text())["failures"]
+    assert sorted(f.split(" (host")[0] + f.split(" steps:")[1] for f in failures) == [
+        f"rank 0 stopped on another rank after saving the checkpoint of step {stop}",
+        f"rank 1 stopped on SIGUSR2 after saving the checkpoint of step {stop}"]
+    reference = _steps(ref_dir / "rank-0.jsonl")
+    assert _steps(first / "rank-0.jsonl") == reference[:stop]
+    assert _steps(run_dir / "rank-0.jsonl") == reference[stop:]
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "ok" and result["attempts"] == 2
+    assert [r["resumed_from_step"] for r in result["ranks"]] == [stop, stop]
+
+
+def test_checkpoint_every_is_validated(tmp_path):
+    done = run_dlaunch("run", str(WORKLOADS / "mlp.py"), "--checkpoint-every", "-1", "--dry-run",
+                       cwd=tmp_path)
+    assert_one_line_error(done, "--checkpoint-every must be an integer >= 0")
+    done = run_dlaunch("run", str(DATA / "plain_train.py"), "--checkpoint-every", "5", "--dry-run",
+                       cwd=tmp_path)
+    assert_one_line_error(done, "--checkpoint-every needs a workload")
+    done = run_dlaunch("run", str(WORKLOADS / "mlp.py"), "--checkpoint-every", "5", "--micro-batch",
+                       "4", "--strategy", "ddp", "--precision", "fp32", "--dry-run", cwd=tmp_path)
+    assert done.code == 0, done.err
+    assert '"checkpoint_every": 5' in done.out and "DLAUNCH_CHECKPOINT_DIR=" in done.out
+
+
+# ---- in one process: fast -------------------------------------------------------------------
+
+
+class _Spy(RankRecorder):
+    """A RankRecorder that remembers the training loop's own progress() calls (not those of
+    add(), which come only when a window closes)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        super().__init__(run_dir, 0, {})
+        self.beats: list[int] = []
+
+    def progress(self, step: int) -> None:
+        if sys._getframe(1).f_code.co_name == "_train":
+            self.beats.append(step)
+        super().progress(step)
+
+
+def _train(tmp_path: Path, name: str, *, steps: int, resume: bool, precision: str = "fp32",
+           checkpoint_every: int = 0, monkeypatch: pytest.MonkeyPatch) -> tuple[list, object]:
+    from launcher.runtime.context import RankContext
+    from launcher.runtime.harness import train
+    from launcher.specs import LaunchSpec, Strategy
+    from launcher.workload import load_workload
+
+    run_dir = tmp_path / name
+    run_dir.mkdir(exist_ok=True)
+    spec = LaunchSpec(workload=str(WORKLOADS / "mlp.py"), run_id=name, run_dir=str(run_dir),
+                      steps=steps, warmup_steps=1, micro_batch=4, log_every=10,
+                      checkpoint_every=checkpoint_every, calibrate_comm=False,
+                      strategy=Strategy(kind="ddp", precision=precision))
+    ctx = RankContext(rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0,
+                      host="h", device_type="cpu")
+    monkeypatch.setenv("DLAUNCH_CHECKPOINT_DIR", str(tmp_path / "ckpt"))
+    monkeypatch.setenv("DLAUNCH_RESUME", "1" if resume else "0")
+    recorder = _Spy(run_dir)
+    outcome = train(load_workload(spec.workload, ["--hidden", "64"]), spec, ctx, recorder)
+    recorder.finish(outcome.status)
+    return _steps(run_dir / "rank-0.jsonl"), recorder
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_resume_in_one_process_continues_exactly(tmp_path, monkeypatch, precision):
+    """fp16: the GradScaler's scale and growth tracker come back too (else the scale restarts
+    at 65536 with a fresh growth count, and the run skips and grows at other steps)."""
+    import shutil
+
+    from launcher.runtime import checkpoint
+
+    ckpt = tmp_path / "ckpt"
+    full, spy = _train(tmp_path, "full", steps=9, resume=False, precision=precision,
+                       checkpoint_every=3, monkeypatch=monkeypatch)
+    assert spy.beats == list(range(1, 10))  # every step beats, not only the window ends
+    assert checkpoint.complete_steps(ckpt) == [6, 9]
+    meta_full = json.loads((ckpt / "step-000009" / "meta.json").read_text())
+    shutil.rmtree(ckpt / "step-000009")  # as if the job died during steps 7-9
+    resumed, spy = _train(tmp_path, "resumed", steps=9, resume=True, precision=precision,
+                          checkpoint_every=3, monkeypatch=monkeypatch)
+    assert resumed == full[6:]
+    assert spy.beats == [7, 8, 9]
+    meta = json.loads((ckpt / "step-000009" / "meta.json").read_text())
+    assert meta.get("scaler") == meta_full.get("scaler")
+    assert ("scaler" in meta) == (precision == "fp16")
+
+
+def test_preemption_flag_stops_at_the_window_end_in_one_process(tmp_path, monkeypatch):
+    """SIGUSR2 arriving at the end of the first window (step 1 alone): the window closes with
+    the flag set, the rank saves the checkpoint of step 1 and stops with status `preempted`."""
+    import launcher.runtime.harness as harness
+    from launcher.runtime import resume
+
+    real_close = harness.Window.close
+    sent = {"done": False}
+
+    def close(self, *, stop=False):
+        if not sent["done"]:
+            sent["done"] = True
+            os.kill(os.getpid(), signal.SIGUSR2)  # the Python handler runs right after this call
+        return real_close(self, stop=stop or resume.stop_requested() is not None)
+
+    monkeypatch.setattr(harness.Window, "close", close)
+    steps, spy = _train(tmp_path, "pre", steps=6, resume=False, monkeypatch=monkeypatch)
+    assert [s for s, _ in steps] == [1]
+    record = json.loads((tmp_path / "pre" / "rank-0.summary.json").read_text())
+    assert record["status"] == "preempted"
+    assert resume.stop_requested() == "SIGUSR2"
+    assert signal.getsignal(signal.SIGUSR2) in (signal.SIG_DFL, signal.SIG_IGN)  # handler restored
+
+
+def test_skip_sampler_starts_where_the_step_begins():
+    import torch
+    from torch.utils.data import DistributedSampler
+
+    from launcher.runtime.resume import SkipSampler
+
+    data = list(range(48))
+    base = DistributedSampler(data, num_replicas=2, rank=1, shuffle=True, seed=3, drop_last=True)
+    skipped = SkipSampler(base, 10)
+    assert list(skipped) == list(base)[10:] and len(skipped) == 14
+    loader = torch.utils.data.DataLoader(data, batch_size=2, sampler=skipped, drop_last=True)
+    assert next(iter(loader)).tolist() == list(base)[10:12]
+
+
+def _rank_file(path: Path, lines: list[dict]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+
+
+def test_aggregate_counts_only_the_last_attempt(tmp_path):
+    """A requeued job appends its second attempt to the same rank file: 6 steps, a requeue, a
+    resume from the checkpoint of step 4, steps 5-10. The run did 10 steps, not 12."""
+    from launcher.specs import LaunchSpec
+
+    spec = LaunchSpec(workload="/w.py", run_id="r", run_dir=str(tmp_path), steps=10, warmup_steps=1)
+    (tmp_path / "launch.json").write_text(json.dumps(spec.to_dict()))
+
+    def step(n: int, t: float) -> dict:
+        return {"kind": "step", "step": n, "step_time_s": t, "data_wait_s": 0.0, "samples": 8,
+                "units": 8, "loss": 10.0 - n, "warmup": False, "time": 100.0 + n}
+
+    first = [{"kind": "start", "rank": 0, "attempt": 0, "host": "n1", "time": 100.0},
+             *[step(n, 9.0) for n in range(1, 7)], {"kind": "end", "status": "preempted"}]
+    second = [{"kind": "start", "rank": 0, "attempt": 1, "host": "n2", "time": 200.0},
+              {"kind": "resume", "step": 4}, *[step(n, 1.0) for n in range(5, 11)]]
+    _rank_file(tmp_path / "rank-0.jsonl", first + second)
+    (tmp_path / "rank-0.summary.json").write_text(json.dumps({"rank": 0, "status": "ok", "steps": 10}))
+    assert last_attempt(first + second) == (second, 2)
+    result = aggregate(tmp_path, exit_code=0)
+    r0 = result.ranks[0]
+    assert (r0.steps, r0.steady_steps, r0.resumed_from_step, r0.host) == (10, 6, 4, "n2")
+    assert r0.step_time_median_s == 1.0 and r0.final_loss == 0.0  # the slow first attempt is out
+    assert result.attempts == 2 and result.status == "ok"
+    # a --max-restarts relaunch: the earlier attempt was moved aside, its number is in `start`
+    assert last_attempt(second[:1] + second[1:]) == (second, 2)
+    assert last_attempt([{"kind": "step", "step": 1}]) == ([{"kind": "step", "step": 1}], 1)
