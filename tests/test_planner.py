@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 import re
-import time
 
 import pytest
 
 from launcher.errors import PlanError
 from launcher.plan_view import format_plan
 from launcher.planner import STRATEGY_ORDER, TIE_TOLERANCE, plan
+from launcher.topology import list_shipped, load_topology
 from launcher.specs import DeviceSpec, Goal, Link, ModelProfile, Topology
 
 # --- hardware (numbers from topologies/*.yaml) --------------------------------------------------
@@ -285,20 +285,17 @@ def test_format_plan_shows_breakdown_reasons_and_candidates():
     assert len(text.splitlines()) >= 8 + len(p.reasons) + len(p.rejected)
 
 
-def test_plan_is_json_ready_and_fast():
-    t0 = time.perf_counter()
+def test_plan_is_json_ready():
+    # its speed (0.4 ms here) is a benchmark number in docs/benchmarks.md, not a test
     p = plan(LLAMA3_70B, topology("h100-sxm-8x128node-ib"), Goal(global_batch=2048))
-    assert time.perf_counter() - t0 < 1.0
     assert json.loads(json.dumps(p.to_dict()))["chosen"]["strategy"]["kind"] == "fsdp_full"
 
 
 def test_every_shipped_topology_plans_a_small_model():
-    topo_mod = pytest.importorskip("launcher.topology")
-    names = topo_mod.list_shipped()
-    if not names:
-        pytest.skip("no topologies/*.yaml yet")
+    names = list_shipped()
+    assert len(names) >= 11
     for name in names:
-        topo = topo_mod.load_topology(name)
+        topo = load_topology(name)
         p = plan(GPT_TINY, topo, Goal())
         assert p.chosen.fits and "fits" in p.reasons[0], name
         assert f"Plan for gpt-tiny on {name}" in format_plan(p, GPT_TINY, topo)
