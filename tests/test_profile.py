@@ -1,0 +1,107 @@
+"""The meta-device profile: a model of identical blocks is measured through its first blocks and
+scaled; the result must equal profiling every block, and models where scaling would be wrong
+(blocks indexed by a configured count, blocks whose costs grow) must fall back to every block."""
+
+import logging
+import textwrap
+
+import pytest
+
+from launcher.profile import profile_workload
+from launcher.workload import load_workload
+from tests.helpers import WORKLOADS
+
+EXTRAPOLATION_FAILED = "profiling every block"
+
+# a stack of identical blocks; FORWARD is the model's forward body
+WORKLOAD = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+DEFAULTS = {{"depth": 6}}
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return F.gelu(self.fc(x))
+
+
+class Net(nn.Module):
+    def __init__(self, depth):
+        super().__init__()
+        self.depth = depth
+        self.layers = nn.ModuleList(Block() for _ in range(depth))
+        self.out = nn.Linear(16, 4)
+
+    def forward(self, x):
+{forward}
+        return self.out(x)
+
+
+def build_model(cfg):
+    return Net(cfg.depth)
+
+
+def blocks(model):
+    return list(model.layers)
+
+
+def make_dataset(cfg, num_samples):
+    return [(torch.randn(16), 0) for _ in range(num_samples)]
+
+
+def loss_fn(model, batch):
+    x, y = batch
+    return F.cross_entropy(model(x), y)
+"""
+
+FORWARDS = {
+    # iterates the container: extrapolation applies
+    "iterates": "for layer in self.layers:\n    x = layer(x)",
+    # indexes by the configured depth: a truncated container raises IndexError
+    "indexes": "for i in range(self.depth):\n    x = self.layers[i](x)",
+    # each block runs over every earlier output (dense connections): costs grow with depth
+    "dense": ("outs = [x]\nfor layer in self.layers:\n"
+              "    outs.append(layer(torch.cat(outs))[: x.shape[0]])\nx = outs[-1]"),
+}
+
+
+def _workload(tmp_path, kind):
+    path = tmp_path / f"{kind}.py"
+    path.write_text(WORKLOAD.format(forward=textwrap.indent(FORWARDS[kind], " " * 8)))
+    return load_workload(path)
+
+
+@pytest.mark.parametrize("kind, extrapolated", [("iterates", True), ("indexes", False), ("dense", False)])
+def test_extrapolated_profile_equals_every_block(tmp_path, caplog, kind, extrapolated):
+    workload = _workload(tmp_path, kind)
+    with caplog.at_level(logging.DEBUG, logger="launcher.profile"):
+        fast = profile_workload(workload)
+    assert (EXTRAPOLATION_FAILED not in caplog.text) == extrapolated, caplog.text
+    full = profile_workload(workload, extrapolate=False)
+    assert fast == full
+    assert fast.num_blocks == 6 and fast.activation_bytes_per_sample > 0 and fast.flops_fwd_per_sample > 0
+
+
+@pytest.mark.parametrize("size", ["small", "llama3-8b"])
+def test_gpt_profile_extrapolates_exactly(size):
+    workload = load_workload(WORKLOADS / "gpt.py", ["--size", size])
+    assert profile_workload(workload) == profile_workload(workload, extrapolate=False)
+
+
+def test_blocks_are_restored_after_truncation():
+    from torch import nn
+
+    from launcher.profile import _first_blocks
+
+    layers = nn.ModuleList(nn.Linear(2, 2) for _ in range(5))
+    before = list(layers)
+    with pytest.raises(RuntimeError), _first_blocks(layers, 2):
+        assert list(layers) == before[:2]
+        raise RuntimeError("a forward that fails mid-profile")
+    assert list(layers) == before and [name for name, _ in layers.named_children()] == list("01234")
