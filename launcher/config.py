@@ -13,6 +13,7 @@ file must not be able to run code), and every key is checked, so a typo is a one
       constraint: a100
       cpus_per_node: 32        # default: the partition's CPUs per node (sinfo)
       queue_timeout_min: 30    # give up (and cancel) when still pending after this long
+      topology: topologies/h100-sxm-8x4node-ib.yaml  # the partition's nodes, for the plan
       opts:                    # extra sbatch options, as with --slurm-opt KEY=VALUE
         mem: 200G
 """
@@ -41,6 +42,7 @@ _SLURM_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
     "cpus_per_node": ((int,), "an integer >= 1"),
     "queue_timeout_min": ((int, float), "minutes (a number > 0)"),
     "opts": ((dict,), "a mapping of sbatch option -> value"),
+    "topology": ((str,), "a topology file describing the partition's nodes"),
 }
 _TOP_KEYS = ("slurm",)
 
@@ -57,6 +59,7 @@ class SlurmDefaults:
     cpus_per_node: int | None = None
     queue_timeout_min: float | None = None
     opts: Mapping[str, str] = field(default_factory=dict)
+    topology: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,7 +88,7 @@ def _check_slurm(section: Any, where: str) -> SlurmDefaults:
             raise ConfigError(f"{where}: 'slurm.{key}' must be {what}, got {value!r}")
         if key == "cpus_per_node" and value < 1:
             raise ConfigError(f"{where}: 'slurm.{key}' must be {what}, got {value!r}")
-        if key in ("partition", "account", "qos", "constraint") and not value.strip():
+        if key in ("partition", "account", "qos", "constraint", "topology") and not value.strip():
             raise ConfigError(f"{where}: 'slurm.{key}' must be {what}, got an empty string")
         if key == "opts":
             opts = {}

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from launcher.files import atomic_write_json
-from launcher.specs import GIB, LaunchSpec, RunResult
+from launcher.results import RunResult
+from launcher.specs import GIB, LaunchSpec
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import logging
 
-from launcher.specs import GIB, DeviceSpec, MemoryEstimate, ModelProfile, Strategy
+from launcher.plans import MemoryEstimate
+from launcher.specs import GIB, DeviceSpec, ModelProfile, Strategy
 
 logger = logging.getLogger(__name__)
 

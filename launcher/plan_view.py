@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from launcher.memory import fmt_gib
 from launcher.planner import LABELS, per_device
-from launcher.specs import ModelProfile, Plan, Topology
+from launcher.plans import Plan
+from launcher.specs import ModelProfile, Topology
 
 
 def format_plan(plan: Plan, profile: ModelProfile, topology: Topology) -> str:

@@ -18,7 +18,8 @@ from typing import Any
 from launcher.cost import step_time
 from launcher.errors import PlanError
 from launcher.memory import estimate_memory, fmt_gib, usable_mem_bytes
-from launcher.specs import Candidate, Goal, ModelProfile, Plan, Strategy, Topology
+from launcher.plans import Candidate, Plan
+from launcher.specs import Goal, ModelProfile, Strategy, Topology
 
 logger = logging.getLogger(__name__)
 
@@ -255,7 +256,7 @@ def _reasons(chosen: Candidate, cands: list[Candidate], profile: ModelProfile,
         out.append(f"bf16 mixed precision: {dev.name} supports bf16 (compute capability {cc})"
                    if prec == "bf16" else
                    f"fp16 with GradScaler: {dev.name} (compute capability {cc}) has no bf16"
-                   if prec == "fp16" else f"fp32: no mixed precision")
+                   if prec == "fp16" else "fp32: no mixed precision")
     elif prec == "bf16":
         out.append("bf16 autocast on CPU: this CPU lists a bf16 peak and bf16 is predicted faster")
     else:

@@ -14,15 +14,16 @@ import hashlib
 import json
 import logging
 import os
-from importlib import metadata
-from pathlib import Path
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from launcher.errors import UsageError
 from launcher.files import atomic_write_json
-from launcher.specs import Goal, ModelProfile, Plan, Topology
+from launcher.plans import Plan
+from launcher.specs import Goal, ModelProfile, Topology
 
 log = logging.getLogger(__name__)
 

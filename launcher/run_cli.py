@@ -129,37 +129,44 @@ def _fill_fallbacks(args: argparse.Namespace) -> None:
             setattr(args, key, value)
 
 
-def _write_plan(run_dir: str, planned: Any) -> None:
+def write_plan(run_dir: str, planned: Any) -> None:
     """Keep the plan beside the run, so reports can set predicted against measured."""
     import dataclasses
 
     from launcher.files import atomic_write_json
+    from launcher.rundir import PLAN_FILE
 
-    atomic_write_json(os.path.join(run_dir, "plan.json"), {
+    atomic_write_json(os.path.join(run_dir, PLAN_FILE), {
         "plan": planned.plan.to_dict(), "profile": dataclasses.asdict(planned.profile),
         "topology": planned.topology.name})
 
 
-def _follow_plan(args: argparse.Namespace, workload_args: Sequence[str]) -> str | None:
-    """Fill the decisions the user left open from the plan for this machine; a note to print.
+def follow_plan(args: argparse.Namespace, workload_args: Sequence[str], *, topology: str | None = None,
+                nodes: int = 1, device: str | None = None) -> str | None:
+    """Fill the decisions the user left open from the plan; a note to print.
 
+    The plan is for this machine, or for `topology` (a file: a SLURM partition's nodes) with
+    `nodes` nodes of `args.gpus` devices, whose device kind must be `device` when given.
     Flags override the plan; an override predicted not to fit is warned about, not refused.
     When strategy, precision and micro-batch are all given there is nothing to plan.
     """
     given = {"strategy": args.strategy, "precision": args.precision, "micro_batch": args.micro_batch}
     if all(v is not None for v in given.values()):
         return None
-    from launcher.planning import plan_workload, resolve_topology
     from launcher.planner import label
+    from launcher.planning import plan_workload, resolve_topology
     from launcher.specs import Goal
 
-    topology = resolve_topology(topology=None, gpus=args.gpus, nodes=1)
+    topo = resolve_topology(topology=topology, gpus=args.gpus, nodes=nodes)
+    if device is not None and topo.device != device:
+        raise UsageError(f"--topology {topology} describes {topo.device} nodes but the partition's "
+                         f"nodes are {device}; give a topology file of the partition's nodes")
     global_batch = args.global_batch
     if global_batch is None and args.micro_batch is not None and args.grad_accum is not None:
-        global_batch = args.micro_batch * args.grad_accum * args.gpus
+        global_batch = args.micro_batch * args.grad_accum * args.gpus * nodes
     overrides = {**{k: v for k, v in given.items() if v is not None},
                  "activation_checkpointing": args.checkpointing, "compile": _wants_compile(args) or None}
-    planned = plan_workload(args.workload_path, workload_args, topology,
+    planned = plan_workload(args.workload_path, workload_args, topo,
                             Goal(global_batch=global_batch), overrides=overrides)
     chosen = planned.plan.chosen
     args.planned = planned
@@ -191,11 +198,13 @@ def cmd_run(args: argparse.Namespace, workload_args: list[str]) -> int:
     if args.warmup_steps is not None and args.warmup_steps >= args.steps:
         raise UsageError(f"--warmup-steps must be below --steps ({args.steps}), got {args.warmup_steps}")
     device = _detect_device(args.gpus)
-    plan_note = None if kind.is_script else _follow_plan(args, workload_args)
+    plan_note = None if kind.is_script else follow_plan(args, workload_args)
     run_id = new_run_id(args.workload)
     if args.dry_run:
         from launcher.runner import dry_run_text
 
+        if plan_note:
+            print(plan_note, file=sys.stderr)
         run_dir = os.path.abspath(args.run_dir or os.path.join("runs", run_id))
         spec = launch_spec_from_args(args, workload_args, device=device, run_dir=run_dir,
                                      run_id=run_id, is_script=kind.is_script)
@@ -210,7 +219,7 @@ def cmd_run(args: argparse.Namespace, workload_args: list[str]) -> int:
               file=sys.stderr)
     if plan_note:
         print(plan_note, file=sys.stderr)
-        _write_plan(run_dir, args.planned)
+        write_plan(run_dir, args.planned)
     spec = launch_spec_from_args(args, workload_args, device=device, run_dir=run_dir,
                                  run_id=run_id, is_script=kind.is_script)
     from launcher.runner import run_local
@@ -263,7 +272,7 @@ def cmd_lab(args: argparse.Namespace, workload_args: list[str]) -> int:
     if args.warmup_steps is not None and args.warmup_steps >= args.steps:
         raise UsageError(f"--warmup-steps must be below --steps ({args.steps}), got {args.warmup_steps}")
     device = _detect_device(args.gpus)
-    plan_note = _follow_plan(args, workload_args)  # precision is never given: always plans
+    plan_note = follow_plan(args, workload_args)  # precision is never given: always plans
     precisions = detect_precisions(device, args.precision)
     run_id = "lab-" + new_run_id(args.workload)
     run_dir = os.path.abspath(args.run_dir or os.path.join("runs", run_id))

@@ -14,6 +14,7 @@ from launcher.errors import LaunchError
 log = logging.getLogger(__name__)
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+PLAN_FILE = "plan.json"  # the plan a run followed, beside its results (predicted vs measured)
 
 
 def new_run_id(workload: str) -> str:

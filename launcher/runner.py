@@ -24,8 +24,9 @@ from launcher.files import atomic_write_json
 from launcher.postmortem import write_missing_summaries
 from launcher.report.aggregate import aggregate
 from launcher.report.table import format_run
+from launcher.results import RunResult
 from launcher.secrets import mask_env, masked_spec_dict
-from launcher.specs import LaunchSpec, RunResult
+from launcher.specs import LaunchSpec
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ _SLURM_ONLY = (("nodes", "--nodes", None), ("gpus_per_node", "--gpus-per-node", 
                ("qos", "--qos", None), ("constraint", "--constraint", None),
                ("time_min", "--time-min", None), ("cpus_per_node", "--cpus-per-node", None),
                ("slurm_opt", "--slurm-opt", None), ("queue_timeout_min", "--queue-timeout-min", None),
-               ("detach", "--detach", False))
+               ("detach", "--detach", False), ("topology", "--topology", None))
 
 
 def _minutes(flag: str) -> Callable[[str], float]:
@@ -66,6 +66,9 @@ def add_slurm_args(p: argparse.ArgumentParser) -> None:
                    help="cancel the job if it is still pending after this many minutes")
     g.add_argument("--detach", action="store_true",
                    help="print the job id and run dir and return (see dlaunch status/logs/cancel)")
+    g.add_argument("--topology", default=None, metavar="FILE",
+                   help="the partition's nodes (topologies/*.yaml) for the plan; without it a SLURM "
+                        "run is not planned (this login node says nothing about the compute nodes)")
 
 
 def reject_without_slurm(args: argparse.Namespace) -> None:
@@ -107,10 +110,31 @@ def _device(args: argparse.Namespace, partition: str | None) -> str:
     return "cuda" if args.gpus_per_node else "cpu"
 
 
+def _plan_for_partition(args: argparse.Namespace, workload_args: Sequence[str], nodes: int,
+                        device: str) -> str | None:
+    """Plan from the partition's topology (--topology or dlaunch.yaml); a note to print.
+
+    Without a topology the open decisions fall back to RUN_FALLBACKS and the note says so: the
+    login node's hardware would be the wrong machine to plan for.
+    """
+    from launcher.config import load_config
+    from launcher.run_cli import RUN_FALLBACKS, follow_plan
+
+    topology = args.topology or load_config().slurm.topology
+    if topology is None:
+        open_ = [k for k in ("strategy", "precision", "micro_batch") if getattr(args, k) is None]
+        if not open_:
+            return None
+        fallback = ", ".join(f"{k.replace('_', '-')} {RUN_FALLBACKS[k]}" for k in open_)
+        return (f"dlaunch: not planned: no --topology for the partition's nodes (or slurm.topology "
+                f"in dlaunch.yaml); using {fallback}")
+    return follow_plan(args, workload_args, topology=topology, nodes=nodes, device=device)
+
+
 def run_from_args(args: argparse.Namespace, workload_args: Sequence[str]) -> int:
     """`dlaunch run --slurm ...`: validate, then dry-run, detach or submit-and-follow."""
     from launcher.backends import slurm as backend
-    from launcher.run_cli import launch_spec_from_args
+    from launcher.run_cli import launch_spec_from_args, write_plan
     from launcher.rundir import create_run_dir, new_run_id
     from launcher.workload import inspect_file
 
@@ -127,6 +151,7 @@ def run_from_args(args: argparse.Namespace, workload_args: Sequence[str]) -> int
     if not args.dry_run:
         backend.check_slurm_available()
     device = _device(args, slurm.partition)
+    plan_note = None if kind.is_script else _plan_for_partition(args, workload_args, nodes, device)
     run_id = new_run_id(args.workload)
 
     def spec_for(run_dir: str) -> Any:
@@ -135,14 +160,18 @@ def run_from_args(args: argparse.Namespace, workload_args: Sequence[str]) -> int
         return dataclasses.replace(spec, num_nodes=nodes)
 
     if args.dry_run:
+        if plan_note:
+            print(plan_note, file=sys.stderr)
         spec = spec_for(os.path.abspath(args.run_dir or os.path.join("runs", run_id)))
         print(backend.dry_run_text(spec, slurm, backend.render(spec, slurm)), end="")
         return 0
     spec_for("/nonexistent")  # validate before creating the run dir
     spec = spec_for(str(create_run_dir(args.run_dir, run_id)))
+    if getattr(args, "planned", None) is not None:
+        write_plan(spec.run_dir, args.planned)
     from launcher.slurm_runner import run_slurm
 
-    result = run_slurm(spec, slurm, as_json=args.json, out=sys.stdout)
+    result = run_slurm(spec, slurm, as_json=args.json, out=sys.stdout, note=plan_note)
     if result is None:  # detached
         return 0
     return result.exit_code if result.exit_code != 0 else (0 if result.status == "ok" else 1)

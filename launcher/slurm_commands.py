@@ -14,8 +14,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from launcher.backends.slurm_jobs import (JobInfo, cancel_job, in_queue, query_job,
-                                          read_slurm_file, resolve, task_logs)
+from launcher.backends.slurm_jobs import JobInfo, cancel_job, in_queue, query_job, read_slurm_file, resolve, task_logs
 from launcher.errors import LaunchError, UsageError
 from launcher.report.table import format_run
 from launcher.slurm_progress import Progress

@@ -17,15 +17,16 @@ from typing import IO, Any
 
 from launcher.backends import slurm as backend
 from launcher.backends.local import LAUNCH_FILE
-from launcher.backends.slurm_jobs import (SLURM_FILE, JobInfo, cancel_job, in_queue, query_job,
-                                          read_slurm_file)
+from launcher.backends.slurm_jobs import SLURM_FILE, JobInfo, cancel_job, in_queue, query_job, read_slurm_file
 from launcher.errors import JobFailed, LaunchError
 from launcher.files import atomic_write_json, read_json
 from launcher.report.aggregate import aggregate, rank_log_tail
 from launcher.report.table import format_run
+from launcher.results import RunResult
+from launcher.rundir import PLAN_FILE
 from launcher.secrets import masked_spec_dict
 from launcher.slurm_progress import Progress, first_step_time
-from launcher.specs import LaunchSpec, RunResult
+from launcher.specs import LaunchSpec
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,7 @@ def _remove_unsubmitted(run_dir: Path) -> None:
     import shutil
 
     (run_dir / LAUNCH_FILE).unlink(missing_ok=True)
+    (run_dir / PLAN_FILE).unlink(missing_ok=True)
     shutil.rmtree(run_dir / backend.SUBMITIT_SUBDIR, ignore_errors=True)
     try:
         run_dir.rmdir()  # only if now empty (a --run-dir may hold other things)
@@ -76,10 +78,16 @@ def _remove_unsubmitted(run_dir: Path) -> None:
 
 
 def run_slurm(spec: LaunchSpec, slurm: backend.SlurmSpec, *, as_json: bool = False,
-              out: IO[str] = sys.stdout) -> RunResult | None:
-    """Submit and (unless detached) wait, showing queue state and progress; the RunResult."""
+              out: IO[str] = sys.stdout, note: str | None = None) -> RunResult | None:
+    """Submit and (unless detached) wait, showing queue state and progress; the RunResult.
+
+    `note` (the plan, or why there is none) is printed once the job is accepted, so a refused
+    submission stays a single error line.
+    """
     record = submit_run(spec, slurm)
     job_id = record["job_id"]
+    if note:
+        print(note, file=sys.stderr if slurm.detach or as_json else out)
     if slurm.detach:
         if as_json:
             out.write(json.dumps({"job_id": job_id, "run_dir": spec.run_dir}) + "\n")

@@ -20,8 +20,8 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
 import math
+import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -32,9 +32,9 @@ from typing import IO, Any
 from launcher.errors import DlaunchError, UsageError
 from launcher.files import atomic_write_json
 from launcher.progress import ProgressBar
-from launcher.sweepdir import (MANIFEST, acquire_lock, finished_ok, first_difference, move_aside,
-                               read_manifest)
-from launcher.specs import LaunchSpec, RunResult
+from launcher.results import RunResult
+from launcher.specs import LaunchSpec
+from launcher.sweepdir import MANIFEST, acquire_lock, finished_ok, first_difference, move_aside, read_manifest
 
 log = logging.getLogger(__name__)
 

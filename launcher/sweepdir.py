@@ -17,7 +17,7 @@ from typing import Any
 
 from launcher.errors import LaunchError, UsageError
 from launcher.files import read_json
-from launcher.specs import RunResult
+from launcher.results import RunResult
 
 log = logging.getLogger(__name__)
 

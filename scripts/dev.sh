@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The two set-up commands of the README:
 #   bash scripts/dev.sh demo   create .venv, install dlaunch, run a 2-process training run
-#   bash scripts/dev.sh test   create .venv, install dlaunch with test deps, run the test suite
+#   bash scripts/dev.sh test   create .venv, install dlaunch with test deps, lint (ruff), run the test suite
 # Needs only bash and Python >= 3.10 with venv. On a machine without an NVIDIA driver it pins
 # torch==2.13.0, which resolves to the CPU wheel, never the multi-gigabyte CUDA build.
 set -euo pipefail
@@ -31,6 +31,8 @@ case "${1:-}" in
   test)
     setup
     shift
+    # unused imports, undefined names, import order: pyproject's [tool.ruff] (a second, not minutes)
+    "$VENV/bin/ruff" check launcher workloads tests benchmarks
     "$VENV/bin/python" -m pytest -q -rs "$@"
     ;;
   *)

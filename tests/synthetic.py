@@ -10,7 +10,8 @@ from pathlib import Path
 
 from launcher.files import atomic_write_json
 from launcher.report.aggregate import aggregate, find_stragglers, percentile
-from launcher.specs import LaunchSpec, RankResult, RunResult
+from launcher.results import RankResult, RunResult
+from launcher.specs import LaunchSpec
 
 
 def _dump(rec: dict) -> str:

@@ -11,6 +11,7 @@ import os
 import pytest
 
 from launcher.files import read_jsonl
+
 from tests.helpers import DATA, REPO, assert_one_line_error
 
 MLP = str(REPO / "workloads" / "mlp.py")

@@ -9,9 +9,18 @@ from __future__ import annotations
 import pytest
 
 from launcher import cost
-from launcher.cost import (ACHIEVABLE_FRACTION_CUDA, FSDP_COLLECTIVE_OVERHEAD_S, OVERLAP_EFFICIENCY,
-                           allgather_s, compute_s, hierarchical_allreduce_s, reduce_scatter_s,
-                           ring_allreduce_s, step_time, tree_allreduce_s)
+from launcher.cost import (
+    ACHIEVABLE_FRACTION_CUDA,
+    FSDP_COLLECTIVE_OVERHEAD_S,
+    OVERLAP_EFFICIENCY,
+    allgather_s,
+    compute_s,
+    hierarchical_allreduce_s,
+    reduce_scatter_s,
+    ring_allreduce_s,
+    step_time,
+    tree_allreduce_s,
+)
 from launcher.specs import DeviceSpec, Link, ModelProfile, Strategy, Topology
 
 GPU = DeviceSpec(name="test-gpu", mem_gib=80, peak_tflops={"fp32": 50, "bf16": 100},

@@ -12,11 +12,16 @@ import pytest
 
 from launcher import gpu_probe
 from launcher.detect import cpu_info, cpu_peak_tflops, detect_nics, detect_topology, slurm_allocation
-from launcher.gpu_probe import count_gpus
 from launcher.errors import TopologyError
+from launcher.gpu_probe import count_gpus
 from launcher.inspect_view import format_topology, inspect_report
-from launcher.nvtopo import (inter_node_link, intra_node_link, parse_nvidia_smi_nvlinks,
-                             parse_nvidia_smi_p2p, parse_nvidia_smi_topo)
+from launcher.nvtopo import (
+    inter_node_link,
+    intra_node_link,
+    parse_nvidia_smi_nvlinks,
+    parse_nvidia_smi_p2p,
+    parse_nvidia_smi_topo,
+)
 from launcher.specs import LINK_KINDS, Nic, Topology
 from launcher.topology import load_topology
 
@@ -85,6 +90,53 @@ def test_parser_copes_with_spaces_and_ansi_and_rejects_garbage():
     truncated = "\n".join(text.splitlines()[:3])  # header + 2 of 4 rows
     with pytest.raises(TopologyError, match="4x4"):
         parse_nvidia_smi_topo(truncated)
+
+
+# real outputs as users posted them (tests/data/nvidia-smi-topo/README.md names each source):
+# file -> GPU pairs joined by NVLink (every other pair is PCIe), and the ring's bottleneck
+CAPTURED = {
+    "h100x8-nvswitch-12nic-numaoff.txt": ("all", "nvswitch"),
+    "h100x8-nvswitch-12nic-numaoff.damaged-paste.txt": ("all", "nvswitch"),
+    "rtx3090x4-nvlink-bridge-pairs.txt": ({(0, 2), (1, 3)}, "pcie"),
+    "a6000x3-one-nvlink-bridge.txt": ({(0, 1)}, "pcie"),
+    "rtx5090x2-pcie.txt": (set(), "pcie"),
+    "rtx3090x2-pcie-topo-and-p2p.reflowed.txt": (set(), "pcie"),
+    "rtx6000adax4-pcie-4nic.txt": (set(), "pcie"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CAPTURED))
+def test_captured_outputs(name):
+    nvlinked, bottleneck = CAPTURED[name]
+    links = parse_nvidia_smi_topo(recorded(f"captured/{name}"))
+    n = len(links)
+    for i in range(n):
+        for j in range(n):
+            if i != j:
+                joined = nvlinked == "all" or (min(i, j), max(i, j)) in nvlinked
+                assert links[i][j] == ("nvswitch" if nvlinked == "all" else "nvlink" if joined else "pcie"), \
+                    (i, j, links[i][j])
+    assert intra_node_link(links, nvlinks=parse_nvidia_smi_nvlinks(recorded(f"captured/{name}"))).kind \
+        == bottleneck
+
+
+def test_captured_damaged_paste_reads_like_the_clean_one():
+    # the paste lost tabs only in NIC cells and NIC rows: the GPU matrix is intact
+    clean = recorded("captured/h100x8-nvswitch-12nic-numaoff.txt")
+    damaged = recorded("captured/h100x8-nvswitch-12nic-numaoff.damaged-paste.txt")
+    assert "PIXNODE" in damaged and parse_nvidia_smi_nvlinks(damaged) == parse_nvidia_smi_nvlinks(clean)
+    assert parse_nvidia_smi_nvlinks(clean)[0][7] == 18
+
+
+def test_captured_p2p_matrices_mark_pairs_without_peer_access():
+    # GNS (GPU not supported) from `-p2p rw` on 2x RTX 5090; NS in a post that pasted both outputs
+    gns = parse_nvidia_smi_p2p(recorded("captured/rtx5090x2-pcie.p2p-rw.txt"))
+    assert gns == ((None, False), (False, None))
+    both = recorded("captured/rtx3090x2-pcie-topo-and-p2p.reflowed.txt")
+    p2p_part = both[both.index("NV#  = Connection traversing"):]
+    assert parse_nvidia_smi_p2p(p2p_part) == ((None, False), (False, None))
+    links = parse_nvidia_smi_topo(recorded("captured/rtx5090x2-pcie.txt"), peer_access=gns)
+    assert links[0][1] == links[1][0] == "pcie-nop2p"
 
 
 def test_two_gpus_on_a_bridge_are_nvlink_not_nvswitch():

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from launcher.files import read_jsonl
+
 from tests.helpers import DATA, REPO, assert_one_line_error
 
 MLP = str(REPO / "workloads" / "mlp.py")

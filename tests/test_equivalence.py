@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from launcher.files import read_jsonl
+
 from tests.helpers import REPO, run_dlaunch
 
 pytestmark = pytest.mark.distributed

@@ -21,7 +21,7 @@ import pytest
 
 from launcher.files import read_jsonl
 from launcher.report.aggregate import aggregate
-from launcher.specs import RunResult
+from launcher.results import RunResult
 
 from tests.helpers import DATA, REPO
 

@@ -8,9 +8,10 @@ import dataclasses
 import io
 import json
 
-from launcher.lab import (LabRow, cpu_precisions, cuda_precisions, format_lab, lab_specs, reading,
-                          run_lab)
-from launcher.specs import LaunchSpec, RankResult, RunResult, Strategy
+from launcher.lab import LabRow, cpu_precisions, cuda_precisions, format_lab, lab_specs, reading, run_lab
+from launcher.results import RankResult, RunResult
+from launcher.specs import LaunchSpec, Strategy
+
 from tests.helpers import REPO, assert_one_line_error
 
 

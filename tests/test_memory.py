@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.memory import (CUDA_ALLOCATOR_SLACK, CUDA_CONTEXT_BYTES,
-                             AUTOCAST_ACTIVATION_FACTOR, NCCL_BUFFER_BYTES, estimate_memory,
-                             usable_mem_bytes)
+from launcher.memory import (
+    AUTOCAST_ACTIVATION_FACTOR,
+    CUDA_ALLOCATOR_SLACK,
+    CUDA_CONTEXT_BYTES,
+    NCCL_BUFFER_BYTES,
+    estimate_memory,
+    usable_mem_bytes,
+)
 from launcher.specs import GIB, DeviceSpec, ModelProfile, Strategy
 
 P = 1_000_000_000  # 1e9 params: 10 blocks of 9e7 + a 1e8-param root (embeddings, head)

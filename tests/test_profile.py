@@ -9,6 +9,7 @@ import pytest
 
 from launcher.profile import profile_workload
 from launcher.workload import load_workload
+
 from tests.helpers import WORKLOADS
 
 EXTRAPOLATION_FAILED = "profiling every block"

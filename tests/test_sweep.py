@@ -17,7 +17,8 @@ import pytest
 
 from launcher.errors import LaunchError, UsageError
 from launcher.files import atomic_write_json, read_json
-from launcher.specs import LaunchSpec, RunResult
+from launcher.results import RunResult
+from launcher.specs import LaunchSpec
 from launcher.sweep import SweepInterrupted, run_sweep
 from launcher.sweepdir import LOCK
 

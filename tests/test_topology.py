@@ -8,9 +8,15 @@ import pytest
 import yaml
 
 from launcher.errors import TopologyError
-from launcher.topology import (TOPOLOGIES_DIR, list_shipped, load_topology,
-                               resolve_topology_path, save_topology, topology_from_dict,
-                               topology_to_dict)
+from launcher.topology import (
+    TOPOLOGIES_DIR,
+    list_shipped,
+    load_topology,
+    resolve_topology_path,
+    save_topology,
+    topology_from_dict,
+    topology_to_dict,
+)
 
 # Other modules and the planning benchmark name these files: they must exist under these names.
 EXPECTED = {

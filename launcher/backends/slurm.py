@@ -27,8 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.backends.local import LAUNCH_FILE, REPO_ROOT, rank_env
-from launcher.backends.slurm_task import (NodeTask, PORT_BASE, PORT_SPAN, node_argv,
-                                          slurm_run_env)
+from launcher.backends.slurm_task import PORT_BASE, PORT_SPAN, NodeTask, node_argv, slurm_run_env
 from launcher.errors import LaunchError, UsageError
 from launcher.secrets import mask_env
 from launcher.specs import LaunchSpec

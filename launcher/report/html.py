@@ -159,7 +159,8 @@ def figures_html(plots: Sequence[Plot]) -> str:
     for p in plots:
         wide = " wide" if p.key == "ranks" else ""
         out.append(f'<figure class="plot{wide}" id="fig-{_e(p.key)}" data-plot="{_e(p.key)}">'
-                   f"{scoped_svg(p.svg, 'f-' + p.key)}<figcaption><b>{_e(p.title)}.</b> {_e(p.caption)}</figcaption></figure>")
+                   f"{scoped_svg(p.svg, 'f-' + p.key)}"
+                   f"<figcaption><b>{_e(p.title)}.</b> {_e(p.caption)}</figcaption></figure>")
     return '<div class="figs">' + "".join(out) + "</div>"
 
 

@@ -19,7 +19,9 @@ from typing import Any
 from launcher.errors import DlaunchError
 from launcher.files import read_json
 from launcher.report.aggregate import aggregate, percentile
-from launcher.specs import LaunchSpec, RunResult, Topology
+from launcher.results import RunResult
+from launcher.rundir import PLAN_FILE
+from launcher.specs import LaunchSpec, Topology
 
 log = logging.getLogger(__name__)
 
@@ -225,9 +227,9 @@ def read_run(run_dir: Path) -> RunData:
     result, verdict, more = _read_result(run_dir, spec.world_size if spec else None)
     notes += more
     data = RunData(run_dir=run_dir, spec=spec, result=result, verdict=verdict, notes=notes)
-    if (run_dir / "plan.json").is_file():
+    if (run_dir / PLAN_FILE).is_file():
         try:
-            data.plan = read_json(run_dir / "plan.json")
+            data.plan = read_json(run_dir / PLAN_FILE)
         except (OSError, ValueError) as e:
             notes.append(f"plan.json: unreadable ({e})")
     world = spec.world_size if spec else (result.world_size if result else 0)

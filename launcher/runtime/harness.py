@@ -229,7 +229,7 @@ def _train(workload: Workload, spec: LaunchSpec, ctx: RankContext,
     if wrapped.compiled:
         recorder.add(compile_stats(guard.fallback))
     recorder.flush()
-    del batches, loader
+    batches = loader = None  # stop the loader's workers now, not at interpreter exit
     return resume.outcome(stopped_at, spec)
 
 

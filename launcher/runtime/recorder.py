@@ -4,7 +4,8 @@
 Records (one JSON object per line, `kind` first):
   start  rank, local_rank, node_rank, world_size, host, pid, device, strategy, precision,
          sample_units, units_per_sample, micro_batch, grad_accum_steps, time
-  step   step, time, end_time (host clock at the step's end), step_time_s, data_wait_s, samples, units, loss, peak_mem_bytes, warmup
+  step   step, time, end_time (host clock at the step's end), step_time_s, data_wait_s, samples,
+         units, loss, peak_mem_bytes, warmup
   comm   calibration of communication (see harness)
   end    time, steps, status
 The start record also carries `attempt` (0, or the restart number under `--max-restarts`, or

@@ -100,9 +100,32 @@ def test_shapes_complete_on_every_node_with_the_local_loss(sl, slurm_cluster, no
     assert slurm_losses == pytest.approx(local, rel=1e-5)
 
 
+def test_a_planned_run_follows_the_partitions_topology(sl, slurm_cluster):
+    # strategy, precision and micro-batch left open: planned for 2 nodes of cpu-local.yaml
+    done = sl("run", str(WORKLOADS / "mlp.py"), "--slurm", "--nodes", "2", "--gpus", "1",
+              "--topology", str(REPO / "topologies" / "cpu-local.yaml"),
+              "--steps", "4", "--no-calibrate", "--log-every", "2", timeout=120)
+    assert done.code == 0, _diagnose(done)
+    assert "dlaunch: plan: " in done.out, done.out
+    run_dir = _run_dir(done)
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert plan["topology"] == "cpu-local" and plan["plan"]["world_size"] == 2
+    assert plan["plan"]["num_nodes"] == 2
+    chosen = plan["plan"]["chosen"]
+    result = json.loads((run_dir / "result.json").read_text())
+    assert (result["strategy"], result["precision"]) == (chosen["strategy"]["kind"],
+                                                         chosen["strategy"]["precision"])
+    # a topology of GPU nodes for this CPU partition is refused before anything is submitted
+    before = set(run_dir.parent.iterdir())
+    bad = sl("run", str(WORKLOADS / "mlp.py"), "--slurm", "--nodes", "2", "--gpus", "1",
+             "--topology", str(REPO / "topologies" / "h100-sxm-8x4node-ib.yaml"), "--steps", "4")
+    assert_one_line_error(bad, "describes cuda nodes", "the partition's nodes are cpu")
+    assert set(run_dir.parent.iterdir()) == before
+
+
 def test_a_failing_rank_fails_the_job_and_names_node_rank_and_exception(sl, slurm_cluster):
     t0 = time.monotonic()
-    done = sl("run", str(DATA / "fail_at_step.py"), "--slurm", "--nodes", "2", "--gpus", "1",
+    done = sl("run", str(DATA / "fault.py"), "--slurm", "--nodes", "2", "--gpus", "1",
               "--steps", "20", "--no-calibrate", "--log-every", "1", timeout=120)
     took = time.monotonic() - t0
     assert done.code == 1, _diagnose(done)

@@ -12,6 +12,7 @@ from launcher.backends import slurm
 from launcher.config import load_config
 from launcher.errors import ConfigError, UsageError
 from launcher.specs import LaunchSpec, Strategy
+
 from tests.helpers import REPO, WORKLOADS, assert_one_line_error
 
 GOLDEN = REPO / "tests" / "golden"
@@ -114,6 +115,19 @@ def test_dry_run_uses_dlaunch_yaml_and_flags_win(dlaunch, tmp_path: Path):
     assert not (tmp_path / "runs").exists()  # a dry run creates nothing
 
 
+def test_slurm_run_plans_only_from_the_partitions_topology(dlaunch, tmp_path: Path):
+    # no topology: the login node is the wrong machine to plan for, so the fallbacks are named
+    done = dlaunch("run", str(WORKLOADS / "mlp.py"), "--slurm", "--nodes", "2", "--dry-run", cwd=tmp_path)
+    assert done.code == 0, done.err
+    assert "not planned: no --topology" in done.err and "strategy ddp" in done.err, done.err
+    # a topology from dlaunch.yaml (the flag would win the same way): the plan for 2 nodes of it
+    (tmp_path / "dlaunch.yaml").write_text(f"slurm:\n  topology: {REPO / 'topologies' / 'cpu-local.yaml'}\n")
+    done = dlaunch("run", str(WORKLOADS / "mlp.py"), "--slurm", "--nodes", "2", "--dry-run", cwd=tmp_path)
+    assert done.code == 0, done.err
+    assert "dlaunch: plan: DDP" in done.err and "not planned" not in done.err, done.err
+    assert not (tmp_path / "runs").exists()
+
+
 def test_unknown_config_key_is_one_line(dlaunch, tmp_path: Path):
     (tmp_path / "dlaunch.yaml").write_text("slurm:\n  partiton: gpu\n")
     done = dlaunch("run", str(WORKLOADS / "mlp.py"), "--slurm", "--dry-run", cwd=tmp_path)
@@ -127,7 +141,7 @@ def test_malformed_slurm_opt_is_one_line(dlaunch, tmp_path: Path):
 
 
 @pytest.mark.parametrize("flag", [["--nodes", "2"], ["--partition", "x"], ["--detach"],
-                                  ["--slurm-opt", "mem=1G"]])
+                                  ["--slurm-opt", "mem=1G"], ["--topology", "topologies/cpu-local.yaml"]])
 def test_slurm_flags_need_slurm(dlaunch, flag, tmp_path: Path):
     done = dlaunch("run", str(WORKLOADS / "mlp.py"), *flag, cwd=tmp_path)
     assert_one_line_error(done, f"{flag[0]} needs --slurm")

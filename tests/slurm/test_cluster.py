@@ -4,10 +4,8 @@ sbatch, sacct accounting, submitit across both nodes, scancel seen by submitit."
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -30,7 +28,6 @@ SLURM_ENV_KEYS = (
 def _task_info() -> dict:
     """Runs inside a submitit task."""
     import importlib.util
-    import os
     import socket
 
     info = {k: os.environ.get(k) for k in SLURM_ENV_KEYS}
@@ -95,7 +92,8 @@ def test_sinfo_shows_two_idle_nodes(slurm_cluster):
 
 def test_sbatch_wait_two_node_job(two_node_batch_job):
     proc = two_node_batch_job["proc"]
-    assert proc.returncode == 0, f"sbatch --wait exited {proc.returncode}: {proc.stderr}\n{two_node_batch_job['output']}"
+    assert proc.returncode == 0, \
+        f"sbatch --wait exited {proc.returncode}: {proc.stderr}\n{two_node_batch_job['output']}"
     assert two_node_batch_job["job_id"].isdigit(), proc.stdout
     lines = [ln for ln in two_node_batch_job["output"].splitlines() if ln.startswith("task ")]
     fields = [dict(kv.split("=", 1) for kv in ln.split()[1:]) for ln in lines]

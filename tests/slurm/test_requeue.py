@@ -15,7 +15,7 @@ import pytest
 
 from launcher.files import read_jsonl
 
-from tests.helpers import DATA, REPO, run_dlaunch
+from tests.helpers import DATA, run_dlaunch
 
 pytestmark = pytest.mark.slurm
 

@@ -1,0 +1,100 @@
+"""What a run measured: one rank's numbers and the whole run's, as `result.json` holds them.
+
+Frozen, keyword-only values (no torch, no I/O), built by `report.aggregate` from the rank files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankResult:
+    """One rank's measurements, aggregated from its rank file."""
+
+    rank: int
+    local_rank: int
+    node_rank: int
+    host: str
+    status: str  # ok | failed | hung | killed | exited | stopped | incomplete | missing
+    steps: int  # optimizer steps recorded
+    steady_steps: int  # steps after warm-up
+    samples_per_s: float
+    units_per_s: float
+    step_time_median_s: float
+    step_time_p90_s: float
+    step_time_max_s: float
+    data_wait_share: float
+    peak_mem_bytes: int | None = None
+    final_loss: float | None = None
+    error: str | None = None
+    log_tail: tuple[str, ...] = ()
+    exposed_comm_s: float | None = None  # per step, from the sync-off/on calibration
+    busbw_gb_s: float | None = None  # all-reduce of the gradient size
+    straggler: bool = False
+    skipped_steps: int = 0  # optimizer steps the fp16 GradScaler skipped (inf/NaN gradients)
+    # torch.compile, counted over the whole run (None when the run did not compile)
+    compiled_graphs: int | None = None
+    graph_breaks: int | None = None
+    recompiles: int | None = None
+    compile_fallback: str | None = None  # why compile failed and the rank ran eagerly
+    # --profile: the rank's trace file and its top operators by self time (device on CUDA)
+    profile_trace: str | None = None
+    top_ops: tuple[Mapping[str, Any], ...] = ()
+    device_busy_share: float | None = None  # CUDA kernel time / profiled step time
+    # the last attempt resumed from this step's checkpoint (`steps` counts the steps before it)
+    resumed_from_step: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunResult:
+    """A whole run: every rank plus the aggregate, as written to `result.json`."""
+
+    run_id: str
+    run_dir: str
+    workload: str
+    world_size: int
+    num_nodes: int
+    device: str
+    strategy: str
+    precision: str
+    status: str  # ok | failed
+    exit_code: int
+    wall_time_s: float
+    samples_per_s: float
+    units_per_s: float
+    sample_units: str
+    step_time_median_s: float
+    slowest_rank: int | None
+    data_wait_share: float
+    ranks: tuple[RankResult, ...]
+    failures: tuple[str, ...] = ()
+    unreadable: tuple[str, ...] = ()  # rank files that could not be read, and why
+    exposed_comm_s: float | None = None  # median over ranks, per step
+    busbw_gb_s: float | None = None
+    stragglers: tuple[int, ...] = ()  # ranks whose median step exceeds the median of medians by >10%
+    # the bottleneck: {"name", "evidence", "shares"} from the measured shares of the step
+    verdict: Mapping[str, Any] | None = None
+    # attempts the rank files record (--max-restarts relaunches, SLURM requeues); every
+    # per-rank number above comes from the last one
+    attempts: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RunResult:
+        """Rebuild a result written by `to_dict`."""
+        d = dict(data)
+        d["ranks"] = tuple(RankResult(**{**r, "log_tail": tuple(r.get("log_tail", ())),
+                                         "top_ops": tuple(r.get("top_ops", ()))})
+                           for r in d.get("ranks", ()))
+        d["failures"] = tuple(d.get("failures", ()))
+        d["unreadable"] = tuple(d.get("unreadable", ()))
+        d["stragglers"] = tuple(d.get("stragglers", ()))
+        return cls(**d)
+
