@@ -52,9 +52,11 @@ def add_scale_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topology", default=None,
                    help="topology file or name for link bandwidth and predictions (default: detect)")
     p.add_argument("--no-report", action="store_true", help="do not write the report at the end")
-    p.add_argument("--slurm", action="store_true", help="run each point as a SLURM job")
     p.add_argument("--dry-run", action="store_true", help="print the points and commands, run nothing")
     p.add_argument("--json", action="store_true", help="print the sweep and report as JSON")
+    from launcher.slurm_cli import add_slurm_args
+
+    add_slurm_args(p, sweep=True)
 
 
 def add_report_args(p: argparse.ArgumentParser) -> None:
@@ -99,19 +101,27 @@ def _topology_dict(name: str | None, device: str) -> dict[str, Any] | None:
 
 def cmd_scale(args: argparse.Namespace, workload_args: list[str]) -> int:
     """`dlaunch scale`: run (or resume) the sweep, then write its report."""
+    from launcher import slurm_cli
     from launcher.specs import LoaderSpec, Strategy
-    from launcher.sweep import check_plan, default_sweep_dir, parse_world_sizes, run_sweep, sweep_config
+    from launcher.sweep import check_plan, default_sweep_dir, parse_world_sizes, point_shape, run_sweep, sweep_config
     from launcher.workload import inspect_file
 
-    if args.slurm:
-        raise UsageError("dlaunch scale --slurm is not available yet; run the sweep locally "
-                         "(one host) or run each world size with dlaunch run --slurm")
+    if not args.slurm:
+        slurm_cli.reject_without_slurm(args, sweep=True)
     kind = inspect_file(args.workload)
     if kind.is_script:
         raise UsageError(f"dlaunch scale needs a workload file (the harness sets each point's "
                          f"batch); {args.workload} is a plain script")
-    device, available, what = _devices()
-    sizes = parse_world_sizes(args.gpus, available=available, what=what)
+    per_node = launch_point = None
+    if args.slurm:
+        # the partition's nodes, not this login node, decide the device and the node shape
+        device, per_node, launch_point = slurm_cli.sweep_backend(args)
+        sizes = parse_world_sizes(args.gpus)
+        shapes = {n: point_shape(n, per_node) for n in sizes}
+    else:
+        device, available, what = _devices()
+        sizes = parse_world_sizes(args.gpus, available=available, what=what)
+        shapes = {n: (1, n) for n in sizes}
     if args.warmup_steps is not None and args.warmup_steps >= args.steps:
         raise UsageError(f"--warmup-steps must be below --steps ({args.steps}), got {args.warmup_steps}")
     warmup = args.warmup_steps if args.warmup_steps is not None else min(3, args.steps - 1)
@@ -123,21 +133,26 @@ def cmd_scale(args: argparse.Namespace, workload_args: list[str]) -> int:
                          global_batch=args.global_batch, grad_accum=args.grad_accum)
     config = sweep_config(workload=str(kind.path), workload_args=workload_args, mode=args.mode,
                           global_batch=args.global_batch, micro_batch=args.micro_batch,
-                          steps=args.steps, warmup_steps=warmup, base_spec_kwargs=base)
+                          steps=args.steps, warmup_steps=warmup, base_spec_kwargs=base,
+                          processes_per_node=per_node)
     sweep_dir = Path(args.sweep_dir) if args.sweep_dir else default_sweep_dir(config)
     if args.dry_run:
-        print(f"# sweep {sweep_dir.absolute()}: {args.mode} scaling on {device}")
+        where = "SLURM jobs" if args.slurm else "this host"
+        print(f"# sweep {sweep_dir.absolute()}: {args.mode} scaling on {device} ({where})")
         for n in sizes:
+            nodes, procs = shapes[n]
             for k in range(args.repeat):
-                print(f"ws{n}-r{k}: {n} rank(s), micro-batch {batches[n]}, global batch "
-                      f"{batches[n] * args.grad_accum * n}, {args.steps} steps")
+                print(f"ws{n}-r{k}: {n} rank(s) = {nodes} node(s) x {procs}, micro-batch {batches[n]}, "
+                      f"global batch {batches[n] * args.grad_accum * n}, {args.steps} steps")
         return 0
-    topology = _topology_dict(args.topology, device)
+    # a SLURM sweep describes its nodes only through --topology: never detect the login node
+    topology = (_topology_dict(args.topology, device) if args.topology or not args.slurm else None)
     result = run_sweep(workload=str(kind.path), workload_args=workload_args, world_sizes=sizes,
                        mode=args.mode, global_batch=args.global_batch,
                        micro_batch=args.micro_batch, steps=args.steps, warmup_steps=warmup,
                        repeats=args.repeat, sweep_dir=sweep_dir, force=args.force,
-                       base_spec_kwargs=base, topology=topology, progress=sys.stderr)
+                       base_spec_kwargs=base, topology=topology, processes_per_node=per_node,
+                       launch_point=launch_point, progress=sys.stderr)
     files: list[Path] = []
     report = None
     if not args.no_report and any(p.status == "ok" for p in result.points):

@@ -23,6 +23,7 @@ from launcher.errors import UsageError
 log = logging.getLogger(__name__)
 
 # flags that mean nothing without --slurm: (dest, flag, value when not given)
+# (`dlaunch scale` has no --nodes/--detach, and its own --topology: see SWEEP_OMITS)
 _SLURM_ONLY = (("nodes", "--nodes", None), ("gpus_per_node", "--gpus-per-node", None),
                ("partition", "--partition", None), ("account", "--account", None),
                ("qos", "--qos", None), ("constraint", "--constraint", None),
@@ -44,14 +45,24 @@ def _minutes(flag: str) -> Callable[[str], float]:
     return parse
 
 
-def add_slurm_args(p: argparse.ArgumentParser) -> None:
-    """The SLURM flags of `dlaunch run` (see `dlaunch run --help`)."""
+# the run flags a sweep does without: a point's nodes follow from its world size, a sweep
+# follows every job, and `dlaunch scale --topology` also serves local sweeps
+SWEEP_OMITS = ("nodes", "detach", "topology")
+
+
+def add_slurm_args(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
+    """The SLURM flags of `dlaunch run` (see `dlaunch run --help`), or with `sweep` those of
+    `dlaunch scale --slurm` (no --nodes, --detach or --topology)."""
     g = p.add_argument_group("SLURM (with --slurm; defaults from dlaunch.yaml's slurm: section)")
     g.add_argument("--slurm", action="store_true",
-                   help="submit to SLURM (submitit): one task per node, each running torchrun")
-    g.add_argument("--nodes", type=int_at_least("--nodes", 1), default=None, help="nodes (default 1)")
+                   help="run each point as a SLURM job (one per world size and repeat)" if sweep else
+                   "submit to SLURM (submitit): one task per node, each running torchrun")
+    if not sweep:
+        g.add_argument("--nodes", type=int_at_least("--nodes", 1), default=None, help="nodes (default 1)")
     g.add_argument("--gpus-per-node", type=int_at_least("--gpus-per-node", 1), default=None,
-                   help="processes (GPUs) per node; same as --gpus")
+                   help="processes (GPUs) per node: a point of N ranks runs on N / this many nodes "
+                        "(default: the partition's GPUs per node, or CPUs per node without GPUs)"
+                   if sweep else "processes (GPUs) per node; same as --gpus")
     g.add_argument("--partition", default=None, help="SLURM partition (default: the cluster's default)")
     g.add_argument("--account", default=None)
     g.add_argument("--qos", default=None)
@@ -64,6 +75,8 @@ def add_slurm_args(p: argparse.ArgumentParser) -> None:
                    help="extra sbatch option, e.g. --slurm-opt mem=64G (repeatable)")
     g.add_argument("--queue-timeout-min", type=_minutes("--queue-timeout-min"), default=None,
                    help="cancel the job if it is still pending after this many minutes")
+    if sweep:
+        return
     g.add_argument("--detach", action="store_true",
                    help="print the job id and run dir and return (see dlaunch status/logs/cancel)")
     g.add_argument("--topology", default=None, metavar="FILE",
@@ -71,9 +84,11 @@ def add_slurm_args(p: argparse.ArgumentParser) -> None:
                         "run is not planned (this login node says nothing about the compute nodes)")
 
 
-def reject_without_slurm(args: argparse.Namespace) -> None:
-    """A SLURM flag given to a local run is a mistake worth one line."""
+def reject_without_slurm(args: argparse.Namespace, *, sweep: bool = False) -> None:
+    """A SLURM flag given to a local run (or sweep) is a mistake worth one line."""
     for dest, flag, unset in _SLURM_ONLY:
+        if sweep and dest in SWEEP_OMITS:
+            continue
         if getattr(args, dest, unset) not in (unset,):
             raise UsageError(f"{flag} needs --slurm (a local run uses this machine only)")
 
@@ -96,8 +111,34 @@ def slurm_spec_from_args(args: argparse.Namespace) -> Any:
         opts=parse_slurm_opts(args.slurm_opt or [], cfg.opts),
         cpus_per_node=cpus,
         queue_timeout_min=args.queue_timeout_min or cfg.queue_timeout_min,
-        detach=args.detach,
+        detach=getattr(args, "detach", False),
     )
+
+
+def sweep_backend(args: argparse.Namespace) -> tuple[str, int, Callable[..., Any]]:
+    """For `dlaunch scale --slurm`: (device, processes per node, a sweep `launch_point` that
+    runs each point as one SLURM job and follows it like `run --slurm`)."""
+    from launcher.backends import slurm as backend
+    from launcher.backends.slurm_jobs import partition_shape
+
+    slurm = slurm_spec_from_args(args)
+    if not args.dry_run:
+        backend.check_slurm_available()
+    device = _device(args, slurm.partition)
+    per_node = args.gpus_per_node
+    if per_node is None and shutil.which("sinfo"):
+        cpus, gpus = partition_shape(slurm.partition)
+        per_node = gpus if device == "cuda" else (slurm.cpus_per_node or cpus)
+    if not per_node:
+        raise UsageError("dlaunch scale --slurm: give --gpus-per-node (processes per node); "
+                         "sinfo could not tell how many the partition's nodes have")
+
+    def launch_point(spec: Any, console: Any) -> Any:
+        from launcher.slurm_runner import run_slurm
+
+        return run_slurm(spec, slurm, out=console)
+
+    return device, per_node, launch_point
 
 
 def _device(args: argparse.Namespace, partition: str | None) -> str:

@@ -103,6 +103,21 @@ def point_batch(mode: str, world_size: int, *, micro_batch: int, global_batch: i
     return global_batch // per_step
 
 
+def point_shape(world_size: int, processes_per_node: int | None) -> tuple[int, int]:
+    """(nodes, processes per node) of a point: one node while it fits, else whole nodes.
+
+    `processes_per_node` None means one host (a local sweep). UsageError when a world size
+    beyond one node is not a multiple of it.
+    """
+    if processes_per_node is None or world_size <= processes_per_node:
+        return 1, world_size
+    if world_size % processes_per_node:
+        raise UsageError(f"world size {world_size} does not fill whole nodes of {processes_per_node} "
+                         f"processes; above one node use multiples of {processes_per_node} "
+                         "(or set --gpus-per-node)")
+    return world_size // processes_per_node, processes_per_node
+
+
 def check_plan(mode: str, world_sizes: Sequence[int], *, micro_batch: int,
                global_batch: int | None, grad_accum: int = 1) -> dict[int, int]:
     """Validate the whole sweep before anything runs: world size -> micro-batch."""
@@ -130,6 +145,7 @@ class SweepPoint:
     repeat: int
     micro_batch: int
     global_batch: int
+    num_nodes: int = 1
     status: str = "pending"
     run_id: str = ""
     error: str | None = None
@@ -168,17 +184,25 @@ def point_name(world_size: int, repeat: int) -> str:
 
 def sweep_config(*, workload: str, workload_args: Sequence[str], mode: str,
                  global_batch: int | None, micro_batch: int, steps: int, warmup_steps: int,
-                 base_spec_kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """What must match for a re-run to resume a sweep (world sizes and repeats may grow)."""
+                 base_spec_kwargs: Mapping[str, Any], processes_per_node: int | None = None
+                 ) -> dict[str, Any]:
+    """What must match for a re-run to resume a sweep (world sizes and repeats may grow).
+
+    A SLURM sweep (`processes_per_node` given) records its node shape, so it never resumes
+    into a local sweep of the same workload or the other way round.
+    """
     probe = LaunchSpec(workload=workload, run_id="x", run_dir="/x", steps=steps,
                        warmup_steps=warmup_steps, micro_batch=micro_batch, **base_spec_kwargs)
     spec = probe.to_dict()
     for key in ("run_id", "run_dir", "nproc_per_node", "num_nodes", "workload", "workload_args",
                 "micro_batch"):
         spec.pop(key, None)
-    return {"workload": str(Path(workload).resolve()), "workload_args": list(workload_args),
-            "mode": mode, "global_batch": global_batch if mode == "strong" else None,
-            "micro_batch": micro_batch if mode == "weak" else None, "spec": spec}
+    config = {"workload": str(Path(workload).resolve()), "workload_args": list(workload_args),
+              "mode": mode, "global_batch": global_batch if mode == "strong" else None,
+              "micro_batch": micro_batch if mode == "weak" else None, "spec": spec}
+    if processes_per_node is not None:
+        config["slurm_processes_per_node"] = processes_per_node
+    return config
 
 
 def default_sweep_dir(config: Mapping[str, Any], root: str | Path = "runs") -> Path:
@@ -214,13 +238,16 @@ def run_sweep(*, workload: str, workload_args: Sequence[str] = (), world_sizes: 
               steps: int = 20, warmup_steps: int = 3, repeats: int = 1, sweep_dir: str | Path,
               force: bool = False, base_spec_kwargs: Mapping[str, Any] | None = None,
               launch_point: LaunchPoint | None = None, topology: Mapping[str, Any] | None = None,
+              processes_per_node: int | None = None,
               progress: IO[str] | None = sys.stderr) -> SweepResult:
     """Run (or resume) a scaling sweep and return every point's record.
 
     `base_spec_kwargs` are further LaunchSpec fields shared by all points (strategy, loader,
     grad_accum_steps, seed, device, env, ...). `topology` (a topology dict) is stored in the
-    manifest so the report can set busbw beside the link bandwidth. Raises UsageError for a bad
-    configuration before anything is created, SweepInterrupted when stopped by a signal.
+    manifest so the report can set busbw beside the link bandwidth. `processes_per_node` spreads
+    points over nodes (`point_shape`; with a `launch_point` that can start several, e.g.
+    SLURM). Raises UsageError for a bad configuration before anything is created,
+    SweepInterrupted when stopped by a signal.
     """
     base = dict(base_spec_kwargs or {})
     if repeats < 1:
@@ -230,9 +257,11 @@ def run_sweep(*, workload: str, workload_args: Sequence[str] = (), world_sizes: 
         raise UsageError("a sweep needs at least one world size >= 1")
     batches = check_plan(mode, sizes, micro_batch=micro_batch, global_batch=global_batch,
                          grad_accum=int(base.get("grad_accum_steps", 1)))
+    nodes = {n: point_shape(n, processes_per_node)[0] for n in sizes}
     config = sweep_config(workload=workload, workload_args=workload_args, mode=mode,
                           global_batch=global_batch, micro_batch=micro_batch, steps=steps,
-                          warmup_steps=warmup_steps, base_spec_kwargs=base)
+                          warmup_steps=warmup_steps, base_spec_kwargs=base,
+                          processes_per_node=processes_per_node)
     sdir = Path(sweep_dir).expanduser().absolute()
     old = read_manifest(sdir) if sdir.exists() else None
     if old is not None and old.get("config") != config and not force:
@@ -246,7 +275,7 @@ def run_sweep(*, workload: str, workload_args: Sequence[str] = (), world_sizes: 
                    "warmup_steps": warmup_steps}
     try:
         return _run_points(sdir, old if old and old.get("config") == config else None, config,
-                           sizes, batches, repeats, force, spec_kwargs,
+                           sizes, batches, nodes, repeats, force, spec_kwargs,
                            launch_point or launch_local, topology, progress, mode)
     finally:
         lock.unlink(missing_ok=True)
@@ -281,7 +310,8 @@ class _Sweep:
             self.bar.note(f"{name}: moved what a previous attempt left to "
                           f"{moved.relative_to(self.sdir)}")
         run_id = f"{self.sdir.name}-{name}-a{point.attempts + 1}"
-        spec = LaunchSpec(run_id=run_id, run_dir=str(pdir), nproc_per_node=point.world_size,
+        spec = LaunchSpec(run_id=run_id, run_dir=str(pdir), num_nodes=point.num_nodes,
+                          nproc_per_node=point.world_size // point.num_nodes,
                           micro_batch=point.micro_batch, **self.spec_kwargs)
         create_run_dir(pdir, run_id)
         point = dataclasses.replace(point, status="running", run_id=run_id, error=None,
@@ -289,7 +319,8 @@ class _Sweep:
                                     finished=None)
         self.points[name] = point
         self.save()
-        self.bar.update(index, f"{name} running ({point.world_size} rank(s), micro-batch "
+        where = f" on {point.num_nodes} nodes" if point.num_nodes > 1 else ""
+        self.bar.update(index, f"{name} running ({point.world_size} rank(s){where}, micro-batch "
                                f"{point.micro_batch})")
         try:
             # 0640 whatever the umask: run dirs are never world-writable
@@ -325,7 +356,8 @@ class _Sweep:
 
 
 def _run_points(sdir: Path, old: dict[str, Any] | None, config: dict[str, Any],
-                sizes: list[int], batches: dict[int, int], repeats: int, force: bool,
+                sizes: list[int], batches: dict[int, int], nodes: dict[int, int], repeats: int,
+                force: bool,
                 spec_kwargs: dict[str, Any], launch_point: LaunchPoint,
                 topology: Mapping[str, Any] | None, progress: IO[str] | None,
                 mode: str) -> SweepResult:
@@ -338,7 +370,8 @@ def _run_points(sdir: Path, old: dict[str, Any] | None, config: dict[str, Any],
             prev = known.get(point_name(n, k))
             points[point_name(n, k)] = SweepPoint(
                 name=point_name(n, k), world_size=n, repeat=k, micro_batch=batches[n],
-                global_batch=batches[n] * accum * n, attempts=prev.attempts if prev else 0,
+                global_batch=batches[n] * accum * n, num_nodes=nodes[n],
+                attempts=prev.attempts if prev else 0,
                 status=prev.status if prev else "pending", run_id=prev.run_id if prev else "")
     manifest: dict[str, Any] = {
         "kind": "sweep", "version": 1, "name": sdir.name, "mode": mode, "config": config,

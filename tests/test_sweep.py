@@ -161,6 +161,20 @@ def test_strong_scaling_splits_the_global_batch_and_repeats(tmp_path):
         sweep(tmp_path, fake, sizes=(1, 3), mode="strong", global_batch=16)
 
 
+def test_points_beyond_one_node_fill_whole_nodes(tmp_path):
+    # a launcher that starts several nodes (SLURM) gets each point's node shape
+    fake = FakeLauncher()
+    result = sweep(tmp_path, fake, sizes=(1, 2, 4, 8), processes_per_node=2)
+    assert [(s.num_nodes, s.nproc_per_node) for s in fake.calls] == [(1, 1), (1, 2), (2, 2), (4, 2)]
+    assert [p.num_nodes for p in result.points] == [1, 1, 2, 4]
+    assert [p["num_nodes"] for p in read_json(tmp_path / "sw" / "sweep.json")["points"]] == [1, 1, 2, 4]
+    # the same sweep on one host is another configuration: it never resumes into this one
+    with pytest.raises(UsageError, match="another configuration"):
+        sweep(tmp_path, FakeLauncher(), sizes=(1, 2))
+    with pytest.raises(UsageError, match="world size 3 does not fill whole nodes of 2"):
+        sweep(tmp_path / "other", FakeLauncher(), sizes=(1, 3), processes_per_node=2)
+
+
 def test_other_configuration_needs_force(tmp_path):
     sweep(tmp_path, FakeLauncher(), sizes=(1, 2))
     with pytest.raises(UsageError, match="another configuration .*steps: 5 before, 7 now"):
@@ -222,5 +236,5 @@ def test_dry_run_lists_points_and_runs_nothing(tmp_path):
     done = dlaunch_cli("scale", MLP, "--gpus", "1,2,4", "--mode", "strong", "--global-batch", "32",
                 "--sweep-dir", str(tmp_path / "sw"), "--dry-run", tmp=tmp_path)
     assert done.code == 0, done.err
-    assert "ws4-r0: 4 rank(s), micro-batch 8, global batch 32" in done.out
+    assert "ws4-r0: 4 rank(s) = 1 node(s) x 4, micro-batch 8, global batch 32" in done.out
     assert not (tmp_path / "sw").exists()

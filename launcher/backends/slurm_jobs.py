@@ -154,19 +154,21 @@ def list_partitions() -> list[str]:
     return sorted({n.rstrip("*") for n in names}, key=lambda n: (n + "*" not in names, n))
 
 
-def partition_shape(partition: str | None) -> tuple[int | None, bool]:
-    """(CPUs per node — the smallest in the partition —, whether its nodes have GPUs)."""
+def partition_shape(partition: str | None) -> tuple[int | None, int]:
+    """(CPUs per node, GPUs per node): the smallest in the partition; GPUs from GRES such as
+    `gpu:8` or `gpu:h100:8(S:0-1)`, 0 when its nodes have none."""
     argv = ["sinfo", "-h", "-o", "%P|%c|%G"] + (["-p", partition] if partition else [])
     try:
         proc = slurm_cmd(argv, check=False, timeout=10)
     except LaunchError:
-        return None, False
+        return None, 0
     rows = [ln.split("|") for ln in proc.stdout.splitlines() if ln.count("|") == 2]
     if not partition:  # the default partition is marked with '*'
         rows = [r for r in rows if r[0].endswith("*")] or rows
     cpus = [int(m.group()) for r in rows if (m := re.match(r"\d+", r[1]))]
-    gpus = any("gpu" in r[2].lower() for r in rows)
-    return (min(cpus) if cpus else None), gpus
+    gpus = [int(m.group(1)) for r in rows
+            if (m := re.search(r"gpu(?::[^:,(]+)?:(\d+)", r[2].lower()))]
+    return (min(cpus) if cpus else None), (min(gpus) if gpus else 0)
 
 
 def read_slurm_file(run_dir: Path) -> dict:

@@ -123,6 +123,27 @@ def test_a_planned_run_follows_the_partitions_topology(sl, slurm_cluster):
     assert set(run_dir.parent.iterdir()) == before
 
 
+def test_scale_runs_each_point_as_a_job_and_resumes(sl, slurm_cluster, tmp_path: Path):
+    sweep = tmp_path / "sweep"
+    argv = ("scale", str(WORKLOADS / "mlp.py"), "--slurm", "--gpus", "1,4", "--gpus-per-node", "2",
+            "--steps", "4", "--sweep-dir", str(sweep), "--topology", str(REPO / "topologies" / "cpu-local.yaml"))
+    done = sl(*argv, timeout=240)
+    assert done.code == 0, done.out + done.err
+    manifest = json.loads((sweep / "sweep.json").read_text())
+    assert [(p["name"], p["status"], p["num_nodes"]) for p in manifest["points"]] == [
+        ("ws1-r0", "ok", 1), ("ws4-r0", "ok", 2)]
+    four = json.loads((sweep / "ws4-r0" / "result.json").read_text())
+    assert four["num_nodes"] == 2 and {r["host"] for r in four["ranks"]} == set(slurm_cluster.nodes[:2])
+    for point in ("ws1-r0", "ws4-r0"):
+        job = json.loads((sweep / point / "slurm.json").read_text())["job_id"]
+        assert slurm_cluster.wait_sacct_state(job, "COMPLETED", "FAILED", "CANCELLED") == "COMPLETED"
+        assert f"job {job} COMPLETED" in (sweep / point / "console.log").read_text()
+    assert (sweep / "report" / "report.html").is_file() and "report:" in done.out
+    # the same command again: both points are done, no job is submitted
+    again = sl(*argv, timeout=120)
+    assert again.code == 0 and again.err.count("already done, skipped") == 2, again.out + again.err
+
+
 def test_a_failing_rank_fails_the_job_and_names_node_rank_and_exception(sl, slurm_cluster):
     t0 = time.monotonic()
     done = sl("run", str(DATA / "fault.py"), "--slurm", "--nodes", "2", "--gpus", "1",

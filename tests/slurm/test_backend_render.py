@@ -128,6 +128,20 @@ def test_slurm_run_plans_only_from_the_partitions_topology(dlaunch, tmp_path: Pa
     assert not (tmp_path / "runs").exists()
 
 
+def test_scale_slurm_dry_run_spreads_points_over_nodes(dlaunch, tmp_path: Path):
+    done = dlaunch("scale", str(WORKLOADS / "mlp.py"), "--slurm", "--gpus", "1,2,4,8", "--gpus-per-node", "2",
+                   "--dry-run", cwd=tmp_path)
+    assert done.code == 0, done.err
+    assert "(SLURM jobs)" in done.out and "ws1-r0: 1 rank(s) = 1 node(s) x 1," in done.out
+    assert "ws4-r0: 4 rank(s) = 2 node(s) x 2," in done.out and "ws8-r0: 8 rank(s) = 4 node(s) x 2," in done.out
+    bad = dlaunch("scale", str(WORKLOADS / "mlp.py"), "--slurm", "--gpus", "1,3", "--gpus-per-node", "2",
+                  "--dry-run", cwd=tmp_path)
+    assert_one_line_error(bad, "world size 3 does not fill whole nodes of 2")
+    local = dlaunch("scale", str(WORKLOADS / "mlp.py"), "--gpus", "1", "--gpus-per-node", "2", cwd=tmp_path)
+    assert_one_line_error(local, "--gpus-per-node needs --slurm")
+    assert not (tmp_path / "runs").exists()
+
+
 def test_unknown_config_key_is_one_line(dlaunch, tmp_path: Path):
     (tmp_path / "dlaunch.yaml").write_text("slurm:\n  partiton: gpu\n")
     done = dlaunch("run", str(WORKLOADS / "mlp.py"), "--slurm", "--dry-run", cwd=tmp_path)
