@@ -41,7 +41,9 @@ def _diagnose(run_dir: Path, text: str) -> str:
     return text
 
 
-def test_requeue_resumes_from_the_last_checkpoint_with_the_uninterrupted_loss(slurm_cluster, tmp_path):
+@pytest.mark.parametrize("nodes,procs", [(1, 2), (2, 1)], ids=["1x2", "2x1"])
+def test_requeue_resumes_from_the_last_checkpoint_with_the_uninterrupted_loss(slurm_cluster, tmp_path,
+                                                                              nodes, procs):
     slurm_cluster.wait_idle()
     (tmp_path / "tmp").mkdir()
     env = {**os.environ, "TMPDIR": str(tmp_path / "tmp"), "OMP_NUM_THREADS": "1"}
@@ -49,7 +51,8 @@ def test_requeue_resumes_from_the_last_checkpoint_with_the_uninterrupted_loss(sl
     run_dir = tmp_path / "run"
     t0 = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "launcher.cli", "run", *WORKLOAD, "--slurm", "--nodes", "1", "--gpus", "2",
+        [sys.executable, "-m", "launcher.cli", "run", *WORKLOAD, "--slurm", "--nodes", str(nodes),
+         "--gpus", str(procs),
          *PLAN, "--checkpoint-every", str(EVERY), "--run-dir", str(run_dir), *WORKLOAD_ARGS,
          "--step-sleep-ms", "100"],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -102,5 +105,7 @@ def test_requeue_resumes_from_the_last_checkpoint_with_the_uninterrupted_loss(sl
     assert result["status"] == "ok" and result["attempts"] == 2
     assert all(r["steps"] == STEPS and r["resumed_from_step"] == k for r in result["ranks"])
     assert result["ranks"][0]["final_loss"] == reference[-1][1]
-    print(f"\nrequeue test: checkpoint->requeue at {requeued_at - t0:.1f} s, resumed from step {k}, "
+    if nodes > 1:  # both attempts really spread over both nodes
+        assert {r["host"] for r in result["ranks"]} == set(slurm_cluster.nodes[:nodes])
+    print(f"\nrequeue test ({nodes}x{procs}): checkpoint->requeue at {requeued_at - t0:.1f} s, resumed from step {k}, "
           f"total {took:.1f} s")
