@@ -5,7 +5,7 @@ distributions (grouped when there are many ranks), stragglers, busbw beside the 
 and a bottleneck verdict. Per world size (median over repeats): scaling efficiency, weak
 (fixed per-rank batch) throughput(N) / (N x throughput(N0)) or strong (fixed global batch)
 T(N0) x N0 / (N x T(N)), with N0 the smallest world size measured (1 in a usual sweep); and the
-planner's prediction beside the measurement when it can be had (`predict`).
+planner's prediction beside the measurement when it can be had (`report.predict`).
 
 Step-time breakdown (seconds per optimizer step, mean over steady steps, then over ranks):
   data wait      time the loop waited for the next batch (measured every step)
@@ -77,14 +77,18 @@ def breakdown(data: RunData) -> dict[str, float]:
     return {k: math.fsum(r[k] for r in per_rank) / len(per_rank) for k in (*PARTS, "step")}
 
 
-def _link_for(topology: Topology | None, world_size: int) -> tuple[str | None, float | None]:
+def _link_for(topology: Topology | None, world_size: int,
+              num_nodes: int | None = None) -> tuple[str | None, float | None]:
     """(kind, GB/s) of the link bounding a ring over `world_size` ranks: the intra-node link,
     or, once the ring crosses nodes, the inter-node link at the lower of the two bandwidths
-    (as cost.slowest_link)."""
+    (as cost.slowest_link). The run's `num_nodes` when known, else a guess: GPU rings cross
+    nodes beyond one node's devices, CPU processes share one host."""
     if topology is None:
         return None, None
     intra, inter = topology.intra_node, topology.inter_node
-    if world_size > topology.devices_per_node and topology.device != "cpu" and inter is not None:
+    crosses = (num_nodes > 1 if num_nodes is not None
+               else world_size > topology.devices_per_node and topology.device != "cpu")
+    if crosses and inter is not None:
         return inter.kind, min(intra.bw_gb_s, inter.bw_gb_s)
     return intra.kind, intra.bw_gb_s
 
@@ -99,6 +103,7 @@ class Point:
     status: str
     run_dir: str
     run_id: str = ""
+    num_nodes: int | None = None  # from the run's launch spec
     global_batch: int | None = None
     micro_batch: int | None = None
     samples_per_s: float = 0.0
@@ -171,11 +176,12 @@ def build_point(data: RunData, *, name: str, world_size: int, repeat: int,
                   error=manifest_error, unreadable=list(data.notes))
     if spec is not None:
         point.global_batch, point.micro_batch = spec.global_batch, spec.micro_batch
+        point.num_nodes = spec.num_nodes
     if r is None:
         return point
     parts = breakdown(data)
     step = parts.pop("step")
-    kind, bw = _link_for(topology, world_size)
+    kind, bw = _link_for(topology, world_size, spec.num_nodes if spec is not None else None)
     point.run_id, point.samples_per_s, point.units_per_s = r.run_id, r.samples_per_s, r.units_per_s
     point.sample_units, point.step_time_s = r.sample_units, r.step_time_median_s
     point.breakdown_s = parts
@@ -268,85 +274,6 @@ def efficiency(mode: str, *, n0: int, n: int, throughput_n0: float, throughput_n
     return throughput_n / (throughput_n0 * n / n0) if throughput_n0 else None
 
 
-def _from_plan(row: Row, plan: Mapping[str, Any]) -> bool:
-    """Take a row's prediction from the plan its run followed (plan.json); False if unusable."""
-    try:
-        t = plan["plan"]["chosen"]["time"]
-        per_sample = max(1, int(plan.get("profile", {}).get("units_per_sample", 1)))
-        row.predicted_step_time_s = float(t["compute_s"]) + float(t["comm_exposed_s"])
-        row.predicted_samples_per_s = float(plan["plan"]["units_per_s"]) / per_sample
-        return True
-    except (KeyError, TypeError, ValueError):
-        return False
-
-
-def predict(rows: list[Row], data: RunData | None, topology: Topology | None,
-            mode: str, n0: int | None, plans: Mapping[int, Mapping[str, Any]] | None = None) -> str | None:
-    """Fill the rows' predicted columns: from the plan each run followed (plan.json) where
-    there is one, else from the planner's cost model for the run's spec. Returns a note when
-    some row has no prediction (no topology, no planner, a workload that cannot be profiled).
-    Optional by design: any failure here leaves the measurement untouched."""
-    todo = [r for r in rows if not (plans and r.world_size in plans
-                                    and _from_plan(r, plans[r.world_size]))]
-    note = _predict_with_planner(todo, data, topology) if todo else None
-    base = next((r for r in rows if r.world_size == n0), rows[0] if rows else None)
-    for row in rows:
-        if base and base.predicted_samples_per_s and row.predicted_samples_per_s:
-            row.predicted_efficiency = efficiency(
-                mode, n0=base.world_size, n=row.world_size,
-                throughput_n0=base.predicted_samples_per_s,
-                throughput_n=row.predicted_samples_per_s,
-                step_n0=base.predicted_step_time_s, step_n=row.predicted_step_time_s)
-    return note
-
-
-def _predict_with_planner(rows: list[Row], data: RunData | None,
-                          topology: Topology | None) -> str | None:
-    if topology is None:
-        return ("prediction unavailable: no topology recorded for this run (pass --topology "
-                "FILE, or run the report on the host that ran it)")
-    if data is None or data.spec is None or data.spec.is_script:
-        return "prediction unavailable: no workload spec (plain scripts are not profiled)"
-    spec = data.spec
-    try:
-        from launcher.planner import plan
-        from launcher.specs import Goal
-
-        try:  # the cached profile when the planning module has it (no meta-device pass)
-            from launcher.planning import cached_profile
-        except ImportError:
-            cached_profile = None
-        if cached_profile is not None:
-            profile = cached_profile(spec.workload, spec.workload_args)
-        else:
-            from launcher.profile import profile_workload
-            from launcher.workload import load_workload
-
-            profile = profile_workload(load_workload(spec.workload, spec.workload_args))
-        for row in rows:
-            n = row.world_size
-            dpn = topology.devices_per_node
-            if topology.device != "cpu" and n > dpn and n % dpn == 0 and topology.inter_node:
-                topo = topology.with_shape(num_nodes=n // dpn, devices_per_node=dpn)
-            else:
-                topo = topology.with_shape(num_nodes=1, devices_per_node=n)
-            per_rank = (row.global_batch or spec.micro_batch * spec.grad_accum_steps * n) // n
-            mb = spec.micro_batch if per_rank % spec.micro_batch == 0 else per_rank
-            kind = spec.strategy.kind if topo.num_nodes > 1 or spec.strategy.kind != "hybrid" else "fsdp_full"
-            p = plan(profile, topo, Goal(global_batch=per_rank * n), overrides={
-                "strategy": kind, "precision": spec.strategy.precision, "micro_batch": mb,
-                "activation_checkpointing": spec.strategy.activation_checkpointing})
-            row.predicted_step_time_s = p.chosen.time.step_time_s
-            row.predicted_samples_per_s = p.units_per_s / profile.units_per_sample
-    except Exception as e:  # the planner is optional here: never lose the measurement to it
-        log.debug("prediction failed", exc_info=True)
-        for row in rows:
-            row.predicted_step_time_s = row.predicted_samples_per_s = None
-        first = str(e).splitlines()[0] if str(e) else ""
-        return f"prediction unavailable: {type(e).__name__}: {first}"[:300]
-    return None
-
-
 def build_report(path: str | Path, *, topology: Topology | None = None,
                  default_topology: Topology | None = None,
                  with_prediction: bool = True) -> ScalingReport:
@@ -384,8 +311,14 @@ def build_report(path: str | Path, *, topology: Topology | None = None,
     if target.kind == "run":  # one run has nothing to be efficient relative to
         for row in rows:
             row.efficiency = row.ideal_samples_per_s = None
-    note = (predict(rows, first_data, topo, mode, n0, plans) if with_prediction
-            else "prediction skipped")
+    if with_prediction:
+        from launcher.report.predict import predict  # it builds on this module's rows
+
+        nodes = {p.world_size: p.num_nodes for p in points if p.num_nodes}
+        note = predict(rows, first_data, topo, mode, n0, plans, nodes=nodes)
+    else:
+        note = "prediction skipped"
+
     units = next((p.sample_units for p in points if p.run_id), "samples")
     link_note = None if topo is not None else (
         "link bandwidth unknown: no topology recorded (pass --topology FILE)")
@@ -401,5 +334,5 @@ def _infer_mode(points: Sequence[Point]) -> str:
     return "strong" if len(batches) == 1 and len(sizes) > 1 else "weak"
 
 
-__all__ = ["verdict", "breakdown", "efficiency", "predict", "build_report", "build_point",
+__all__ = ["verdict", "breakdown", "efficiency", "build_report", "build_point",
            "ScalingReport", "Point", "Row", "PARTS", "GROUP_LIMIT", "percentile"]
