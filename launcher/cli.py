@@ -246,12 +246,18 @@ def entry() -> NoReturn:
     Commands that leave nothing behind (`hard_exit`) skip that teardown after flushing, as
     mypy's hard_exit does; every other command exits normally.
     """
-    code, hard_exit = _dispatch(None)
-    if hard_exit:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        logging.shutdown()
-        os._exit(code)
+    try:
+        code, hard_exit = _dispatch(None)
+        if hard_exit:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            logging.shutdown()
+            os._exit(code)
+    except BrokenPipeError:
+        # the reader went away (`dlaunch plan --json | head`): no traceback, exit 1; stdout
+        # goes to devnull so the interpreter's own final flush cannot fail again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 1
     sys.exit(code)
 
 

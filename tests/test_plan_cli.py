@@ -60,3 +60,16 @@ def test_plan_malformed_and_negative_topology_files(dlaunch, tmp_path):
 def test_plan_meta_unsafe_workload_says_how_to_fix(dlaunch):
     done = dlaunch("plan", str(DATA / "meta_unsafe.py"), "--gpus", "1")
     assert_one_line_error(done, "meta", "meta-safe")
+
+
+def test_plan_into_a_closed_pipe_exits_1_without_a_traceback():
+    # `dlaunch plan --json | head -1`: the reader leaves before the JSON is written
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", "plan", "workloads/gpt.py", "--gpus", "2",
+                             "--json", "--", "--size", "tiny"], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 1 and "Traceback" not in err, err
