@@ -74,19 +74,26 @@ def test_latest_skips_partial_and_prunes(tmp_path: Path):
     assert checkpoint.load(model, opt, tmp_path / "none") is None
 
 
+def _ddp_compare(rank: int, ckpt: str) -> str:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    full, m_full = _run(None, stop_at=None, total=6, wrap=DDP, rank=rank)
+    resumed, m_res = _run(Path(ckpt), stop_at=3, total=6, wrap=DDP, rank=rank)
+    same = resumed == full and all(torch.equal(a, b) for a, b in
+                                   zip(m_full.state_dict().values(), m_res.state_dict().values()))
+    return "same" if same else f"differ {full} {resumed}"
+
+
 def _ddp_worker(rank: int, world: int, port: int, ckpt: str, out: str) -> None:
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        full, m_full = _run(None, stop_at=None, total=6, wrap=DDP, rank=rank)
-        resumed, m_res = _run(Path(ckpt), stop_at=3, total=6, wrap=DDP, rank=rank)
-        same = resumed == full and all(torch.equal(a, b) for a, b in
-                                       zip(m_full.state_dict().values(), m_res.state_dict().values()))
-        Path(out, f"rank{rank}").write_text("same" if same else f"differ {full} {resumed}")
+        # the DDP models live only inside _ddp_compare: a reducer that outlives its process
+        # group can abort the process at exit ("terminate called without an active exception")
+        Path(out, f"rank{rank}").write_text(_ddp_compare(rank, ckpt))
     finally:
         dist.destroy_process_group()
 
