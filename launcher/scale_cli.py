@@ -145,7 +145,12 @@ def cmd_scale(args: argparse.Namespace, workload_args: list[str]) -> int:
                 print(f"ws{n}-r{k}: {n} rank(s) = {nodes} node(s) x {procs}, micro-batch {batches[n]}, "
                       f"global batch {batches[n] * args.grad_accum * n}, {args.steps} steps")
         return 0
-    # a SLURM sweep describes its nodes only through --topology: never detect the login node
+    # a SLURM sweep describes its nodes only through --topology (or slurm.topology in
+    # dlaunch.yaml): never by detecting the login node it is started from
+    if args.slurm and not args.topology:
+        from launcher.config import load_config
+
+        args.topology = load_config().slurm.topology
     topology = (_topology_dict(args.topology, device) if args.topology or not args.slurm else None)
     result = run_sweep(workload=str(kind.path), workload_args=workload_args, world_sizes=sizes,
                        mode=args.mode, global_batch=args.global_batch,
