@@ -28,39 +28,42 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message} (see {self.prog} --help)")
 
 
-def _add_slurm_args(p: argparse.ArgumentParser) -> None:
-    """`run`'s SLURM flags (--slurm, --nodes, --partition, ...; see launcher.slurm_cli)."""
-    from launcher.slurm_cli import add_slurm_args
-
-    add_slurm_args(p)
-
-
 def _add_job_ref(p: argparse.ArgumentParser) -> None:
     p.add_argument("job", metavar="RUN_DIR_OR_JOB",
                    help="run dir of a `dlaunch run --slurm`, or its SLURM job id")
+
+
+def _command(sub: Any, name: str, handler: Any, *, help: str, description: str,
+             **defaults: Any) -> argparse.ArgumentParser:
+    """One subcommand: its parser, `--debug` accepted after the command too, its handler."""
+    p = sub.add_parser(name, help=help, description=description)
     p.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    p.set_defaults(handler=handler, **defaults)
+    return p
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The full `dlaunch` parser."""
+    from launcher.scale_cli import add_report_args, add_scale_args, cmd_report, cmd_scale
+    from launcher.slurm_cli import add_slurm_args
+
     parser = _Parser(prog="dlaunch", description="Plan, launch and measure distributed PyTorch training.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and torchrun's own log")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    run = sub.add_parser("run", help="launch a workload with torchrun and summarise every rank",
-                         description="Launch WORKLOAD with torchrun. Arguments after `--` go to the workload.")
+    run = _command(sub, "run", cmd_run, help="launch a workload with torchrun and summarise every rank",
+                   description="Launch WORKLOAD with torchrun. Arguments after `--` go to the workload.")
     add_run_args(run)
-    _add_slurm_args(run)
-    run.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
-    run.set_defaults(handler=cmd_run)
-    insp = sub.add_parser("inspect", help="show this machine's hardware: devices, links, NICs, SLURM",
-                          description="Detect this machine (and its SLURM job, if any) and print "
-                                      "what the planner will plan for.")
+    add_slurm_args(run)
+    insp = _command(sub, "inspect", cmd_inspect,
+                    help="show this machine's hardware: devices, links, NICs, SLURM",
+                    description="Detect this machine (and its SLURM job, if any) and print what the "
+                                "planner will plan for.")
     insp.add_argument("--json", action="store_true", help="print the result as JSON")
-    insp.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
-    insp.set_defaults(handler=cmd_inspect)
-    pl = sub.add_parser("plan", help="recommend a strategy, precision and batch settings, and say why",
-                        description="Profile WORKLOAD on the meta device and plan it for this machine "
-                                    "or a --topology file. Arguments after `--` go to the workload.")
+    # plan leaves no child process, thread or open file behind: see `entry`
+    pl = _command(sub, "plan", cmd_plan, hard_exit=True,
+                  help="recommend a strategy, precision and batch settings, and say why",
+                  description="Profile WORKLOAD on the meta device and plan it for this machine or a "
+                              "--topology file. Arguments after `--` go to the workload.")
     pl.add_argument("workload", help="workload file (see workloads/)")
     pl.add_argument("--gpus", type=int_at_least("--gpus", 1), default=None,
                     help="devices per node (default: all of the topology's)")
@@ -75,51 +78,36 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default=None)
     pl.add_argument("--micro-batch", type=int_at_least("--micro-batch", 1), default=None)
     pl.add_argument("--json", action="store_true", help="print the plan as JSON")
-    pl.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
-    # plan leaves no child process, thread or open file behind: see `entry`
-    pl.set_defaults(handler=cmd_plan, hard_exit=True)
-    from launcher.scale_cli import add_report_args, add_scale_args, cmd_report, cmd_scale
-
-    scale = sub.add_parser("scale", help="a scaling sweep: one run per world size, then a report",
-                           description="Run WORKLOAD at each world size in --gpus (weak or strong "
-                                       "scaling), resumably, then write the report. Arguments after "
-                                       "`--` go to the workload.")
-    add_scale_args(scale)
-    scale.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
-    scale.set_defaults(handler=cmd_scale)
-    rep = sub.add_parser("report", help="HTML/Markdown/JSON/PNG report of a run or sweep directory",
-                         description="Scaling efficiency, step-time breakdown, stragglers, busbw and "
-                                     "predicted vs measured, as a self-contained HTML page plus "
-                                     "PNG/JSON/Markdown.")
-    add_report_args(rep)
-    rep.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
-    rep.set_defaults(handler=cmd_report)
-    st = sub.add_parser("status", help="state, progress and result of a SLURM run",
-                        description="Show a SLURM job's state (pending reason), its progress, and "
-                                    "the run summary once it is over.")
+    add_scale_args(_command(sub, "scale", cmd_scale,
+                            help="a scaling sweep: one run per world size, then a report",
+                            description="Run WORKLOAD at each world size in --gpus (weak or strong "
+                                        "scaling), resumably, then write the report. Arguments after "
+                                        "`--` go to the workload."))
+    add_report_args(_command(sub, "report", cmd_report,
+                             help="HTML/Markdown/JSON/PNG report of a run or sweep directory",
+                             description="Scaling efficiency, step-time breakdown, stragglers, busbw "
+                                         "and predicted vs measured, as a self-contained HTML page "
+                                         "plus PNG/JSON/Markdown."))
+    st = _command(sub, "status", cmd_status, help="state, progress and result of a SLURM run",
+                  description="Show a SLURM job's state (pending reason), its progress, and the run "
+                              "summary once it is over.")
     _add_job_ref(st)
     st.add_argument("--json", action="store_true", help="print the status as JSON")
-    st.set_defaults(handler=cmd_status)
-    lg = sub.add_parser("logs", help="the logs of a SLURM run (every node, or one rank)",
-                        description="Print a SLURM job's per-node logs; --rank R keeps rank R's lines.")
+    lg = _command(sub, "logs", cmd_logs, help="the logs of a SLURM run (every node, or one rank)",
+                  description="Print a SLURM job's per-node logs; --rank R keeps rank R's lines.")
     _add_job_ref(lg)
     lg.add_argument("--rank", type=int_at_least("--rank", 0), default=None, help="only this global rank")
     lg.add_argument("--follow", action="store_true", help="keep printing until the job is over")
-    lg.set_defaults(handler=cmd_logs)
-    cn = sub.add_parser("cancel", help="cancel a SLURM run",
-                        description="scancel a SLURM job and wait until it has left the queue.")
-    _add_job_ref(cn)
-    cn.set_defaults(handler=cmd_cancel)
-    lab = sub.add_parser("lab", help="fp32 / mixed precision / mixed precision + compile, side by side",
-                         description="Run WORKLOAD three times back to back (same seed, same data): "
-                                     "fp32, the plan's mixed precision, and mixed precision + "
-                                     "compile; print throughput, peak memory, the two speed-ups "
-                                     "and what they say. Run flags (--gpus, --steps, --strategy, "
-                                     "--micro-batch, ...) apply to all three. Arguments after `--` "
-                                     "go to the workload.")
-    add_run_args(lab)
-    lab.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
-    lab.set_defaults(handler=cmd_lab)
+    _add_job_ref(_command(sub, "cancel", cmd_cancel, help="cancel a SLURM run",
+                          description="scancel a SLURM job and wait until it has left the queue."))
+    add_run_args(_command(sub, "lab", cmd_lab,
+                          help="fp32 / mixed precision / mixed precision + compile, side by side",
+                          description="Run WORKLOAD three times back to back (same seed, same data): "
+                                      "fp32, the plan's mixed precision, and mixed precision + "
+                                      "compile; print throughput, peak memory, the two speed-ups "
+                                      "and what they say. Run flags (--gpus, --steps, --strategy, "
+                                      "--micro-batch, ...) apply to all three. Arguments after `--` "
+                                      "go to the workload."))
     return parser
 
 
