@@ -62,7 +62,7 @@ def measured_peak(workload: Any, micro_batch: int, *, device: str = "cpu", preci
 
 def predicted(profile: Any, micro_batch: int, *, device: str, precision: str) -> float:
     """The plan's params + grads + optimizer + activations for one rank of DDP."""
-    from launcher.memory import estimate_memory
+    from launcher.plan.memory import estimate_memory
     from launcher.specs import Strategy
 
     est = estimate_memory(profile, Strategy(kind="ddp", precision=precision), micro_batch=micro_batch,
@@ -78,7 +78,7 @@ def main() -> int:
     args = parser.parse_args()
     import torch
 
-    from launcher.profile import profile_workload
+    from launcher.plan.profile import profile_workload
     from launcher.workload import load_workload
 
     if args.device == "cuda" and not torch.cuda.is_available():

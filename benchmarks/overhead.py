@@ -40,7 +40,7 @@ def dlaunch_run(steps: int, micro_batch: int, warmup: int, tmp: Path, *,
                 calibrate: bool = False) -> tuple[float, float]:
     run_dir = Path(tempfile.mkdtemp(dir=tmp)) / "run"
     t0 = time.time()
-    subprocess.run([sys.executable, "-m", "launcher.cli", "run", str(REPO / "workloads" / "gpt.py"),
+    subprocess.run([sys.executable, "-m", "launcher.cli.main", "run", str(REPO / "workloads" / "gpt.py"),
                     "--gpus", "2", "--steps", str(steps), "--warmup-steps", str(warmup),
                     "--micro-batch", str(micro_batch), "--run-dir", str(run_dir), "--json",
                     # the raw loop's exact settings (otherwise dlaunch follows its plan: bf16 here)

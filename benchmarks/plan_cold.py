@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-DLAUNCH = [sys.executable, "-m", "launcher.cli"]
+DLAUNCH = [sys.executable, "-m", "launcher.cli.main"]
 PLAN = ["plan", "workloads/gpt.py", "--topology", "topologies/h100-sxm-8x128node-ib.yaml",
         "--global-batch", "1024", "--", "--size", "llama3-70b"]
 

@@ -30,7 +30,7 @@ from tests.synthetic import write_run  # noqa: E402
 
 def cli_argv() -> list[str]:
     """The `dlaunch report` command line, in a fresh interpreter."""
-    return [sys.executable, "-m", "launcher.cli", "report"]
+    return [sys.executable, "-m", "launcher.cli.main", "report"]
 
 
 def main() -> int:

@@ -29,7 +29,7 @@ def one_run(nodes: int, procs: int, workdir: Path, steps: int) -> dict[str, floa
     """One `dlaunch run --slurm`; its timings from slurm.json."""
     run_dir = workdir / f"run-{nodes}x{procs}-{time.monotonic_ns()}"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(workdir)}
-    argv = [sys.executable, "-m", "launcher.cli", "run", str(REPO / "workloads" / "mlp.py"), "--slurm",
+    argv = [sys.executable, "-m", "launcher.cli.main", "run", str(REPO / "workloads" / "mlp.py"), "--slurm",
             "--nodes", str(nodes), "--gpus", str(procs), "--steps", str(steps), "--no-calibrate",
             "--strategy", "ddp", "--precision", "fp32", "--micro-batch", "8",
             "--run-dir", str(run_dir), "--json"]

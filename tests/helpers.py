@@ -28,10 +28,10 @@ class Done:
 
 def run_dlaunch(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
                 timeout: float = 300) -> Done:
-    """Run `python -m launcher.cli ARGS` and capture everything."""
+    """Run `python -m launcher.cli.main ARGS` and capture everything."""
     full_env = {**os.environ, **(env or {})}
     full_env.pop("DLAUNCH_DEBUG", None)
-    proc = subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=cwd or REPO,
+    proc = subprocess.run([sys.executable, "-m", "launcher.cli.main", *args], cwd=cwd or REPO,
                           env=full_env, capture_output=True, text=True, timeout=timeout)
     return Done(proc.returncode, proc.stdout, proc.stderr)
 

@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from launcher.files import atomic_write_json
-from launcher.report.aggregate import aggregate, find_stragglers, percentile
-from launcher.results import RankResult, RunResult
+from launcher.results.aggregate import aggregate, find_stragglers, percentile
+from launcher.results.types import RankResult, RunResult
 from launcher.specs import LaunchSpec
 
 

@@ -177,7 +177,7 @@ def _run(case: Case, root: Path, cache: Path) -> Outcome:
     env = {**os.environ, "PYTHONPATH": str(REPO), "DLAUNCH_CACHE_DIR": str(cache),
            "TMPDIR": str(root), "CUDA_VISIBLE_DEVICES": ""}
     env.pop("DLAUNCH_DEBUG", None)
-    proc = subprocess.run([sys.executable, "-m", "launcher.cli", *case.argv], cwd=cwd, env=env,
+    proc = subprocess.run([sys.executable, "-m", "launcher.cli.main", *case.argv], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=240)
     return Outcome(proc.returncode, proc.stderr, before, _tree(cwd))
 

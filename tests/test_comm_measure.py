@@ -48,7 +48,7 @@ def slowed_run(tmp_path_factory) -> tuple[Path, Done]:
 def test_slowed_rank_is_the_straggler_in_the_report(slowed_run, tmp_path):
     run_dir, _ = slowed_run
     env = {**os.environ, "TMPDIR": str(tmp_path)}
-    proc = subprocess.run([sys.executable, "-m", "launcher.cli", "report", str(run_dir),
+    proc = subprocess.run([sys.executable, "-m", "launcher.cli.main", "report", str(run_dir),
                            "--format", "html,json", "--no-predict"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

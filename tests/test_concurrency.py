@@ -35,14 +35,14 @@ def _env(tmp: Path) -> dict[str, str]:
 def test_ten_runs_and_two_sweeps_at_once(tmp_path: Path):
     env = _env(tmp_path)
     mlp = str(REPO / "workloads" / "mlp.py")
-    warm = subprocess.run([sys.executable, "-m", "launcher.cli", "run", mlp, "--gpus", "2",
+    warm = subprocess.run([sys.executable, "-m", "launcher.cli.main", "run", mlp, "--gpus", "2",
                            "--dry-run"], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=120)
     assert warm.returncode == 0, warm.stderr
     assert not (tmp_path / "runs").exists()  # a dry run writes no run dir
-    run = [sys.executable, "-m", "launcher.cli", "run", mlp, "--gpus", "2", "--steps", "3",
+    run = [sys.executable, "-m", "launcher.cli.main", "run", mlp, "--gpus", "2", "--steps", "3",
            "--no-calibrate", "--json"]
-    scale = [sys.executable, "-m", "launcher.cli", "scale", mlp, "--gpus", "1,2",
+    scale = [sys.executable, "-m", "launcher.cli.main", "scale", mlp, "--gpus", "1,2",
              "--steps", "3", "--no-report", "--json"]
     procs = [subprocess.Popen(run, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(RUNS)]

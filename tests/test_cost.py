@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from launcher import cost
-from launcher.cost import (
+from launcher.plan import cost
+from launcher.plan.cost import (
     ACHIEVABLE_FRACTION_CUDA,
     FSDP_COLLECTIVE_OVERHEAD_S,
     OVERLAP_EFFICIENCY,

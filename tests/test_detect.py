@@ -10,20 +10,20 @@ from pathlib import Path
 
 import pytest
 
-from launcher import gpu_probe
-from launcher.detect import cpu_info, cpu_peak_tflops, detect_nics, detect_topology, slurm_allocation
 from launcher.errors import TopologyError
-from launcher.gpu_probe import count_gpus
-from launcher.inspect_view import format_topology, inspect_report
-from launcher.nvtopo import (
+from launcher.hardware import gpu_probe
+from launcher.hardware.detect import cpu_info, cpu_peak_tflops, detect_nics, detect_topology, slurm_allocation
+from launcher.hardware.gpu_probe import count_gpus
+from launcher.hardware.nvtopo import (
     inter_node_link,
     intra_node_link,
     parse_nvidia_smi_nvlinks,
     parse_nvidia_smi_p2p,
     parse_nvidia_smi_topo,
 )
+from launcher.hardware.topology import load_topology
+from launcher.hardware.view import format_topology, inspect_report
 from launcher.specs import LINK_KINDS, Nic, Topology
-from launcher.topology import load_topology
 
 TOPO = Path(__file__).resolve().parent / "data" / "nvidia-smi-topo"
 REPO = Path(__file__).resolve().parent.parent
@@ -247,8 +247,8 @@ def test_cpu_topology_forced_and_bf16_follows_cpu_flags():
 
 
 def test_cpu_detection_does_not_import_torch():
-    code = ("import sys, launcher.detect as d, launcher.gpu_probe as g; d.detect_topology(); g.count_gpus(); "
-            "print('torch' in sys.modules)")
+    code = ("import sys, launcher.hardware.detect as d, launcher.hardware.gpu_probe as g; "
+            "d.detect_topology(); g.count_gpus(); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                          text=True, timeout=60, check=True)
     if count_gpus() == 0:

@@ -18,9 +18,9 @@ import pytest
 import launcher.files as files
 from launcher.backends import local
 from launcher.files import append_lines, atomic_write_text, read_jsonl
-from launcher.report.aggregate import aggregate
+from launcher.jobs.local import dry_run_text
+from launcher.results.aggregate import aggregate
 from launcher.rundir import create_run_dir
-from launcher.runner import dry_run_text
 from launcher.runtime.recorder import RankRecorder
 from launcher.secrets import MASK, is_secret_name, mask_env, masked_spec_dict
 from launcher.specs import LaunchSpec
@@ -123,7 +123,7 @@ def test_a_real_run_leaks_no_secret_and_writes_nothing_world_writable(tmp_path):
     env = {**os.environ, "HF_TOKEN": secret, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)}
     env.pop("DLAUNCH_DEBUG", None)
     run = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "launcher.cli", "--debug", "run",
+    proc = subprocess.run([sys.executable, "-m", "launcher.cli.main", "--debug", "run",
                            str(REPO / "workloads" / "mlp.py"), "--gpus", "1", "--steps", "2",
                            "--no-calibrate", "--strategy", "ddp", "--precision", "fp32",
                            "--micro-batch", "4", "--run-dir", str(run)],
@@ -156,8 +156,8 @@ _ALLOWED_WRITES = {
     "launcher/rundir.py": "the empty .write-test probe",
     "launcher/runtime/checkpoint.py": "inside step-N.partial/, renamed into place as a whole",
     "launcher/report/render.py": "written to a .tmp name, then replace()d",
-    "launcher/sweepdir.py": "the lock file, created O_EXCL; readers take an empty one as stale",
-    "launcher/sweep.py": "console.log, a log stream written line by line",
+    "launcher/jobs/sweepdir.py": "the lock file, created O_EXCL; readers take an empty one as stale",
+    "launcher/jobs/sweep.py": "console.log, a log stream written line by line",
 }
 
 

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from launcher.files import read_jsonl
-from launcher.report.aggregate import aggregate
-from launcher.results import RunResult
+from launcher.results.aggregate import aggregate
+from launcher.results.types import RunResult
 
 from tests.helpers import DATA, REPO
 
@@ -67,7 +67,7 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Job]:
     env.pop("DLAUNCH_DEBUG", None)
     procs = {}
     for name, extra in JOBS.items():
-        argv = [sys.executable, "-m", "launcher.cli", "run", str(DATA / "fault.py"), *COMMON,
+        argv = [sys.executable, "-m", "launcher.cli.main", "run", str(DATA / "fault.py"), *COMMON,
                 "--run-dir", str(root / name), *extra]
         procs[name] = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE,
                                        stderr=subprocess.PIPE, text=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import psutil
 
-from launcher.detect import usable_cores
+from launcher.hardware.detect import usable_cores
 
 REPO = Path(__file__).resolve().parent.parent
 # An empty CUDA_VISIBLE_DEVICES hides every GPU from NVML and nvidia-smi alike, so these tests
@@ -70,7 +70,7 @@ def test_inspect_is_listed_and_rejects_extra_arguments(dlaunch):
 
 
 def test_inspect_does_not_import_torch():
-    code = ("import sys; from launcher.cli import main; rc = main(['inspect', '--json']); "
+    code = ("import sys; from launcher.cli.main import main; rc = main(['inspect', '--json']); "
             "print('torch' in sys.modules, file=sys.stderr); sys.exit(rc)")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                           timeout=120, env={**os.environ, **CPU_ONLY})

@@ -8,8 +8,8 @@ import dataclasses
 import io
 import json
 
-from launcher.lab import LabRow, cpu_precisions, cuda_precisions, format_lab, lab_specs, reading, run_lab
-from launcher.results import RankResult, RunResult
+from launcher.jobs.lab import LabRow, cpu_precisions, cuda_precisions, format_lab, lab_specs, reading, run_lab
+from launcher.results.types import RankResult, RunResult
 from launcher.specs import LaunchSpec, Strategy
 
 from tests.helpers import REPO, assert_one_line_error

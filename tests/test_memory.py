@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.memory import (
+from launcher.plan.memory import (
     AUTOCAST_ACTIVATION_FACTOR,
     CUDA_ALLOCATOR_SLACK,
     CUDA_CONTEXT_BYTES,

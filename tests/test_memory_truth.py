@@ -6,7 +6,7 @@ benchmarks/memory_truth.py, which also runs it on CUDA against torch.cuda.max_me
 import pytest
 import torch
 
-from launcher.profile import profile_workload
+from launcher.plan.profile import profile_workload
 from launcher.workload import load_workload
 
 from benchmarks.memory_truth import CASES, measured_peak, predicted

@@ -9,9 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from launcher.backends.monitor import Stall, Watcher, read_heartbeats
+from launcher.backends.postmortem import StackInfo, parse_stack_dump, parse_torchrun_exits, write_missing_summaries
 from launcher.files import atomic_write_json
-from launcher.monitor import Stall, Watcher, read_heartbeats
-from launcher.postmortem import StackInfo, parse_stack_dump, parse_torchrun_exits, write_missing_summaries
 
 HOST = socket.gethostname()
 

@@ -67,7 +67,7 @@ def test_plan_into_a_closed_pipe_exits_1_without_a_traceback():
     import subprocess
     import sys
 
-    proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", "plan", "workloads/gpt.py", "--gpus", "2",
+    proc = subprocess.Popen([sys.executable, "-m", "launcher.cli.main", "plan", "workloads/gpt.py", "--gpus", "2",
                              "--json", "--", "--size", "tiny"], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     proc.stdout.close()

@@ -15,10 +15,10 @@ import re
 import pytest
 
 from launcher.errors import PlanError
-from launcher.plan_view import format_plan
-from launcher.planner import STRATEGY_ORDER, TIE_TOLERANCE, plan
+from launcher.hardware.topology import list_shipped, load_topology
+from launcher.plan.search import STRATEGY_ORDER, TIE_TOLERANCE, plan
+from launcher.plan.view import format_plan
 from launcher.specs import DeviceSpec, Goal, Link, ModelProfile, Topology
-from launcher.topology import list_shipped, load_topology
 
 # --- hardware (numbers from topologies/*.yaml) --------------------------------------------------
 H100 = DeviceSpec(name="H100 SXM", mem_gib=79.6, compute_capability=(9, 0),

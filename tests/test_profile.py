@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from launcher.profile import profile_workload
+from launcher.plan.profile import profile_workload
 from launcher.workload import load_workload
 
 from tests.helpers import WORKLOADS
@@ -81,7 +81,7 @@ def _workload(tmp_path, kind):
 @pytest.mark.parametrize("kind, extrapolated", [("iterates", True), ("indexes", False), ("dense", False)])
 def test_extrapolated_profile_equals_every_block(tmp_path, caplog, kind, extrapolated):
     workload = _workload(tmp_path, kind)
-    with caplog.at_level(logging.DEBUG, logger="launcher.profile"):
+    with caplog.at_level(logging.DEBUG, logger="launcher.plan.profile"):
         fast = profile_workload(workload)
     assert (EXTRAPOLATION_FAILED not in caplog.text) == extrapolated, caplog.text
     full = profile_workload(workload, extrapolate=False)
@@ -98,7 +98,7 @@ def test_gpt_profile_extrapolates_exactly(size):
 def test_blocks_are_restored_after_truncation():
     from torch import nn
 
-    from launcher.profile import _first_blocks
+    from launcher.plan.profile import _first_blocks
 
     layers = nn.ModuleList(nn.Linear(2, 2) for _ in range(5))
     before = list(layers)

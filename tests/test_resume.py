@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from launcher.files import read_jsonl
-from launcher.report.aggregate import aggregate, last_attempt
+from launcher.results.aggregate import aggregate, last_attempt
 from launcher.runtime.recorder import RankRecorder
 
 from tests.helpers import DATA, REPO, WORKLOADS, assert_one_line_error, run_dlaunch
@@ -46,7 +46,7 @@ def _steps(path: Path) -> list[tuple[int, float]]:
 def _start(argv: list[str], tmp: Path) -> subprocess.Popen[str]:
     env = {**os.environ, "TMPDIR": str(tmp), "OMP_NUM_THREADS": "1"}
     env.pop("DLAUNCH_DEBUG", None)
-    return subprocess.Popen([sys.executable, "-m", "launcher.cli", *argv], cwd=REPO, env=env,
+    return subprocess.Popen([sys.executable, "-m", "launcher.cli.main", *argv], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

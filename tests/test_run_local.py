@@ -95,7 +95,7 @@ def test_two_ranks_match_one_process_on_the_doubled_batch(dlaunch, tmp_path):
 def test_two_runs_started_together_both_succeed(tmp_path):
     # default run dirs (runs/<id> under the working directory): the ids must differ
     env = {**os.environ, "TMPDIR": str(tmp_path)}
-    procs = [subprocess.Popen([sys.executable, "-m", "launcher.cli", "run", str(REPO / "workloads/mlp.py"),
+    procs = [subprocess.Popen([sys.executable, "-m", "launcher.cli.main", "run", str(REPO / "workloads/mlp.py"),
                                "--gpus", "2", "--steps", "5", "--json"], cwd=tmp_path, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(2)]

@@ -12,15 +12,15 @@ import time
 import pytest
 
 from launcher.errors import DlaunchError, UsageError
+from launcher.hardware.topology import load_topology
+from launcher.jobs.sweep import check_plan, parse_world_sizes, point_batch
 from launcher.report.render import parse_formats, render_report, write_report
 from launcher.report.scaling import build_report, verdict
-from launcher.sweep import check_plan, parse_world_sizes, point_batch
-from launcher.topology import load_topology
 
 from tests.helpers import REPO, WORKLOADS, Done, assert_one_line_error
 from tests.synthetic import write_run, write_sweep
 
-SHIM = ("-m", "launcher.cli")
+SHIM = ("-m", "launcher.cli.main")
 
 
 def rows(report):
@@ -231,12 +231,12 @@ def test_prediction_is_optional_and_explained(tmp_path, monkeypatch):
     assert all(r.predicted_step_time_s and r.predicted_step_time_s > 0 for r in rep.rows)
     assert rows(rep)[1].predicted_efficiency == pytest.approx(1.0)
 
-    import launcher.planner
+    import launcher.plan.search
 
     def broken(*a, **k):
         raise RuntimeError("cost model not finished")
 
-    monkeypatch.setattr(launcher.planner, "plan", broken)
+    monkeypatch.setattr(launcher.plan.search, "plan", broken)
     rep = build_report(tmp_path / "s", topology=topo)
     assert rep.prediction_note.startswith("prediction unavailable: RuntimeError: cost model")
     assert all(r.predicted_step_time_s is None for r in rep.rows)

@@ -17,10 +17,10 @@ import pytest
 
 from launcher.errors import LaunchError, UsageError
 from launcher.files import atomic_write_json, read_json
-from launcher.results import RunResult
+from launcher.jobs.sweep import SweepInterrupted, run_sweep
+from launcher.jobs.sweepdir import LOCK
+from launcher.results.types import RunResult
 from launcher.specs import LaunchSpec
-from launcher.sweep import SweepInterrupted, run_sweep
-from launcher.sweepdir import LOCK
 
 from tests.helpers import REPO, WORKLOADS, Done, assert_one_line_error
 
@@ -32,7 +32,7 @@ def dlaunch_cli(*args: str, tmp: Path, timeout: float = 300) -> Done:
     """`dlaunch ARGS`."""
     env = {**os.environ, "TMPDIR": str(tmp)}
     env.pop("DLAUNCH_DEBUG", None)
-    proc = subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=REPO, env=env,
+    proc = subprocess.run([sys.executable, "-m", "launcher.cli.main", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)
     return Done(proc.returncode, proc.stdout, proc.stderr)
 
@@ -202,8 +202,8 @@ def test_a_running_sweep_holds_the_directory(tmp_path):
 
 
 def test_signal_stopped_point_interrupts_the_sweep(tmp_path, monkeypatch):
-    import launcher.runner
-    from launcher.sweep import launch_local
+    import launcher.jobs.local
+    from launcher.jobs.sweep import launch_local
 
     def stopped(spec, out):
         (Path(spec.run_dir) / "torchrun.log").write_text(
@@ -214,7 +214,7 @@ def test_signal_stopped_point_interrupts_the_sweep(tmp_path, monkeypatch):
                          samples_per_s=0.0, units_per_s=0.0, sample_units="samples",
                          step_time_median_s=0.0, slowest_rank=None, data_wait_share=0.0, ranks=())
 
-    monkeypatch.setattr(launcher.runner, "run_local", stopped)
+    monkeypatch.setattr(launcher.jobs.local, "run_local", stopped)
     with pytest.raises(SweepInterrupted, match="run the same command again"):
         sweep(tmp_path, launch_local, sizes=(1,))
     assert read_json(tmp_path / "sw" / "sweep.json")["points"][0]["status"] == "pending"

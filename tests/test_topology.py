@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from launcher.errors import TopologyError
-from launcher.topology import (
+from launcher.hardware.topology import (
     TOPOLOGIES_DIR,
     list_shipped,
     load_topology,

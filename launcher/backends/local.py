@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from launcher.backends import RANK_ENTRY_MODULE
+from launcher.backends.monitor import Beat, Stall, Watcher, host_pids, read_heartbeats, watch
+from launcher.backends.postmortem import STACK_WAIT_S, StackInfo, dump_stacks
 from launcher.errors import LaunchError
-from launcher.monitor import Beat, Stall, Watcher, host_pids, read_heartbeats, watch
-from launcher.postmortem import STACK_WAIT_S, StackInfo, dump_stacks
 from launcher.specs import LaunchSpec
 
 log = logging.getLogger(__name__)
@@ -165,7 +165,7 @@ def launch(rendered: Rendered, spec: LaunchSpec, *, console: IO[str] = sys.stdou
            attempt: int = 0) -> Outcome:
     """Run the rendered command to completion while watching the ranks' heartbeats.
 
-    The watcher (launcher.monitor) ends the job when no rank advances for
+    The watcher (launcher.backends.monitor) ends the job when no rank advances for
     `spec.hang_timeout_s` or a rank leaves without a summary while torchrun waits for it.
     Ctrl-C / SIGTERM stop the whole job the same way: torchrun and every rank.
     """

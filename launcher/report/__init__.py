@@ -1,1 +1,4 @@
-"""Reading what ranks wrote: aggregation into a RunResult, tables, plots and pages."""
+"""Scaling reports: a sweep or run directory in, numbers, predictions, plots and pages out.
+
+Reads results (never writes rank files); never imports cli, backends, jobs or runtime.
+"""

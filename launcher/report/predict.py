@@ -74,8 +74,8 @@ def _predict_with_planner(rows: list[Row], data: RunData | None, topology: Topol
         return "prediction unavailable: no workload spec (plain scripts are not profiled)"
     spec = data.spec
     try:
-        from launcher.planner import plan
-        from launcher.planning import cached_profile
+        from launcher.plan.resolve import cached_profile
+        from launcher.plan.search import plan
         from launcher.specs import Goal
 
         profile = cached_profile(spec.workload, spec.workload_args)

@@ -18,8 +18,8 @@ from typing import Any
 
 from launcher.errors import DlaunchError
 from launcher.files import read_json
-from launcher.report.aggregate import aggregate, percentile
-from launcher.results import RunResult
+from launcher.results.aggregate import aggregate, percentile
+from launcher.results.types import RunResult
 from launcher.rundir import PLAN_FILE
 from launcher.specs import LaunchSpec, Topology
 
@@ -94,7 +94,7 @@ def discover(path: Path) -> Target:
         raise DlaunchError(f"{path} is not a directory; give a run or sweep directory")
     manifest = path / "sweep.json"
     if manifest.is_file():
-        from launcher.sweepdir import read_manifest
+        from launcher.jobs.sweepdir import read_manifest
 
         data = read_manifest(path) or {}
         entries = [Entry(name=p["name"], world_size=int(p["world_size"]),
@@ -127,7 +127,7 @@ def _topology(data: Any) -> Topology | None:
     if not data:
         return None
     try:
-        from launcher.topology import topology_from_dict
+        from launcher.hardware.topology import topology_from_dict
 
         return topology_from_dict(data, origin="sweep.json")
     except Exception as e:  # an unreadable topology only costs the link column

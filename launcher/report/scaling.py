@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from launcher.errors import DlaunchError
-from launcher.report.aggregate import busy_stragglers, percentile
 from launcher.report.runs import GROUP_LIMIT, RunData, discover, group_distributions, read_run
+from launcher.results.aggregate import busy_stragglers, percentile
 from launcher.specs import Topology
 
 log = logging.getLogger(__name__)

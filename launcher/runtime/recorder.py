@@ -12,7 +12,7 @@ The start record also carries `attempt` (0, or the restart number under `--max-r
 SLURM's restart count of a requeued job); runtime.resume adds `resume` and `checkpoint` records.
 
 The heartbeat file `rank-<r>.heartbeat` ({step, time, pid, host, stacks}) is what the launcher's
-hang watcher (launcher.monitor) reads: it is replaced atomically at every flush and whenever a
+hang watcher (launcher.backends.monitor) reads: it is replaced atomically at every flush and whenever a
 step record is added at least `BEAT_INTERVAL_S` after the last beat, so beating costs one small
 file write a second at most and never a device sync. With `dump_stacks=True` the rank also
 writes the Python stack of every thread to `rank-<r>.stacks` when it receives SIGUSR1, which is

@@ -175,7 +175,7 @@ def test_cancel_stops_a_running_job_and_the_waiting_launcher(sl, slurm_cluster, 
     env = {**os.environ, "TMPDIR": str(tmp_path / "tmp"), "OMP_NUM_THREADS": "1"}
     run_dir = tmp_path / "long"
     follower = subprocess.Popen(
-        [sys.executable, "-m", "launcher.cli", "run", str(WORKLOADS / "mlp.py"), "--slurm", "--nodes", "2",
+        [sys.executable, "-m", "launcher.cli.main", "run", str(WORKLOADS / "mlp.py"), "--slurm", "--nodes", "2",
          "--gpus", "1", "--steps", "100000", "--no-calibrate", "--log-every", "5", "--run-dir", str(run_dir)],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.backends import slurm
+from launcher.backends.slurm import submit as slurm
 from launcher.config import load_config
 from launcher.errors import ConfigError, UsageError
 from launcher.specs import LaunchSpec, Strategy
@@ -63,7 +63,7 @@ def test_rendering_is_what_submitit_generates():
 
 
 def test_node_commands_rendezvous_on_the_first_node_with_a_job_derived_port():
-    from launcher.backends.slurm_task import node_argv, rdzv_port
+    from launcher.backends.slurm.task import node_argv, rdzv_port
 
     assert rdzv_port(7) == 20007 and rdzv_port(20007) == 20007 and rdzv_port(123456) == 23456
     argv = node_argv(spec(num_nodes=2), python="py", head="n1", port=rdzv_port(42), node_rank=1)

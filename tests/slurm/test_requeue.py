@@ -51,7 +51,7 @@ def test_requeue_resumes_from_the_last_checkpoint_with_the_uninterrupted_loss(sl
     run_dir = tmp_path / "run"
     t0 = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "launcher.cli", "run", *WORKLOAD, "--slurm", "--nodes", str(nodes),
+        [sys.executable, "-m", "launcher.cli.main", "run", *WORKLOAD, "--slurm", "--nodes", str(nodes),
          "--gpus", str(procs),
          *PLAN, "--checkpoint-every", str(EVERY), "--run-dir", str(run_dir), *WORKLOAD_ARGS,
          "--step-sleep-ms", "100"],

@@ -31,10 +31,10 @@ from typing import IO, Any
 
 from launcher.errors import DlaunchError, UsageError
 from launcher.files import atomic_write_json
-from launcher.progress import ProgressBar
-from launcher.results import RunResult
+from launcher.jobs.progress import ProgressBar
+from launcher.jobs.sweepdir import MANIFEST, acquire_lock, finished_ok, first_difference, move_aside, read_manifest
+from launcher.results.types import RunResult
 from launcher.specs import LaunchSpec
-from launcher.sweepdir import MANIFEST, acquire_lock, finished_ok, first_difference, move_aside, read_manifest
 
 log = logging.getLogger(__name__)
 
@@ -221,7 +221,7 @@ def launch_local(spec: LaunchSpec, console: IO[str]) -> RunResult:
     A Ctrl-C during the run reaches the local backend, which stops torchrun (it then dies with
     a SignalException); that is an interruption of the sweep, not a failed point.
     """
-    from launcher.runner import run_local
+    from launcher.jobs.local import run_local
 
     result = run_local(spec, out=console)
     if result.status != "ok":

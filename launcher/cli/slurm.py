@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from launcher.argtypes import int_at_least
+from launcher.cli.args import int_at_least
 from launcher.errors import UsageError
 
 log = logging.getLogger(__name__)
@@ -95,8 +95,8 @@ def reject_without_slurm(args: argparse.Namespace, *, sweep: bool = False) -> No
 
 def slurm_spec_from_args(args: argparse.Namespace) -> Any:
     """SlurmSpec from the flags, dlaunch.yaml and sinfo."""
-    from launcher.backends.slurm import DEFAULT_TIME_MIN, SlurmSpec, parse_slurm_opts
-    from launcher.backends.slurm_jobs import partition_shape
+    from launcher.backends.slurm.jobs import partition_shape
+    from launcher.backends.slurm.submit import DEFAULT_TIME_MIN, SlurmSpec, parse_slurm_opts
     from launcher.config import load_config
 
     cfg = load_config().slurm
@@ -118,8 +118,8 @@ def slurm_spec_from_args(args: argparse.Namespace) -> Any:
 def sweep_backend(args: argparse.Namespace) -> tuple[str, int, Callable[..., Any]]:
     """For `dlaunch scale --slurm`: (device, processes per node, a sweep `launch_point` that
     runs each point as one SLURM job and follows it like `run --slurm`)."""
-    from launcher.backends import slurm as backend
-    from launcher.backends.slurm_jobs import partition_shape
+    from launcher.backends.slurm import submit as backend
+    from launcher.backends.slurm.jobs import partition_shape
 
     slurm = slurm_spec_from_args(args)
     if not args.dry_run:
@@ -134,7 +134,7 @@ def sweep_backend(args: argparse.Namespace) -> tuple[str, int, Callable[..., Any
                          "sinfo could not tell how many the partition's nodes have")
 
     def launch_point(spec: Any, console: Any) -> Any:
-        from launcher.slurm_runner import run_slurm
+        from launcher.jobs.slurm import run_slurm
 
         return run_slurm(spec, slurm, out=console)
 
@@ -144,7 +144,7 @@ def sweep_backend(args: argparse.Namespace) -> tuple[str, int, Callable[..., Any
 def _device(args: argparse.Namespace, partition: str | None) -> str:
     """cuda when the partition's nodes have GPUs (sinfo GRES), else cpu; the login node's own
     hardware says nothing about the compute nodes."""
-    from launcher.backends.slurm_jobs import partition_shape
+    from launcher.backends.slurm.jobs import partition_shape
 
     if shutil.which("sinfo"):
         return "cuda" if partition_shape(partition)[1] else "cpu"
@@ -158,8 +158,8 @@ def _plan_for_partition(args: argparse.Namespace, workload_args: Sequence[str], 
     Without a topology the open decisions fall back to RUN_FALLBACKS and the note says so: the
     login node's hardware would be the wrong machine to plan for.
     """
+    from launcher.cli.run import RUN_FALLBACKS, follow_plan
     from launcher.config import load_config
-    from launcher.run_cli import RUN_FALLBACKS, follow_plan
 
     topology = args.topology or load_config().slurm.topology
     if topology is None:
@@ -174,8 +174,8 @@ def _plan_for_partition(args: argparse.Namespace, workload_args: Sequence[str], 
 
 def run_from_args(args: argparse.Namespace, workload_args: Sequence[str]) -> int:
     """`dlaunch run --slurm ...`: validate, then dry-run, detach or submit-and-follow."""
-    from launcher.backends import slurm as backend
-    from launcher.run_cli import launch_spec_from_args, write_plan
+    from launcher.backends.slurm import submit as backend
+    from launcher.cli.run import launch_spec_from_args, write_plan
     from launcher.rundir import create_run_dir, new_run_id
     from launcher.workload import inspect_file
 
@@ -210,7 +210,7 @@ def run_from_args(args: argparse.Namespace, workload_args: Sequence[str]) -> int
     spec = spec_for(str(create_run_dir(args.run_dir, run_id)))
     if getattr(args, "planned", None) is not None:
         write_plan(spec.run_dir, args.planned)
-    from launcher.slurm_runner import run_slurm
+    from launcher.jobs.slurm import run_slurm
 
     result = run_slurm(spec, slurm, as_json=args.json, out=sys.stdout, note=plan_note)
     if result is None:  # detached

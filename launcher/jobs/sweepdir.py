@@ -1,6 +1,6 @@
 """Sweep directories: the manifest, the lock, and point directories moved aside.
 
-The counterpart of rundir.py for sweeps (layout in launcher/sweep.py).
+The counterpart of rundir.py for sweeps (layout in launcher/jobs/sweep.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 from launcher.errors import LaunchError, UsageError
 from launcher.files import read_json
-from launcher.results import RunResult
+from launcher.results.types import RunResult
 
 log = logging.getLogger(__name__)
 

@@ -4,8 +4,8 @@ Sources, best first: NVML (`pynvml`, package nvidia-ml-py) for GPUs and per-pair
 `nvidia-smi` (`--query-gpu`, `topo -m`, `topo -p2p r`) when NVML cannot be used; torch's
 `can_device_access_peer` only as a last resort for P2P. torch is never imported on the CPU path,
 so `dlaunch inspect` stays fast. This module only probes (NVML, subprocess, sysfs, psutil, the
-SLURM environment); turning what it finds into links and GPU specs is `launcher.nvtopo`'s job,
-and printing the result is `launcher.inspect_view`'s.
+SLURM environment); turning what it finds into links and GPU specs is `launcher.hardware.nvtopo`'s job,
+and printing the result is `launcher.hardware.view`'s.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher.gpu_probe import probe_gpus
-from launcher.nvtopo import gpu_spec, inter_node_link, intra_node_link
+from launcher.hardware.gpu_probe import probe_gpus
+from launcher.hardware.nvtopo import gpu_spec, inter_node_link, intra_node_link
 from launcher.specs import GIB, DeviceSpec, Link, Nic, Topology
 
 log = logging.getLogger(__name__)

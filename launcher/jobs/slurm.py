@@ -15,17 +15,17 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from launcher.backends import slurm as backend
 from launcher.backends.local import LAUNCH_FILE
-from launcher.backends.slurm_jobs import SLURM_FILE, JobInfo, cancel_job, in_queue, query_job, read_slurm_file
+from launcher.backends.slurm import submit as backend
+from launcher.backends.slurm.jobs import SLURM_FILE, JobInfo, cancel_job, in_queue, query_job, read_slurm_file
+from launcher.backends.slurm.progress import Progress, first_step_time
 from launcher.errors import JobFailed, LaunchError
 from launcher.files import atomic_write_json, read_json
-from launcher.report.aggregate import aggregate, rank_log_tail
-from launcher.report.table import format_run
-from launcher.results import RunResult
+from launcher.results.aggregate import aggregate, rank_log_tail
+from launcher.results.table import format_run
+from launcher.results.types import RunResult
 from launcher.rundir import PLAN_FILE
 from launcher.secrets import masked_spec_dict
-from launcher.slurm_progress import Progress, first_step_time
 from launcher.specs import LaunchSpec
 
 log = logging.getLogger(__name__)
@@ -211,7 +211,7 @@ def finish(run_dir: Path, info: JobInfo, record: dict[str, Any]) -> RunResult:
 
 def node_ids_by_host(run_dir: Path) -> dict[str, int]:
     """host -> SLURM node id, from the node.json each node task wrote into its log dir."""
-    from launcher.backends.slurm_task import NODE_FILE
+    from launcher.backends.slurm.task import NODE_FILE
 
     out: dict[str, int] = {}
     for path in (run_dir / "logs").glob(f"node-*/{NODE_FILE}"):

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import logging
 
-from launcher.plans import MemoryEstimate
+from launcher.plan.types import MemoryEstimate
 from launcher.specs import GIB, DeviceSpec, ModelProfile, Strategy
 
 logger = logging.getLogger(__name__)

@@ -14,9 +14,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from launcher.argtypes import int_at_least
+from launcher.cli.args import int_at_least
+from launcher.cli.run import add_run_args, cmd_lab, cmd_run
 from launcher.errors import DlaunchError, UsageError
-from launcher.run_cli import add_run_args, cmd_lab, cmd_run
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +44,8 @@ def _command(sub: Any, name: str, handler: Any, *, help: str, description: str,
 
 def build_parser() -> argparse.ArgumentParser:
     """The full `dlaunch` parser."""
-    from launcher.scale_cli import add_report_args, add_scale_args, cmd_report, cmd_scale
-    from launcher.slurm_cli import add_slurm_args
+    from launcher.cli.scale import add_report_args, add_scale_args, cmd_report, cmd_scale
+    from launcher.cli.slurm import add_slurm_args
 
     parser = _Parser(prog="dlaunch", description="Plan, launch and measure distributed PyTorch training.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and torchrun's own log")
@@ -123,8 +123,8 @@ def cmd_inspect(args: argparse.Namespace, workload_args: list[str]) -> int:
     """`dlaunch inspect`: this machine as a Topology, as text or as JSON."""
     if workload_args:
         raise UsageError(f"dlaunch inspect takes no arguments after `--`, got {' '.join(workload_args)!r}")
-    from launcher.detect import detect_topology
-    from launcher.inspect_view import format_topology, inspect_report
+    from launcher.hardware.detect import detect_topology
+    from launcher.hardware.view import format_topology, inspect_report
 
     topology = detect_topology()
     if args.json:
@@ -136,7 +136,7 @@ def cmd_inspect(args: argparse.Namespace, workload_args: list[str]) -> int:
 
 def cmd_plan(args: argparse.Namespace, workload_args: list[str]) -> int:
     """`dlaunch plan`: the recommended plan, its predicted memory and time, and the rejects."""
-    from launcher.planning import plan_workload, resolve_topology
+    from launcher.plan.resolve import plan_workload, resolve_topology
     from launcher.specs import Goal
     from launcher.workload import inspect_file
 
@@ -151,7 +151,7 @@ def cmd_plan(args: argparse.Namespace, workload_args: list[str]) -> int:
                           "profile": _asdict(planned.profile),
                           "topology": planned.topology.name}, indent=2, default=str))
     else:
-        from launcher.plan_view import format_plan
+        from launcher.plan.view import format_plan
 
         print(format_plan(planned.plan, planned.profile, planned.topology))
     for reason in planned.plan.reasons:
@@ -168,7 +168,7 @@ def _no_workload_args(name: str, workload_args: list[str]) -> None:
 def cmd_status(args: argparse.Namespace, workload_args: list[str]) -> int:
     """`dlaunch status RUN_DIR_OR_JOB`: a SLURM job's state, progress and summary."""
     _no_workload_args("status", workload_args)
-    from launcher.slurm_commands import status
+    from launcher.cli.jobs import status
 
     return status(args.job, as_json=args.json)
 
@@ -176,7 +176,7 @@ def cmd_status(args: argparse.Namespace, workload_args: list[str]) -> int:
 def cmd_logs(args: argparse.Namespace, workload_args: list[str]) -> int:
     """`dlaunch logs RUN_DIR_OR_JOB [--rank R] [--follow]`."""
     _no_workload_args("logs", workload_args)
-    from launcher.slurm_commands import logs
+    from launcher.cli.jobs import logs
 
     return logs(args.job, rank=args.rank, follow=args.follow)
 
@@ -184,7 +184,7 @@ def cmd_logs(args: argparse.Namespace, workload_args: list[str]) -> int:
 def cmd_cancel(args: argparse.Namespace, workload_args: list[str]) -> int:
     """`dlaunch cancel RUN_DIR_OR_JOB`: scancel and wait until the job left the queue."""
     _no_workload_args("cancel", workload_args)
-    from launcher.slurm_commands import cancel
+    from launcher.cli.jobs import cancel
 
     return cancel(args.job)
 
@@ -227,7 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def entry() -> NoReturn:
-    """Entry point of the `dlaunch` console script and `python -m launcher.cli`.
+    """Entry point of the `dlaunch` console script and `python -m launcher.cli.main`.
 
     Once torch (and the torch._dynamo that meta-device profiling imports) is loaded, a normal
     interpreter exit spends ~0.8 s freeing ~3,000 modules: a third of a cold `dlaunch plan`.

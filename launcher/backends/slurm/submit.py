@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.backends.local import LAUNCH_FILE, REPO_ROOT, rank_env
-from launcher.backends.slurm_task import PORT_BASE, PORT_SPAN, NodeTask, node_argv, slurm_run_env
+from launcher.backends.slurm.task import PORT_BASE, PORT_SPAN, NodeTask, node_argv, slurm_run_env
 from launcher.errors import LaunchError, UsageError
 from launcher.secrets import mask_env
 from launcher.specs import LaunchSpec
@@ -217,7 +217,7 @@ def _readable_sbatch_error(stderr: str, slurm: SlurmSpec) -> str:
         return ("sbatch cannot reach the SLURM controller (slurmctld); is the cluster up? "
                 "Check with `scontrol ping`")
     if "invalid partition" in low:
-        from launcher.backends.slurm_jobs import list_partitions
+        from launcher.backends.slurm.jobs import list_partitions
 
         known = list_partitions()
         have = f" (partitions here: {', '.join(known)})" if known else ""

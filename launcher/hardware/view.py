@@ -6,9 +6,9 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from launcher.detect import slurm_allocation
+from launcher.hardware.detect import slurm_allocation
+from launcher.hardware.topology import topology_to_dict
 from launcher.specs import Link, Topology
-from launcher.topology import topology_to_dict
 
 
 def inspect_report(t: Topology, *, env: Mapping[str, str] | None = None) -> dict[str, Any]:

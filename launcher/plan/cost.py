@@ -38,8 +38,8 @@ import logging
 import math
 from collections.abc import Callable
 
-from launcher.memory import COMPUTE_DTYPE_BYTES, DDP_BUCKET_CAP_BYTES, GRAD_BYTES, unsharded_root_params
-from launcher.plans import StepTimeEstimate
+from launcher.plan.memory import COMPUTE_DTYPE_BYTES, DDP_BUCKET_CAP_BYTES, GRAD_BYTES, unsharded_root_params
+from launcher.plan.types import StepTimeEstimate
 from launcher.specs import DeviceSpec, Link, ModelProfile, Strategy, Topology
 
 logger = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.errors import TopologyError
-from launcher.nvtopo import parse_nvidia_smi_nvlinks, parse_nvidia_smi_p2p, parse_nvidia_smi_topo
+from launcher.hardware.nvtopo import parse_nvidia_smi_nvlinks, parse_nvidia_smi_p2p, parse_nvidia_smi_topo
 
 log = logging.getLogger(__name__)
 

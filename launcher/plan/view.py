@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from launcher.memory import fmt_gib
-from launcher.planner import LABELS, per_device
-from launcher.plans import Plan
+from launcher.plan.memory import fmt_gib
+from launcher.plan.search import LABELS, per_device
+from launcher.plan.types import Plan
 from launcher.specs import ModelProfile, Topology
 
 

@@ -14,10 +14,10 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from launcher.backends.slurm_jobs import JobInfo, cancel_job, in_queue, query_job, read_slurm_file, resolve, task_logs
+from launcher.backends.slurm.jobs import JobInfo, cancel_job, in_queue, query_job, read_slurm_file, resolve, task_logs
+from launcher.backends.slurm.progress import Progress
 from launcher.errors import LaunchError, UsageError
-from launcher.report.table import format_run
-from launcher.slurm_progress import Progress
+from launcher.results.table import format_run
 from launcher.specs import LaunchSpec
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ def _job(ref: str) -> tuple[Path | None, str, JobInfo]:
 
 def status(ref: str, *, as_json: bool = False, out: IO[str] = sys.stdout) -> int:
     """Print the job's state, its progress and, once it is over, the run summary."""
-    from launcher.slurm_runner import existing_result, finish
+    from launcher.jobs.slurm import existing_result, finish
 
     run_dir, job_id, info = _job(ref)
     data: dict[str, Any] = {"job_id": job_id, "state": info.state, "reason": info.reason,

@@ -1,4 +1,4 @@
-"""Arguments and handlers of `dlaunch scale` and `dlaunch report`, for `launcher.cli` to wire.
+"""Arguments and handlers of `dlaunch scale` and `dlaunch report`, for `launcher.cli.main` to wire.
 
 Kept apart from cli.py so the sweep and report code can change without touching the parser
 module; cli.py adds the two subcommands with `add_scale_args` / `add_report_args` and calls
@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from launcher.argtypes import int_at_least
+from launcher.cli.args import int_at_least
 from launcher.errors import UsageError
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ def add_scale_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-report", action="store_true", help="do not write the report at the end")
     p.add_argument("--dry-run", action="store_true", help="print the points and commands, run nothing")
     p.add_argument("--json", action="store_true", help="print the sweep and report as JSON")
-    from launcher.slurm_cli import add_slurm_args
+    from launcher.cli.slurm import add_slurm_args
 
     add_slurm_args(p, sweep=True)
 
@@ -75,7 +75,7 @@ def add_report_args(p: argparse.ArgumentParser) -> None:
 def _devices() -> tuple[str, int, str]:
     """(device, how many ranks one host offers, what they are called)."""
     from launcher.backends.local import usable_cores
-    from launcher.gpu_probe import count_gpus
+    from launcher.hardware.gpu_probe import count_gpus
 
     gpus = count_gpus()
     if gpus:
@@ -86,12 +86,12 @@ def _devices() -> tuple[str, int, str]:
 
 
 def _topology_dict(name: str | None, device: str) -> dict[str, Any] | None:
-    from launcher.topology import load_topology, topology_to_dict
+    from launcher.hardware.topology import load_topology, topology_to_dict
 
     if name:
         return topology_to_dict(load_topology(name))
     try:
-        from launcher.detect import detect_topology
+        from launcher.hardware.detect import detect_topology
 
         return topology_to_dict(detect_topology(device=device))
     except Exception as e:  # detection only adds the link column and the prediction
@@ -101,13 +101,20 @@ def _topology_dict(name: str | None, device: str) -> dict[str, Any] | None:
 
 def cmd_scale(args: argparse.Namespace, workload_args: list[str]) -> int:
     """`dlaunch scale`: run (or resume) the sweep, then write its report."""
-    from launcher import slurm_cli
+    from launcher.cli import slurm
+    from launcher.jobs.sweep import (
+        check_plan,
+        default_sweep_dir,
+        parse_world_sizes,
+        point_shape,
+        run_sweep,
+        sweep_config,
+    )
     from launcher.specs import LoaderSpec, Strategy
-    from launcher.sweep import check_plan, default_sweep_dir, parse_world_sizes, point_shape, run_sweep, sweep_config
     from launcher.workload import inspect_file
 
     if not args.slurm:
-        slurm_cli.reject_without_slurm(args, sweep=True)
+        slurm.reject_without_slurm(args, sweep=True)
     kind = inspect_file(args.workload)
     if kind.is_script:
         raise UsageError(f"dlaunch scale needs a workload file (the harness sets each point's "
@@ -115,7 +122,7 @@ def cmd_scale(args: argparse.Namespace, workload_args: list[str]) -> int:
     per_node = launch_point = None
     if args.slurm:
         # the partition's nodes, not this login node, decide the device and the node shape
-        device, per_node, launch_point = slurm_cli.sweep_backend(args)
+        device, per_node, launch_point = slurm.sweep_backend(args)
         sizes = parse_world_sizes(args.gpus)
         shapes = {n: point_shape(n, per_node) for n in sizes}
     else:
@@ -213,12 +220,12 @@ def cmd_report(args: argparse.Namespace, workload_args: list[str]) -> int:
     path = Path(args.path)
     topology = fallback = None
     if args.topology:
-        from launcher.topology import load_topology
+        from launcher.hardware.topology import load_topology
 
         topology = load_topology(args.topology)
     elif path.is_dir() and _run_host(path) == socket.gethostname().split(".")[0]:
         try:
-            from launcher.detect import detect_topology
+            from launcher.hardware.detect import detect_topology
 
             fallback = detect_topology()
         except Exception as e:  # only the link column and the prediction need it

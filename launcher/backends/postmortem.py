@@ -23,8 +23,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher.backends.monitor import Beat, Stall, host_pids, summary_path
 from launcher.files import atomic_write_json, read_json, read_jsonl
-from launcher.monitor import Beat, Stall, host_pids, summary_path
 
 log = logging.getLogger(__name__)
 

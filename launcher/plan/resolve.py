@@ -22,7 +22,7 @@ from typing import Any
 
 from launcher.errors import UsageError
 from launcher.files import atomic_write_json
-from launcher.plans import Plan
+from launcher.plan.types import Plan
 from launcher.specs import Goal, ModelProfile, Topology
 
 log = logging.getLogger(__name__)
@@ -40,12 +40,12 @@ class Planned:
 def resolve_topology(*, topology: str | None, gpus: int | None, nodes: int | None) -> Topology:
     """The topology file (or this machine), with `gpus` per node and `nodes` nodes."""
     if topology is not None:
-        from launcher.topology import load_topology
+        from launcher.hardware.topology import load_topology
 
         topo = load_topology(topology)
         source = f"topology {topo.name}"
     else:
-        from launcher.detect import detect_topology
+        from launcher.hardware.detect import detect_topology
 
         topo = detect_topology()
         source = "this machine"
@@ -90,7 +90,7 @@ def cached_profile(workload: str, workload_args: Sequence[str]) -> ModelProfile:
         return ModelProfile(**json.loads(path.read_text(encoding="utf-8")))
     except (OSError, ValueError, TypeError):
         pass  # absent or stale: profile again
-    from launcher.profile import profile_workload
+    from launcher.plan.profile import profile_workload
     from launcher.workload import load_workload
 
     # importing torch and torch._dynamo (meta kernels import it) allocates ~1M objects and the
@@ -114,7 +114,7 @@ def cached_profile(workload: str, workload_args: Sequence[str]) -> ModelProfile:
 def plan_workload(workload: str, workload_args: Sequence[str], topology: Topology, goal: Goal, *,
                   overrides: Mapping[str, Any] | None = None) -> Planned:
     """Profile `workload` on the meta device (or take the cached profile) and plan it."""
-    from launcher.planner import plan
+    from launcher.plan.search import plan
 
     profile = cached_profile(workload, workload_args)
     return Planned(plan=plan(profile, topology, goal, overrides=overrides), profile=profile,

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.files import read_json, read_jsonl
-from launcher.results import RankResult, RunResult
+from launcher.results.types import RankResult, RunResult
 from launcher.specs import LaunchSpec
 
 log = logging.getLogger(__name__)

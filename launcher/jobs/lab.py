@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from launcher.files import atomic_write_json
-from launcher.results import RunResult
+from launcher.results.types import RunResult
 from launcher.specs import GIB, LaunchSpec
 
 log = logging.getLogger(__name__)
@@ -78,10 +78,10 @@ def cuda_precisions(capability: tuple[int, int] | None, plan_precision: str | No
 def detect_precisions(device: str, plan_precision: str | None = None) -> Precisions:
     """Precisions of this machine (CPU flags or the first GPU's compute capability)."""
     if device == "cpu":
-        from launcher.detect import cpu_info
+        from launcher.hardware.detect import cpu_info
 
         return cpu_precisions(cpu_info().flags, plan_precision)
-    from launcher.detect import detect_topology
+    from launcher.hardware.detect import detect_topology
 
     return cuda_precisions(detect_topology().accelerator.compute_capability, plan_precision)
 
@@ -184,11 +184,11 @@ def run_lab(base: LaunchSpec, precisions: Precisions, *, run: RunFn | None = Non
             progress: IO[str] = sys.stderr) -> LabResult:
     """Run the three configurations one after another; stop at the first failed run.
 
-    `run(spec, out=...)` launches one run (default `launcher.runner.run_local`); each run's own
+    `run(spec, out=...)` launches one run (default `launcher.jobs.local.run_local`); each run's own
     summary and rank output go to a buffer, printed only when that run fails.
     """
     if run is None:
-        from launcher.runner import run_local as run
+        from launcher.jobs.local import run_local as run
     rows: list[LabRow] = []
     specs = lab_specs(base, precisions.mixed)
     for i, (name, spec) in enumerate(specs, 1):
@@ -221,7 +221,7 @@ def _fmt_rate(x: float) -> str:
 
 def format_lab(lab: LabResult) -> str:
     """The three-row table, the speed-ups and the reading."""
-    from launcher.report.table import format_table
+    from launcher.results.table import format_table
 
     units = lab.rows[0].result.sample_units if lab.rows else "samples"
     header = ["run", "status", "samples/s", *([f"{units}/s"] if units != "samples" else []),

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from launcher.argtypes import int_at_least
+from launcher.cli.args import int_at_least
 from launcher.errors import UsageError
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_fault_args(p: argparse.ArgumentParser) -> None:
-    """Hang detection and restarts (launcher.monitor, launcher.runner)."""
+    """Hang detection and restarts (launcher.backends.monitor, launcher.jobs.local)."""
     p.add_argument("--hang-timeout-s", type=float, default=300.0,
                    help="end the job when no rank advanced for this long (0: never); the "
                         "collective timeout is twice this (default 300)")
@@ -76,7 +76,7 @@ def add_fault_args(p: argparse.ArgumentParser) -> None:
 
 def _detect_device(requested: int) -> str:
     """cuda when this host has the GPUs asked for, cpu when it has none."""
-    from launcher.gpu_probe import count_gpus
+    from launcher.hardware.gpu_probe import count_gpus
 
     found = count_gpus()
     if found == 0:
@@ -153,8 +153,8 @@ def follow_plan(args: argparse.Namespace, workload_args: Sequence[str], *, topol
     given = {"strategy": args.strategy, "precision": args.precision, "micro_batch": args.micro_batch}
     if all(v is not None for v in given.values()):
         return None
-    from launcher.planner import label
-    from launcher.planning import plan_workload, resolve_topology
+    from launcher.plan.resolve import plan_workload, resolve_topology
+    from launcher.plan.search import label
     from launcher.specs import Goal
 
     topo = resolve_topology(topology=topology, gpus=args.gpus, nodes=nodes)
@@ -184,11 +184,11 @@ def follow_plan(args: argparse.Namespace, workload_args: Sequence[str], *, topol
 
 def cmd_run(args: argparse.Namespace, workload_args: list[str]) -> int:
     """`dlaunch run`: launch and summarise."""
-    from launcher import slurm_cli
+    from launcher.cli import slurm
 
     if args.slurm:
-        return slurm_cli.run_from_args(args, workload_args)
-    slurm_cli.reject_without_slurm(args)
+        return slurm.run_from_args(args, workload_args)
+    slurm.reject_without_slurm(args)
     from launcher.backends import local
     from launcher.rundir import create_run_dir, new_run_id
     from launcher.workload import inspect_file
@@ -201,7 +201,7 @@ def cmd_run(args: argparse.Namespace, workload_args: list[str]) -> int:
     plan_note = None if kind.is_script else follow_plan(args, workload_args)
     run_id = new_run_id(args.workload)
     if args.dry_run:
-        from launcher.runner import dry_run_text
+        from launcher.jobs.local import dry_run_text
 
         if plan_note:
             print(plan_note, file=sys.stderr)
@@ -222,7 +222,7 @@ def cmd_run(args: argparse.Namespace, workload_args: list[str]) -> int:
         write_plan(run_dir, args.planned)
     spec = launch_spec_from_args(args, workload_args, device=device, run_dir=run_dir,
                                  run_id=run_id, is_script=kind.is_script)
-    from launcher.runner import run_local
+    from launcher.jobs.local import run_local
 
     result = run_local(spec, as_json=args.json, debug=args.debug)
     return result.exit_code if result.exit_code != 0 else (0 if result.status == "ok" else 1)
@@ -255,9 +255,9 @@ def _wants_compile(args: argparse.Namespace) -> bool:
 
 
 def cmd_lab(args: argparse.Namespace, workload_args: list[str]) -> int:
-    """`dlaunch lab`: fp32, mixed precision and mixed precision + compile (launcher.lab)."""
+    """`dlaunch lab`: fp32, mixed precision and mixed precision + compile (launcher.jobs.lab)."""
     from launcher.backends import local
-    from launcher.lab import detect_precisions, format_lab, lab_specs, run_lab
+    from launcher.jobs.lab import detect_precisions, format_lab, lab_specs, run_lab
     from launcher.rundir import create_run_dir, new_run_id
     from launcher.workload import inspect_file
 

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import IO, Any
 
 from launcher.backends import local
+from launcher.backends.postmortem import write_missing_summaries
 from launcher.files import atomic_write_json
-from launcher.postmortem import write_missing_summaries
-from launcher.report.aggregate import aggregate
-from launcher.report.table import format_run
-from launcher.results import RunResult
+from launcher.results.aggregate import aggregate
+from launcher.results.table import format_run
+from launcher.results.types import RunResult
 from launcher.secrets import mask_env, masked_spec_dict
 from launcher.specs import LaunchSpec
 

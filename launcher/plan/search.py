@@ -15,10 +15,10 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from launcher.cost import step_time
 from launcher.errors import PlanError
-from launcher.memory import estimate_memory, fmt_gib, usable_mem_bytes
-from launcher.plans import Candidate, Plan
+from launcher.plan.cost import step_time
+from launcher.plan.memory import estimate_memory, fmt_gib, usable_mem_bytes
+from launcher.plan.types import Candidate, Plan
 from launcher.specs import Goal, ModelProfile, Strategy, Topology
 
 logger = logging.getLogger(__name__)

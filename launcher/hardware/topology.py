@@ -21,7 +21,7 @@ from launcher.specs import DeviceSpec, Link, Nic, Topology
 log = logging.getLogger(__name__)
 
 # The shipped files live next to the package, so `--topology h100-sxm-8x` works from any cwd.
-TOPOLOGIES_DIR = Path(__file__).resolve().parent.parent / "topologies"
+TOPOLOGIES_DIR = Path(__file__).resolve().parents[2] / "topologies"
 
 _TOP_REQUIRED = ("name", "device", "num_nodes", "devices_per_node", "accelerator", "intra_node")
 _TOP_OPTIONAL = ("cpu_cores_per_node", "inter_node", "nics", "source")

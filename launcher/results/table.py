@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from launcher.results import RunResult
+from launcher.results.types import RunResult
 from launcher.specs import GIB
 
 SKIP_WARN_FRACTION = 0.01
