@@ -25,8 +25,8 @@ from launcher.hardware.topology import load_topology
 from launcher.hardware.view import format_topology, inspect_report
 from launcher.specs import LINK_KINDS, Nic, Topology
 
-TOPO = Path(__file__).resolve().parent / "data" / "nvidia-smi-topo"
-REPO = Path(__file__).resolve().parent.parent
+TOPO = Path(__file__).resolve().parents[1] / "data" / "nvidia-smi-topo"
+REPO = Path(__file__).resolve().parents[2]
 
 
 def recorded(name: str) -> str:

@@ -12,7 +12,7 @@ import psutil
 
 from launcher.hardware.detect import usable_cores
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 # An empty CUDA_VISIBLE_DEVICES hides every GPU from NVML and nvidia-smi alike, so these tests
 # take the CPU path on GPU hosts too.
 CPU_ONLY = {"CUDA_VISIBLE_DEVICES": ""}

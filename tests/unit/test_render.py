@@ -8,7 +8,7 @@ from launcher.specs import LaunchSpec, Strategy
 
 from tests.helpers import REPO
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 
 
 def spec(**kw) -> LaunchSpec:
