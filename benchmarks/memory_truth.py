@@ -1,4 +1,4 @@
-"""The memory model against real training steps (issue 3): measured peak vs the plan's
+"""The memory model against real training steps: measured peak vs the plan's
 params + grads + optimizer + activations, for every shipped workload at two micro-batch sizes.
 
     .venv/bin/python benchmarks/memory_truth.py [--device cpu|cuda] [--precision fp32 bf16]

@@ -19,18 +19,21 @@ import tempfile
 import time
 from pathlib import Path
 
+from launcher.hardware.detect import usable_cores
+from launcher.rundir import RunPaths
+
 REPO = Path(__file__).resolve().parent.parent
 
 
 def raw_run(steps: int, micro_batch: int, warmup: int, tmp: Path) -> tuple[float, float]:
     out = Path(tempfile.mkdtemp(dir=tmp))
-    env = {**os.environ, "RAW_OUT": str(out), "OMP_NUM_THREADS": str(max(1, len(os.sched_getaffinity(0)) // 2))}
+    env = {**os.environ, "RAW_OUT": str(out), "OMP_NUM_THREADS": str(max(1, usable_cores() // 2))}
     t0 = time.time()
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                     "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0",
                     str(REPO / "benchmarks" / "raw_ddp.py"), str(steps), str(micro_batch)],
                    env=env, check=True, capture_output=True)
-    ranks = [json.loads((out / f"rank-{r}.json").read_text()) for r in range(2)]
+    ranks = [json.loads((out / f"raw-rank{r}.json").read_text()) for r in range(2)]
     first = min(r["end_times"][0] for r in ranks) - t0
     rate = sum(micro_batch * (steps - warmup) / sum(r["step_times"][warmup:]) for r in ranks)
     return rate, first
@@ -49,10 +52,11 @@ def dlaunch_run(steps: int, micro_batch: int, warmup: int, tmp: Path, *,
                     # measurement dlaunch adds, not launcher overhead: off here, reported apart
                     *(() if calibrate else ("--no-calibrate",))],
                    cwd=REPO, check=True, capture_output=True)
-    result = json.loads((run_dir / "result.json").read_text())
+    paths = RunPaths(root=run_dir)
+    result = json.loads(paths.result.read_text())
     firsts = []
     for r in range(2):
-        for line in (run_dir / f"rank-{r}.jsonl").read_text().splitlines():
+        for line in paths.records(r).read_text().splitlines():
             rec = json.loads(line)
             if rec["kind"] == "step" and rec["step"] == 1:
                 firsts.append(rec["end_time"])

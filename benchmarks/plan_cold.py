@@ -1,4 +1,4 @@
-"""Wall time of `dlaunch plan` for Llama-3 70B on 1,024 H100s (issue 3: < 3 s cold, torch
+"""Wall time of `dlaunch plan` for Llama-3 70B on 1,024 H100s (target: < 3 s cold, torch
 import included) and of `dlaunch --help` (< 0.3 s).
 
     .venv/bin/python benchmarks/plan_cold.py [--repeats 5]

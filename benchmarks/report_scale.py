@@ -1,4 +1,4 @@
-"""`dlaunch report` over a generated run of 4,096 ranks x 200 steps (issue 6: < 10 s here).
+"""`dlaunch report` over a generated run of 4,096 ranks x 200 steps (target: < 10 s).
 
     .venv/bin/python benchmarks/report_scale.py [--ranks 4096] [--steps 200] [--repeats 3]
 
@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from launcher.report.render import render_report  # noqa: E402
+from launcher.rundir import RunPaths  # noqa: E402
 
 from tests.synthetic import write_run  # noqa: E402
 
@@ -44,7 +45,7 @@ def main() -> int:
     run = root / "run"
     try:
         t0 = time.perf_counter()
-        if not (run / "result.json").exists():
+        if not RunPaths(root=run).result.exists():
             write_run(run, world_size=args.ranks, steps=args.steps, warmup=3, ranks_per_node=8,
                       jitter=0.2, exposed_comm_s=0.02, busbw_gb_s=40.0, slow={1234: 1.3},
                       result="direct")

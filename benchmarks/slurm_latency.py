@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from launcher.rundir import RunPaths
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -36,7 +38,7 @@ def one_run(nodes: int, procs: int, workdir: Path, steps: int) -> dict[str, floa
     proc = subprocess.run(argv, cwd=workdir, env=env, capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
         raise SystemExit(f"{nodes}x{procs} failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
-    final = json.loads((run_dir / "slurm.json").read_text())["final"]
+    final = json.loads(RunPaths(root=run_dir).slurm.read_text())["final"]
     return {"first_step_s": final["submit_to_first_step_s"], "result_s": final["submit_to_result_s"]}
 
 

@@ -1,9 +1,11 @@
 """`dlaunch.yaml`: per-project defaults, read from the current directory.
 
 Only what a user would otherwise repeat on every command line lives here; a flag given on the
-command line always wins. The file is read with `yaml.safe_load` (never `yaml.load`: a config
-file must not be able to run code), and every key is checked, so a typo is a one-line
-`ConfigError` instead of a silently ignored setting. Layout:
+command line always wins. The keys are not listed here: each is declared with its flag in the
+option table (`launcher.cli.args.OPTIONS`, `yaml=`), so a key exists exactly when a flag does.
+The file is read with `files.read_yaml_capped` (`yaml.safe_load` with size, nesting and aliases
+capped: a config file must neither run code nor be a memory bomb), and every key is checked,
+so a typo is a one-line `ConfigError` instead of a silently ignored setting. Layout:
 
     slurm:
       partition: gpu
@@ -16,6 +18,8 @@ file must not be able to run code), and every key is checked, so a typo is a one
       topology: topologies/h100-sxm-8x4node-ib.yaml  # the partition's nodes, for the plan
       opts:                    # extra sbatch options, as with --slurm-opt KEY=VALUE
         mem: 200G
+
+Read only by the CLI; imports the option table and never anything that runs a job.
 """
 
 from __future__ import annotations
@@ -24,107 +28,94 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
-from launcher.errors import ConfigError
+from launcher.cli.args import yaml_keys
+from launcher.cli.option import Parse, Yaml
+from launcher.errors import ConfigError, DlaunchError
+from launcher.files import read_yaml_capped
 
 log = logging.getLogger(__name__)
 
 CONFIG_NAME = "dlaunch.yaml"
 
-# key -> (python types accepted, description for error messages)
-_SLURM_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
-    "partition": ((str,), "a partition name"),
-    "account": ((str,), "an account name"),
-    "qos": ((str,), "a QOS name"),
-    "constraint": ((str,), "a node feature expression"),
-    "time_min": ((int, float), "minutes (a number > 0)"),
-    "cpus_per_node": ((int,), "an integer >= 1"),
-    "queue_timeout_min": ((int, float), "minutes (a number > 0)"),
-    "opts": ((dict,), "a mapping of sbatch option -> value"),
-    "topology": ((str,), "a topology file describing the partition's nodes"),
-}
-_TOP_KEYS = ("slurm",)
-
-
-@dataclass(frozen=True, kw_only=True)
-class SlurmDefaults:
-    """SLURM defaults from dlaunch.yaml; None means "not set there"."""
-
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    constraint: str | None = None
-    time_min: float | None = None
-    cpus_per_node: int | None = None
-    queue_timeout_min: float | None = None
-    opts: Mapping[str, str] = field(default_factory=dict)
-    topology: str | None = None
-
 
 @dataclass(frozen=True, kw_only=True)
 class Config:
-    """Everything dlaunch.yaml can set."""
+    """Everything dlaunch.yaml set: `values` by key (`slurm.partition`), only keys it names."""
 
     path: str | None = None  # where it was read from; None when there is no file
-    slurm: SlurmDefaults = field(default_factory=SlurmDefaults)
+    values: Mapping[str, Any] = field(default_factory=dict)
+
+    def section(self, name: str) -> SimpleNamespace:
+        """One section's keys as attributes (None when not set), e.g. `section("slurm").qos`."""
+        prefix = f"{name}."
+        return SimpleNamespace(**{k[len(prefix):]: self.values.get(k)
+                                  for k in yaml_keys() if k.startswith(prefix)})
+
+    @property
+    def slurm(self) -> SimpleNamespace:
+        """The `slurm:` section."""
+        return self.section("slurm")
 
 
-def _check_slurm(section: Any, where: str) -> SlurmDefaults:
+def _checked(key: str, value: Any, declared: Yaml, parse: Parse | None, where: str) -> Any:
+    bad = ConfigError(f"{where}: '{key}' must be {declared.what}, got {value!r}")
+    # bool is an int subclass: `time_min: yes` must not read as 1 minute
+    if isinstance(value, bool) or not isinstance(value, declared.types):
+        raise bad
+    if isinstance(value, str) and not value.strip():
+        raise ConfigError(f"{where}: '{key}' must be {declared.what}, got an empty string")
+    if isinstance(value, dict):
+        opts = {}
+        for k, v in value.items():
+            if not isinstance(k, str) or isinstance(v, (dict, list)) or v is None:
+                raise ConfigError(f"{where}: '{key}' entries must be option: value, got {k!r}: {v!r}")
+            opts[k] = str(v).lower() if isinstance(v, bool) else str(v)
+        return opts
+    if parse is not None:
+        try:
+            parse(str(value))  # the flag's own range check
+        except DlaunchError:
+            raise bad from None
+    return value
+
+
+def _section(name: str, section: Any, where: str) -> dict[str, Any]:
     if section is None:
-        return SlurmDefaults()
+        return {}
     if not isinstance(section, dict):
-        raise ConfigError(f"{where}: 'slurm' must be a mapping of settings, got {type(section).__name__}")
-    values: dict[str, Any] = {}
-    for key, value in section.items():
-        if key not in _SLURM_KEYS:
-            raise ConfigError(f"{where}: unknown key 'slurm.{key}'; known keys: "
-                              f"{', '.join(sorted(_SLURM_KEYS))}")
-        types, what = _SLURM_KEYS[key]
-        # bool is an int subclass: `time_min: yes` must not read as 1 minute
-        if isinstance(value, bool) or not isinstance(value, types):
-            raise ConfigError(f"{where}: 'slurm.{key}' must be {what}, got {value!r}")
-        if key in ("time_min", "queue_timeout_min") and value <= 0:
-            raise ConfigError(f"{where}: 'slurm.{key}' must be {what}, got {value!r}")
-        if key == "cpus_per_node" and value < 1:
-            raise ConfigError(f"{where}: 'slurm.{key}' must be {what}, got {value!r}")
-        if key in ("partition", "account", "qos", "constraint", "topology") and not value.strip():
-            raise ConfigError(f"{where}: 'slurm.{key}' must be {what}, got an empty string")
-        if key == "opts":
-            opts = {}
-            for k, v in value.items():
-                if not isinstance(k, str) or isinstance(v, (dict, list)) or v is None:
-                    raise ConfigError(f"{where}: 'slurm.opts' entries must be option: value, "
-                                      f"got {k!r}: {v!r}")
-                opts[k] = str(v).lower() if isinstance(v, bool) else str(v)
-            value = opts
-        values[key] = value
-    return SlurmDefaults(**values)
+        raise ConfigError(f"{where}: '{name}' must be a mapping of settings, got {type(section).__name__}")
+    keys = yaml_keys()
+    known = sorted(k for k in keys if k.startswith(f"{name}."))
+    values = {}
+    for sub, value in section.items():
+        key = f"{name}.{sub}"
+        if key not in keys:
+            raise ConfigError(f"{where}: unknown key '{key}'; known keys: "
+                              f"{', '.join(k.partition('.')[2] for k in known)}")
+        values[key] = _checked(key, value, *keys[key], where)
+    return values
 
 
 def load_config(directory: str | Path | None = None) -> Config:
     """Read `dlaunch.yaml` from `directory` (default: the current directory), if it exists."""
-    import yaml
-
     path = Path(directory or ".") / CONFIG_NAME
     if not path.is_file():
         return Config()
     where = str(path)
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        at = f" at line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(e, "problem", None) or type(e).__name__
-        raise ConfigError(f"{where}: not valid YAML{at}: {problem}") from None
-    except OSError as e:
-        raise ConfigError(f"{where}: cannot read: {e.strerror}") from None
+    data = read_yaml_capped(path, error=ConfigError)  # size, nesting and aliases capped
     if data is None:
         return Config(path=where)
+    sections = sorted({k.partition(".")[0] for k in yaml_keys()})
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: must be a mapping with a 'slurm' section, got {type(data).__name__}")
     for key in data:
-        if key not in _TOP_KEYS:
-            raise ConfigError(f"{where}: unknown key {key!r}; known keys: {', '.join(_TOP_KEYS)}")
+        if key not in sections:
+            raise ConfigError(f"{where}: unknown key {key!r}; known keys: {', '.join(sections)}")
     log.debug("read %s", where)
-    return Config(path=where, slurm=_check_slurm(data.get("slurm"), where))
+    values: dict[str, Any] = {}
+    for name in sections:
+        values.update(_section(name, data.get(name), where))
+    return Config(path=where, values=values)

@@ -3,6 +3,8 @@
 Every `DlaunchError` carries a one-line message that says what was wrong, what was given and
 how to fix it; the CLI prints that line (no traceback unless `--debug`) and exits with
 `exit_code`. Faults inside a run (a rank died) are `JobFailed`, which exits 1, not 2.
+
+Every module imports it, so it never imports any other part of dlaunch.
 """
 
 from __future__ import annotations

@@ -1,20 +1,44 @@
-"""Durable file writes: whole files appear atomically, records are appended as whole lines.
+"""Durable file writes and guarded reads: the one place dlaunch turns files into data and back.
 
-A reader (the launcher, `dlaunch report`) may read while a rank writes or after a rank was
-killed, so it must never see half a JSON document; see `read_jsonl` for the reading side.
+Writes: whole files appear atomically, records are appended as whole lines. A reader (the
+launcher, `dlaunch report`) may read while a rank writes or after a rank was killed, so it must
+never see half a JSON document; see `read_jsonl` for the reading side. Every JSON document is
+strict JSON (a NaN loss is written as null): other tools' parsers refuse bare `NaN`.
+
+Reads of user-supplied YAML (topology files, dlaunch.yaml) go through `read_yaml_capped`, which
+refuses what would make a small file expensive (size, nesting, alias expansion, giant numbers)
+before `yaml.safe_load` builds anything; `shown` bounds any value echoed back in an error.
+Imports nothing from launcher but `errors`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
+import re
+import reprlib
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from launcher.errors import DlaunchError
+
 log = logging.getLogger(__name__)
+
+# A topology or dlaunch.yaml is a few hundred bytes; these bounds are far above any real file
+# and far below what makes parsing, building or printing it slow (a billion-laughs alias chain
+# is a few hundred bytes that expands to 10^9 nodes)
+MAX_YAML_BYTES = 1 << 20
+MAX_YAML_DEPTH = 20
+MAX_YAML_NODES = 20_000  # after alias expansion
+MAX_NUMBER_CHARS = 40  # a plain scalar of digits longer than this is not a real setting
+SHOWN_CHARS = 80  # the most of a value an error message echoes
+_NUMBER_LIKE = re.compile(r"[-+]?[0-9][0-9_,.:]*([eE][-+]?[0-9]+)?")
 
 
 def atomic_write_text(path: str | Path, text: str, *, fsync: bool = True) -> None:
@@ -38,14 +62,34 @@ def atomic_write_text(path: str | Path, text: str, *, fsync: bool = True) -> Non
         raise
 
 
+def _finite(data: Any) -> Any:
+    """`data` with every non-finite float replaced by None (tuples become lists, as in JSON)."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: _finite(v) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [_finite(v) for v in data]
+    return data
+
+
+def json_text(data: Any, *, indent: int | None = 2) -> str:
+    """Strict JSON text of `data`: NaN and infinities become null (bare `NaN` is not JSON).
+
+    `indent=None` gives one compact line (a JSON-lines record).
+    """
+    separators = (",", ":") if indent is None else None
+    return json.dumps(_finite(data), indent=indent, separators=separators, allow_nan=False)
+
+
 def atomic_write_json(path: str | Path, data: Any) -> None:
-    """`atomic_write_text` of an indented JSON document."""
-    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
+    """`atomic_write_text` of an indented, strict JSON document."""
+    atomic_write_text(path, json_text(data) + "\n")
 
 
 def append_lines(path: str | Path, records: Iterable[dict[str, Any]]) -> None:
-    """Append JSON records, one per line, in a single write so lines are never interleaved."""
-    payload = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records)
+    """Append strict JSON records, one per line, in a single write so lines never interleave."""
+    payload = "".join(json_text(r, indent=None) + "\n" for r in records)
     if not payload:
         return
     data = payload.encode("utf-8")
@@ -78,7 +122,100 @@ def read_jsonl(path: str | Path) -> tuple[list[dict[str, Any]], str | None]:
     return records, note
 
 
-def read_json(path: str | Path) -> Any:
-    """Parse a JSON file."""
+def read_json(path: str | Path) -> dict[str, Any]:
+    """Parse a JSON file; every one dlaunch writes holds an object (callers still check
+    `isinstance(..., dict)` where a hand-edited file could hold something else)."""
     with open(path, encoding="utf-8") as f:
         return json.load(f)
+
+
+def shown(value: Any, limit: int = SHOWN_CHARS) -> str:
+    """`repr(value)` for an error message, at most `limit` characters.
+
+    reprlib never builds the whole repr, so a huge value from a hostile file costs nothing.
+    """
+    short = reprlib.Repr()
+    short.maxstring = short.maxother = short.maxlong = limit
+    text = short.repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def read_yaml_capped(path: str | Path, *, error: type[DlaunchError] = DlaunchError) -> object:
+    """`yaml.safe_load` of a user's YAML file, refusing hostile input with one `error` line.
+
+    Refused before anything is built: a file over MAX_YAML_BYTES, nesting deeper than
+    MAX_YAML_DEPTH, more than MAX_YAML_NODES nodes once aliases are expanded, and numbers longer
+    than MAX_NUMBER_CHARS characters. Every message starts with the path.
+    """
+    p = Path(path)
+    try:
+        with open(p, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_YAML_BYTES:
+                raise error(f"{p}: {size / 2**20:.1f} MiB is too large for this file (at most "
+                            f"{MAX_YAML_BYTES // 2**20} MiB); is it the right file?")
+            raw = f.read(MAX_YAML_BYTES + 1)  # a file growing while read stops here too
+    except OSError as e:
+        raise error(f"{p}: cannot read: {e.strerror or e}") from None
+    if len(raw) > MAX_YAML_BYTES:
+        raise error(f"{p}: more than {MAX_YAML_BYTES // 2**20} MiB; is it the right file?")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise error(f"{p}: not UTF-8 text (byte {e.start}); is it the right file?") from None
+    try:
+        _check_yaml_shape(text, p, error)
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise error(f"{p}: malformed YAML{_yaml_where(e)} (not valid YAML)") from None
+    except (ValueError, RecursionError) as e:  # a value the constructor cannot build
+        raise error(f"{p}: a value cannot be read: {shown(str(e))}") from None
+
+
+def _check_yaml_shape(text: str, path: Path, error: type[DlaunchError]) -> None:
+    """Walk the parser's events (flat, nothing built) and refuse depth, size and long numbers.
+
+    An alias counts as the whole node it repeats, so the count is the size of the document
+    `safe_load` would hand to the caller, however few bytes describe it.
+    """
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    size_of: dict[str, int] = {}  # anchor -> expanded nodes under it
+    open_nodes: list[tuple[str | None, int]] = []  # (anchor, expanded nodes before it)
+    total = 0
+    for event in yaml.parse(text, Loader=loader):
+        line = event.start_mark.line + 1 if event.start_mark else 0
+        if isinstance(event, yaml.AliasEvent):
+            total += size_of.get(event.anchor or "", 1)
+        elif isinstance(event, yaml.ScalarEvent):
+            total += 1
+            if event.anchor:
+                size_of[event.anchor] = 1
+            value = event.value
+            if (not event.style and len(value) > MAX_NUMBER_CHARS
+                    and _NUMBER_LIKE.fullmatch(value)):
+                raise error(f"{path}: line {line}: a number of {len(value)} characters "
+                            f"({shown(value, 24)}); numbers here have at most "
+                            f"{MAX_NUMBER_CHARS}")
+        elif isinstance(event, yaml.CollectionStartEvent):
+            total += 1
+            open_nodes.append((event.anchor, total))
+            if len(open_nodes) > MAX_YAML_DEPTH:
+                raise error(f"{path}: line {line}: nested more than {MAX_YAML_DEPTH} levels "
+                            "deep; is it the right file?")
+        elif isinstance(event, yaml.CollectionEndEvent) and open_nodes:
+            anchor, before = open_nodes.pop()
+            if anchor:
+                size_of[anchor] = total - before + 1
+        if total > MAX_YAML_NODES:
+            raise error(f"{path}: line {line}: more than {MAX_YAML_NODES} values (aliases "
+                        "expanded); a file this large is not a setting")
+
+
+def _yaml_where(exc: yaml.YAMLError) -> str:
+    """` at line L, column C: problem` of a YAML error (one line, bounded)."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    problem = getattr(exc, "problem", None) or (str(exc).splitlines() or [type(exc).__name__])[0]
+    problem = problem[:SHOWN_CHARS]
+    if mark is None:
+        return f": {problem}"
+    return f" at line {mark.line + 1}, column {mark.column + 1}: {problem}"

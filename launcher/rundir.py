@@ -1,20 +1,174 @@
-"""Run directories: unique ids, creation that never reuses a directory, the launch spec file."""
+"""Run directories: unique ids, creation that never reuses a directory, and the name of every
+file in one (`RunPaths`) or in a sweep directory (`SweepPaths`).
+
+These names are the on-disk protocol between the launcher, the ranks and the report: old run
+dirs must keep reading, so a name here never changes. Ranks import this module too, so it
+imports nothing heavier than the standard library and `launcher.errors`.
+"""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 import secrets
+import socket
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, overload
 
 from launcher.errors import LaunchError
 
 log = logging.getLogger(__name__)
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+OWNER_FILE = "owner.json"  # which dlaunch claimed the dir (and the torchrun it started)
+LAUNCH_FILE = "launch.json"  # the launch spec (secrets masked); ranks read it to start
+RESULT_FILE = "result.json"  # the aggregated result, written once the ranks are done
 PLAN_FILE = "plan.json"  # the plan a run followed, beside its results (predicted vs measured)
+SLURM_FILE = "slurm.json"  # the SLURM job a `run --slurm` submitted
+ATTEMPTS_FILE = "attempts.json"  # why each attempt of a restarted run ended
+ATTEMPTS_DIR = "attempts"  # attempts/<n>/: the rank files and logs of attempt n
+LAB_FILE = "lab.json"  # `dlaunch lab`'s comparison, beside the base run
+TORCHRUN_LOG = "torchrun.log"  # torchrun's own output (rank lines go to the console)
+CONSOLE_LOG = "console.log"  # a sweep point's console output
+LOGS_DIR = "logs"  # logs/node-<n>/: torchrun's per-rank stdout/stderr files
+NODE_FILE = "node.json"  # in each node's log dir: which host had which SLURM node id
+CHECKPOINT_SUBDIR = "checkpoints"  # unless DLAUNCH_CHECKPOINT_DIR says otherwise
+SUBMITIT_SUBDIR = "slurm"  # submitit's pickles and per-task logs
+
+# per-rank files: rank-<r><suffix>
+RECORDS = ".jsonl"  # the rank's records, appended in whole lines
+SUMMARY = ".summary.json"  # how the rank ended, written once
+HEARTBEAT = ".heartbeat"  # replaced at every flush; the launcher's hang detection reads it
+STACKS = ".stacks"  # Python stacks of every thread, dumped on SIGUSR1
+_RANK_PREFIX = "rank-"
+_ATTEMPT_SUFFIXES = (RECORDS, SUMMARY, HEARTBEAT, STACKS)
+
+SWEEP_MANIFEST = "sweep.json"
+SWEEP_LOCK = "sweep.lock"
+SWEEP_MOVED_ASIDE = ".attempts"  # a sweep point's earlier tries, never deleted
+
+
+class _In:
+    """A fixed name in the directory: `paths.launch` is `paths.root / LAUNCH_FILE`."""
+
+    def __init__(self, name: str, doc: str) -> None:
+        self.name = name
+        self.__doc__ = doc
+
+    @overload
+    def __get__(self, paths: None, owner: type) -> _In: ...
+    @overload
+    def __get__(self, paths: _Dir, owner: type) -> Path: ...
+    def __get__(self, paths: _Dir | None, owner: type) -> Path | _In:
+        return self if paths is None else paths.root / self.name
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Dir:
+    """A directory; `root` may be given as a str."""
+
+    root: Path
+
+    if TYPE_CHECKING:  # what the generated __init__ accepts: __post_init__ makes it a Path
+        def __init__(self, *, root: str | Path) -> None: ...
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(self.root))
+
+
+class RunPaths(_Dir):
+    """Where each file of the run directory `root` lives."""
+
+    owner = _In(OWNER_FILE, "Which dlaunch process claimed the run dir, and its torchrun.")
+    launch = _In(LAUNCH_FILE, "The launch spec.")
+    result = _In(RESULT_FILE, "The aggregated result.")
+    plan = _In(PLAN_FILE, "The plan the run followed.")
+    slurm = _In(SLURM_FILE, "The SLURM job record.")
+    submitit = _In(SUBMITIT_SUBDIR, "submitit's folder.")
+    attempts_record = _In(ATTEMPTS_FILE, "Why each attempt of a restarted run ended.")
+    attempts = _In(ATTEMPTS_DIR, "The folder of the earlier attempts.")
+    lab = _In(LAB_FILE, "`dlaunch lab`'s comparison.")
+    torchrun_log = _In(TORCHRUN_LOG, "torchrun's own output.")
+    console_log = _In(CONSOLE_LOG, "The console output of a run launched by a sweep.")
+    logs = _In(LOGS_DIR, "torchrun's log folder, one subfolder per node.")
+    checkpoints = _In(CHECKPOINT_SUBDIR, "The default checkpoint folder.")
+
+    def attempt(self, attempt: int) -> RunPaths:
+        """Attempt `attempt`'s files, moved aside before the relaunch (same layout)."""
+        return RunPaths(root=self.attempts / str(attempt))
+
+    def attempt_files(self) -> list[Path]:
+        """What belongs to one attempt and is moved aside before a relaunch."""
+        found = [p for suffix in _ATTEMPT_SUFFIXES for p in self.rank_files(suffix).values()]
+        return found + ([self.logs] if self.logs.exists() else [])
+
+    def node_logs(self, node_rank: int | str) -> Path:
+        """Where torchrun on node `node_rank` keeps its ranks' log files (a str: a shell
+        placeholder, in a command printed for a node not yet known)."""
+        return self.logs / f"node-{node_rank}"
+
+    def node_records(self) -> list[Path]:
+        """The node.json every SLURM node task wrote into its log folder."""
+        return sorted(self.logs.glob(f"node-*/{NODE_FILE}"))
+
+    def rank_logs(self, node_rank: int, local_rank: int, stream: str = "stderr") -> list[Path]:
+        """torchrun's `stream` ("stdout" or "stderr") files of one rank, sorted by path
+        (torchrun's own layout: node-<n>/<run>/attempt_<k>/<local rank>/<stream>.log)."""
+        return sorted(self.node_logs(node_rank).glob(f"*/attempt_*/{local_rank}/{stream}.log"))
+
+    def rank_file(self, rank: int, suffix: str) -> Path:
+        """`rank-<rank><suffix>`, e.g. `rank_file(0, RECORDS)`."""
+        return self.root / f"{_RANK_PREFIX}{rank}{suffix}"
+
+    def rank_files(self, suffix: str) -> dict[int, Path]:
+        """rank -> its existing `rank-<r><suffix>` file, in rank order."""
+        found = {}
+        for path in self.root.glob(f"{_RANK_PREFIX}*{suffix}"):
+            number = path.name[len(_RANK_PREFIX):-len(suffix)]
+            if number.isdigit():
+                found[int(number)] = path
+        return dict(sorted(found.items()))
+
+    def records(self, rank: int) -> Path:
+        """Rank `rank`'s records (JSON lines)."""
+        return self.rank_file(rank, RECORDS)
+
+    def summary(self, rank: int) -> Path:
+        """How rank `rank` ended."""
+        return self.rank_file(rank, SUMMARY)
+
+    def heartbeat(self, rank: int) -> Path:
+        """Rank `rank`'s heartbeat."""
+        return self.rank_file(rank, HEARTBEAT)
+
+    def stacks(self, rank: int) -> Path:
+        """Rank `rank`'s stack dump."""
+        return self.rank_file(rank, STACKS)
+
+    def trace(self, rank: int) -> Path:
+        """Rank `rank`'s Chrome trace (--profile)."""
+        return self.root / f"trace-rank{rank}.json"
+
+    def memory_snapshot(self, rank: int) -> Path:
+        """Rank `rank`'s CUDA memory snapshot (--memory-snapshot)."""
+        return self.root / f"memory-rank{rank}.pickle"
+
+
+class SweepPaths(_Dir):
+    """Where each file of the sweep directory `root` lives; each point is a run directory."""
+
+    manifest = _In(SWEEP_MANIFEST, "The sweep's manifest: configuration and every point's state.")
+    lock = _In(SWEEP_LOCK, "Held while a sweep runs in this directory.")
+    moved_aside = _In(SWEEP_MOVED_ASIDE, "Where earlier tries of a point are kept.")
+
+    def point(self, name: str) -> RunPaths:
+        """The run directory of the point `name`."""
+        return RunPaths(root=self.root / name)
 
 
 def new_run_id(workload: str) -> str:
@@ -26,7 +180,8 @@ def new_run_id(workload: str) -> str:
 def create_run_dir(path: str | Path | None, run_id: str, *, root: str | Path = "runs") -> Path:
     """Create the run directory (mode 0750, never world-writable) and return its absolute path.
 
-    An explicit path may exist only if it is empty, so two runs never share one.
+    An explicit path may exist only if it is empty, and the dir is claimed by creating its
+    owner file exclusively, so of two runs started at once with one path, one is refused.
     """
     p = Path(path) if path is not None else Path(root) / run_id
     p = p.expanduser().absolute()
@@ -42,12 +197,10 @@ def create_run_dir(path: str | Path | None, run_id: str, *, root: str | Path = "
             if not p.is_dir():
                 raise LaunchError(f"--run-dir {str(path)!r} exists and is not a directory; "
                                   "give a new directory") from None
-            if any(p.iterdir()):
+            if any(entry.name != OWNER_FILE for entry in p.iterdir()):
                 raise LaunchError(f"--run-dir {str(path)!r} already holds a run; "
                                   "give a new or empty directory") from None
-        probe = p / ".write-test"
-        probe.write_text("")
-        probe.unlink()
+        _claim(p, path, run_id)
         os.chmod(p, 0o750)  # an existing empty --run-dir too: never world-writable
     except PermissionError:
         raise LaunchError(f"cannot write to run dir {str(p)!r} (permission denied); "
@@ -56,6 +209,24 @@ def create_run_dir(path: str | Path | None, run_id: str, *, root: str | Path = "
         raise LaunchError(f"cannot create run dir {str(p)!r}: {e.strerror}; "
                           "give a writable --run-dir") from None
     return p
+
+
+def _claim(p: Path, given: str | Path | None, run_id: str) -> None:
+    """Create the owner file with O_EXCL: the one atomic step that makes the dir this run's."""
+    owner = RunPaths(root=p).owner
+    try:
+        fd = os.open(owner, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
+    except FileExistsError:
+        try:
+            pid = json.loads(owner.read_text(encoding="utf-8")).get("pid")
+        except (OSError, ValueError, AttributeError):
+            pid = None
+        who = f"another dlaunch (pid {pid})" if pid else "another run"
+        raise LaunchError(f"--run-dir {str(given if given is not None else p)!r} is taken by {who}; "
+                          "give a new directory") from None
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump({"pid": os.getpid(), "host": socket.gethostname(), "time": time.time(),
+                   "run_id": run_id}, f)
 
 
 def _make_parents(p: Path) -> None:

@@ -6,6 +6,8 @@ The rule errs on the side of masking (`KEYBOARD_LAYOUT` is masked too): a masked
 costs nothing, a printed token in a shared run dir or a CI log cannot be taken back.
 
 Only what is printed or written is masked; the processes themselves still get the real values.
+
+Never imports any other part of dlaunch.
 """
 
 from __future__ import annotations

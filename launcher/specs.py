@@ -1,8 +1,13 @@
-"""Frozen, keyword-only dataclasses shared by every part of dlaunch.
+"""Frozen, keyword-only dataclasses that describe a job: what to run, how, and what for.
 
-They are plain values: no torch, no I/O. Each validates itself in `__post_init__` and raises a
-`DlaunchError` subclass, so a bad value is caught where it is made, not deep in a rank.
-Units are in the names: `_bytes`, `_gib`, `_s`, `_gb_s` (10^9 bytes per second), `_us`.
+`LaunchSpec` (with its `Strategy` and `LoaderSpec`) is what a backend starts and a rank reads
+back; `ModelProfile` and `Goal` are what the planner plans from. The hardware they run on is
+described in `launcher.hardware.types`. They are plain values: no torch, no I/O. Each
+validates itself in `__post_init__` (with `check`) and raises a `DlaunchError` subclass, so a
+bad value is caught where it is made, not deep in a rank. Messages name fields in backticks
+(`micro_batch`), never command-line flags: the CLI puts its flags in. Units are in the names: `_bytes`,
+`_gib`, `_s`. Every part of dlaunch imports this module, ranks included: it imports only
+`launcher.errors`, never another part of dlaunch or torch.
 """
 
 from __future__ import annotations
@@ -12,20 +17,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.errors import PlanError, TopologyError, UsageError
+from launcher.errors import PlanError, UsageError
 
 GIB = 1024**3
 
-LINK_KINDS = (
-    "nvswitch",  # every GPU pair through NVSwitch
-    "nvlink",  # direct NVLink (bridges, meshes)
-    "pcie",  # PCIe with peer-to-peer access
-    "pcie-nop2p",  # PCIe, copies bounce through host memory
-    "shm",  # processes on one host (CPU, gloo over shared memory / loopback)
-    "infiniband",
-    "roce",
-    "ethernet",
-)
 DEVICES = ("cuda", "cpu")
 STRATEGIES = ("ddp", "fsdp_full", "fsdp_grad_op", "hybrid")
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -36,105 +31,10 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
-def _check(cond: bool, err: type[Exception], msg: str) -> None:
+def check(cond: bool, err: type[Exception], msg: str) -> None:
+    """Raise `err(msg)` unless `cond`: the one-line validation every spec's __post_init__ uses."""
     if not cond:
         raise err(msg)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Link:
-    """One interconnect: achievable bus bandwidth per device in one direction, and latency."""
-
-    kind: str
-    bw_gb_s: float
-    latency_us: float
-    source: str = ""
-
-    def __post_init__(self) -> None:
-        _check(self.kind in LINK_KINDS, TopologyError,
-               f"unknown link kind {self.kind!r}; use one of {', '.join(LINK_KINDS)}")
-        _check(self.bw_gb_s > 0, TopologyError,
-               f"link {self.kind}: bw_gb_s must be > 0, got {self.bw_gb_s}")
-        _check(self.latency_us >= 0, TopologyError,
-               f"link {self.kind}: latency_us must be >= 0, got {self.latency_us}")
-
-
-@dataclass(frozen=True, kw_only=True)
-class DeviceSpec:
-    """One accelerator (or, on CPU, one process's share of the host)."""
-
-    name: str
-    mem_gib: float
-    # peak dense TFLOP/s by dtype: keys among fp32, tf32, bf16, fp16
-    peak_tflops: Mapping[str, float]
-    # CUDA compute capability (major, minor); None for CPUs
-    compute_capability: tuple[int, int] | None = None
-    source: str = ""
-
-    def __post_init__(self) -> None:
-        _check(self.mem_gib > 0, TopologyError,
-               f"device {self.name}: mem_gib must be > 0, got {self.mem_gib}")
-        _check("fp32" in self.peak_tflops, TopologyError,
-               f"device {self.name}: peak_tflops needs at least an fp32 entry")
-        for dtype, tflops in self.peak_tflops.items():
-            _check(dtype in ("fp32", "tf32", "bf16", "fp16"), TopologyError,
-                   f"device {self.name}: unknown dtype {dtype!r} in peak_tflops")
-            _check(tflops > 0, TopologyError,
-                   f"device {self.name}: peak_tflops[{dtype}] must be > 0, got {tflops}")
-
-    @property
-    def supports_bf16(self) -> bool:
-        """bf16 needs compute capability >= 8.0 on GPUs, a bf16 unit (listed peak) on CPUs."""
-        if self.compute_capability is not None:
-            return self.compute_capability >= (8, 0)
-        return "bf16" in self.peak_tflops
-
-
-@dataclass(frozen=True, kw_only=True)
-class Nic:
-    """A network interface seen on a node."""
-
-    name: str
-    kind: str  # infiniband | roce | ethernet
-    speed_gbit_s: float
-
-
-@dataclass(frozen=True, kw_only=True)
-class Topology:
-    """A machine or cluster: nodes, devices per node, and the links between them."""
-
-    name: str
-    device: str
-    num_nodes: int
-    devices_per_node: int
-    accelerator: DeviceSpec
-    intra_node: Link
-    inter_node: Link | None = None
-    cpu_cores_per_node: int = 1
-    nics: tuple[Nic, ...] = ()
-    # pairwise link kinds from detection (row i, column j); empty for topology files
-    device_links: tuple[tuple[str, ...], ...] = ()
-    source: str = ""
-
-    def __post_init__(self) -> None:
-        _check(self.device in DEVICES, TopologyError,
-               f"topology {self.name}: device must be one of {DEVICES}, got {self.device!r}")
-        _check(self.num_nodes >= 1, TopologyError,
-               f"topology {self.name}: num_nodes must be >= 1, got {self.num_nodes}")
-        _check(self.devices_per_node >= 1, TopologyError,
-               f"topology {self.name}: devices_per_node must be >= 1, got {self.devices_per_node}")
-        _check(self.num_nodes == 1 or self.inter_node is not None, TopologyError,
-               f"topology {self.name}: {self.num_nodes} nodes need an inter_node link")
-
-    @property
-    def world_size(self) -> int:
-        """Total number of ranks (one per device)."""
-        return self.num_nodes * self.devices_per_node
-
-    def with_shape(self, *, num_nodes: int, devices_per_node: int) -> Topology:
-        """The same hardware with a different number of nodes or devices per node."""
-        return dataclasses.replace(self, num_nodes=num_nodes, devices_per_node=devices_per_node,
-                                   device_links=())
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,12 +51,18 @@ class ModelProfile:
     flops_fwd_per_sample: float
     units_per_sample: int = 1  # e.g. tokens per sequence
     sample_units: str = "samples"
+    # the workload's optimizer (class name; "" = not profiled: the goal's optimizer is assumed)
+    # and its persistent state per parameter of the model (AdamW 8, SGD with momentum 4)
+    optimizer: str = ""
+    optimizer_state_bytes_per_param: float = 0.0
 
     def __post_init__(self) -> None:
-        _check(self.num_params > 0, PlanError, f"model {self.name} has no parameters")
-        _check(self.activation_bytes_per_sample >= 0, PlanError,
+        check(self.num_params > 0, PlanError, f"model {self.name} has no parameters")
+        check(self.optimizer_state_bytes_per_param >= 0, PlanError,
+               f"model {self.name}: negative optimizer state bytes")
+        check(self.activation_bytes_per_sample >= 0, PlanError,
                f"model {self.name}: negative activation bytes")
-        _check(self.units_per_sample >= 1, PlanError,
+        check(self.units_per_sample >= 1, PlanError,
                f"model {self.name}: units_per_sample must be >= 1")
 
     @property
@@ -177,15 +83,15 @@ class Strategy:
     compile_strict: bool = False  # fullgraph=True, and a compile failure fails the run
 
     def __post_init__(self) -> None:
-        _check(self.kind in STRATEGIES, UsageError,
+        check(self.kind in STRATEGIES, UsageError,
                f"unknown strategy {self.kind!r}; use one of {', '.join(STRATEGIES)}")
-        _check(self.precision in PRECISIONS, UsageError,
+        check(self.precision in PRECISIONS, UsageError,
                f"unknown precision {self.precision!r}; use one of {', '.join(PRECISIONS)}")
-        _check(self.compile_mode in COMPILE_MODES, UsageError,
+        check(self.compile_mode in COMPILE_MODES, UsageError,
                f"unknown compile mode {self.compile_mode!r}; use one of {', '.join(COMPILE_MODES)}")
-        _check(not (self.compile and self.kind != "ddp" and self.compile_mode in CUDA_GRAPH_MODES),
-               UsageError, f"--compile-mode {self.compile_mode} captures CUDA graphs, which FSDP "
-                           f"({self.kind}) does not support; use --compile-mode default or "
+        check(not (self.compile and self.kind != "ddp" and self.compile_mode in CUDA_GRAPH_MODES),
+               UsageError, f"`compile_mode` {self.compile_mode} captures CUDA graphs, which FSDP "
+                           f"({self.kind}) does not support; use `compile_mode` default or "
                            "max-autotune-no-cudagraphs")
 
     @property
@@ -205,10 +111,10 @@ class LoaderSpec:
     shuffle: bool = True
 
     def __post_init__(self) -> None:
-        _check(self.num_workers >= 0, UsageError,
-               f"--num-workers must be >= 0, got {self.num_workers}")
-        _check(self.prefetch_factor >= 1, UsageError,
-               f"--prefetch-factor must be >= 1, got {self.prefetch_factor}")
+        check(self.num_workers >= 0, UsageError,
+               f"`num_workers` must be >= 0, got {self.num_workers}")
+        check(self.prefetch_factor >= 1, UsageError,
+               f"`prefetch_factor` must be >= 1, got {self.prefetch_factor}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -239,6 +145,8 @@ class LaunchSpec:
     profile: bool = False  # torch.profiler over a few steps after warm-up, trace per rank
     memory_snapshot: bool = False  # CUDA allocation history, dumped at the end or on OOM
     detect_anomaly: bool = False  # torch.autograd anomaly mode (slow; finds the op making NaNs)
+    stop_on_nan: bool = False  # a NaN / inf loss fails the run at its window's end (else: a warning)
+    eval_every: int = 0  # run the workload's evaluate() after every N optimizer steps; 0 = never
     # no rank advanced for this long: the launcher ends the job (0 = never); the collective
     # timeout of the process group is derived from it (see collective_timeout_s)
     hang_timeout_s: float = 300.0
@@ -250,47 +158,52 @@ class LaunchSpec:
     checkpoint_every: int = 0
 
     def __post_init__(self) -> None:
-        _check(self.device in DEVICES, UsageError, f"device must be one of {DEVICES}")
-        _check(self.num_nodes >= 1, UsageError, f"--nodes must be >= 1, got {self.num_nodes}")
-        _check(self.nproc_per_node >= 1, UsageError,
-               f"--gpus must be >= 1, got {self.nproc_per_node}")
-        _check(self.steps >= 1, UsageError, f"--steps must be >= 1, got {self.steps}")
-        _check(0 <= self.warmup_steps < self.steps, UsageError,
-               f"--warmup-steps must be >= 0 and below --steps ({self.steps}), "
+        check(self.device in DEVICES, UsageError, f"device must be one of {DEVICES}")
+        check(self.num_nodes >= 1, UsageError, f"`num_nodes` must be >= 1, got {self.num_nodes}")
+        check(self.nproc_per_node >= 1, UsageError,
+               f"`nproc_per_node` must be >= 1, got {self.nproc_per_node}")
+        check(self.steps >= 1, UsageError, f"`steps` must be >= 1, got {self.steps}")
+        check(0 <= self.warmup_steps < self.steps, UsageError,
+               f"`warmup_steps` must be >= 0 and below `steps` ({self.steps}), "
                f"got {self.warmup_steps}")
-        _check(self.micro_batch >= 1, UsageError,
-               f"--micro-batch must be >= 1, got {self.micro_batch}")
-        _check(self.grad_accum_steps >= 1, UsageError,
-               f"--grad-accum must be >= 1, got {self.grad_accum_steps}")
-        _check(self.log_every >= 1, UsageError, f"--log-every must be >= 1, got {self.log_every}")
-        _check(self.shard_group_size == 0 or self.strategy.kind == "hybrid", UsageError,
-               f"--shard-group-size applies to --strategy hybrid only, got --strategy "
+        check(self.micro_batch >= 1, UsageError,
+               f"`micro_batch` must be >= 1, got {self.micro_batch}")
+        check(self.grad_accum_steps >= 1, UsageError,
+               f"`grad_accum_steps` must be >= 1, got {self.grad_accum_steps}")
+        check(self.log_every >= 1, UsageError, f"`log_every` must be >= 1, got {self.log_every}")
+        check(self.shard_group_size == 0 or self.strategy.kind == "hybrid", UsageError,
+               f"`shard_group_size` applies to `strategy` hybrid only, got `strategy` "
                f"{self.strategy.kind}")
-        _check(self.shard_group_size >= 0 and (self.shard_group_size == 0
+        check(self.shard_group_size >= 0 and (self.shard_group_size == 0
                                                or self.world_size % self.shard_group_size == 0),
-               UsageError, f"--shard-group-size must divide the world size ({self.world_size}), "
+               UsageError, f"`shard_group_size` must divide the world size ({self.world_size}), "
                            f"got {self.shard_group_size}")
         # the profiler skips warm-up, then needs one step of its own warm-up and one to record
-        _check(not self.profile or self.steps >= self.warmup_steps + 2, UsageError,
-               f"--profile needs --steps >= warm-up steps + 2 ({self.warmup_steps + 2}), "
+        check(not self.profile or self.steps >= self.warmup_steps + 2, UsageError,
+               f"`profile` needs `steps` >= warm-up steps + 2 ({self.warmup_steps + 2}), "
                f"got {self.steps}")
-        _check(not self.memory_snapshot or self.device == "cuda", UsageError,
-               "--memory-snapshot records CUDA allocations and needs a GPU; this run is on CPU "
-               "(use --profile for CPU time per operator)")
+        check(not self.memory_snapshot or self.device == "cuda", UsageError,
+               "`memory_snapshot` records CUDA allocations and needs a GPU; this run is on CPU "
+               "(use `profile` for CPU time per operator)")
         # ranks beat at least every MIN_HANG_TIMEOUT_S / 2 while they advance (the harness
         # flushes every 5 s): a shorter timeout would call a healthy job hung
-        _check(self.hang_timeout_s == 0 or MIN_HANG_TIMEOUT_S <= self.hang_timeout_s <= MAX_TIMEOUT_S,
-               UsageError, f"--hang-timeout-s must be 0 (off) or between {MIN_HANG_TIMEOUT_S:g} "
+        check(self.hang_timeout_s == 0 or MIN_HANG_TIMEOUT_S <= self.hang_timeout_s <= MAX_TIMEOUT_S,
+               UsageError, f"`hang_timeout_s` must be 0 (off) or between {MIN_HANG_TIMEOUT_S:g} "
                            f"and {MAX_TIMEOUT_S:g} seconds, got {self.hang_timeout_s:g}")
-        _check(self.hang_timeout_s <= self.startup_timeout_s <= MAX_TIMEOUT_S, UsageError,
-               f"--startup-timeout-s must be between --hang-timeout-s ({self.hang_timeout_s:g}) "
+        check(self.hang_timeout_s <= self.startup_timeout_s <= MAX_TIMEOUT_S, UsageError,
+               f"`startup_timeout_s` must be between `hang_timeout_s` ({self.hang_timeout_s:g}) "
                f"and {MAX_TIMEOUT_S:g} seconds, got {self.startup_timeout_s:g}")
-        _check(self.max_restarts >= 0, UsageError,
-               f"--max-restarts must be >= 0, got {self.max_restarts}")
-        _check(self.checkpoint_every >= 0, UsageError,
-               f"--checkpoint-every must be >= 0 (0: off), got {self.checkpoint_every}")
-        _check(not (self.checkpoint_every and self.is_script), UsageError,
-               "--checkpoint-every needs a workload: dlaunch's harness saves the checkpoints, "
+        check(self.max_restarts >= 0, UsageError,
+               f"`max_restarts` must be >= 0, got {self.max_restarts}")
+        check(self.eval_every >= 0, UsageError,
+               f"`eval_every` must be >= 0 (0: off), got {self.eval_every}")
+        check(not (self.eval_every and self.is_script), UsageError,
+               "`eval_every` needs a workload with evaluate(model, cfg); a plain script "
+               "evaluates itself")
+        check(self.checkpoint_every >= 0, UsageError,
+               f"`checkpoint_every` must be >= 0 (0: off), got {self.checkpoint_every}")
+        check(not (self.checkpoint_every and self.is_script), UsageError,
+               "`checkpoint_every` needs a workload: dlaunch's harness saves the checkpoints, "
                "and a plain script saves its own")
 
     @property
@@ -337,13 +250,11 @@ class Goal:
     headroom: float = 0.10  # fraction of device memory a plan must leave free
 
     def __post_init__(self) -> None:
-        _check(self.global_batch is None or self.global_batch >= 1, UsageError,
-               f"--global-batch must be >= 1, got {self.global_batch}")
-        _check(self.seq_len is None or self.seq_len >= 1, UsageError,
-               f"--seq-len must be >= 1, got {self.seq_len}")
-        _check(self.optimizer in ("adamw", "sgd"), UsageError,
+        check(self.global_batch is None or self.global_batch >= 1, UsageError,
+               f"`global_batch` must be >= 1, got {self.global_batch}")
+        check(self.seq_len is None or self.seq_len >= 1, UsageError,
+               f"`seq_len` must be >= 1, got {self.seq_len}")
+        check(self.optimizer in ("adamw", "sgd"), UsageError,
                f"unknown optimizer {self.optimizer!r}; use adamw or sgd")
-        _check(0 <= self.headroom < 1, UsageError,
+        check(0 <= self.headroom < 1, UsageError,
                f"headroom must be in [0, 1), got {self.headroom}")
-
-

@@ -10,12 +10,22 @@ the loop, so every plan (wrapping, precision, compile, accumulation) is applied 
     def blocks(model) -> list[nn.Module]         # optional: units for FSDP wrapping / checkpointing
     SAMPLE_UNITS = "tokens"                      # optional: what throughput counts
     def units_per_sample(cfg) -> int             # optional: e.g. the sequence length
+    def make_optimizer(cfg, model) -> Optimizer  # optional: default AdamW(lr=1e-3)
+    def make_scheduler(cfg, optimizer) -> LRScheduler | None  # optional: default none
+    def evaluate(model, cfg) -> dict[str, float] # optional: run every --eval-every steps
 
 A file that defines none of these names but has an `if __name__ == "__main__":` block is a
 plain torchrun script: dlaunch launches it unchanged.
 
+The workload's folder is put first on `sys.path` when it is loaded, as `python file.py` and
+`torchrun file.py` would have it, so it can import its neighbours (`from model import GPT`) in
+the launcher (profile), in every rank and in the DataLoader's workers (they inherit it).
+
 `inspect_file` reads a file without executing it (the launcher must not import torch, which a
 workload does); `load_workload` imports it (inside a rank, or for profiling).
+
+Imports only `launcher.errors`, and torch never at module level: the CLI reads workload files
+without it.
 """
 
 from __future__ import annotations
@@ -28,14 +38,17 @@ import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from launcher.errors import WorkloadError
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
 REQUIRED = ("build_model", "make_dataset", "loss_fn")
-OPTIONAL = ("blocks", "DEFAULTS", "SAMPLE_UNITS", "units_per_sample")
+DEFAULT_LR = 1e-3  # the default optimizer's (AdamW) learning rate
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,22 +135,65 @@ class Workload:
     units_per_sample: int = 1
     defaults: Mapping[str, Any] = field(default_factory=dict)
 
-    def build_model(self) -> Any:
+    def build_model(self) -> torch.nn.Module:
         """Build the model (under whatever device context the caller set)."""
         return self._call("build_model", self.cfg)
 
-    def make_dataset(self, num_samples: int) -> Any:
+    def make_dataset(self, num_samples: int) -> torch.utils.data.Dataset[Any]:
         """The map-style dataset the harness wraps in a DataLoader."""
         return self._call("make_dataset", self.cfg, num_samples)
 
-    def loss_fn(self, model: Any, batch: Any) -> Any:
+    def loss_fn(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
         """The loss of one micro-batch (hot path: no wrapping of exceptions here)."""
         return self.module.loss_fn(model, batch)
 
-    def blocks(self, model: Any) -> list[Any]:
+    def blocks(self, model: torch.nn.Module) -> list[torch.nn.Module]:
         """The repeated units for FSDP wrapping and checkpointing; [] when not declared."""
         fn: Callable[[Any], Sequence[Any]] | None = getattr(self.module, "blocks", None)
         return list(fn(model)) if fn is not None else []
+
+    def make_optimizer(self, model: torch.nn.Module, *, fused: bool = False) -> torch.optim.Optimizer:
+        """The workload's `make_optimizer(cfg, model)`, else AdamW(lr=1e-3) over the trainable
+        parameters (`fused`: the fused kernel, CUDA only)."""
+        # deferred: the launcher reads workloads without torch (see the module docstring)
+        import torch
+
+        if not hasattr(self.module, "make_optimizer"):
+            params = [p for p in model.parameters() if p.requires_grad]
+            return torch.optim.AdamW(params, lr=DEFAULT_LR, fused=fused)
+        optimizer = self._call("make_optimizer", self.cfg, model)
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise WorkloadError(f"workload {self.path.name}: make_optimizer() returned "
+                                f"{type(optimizer).__name__}; it must return a torch.optim.Optimizer")
+        return optimizer
+
+    def make_scheduler(self, optimizer: torch.optim.Optimizer) -> Any:
+        """The workload's `make_scheduler(cfg, optimizer)` (an LRScheduler or None); None when
+        not declared. Stepped once per optimizer step."""
+        if not hasattr(self.module, "make_scheduler"):
+            return None
+        scheduler = self._call("make_scheduler", self.cfg, optimizer)
+        if scheduler is not None and not (callable(getattr(scheduler, "step", None))
+                                          and callable(getattr(scheduler, "state_dict", None))):
+            raise WorkloadError(f"workload {self.path.name}: make_scheduler() returned "
+                                f"{type(scheduler).__name__}; it must return a "
+                                "torch.optim.lr_scheduler.LRScheduler or None")
+        return scheduler
+
+    @property
+    def has_evaluate(self) -> bool:
+        """The workload declares `evaluate(model, cfg)`."""
+        return callable(getattr(self.module, "evaluate", None))
+
+    def evaluate(self, model: torch.nn.Module) -> dict[str, float]:
+        """The workload's `evaluate(model, cfg)` as {name: float}; WorkloadError otherwise."""
+        result = self._call("evaluate", model, self.cfg)
+        try:
+            return {str(k): float(v) for k, v in dict(result).items()}
+        except (TypeError, ValueError):
+            raise WorkloadError(f"workload {self.path.name}: evaluate() returned "
+                                f"{type(result).__name__}; it must return a dict of name -> "
+                                "number") from None
 
     def _call(self, name: str, *args: Any) -> Any:
         try:
@@ -206,6 +262,10 @@ def load_workload(path: str | Path, args: Sequence[str] = ()) -> Workload:
         raise WorkloadError(f"{str(path)!r} is a plain script, not a workload: it defines none of "
                             f"{', '.join(REQUIRED)}")
     p = kind.path
+    # its neighbours importable, as `python file.py` has it; first, so a sibling model.py wins
+    # over an installed `model` as it would there
+    if str(p.parent) not in sys.path:
+        sys.path.insert(0, str(p.parent))
     mod_name = f"dlaunch_workload_{p.stem}"
     spec = importlib.util.spec_from_file_location(mod_name, p)
     if spec is None or spec.loader is None:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The two set-up commands of the README:
 #   bash scripts/dev.sh demo   create .venv, install dlaunch, run a 2-process training run
-#   bash scripts/dev.sh test   create .venv, install dlaunch with test deps, lint (ruff), run the test suite
+#   bash scripts/dev.sh test   create .venv, install dlaunch with test deps, lint (ruff), type-check (mypy), run the test suite
 # Needs only bash and Python >= 3.10 with venv. On a machine without an NVIDIA driver it pins
 # torch==2.13.0, which resolves to the CPU wheel, never the multi-gigabyte CUDA build.
 set -euo pipefail
@@ -33,6 +33,8 @@ case "${1:-}" in
     shift
     # unused imports, undefined names, import order: pyproject's [tool.ruff] (a second, not minutes)
     "$VENV/bin/ruff" check launcher workloads tests benchmarks
+    # types of launcher/: pyproject's [tool.mypy] (cached in .mypy_cache: seconds once warm)
+    "$VENV/bin/mypy"
     "$VENV/bin/python" -m pytest -q -rs "$@"
     ;;
   *)

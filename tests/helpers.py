@@ -1,4 +1,5 @@
-"""Helpers shared by the tests: run the real `dlaunch` CLI in a subprocess, as a user does."""
+"""Helpers shared by the tests: run the real `dlaunch` CLI in a subprocess, as a user does; read
+what a run left in its run directory; compare text with a golden file."""
 
 from __future__ import annotations
 
@@ -6,12 +7,19 @@ import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from launcher.files import read_jsonl
+from launcher.rundir import RECORDS, RunPaths
 
 REPO = Path(__file__).resolve().parent.parent
 WORKLOADS = REPO / "workloads"
 DATA = Path(__file__).resolve().parent / "data"
+GOLDEN = Path(__file__).resolve().parent / "golden"
+UPDATE_GOLDEN_ENV = "DLAUNCH_UPDATE_GOLDEN"  # set to 1 to rewrite the golden files
 
 
 @dataclass
@@ -27,12 +35,14 @@ class Done:
 
 
 def run_dlaunch(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
-                timeout: float = 300) -> Done:
-    """Run `python -m launcher.cli.main ARGS` and capture everything."""
+                timeout: float = 300, umask: int = -1) -> Done:
+    """Run `python -m launcher.cli.main ARGS` and capture everything (`env` is added to this
+    process's environment, without DLAUNCH_DEBUG; `umask` -1 keeps this process's)."""
     full_env = {**os.environ, **(env or {})}
     full_env.pop("DLAUNCH_DEBUG", None)
     proc = subprocess.run([sys.executable, "-m", "launcher.cli.main", *args], cwd=cwd or REPO,
-                          env=full_env, capture_output=True, text=True, timeout=timeout)
+                          env=full_env, capture_output=True, text=True, timeout=timeout,
+                          umask=umask)
     return Done(proc.returncode, proc.stdout, proc.stderr)
 
 
@@ -44,3 +54,78 @@ def assert_one_line_error(done: Done, *needles: str) -> None:
     assert "Traceback" not in done.err
     for n in needles:
         assert n in lines[0], (n, lines[0])
+
+
+def assert_golden(name: str, text: str) -> None:
+    """`text` equals tests/golden/NAME (rewritten first when DLAUNCH_UPDATE_GOLDEN is set)."""
+    path = GOLDEN / name
+    if os.environ.get(UPDATE_GOLDEN_ENV):
+        path.write_text(text)
+    assert text == path.read_text(), f"rendering differs from {path}; {UPDATE_GOLDEN_ENV}=1 rewrites it"
+
+
+def rank_records(run_dir: Path, rank: int = 0) -> list[dict[str, Any]]:
+    """Every record in rank `rank`'s rank file, in file order."""
+    return read_jsonl(RunPaths(root=run_dir).records(rank))[0]
+
+
+def step_losses(records: list[dict[str, Any]]) -> list[tuple[int, float]]:
+    """(step, loss) of each step record among `records`, in their order."""
+    return [(r["step"], r["loss"]) for r in records if r["kind"] == "step"]
+
+
+def rank_steps(run_dir: Path, rank: int = 0) -> list[tuple[int, float]]:
+    """(step, loss) of each step record of rank `rank`, in file order."""
+    return step_losses(rank_records(run_dir, rank))
+
+
+def rank_losses(run_dir: Path, rank: int = 0) -> list[float]:
+    """The loss of each step record of rank `rank`, in file order."""
+    return [loss for _, loss in rank_steps(run_dir, rank)]
+
+
+def log_tails(run_dir: Path, lines: int = 15) -> str:
+    """The last lines of every submitit task log and torchrun rank stderr log of a run, for a
+    failure message (pytest's tmp dirs rotate away)."""
+    paths = RunPaths(root=run_dir)
+    logs = sorted(paths.submitit.glob("*/*_log.err")) + sorted(paths.logs.glob("node-*/*/attempt_*/*/stderr.log"))
+    return "".join(f"\n--- {log} ---\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+                   for log in logs)
+
+
+def run_result(run_dir: Path) -> dict[str, Any]:
+    """The run's result.json, as written."""
+    return json.loads(RunPaths(root=run_dir).result.read_text())
+
+
+def rank_pids(run_dir: Path) -> set[int]:
+    """The PID of every rank process the run's rank files name, earlier attempts included."""
+    paths = RunPaths(root=run_dir)
+    dirs = [paths] + [RunPaths(root=d) for d in sorted(paths.attempts.glob("*")) if d.is_dir()]
+    return {int(r["pid"]) for d in dirs for f in d.rank_files(RECORDS).values()
+            for r in read_jsonl(f)[0] if r.get("kind") == "start" and r.get("pid")}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")  # a zombie has ended; only its parent's wait is missing
+
+
+def assert_processes_gone(pids: set[int], *, within_s: float = 10.0) -> None:
+    """Every process in `pids` ends within `within_s` seconds (the test left nothing behind)."""
+    deadline = time.monotonic() + within_s
+    while (alive := sorted(p for p in pids if _alive(p))) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive, f"processes left behind: {alive}"
+
+
+def strict_json(text: str) -> Any:
+    """Parse JSON as strict parsers do: bare NaN / Infinity are refused."""
+
+    def refuse(name: str) -> Any:
+        raise ValueError(f"bare {name} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)

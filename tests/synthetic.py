@@ -9,8 +9,11 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from launcher.files import atomic_write_json
-from launcher.results.aggregate import aggregate, find_stragglers, percentile
+from launcher.jobs.sweeppoints import point_name
+from launcher.results.aggregate import aggregate, percentile
 from launcher.results.types import RankResult, RunResult
+from launcher.results.verdict import find_stragglers
+from launcher.rundir import RunPaths, SweepPaths
 from launcher.specs import LaunchSpec
 
 
@@ -33,18 +36,20 @@ def write_run(run_dir: Path, *, world_size: int, steps: int = 20, warmup: int = 
               busbw_by_rank: Mapping[int, float] | None = None,
               slow: Mapping[int, float] | None = None, jitter: float = 0.0,
               ranks_per_node: int | None = None, units_per_sample: int = 1,
-              sample_units: str = "samples", result: str | None = "aggregate",
+              sample_units: str = "samples", result: str | None = "aggregate", gap_s: float = 0.0,
               workload: str = "/nonexistent/synthetic_workload.py",
               verdict: object = None) -> Path:
     """Write launch.json, rank-<r>.jsonl and summaries (and result.json: "aggregate" runs the
-    real aggregation, "direct" computes it here, fast enough for thousands of ranks)."""
+    real aggregation, "direct" computes it here, fast enough for thousands of ranks).
+    Step end times advance by each step time plus `gap_s` (the loop's work between steps)."""
     run_dir.mkdir(parents=True, exist_ok=True)
+    paths = RunPaths(root=run_dir)
     per_node = ranks_per_node or world_size
     nodes = -(-world_size // per_node)
     spec = LaunchSpec(workload=workload, run_id=run_dir.name, run_dir=str(run_dir),
                       nproc_per_node=per_node, num_nodes=nodes, steps=steps,
                       warmup_steps=warmup, micro_batch=micro_batch, grad_accum_steps=grad_accum)
-    atomic_write_json(run_dir / "launch.json", spec.to_dict())
+    atomic_write_json(paths.launch, spec.to_dict())
     samples = micro_batch * grad_accum
     ranks = []
     for r in range(world_size):
@@ -67,31 +72,33 @@ def write_run(run_dir: Path, *, world_size: int, steps: int = 20, warmup: int = 
                                 "algbw_gb_s": bw * world_size / (2 * (world_size - 1)),
                                 "busbw_gb_s": bw}))
         times = []
+        clock = 1.0e9
         for s in range(1, steps + 1):
             t = step_time(step_s, r, s, jitter) * factor
             times.append(t)
+            clock += t + gap_s
             # the harness's key order (json.dumps is too slow for millions of records)
-            lines.append(f'{{"kind":"step","step":{s},"end_time":{1.0e9 + s!r},'
+            lines.append(f'{{"kind":"step","step":{s},"end_time":{clock!r},'
                          f'"data_wait_s":{data_wait_s!r},"samples":{samples},'
                          f'"units":{samples * units_per_sample},'
                          f'"warmup":{"true" if s <= warmup else "false"},"step_time_s":{t!r},'
                          f'"loss":{2.0 - s / steps!r},"peak_mem_bytes":{1 << 28},'
-                         f'"time":{1.0e9 + s!r}}}\n')
+                         f'"time":{clock!r}}}\n')
         lines.append(_dump({"kind": "end", "time": 1.0e9 + steps + 1, "steps": steps,
                             "status": "ok"}))
-        (run_dir / f"rank-{r}.jsonl").write_text("".join(lines))
+        paths.records(r).write_text("".join(lines))
         if result != "direct":  # only aggregation reads summaries; 4,096 files cost seconds
-            (run_dir / f"rank-{r}.summary.json").write_text(json.dumps(
+            paths.summary(r).write_text(json.dumps(
                 {"rank": r, "status": "ok", "steps": steps, "time": 1.0e9 + steps + 1}))
         ranks.append((r, per_node, times[warmup:]))
     if result == "aggregate":
         res = aggregate(run_dir, exit_code=0, wall_time_s=1.0)
-        atomic_write_json(run_dir / "result.json", {**res.to_dict(), **(
+        atomic_write_json(paths.result, {**res.to_dict(), **(
             {"verdict": verdict} if verdict is not None else {})})
     elif result == "direct":
         res = _direct(spec, ranks, samples, units_per_sample, sample_units, data_wait_s,
                       exposed_comm_s, busbw_gb_s)
-        atomic_write_json(run_dir / "result.json", res.to_dict())
+        atomic_write_json(paths.result, res.to_dict())
     return run_dir
 
 
@@ -131,14 +138,15 @@ def write_sweep(sweep_dir: Path, points: Mapping[int, dict], *, mode: str = "wea
                 topology: Mapping | None = None) -> Path:
     """A sweep directory with a manifest and one synthetic run per world size."""
     sweep_dir.mkdir(parents=True, exist_ok=True)
+    paths = SweepPaths(root=sweep_dir)
     recs = []
     for n, kw in sorted(points.items()):
-        name = f"ws{n}-r0"
-        write_run(sweep_dir / name, world_size=n, **kw)
+        name = point_name(n, 0)
+        write_run(paths.point(name).root, world_size=n, **kw)
         mb = kw.get("micro_batch", 8)
         recs.append({"name": name, "world_size": n, "repeat": 0, "micro_batch": mb,
                      "global_batch": mb * n, "status": "ok", "run_id": name})
-    atomic_write_json(sweep_dir / "sweep.json", {"kind": "sweep", "version": 1, "mode": mode,
-                                                 "name": sweep_dir.name, "config": {},
-                                                 "topology": topology, "points": recs})
+    atomic_write_json(paths.manifest, {"kind": "sweep", "version": 1, "mode": mode,
+                                       "name": sweep_dir.name, "config": {},
+                                       "topology": topology, "points": recs})
     return sweep_dir

@@ -1,5 +1,16 @@
-"""A decoder-only transformer (Llama-style: RMSNorm, rotary positions, SwiGLU, grouped-query
-attention) with named size presets, from a CPU-sized `tiny` up to Llama-3 8B / 70B shapes.
+"""A decoder-only transformer with named size presets, from a CPU-sized `tiny` up to 70B shapes.
+
+Two block styles:
+- Llama (the default): RMSNorm, rotary positions, SwiGLU MLP, grouped-query attention, no biases,
+  separate input embedding and output head. Presets tiny ... xl, llama2-7b/13b/34b/70b,
+  llama3-8b/70b.
+- MPT (llm-foundry's benchmark configs): LayerNorm, GELU MLP with ffn = 4 x dim, learned absolute
+  positions, biases, output head tied to the input embedding, kv_heads == heads. Presets
+  mpt-125m, mpt-350m, mpt-760m, mpt-1b, mpt-3b, mpt-7b, mpt-13b, mpt-30b, mpt-70b.
+
+Any preset's shape and style can be changed: `--dim --layers --heads --kv-heads --ffn --vocab
+--seq-len` (0 keeps the preset's), `--norm rmsnorm|layernorm`, `--mlp swiglu|gelu`,
+`--pos rope|learned` ("" keeps the preset's), `--tie-embeddings`, `--bias`.
 
 The large presets are for planning: `dlaunch plan workloads/gpt.py -- --size llama3-70b` builds
 them on the meta device only. Data is synthetic but learnable: each sequence follows
@@ -7,6 +18,7 @@ x[t+1] = (x[t] + d) mod vocab with x[0] and d in {1, 2, 3} drawn from the sample
 """
 
 import math
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -18,24 +30,63 @@ PRESETS = {
     "small": (768, 12, 12, 12, 2048, 50304, 1024),  # GPT-2 small scale, ~125M
     "medium": (1024, 24, 16, 16, 2816, 50304, 1024),  # ~350M
     "xl": (2048, 24, 16, 16, 5504, 50304, 2048),  # ~1.3B
+    # Llama 2 (Touvron et al. 2023, Table 1; 34B as in Code Llama) and Llama 3 (Meta 2024)
+    "llama2-7b": (4096, 32, 32, 32, 11008, 32000, 4096),
+    "llama2-13b": (5120, 40, 40, 40, 13824, 32000, 4096),
+    "llama2-34b": (8192, 48, 64, 8, 22016, 32000, 4096),
+    "llama2-70b": (8192, 80, 64, 8, 28672, 32000, 4096),
     "llama3-8b": (4096, 32, 32, 8, 14336, 128256, 8192),
     "llama3-70b": (8192, 80, 64, 8, 28672, 128256, 8192),
+    # llm-foundry scripts/train/yamls/pretrain/mpt-*.yaml (vocab 50368, expansion ratio 4)
+    "mpt-125m": (768, 12, 12, 12, 3072, 50368, 2048),
+    "mpt-350m": (1024, 24, 16, 16, 4096, 50368, 2048),
+    "mpt-760m": (1536, 24, 12, 12, 6144, 50368, 2048),
+    "mpt-1b": (2048, 24, 16, 16, 8192, 50368, 2048),
+    "mpt-3b": (2560, 32, 20, 20, 10240, 50368, 2048),
+    "mpt-7b": (4096, 32, 32, 32, 16384, 50368, 2048),
+    "mpt-13b": (5120, 40, 40, 40, 20480, 50368, 2048),
+    "mpt-30b": (7168, 48, 56, 56, 28672, 50368, 2048),
+    "mpt-70b": (8192, 80, 64, 64, 32768, 50368, 2048),
 }
+LLAMA_STYLE = {"norm": "rmsnorm", "mlp": "swiglu", "pos": "rope", "tied": False, "bias": False}
+MPT_STYLE = {"norm": "layernorm", "mlp": "gelu", "pos": "learned", "tied": True, "bias": True}
+CHOICES = {"norm": ("rmsnorm", "layernorm"), "mlp": ("swiglu", "gelu"), "pos": ("rope", "learned")}
 
-DEFAULTS = {"size": "tiny", "seq_len": 0, "vocab": 0}
+DEFAULTS = {"size": "tiny", "seq_len": 0, "vocab": 0, "dim": 0, "layers": 0, "heads": 0,
+            "kv_heads": 0, "ffn": 0, "norm": "", "mlp": "", "pos": "", "tie_embeddings": False,
+            "bias": False}
 SAMPLE_UNITS = "tokens"
 
 
 def _shape(cfg):
+    """The resolved shape and style: preset values, overridden by any option that is set."""
     if cfg.size not in PRESETS:
         raise ValueError(f"unknown --size {cfg.size!r}; choose from {', '.join(PRESETS)}")
     dim, layers, heads, kv, ffn, vocab, seq = PRESETS[cfg.size]
-    return dim, layers, heads, kv, ffn, cfg.vocab or vocab, cfg.seq_len or seq
+    style = dict(MPT_STYLE if cfg.size.startswith("mpt-") else LLAMA_STYLE)
+    for key, choices in CHOICES.items():
+        value = getattr(cfg, key, "")
+        if value and value not in choices:
+            raise ValueError(f"--{key} {value!r}: choose from {', '.join(choices)}")
+        style[key] = value or style[key]
+    heads = getattr(cfg, "heads", 0) or heads
+    # a changed head count without --kv-heads keeps the preset's grouping (MHA stays MHA)
+    kv = getattr(cfg, "kv_heads", 0) or (heads if kv == PRESETS[cfg.size][2] else kv)
+    shape = SimpleNamespace(
+        dim=getattr(cfg, "dim", 0) or dim, layers=getattr(cfg, "layers", 0) or layers,
+        heads=heads, kv_heads=kv, ffn=getattr(cfg, "ffn", 0) or ffn, vocab=cfg.vocab or vocab,
+        seq_len=cfg.seq_len or seq, tied=style["tied"] or getattr(cfg, "tie_embeddings", False),
+        bias=style["bias"] or getattr(cfg, "bias", False),
+        norm=style["norm"], mlp=style["mlp"], pos=style["pos"])
+    if shape.dim % shape.heads or shape.heads % shape.kv_heads:
+        raise ValueError(f"--dim {shape.dim} must split into --heads {shape.heads}, and heads "
+                         f"into --kv-heads {shape.kv_heads} groups")
+    return shape
 
 
 def units_per_sample(cfg):
     """Tokens per sequence."""
-    return _shape(cfg)[6]
+    return _shape(cfg).seq_len
 
 
 def _rotary(x, base=10000.0):
@@ -49,21 +100,27 @@ def _rotary(x, base=10000.0):
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
 
+def _norm(s):
+    return nn.RMSNorm(s.dim) if s.norm == "rmsnorm" else nn.LayerNorm(s.dim, bias=s.bias)
+
+
 class Attention(nn.Module):
-    def __init__(self, dim, heads, kv_heads):
+    def __init__(self, s):
         super().__init__()
-        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
-        self.wq = nn.Linear(dim, dim, bias=False)
-        self.wk = nn.Linear(dim, kv_heads * self.head_dim, bias=False)
-        self.wv = nn.Linear(dim, kv_heads * self.head_dim, bias=False)
-        self.wo = nn.Linear(dim, dim, bias=False)
+        self.heads, self.kv_heads, self.head_dim = s.heads, s.kv_heads, s.dim // s.heads
+        self.rope = s.pos == "rope"
+        self.wq = nn.Linear(s.dim, s.dim, bias=s.bias)
+        self.wk = nn.Linear(s.dim, s.kv_heads * self.head_dim, bias=s.bias)
+        self.wv = nn.Linear(s.dim, s.kv_heads * self.head_dim, bias=s.bias)
+        self.wo = nn.Linear(s.dim, s.dim, bias=s.bias)
 
     def forward(self, x):
         b, t, _ = x.shape
         q = self.wq(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
         k = self.wk(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, k = _rotary(q), _rotary(k)
+        if self.rope:
+            q, k = _rotary(q), _rotary(k)
         if self.kv_heads != self.heads:
             rep = self.heads // self.kv_heads
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
@@ -72,38 +129,46 @@ class Attention(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, dim, heads, kv_heads, ffn):
+    def __init__(self, s):
         super().__init__()
-        self.attn_norm, self.ffn_norm = nn.RMSNorm(dim), nn.RMSNorm(dim)
-        self.attn = Attention(dim, heads, kv_heads)
-        self.w1 = nn.Linear(dim, ffn, bias=False)
-        self.w3 = nn.Linear(dim, ffn, bias=False)
-        self.w2 = nn.Linear(ffn, dim, bias=False)
+        self.attn_norm, self.ffn_norm = _norm(s), _norm(s)
+        self.attn = Attention(s)
+        self.swiglu = s.mlp == "swiglu"
+        self.w1 = nn.Linear(s.dim, s.ffn, bias=s.bias)
+        if self.swiglu:
+            self.w3 = nn.Linear(s.dim, s.ffn, bias=s.bias)
+        self.w2 = nn.Linear(s.ffn, s.dim, bias=s.bias)
 
     def forward(self, x):
         x = x + self.attn(self.attn_norm(x))
         h = self.ffn_norm(x)
-        return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
+        if self.swiglu:
+            return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
+        return x + self.w2(F.gelu(self.w1(h)))
 
 
 class GPT(nn.Module):
-    def __init__(self, dim, layers, heads, kv_heads, ffn, vocab):
+    def __init__(self, s):
         super().__init__()
-        self.embed = nn.Embedding(vocab, dim)
-        self.layers = nn.ModuleList(Block(dim, heads, kv_heads, ffn) for _ in range(layers))
-        self.norm = nn.RMSNorm(dim)
-        self.head = nn.Linear(dim, vocab, bias=False)
+        self.embed = nn.Embedding(s.vocab, s.dim)
+        self.pos = nn.Embedding(s.seq_len, s.dim) if s.pos == "learned" else None
+        self.layers = nn.ModuleList(Block(s) for _ in range(s.layers))
+        self.norm = _norm(s)
+        self.head = nn.Linear(s.dim, s.vocab, bias=False)
+        if s.tied:
+            self.head.weight = self.embed.weight
 
     def forward(self, tokens):
         x = self.embed(tokens)
+        if self.pos is not None:
+            x = x + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
         for layer in self.layers:
             x = layer(x)
         return self.head(self.norm(x))
 
 
 def build_model(cfg):
-    dim, layers, heads, kv, ffn, vocab, _ = _shape(cfg)
-    return GPT(dim, layers, heads, kv, ffn, vocab)
+    return GPT(_shape(cfg))
 
 
 def blocks(model):
@@ -125,8 +190,8 @@ class Sequences(torch.utils.data.Dataset):
 
 
 def make_dataset(cfg, num_samples):
-    _, _, _, _, _, vocab, seq = _shape(cfg)
-    return Sequences(num_samples, seq, vocab)
+    s = _shape(cfg)
+    return Sequences(num_samples, s.seq_len, s.vocab)
 
 
 def loss_fn(model, batch):

@@ -24,17 +24,26 @@ Use from a backend (the local one runs `watch` in a thread beside torchrun):
         if (stall := watcher.poll()) is not None:
             cancel_job(); break                    # then postmortem.write_missing_summaries(...)
         time.sleep(POLL_INTERVAL_S)
+
+Never imports launcher.runtime (it reads the heartbeat files the ranks write), jobs, cli or
+report.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import psutil
+
+from launcher.files import atomic_write_json, read_json
+from launcher.rundir import HEARTBEAT, RunPaths
 
 log = logging.getLogger(__name__)
 
@@ -70,9 +79,8 @@ class Stall:
 def read_heartbeats(run_dir: str | Path) -> dict[int, Beat]:
     """Every readable heartbeat in the run dir (a file being replaced is simply skipped)."""
     beats: dict[int, Beat] = {}
-    for path in Path(run_dir).glob("rank-*.heartbeat"):
+    for rank, path in RunPaths(root=run_dir).rank_files(HEARTBEAT).items():
         try:
-            rank = int(path.name[len("rank-"):-len(".heartbeat")])
             data = json.loads(path.read_text(encoding="utf-8"))
             beats[rank] = Beat(rank=rank, step=int(data.get("step", 0)),
                                time=float(data.get("time", 0.0)), pid=data.get("pid"),
@@ -82,18 +90,11 @@ def read_heartbeats(run_dir: str | Path) -> dict[int, Beat]:
     return beats
 
 
-def summary_path(run_dir: str | Path, rank: int) -> Path:
-    """Where a rank (or, when it could not, the launcher) writes how the rank ended."""
-    return Path(run_dir) / f"rank-{rank}.summary.json"
-
-
 def pid_alive(pid: int, *, not_after: float | None = None) -> bool:
     """True when `pid` runs (a zombie does not) and, given `not_after`, was started by then.
 
     The start-time check keeps a recycled pid from passing for the rank that had it.
     """
-    import psutil
-
     try:
         proc = psutil.Process(pid)
         if proc.status() == psutil.STATUS_ZOMBIE:
@@ -138,7 +139,7 @@ class Watcher:
             if beat.step > self._steps.get(rank, -1):
                 self._steps[rank] = beat.step
                 self._last_advance = now
-        done = {r for r in range(self.world_size) if summary_path(self.run_dir, r).exists()}
+        done = {r for r in range(self.world_size) if RunPaths(root=self.run_dir).summary(r).exists()}
         if done - self._done:
             self._done |= done
             self._last_advance = now
@@ -157,7 +158,7 @@ class Watcher:
                 self._gone_since.pop(rank, None)
                 continue
             since = self._gone_since.setdefault(rank, now)
-            if now - since >= EXIT_GRACE_S and not summary_path(self.run_dir, rank).exists():
+            if now - since >= EXIT_GRACE_S and not RunPaths(root=self.run_dir).summary(rank).exists():
                 others = [r for r in range(self.world_size) if r != rank and r not in self._done]
                 msg = f"rank {rank} exited without writing its summary after step {beat.step}"
                 if others:
@@ -219,3 +220,39 @@ def host_pids(beats: dict[int, Beat]) -> dict[int, int]:
     return {r: int(b.pid) for r, b in beats.items()
             if b.pid is not None and b.host == here and pid_alive(int(b.pid), not_after=b.time)}
 
+
+
+def record_owner(paths: RunPaths, *, torchrun_pid: int) -> None:
+    """Add the torchrun dlaunch started to the run dir's owner file (see `job_pids`)."""
+    owner = _read_owner(paths)
+    owner.update(torchrun_pid=torchrun_pid, torchrun_started=time.time())
+    atomic_write_json(paths.owner, owner)
+
+
+def job_pids(run_dir: str | Path) -> dict[int, str]:
+    """Processes of the run in `run_dir` still alive on this host: pid -> what it is.
+
+    The dlaunch that claimed the dir and its torchrun (owner file), and every rank that wrote a
+    heartbeat; a pid counts only if its process started before the file named it, so a
+    recycled pid is never mistaken for the run's.
+    """
+    paths = RunPaths(root=run_dir)
+    owner = _read_owner(paths)
+    found: dict[int, str] = {}
+    if owner.get("host") == socket.gethostname():
+        for key, when, what in (("pid", "time", "dlaunch"), ("torchrun_pid", "torchrun_started", "torchrun")):
+            pid, t = owner.get(key), owner.get(when)
+            if isinstance(pid, int) and isinstance(t, (int, float)) and pid_alive(pid, not_after=t):
+                found[pid] = what
+    for rank, pid in host_pids(read_heartbeats(run_dir)).items():
+        found.setdefault(pid, f"rank {rank}")
+    found.pop(os.getpid(), None)  # this very dlaunch looking at a dir it ran before
+    return found
+
+
+def _read_owner(paths: RunPaths) -> dict:
+    try:
+        data = read_json(paths.owner)
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

@@ -11,6 +11,8 @@ on its behalf (`"written_by": "dlaunch"`), from what it knows:
 The summaries carry the time the rank stopped, so `report.aggregate` lists the rank that
 caused the failure first; and because they are files, re-reading the run dir later gives the
 same result as the launcher printed.
+
+Never imports launcher.runtime (it reads what the ranks left in files), jobs, cli or report.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.backends.monitor import Beat, Stall, host_pids, summary_path
+from launcher.backends.monitor import Beat, Stall, host_pids
 from launcher.files import atomic_write_json, read_json, read_jsonl
+from launcher.rundir import RunPaths
 
 log = logging.getLogger(__name__)
 
@@ -79,11 +82,11 @@ def signal_name(code: int) -> str:
 def dump_stacks(run_dir: str | Path, beats: dict[int, Beat], *,
                 wait_s: float = STACK_WAIT_S) -> dict[int, StackInfo]:
     """Ask every rank on this host that can take it for its stacks; parse what they wrote."""
-    rd = Path(run_dir)
+    rd = RunPaths(root=run_dir)
     pids = {r: p for r, p in host_pids(beats).items() if beats[r].stacks}
     sizes: dict[int, int] = {}
     for rank, pid in pids.items():
-        path = rd / f"rank-{rank}.stacks"
+        path = rd.stacks(rank)
         sizes[rank] = path.stat().st_size if path.exists() else 0
         try:
             os.kill(pid, STACKS_SIGNAL)
@@ -95,7 +98,7 @@ def dump_stacks(run_dir: str | Path, beats: dict[int, Beat], *,
     while sizes and time.monotonic() < deadline:
         time.sleep(0.1)
         for rank in list(sizes):
-            path = rd / f"rank-{rank}.stacks"
+            path = rd.stacks(rank)
             if path.exists() and path.stat().st_size > sizes[rank]:
                 time.sleep(0.1)  # faulthandler writes a frame per write(); let it finish
                 with open(path, encoding="utf-8", errors="replace") as f:
@@ -117,8 +120,8 @@ def parse_stack_dump(text: str) -> StackInfo | None:
                 next((t for t in threads if t and t[-1][2] == "<module>"), None))
     if not main:
         return None
-    file, line, func = main[0]
-    return StackInfo(file=file, line=line, func=func, in_torch=_TORCH_DIR in file)
+    file, line_no, func = main[0]
+    return StackInfo(file=file, line=line_no, func=func, in_torch=_TORCH_DIR in file)
 
 
 def _short(path: str) -> str:
@@ -134,7 +137,7 @@ def _short(path: str) -> str:
 
 def _rank_facts(run_dir: Path, rank: int, beats: dict[int, Beat]) -> tuple[int, float | None, bool]:
     """(last step, last sign-of-life time, has a rank file) from heartbeat and records."""
-    path = run_dir / f"rank-{rank}.jsonl"
+    path = RunPaths(root=run_dir).records(rank)
     records = read_jsonl(path)[0] if path.exists() else []
     steps = [int(r["step"]) for r in records if r.get("kind") == "step"]
     times = [float(r["time"]) for r in records if "time" in r]
@@ -172,6 +175,7 @@ def write_missing_summaries(run_dir: str | Path, world_size: int, *, expected_st
         if rank in hung:
             st = stacks.get(rank)
             if rank in culprits:
+                assert stall is not None  # narrowing: hung ranks come from the stall
                 status = "hung"
                 error = stall.message + (f"; stuck {st.where()}" if st else "")
             else:
@@ -203,13 +207,13 @@ def write_missing_summaries(run_dir: str | Path, world_size: int, *, expected_st
         if own is not None:
             summary = {**own, **summary, "rank_error": own.get("error"),
                        "time": min(when, float(own.get("time", when)))}
-        atomic_write_json(summary_path(rd, rank), summary)
+        atomic_write_json(RunPaths(root=rd).summary(rank), summary)
         lines.append(f"rank {rank}: {status}: {error}")
     return lines
 
 
 def _read_summary(run_dir: Path, rank: int) -> dict | None:
-    path = summary_path(run_dir, rank)
+    path = RunPaths(root=run_dir).summary(rank)
     if not path.exists():
         return None
     try:

@@ -7,17 +7,23 @@ detached gets its result.json (and the usual summary) the first time `status` se
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
 from launcher.backends.slurm.jobs import JobInfo, cancel_job, in_queue, query_job, read_slurm_file, resolve, task_logs
 from launcher.backends.slurm.progress import Progress
+from launcher.cli.args import no_extra_args
+from launcher.cli.prepare import options
 from launcher.errors import LaunchError, UsageError
+from launcher.jobs.slurm import existing_result, finish
 from launcher.results.table import format_run
+from launcher.rundir import RunPaths
 from launcher.specs import LaunchSpec
 
 log = logging.getLogger(__name__)
@@ -36,8 +42,6 @@ def _job(ref: str) -> tuple[Path | None, str, JobInfo]:
 
 def status(ref: str, *, as_json: bool = False, out: IO[str] = sys.stdout) -> int:
     """Print the job's state, its progress and, once it is over, the run summary."""
-    from launcher.jobs.slurm import existing_result, finish
-
     run_dir, job_id, info = _job(ref)
     data: dict[str, Any] = {"job_id": job_id, "state": info.state, "reason": info.reason,
                             "nodes": info.nodes, "exit_code": info.exit_code,
@@ -49,7 +53,7 @@ def status(ref: str, *, as_json: bool = False, out: IO[str] = sys.stdout) -> int
              + (f", restarts {info.restarts}" if info.restarts else "")]
     if run_dir is not None:
         lines.append(f"run dir: {run_dir}")
-        spec = LaunchSpec.from_dict(json.loads((run_dir / "launch.json").read_text(encoding="utf-8")))
+        spec = LaunchSpec.from_dict(json.loads(RunPaths(root=run_dir).launch.read_text(encoding="utf-8")))
         progress = Progress(run_dir, spec.world_size, spec.steps)
         snap = progress.snapshot()
         data["progress"] = {**snap, "steps": {str(k): v for k, v in snap["steps"].items()}}
@@ -68,7 +72,7 @@ def status(ref: str, *, as_json: bool = False, out: IO[str] = sys.stdout) -> int
     return 0
 
 
-def _rank_filter(rank: int | None):
+def _rank_filter(rank: int | None) -> Callable[[str], bool]:
     prefix = f"[rank {rank}] " if rank is not None else ""
     return lambda line: line.startswith(prefix)
 
@@ -86,7 +90,7 @@ def logs(ref: str, *, rank: int | None = None, follow: bool = False,
                           "(no run dir found); its logs are where its sbatch --output points")
     folder = Path(read_slurm_file(run_dir)["submitit_folder"])
     if rank is not None:
-        spec = LaunchSpec.from_dict(json.loads((run_dir / "launch.json").read_text(encoding="utf-8")))
+        spec = LaunchSpec.from_dict(json.loads(RunPaths(root=run_dir).launch.read_text(encoding="utf-8")))
         if rank >= spec.world_size:
             raise UsageError(f"--rank {rank} is out of range: the job has ranks 0-{spec.world_size - 1}")
     keep = _rank_filter(rank)
@@ -138,3 +142,23 @@ def cancel(ref: str, *, out: IO[str] = sys.stdout) -> int:
     out.write(f"job {job_id} cancelled (was {info.state}, now {state}; left the queue after "
               f"{time.monotonic() - t0:.1f} s)\n")
     return 0
+
+
+def cmd_status(args: argparse.Namespace, workload_args: list[str]) -> int:
+    """`dlaunch status RUN_DIR_OR_JOB`: a SLURM job's state, progress and summary."""
+    no_extra_args("status", workload_args)
+    values = options("status", args)
+    return status(values["job"], as_json=values["json"])
+
+
+def cmd_logs(args: argparse.Namespace, workload_args: list[str]) -> int:
+    """`dlaunch logs RUN_DIR_OR_JOB [--rank R] [--follow]`."""
+    no_extra_args("logs", workload_args)
+    values = options("logs", args)
+    return logs(values["job"], rank=values["rank"], follow=values["follow"])
+
+
+def cmd_cancel(args: argparse.Namespace, workload_args: list[str]) -> int:
+    """`dlaunch cancel RUN_DIR_OR_JOB`: scancel and wait until the job left the queue."""
+    no_extra_args("cancel", workload_args)
+    return cancel(options("cancel", args)["job"])

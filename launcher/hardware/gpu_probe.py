@@ -1,6 +1,10 @@
 """The GPUs of this machine and the links between them, without importing torch on the way:
 NVML (nvidia-ml-py) first, `nvidia-smi topo -m` as the fallback, torch's peer-access query
-only when torch is already importable and CUDA present."""
+only when torch is already importable and CUDA present.
+
+Never imports plan, backends, jobs, runtime, results or report; torch only inside its last-
+resort probe.
+"""
 
 from __future__ import annotations
 
@@ -49,7 +53,7 @@ def _visible(count: int, env: Mapping[str, str]) -> list[int]:
 
 def _nvml() -> Any:
     try:
-        import pynvml
+        import pynvml  # deferred: optional binding; without it this probe is skipped
     except ImportError:
         return None
     try:
@@ -172,7 +176,7 @@ def _torch_peer_access(n: int) -> list[list[bool | None]] | None:
     # Last resort, and only where torch is installed and sees CUDA: importing it costs seconds.
     if importlib.util.find_spec("torch") is None:
         return None
-    import torch
+    import torch  # deferred: seconds to load, and only this last-resort probe needs it
 
     if not torch.cuda.is_available() or torch.cuda.device_count() < n:
         return None

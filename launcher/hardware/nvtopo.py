@@ -5,6 +5,8 @@ them what it probes, and the tests feed them recorded outputs from real machines
 (`tests/data/nvidia-smi-topo/`). Bandwidths derived here are estimates from line rates and the
 efficiencies measured for the shipped topologies (see `topologies/*.yaml`); each says so in
 its `source`.
+
+Never imports plan, backends, jobs, runtime, results or report.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import re
 from collections.abc import Sequence
 
 from launcher.errors import TopologyError
-from launcher.specs import GIB, DeviceSpec, Link, Nic
+from launcher.hardware.types import DeviceSpec, Link, Nic
+from launcher.specs import GIB
 
 log = logging.getLogger(__name__)
 
@@ -232,6 +235,7 @@ def gpu_spec(names: Sequence[str], mem_bytes: Sequence[int], *, cc: tuple[int, i
         peaks = {"fp32": 10.0, "fp16": 40.0, **({"bf16": 40.0} if cc >= (8, 0) else {})}
         log.warning("unknown GPU %r: peak TFLOP/s are placeholders; write a topology file", name)
         note += "; unknown GPU: peak TFLOP/s are placeholders"
+    assert cc is not None  # narrowing: the table or the placeholder set it
     if cc < (8, 0):  # no bf16/tf32 units before Ampere
         peaks = {k: v for k, v in peaks.items() if k not in ("bf16", "tf32")}
     return DeviceSpec(name=name, mem_gib=round(min(mem_bytes) / GIB, 2), peak_tflops=peaks,

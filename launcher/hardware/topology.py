@@ -4,11 +4,15 @@ A topology file describes one machine or cluster (see `topologies/h100-sxm-8x.ya
 problem with a file raises `TopologyError` with one line naming the file, the key and the fix,
 because the CLI prints that line and nothing else. Only `yaml.safe_load` is used: a topology file
 is data and must never construct Python objects.
+
+Never imports plan, backends, jobs, runtime, results or report.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -16,7 +20,8 @@ from typing import Any
 import yaml
 
 from launcher.errors import TopologyError
-from launcher.specs import DeviceSpec, Link, Nic, Topology
+from launcher.files import atomic_write_text, read_yaml_capped, shown
+from launcher.hardware.types import DeviceSpec, Link, Nic, Topology
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +38,18 @@ _NIC_REQUIRED = ("name", "kind", "speed_gbit_s")
 _DTYPES = ("fp32", "tf32", "bf16", "fp16")
 _INTRA_KINDS = {"cuda": ("nvswitch", "nvlink", "pcie", "pcie-nop2p"), "cpu": ("shm",)}
 NETWORK_KINDS = ("infiniband", "roce", "ethernet")
+# Upper bounds far above any real machine: past them a number is a typo or a hostile file, and
+# planning with it would overflow or loop over absurd counts
+MAX_NODES = 100_000
+MAX_DEVICES_PER_NODE = 4096
+MAX_CPU_CORES = 1_000_000
+MAX_MEM_GIB = 1e6
+MAX_TFLOPS = 1e7
+MAX_BW_GB_S = 1e6  # also Gbit/s for NICs
+MAX_LATENCY_US = 1e7
+# YAML 1.1 reads `1e30` (no dot) as a string; it is meant as a number, so range-check it as one
+_NUMERIC_TEXT = re.compile(r"[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?|[-+]?\.(inf|nan)",
+                           re.IGNORECASE)
 
 
 def list_shipped() -> list[str]:
@@ -63,15 +80,7 @@ def resolve_topology_path(path_or_name: str) -> Path:
 def load_topology(path_or_name: str) -> Topology:
     """Load and validate a topology file given by path or by shipped name (`h100-sxm-8x`)."""
     path = resolve_topology_path(str(path_or_name))
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TopologyError(f"{path}: cannot read topology file: {exc}") from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise TopologyError(f"{path}: malformed YAML{_yaml_where(exc)}") from exc
-    return topology_from_dict(data, origin=str(path))
+    return topology_from_dict(read_yaml_capped(path, error=TopologyError), origin=str(path))
 
 
 def topology_from_dict(data: Any, *, origin: str = "<topology>") -> Topology:
@@ -114,22 +123,12 @@ def save_topology(t: Topology, path: str | Path) -> Path:
     """Write `t` as a topology YAML file that `load_topology` reads back unchanged."""
     target = Path(path)
     text = yaml.safe_dump(topology_to_dict(t), sort_keys=False, allow_unicode=True, width=100)
-    from launcher.files import atomic_write_text
-
     atomic_write_text(target, text)  # a reader never sees half a topology
     log.debug("wrote topology %s to %s", t.name, target)
     return target
 
 
 # -- validation ------------------------------------------------------------------------------
-
-def _yaml_where(exc: yaml.YAMLError) -> str:
-    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-    if mark is None:
-        return f": {problem}"
-    return f" at line {mark.line + 1}, column {mark.column + 1}: {problem}"
-
 
 def _link_to_dict(link: Link) -> dict[str, Any]:
     out: dict[str, Any] = {"kind": link.kind, "bw_gb_s": link.bw_gb_s,
@@ -151,40 +150,57 @@ def _check_keys(data: Mapping[str, Any], where: str, required: tuple[str, ...],
     allowed = required + optional
     for key in data:
         if key not in allowed:
-            raise TopologyError(f"unknown key {key!r} in {where}; allowed: {', '.join(allowed)}")
+            raise TopologyError(f"unknown key {shown(key)} in {where}; "
+                                f"allowed: {', '.join(allowed)}")
     for key in required:
         if data.get(key) is None:
             raise TopologyError(f"missing required field {key!r} in {where}")
 
 
-def _int(value: Any, where: str, minimum: int = 1) -> int:
+def _number(value: Any, where: str, what: str) -> int | float:
+    """An int or float from YAML, or numeric text YAML 1.1 left a string (`1e30`)."""
+    if isinstance(value, str) and _NUMERIC_TEXT.fullmatch(value.strip()):
+        return float(value)
     # bool is an int subclass; `num_nodes: yes` is a typo, not 1
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TopologyError(f"{where} must be an integer, got {value!r}")
-    if value < minimum:
-        raise TopologyError(f"{where} must be >= {minimum}, got {value}")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TopologyError(f"{where} must be {what}, got {shown(value)}")
     return value
 
 
-def _positive(value: Any, where: str, *, allow_zero: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TopologyError(f"{where} must be a number, got {value!r}")
-    if value < 0 or (value == 0 and not allow_zero):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise TopologyError(f"{where} must be {bound}, got {value}")
-    return float(value)
+def _in_range(value: int | float, where: str, low: float, high: float, *, low_ok: bool) -> None:
+    # NaN compares false with everything: test what is allowed, not what is not
+    if not (math.isfinite(value) and value <= high):
+        raise TopologyError(f"{where} is out of range: must be a finite number <= {high:g}, "
+                            f"got {shown(value)}")
+    if not (value >= low if low_ok else value > low):
+        raise TopologyError(f"{where} must be {'>=' if low_ok else '>'} {low:g}, "
+                            f"got {shown(value)}")
+
+
+def _int(value: Any, where: str, *, minimum: int = 1, maximum: int) -> int:
+    number = _number(value, where, "an integer")
+    _in_range(number, where, minimum, maximum, low_ok=True)
+    if not isinstance(number, int):
+        raise TopologyError(f"{where} must be an integer, got {shown(value)}")
+    return number
+
+
+def _positive(value: Any, where: str, *, maximum: float, allow_zero: bool = False) -> float:
+    number = _number(value, where, "a number")
+    _in_range(number, where, 0, maximum, low_ok=allow_zero)
+    return float(number)
 
 
 def _str(value: Any, where: str, *, empty_ok: bool = False) -> str:
     if not isinstance(value, str) or (not empty_ok and not value.strip()):
-        raise TopologyError(f"{where} must be a non-empty string, got {value!r}")
+        raise TopologyError(f"{where} must be a non-empty string, got {shown(value)}")
     return value
 
 
 def _choice(value: Any, where: str, choices: tuple[str, ...]) -> str:
-    if value not in choices:
-        raise TopologyError(f"{where} must be one of {', '.join(choices)}, got {value!r}")
-    return str(value)
+    if not isinstance(value, str) or value not in choices:
+        raise TopologyError(f"{where} must be one of {', '.join(choices)}, got {shown(value)}")
+    return value
 
 
 def _accelerator(data: Any, device: str) -> DeviceSpec:
@@ -194,9 +210,9 @@ def _accelerator(data: Any, device: str) -> DeviceSpec:
     peaks: dict[str, float] = {}
     for dtype, value in peaks_in.items():
         if dtype not in _DTYPES:
-            raise TopologyError(f"unknown dtype {dtype!r} in accelerator.peak_tflops; "
+            raise TopologyError(f"unknown dtype {shown(dtype)} in accelerator.peak_tflops; "
                                 f"allowed: {', '.join(_DTYPES)}")
-        peaks[dtype] = _positive(value, f"accelerator.peak_tflops.{dtype}")
+        peaks[dtype] = _positive(value, f"accelerator.peak_tflops.{dtype}", maximum=MAX_TFLOPS)
     if "fp32" not in peaks:
         raise TopologyError("missing required field 'fp32' in accelerator.peak_tflops")
     cc_raw = acc.get("compute_capability")
@@ -208,14 +224,14 @@ def _accelerator(data: Any, device: str) -> DeviceSpec:
         if (not isinstance(cc_raw, (list, tuple)) or len(cc_raw) != 2
                 or not all(isinstance(x, int) and not isinstance(x, bool) for x in cc_raw)):
             raise TopologyError("accelerator.compute_capability must be [major, minor], "
-                                f"e.g. [8, 0]; got {cc_raw!r}")
+                                f"e.g. [8, 0]; got {shown(cc_raw)}")
         cc = (int(cc_raw[0]), int(cc_raw[1]))
     elif device == "cuda":
         # the planner picks bf16 vs fp16 from it; guessing would pick wrong on V100/T4
         raise TopologyError("missing required field 'compute_capability' in accelerator "
                             "(required for device: cuda, e.g. [9, 0])")
     return DeviceSpec(name=_str(acc["name"], "accelerator.name"),
-                      mem_gib=_positive(acc["mem_gib"], "accelerator.mem_gib"),
+                      mem_gib=_positive(acc["mem_gib"], "accelerator.mem_gib", maximum=MAX_MEM_GIB),
                       peak_tflops=peaks, compute_capability=cc,
                       source=_str(acc.get("source") or "", "accelerator.source", empty_ok=True))
 
@@ -224,8 +240,9 @@ def _link(data: Any, where: str, kinds: tuple[str, ...]) -> Link:
     link = _mapping(data, where)
     _check_keys(link, where, _LINK_REQUIRED, _LINK_OPTIONAL)
     return Link(kind=_choice(link["kind"], f"{where}.kind", kinds),
-                bw_gb_s=_positive(link["bw_gb_s"], f"{where}.bw_gb_s"),
-                latency_us=_positive(link["latency_us"], f"{where}.latency_us", allow_zero=True),
+                bw_gb_s=_positive(link["bw_gb_s"], f"{where}.bw_gb_s", maximum=MAX_BW_GB_S),
+                latency_us=_positive(link["latency_us"], f"{where}.latency_us",
+                                     maximum=MAX_LATENCY_US, allow_zero=True),
                 source=_str(link.get("source") or "", f"{where}.source", empty_ok=True))
 
 
@@ -233,7 +250,8 @@ def _nics(data: Any) -> tuple[Nic, ...]:
     if data is None:
         return ()
     if not isinstance(data, list):
-        raise TopologyError(f"nics must be a list of {{name, kind, speed_gbit_s}}, got {data!r}")
+        raise TopologyError(f"nics must be a list of {{name, kind, speed_gbit_s}}, "
+                            f"got {shown(data)}")
     out = []
     for i, item in enumerate(data):
         where = f"nics[{i}]"
@@ -241,7 +259,8 @@ def _nics(data: Any) -> tuple[Nic, ...]:
         _check_keys(nic, where, _NIC_REQUIRED, ())
         out.append(Nic(name=_str(nic["name"], f"{where}.name"),
                        kind=_choice(nic["kind"], f"{where}.kind", NETWORK_KINDS),
-                       speed_gbit_s=_positive(nic["speed_gbit_s"], f"{where}.speed_gbit_s")))
+                       speed_gbit_s=_positive(nic["speed_gbit_s"], f"{where}.speed_gbit_s",
+                                              maximum=MAX_BW_GB_S)))
     return tuple(out)
 
 
@@ -251,7 +270,7 @@ def _build(data: Any) -> Topology:
     top = _mapping(data, "the top level")
     _check_keys(top, "the top level", _TOP_REQUIRED, _TOP_OPTIONAL)
     device = _choice(top["device"], "device", tuple(_INTRA_KINDS))
-    num_nodes = _int(top["num_nodes"], "num_nodes")
+    num_nodes = _int(top["num_nodes"], "num_nodes", maximum=MAX_NODES)
     inter = top.get("inter_node")
     if num_nodes > 1 and inter is None:
         raise TopologyError(f"missing required field 'inter_node': num_nodes is {num_nodes}, "
@@ -260,9 +279,11 @@ def _build(data: Any) -> Topology:
         name=_str(top["name"], "name"),
         device=device,
         num_nodes=num_nodes,
-        devices_per_node=_int(top["devices_per_node"], "devices_per_node"),
+        devices_per_node=_int(top["devices_per_node"], "devices_per_node",
+                              maximum=MAX_DEVICES_PER_NODE),
         cpu_cores_per_node=_int(1 if top.get("cpu_cores_per_node") is None
-                                 else top["cpu_cores_per_node"], "cpu_cores_per_node"),
+                                else top["cpu_cores_per_node"], "cpu_cores_per_node",
+                                maximum=MAX_CPU_CORES),
         accelerator=_accelerator(top["accelerator"], device),
         intra_node=_link(top["intra_node"], "intra_node", _INTRA_KINDS[device]),
         inter_node=None if inter is None else _link(inter, "inter_node", NETWORK_KINDS),

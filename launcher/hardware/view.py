@@ -1,4 +1,7 @@
-"""What `dlaunch inspect` prints: a `Topology` as text for people or as a JSON-ready dict."""
+"""What `dlaunch inspect` prints: a `Topology` as text for people or as a JSON-ready dict.
+
+Never imports plan, backends, jobs, runtime, results or report.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ from typing import Any
 
 from launcher.hardware.detect import slurm_allocation
 from launcher.hardware.topology import topology_to_dict
-from launcher.specs import Link, Topology
+from launcher.hardware.types import Link, Topology
 
 
 def inspect_report(t: Topology, *, env: Mapping[str, str] | None = None) -> dict[str, Any]:

@@ -10,6 +10,8 @@ the speed-ups isolate the two levers the training-performance literature says to
   overhead is: look at the verdict and the data-wait share);
 - compile: fuses elementwise kernels and removes Python overhead; a small gain means the
   kernels are already big or fused (matmul-bound), or the step is bound elsewhere.
+
+Never imports cli or runtime.
 """
 
 from __future__ import annotations
@@ -25,14 +27,18 @@ from pathlib import Path
 from typing import IO, Any
 
 from launcher.files import atomic_write_json
+from launcher.hardware.detect import cpu_info, detect_topology
+from launcher.jobs.local import run_local
+from launcher.results.table import format_table
 from launcher.results.types import RunResult
+from launcher.rundir import RunPaths
 from launcher.specs import GIB, LaunchSpec
 
 log = logging.getLogger(__name__)
 
 PRECISION_GAIN_FLOOR = 0.20  # below this precision speed-up: not arithmetic-bound
 COMPILE_GAIN_FLOOR = 0.10  # below this compile speed-up: kernels already fused
-# throughput varies 10-30% run to run on a shared machine (docs/design.md): say so near the floor
+# throughput varies 10-30% run to run on a machine shared with other work: say so near the floor
 NOISE = 0.30
 
 
@@ -78,11 +84,7 @@ def cuda_precisions(capability: tuple[int, int] | None, plan_precision: str | No
 def detect_precisions(device: str, plan_precision: str | None = None) -> Precisions:
     """Precisions of this machine (CPU flags or the first GPU's compute capability)."""
     if device == "cpu":
-        from launcher.hardware.detect import cpu_info
-
         return cpu_precisions(cpu_info().flags, plan_precision)
-    from launcher.hardware.detect import detect_topology
-
     return cuda_precisions(detect_topology().accelerator.compute_capability, plan_precision)
 
 
@@ -188,7 +190,7 @@ def run_lab(base: LaunchSpec, precisions: Precisions, *, run: RunFn | None = Non
     summary and rank output go to a buffer, printed only when that run fails.
     """
     if run is None:
-        from launcher.jobs.local import run_local as run
+        run = run_local
     rows: list[LabRow] = []
     specs = lab_specs(base, precisions.mixed)
     for i, (name, spec) in enumerate(specs, 1):
@@ -211,7 +213,7 @@ def run_lab(base: LaunchSpec, precisions: Precisions, *, run: RunFn | None = Non
     lab = LabResult(lab_dir=base.run_dir, precisions=precisions, rows=frozen,
                     precision_speedup=p_gain, compile_speedup=c_gain,
                     reading=reading(frozen, p_gain, c_gain))
-    atomic_write_json(Path(base.run_dir) / "lab.json", lab.to_dict())
+    atomic_write_json(RunPaths(root=base.run_dir).lab, lab.to_dict())
     return lab
 
 
@@ -221,8 +223,6 @@ def _fmt_rate(x: float) -> str:
 
 def format_lab(lab: LabResult) -> str:
     """The three-row table, the speed-ups and the reading."""
-    from launcher.results.table import format_table
-
     units = lab.rows[0].result.sample_units if lab.rows else "samples"
     header = ["run", "status", "samples/s", *([f"{units}/s"] if units != "samples" else []),
               "step med", "peak mem", "speed-up", "loss", "compile"]
@@ -256,5 +256,5 @@ def format_lab(lab: LabResult) -> str:
         for f in row.result.failures:
             out.append(f"FAILED ({row.name}): {f}")
     out.append(f"runs: {lab.lab_dir}/{{{','.join(r.name.replace('+', '-') for r in lab.rows)}}}; "
-               f"lab.json beside them")
+               f"{RunPaths(root=lab.lab_dir).lab.name} beside them")
     return "\n".join(out)

@@ -1,4 +1,7 @@
-"""A plain-text progress bar for long multi-step commands (sweeps)."""
+"""A plain-text progress bar for long multi-step commands (sweeps).
+
+Never imports any other part of dlaunch.
+"""
 
 from __future__ import annotations
 

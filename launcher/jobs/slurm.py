@@ -3,6 +3,8 @@
 The SLURM counterpart of `runner.run_local`. The job is the source of truth for when a run is
 over (scontrol/sacct state), the rank files on the shared filesystem for how far it got: a
 rank summary alone proves nothing under SLURM (a requeued job leaves the previous attempt's).
+
+Never imports cli or runtime (the ranks are reached through files only).
 """
 
 from __future__ import annotations
@@ -10,21 +12,21 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import shutil
 import sys
 import time
 from pathlib import Path
 from typing import IO, Any
 
-from launcher.backends.local import LAUNCH_FILE
 from launcher.backends.slurm import submit as backend
-from launcher.backends.slurm.jobs import SLURM_FILE, JobInfo, cancel_job, in_queue, query_job, read_slurm_file
+from launcher.backends.slurm.jobs import JobInfo, cancel_job, in_queue, query_job, read_slurm_file
 from launcher.backends.slurm.progress import Progress, first_step_time
 from launcher.errors import JobFailed, LaunchError
 from launcher.files import atomic_write_json, read_json
 from launcher.results.aggregate import aggregate, rank_log_tail
 from launcher.results.table import format_run
 from launcher.results.types import RunResult
-from launcher.rundir import PLAN_FILE
+from launcher.rundir import RunPaths
 from launcher.secrets import masked_spec_dict
 from launcher.specs import LaunchSpec
 
@@ -46,7 +48,7 @@ def submit_run(spec: LaunchSpec, slurm: backend.SlurmSpec) -> dict[str, Any]:
     rendered = backend.render(spec, slurm)
     run_dir = Path(spec.run_dir)
     # secrets in the environment never land on disk in the clear
-    atomic_write_json(run_dir / LAUNCH_FILE, masked_spec_dict(spec))
+    atomic_write_json(RunPaths(root=run_dir).launch, masked_spec_dict(spec))
     submitted_at = time.time()
     try:
         job = backend.submit(spec, slurm, rendered)
@@ -59,18 +61,17 @@ def submit_run(spec: LaunchSpec, slurm: backend.SlurmSpec) -> dict[str, Any]:
         "procs_per_node": spec.nproc_per_node, "partition": slurm.partition,
         "time_min": slurm.time_min, "queue_timeout_min": slurm.queue_timeout_min,
     }
-    atomic_write_json(run_dir / SLURM_FILE, record)
+    atomic_write_json(RunPaths(root=run_dir).slurm, record)
     log.debug("submitted job %s for %s", job.job_id, spec.run_dir)
     return record
 
 
 def _remove_unsubmitted(run_dir: Path) -> None:
     """sbatch refused the job: take back what was written for it, so bad input leaves nothing."""
-    import shutil
-
-    (run_dir / LAUNCH_FILE).unlink(missing_ok=True)
-    (run_dir / PLAN_FILE).unlink(missing_ok=True)
-    shutil.rmtree(run_dir / backend.SUBMITIT_SUBDIR, ignore_errors=True)
+    paths = RunPaths(root=run_dir)
+    paths.launch.unlink(missing_ok=True)
+    paths.plan.unlink(missing_ok=True)
+    shutil.rmtree(paths.submitit, ignore_errors=True)
     try:
         run_dir.rmdir()  # only if now empty (a --run-dir may hold other things)
     except OSError:
@@ -200,21 +201,19 @@ def finish(run_dir: Path, info: JobInfo, record: dict[str, Any]) -> RunResult:
         why = info.reason_text()
         line = f"SLURM job {info.job_id} ended {info.state}" + (f" ({why})" if why else "")
         result = dataclasses.replace(result, status="failed", failures=(line, *result.failures))
-    atomic_write_json(run_dir / "result.json", result.to_dict())
+    atomic_write_json(RunPaths(root=run_dir).result, result.to_dict())
     timings = {"state": info.state, "submit_to_result_s": wall}
     first = first_step_time(run_dir)
     if first is not None:
         timings["submit_to_first_step_s"] = first - float(record["submitted_at"])
-    atomic_write_json(run_dir / SLURM_FILE, {**record, "final": timings})
+    atomic_write_json(RunPaths(root=run_dir).slurm, {**record, "final": timings})
     return result
 
 
 def node_ids_by_host(run_dir: Path) -> dict[str, int]:
     """host -> SLURM node id, from the node.json each node task wrote into its log dir."""
-    from launcher.backends.slurm.task import NODE_FILE
-
     out: dict[str, int] = {}
-    for path in (run_dir / "logs").glob(f"node-*/{NODE_FILE}"):
+    for path in RunPaths(root=run_dir).node_records():
         try:
             data = read_json(path)
             out[str(data["host"])] = int(data["slurm_node_id"])
@@ -258,5 +257,5 @@ def timing_line(run_dir: Path, info: JobInfo) -> str:
 
 def existing_result(run_dir: Path) -> RunResult | None:
     """result.json of a finished run, if written."""
-    path = run_dir / "result.json"
+    path = RunPaths(root=run_dir).result
     return RunResult.from_dict(read_json(path)) if path.is_file() else None

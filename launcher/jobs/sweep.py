@@ -12,43 +12,31 @@ A re-run with the same configuration skips the points whose result.json says ok,
 whatever else a point left behind and runs it again; a failed point is recorded and the sweep
 goes on. How a point is launched is a parameter (`launch_point`), so a SLURM backend can run
 each point as its own job.
+
+This module checks a sweep's configuration before anything is created, names it
+(`sweep_config`, `default_sweep_dir`) and starts it (`run_sweep`); `sweeppoints` runs the
+points. Never imports cli, report or runtime.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import logging
 import math
-import os
 import sys
-import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from launcher.errors import DlaunchError, UsageError
-from launcher.files import atomic_write_json
-from launcher.jobs.progress import ProgressBar
-from launcher.jobs.sweepdir import MANIFEST, acquire_lock, finished_ok, first_difference, move_aside, read_manifest
-from launcher.results.types import RunResult
+from launcher.errors import UsageError
+from launcher.jobs.sweepdir import acquire_lock, first_difference, read_manifest, refuse_foreign
+from launcher.jobs.sweeppoints import LaunchPoint, SweepResult, launch_local, run_points
 from launcher.specs import LaunchSpec
 
 log = logging.getLogger(__name__)
 
 MODES = ("weak", "strong")
-POINT_STATUSES = ("pending", "running", "ok", "failed")
-
-# launch_point(spec, console) -> RunResult: runs one point; `console` takes its output
-LaunchPoint = Callable[[LaunchSpec, IO[str]], RunResult]
-
-
-class SweepInterrupted(DlaunchError):
-    """The sweep was stopped (Ctrl-C, SIGTERM); re-running the same command resumes it."""
-
-    exit_code = 130
 
 
 # -- validation --------------------------------------------------------------------------------
@@ -134,53 +122,7 @@ def check_plan(mode: str, world_sizes: Sequence[int], *, micro_batch: int,
                            grad_accum=grad_accum) for n in world_sizes}
 
 
-# -- manifest ----------------------------------------------------------------------------------
-
-@dataclass(frozen=True, kw_only=True)
-class SweepPoint:
-    """One point of a sweep, as recorded in the manifest."""
-
-    name: str  # ws<N>-r<k>, also the directory name
-    world_size: int
-    repeat: int
-    micro_batch: int
-    global_batch: int
-    num_nodes: int = 1
-    status: str = "pending"
-    run_id: str = ""
-    error: str | None = None
-    attempts: int = 0
-    started: float | None = None
-    finished: float | None = None
-    samples_per_s: float | None = None
-    step_time_median_s: float | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class SweepResult:
-    """What `run_sweep` did: every point's final record, and counts."""
-
-    sweep_dir: Path
-    mode: str
-    points: tuple[SweepPoint, ...]
-    ran: int
-    skipped: int
-
-    @property
-    def failed(self) -> tuple[SweepPoint, ...]:
-        """Points whose last attempt failed."""
-        return tuple(p for p in self.points if p.status == "failed")
-
-    @property
-    def ok(self) -> bool:
-        """True when every point finished with status ok."""
-        return all(p.status == "ok" for p in self.points)
-
-
-def point_name(world_size: int, repeat: int) -> str:
-    """Directory name of a point."""
-    return f"ws{world_size}-r{repeat}"
-
+# -- identity ----------------------------------------------------------------------------------
 
 def sweep_config(*, workload: str, workload_args: Sequence[str], mode: str,
                  global_batch: int | None, micro_batch: int, steps: int, warmup_steps: int,
@@ -213,26 +155,6 @@ def default_sweep_dir(config: Mapping[str, Any], root: str | Path = "runs") -> P
     return Path(root) / f"scale-{stem}-{config['mode']}-{digest}"
 
 
-# -- launching ---------------------------------------------------------------------------------
-
-def launch_local(spec: LaunchSpec, console: IO[str]) -> RunResult:
-    """The default `launch_point`: torchrun on this host via `runner.run_local`.
-
-    A Ctrl-C during the run reaches the local backend, which stops torchrun (it then dies with
-    a SignalException); that is an interruption of the sweep, not a failed point.
-    """
-    from launcher.jobs.local import run_local
-
-    result = run_local(spec, out=console)
-    if result.status != "ok":
-        tlog = Path(spec.run_dir) / "torchrun.log"
-        text = tlog.read_text(errors="replace") if tlog.exists() else ""
-        if "SignalException" in text and "got signal" in text:
-            raise SweepInterrupted(f"sweep interrupted: point {Path(spec.run_dir).name} was stopped "
-                                   "by a signal; run the same command again to resume")
-    return result
-
-
 def run_sweep(*, workload: str, workload_args: Sequence[str] = (), world_sizes: Sequence[int],
               mode: str = "weak", global_batch: int | None = None, micro_batch: int = 8,
               steps: int = 20, warmup_steps: int = 3, repeats: int = 1, sweep_dir: str | Path,
@@ -263,6 +185,7 @@ def run_sweep(*, workload: str, workload_args: Sequence[str] = (), world_sizes: 
                           warmup_steps=warmup_steps, base_spec_kwargs=base,
                           processes_per_node=processes_per_node)
     sdir = Path(sweep_dir).expanduser().absolute()
+    refuse_foreign(sdir)
     old = read_manifest(sdir) if sdir.exists() else None
     if old is not None and old.get("config") != config and not force:
         raise UsageError(f"{sdir} holds a sweep with another configuration "
@@ -274,126 +197,8 @@ def run_sweep(*, workload: str, workload_args: Sequence[str] = (), world_sizes: 
                    "workload_args": tuple(workload_args), "steps": steps,
                    "warmup_steps": warmup_steps}
     try:
-        return _run_points(sdir, old if old and old.get("config") == config else None, config,
-                           sizes, batches, nodes, repeats, force, spec_kwargs,
-                           launch_point or launch_local, topology, progress, mode)
+        return run_points(sdir, old if old and old.get("config") == config else None, config,
+                          sizes, batches, nodes, repeats, force, spec_kwargs,
+                          launch_point or launch_local, topology, progress, mode)
     finally:
         lock.unlink(missing_ok=True)
-
-
-@dataclass(kw_only=True)
-class _Sweep:
-    """The state of one call of run_sweep: the points, the manifest, where output goes."""
-
-    sdir: Path
-    points: dict[str, SweepPoint]
-    manifest: dict[str, Any]
-    spec_kwargs: dict[str, Any]  # LaunchSpec fields shared by every point
-    launch_point: LaunchPoint
-    bar: ProgressBar
-
-    def save(self) -> None:
-        """Rewrite the manifest (atomically) with every point's current record."""
-        ordered = sorted(self.points.values(), key=lambda p: (p.world_size, p.repeat))
-        self.manifest.update(points=[dataclasses.asdict(p) for p in ordered],
-                             updated=time.time(),
-                             world_sizes=sorted({p.world_size for p in ordered}))
-        atomic_write_json(self.sdir / MANIFEST, self.manifest)
-
-    def run(self, name: str, index: int) -> None:
-        """Launch one point into a fresh directory and record how it ended."""
-        from launcher.rundir import create_run_dir
-
-        point, pdir = self.points[name], self.sdir / name
-        if pdir.exists():
-            moved = move_aside(pdir, self.sdir)
-            self.bar.note(f"{name}: moved what a previous attempt left to "
-                          f"{moved.relative_to(self.sdir)}")
-        run_id = f"{self.sdir.name}-{name}-a{point.attempts + 1}"
-        spec = LaunchSpec(run_id=run_id, run_dir=str(pdir), num_nodes=point.num_nodes,
-                          nproc_per_node=point.world_size // point.num_nodes,
-                          micro_batch=point.micro_batch, **self.spec_kwargs)
-        create_run_dir(pdir, run_id)
-        point = dataclasses.replace(point, status="running", run_id=run_id, error=None,
-                                    attempts=point.attempts + 1, started=time.time(),
-                                    finished=None)
-        self.points[name] = point
-        self.save()
-        where = f" on {point.num_nodes} nodes" if point.num_nodes > 1 else ""
-        self.bar.update(index, f"{name} running ({point.world_size} rank(s){where}, micro-batch "
-                               f"{point.micro_batch})")
-        try:
-            # 0640 whatever the umask: run dirs are never world-writable
-            fd = os.open(pdir / "console.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
-            with open(fd, "w", encoding="utf-8") as console:
-                result = self.launch_point(spec, console)
-        except (KeyboardInterrupt, SweepInterrupted):
-            self.points[name] = dataclasses.replace(point, status="pending",
-                                                    error="interrupted; re-run to resume")
-            self.save()
-            self.bar.note(f"{name}: interrupted; run the same command again to resume")
-            raise
-        except Exception as e:  # a failed point must not stop the sweep
-            log.debug("point %s raised", name, exc_info=True)
-            msg = str(e) if isinstance(e, DlaunchError) else f"{type(e).__name__}: {e}"
-            point = dataclasses.replace(point, status="failed", error=msg, finished=time.time())
-        else:
-            ok = result.status == "ok"
-            err = None if ok else (result.failures[0] if result.failures
-                                   else f"exit code {result.exit_code}")
-            point = dataclasses.replace(point, status="ok" if ok else "failed", error=err,
-                                        finished=time.time(), samples_per_s=result.samples_per_s,
-                                        step_time_median_s=result.step_time_median_s)
-        self.points[name] = point
-        self.save()
-        took = (point.finished or 0.0) - (point.started or 0.0)
-        if point.status == "ok":
-            self.bar.note(f"{name}: ok, {point.samples_per_s or 0:,.1f} samples/s, median step "
-                          f"{point.step_time_median_s or 0:.4f} s ({took:.1f} s)")
-        else:
-            self.bar.note(f"{name}: FAILED ({took:.1f} s): {point.error} "
-                          f"(see {pdir / 'console.log'})")
-
-
-def _run_points(sdir: Path, old: dict[str, Any] | None, config: dict[str, Any],
-                sizes: list[int], batches: dict[int, int], nodes: dict[int, int], repeats: int,
-                force: bool,
-                spec_kwargs: dict[str, Any], launch_point: LaunchPoint,
-                topology: Mapping[str, Any] | None, progress: IO[str] | None,
-                mode: str) -> SweepResult:
-    accum = int(spec_kwargs.get("grad_accum_steps", 1))
-    known = {p["name"]: SweepPoint(**p) for p in (old or {}).get("points", [])}
-    wanted = [point_name(n, k) for n in sizes for k in range(repeats)]
-    points: dict[str, SweepPoint] = dict(known)
-    for n in sizes:
-        for k in range(repeats):
-            prev = known.get(point_name(n, k))
-            points[point_name(n, k)] = SweepPoint(
-                name=point_name(n, k), world_size=n, repeat=k, micro_batch=batches[n],
-                global_batch=batches[n] * accum * n, num_nodes=nodes[n],
-                attempts=prev.attempts if prev else 0,
-                status=prev.status if prev else "pending", run_id=prev.run_id if prev else "")
-    manifest: dict[str, Any] = {
-        "kind": "sweep", "version": 1, "name": sdir.name, "mode": mode, "config": config,
-        "created": (old or {}).get("created", time.time()),
-        "topology": topology if topology is not None else (old or {}).get("topology")}
-    sweep = _Sweep(sdir=sdir, points=points, manifest=manifest, spec_kwargs=spec_kwargs,
-                   launch_point=launch_point, bar=ProgressBar(len(wanted), progress))
-    sweep.bar.note(f"sweep {sdir}: {mode} scaling, world sizes {','.join(map(str, sizes))}"
-                   + (f", {repeats} repeats" if repeats > 1 else ""))
-    ran = skipped = 0
-    for i, name in enumerate(wanted):
-        done = finished_ok(sdir / name)
-        if done is not None and not force:
-            points[name] = dataclasses.replace(points[name], status="ok", run_id=done.run_id,
-                                               samples_per_s=done.samples_per_s,
-                                               step_time_median_s=done.step_time_median_s)
-            skipped += 1
-            sweep.bar.note(f"{name}: ok (already done, skipped; --force re-runs it)")
-            continue
-        ran += 1
-        sweep.run(name, i)
-    sweep.save()
-    sweep.bar.update(len(wanted), "done")
-    ordered = tuple(sorted(points.values(), key=lambda p: (p.world_size, p.repeat)))
-    return SweepResult(sweep_dir=sdir, mode=mode, points=ordered, ran=ran, skipped=skipped)

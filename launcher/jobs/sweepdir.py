@@ -1,6 +1,9 @@
 """Sweep directories: the manifest, the lock, and point directories moved aside.
 
-The counterpart of rundir.py for sweeps (layout in launcher/jobs/sweep.py).
+The counterpart of rundir.py for sweeps (file names in `launcher.rundir.SweepPaths`, layout in
+launcher/jobs/sweep.py).
+
+Never imports cli, runtime or report.
 """
 
 from __future__ import annotations
@@ -18,17 +21,14 @@ from typing import Any
 from launcher.errors import LaunchError, UsageError
 from launcher.files import read_json
 from launcher.results.types import RunResult
+from launcher.rundir import RunPaths, SweepPaths
 
 log = logging.getLogger(__name__)
-
-MANIFEST = "sweep.json"
-LOCK = "sweep.lock"
-ATTEMPTS = ".attempts"
 
 
 def read_manifest(sweep_dir: str | Path) -> dict[str, Any] | None:
     """The manifest of a sweep directory, or None when there is none."""
-    path = Path(sweep_dir) / MANIFEST
+    path = SweepPaths(root=sweep_dir).manifest
     if not path.exists():
         return None
     try:
@@ -38,6 +38,24 @@ def read_manifest(sweep_dir: str | Path) -> dict[str, Any] | None:
     if not isinstance(data, dict) or data.get("kind") != "sweep":
         raise UsageError(f"{path} is not a dlaunch sweep manifest")
     return data
+
+
+def refuse_foreign(sweep_dir: Path) -> None:
+    """UsageError unless `sweep_dir` is absent, empty, or a dlaunch sweep (its manifest, or only
+    the lock of a sweep stopped before writing one): a sweep moves and rewrites what it finds."""
+    paths = SweepPaths(root=sweep_dir)
+    if not sweep_dir.exists():
+        return
+    if not sweep_dir.is_dir():
+        raise UsageError(f"--sweep-dir {str(sweep_dir)!r} exists and is not a directory; "
+                         "give a new directory")
+    if paths.manifest.exists():
+        return
+    foreign = sorted(e.name for e in sweep_dir.iterdir() if e != paths.lock)
+    if foreign:
+        raise UsageError(f"--sweep-dir {str(sweep_dir)!r} is not empty and holds no dlaunch sweep "
+                         f"(no {paths.manifest.name}; found {foreign[0]!r}); give a new or "
+                         "empty directory")
 
 
 def first_difference(a: Any, b: Any, prefix: str = "") -> str:
@@ -61,7 +79,7 @@ def _pid_alive(pid: int) -> bool:
 
 def acquire_lock(sweep_dir: Path) -> Path:
     """Refuse a second sweep in the same directory; take over a dead one's lock."""
-    path = sweep_dir / LOCK
+    path = SweepPaths(root=sweep_dir).lock
     me = {"pid": os.getpid(), "host": socket.gethostname()}
     for _ in range(2):
         try:
@@ -86,7 +104,7 @@ def acquire_lock(sweep_dir: Path) -> Path:
 
 def move_aside(point_dir: Path, sweep_dir: Path) -> Path:
     """Keep what a point left behind under .attempts/ (never delete measurements)."""
-    dest_root = sweep_dir / ATTEMPTS
+    dest_root = SweepPaths(root=sweep_dir).moved_aside
     dest_root.mkdir(exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     dest = dest_root / f"{point_dir.name}-{stamp}"
@@ -100,7 +118,7 @@ def move_aside(point_dir: Path, sweep_dir: Path) -> Path:
 
 def finished_ok(point_dir: Path) -> RunResult | None:
     """The point's result when its result.json exists and says ok, else None."""
-    path = point_dir / "result.json"
+    path = RunPaths(root=point_dir).result
     if not path.exists():
         return None
     try:

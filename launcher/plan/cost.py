@@ -1,164 +1,134 @@
-"""Step-time model: compute from FLOPs, communication from the alpha-beta model.
+"""Step-time model: compute by kind of work, communication from the alpha-beta model.
 
-Pure arithmetic on the frozen specs: no torch, no I/O.
+Pure arithmetic on the frozen specs: no torch, no I/O; never imports cli, backends or runtime.
 
-Collectives (nccl-tests' conventions, PERFORMANCE.md): over n ranks, S bytes,
-bandwidth B = `link.bw_gb_s * 1e9` (the achievable bus bandwidth per device of the slowest link
-the ring crosses) and alpha = `link.latency_us * 1e-6` per ring step:
+One micro-batch's forward on a GPU is the sum of three kinds of work, each at its own rate:
+- matmuls (the profile's FLOPs minus attention) at the dtype's peak x a matmul efficiency that
+  rises with the GEMM's size: the architecture's best large-GEMM fraction (MAMF), times
+  w/(w + GEMM_HALF_WIDTH) for model width w and t/(t + GEMM_HALF_TOKENS) for t tokens per
+  micro-batch: narrow models and short micro-batches run far below peak;
+- attention (flash attention, causal: half the profiled 4 s^2 d FLOPs per block) at the
+  architecture's flash-attention fraction x s/(s + ATTENTION_HALF_SEQ);
+- memory-bound work (norms, activations, residual adds, casts, rotary, loss) proportional to the
+  activation bytes the forward saves, over the HBM bandwidth (MEMORY_PASSES HBM round trips per
+  saved byte, fewer with torch.compile, which fuses the elementwise chains).
+Backward is twice the forward (flash attention's 2.5x); checkpointing recomputes
+`recompute_fraction` of the forward inside backward (1 = every block, 4/3 the compute; 0.5 =
+every other block, or per-op selective checkpointing that saves every other matmul). The
+optimizer step streams fp32 params, grads and AdamW state through HBM once.
 
-    all-reduce      2(n-1)/n * S/B + 2(n-1) * alpha
-    all-gather      (n-1)/n * S/B + (n-1) * alpha      (S = the gathered, full size)
-    reduce-scatter  (n-1)/n * S/B + (n-1) * alpha      (S = the full input size)
+Communication (collectives.py) hides behind compute but is not free: NCCL's kernels take SMs and
+HBM bandwidth from the matmuls they overlap, so every hidden second costs CONTENTION seconds of
+compute; what compute cannot hide (the first all-gather of a forward, the last reduce-scatter of
+a backward, traffic beyond the phase) is exposed. Every collective synchronises the ranks, so the
+step waits for the slowest: with per-step jitter of coefficient of variation STEP_JITTER the
+expected maximum over N ranks is sqrt(2 ln N) standard deviations above the mean.
 
-Across nodes (the convention of topologies/*.yaml): `inter_node.bw_gb_s` is the bus bandwidth a
-ring spanning the nodes sees per rank when all G ranks of a node take part, i.e. the node's
-aggregate network bandwidth (NCCL spreads its channels over the rails). G collectives that run at
-once with one rank per node each (hybrid replicas, the inter-node phase of a hierarchical
-all-reduce) share it: each gets bw / G.
-- all-gather / reduce-scatter across nodes: NCCL only has ring algorithms for them with several
-  ranks per node, so a flat ring over all N ranks at the slowest link's bandwidth, with the
-  slowest link's latency per step (ring steps advance in lockstep).
-- all-reduce across nodes: NCCL's tuner picks ring or tree per message size; we take the fastest
-  of the flat ring and the two-level (hierarchical) all-reduce: intra-node reduce-scatter,
-  inter-node all-reduce of 1/G of the data (G of them at once on the shared network; a ring, or
-  a tree with 2 log2(M) latencies as NCCL's double binary tree has), intra-node all-gather. The
-  hierarchical form crosses the network with 2(M-1)/M x S per node instead of the flat ring's
-  2(N-1)/N x S. Its phases are summed, not pipelined, which errs slightly on the slow side.
+On CPUs the calibrated flat model stays: FLOPs / (peak x ACHIEVABLE_FRACTION_CPU), which already
+contains the memory-bound work, with no contention or jitter terms.
 
-Overlap: communication issued during a compute phase hides behind `OVERLAP_EFFICIENCY` of that
-phase (NCCL kernels take SMs and memory bandwidth from compute, so not all of it); what is left,
-and the collectives that have nothing to overlap with (the first all-gather of a forward, the
-last bucket/unit of a backward), are exposed.
+Pure: never imports torch, does no I/O, and never imports cli, backends, jobs, runtime, results
+or report.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
-from collections.abc import Callable
+from dataclasses import dataclass
 
-from launcher.plan.memory import COMPUTE_DTYPE_BYTES, DDP_BUCKET_CAP_BYTES, GRAD_BYTES, unsharded_root_params
+from launcher.hardware.types import DeviceSpec, Topology
+from launcher.plan.collectives import ddp_comm, sharded_comm
+from launcher.plan.memory import COMPUTE_DTYPE_BYTES
 from launcher.plan.types import StepTimeEstimate
-from launcher.specs import DeviceSpec, Link, ModelProfile, Strategy, Topology
+from launcher.specs import ModelProfile, Strategy
 
 logger = logging.getLogger(__name__)
 
-# Fraction of the dtype's dense peak a training step sustains (model FLOPs utilisation).
-# CUDA: Megatron-LM sustains 44-52% of A100 peak on large GPTs (Narayanan et al. 2021); a bare
-# bf16 8192^3 matmul reaches 80% on H100 (790 of 989, design.md) and a step adds attention,
-# norms, the optimizer and launch gaps. 0.40 is a conservative middle for PyTorch eager/FSDP.
-ACHIEVABLE_FRACTION_CUDA = 0.40
-# CPU: measured on this repo's 2-core AMD EPYC (Zen 4, 2.6 GHz, 32 fp32 FLOP/cycle/core -> 166
-# GFLOP/s fp32, 333 bf16 via avx512_bf16), workloads/gpt.py `tiny`, batch 8, AdamW, torch 2.13:
-# fp32 107 GFLOP/s (0.64 of peak), bf16 autocast 136-153 GFLOP/s (0.41-0.46).
+# --- GPU compute -----------------------------------------------------------------------------
+# Best bf16 GEMM a GPU sustains, as a fraction of its dense peak, by compute capability: the
+# "maximum achievable matmul FLOPS" (MAMF) of stas00/ml-engineering, compute/accelerator/README.md:
+# A100 SXM 267.9 of 312 TFLOP/s, H100 SXM 792.1 of 989 (CUDA 12.1). Other GPUs: the H100 figure.
+GEMM_PEAK_FRACTION = {(8, 0): 0.859, (9, 0): 0.801}
+GEMM_PEAK_FRACTION_DEFAULT = 0.80
+# Small GEMMs run below MAMF (tile and wave quantization, NVIDIA's "Matrix Multiplication
+# Background" guide): efficiency x w/(w + W) x t/(t + T) for width w and t tokens per micro-
+# batch: 768 wide keeps 71% of MAMF, 8192 wide 96%; 2048 tokens 80%, 16k 97%. FIT: W and T,
+# with MEMORY_PASSES, COMPILE_MEMORY_FACTOR, CONTENTION and STEP_JITTER, jointly over the 61
+# rows of benchmarks/published (grid search, least mean |log(predicted/published)|; holding out
+# each source in turn and fitting on the rest predicts it within a median 3-8%).
+GEMM_HALF_WIDTH = 320
+GEMM_HALF_TOKENS = 512
+# Flash attention forward+backward, causal, head dim 128, as a fraction of the dense peak at long
+# sequences: FlashAttention-2 (Dao 2023, arXiv 2307.08691, Fig. 4-6) ~200 of 312 TFLOP/s on
+# A100, ~335 of 989 on H100 (FA2 uses no Hopper-specific instructions). Throughput halves around
+# 512 tokens and saturates by 8k in the same figures.
+ATTENTION_PEAK_FRACTION = {(8, 0): 0.64, (9, 0): 0.35}
+ATTENTION_PEAK_FRACTION_DEFAULT = 0.35
+ATTENTION_HALF_SEQ = 512
+# Backward of flash attention: 5 matmuls against the forward's 2 (FA2 paper, section 3).
+ATTENTION_BWD_FACTOR = 2.5
+# HBM bandwidth, datasheets: by product name where one architecture ships with different memory
+# (A100 40GB HBM2 1555 GB/s vs 80GB HBM2e 2039; H100 PCIe 2000, NVL 3900, the 94/96 GB HBM2e
+# H100 2410 (measured 2.41 TB/s, arXiv 2604.11391) vs SXM5 80GB HBM3 3350), else by compute
+# capability: V100 900, T4 320, A100 2039, A10/RTX 3090-class 936, L40S 864, H100 SXM5 3350.
+HBM_GB_S_BY_NAME = (("a100-sxm4-40gb", 1555), ("a100-pcie-40gb", 1555), ("h100 pcie", 2000),
+                    ("h100 nvl", 3900), ("hbm2e", 2410))
+HBM_GB_S = {(7, 0): 900, (7, 5): 320, (8, 0): 2039, (8, 6): 936, (8, 9): 864, (9, 0): 3350}
+HBM_GB_S_DEFAULT = 2000
+# HBM round trips per byte of saved activations for the memory-bound work of one forward (eager
+# PyTorch runs each norm, activation, residual add, cast and rotary as separate kernels that read
+# and write whole activations). FIT (see GEMM_HALF_WIDTH): 61 rows.
+MEMORY_PASSES = 5.0
+# torch.compile fuses those elementwise chains into fewer kernels: the share of the eager traffic
+# that remains. FIT (see GEMM_HALF_WIDTH), resting on the 10 rows with compile (torchtitan 8B
+# on 8/128 H100 eager vs compile: +16%; IBM Llama 2 7B-70B).
+COMPILE_MEMORY_FACTOR = 0.6
+# AdamW step per parameter of the local shard: read fp32 param, grad, m, v (16 B), write param,
+# m, v (12 B); a memory-bound kernel (fused or foreach).
+OPTIMIZER_BYTES_PER_PARAM = 28
+
+# --- CPU compute: the share of the ISA peak (`hardware.detect.cpu_peak_tflops`: 32 fp32
+# FLOP/cycle/core on Zen 4, twice that in bf16 via avx512_bf16) a training step reaches.
+# workloads/gpt.py `tiny`, batch 8, AdamW, torch 2.13 reached 0.64 of the fp32 peak and
+# 0.41-0.46 of the bf16 peak under autocast.
 ACHIEVABLE_FRACTION_CPU = {"fp32": 0.6, "bf16": 0.45, "fp16": 0.45}
-# Forward + backward = 3 forward passes; per-block checkpointing recomputes the forward: 4 / 3.
-FWD_BWD_FACTOR = 3.0
-CHECKPOINT_RECOMPUTE_FACTOR = 4.0 / 3.0
-# Share of a compute phase that communication can hide behind (an assumption, not a measurement).
-# CUDA: NCCL runs on its own stream but its kernels take SMs and HBM bandwidth from compute.
-# CPU/gloo: the collective thread competes with compute for the same few cores.
-OVERLAP_EFFICIENCY = {"cuda": 0.8, "cpu": 0.5}
-# Fixed cost of each FSDP collective on the critical path, beyond its alpha-beta time: FSDP2's
-# pre-forward/post-backward hooks, the copy-in (chunk_cat) and copy-out (split_with_sizes_copy)
-# kernels on the compute stream and the cross-stream waits. CUDA: the hooks cost 0.1-1 ms of CPU
-# per unit (pytorch#173680) but mostly run ahead of the GPU; copy-out of a 0.15 GB gather takes
-# ~0.2-0.3 ms (pytorch#115515) -> 50 us per collective. CPU/gloo: calibrated on design.md's 3.7M
-# GPT, 2 ranks: FSDP2 0.43 s/step vs DDP 0.34 s/step, ~85 ms beyond the byte difference over
-# 14 collectives -> ~5 ms each. DDP's reducer is C++ and its buckets are views: no such term.
-FSDP_COLLECTIVE_OVERHEAD_S = {"cuda": 50e-6, "cpu": 5e-3}
-# FSDP reduces gradients in fp32 (MixedPrecisionPolicy(reduce_dtype=float32)); DDP all-reduces
-# the fp32 .grad buckets.
-REDUCE_DTYPE_BYTES = 4
+
+# --- overlap -----------------------------------------------------------------------------------
+# Share of a compute phase communication can hide behind. CPU/gloo: the collective thread
+# competes with compute for the same few cores (an assumption, not a measurement). CUDA: NCCL
+# runs on its own stream for the whole phase; its cost is in CONTENTION instead.
+OVERLAP_EFFICIENCY = {"cuda": 1.0, "cpu": 0.5}
+# Compute seconds lost per second of communication hidden behind it: NCCL's ring kernels occupy
+# up to 16-32 of the GPU's SMs and stream every byte through HBM (nccl-tests #212). FIT (see
+# GEMM_HALF_WIDTH), resting mostly on the MPT rows whose accumulation re-gathers all weights
+# per micro-batch and on IBM's 400 Gb/s cluster.
+CONTENTION = {"cuda": 0.15, "cpu": 0.0}
+# Coefficient of variation of one rank's step time (clock and power throttling, the host,
+# network jitter). FIT (see GEMM_HALF_WIDTH), resting on the 4 published scaling series
+# (8 -> 64/128 GPUs).
+STEP_JITTER = {"cuda": 0.006, "cpu": 0.0}
+# Checkpointing every block recomputes the whole forward: 4/3 of the compute.
+FULL_RECOMPUTE = 1.0
 
 
-def _alpha(link: Link) -> float:
-    return link.latency_us * 1e-6
+@dataclass(frozen=True, kw_only=True)
+class ForwardPass:
+    """Seconds of one micro-batch's forward on one device, by kind of work."""
 
+    gemm_s: float
+    attention_s: float
+    memory_s: float
 
-def _beta(link: Link) -> float:
-    return link.bw_gb_s * 1e9
+    @property
+    def total_s(self) -> float:
+        """All three."""
+        return self.gemm_s + self.attention_s + self.memory_s
 
-
-def ring_allreduce_s(nbytes: float, n: int, link: Link) -> float:
-    """Ring all-reduce of `nbytes` over `n` ranks: 2(n-1)/n * S/B + 2(n-1) * alpha."""
-    if n <= 1 or nbytes <= 0:
-        return 0.0
-    return 2 * (n - 1) / n * nbytes / _beta(link) + 2 * (n - 1) * _alpha(link)
-
-
-def allgather_s(nbytes: float, n: int, link: Link) -> float:
-    """Ring all-gather whose gathered output is `nbytes`: (n-1)/n * S/B + (n-1) * alpha."""
-    if n <= 1 or nbytes <= 0:
-        return 0.0
-    return (n - 1) / n * nbytes / _beta(link) + (n - 1) * _alpha(link)
-
-
-def reduce_scatter_s(nbytes: float, n: int, link: Link) -> float:
-    """Ring reduce-scatter of an `nbytes` input: (n-1)/n * S/B + (n-1) * alpha."""
-    return allgather_s(nbytes, n, link)
-
-
-def tree_allreduce_s(nbytes: float, n: int, link: Link) -> float:
-    """NCCL's double binary tree all-reduce: the ring's bandwidth term ("full bandwidth", NCCL
-    2.4 release notes) with 2 * ceil(log2 n) latencies instead of 2(n-1)."""
-    if n <= 1 or nbytes <= 0:
-        return 0.0
-    return 2 * (n - 1) / n * nbytes / _beta(link) + 2 * math.ceil(math.log2(n)) * _alpha(link)
-
-
-def shared_link(link: Link, groups: int) -> Link:
-    """`link` as seen by each of `groups` collectives that run at once and share it."""
-    return dataclasses.replace(link, bw_gb_s=link.bw_gb_s / max(1, groups))
-
-
-def slowest_link(intra: Link, inter: Link | None) -> Link:
-    """The link that bounds a flat ring crossing both: lowest bandwidth, highest latency."""
-    if inter is None:
-        return intra
-    return dataclasses.replace(inter, bw_gb_s=min(intra.bw_gb_s, inter.bw_gb_s),
-                               latency_us=max(intra.latency_us, inter.latency_us))
-
-
-def hierarchical_allreduce_s(nbytes: float, devices_per_node: int, num_nodes: int,
-                             intra: Link, inter: Link | None, *, tree: bool = False) -> float:
-    """Two-level all-reduce: intra-node reduce-scatter, inter-node all-reduce of 1/G of the data
-    (the G local ranks' all-reduces run at once and share `inter`; a ring, or NCCL's tree with
-    `tree=True`), intra-node all-gather."""
-    g, m = devices_per_node, num_nodes
-    if m <= 1 or inter is None:
-        return ring_allreduce_s(nbytes, g, intra)
-    across = tree_allreduce_s if tree else ring_allreduce_s
-    return (reduce_scatter_s(nbytes, g, intra) + across(nbytes / g, m, shared_link(inter, g))
-            + allgather_s(nbytes, g, intra))
-
-
-Collective = Callable[[float], float]
-
-
-def _group(topology: Topology, *, within_node: bool = False) -> dict[str, Collective]:
-    """The three collectives over all ranks (or over one node's ranks) of `topology`."""
-    g = topology.devices_per_node
-    if within_node or topology.num_nodes <= 1 or topology.inter_node is None:
-        intra = topology.intra_node
-        return {"ag": lambda s: allgather_s(s, g, intra),
-                "rs": lambda s: reduce_scatter_s(s, g, intra),
-                "ar": lambda s: ring_allreduce_s(s, g, intra)}
-    n, m = topology.world_size, topology.num_nodes
-    intra, inter = topology.intra_node, topology.inter_node
-    flat = slowest_link(intra, inter)
-    return {"ag": lambda s: allgather_s(s, n, flat),
-            "rs": lambda s: reduce_scatter_s(s, n, flat),
-            "ar": lambda s: min(ring_allreduce_s(s, n, flat),
-                                hierarchical_allreduce_s(s, g, m, intra, inter),
-                                hierarchical_allreduce_s(s, g, m, intra, inter, tree=True))}
-
-
-def _split(op: Collective, total: float, count: int) -> float:
-    """`count` equal collectives moving `total` bytes together (latency paid `count` times)."""
-    count = max(1, count)
-    return count * op(total / count)
+    @property
+    def backward_s(self) -> float:
+        """Backward: twice the matmuls and memory traffic, flash attention's 2.5x."""
+        return 2 * (self.gemm_s + self.memory_s) + ATTENTION_BWD_FACTOR * self.attention_s
 
 
 def peak_flops(device: DeviceSpec, precision: str) -> float:
@@ -168,34 +138,101 @@ def peak_flops(device: DeviceSpec, precision: str) -> float:
     return tflops * 1e12
 
 
-def achievable_fraction(device: DeviceSpec, precision: str) -> float:
-    """MFU assumed for `device` (CPUs have no compute capability)."""
-    if device.compute_capability is None:
-        return ACHIEVABLE_FRACTION_CPU.get(precision, ACHIEVABLE_FRACTION_CPU["fp32"])
-    return ACHIEVABLE_FRACTION_CUDA
+def model_width(profile: ModelProfile) -> float | None:
+    """The residual width of a sequence model: its first block's input (profiled in fp32) per
+    token / 4 bytes; None for other models."""
+    if profile.sample_units != "tokens" or profile.block_input_bytes_per_sample <= 0:
+        return None
+    return profile.block_input_bytes_per_sample / (4 * profile.units_per_sample)
+
+
+def attention_flops_fwd(profile: ModelProfile) -> float:
+    """Attention FLOPs per sample as the profile counts them (SDPA: 4 s^2 d per block, the
+    causal mask ignored), assuming one self-attention of the residual width per block."""
+    width = model_width(profile)
+    if width is None:
+        return 0.0
+    s = profile.units_per_sample
+    return min(4.0 * s * s * width * profile.num_blocks, 0.9 * profile.flops_fwd_per_sample)
+
+
+def gemm_efficiency(device: DeviceSpec, width: float | None, tokens: float) -> float:
+    """Fraction of the dense peak the matmuls of a micro-batch of `tokens` tokens run at."""
+    eff = GEMM_PEAK_FRACTION.get(device.compute_capability or (0, 0), GEMM_PEAK_FRACTION_DEFAULT)
+    if width is not None:
+        eff *= width / (width + GEMM_HALF_WIDTH) * tokens / (tokens + GEMM_HALF_TOKENS)
+    return eff
+
+
+def attention_efficiency(device: DeviceSpec, seq_len: int) -> float:
+    """Fraction of the dense peak causal flash attention runs at for sequences of `seq_len`."""
+    top = ATTENTION_PEAK_FRACTION.get(device.compute_capability or (0, 0),
+                                      ATTENTION_PEAK_FRACTION_DEFAULT)
+    return top * seq_len / (seq_len + ATTENTION_HALF_SEQ)
+
+
+def hbm_bytes_per_s(device: DeviceSpec) -> float:
+    """The device's memory bandwidth (datasheets: see HBM_GB_S_BY_NAME and HBM_GB_S)."""
+    name = device.name.lower()
+    for needle, gb_s in HBM_GB_S_BY_NAME:
+        if needle in name:
+            return gb_s * 1e9
+    return HBM_GB_S.get(device.compute_capability or (0, 0), HBM_GB_S_DEFAULT) * 1e9
+
+
+def forward_pass(profile: ModelProfile, strategy: Strategy, micro_batch: int,
+                 device: DeviceSpec) -> ForwardPass:
+    """One micro-batch's forward on `device`, by kind of work (see the module docstring)."""
+    peak = peak_flops(device, strategy.precision)
+    if device.compute_capability is None:  # CPU: the calibrated flat rate
+        frac = ACHIEVABLE_FRACTION_CPU.get(strategy.precision, ACHIEVABLE_FRACTION_CPU["fp32"])
+        return ForwardPass(gemm_s=profile.flops_fwd_per_sample * micro_batch / (peak * frac),
+                           attention_s=0.0, memory_s=0.0)
+    attn = attention_flops_fwd(profile)
+    tokens = micro_batch * profile.units_per_sample
+    gemm = (profile.flops_fwd_per_sample - attn) * micro_batch / (
+        peak * gemm_efficiency(device, model_width(profile), tokens))
+    # causal flash attention skips the upper triangle: half the profiled FLOPs
+    attention = 0.5 * attn * micro_batch / (
+        peak * attention_efficiency(device, profile.units_per_sample))
+    passes = MEMORY_PASSES * (COMPILE_MEMORY_FACTOR if strategy.compile else 1.0)
+    # the profile measured fp32 tensors; the traffic moves at the compute dtype (whatever
+    # autocast keeps in fp32 is small next to the matmul inputs and outputs)
+    saved = (profile.activation_bytes_per_sample * micro_batch
+             * COMPUTE_DTYPE_BYTES[strategy.precision] / COMPUTE_DTYPE_BYTES["fp32"])
+    return ForwardPass(gemm_s=gemm, attention_s=attention,
+                       memory_s=passes * saved / hbm_bytes_per_s(device))
+
+
+def _recompute(strategy: Strategy, recompute_fraction: float) -> float:
+    return recompute_fraction if strategy.activation_checkpointing else 0.0
 
 
 def compute_s(profile: ModelProfile, strategy: Strategy, micro_batch: int, grad_accum: int,
-              device: DeviceSpec) -> float:
-    """Compute time of one optimizer step on one rank: 3 x forward FLOPs x samples per rank /
-    (peak x achievable fraction), x 4/3 with checkpointing."""
-    flops = FWD_BWD_FACTOR * profile.flops_fwd_per_sample * micro_batch * grad_accum
-    if strategy.activation_checkpointing:
-        flops *= CHECKPOINT_RECOMPUTE_FACTOR
-    return flops / (peak_flops(device, strategy.precision)
-                    * achievable_fraction(device, strategy.precision))
+              device: DeviceSpec, *, recompute_fraction: float = FULL_RECOMPUTE) -> float:
+    """Compute time of `grad_accum` micro-batches on one rank (no optimizer step): forward,
+    backward, and the recomputed share of the forward with checkpointing."""
+    fwd = forward_pass(profile, strategy, micro_batch, device)
+    per_mb = fwd.total_s * (1 + _recompute(strategy, recompute_fraction)) + fwd.backward_s
+    return per_mb * grad_accum
 
 
-def _phases(strategy: Strategy) -> tuple[float, float]:
-    """(forward share, backward share) of a micro-batch's compute; the recompute of a
-    checkpointed forward runs inside backward."""
-    if strategy.activation_checkpointing:
-        return 1 / 4, 3 / 4
-    return 1 / 3, 2 / 3
+def optimizer_s(profile: ModelProfile, group_size: int, device: DeviceSpec) -> float:
+    """The AdamW step over this rank's shard of the parameters (GPUs; CPUs have it in their
+    calibrated rate)."""
+    if device.compute_capability is None:
+        return 0.0
+    local = profile.num_params / max(1, group_size)
+    return OPTIMIZER_BYTES_PER_PARAM * local / hbm_bytes_per_s(device)
+
+
+def shard_group_size(kind: str, topology: Topology) -> int:
+    """Ranks that share one copy of the model state: 1 (DDP), a node (hybrid), all (FSDP)."""
+    return {"ddp": 1, "hybrid": topology.devices_per_node}.get(kind, topology.world_size)
 
 
 def step_time(profile: ModelProfile, strategy: Strategy, topology: Topology, micro_batch: int,
-              grad_accum: int) -> StepTimeEstimate:
+              grad_accum: int, *, recompute_fraction: float = FULL_RECOMPUTE) -> StepTimeEstimate:
     """Predicted time of one optimizer step (grad_accum micro-batches) on one rank.
 
     - ddp: one all-reduce of the fp32 grads per step in 25 MiB buckets (no_sync during
@@ -207,65 +244,40 @@ def step_time(profile: ModelProfile, strategy: Strategy, topology: Topology, mic
       reduce-scatter in backward.
     - hybrid: fsdp_full's traffic inside a node, plus one all-reduce of each rank's 1/G grad
       shard across nodes per step (the runtime disables it on all but the last micro-batch).
+    Hidden communication costs CONTENTION of its time in compute; the whole step is stretched by
+    the expected wait for the slowest of the ranks (STEP_JITTER).
     """
-    device = topology.accelerator
-    t_mb = compute_s(profile, strategy, micro_batch, 1, device)
-    compute = t_mb * grad_accum
-    if topology.world_size <= 1:
-        return StepTimeEstimate(compute_s=compute, comm_total_s=0.0, comm_exposed_s=0.0)
-    ovl = OVERLAP_EFFICIENCY[topology.device]
-    fwd_share, bwd_share = _phases(strategy)
-    fwd, bwd = t_mb * fwd_share * ovl, t_mb * bwd_share * ovl  # hideable seconds
-    p = float(profile.num_params)
-    grad_bytes = GRAD_BYTES * p
-
+    device, kind, n = topology.accelerator, topology.device, topology.world_size
+    fwd = forward_pass(profile, strategy, micro_batch, device)
+    fwd_s = fwd.total_s
+    bwd_s = fwd.backward_s + _recompute(strategy, recompute_fraction) * fwd_s
+    opt = optimizer_s(profile, shard_group_size(strategy.kind, topology), device)
+    compute = grad_accum * (fwd_s + bwd_s) + opt
+    scale = grad_accum * (fwd_s + bwd_s) / fwd_s if fwd_s else 0.0
+    parts = (("matmul", fwd.gemm_s * scale), ("attention", fwd.attention_s * scale),
+             ("memory-bound", fwd.memory_s * scale), ("optimizer", opt))
+    if n <= 1:
+        return StepTimeEstimate(compute_s=compute, comm_total_s=0.0, comm_exposed_s=0.0,
+                                compute_parts=parts)
+    ovl = OVERLAP_EFFICIENCY[kind]
     if strategy.kind == "ddp":
-        ops = _group(topology)
-        buckets = math.ceil(grad_bytes / DDP_BUCKET_CAP_BYTES)
-        total = _split(ops["ar"], grad_bytes, buckets)
-        exposed = max(ops["ar"](grad_bytes / buckets), total - bwd)
-        return StepTimeEstimate(compute_s=compute, comm_total_s=total, comm_exposed_s=exposed)
-
-    c = COMPUTE_DTYPE_BYTES[strategy.precision]
-    block = float(profile.largest_block_params)
-    root = float(unsharded_root_params(profile))
-    nb = max(1, profile.num_blocks)
-    units = nb + (1 if root > 0 else 0)
-    ops = _group(topology, within_node=strategy.kind == "hybrid")
-
-    ag_fwd = _split(ops["ag"], c * p, units)
-    first_ag = ops["ag"](c * (root + block))  # nothing computes before root and block 0 arrive
-    ag_bwd = 0.0 if strategy.kind == "fsdp_grad_op" else _split(ops["ag"], c * (p - root), nb)
-    rs = _split(ops["rs"], REDUCE_DTYPE_BYTES * p, units)
-    last_rs = ops["rs"](REDUCE_DTYPE_BYTES * max(root, block))  # the last unit's grads, at the end
-    exposed_fwd = max(first_ag, ag_fwd - fwd)
-    exposed_bwd = max(last_rs, ag_bwd + rs - bwd)
-    # fixed per-collective cost: cannot overlap (it sits on the compute stream / CPU thread)
-    collectives = units + units + (0 if strategy.kind == "fsdp_grad_op" else nb)
-    fixed = collectives * FSDP_COLLECTIVE_OVERHEAD_S[topology.device]
-    total = grad_accum * (ag_fwd + ag_bwd + rs + fixed)
-    exposed = grad_accum * (exposed_fwd + exposed_bwd + fixed)
-
-    if strategy.kind == "hybrid" and topology.num_nodes > 1 and topology.inter_node is not None:
-        # G replica groups (one per local rank) all-reduce their 1/G shard at once, sharing
-        # the node's network bandwidth; one rank per node, so NCCL may use its tree
-        g, m = topology.devices_per_node, topology.num_nodes
-        replica = shared_link(topology.inter_node, g)
-
-        def across(s: float) -> float:
-            return min(ring_allreduce_s(s, m, replica), tree_allreduce_s(s, m, replica))
-
-        ar = _split(across, grad_bytes / g, units)
-        last_ar = across(REDUCE_DTYPE_BYTES * max(root, block) / g)
-        exposed_last = max(last_rs + last_ar, ag_bwd + rs + ar - bwd)
-        fixed_ar = units * FSDP_COLLECTIVE_OVERHEAD_S[topology.device]
-        total += ar + fixed_ar
-        exposed += exposed_last - exposed_bwd + fixed_ar
-    return StepTimeEstimate(compute_s=compute, comm_total_s=total, comm_exposed_s=exposed)
+        total, exposed = ddp_comm(profile, topology, bwd_s * ovl)
+    else:
+        total, exposed = sharded_comm(profile, strategy, topology, fwd_s * ovl, bwd_s * ovl,
+                                       grad_accum)
+    hidden = max(0.0, total - exposed)
+    contention = CONTENTION[kind] * hidden
+    busy = compute + exposed + contention
+    sync = STEP_JITTER[kind] * math.sqrt(2 * math.log(n)) * busy
+    return StepTimeEstimate(compute_s=compute, comm_total_s=total, comm_exposed_s=exposed,
+                            contention_s=contention, sync_wait_s=sync, compute_parts=parts)
 
 
-__all__ = ["ring_allreduce_s", "tree_allreduce_s", "allgather_s", "reduce_scatter_s",
-           "hierarchical_allreduce_s", "shared_link", "slowest_link", "compute_s", "step_time",
-           "peak_flops", "achievable_fraction", "ACHIEVABLE_FRACTION_CUDA",
-           "ACHIEVABLE_FRACTION_CPU", "OVERLAP_EFFICIENCY", "FSDP_COLLECTIVE_OVERHEAD_S",
-           "CHECKPOINT_RECOMPUTE_FACTOR", "REDUCE_DTYPE_BYTES"]
+__all__ = ["step_time", "compute_s", "forward_pass", "optimizer_s", "peak_flops",
+           "gemm_efficiency", "attention_efficiency", "hbm_bytes_per_s", "model_width",
+           "attention_flops_fwd", "shard_group_size", "ForwardPass", "GEMM_PEAK_FRACTION",
+           "GEMM_HALF_WIDTH", "GEMM_HALF_TOKENS", "ATTENTION_PEAK_FRACTION",
+           "ATTENTION_HALF_SEQ", "HBM_GB_S", "HBM_GB_S_BY_NAME", "MEMORY_PASSES", "COMPILE_MEMORY_FACTOR",
+           "OPTIMIZER_BYTES_PER_PARAM", "ACHIEVABLE_FRACTION_CPU", "OVERLAP_EFFICIENCY",
+           "CONTENTION", "STEP_JITTER",
+           "FULL_RECOMPUTE"]

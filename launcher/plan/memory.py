@@ -27,14 +27,18 @@ The model, per rank (P = parameters, G = shard group size, c = compute-dtype byt
   Per-block checkpointing keeps each block's input plus one block's activations during its
   recompute.
 - overhead: CUDA context, NCCL buffers and allocator slack on CUDA; nothing on CPU.
+
+Pure: never imports torch, does no I/O, and never imports cli, backends, jobs, runtime, results
+or report.
 """
 
 from __future__ import annotations
 
 import logging
 
+from launcher.hardware.types import DeviceSpec
 from launcher.plan.types import MemoryEstimate
-from launcher.specs import GIB, DeviceSpec, ModelProfile, Strategy
+from launcher.specs import GIB, ModelProfile, Strategy
 
 logger = logging.getLogger(__name__)
 

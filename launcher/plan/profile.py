@@ -8,17 +8,27 @@
 - FLOPs: `FlopCounterMode` over the micro-batch-1 forward, attention added analytically (that
   pass replaces SDPA to measure flash attention's memory);
 - a model of identical blocks (a transformer) runs through its first 1, 2 and 3 blocks only and
-  is scaled to all of them, after checking the increments are equal: 70B in well under a second.
+  is scaled to all of them, after checking the increments are equal: 70B in well under a second;
+- the optimizer: the workload's `make_optimizer` (or the default AdamW) is built on the meta
+  model, and one step of the same class with each param group's settings on a tiny real CPU
+  tensor measures its persistent state per parameter (SGD with momentum 4 B, AdamW 8 B).
+
+A profile that fails on the meta device is tried once more on a tiny real CPU batch, so the
+error says whether the workload has a bug (it fails on CPU too) or is only not meta-safe.
+
+Never imports cli, backends, jobs, runtime or report; torch only inside functions, so importing
+this module stays cheap.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import math
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from launcher.errors import WorkloadError
 from launcher.specs import ModelProfile
@@ -27,14 +37,18 @@ from launcher.workload import Workload
 log = logging.getLogger(__name__)
 
 PROFILE_BATCHES = (1, 2)
+# the CPU check of a failed meta profile builds the model for real: only below this size
+CPU_CHECK_MAX_PARAM_BYTES = 2 * 1024**3
+PROBE_NUMEL = 8  # elements of the tensor an optimizer's state is measured on
 
 
 def _dtype_name(dtype: Any) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def meta_batch(workload: Workload, micro_batch: int) -> Any:
+def meta_batch(workload: Workload, micro_batch: int) -> object:
     """A batch of `micro_batch` samples with the dataset's shapes and dtypes, on the meta device."""
+    # deferred: only a profile missing from the cache needs torch
     import torch
     from torch.utils.data import default_collate
 
@@ -61,6 +75,7 @@ def _flash_like_sdpa() -> Any:
     output and a log-sum-exp per row. Without this, Llama-3 8B at 8k tokens would "need" 380 GB
     of activations per sample.
     """
+    # deferred: only a profile missing from the cache needs torch
     import torch
     import torch.nn.functional as F
     from torch.overrides import TorchFunctionMode
@@ -98,6 +113,7 @@ def _saved_bytes(workload: Workload, model: Any, micro_batch: int, param_keys: s
     """Bytes autograd saves for backward in one forward (each storage once, no parameters),
     the bytes of the first block's input (what checkpointing keeps per block), and, with
     `count_flops`, the forward FLOPs (FlopCounterMode plus the attention it cannot see here)."""
+    # deferred: only a profile missing from the cache needs torch
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -129,7 +145,7 @@ def _saved_bytes(workload: Workload, model: Any, micro_batch: int, param_keys: s
         if handle is not None:
             handle.remove()
     del loss
-    flops = float(counter.get_total_flops() + sdpa.attention_flops) if count_flops else 0.0
+    flops = float(cast(FlopCounterMode, counter).get_total_flops() + sdpa.attention_flops) if count_flops else 0.0
     return total, (block_in[0] if block_in else 0), flops
 
 
@@ -143,6 +159,7 @@ def _signature(module: Any) -> tuple[Any, ...]:
 def _repeated_container(model: Any, blocks: Sequence[Any]) -> Any:
     """The ModuleList/Sequential/ModuleDict holding exactly `blocks`, in order, when every block
     has the same structure (a transformer's layers); None otherwise."""
+    # deferred: only a profile missing from the cache needs torch
     from torch import nn
 
     if len(blocks) < 4:  # too few to gain from extrapolating
@@ -206,8 +223,86 @@ def _extrapolated(workload: Workload, model: Any, param_keys: set[int], blocks: 
         log.debug("blocks do not add equal costs (%s, %s, %s); profiling every block", *runs)
         return None
     extra = len(blocks) - 1
-    return (one[0] + extra * steps[0], one[1] + extra * steps[1], one[2],
-            one[3] + extra * steps[3])
+    # byte increments are int differences; mypy only sees the tuple's int | float items
+    return cast(tuple[int, int, int, float], (one[0] + extra * steps[0], one[1] + extra * steps[1], one[2],
+                                               one[3] + extra * steps[3]))
+
+
+def _probe_state_bytes(cls: type, settings: dict[str, Any]) -> float:
+    """Persistent state bytes per element after one step of `cls(settings)` on a tiny fp32
+    CPU tensor: tensors the size of the parameter (momentum, exp_avg), not scalar counters."""
+    # deferred: only a profile missing from the cache needs torch
+    import torch
+
+    accepted = inspect.signature(cls.__init__).parameters
+    probe = torch.zeros(PROBE_NUMEL, requires_grad=True)
+    optimizer = cls([probe], **{k: v for k, v in settings.items() if k in accepted})
+    probe.grad = torch.ones(PROBE_NUMEL)
+    optimizer.step()
+    return sum(t.numel() * t.element_size() for state in optimizer.state.values()
+               for t in state.values()
+               if isinstance(t, torch.Tensor) and t.numel() == PROBE_NUMEL) / PROBE_NUMEL
+
+
+def optimizer_state(workload: Workload, model: Any, num_params: int) -> tuple[str, float]:
+    """The workload's optimizer class and its persistent state in bytes per model parameter.
+
+    The optimizer is built on the (meta) model, so its param groups are the workload's; each
+    group's settings (momentum 0 or 0.9, amsgrad) are stepped once on a real probe. Parameters
+    it does not train hold no state. An optimizer that cannot be probed counts as AdamW's 8 B.
+    """
+    optimizer = workload.make_optimizer(model)
+    cls = type(optimizer)
+    total = 0.0
+    try:
+        for group in optimizer.param_groups:
+            settings = {k: v for k, v in group.items() if k != "params"}
+            total += _probe_state_bytes(cls, settings) * sum(p.numel() for p in group["params"])
+    except Exception as e:
+        log.warning("optimizer %s could not be probed on CPU (%s: %s); its state is assumed to "
+                    "be AdamW's 8 B/param", cls.__name__, type(e).__name__, e)
+        return f"{cls.__name__} (assumed like AdamW)", 8.0
+    return cls.__name__, total / max(1, num_params)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e) if isinstance(e, WorkloadError) else f"{type(e).__name__}: {e}"
+    return next((line.strip() for line in text.splitlines() if line.strip()), type(e).__name__)
+
+
+def _cpu_failure(workload: Workload, meta_model: Any) -> BaseException | None:
+    """Run the profile's call (build_model, then loss_fn on micro-batch 2 of the real dataset)
+    on the CPU; the exception it raises, or None when it works there. Skipped (None) for a
+    model too big to build for real, whose meta size is known."""
+    # deferred: only a profile missing from the cache needs torch
+    import torch
+    from torch.utils.data import default_collate
+
+    if meta_model is not None:
+        size = sum(p.numel() * p.element_size() for p in meta_model.parameters())
+        if size > CPU_CHECK_MAX_PARAM_BYTES:
+            return None
+    try:
+        with torch.device("cpu"):
+            model = workload.build_model()
+        dataset = workload.make_dataset(PROFILE_BATCHES[-1])
+        batch = default_collate([dataset[i] for i in range(PROFILE_BATCHES[-1])])
+        workload.loss_fn(model, batch)
+    except Exception as e:
+        return e
+    return None
+
+
+def _meta_error(workload: Workload, meta_model: Any, e: Exception) -> WorkloadError:
+    """The one-line error of a failed meta profile: a bug when it fails on CPU too, else what
+    makes a workload meta-safe."""
+    cpu = _cpu_failure(workload, meta_model)
+    if cpu is not None:
+        return WorkloadError(f"workload {workload.path.name} fails on CPU too: {_first_line(cpu)} "
+                             "(a bug in the workload, not the meta device)")
+    return WorkloadError(f"workload {workload.path.name} fails only on the meta device "
+                         f"({_first_line(e)}); make build_model and loss_fn meta-safe: no "
+                         ".item()/.tolist(), no data-dependent shapes, no explicit device=")
 
 
 def profile_workload(workload: Workload, *, extrapolate: bool = True) -> ModelProfile:
@@ -216,9 +311,11 @@ def profile_workload(workload: Workload, *, extrapolate: bool = True) -> ModelPr
     With `extrapolate`, a model of identical blocks is measured through its first few blocks
     and scaled (exactly: see `_extrapolated`); otherwise every block runs.
     """
+    # deferred: only a profile missing from the cache needs torch
     import torch
 
     t0 = time.perf_counter()
+    model = None
     try:
         with torch.device("meta"):
             model = workload.build_model()
@@ -227,6 +324,7 @@ def profile_workload(workload: Workload, *, extrapolate: bool = True) -> ModelPr
             raise WorkloadError(f"workload {workload.path.name}: build_model() made tensors off the "
                                 "meta device; create parameters without an explicit device= so "
                                 "`with torch.device('meta')` applies")
+        optimizer, state_bytes = optimizer_state(workload, model, sum(p.numel() for p in params))
         blocks = workload.blocks(model)
         param_keys = {p.untyped_storage()._cdata for p in params}
         container = _repeated_container(model, blocks) if extrapolate else None
@@ -236,14 +334,11 @@ def profile_workload(workload: Workload, *, extrapolate: bool = True) -> ModelPr
             measured = _passes(workload, model, param_keys, blocks[0] if blocks else None)
         saved1, saved2, block_in, flops = measured
     except WorkloadError as e:
-        msg = str(e)
-        if "meta" not in msg:
-            msg += "; make build_model/loss_fn meta-safe (no .item(), no data-dependent shapes)"
-        raise WorkloadError(msg) from e
+        if "meta device" in str(e):  # tensors made off the meta device: already says what to do
+            raise
+        raise _meta_error(workload, model, e) from e
     except Exception as e:
-        raise WorkloadError(f"workload {workload.path.name} fails on the meta device "
-                            f"({type(e).__name__}: {e}); make build_model and loss_fn meta-safe: "
-                            "no .item()/.tolist(), no data-dependent shapes, no explicit device=") from e
+        raise _meta_error(workload, model, e) from e
     by_dtype: dict[str, int] = {}
     for p in params:
         by_dtype[_dtype_name(p.dtype)] = by_dtype.get(_dtype_name(p.dtype), 0) + p.numel() * p.element_size()
@@ -261,6 +356,8 @@ def profile_workload(workload: Workload, *, extrapolate: bool = True) -> ModelPr
         flops_fwd_per_sample=flops / PROFILE_BATCHES[0],
         units_per_sample=workload.units_per_sample,
         sample_units=workload.sample_units,
+        optimizer=optimizer,
+        optimizer_state_bytes_per_param=state_bytes,
     )
     log.debug("profiled %s in %.2f s", profile.name, time.perf_counter() - t0)
     return profile

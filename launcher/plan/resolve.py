@@ -4,6 +4,9 @@
 to the requested GPUs and nodes; `plan_workload` profiles the workload on the meta device and
 plans it. Profiles are cached by the workload file's contents, its arguments and the torch
 version, so `dlaunch run` after the first plan does not import torch before launching.
+
+Never imports cli, backends, jobs, runtime or report, and never torch itself (`profile` loads
+it when a profile is not cached).
 """
 
 from __future__ import annotations
@@ -22,8 +25,14 @@ from typing import Any
 
 from launcher.errors import UsageError
 from launcher.files import atomic_write_json
+from launcher.hardware.detect import detect_topology
+from launcher.hardware.topology import load_topology
+from launcher.hardware.types import Topology
+from launcher.plan.profile import profile_workload
+from launcher.plan.search import plan
 from launcher.plan.types import Plan
-from launcher.specs import Goal, ModelProfile, Topology
+from launcher.specs import Goal, ModelProfile
+from launcher.workload import load_workload
 
 log = logging.getLogger(__name__)
 
@@ -40,13 +49,9 @@ class Planned:
 def resolve_topology(*, topology: str | None, gpus: int | None, nodes: int | None) -> Topology:
     """The topology file (or this machine), with `gpus` per node and `nodes` nodes."""
     if topology is not None:
-        from launcher.hardware.topology import load_topology
-
         topo = load_topology(topology)
         source = f"topology {topo.name}"
     else:
-        from launcher.hardware.detect import detect_topology
-
         topo = detect_topology()
         source = "this machine"
     per_node = topo.devices_per_node if gpus is None else gpus
@@ -90,9 +95,6 @@ def cached_profile(workload: str, workload_args: Sequence[str]) -> ModelProfile:
         return ModelProfile(**json.loads(path.read_text(encoding="utf-8")))
     except (OSError, ValueError, TypeError):
         pass  # absent or stale: profile again
-    from launcher.plan.profile import profile_workload
-    from launcher.workload import load_workload
-
     # importing torch and torch._dynamo (meta kernels import it) allocates ~1M objects and the
     # cyclic GC rescans them over and over: 0.5 s of a 2.5 s cold `dlaunch plan`. Nothing here
     # builds garbage cycles worth collecting, so collection waits until the profile is done.
@@ -114,8 +116,6 @@ def cached_profile(workload: str, workload_args: Sequence[str]) -> ModelProfile:
 def plan_workload(workload: str, workload_args: Sequence[str], topology: Topology, goal: Goal, *,
                   overrides: Mapping[str, Any] | None = None) -> Planned:
     """Profile `workload` on the meta device (or take the cached profile) and plan it."""
-    from launcher.plan.search import plan
-
     profile = cached_profile(workload, workload_args)
     return Planned(plan=plan(profile, topology, goal, overrides=overrides), profile=profile,
                    topology=topology)

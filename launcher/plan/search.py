@@ -1,11 +1,14 @@
 """The planner: enumerate candidate strategies, drop what does not fit, rank by predicted speed.
 
-Pure functions of the frozen specs (no torch, no I/O). The search space (design.md, "Planner"):
+Pure functions of the frozen specs (no torch, no I/O). The search space:
 strategy {ddp, fsdp_grad_op, fsdp_full, hybrid (multi-node only)} x precision (bf16 where the
 device has it, else fp16 + GradScaler on CUDA; fp32 and, where the CPU lists a bf16 peak, bf16 on
 CPU) x activation checkpointing {off, on} x micro-batch (powers of two). Nothing here encodes the
 seed rule ("DDP when it fits, FSDP when it does not, DDP/hybrid on slow links"): it comes out of
 `memory.estimate_memory` and `cost.step_time`.
+
+Pure: never imports torch, does no I/O, and never imports cli, backends, jobs, runtime, results
+or report.
 """
 
 from __future__ import annotations
@@ -16,119 +19,26 @@ from collections.abc import Mapping
 from typing import Any
 
 from launcher.errors import PlanError
-from launcher.plan.cost import step_time
-from launcher.plan.memory import estimate_memory, fmt_gib, usable_mem_bytes
+from launcher.hardware.types import Topology
+from launcher.plan.candidates import (
+    DEFAULT_MAX_MICRO_BATCH,
+    OVERRIDE_KEYS,
+    STRATEGY_ORDER,
+    candidates,
+    check_overrides,
+    profile_for_goal,
+)
+from launcher.plan.cost import COMPILE_MEMORY_FACTOR
+from launcher.plan.memory import fmt_gib, usable_mem_bytes
 from launcher.plan.types import Candidate, Plan
-from launcher.specs import Goal, ModelProfile, Strategy, Topology
+from launcher.specs import Goal, ModelProfile
 
 logger = logging.getLogger(__name__)
 
-# Ties go to DDP (fewest moving parts), then to full shard over grad-op: at the same predicted
-# speed full shard keeps less in memory (more headroom), and hybrid only wins when faster.
-STRATEGY_ORDER = ("ddp", "fsdp_full", "fsdp_grad_op", "hybrid")
 LABELS = {"ddp": "DDP", "fsdp_grad_op": "FSDP grad-op", "fsdp_full": "FSDP full",
           "hybrid": "hybrid"}
 # Predictions closer than this are a tie: the model is not more accurate than a few percent.
 TIE_TOLERANCE = 0.02
-# Without --global-batch: power-of-two micro-batches up to this, no accumulation; the best
-# throughput wins, which (ties going to the larger micro-batch) is the largest that fits. Beyond
-# 64 the gains are small once compute dominates, and large batches need the learning rate
-# retuned; users who want more pass --global-batch. On CPU the step is compute-bound from a
-# few samples on, so throughput is flat in micro-batch and larger ones only add step latency.
-DEFAULT_MAX_MICRO_BATCH = {"cuda": 64, "cpu": 8}
-OVERRIDE_KEYS = ("strategy", "precision", "micro_batch", "compile", "compile_mode",
-                 "activation_checkpointing")
-
-
-def profile_for_goal(profile: ModelProfile, goal: Goal) -> ModelProfile:
-    """`profile` at `goal.seq_len`: activations and FLOPs scale linearly with sequence length
-    (exact for SDPA/flash attention, which saves no s x s scores; attention FLOPs are <10% for
-    seq_len < d_model, and grow quadratically beyond that)."""
-    if goal.seq_len is None or goal.seq_len == profile.units_per_sample:
-        return profile
-    if profile.sample_units != "tokens":
-        raise PlanError(f"--seq-len {goal.seq_len} applies to sequence models (tokens per "
-                        f"sample); {profile.name} counts {profile.sample_units}: drop --seq-len")
-    r = goal.seq_len / profile.units_per_sample
-    return dataclasses.replace(
-        profile, units_per_sample=goal.seq_len,
-        activation_bytes_per_sample=profile.activation_bytes_per_sample * r,
-        block_input_bytes_per_sample=profile.block_input_bytes_per_sample * r,
-        flops_fwd_per_sample=profile.flops_fwd_per_sample * r)
-
-
-def _check_overrides(overrides: Mapping[str, Any] | None, topology: Topology) -> dict[str, Any]:
-    ov = {k: v for k, v in (overrides or {}).items() if v is not None}
-    unknown = sorted(set(ov) - set(OVERRIDE_KEYS))
-    if unknown:
-        raise PlanError(f"unknown plan override {', '.join(unknown)}; "
-                        f"use {', '.join(OVERRIDE_KEYS)}")
-    if ov.get("strategy") == "hybrid" and topology.num_nodes <= 1:
-        raise PlanError("strategy hybrid shards inside a node and replicates across nodes: it "
-                        "needs more than one node; on one node use fsdp_full")
-    if "micro_batch" in ov and (not isinstance(ov["micro_batch"], int) or ov["micro_batch"] < 1):
-        raise PlanError(f"--micro-batch must be an integer >= 1, got {ov['micro_batch']!r}")
-    # Strategy validates kind/precision/compile_mode with an actionable message
-    Strategy(kind=ov.get("strategy", "ddp"), precision=ov.get("precision", "fp32"),
-             compile_mode=ov.get("compile_mode", "default"))
-    return ov
-
-
-def _precisions(topology: Topology, ov: Mapping[str, Any]) -> list[str]:
-    dev = topology.accelerator
-    if "precision" in ov:
-        return [ov["precision"]]
-    if topology.device == "cpu":
-        return ["fp32", "bf16"] if "bf16" in dev.peak_tflops else ["fp32"]
-    return ["bf16"] if dev.supports_bf16 else ["fp16"]
-
-
-def _batches(goal: Goal, n: int, ov: Mapping[str, Any],
-             device: str) -> tuple[list[tuple[int, int]], list[int]]:
-    """(micro_batch, grad_accum) pairs to try, and micro-batches skipped for divisibility."""
-    forced = ov.get("micro_batch")
-    if goal.global_batch is None:
-        top = DEFAULT_MAX_MICRO_BATCH[device]
-        mbs = [forced] if forced else [2**i for i in range(top.bit_length()) if 2**i <= top]
-        return [(mb, 1) for mb in mbs], []
-    gb = goal.global_batch
-    if gb % n:
-        raise PlanError(f"global batch {gb} does not split over {n} data-parallel ranks; "
-                        f"use a multiple of {n} (e.g. {max(n, gb // n * n)})")
-    per_rank = gb // n
-    if forced:
-        if per_rank % forced:
-            raise PlanError(f"micro-batch {forced} x {n} ranks does not divide global batch {gb}"
-                            f" ({per_rank} samples per rank); pick a divisor of {per_rank}")
-        return [(forced, per_rank // forced)], []
-    mbs = sorted({2**i for i in range(per_rank.bit_length()) if 2**i <= per_rank} | {per_rank})
-    ok = [(mb, per_rank // mb) for mb in mbs if per_rank % mb == 0]
-    return ok, [mb for mb in mbs if per_rank % mb]
-
-
-def _candidates(profile: ModelProfile, topology: Topology, goal: Goal, ov: Mapping[str, Any],
-                usable: float) -> tuple[list[Candidate], list[int]]:
-    n = topology.world_size
-    kinds = [k for k in STRATEGY_ORDER if k != "hybrid" or topology.num_nodes > 1]
-    if n == 1 and "strategy" not in ov:
-        kinds = ["ddp"]  # one device: nothing to shard over; the runtime runs it unwrapped
-    batches, skipped = _batches(goal, n, ov, topology.device)
-    out = []
-    for kind in kinds:
-        group = {"ddp": 1, "hybrid": topology.devices_per_node}.get(kind, n)
-        for precision in _precisions(topology, ov):
-            for ckpt in (False, True):
-                strategy = Strategy(kind=kind, precision=precision, activation_checkpointing=ckpt,
-                                    compile=bool(ov.get("compile", False)),
-                                    compile_mode=ov.get("compile_mode", "default"))
-                for mb, accum in batches:
-                    mem = estimate_memory(profile, strategy, micro_batch=mb, world_size=n,
-                                          shard_group_size=group, device=topology.device,
-                                          optimizer=goal.optimizer)
-                    t = step_time(profile, strategy, topology, mb, accum)
-                    out.append(Candidate(strategy=strategy, micro_batch=mb, grad_accum_steps=accum,
-                                         memory=mem, time=t, fits=mem.total_bytes <= usable))
-    return out, skipped
 
 
 def _matches(c: Candidate, ov: Mapping[str, Any]) -> bool:
@@ -275,8 +185,10 @@ def _reasons(chosen: Candidate, cands: list[Candidate], profile: ModelProfile,
         out.append("warning: fp16 autocast on CPU is slow and needs a GradScaler; "
                    "use bf16 or fp32")
     if chosen.strategy.compile:
-        out.append("torch.compile: not modelled (the estimate is eager speed); the first step "
-                   "compiles for tens of seconds")
+        modelled = ("not modelled on CPU (the estimate is eager speed)" if topology.device == "cpu"
+                    else f"modelled as fused elementwise work (memory-bound traffic "
+                         f"x{COMPILE_MEMORY_FACTOR:g})")
+        out.append(f"torch.compile: {modelled}; the first step compiles for tens of seconds")
     t = chosen.time
     out.append(f"communication: {t.comm_total_s:.3g} s per step, {t.comm_exposed_s:.3g} s of it "
                f"exposed ({t.comm_exposed_s / t.step_time_s:.0%} of the step)")
@@ -329,11 +241,11 @@ def plan(profile: ModelProfile, topology: Topology, goal: Goal, *,
     plan that does not fit is still returned, with a first reason starting "warning:".
     Raises PlanError when nothing fits, or when an override is impossible.
     """
-    ov = _check_overrides(overrides, topology)
+    ov = check_overrides(overrides, topology)
     profile = profile_for_goal(profile, goal)
     n = topology.world_size
     usable = usable_mem_bytes(topology.accelerator, goal.headroom)
-    cands, skipped = _candidates(profile, topology, goal, ov, usable)
+    cands, skipped = candidates(profile, topology, goal, ov, usable)
     allowed = [c for c in cands if _matches(c, ov)]
     fitting = [c for c in allowed if c.fits]
     warnings = []

@@ -1,6 +1,8 @@
 """What the planner predicts: memory and step time per candidate, and the chosen plan.
 
 Frozen, keyword-only values (no torch, no I/O), made by `memory`, `cost` and `planner`.
+
+Pure values: never imports torch or anything of dlaunch beyond `specs`.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from launcher.errors import PlanError
 from launcher.specs import GIB, Strategy
 
 
@@ -43,11 +46,24 @@ class StepTimeEstimate:
     compute_s: float
     comm_total_s: float
     comm_exposed_s: float
+    # compute lost to the communication hidden behind it (NCCL kernels take SMs and HBM)
+    contention_s: float = 0.0
+    # the expected wait for the slowest rank at each synchronisation
+    sync_wait_s: float = 0.0
+    # compute_s by kind of work: (("matmul", s), ("attention", s), ...); empty when not split
+    compute_parts: tuple[tuple[str, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("compute_s", "comm_total_s", "comm_exposed_s", "contention_s",
+                     "sync_wait_s"):
+            if getattr(self, name) < 0:
+                raise PlanError(f"step time term {name} must be >= 0, got {getattr(self, name)}")
 
     @property
     def step_time_s(self) -> float:
-        """Compute plus the communication backward cannot hide."""
-        return self.compute_s + self.comm_exposed_s
+        """Compute, the communication compute cannot hide, contention and the wait for the
+        slowest rank."""
+        return self.compute_s + self.comm_exposed_s + self.contention_s + self.sync_wait_s
 
 
 @dataclass(frozen=True, kw_only=True)

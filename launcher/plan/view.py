@@ -1,11 +1,15 @@
-"""The text `dlaunch plan` prints for a Plan (the planner itself stays free of presentation)."""
+"""The text `dlaunch plan` prints for a Plan (the planner itself stays free of presentation).
+
+Never imports cli, backends, jobs, runtime or report.
+"""
 
 from __future__ import annotations
 
+from launcher.hardware.types import Topology
 from launcher.plan.memory import fmt_gib
 from launcher.plan.search import LABELS, per_device
 from launcher.plan.types import Plan
-from launcher.specs import ModelProfile, Topology
+from launcher.specs import ModelProfile
 
 
 def format_plan(plan: Plan, profile: ModelProfile, topology: Topology) -> str:
@@ -34,7 +38,11 @@ def format_plan(plan: Plan, profile: ModelProfile, topology: Topology) -> str:
         f"optimizer {fmt_gib(m.optimizer_bytes)}  activations {fmt_gib(m.activations_bytes)}  "
         f"overhead {fmt_gib(m.overhead_bytes)}",
         f"  step time    {t.step_time_s:.3g} s = compute {t.compute_s:.3g} + exposed "
-        f"communication {t.comm_exposed_s:.3g} (of {t.comm_total_s:.3g} s, {hidden:.0%} hidden)",
+        f"communication {t.comm_exposed_s:.3g} (of {t.comm_total_s:.3g} s, {hidden:.0%} hidden)"
+        + (f" + contention {t.contention_s:.3g}" if t.contention_s else "")
+        + (f" + wait for the slowest rank {t.sync_wait_s:.3g}" if t.sync_wait_s else ""),
+        *(["  compute      " + "  ".join(f"{name} {sec:.3g}" for name, sec in t.compute_parts)]
+          if t.compute_parts and sum(sec > 0 for _, sec in t.compute_parts) > 1 else []),
         f"  throughput   {plan.units_per_s:,.0f} {profile.sample_units}/s ({per_gpu:,.0f} per "
         f"device), scaling efficiency {plan.scaling_efficiency:.0%}",
         f"  assumptions  {m.assumptions}",

@@ -1,6 +1,8 @@
 """The self-contained HTML page: inline CSS, inline SVG figures, no scripts, no network.
 
 It opens from a file in any browser (and in headless Chromium in the tests).
+
+Never imports cli, backends, jobs or runtime, nor matplotlib (the figures come in drawn).
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import time
 from collections.abc import Sequence
 
 from launcher.report.plots import Plot
-from launcher.report.scaling import Point, ScalingReport
+from launcher.report.types import Point, ScalingReport
+from launcher.results.prediction import prediction_cell
 
 log = logging.getLogger(__name__)
 
@@ -83,14 +86,15 @@ def verdict_cards(report: ScalingReport) -> str:
 
 
 def run_table(report: ScalingReport) -> str:
-    """Every point: status, batch, throughput, efficiency, breakdown shares, busbw, stragglers."""
+    """Every point: status, batch, throughput, efficiency, breakdown shares, busbw, stragglers,
+    predicted against measured."""
     units = report.sample_units
     eff = {r.world_size: r for r in report.rows}
     head = ["point", "ranks", "status", "global batch", "samples/s"]
     if units != "samples":
         head.append(f"{units}/s")
     head += ["step (median)", "efficiency", "predicted eff.", "exposed comm", "batch wait",
-             "busbw / link GB/s", "stragglers", "verdict"]
+             "busbw / link GB/s", "stragglers", "predicted vs measured", "verdict"]
     rows = []
     for p in report.points:
         row = eff.get(p.world_size)
@@ -112,6 +116,7 @@ def run_table(report: ScalingReport) -> str:
                   _pct(p.shares.get("data_wait") if p.shares else None),
                   _num(p.busbw_gb_s, "{:.3g}") + _e(link),
                   f'<span class="bad">{_e(strag)}</span>' if strag else "-",
+                  _e(prediction_cell(p.prediction)) if p.run_id else "-",
                   _e(p.verdict.get("name", "-") if p.verdict else (p.error or "-"))]
         tds = [f"<td>{c}</td>" for c in cells[:-1]] + [f'<td class="wrap">{cells[-1]}</td>']
         rows.append("<tr>" + "".join(tds) + "</tr>")

@@ -3,6 +3,8 @@
 matplotlib is imported inside the functions (it costs ~1 s), and no pyplot is used: figures
 are plain `Figure` objects, so nothing global is touched and nothing opens a window.
 Each figure comes out as PNG bytes and as SVG text for inlining in the HTML page.
+
+Never imports cli, backends, jobs or runtime.
 """
 
 from __future__ import annotations
@@ -11,10 +13,15 @@ import io
 import logging
 import math
 import re
+import textwrap
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from launcher.report.scaling import PARTS, Point, ScalingReport
+from launcher.report.types import PARTS, Point, ScalingReport
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 log = logging.getLogger(__name__)
 
@@ -37,16 +44,16 @@ class Plot:
     svg: str
 
 
-def _figure(width: float = 7.0, height: float = 4.0) -> Any:
-    import matplotlib
+def _figure(width: float = 7.0, height: float = 4.0) -> Figure:
+    import matplotlib  # deferred: ~0.5 s to load, and `dlaunch report --format md,json` never draws
 
     matplotlib.use("Agg", force=False)
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # deferred with matplotlib above
 
     return Figure(figsize=(width, height), dpi=100, layout="constrained")
 
 
-def render(fig: Any) -> tuple[bytes, str]:
+def render(fig: Figure) -> tuple[bytes, str]:
     """(PNG bytes, SVG markup without the XML prologue) of a figure."""
     png = io.BytesIO()
     fig.savefig(png, format="png")
@@ -63,7 +70,7 @@ def _ok_rows(report: ScalingReport) -> list[Any]:
     return [r for r in report.rows if r.samples_per_s]
 
 
-def throughput_figure(report: ScalingReport) -> Any:
+def throughput_figure(report: ScalingReport) -> Figure:
     """Measured throughput against world size, the ideal (linear) line and the prediction."""
     fig = _figure()
     ax = fig.add_subplot()
@@ -93,7 +100,7 @@ def throughput_figure(report: ScalingReport) -> Any:
     return fig
 
 
-def efficiency_figure(report: ScalingReport) -> Any:
+def efficiency_figure(report: ScalingReport) -> Figure:
     """Scaling efficiency against world size, measured and predicted, with 100% marked."""
     fig = _figure()
     ax = fig.add_subplot()
@@ -121,7 +128,7 @@ def efficiency_figure(report: ScalingReport) -> Any:
     return fig
 
 
-def breakdown_figure(report: ScalingReport) -> Any:
+def breakdown_figure(report: ScalingReport) -> Figure:
     """Stacked step time per point: compute, exposed communication, batch wait, other."""
     points = [p for p in report.points if p.breakdown_s]
     fig = _figure(max(7.0, min(12.0, 1.2 + 0.7 * len(points))), 4.0)
@@ -145,7 +152,7 @@ def breakdown_figure(report: ScalingReport) -> Any:
     return fig
 
 
-def ranks_figure(report: ScalingReport) -> Any:
+def ranks_figure(report: ScalingReport) -> Figure:
     """Per-rank (or per-group) step-time box plots, one panel per world size."""
     chosen: dict[int, Point] = {}
     for p in report.points:
@@ -189,7 +196,7 @@ def ranks_figure(report: ScalingReport) -> Any:
     return fig
 
 
-def predicted_figure(report: ScalingReport) -> Any:
+def predicted_figure(report: ScalingReport) -> Figure:
     """Measured against predicted step time per world size (or the reason there is none)."""
     fig = _figure()
     ax = fig.add_subplot()
@@ -220,7 +227,7 @@ def predicted_figure(report: ScalingReport) -> Any:
     return fig
 
 
-def _value_axis(ax: Any, values: list[float]) -> None:
+def _value_axis(ax: Any, values: Sequence[float]) -> None:
     """Linear from 0, or logarithmic when the values span more than 20x (a prediction far
     off the measurement must not flatten the measured curve)."""
     vals = [v for v in values if v and v > 0]
@@ -232,8 +239,6 @@ def _value_axis(ax: Any, values: list[float]) -> None:
 
 
 def _wrap(text: str, width: int) -> str:
-    import textwrap
-
     return "\n".join(textwrap.wrap(text, width))
 
 

@@ -4,6 +4,8 @@ Each world size's predicted step time and throughput come from the plan its run 
 (plan.json, written by `dlaunch run`) when there is one, else from the planner run on the
 report's topology for that run's spec and node shape. Optional by design: a report without a
 topology or with a workload that no longer profiles still shows every measurement.
+
+Never imports cli, backends, jobs or runtime.
 """
 
 from __future__ import annotations
@@ -12,9 +14,13 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from launcher.hardware.types import Topology
+from launcher.plan.resolve import cached_profile
+from launcher.plan.search import plan
 from launcher.report.runs import RunData
-from launcher.report.scaling import Row, efficiency
-from launcher.specs import Topology
+from launcher.report.types import Row, efficiency
+from launcher.results.prediction import plan_step_time_s
+from launcher.specs import Goal
 
 log = logging.getLogger(__name__)
 
@@ -22,9 +28,8 @@ log = logging.getLogger(__name__)
 def _from_plan(row: Row, plan: Mapping[str, Any]) -> bool:
     """Take a row's prediction from the plan its run followed (plan.json); False if unusable."""
     try:
-        t = plan["plan"]["chosen"]["time"]
         per_sample = max(1, int(plan.get("profile", {}).get("units_per_sample", 1)))
-        row.predicted_step_time_s = float(t["compute_s"]) + float(t["comm_exposed_s"])
+        row.predicted_step_time_s = plan_step_time_s(plan)
         row.predicted_samples_per_s = float(plan["plan"]["units_per_s"]) / per_sample
         return True
     except (KeyError, TypeError, ValueError):
@@ -74,10 +79,6 @@ def _predict_with_planner(rows: list[Row], data: RunData | None, topology: Topol
         return "prediction unavailable: no workload spec (plain scripts are not profiled)"
     spec = data.spec
     try:
-        from launcher.plan.resolve import cached_profile
-        from launcher.plan.search import plan
-        from launcher.specs import Goal
-
         profile = cached_profile(spec.workload, spec.workload_args)
         for row in rows:
             n = row.world_size

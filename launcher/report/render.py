@@ -1,8 +1,11 @@
-"""`dlaunch report`: a sweep or run directory in, HTML / Markdown / JSON / PNG files out."""
+"""`dlaunch report`: a sweep or run directory in, HTML / Markdown / JSON / PNG files out.
+
+Never imports cli, backends, jobs or runtime; matplotlib loads only when a figure is drawn
+(`plots`).
+"""
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Iterable
@@ -10,8 +13,12 @@ from pathlib import Path
 
 from launcher.errors import UsageError
 from launcher.files import atomic_write_json, atomic_write_text
-from launcher.report.scaling import ScalingReport, build_report, verdict
-from launcher.specs import Topology
+from launcher.hardware.types import Topology
+from launcher.report.html import page
+from launcher.report.plots import build_plots
+from launcher.report.scaling import build_report, verdict
+from launcher.report.types import ScalingReport
+from launcher.results.prediction import prediction_line
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +81,8 @@ def markdown(report: ScalingReport, plots: Iterable[str] = ()) -> str:
             lines.append(f"- STRAGGLER in {p.name}: rank {st['rank']} on {st['host']} "
                          f"(local rank {st['local_rank']}), median step {st['median_s']:.4f} s; "
                          f"{st['signal']}")
+        if p.run_id:
+            lines.append(f"- {p.name}: {prediction_line(p.prediction)}")
     notes = [f"{p.name}: {n}" for p in report.points for n in p.unreadable]
     notes += [f"{p.name}: FAILED: {f}" for p in report.points for f in p.failures]
     notes += [n for n in (*report.notes, report.prediction_note, report.link_note) if n]
@@ -114,8 +123,6 @@ def render_report(path: str | Path, formats: Iterable[str] = FORMATS, *,
     written: list[Path] = []
     plots = []
     if fmts & {"html", "png"}:
-        from launcher.report.plots import build_plots
-
         plots = build_plots(report)
     if "png" in fmts:
         for p in plots:
@@ -125,8 +132,6 @@ def render_report(path: str | Path, formats: Iterable[str] = FORMATS, *,
             tmp.replace(target)
             written.append(target)
     if "html" in fmts:
-        from launcher.report.html import page
-
         atomic_write_text(out / "report.html", page(report, plots))
         written.append(out / "report.html")
     if "json" in fmts:
@@ -158,13 +163,11 @@ def summary_lines(report: ScalingReport) -> list[str]:
         for s in p.stragglers:
             lines.append(f"  STRAGGLER in {p.name}: rank {s['rank']} on {s['host']} (local rank "
                          f"{s['local_rank']}), median step {s['median_s']:.4f} s; {s['signal']}")
+        if p.run_id:
+            lines.append(f"  {p.name}: {prediction_line(p.prediction)}")
         for n in p.unreadable:
             lines.append(f"  note: {p.name}: {n}")
     if report.prediction_note:
         lines.append(f"  note: {report.prediction_note}")
     return lines
 
-
-def to_json(report: ScalingReport) -> str:
-    """report.json's text."""
-    return json.dumps(report.to_dict(), indent=2)

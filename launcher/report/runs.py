@@ -4,6 +4,8 @@ Reading is built for thousands of ranks: `result.json` is trusted while no rank 
 than it (otherwise the run is aggregated again, so a rank file cut after the run is noticed),
 and the per-step times come from one regular-expression pass per rank file, falling back to
 parsing each line as JSON when a file does not have the harness's record layout.
+
+Never imports cli, backends or runtime, and writes nothing into a run directory.
 """
 
 from __future__ import annotations
@@ -18,10 +20,13 @@ from typing import Any
 
 from launcher.errors import DlaunchError
 from launcher.files import read_json
+from launcher.hardware.topology import topology_from_dict
+from launcher.hardware.types import Topology
+from launcher.jobs.sweepdir import read_manifest
 from launcher.results.aggregate import aggregate, percentile
 from launcher.results.types import RunResult
-from launcher.rundir import PLAN_FILE
-from launcher.specs import LaunchSpec, Topology
+from launcher.rundir import RECORDS, RunPaths, SweepPaths
+from launcher.specs import LaunchSpec
 
 log = logging.getLogger(__name__)
 
@@ -71,16 +76,18 @@ class Target:
 
 
 def _is_run(d: Path) -> bool:
-    return (d / "launch.json").is_file() or (d / "result.json").is_file()
+    paths = RunPaths(root=d)
+    return paths.launch.is_file() or paths.result.is_file()
 
 
 def _world_size(d: Path) -> int:
-    for name in ("launch.json", "result.json"):
+    paths = RunPaths(root=d)
+    for path in (paths.launch, paths.result):
         try:
-            data = read_json(d / name)
+            data = read_json(path)
         except (OSError, ValueError):
             continue
-        if name == "launch.json":
+        if path == paths.launch:
             return int(data.get("num_nodes", 1)) * int(data.get("nproc_per_node", 1))
         return int(data.get("world_size", 1))
     return 1
@@ -92,10 +99,7 @@ def discover(path: Path) -> Target:
         raise DlaunchError(f"{path} does not exist; give a run or sweep directory (runs/<id>)")
     if not path.is_dir():
         raise DlaunchError(f"{path} is not a directory; give a run or sweep directory")
-    manifest = path / "sweep.json"
-    if manifest.is_file():
-        from launcher.jobs.sweepdir import read_manifest
-
+    if SweepPaths(root=path).manifest.is_file():
         data = read_manifest(path) or {}
         entries = [Entry(name=p["name"], world_size=int(p["world_size"]),
                          repeat=int(p.get("repeat", 0)), run_dir=path / p["name"],
@@ -127,8 +131,6 @@ def _topology(data: Any) -> Topology | None:
     if not data:
         return None
     try:
-        from launcher.hardware.topology import topology_from_dict
-
         return topology_from_dict(data, origin="sweep.json")
     except Exception as e:  # an unreadable topology only costs the link column
         log.warning("sweep.json: topology unreadable (%s)", e)
@@ -137,27 +139,28 @@ def _topology(data: Any) -> Topology | None:
 
 def _read_result(run_dir: Path, world_size: int | None) -> tuple[RunResult | None, Any, list[str]]:
     """result.json when it is newer than every rank file, else a fresh aggregate."""
-    path = run_dir / "result.json"
+    paths = RunPaths(root=run_dir)
+    path = paths.result
     notes: list[str] = []
     raw: dict[str, Any] | None = None
     if path.is_file():
         try:
             raw = read_json(path)
         except (OSError, ValueError) as e:
-            notes.append(f"result.json: unreadable ({e}); aggregated the rank files again")
+            notes.append(f"{path.name}: unreadable ({e}); aggregated the rank files again")
     stale = False
     if raw is not None:
         newest = path.stat().st_mtime
-        stale = any(p.stat().st_mtime > newest for p in run_dir.glob("rank-*.jsonl"))
+        stale = any(p.stat().st_mtime > newest for p in paths.rank_files(RECORDS).values())
     fresh = None
     if raw is not None:
         try:
             fresh = RunResult.from_dict({k: v for k, v in raw.items() if k in _RESULT_FIELDS})
         except (TypeError, ValueError, KeyError) as e:
-            notes.append(f"result.json: not a dlaunch result ({e}); aggregated the rank files")
+            notes.append(f"{path.name}: not a dlaunch result ({e}); aggregated the rank files")
     if fresh is not None and not stale:
         return fresh, getattr(fresh, "verdict", None) or (raw or {}).get("verdict"), notes
-    if (run_dir / "launch.json").is_file():
+    if paths.launch.is_file():
         try:
             result = aggregate(run_dir)
             return result, getattr(result, "verdict", None), notes
@@ -219,24 +222,25 @@ def _parse_slow(path: Path, text: str, note: str | None) -> tuple[list[float],
 def read_run(run_dir: Path) -> RunData:
     """Read one run directory (never raises for unreadable files: it notes them)."""
     spec, notes = None, []
-    if (run_dir / "launch.json").is_file():
+    paths = RunPaths(root=run_dir)
+    if paths.launch.is_file():
         try:
-            spec = LaunchSpec.from_dict(read_json(run_dir / "launch.json"))
+            spec = LaunchSpec.from_dict(read_json(paths.launch))
         except (OSError, ValueError, TypeError, DlaunchError) as e:
-            notes.append(f"launch.json: unreadable ({e})")
+            notes.append(f"{paths.launch.name}: unreadable ({e})")
     result, verdict, more = _read_result(run_dir, spec.world_size if spec else None)
     notes += more
     data = RunData(run_dir=run_dir, spec=spec, result=result, verdict=verdict, notes=notes)
-    if (run_dir / PLAN_FILE).is_file():
+    if paths.plan.is_file():
         try:
-            data.plan = read_json(run_dir / PLAN_FILE)
+            data.plan = read_json(paths.plan)
         except (OSError, ValueError) as e:
-            notes.append(f"plan.json: unreadable ({e})")
+            notes.append(f"{paths.plan.name}: unreadable ({e})")
     world = spec.world_size if spec else (result.world_size if result else 0)
     for rank in range(world):
-        path = run_dir / f"rank-{rank}.jsonl"
+        path = paths.records(rank)
         if not path.is_file():
-            notes.append(f"rank-{rank}.jsonl: missing (rank {rank} never started or wrote nothing)")
+            notes.append(f"{path.name}: missing (rank {rank} never started or wrote nothing)")
             continue
         times, comm, note = _parse_rank_file(path)
         data.step_times[rank] = times

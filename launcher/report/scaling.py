@@ -13,46 +13,29 @@ Step-time breakdown (seconds per optimizer step, mean over steady steps, then ov
   other          step - wait - exposed - forward/backward with sync off (x accumulation steps):
                  the optimizer step and host overhead; 0 when the calibration did not run
   compute        the rest: step - wait - exposed - other
+
+Never imports cli, backends, jobs, runtime or matplotlib.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from launcher.errors import DlaunchError
-from launcher.report.runs import GROUP_LIMIT, RunData, discover, group_distributions, read_run
-from launcher.results.aggregate import busy_stragglers, percentile
-from launcher.specs import Topology
+from launcher.hardware.types import Topology
+from launcher.report.predict import predict
+from launcher.report.runs import RunData, discover, group_distributions, read_run
+from launcher.report.types import PARTS, Point, Row, ScalingReport, efficiency
+from launcher.results.prediction import compare
+from launcher.results.types import RunResult
+from launcher.results.verdict import detect_stragglers, verdict
 
 log = logging.getLogger(__name__)
-
-DATA_BOUND_SHARE = 0.20  # batch wait above this share of the step: data-loading bound
-COMM_BOUND_SHARE = 0.25  # exposed communication above this share: communication bound
-PARTS = ("compute", "exposed_comm", "data_wait", "other")
-
-
-def verdict(shares: Mapping[str, float]) -> tuple[str, str]:
-    """The bottleneck of a run from its step-time shares (keys of PARTS, fractions of the
-    step): (name, evidence). Data wait > 20% -> data-loading bound; exposed communication
-    > 25% -> communication bound; else compute bound."""
-    wait, comm = shares.get("data_wait", 0.0), shares.get("exposed_comm", 0.0)
-    if wait > DATA_BOUND_SHARE:
-        return ("data-loading bound",
-                f"waiting for batches is {wait:.0%} of the step (> {DATA_BOUND_SHARE:.0%}); "
-                "add DataLoader workers (--num-workers) or make batches cheaper")
-    if comm > COMM_BOUND_SHARE:
-        return ("communication bound",
-                f"exposed communication is {comm:.0%} of the step (> {COMM_BOUND_SHARE:.0%}); "
-                "a larger per-rank batch, gradient accumulation or a faster link would help")
-    return ("compute bound", f"compute is {shares.get('compute', 0.0):.0%} of the step, data "
-                             f"wait {wait:.0%}, exposed communication {comm:.0%}")
 
 
 def breakdown(data: RunData) -> dict[str, float]:
@@ -91,78 +74,6 @@ def _link_for(topology: Topology | None, world_size: int,
     if crosses and inter is not None:
         return inter.kind, min(intra.bw_gb_s, inter.bw_gb_s)
     return intra.kind, intra.bw_gb_s
-
-
-@dataclass(kw_only=True)
-class Point:
-    """One run of a sweep (or the lone run of a run directory), with what the report shows."""
-
-    name: str
-    world_size: int
-    repeat: int
-    status: str
-    run_dir: str
-    run_id: str = ""
-    num_nodes: int | None = None  # from the run's launch spec
-    global_batch: int | None = None
-    micro_batch: int | None = None
-    samples_per_s: float = 0.0
-    units_per_s: float = 0.0
-    sample_units: str = "samples"
-    step_time_s: float = 0.0
-    breakdown_s: dict[str, float] = field(default_factory=dict)
-    shares: dict[str, float] = field(default_factory=dict)
-    exposed_comm_s: float | None = None
-    busbw_gb_s: float | None = None
-    link_kind: str | None = None
-    link_bw_gb_s: float | None = None
-    busbw_of_link: float | None = None
-    stragglers: list[dict[str, Any]] = field(default_factory=list)
-    verdict: dict[str, str] = field(default_factory=dict)
-    distribution: dict[str, Any] = field(default_factory=dict)
-    failures: list[str] = field(default_factory=list)
-    unreadable: list[str] = field(default_factory=list)
-    error: str | None = None
-
-
-@dataclass(kw_only=True)
-class Row:
-    """One world size: the median over its ok repeats, the efficiency, the prediction."""
-
-    world_size: int
-    repeats_ok: int
-    repeats: int
-    samples_per_s: float | None = None
-    samples_per_s_min: float | None = None
-    samples_per_s_max: float | None = None
-    units_per_s: float | None = None
-    step_time_s: float | None = None
-    global_batch: int | None = None
-    efficiency: float | None = None
-    ideal_samples_per_s: float | None = None
-    predicted_step_time_s: float | None = None
-    predicted_samples_per_s: float | None = None
-    predicted_efficiency: float | None = None
-
-
-@dataclass(kw_only=True)
-class ScalingReport:
-    """Everything `dlaunch report` shows, as plain values (report.json is its asdict)."""
-
-    kind: str  # sweep | run | runs
-    source: str
-    mode: str  # weak | strong
-    sample_units: str
-    baseline_world_size: int | None
-    rows: list[Row]
-    points: list[Point]
-    prediction_note: str | None = None
-    link_note: str | None = None
-    notes: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict."""
-        return dataclasses.asdict(self)
 
 
 def build_point(data: RunData, *, name: str, world_size: int, repeat: int,
@@ -206,31 +117,33 @@ def build_point(data: RunData, *, name: str, world_size: int, repeat: int,
     point.distribution = group_distributions(data, r, {s["rank"] for s in point.stragglers})
     point.failures = list(r.failures)
     point.unreadable = list(dict.fromkeys([*r.unreadable, *data.notes]))
+    point.prediction = dict(r.prediction) if r.prediction else _prediction(data, r)
     return point
 
 
+def _prediction(data: RunData, r: RunResult) -> dict[str, Any]:
+    """Predicted against measured for a result.json written before it carried the block."""
+    if data.spec is None:
+        return {"available": False, "reason": "no launch spec"}
+    peaks = [x.peak_mem_bytes for x in r.ranks if x.peak_mem_bytes is not None]
+    return compare(data.plan, data.spec, step_time_s=r.step_time_median_s or None,
+                   peak_mem_bytes=max(peaks) if peaks else None, device=r.device)
+
+
 def stragglers(data: RunData, result: Any) -> list[dict[str, Any]]:
-    """Slow ranks, by two signals: the aggregate's (median step time > 110% of the median of
-    medians) and each rank's own forward+backward with gradient sync off, from the
-    calibration. The second one matters under DDP: every step ends in an all-reduce, so all
-    ranks share the slow rank's step time and only the time before the sync tells them apart
-    (the others' wait for it shows up as their exposed communication)."""
+    """Slow ranks by `results.verdict.detect_stragglers` (step time, or own compute from the
+    sync-off calibration), each with the numbers of the rule that flagged it."""
     ranks = {x.rank: x for x in result.ranks}
+    medians = {x.rank: x.step_time_median_s for x in result.ranks if x.steady_steps}
     busy = {r: float(c["nosync_step_s"]) for r, c in data.comm.items()
             if c.get("nosync_step_s") is not None}
-    mid = statistics.median(busy.values()) if busy else 0.0
-    slow_busy = busy_stragglers(busy)
     out = []
-    for r in sorted(set(result.stragglers) | slow_busy):
-        if r not in ranks:
-            continue
-        x = ranks[r]
-        signals = ([] if r not in result.stragglers else ["step time"]) + (
-            [f"own forward+backward {1000 * busy[r]:.1f} ms vs {1000 * mid:.1f} ms median "
-             "(sync-off calibration)"] if r in slow_busy else [])
-        out.append({"rank": r, "host": x.host, "node_rank": x.node_rank,
+    for s in detect_stragglers(medians, busy):
+        x = ranks[s.rank]
+        out.append({"rank": s.rank, "host": x.host, "node_rank": x.node_rank,
                     "local_rank": x.local_rank, "median_s": x.step_time_median_s,
-                    "busy_s": busy.get(r), "signal": "; ".join(signals)})
+                    "busy_s": busy.get(s.rank), "rule": s.rule,
+                    "signal": f"{s.rule}: {s.evidence()}"})
     return out
 
 
@@ -253,6 +166,7 @@ def _rows(points: list[Point], mode: str) -> tuple[list[Row], int | None]:
     base = next((r for r in rows if r.samples_per_s), None)
     if base is None:
         return rows, None
+    assert base.samples_per_s is not None  # narrowing: base was picked for having one
     n0 = base.world_size
     for row in rows:
         if not row.samples_per_s:
@@ -262,16 +176,6 @@ def _rows(points: list[Point], mode: str) -> tuple[list[Row], int | None]:
                                     throughput_n0=base.samples_per_s, throughput_n=row.samples_per_s,
                                     step_n0=base.step_time_s, step_n=row.step_time_s)
     return rows, n0
-
-
-def efficiency(mode: str, *, n0: int, n: int, throughput_n0: float, throughput_n: float,
-               step_n0: float | None, step_n: float | None) -> float | None:
-    """Weak: throughput(N) / (N/N0 x throughput(N0)); strong: T(N0) x N0 / (N x T(N))."""
-    if mode == "strong":
-        if not step_n or step_n0 is None:
-            return None
-        return step_n0 * n0 / (n * step_n)
-    return throughput_n / (throughput_n0 * n / n0) if throughput_n0 else None
 
 
 def build_report(path: str | Path, *, topology: Topology | None = None,
@@ -312,8 +216,6 @@ def build_report(path: str | Path, *, topology: Topology | None = None,
         for row in rows:
             row.efficiency = row.ideal_samples_per_s = None
     if with_prediction:
-        from launcher.report.predict import predict  # it builds on this module's rows
-
         nodes = {p.world_size: p.num_nodes for p in points if p.num_nodes}
         note = predict(rows, first_data, topo, mode, n0, plans, nodes=nodes)
     else:
@@ -334,5 +236,4 @@ def _infer_mode(points: Sequence[Point]) -> str:
     return "strong" if len(batches) == 1 and len(sizes) > 1 else "weak"
 
 
-__all__ = ["verdict", "breakdown", "efficiency", "build_report", "build_point",
-           "ScalingReport", "Point", "Row", "PARTS", "GROUP_LIMIT", "percentile"]
+__all__ = ["verdict", "breakdown", "build_report", "build_point"]

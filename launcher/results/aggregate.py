@@ -8,6 +8,11 @@ files; a `--max-restarts` relaunch moves the failed attempt aside but its start 
 which attempt it is. Each rank's numbers come from its records after its LAST start record
 only (a requeued 1500-step run must not report 1650 steps); `steps` adds the steps the
 checkpoint it resumed from covers, and `RunResult.attempts` says how many attempts there were.
+
+Throughput is wall-clock: global samples over the steady steps / the wall time from the end of
+warm-up to the end of the last step (each step record's `end_time`), so what the loop does
+between steps counts. Rank files from before `end_time` was recorded fall back to summed step
+times. Step-time medians and percentiles always come from the steps' own `step_time_s`.
 """
 
 from __future__ import annotations
@@ -20,14 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from launcher.files import read_json, read_jsonl
+from launcher.results.prediction import compare
 from launcher.results.types import RankResult, RunResult
+from launcher.results.verdict import detect_stragglers, median_or_none, run_verdict
+from launcher.rundir import RunPaths
 from launcher.specs import LaunchSpec
 
 log = logging.getLogger(__name__)
 
 LOG_TAIL_LINES = 12
-# a rank is a straggler when its median step exceeds the median of medians by more than this
-STRAGGLER_THRESHOLD = 0.10
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -44,8 +50,7 @@ def percentile(values: Sequence[float], q: float) -> float:
 def rank_log_tail(run_dir: Path, node_rank: int, local_rank: int, *,
                   lines: int = LOG_TAIL_LINES) -> tuple[str, ...]:
     """The last lines of the rank's stderr log (torchrun's per-rank files), newest attempt."""
-    pattern = f"node-{node_rank}/*/attempt_*/{local_rank}/stderr.log"
-    found = sorted((run_dir / "logs").glob(pattern))
+    found = RunPaths(root=run_dir).rank_logs(node_rank, local_rank, "stderr")
     if not found:
         return ()
     text = found[-1].read_text(encoding="utf-8", errors="replace")
@@ -83,7 +88,8 @@ def _rank_result(run_dir: Path, rank: int, records: list[dict[str, Any]],
     resumed = next((int(r["step"]) for r in records if r.get("kind") == "resume"), None)
     # profiled steps (--profile) run slower: out of throughput like warm-up
     steady = [r for r in steps if not r.get("warmup") and not r.get("profiled")] or steps
-    total_time = sum(r["step_time_s"] for r in steady)
+    wall = measured_wall_s(steps, steady)
+    total_time = wall if wall is not None else sum(r["step_time_s"] for r in steady)
     times = [r["step_time_s"] for r in steady] or [0.0]
     if summary:
         status = summary["status"]
@@ -95,6 +101,7 @@ def _rank_result(run_dir: Path, rank: int, records: list[dict[str, Any]],
     error = summary.get("error") if summary else None
     failed = status != "ok"
     peaks = [r["peak_mem_bytes"] for r in steps if r.get("peak_mem_bytes") is not None]
+    step_sum = sum(r["step_time_s"] for r in steady)
     comm = next((r for r in records if r.get("kind") == "comm"), {})
     comp = next((r for r in records if r.get("kind") == "compile"), None)
     prof = next((r for r in records if r.get("kind") == "profile"), {})
@@ -107,13 +114,16 @@ def _rank_result(run_dir: Path, rank: int, records: list[dict[str, Any]],
         units_per_s=sum(r["units"] for r in steady) / total_time if total_time else 0.0,
         step_time_median_s=statistics.median(times), step_time_p90_s=percentile(times, 90),
         step_time_max_s=max(times),
-        data_wait_share=(sum(r["data_wait_s"] for r in steady) / total_time) if total_time else 0.0,
+        data_wait_share=(sum(r["data_wait_s"] for r in steady) / step_sum) if step_sum else 0.0,
         peak_mem_bytes=max(peaks) if peaks else None,
         final_loss=steps[-1]["loss"] if steps else earlier_loss,
         error=error,
         log_tail=rank_log_tail(run_dir, node_rank, local_rank) if failed else (),
         exposed_comm_s=comm.get("exposed_comm_s"), busbw_gb_s=comm.get("busbw_gb_s"),
         skipped_steps=sum(1 for r in steps if r.get("skipped")),
+        # a rank writes a NaN or infinite loss as null (strict JSON), and only those
+        nonfinite_loss_step=next((int(r["step"]) for r in steps
+                                  if "loss" in r and r["loss"] is None), None),
         compiled_graphs=comp.get("graphs") if comp else None,
         graph_breaks=comp.get("graph_breaks") if comp else None,
         recompiles=comp.get("recompiles") if comp else None,
@@ -121,36 +131,28 @@ def _rank_result(run_dir: Path, rank: int, records: list[dict[str, Any]],
         profile_trace=prof.get("trace"), top_ops=tuple(prof.get("top_ops", ())),
         device_busy_share=(min(1.0, prof["device_time_s"] / prof_time)
                            if prof.get("device_time_s") is not None and prof_time else None),
-        resumed_from_step=resumed,
+        resumed_from_step=resumed, measured_wall_s=wall,
     )
 
 
-def find_stragglers(medians: dict[int, float], threshold: float = STRAGGLER_THRESHOLD) -> tuple[int, ...]:
-    """Ranks whose median step time exceeds the median of medians by more than `threshold`."""
-    if len(medians) < 2:
-        return ()
-    mid = statistics.median(medians.values())
-    return tuple(sorted(r for r, m in medians.items() if mid > 0 and m > mid * (1 + threshold)))
+def measured_wall_s(steps: Sequence[dict[str, Any]], steady: Sequence[dict[str, Any]]) -> float | None:
+    """Wall seconds the steady steps took, what the loop did between steps included.
 
-
-# the second signal (own compute) must also exceed the median by this much: the calibration has
-# only a few samples, and sub-millisecond steps jitter by more than 10%
-BUSY_FLOOR_S = 1e-3
-
-
-def busy_stragglers(busy: dict[int, float]) -> set[int]:
-    """Ranks whose own forward+backward with gradient sync off (the calibration's
-    `nosync_step_s`) is slow. Under DDP every step ends in the all-reduce, so all ranks share
-    the slow rank's step time and only the time before the sync tells them apart."""
-    if len(busy) < 2:
-        return set()
-    mid = statistics.median(busy.values())
-    return {r for r in find_stragglers(busy) if busy[r] - mid > BUSY_FLOOR_S}
-
-
-def _median_or_none(values: list[float | None]) -> float | None:
-    present = [v for v in values if v is not None]
-    return statistics.median(present) if present else None
+    Each steady step spans from the end of the step before it (`end_time`) to its own end; the
+    attempt's first step has no step before it and spans its own `step_time_s`. With contiguous
+    steady steps the sum is exactly end of the last step - end of warm-up; steps left out of
+    throughput in between (profiled ones) drop out with their spans. None when a step has no
+    `end_time` (rank files written before it was recorded).
+    """
+    if not steady or any("end_time" not in r for r in steps):
+        return None
+    counted = {id(r) for r in steady}
+    total = 0.0
+    for i, r in enumerate(steps):
+        if id(r) in counted:
+            start = float(steps[i - 1]["end_time"]) if i else float(r["end_time"]) - float(r["step_time_s"])
+            total += float(r["end_time"]) - start
+    return total if total > 0 else None
 
 
 def load_rank_files(run_dir: Path, world_size: int) -> tuple[dict[int, list[dict[str, Any]]],
@@ -159,13 +161,14 @@ def load_rank_files(run_dir: Path, world_size: int) -> tuple[dict[int, list[dict
     records: dict[int, list[dict[str, Any]]] = {}
     summaries: dict[int, dict[str, Any]] = {}
     notes: list[str] = []
+    paths = RunPaths(root=run_dir)
     for rank in range(world_size):
-        path = run_dir / f"rank-{rank}.jsonl"
+        path = paths.records(rank)
         if path.exists():
             records[rank], note = read_jsonl(path)
             if note:
                 notes.append(note)
-        spath = run_dir / f"rank-{rank}.summary.json"
+        spath = paths.summary(rank)
         if spath.exists():
             try:
                 summaries[rank] = read_json(spath)
@@ -178,7 +181,7 @@ def aggregate(run_dir: str | Path, *, exit_code: int | None = None,
               wall_time_s: float | None = None) -> RunResult:
     """Aggregate a run directory (written by `dlaunch run`) into a RunResult."""
     rd = Path(run_dir)
-    spec = LaunchSpec.from_dict(read_json(rd / "launch.json"))
+    spec = LaunchSpec.from_dict(read_json(RunPaths(root=rd).launch))
     every, summaries, notes = load_rank_files(rd, spec.world_size)
     split = {r: last_attempt(recs) for r, recs in every.items()}
     records = {r: recs for r, (recs, _) in split.items()}
@@ -195,10 +198,19 @@ def aggregate(run_dir: str | Path, *, exit_code: int | None = None,
     measured = [r for r in ranks if r.steady_steps]
     busy = {rank: float(rec["nosync_step_s"]) for rank, recs in records.items() for rec in recs
             if rec.get("kind") == "comm" and rec.get("nosync_step_s") is not None}
-    stragglers = tuple(sorted(set(find_stragglers({r.rank: r.step_time_median_s for r in measured}))
-                              | busy_stragglers(busy)))
+    slow = detect_stragglers({r.rank: r.step_time_median_s for r in measured}, busy)
+    stragglers = tuple(s.rank for s in slow)
     ranks = tuple(dataclasses.replace(r, straggler=r.rank in stragglers) for r in ranks)
     measured = [r for r in ranks if r.steady_steps]
+    samples_per_s, units_per_s, basis = _throughput(ranks, measured)
+    step_median = statistics.median([r.step_time_median_s for r in measured]) if measured else 0.0
+    peaks = [r.peak_mem_bytes for r in ranks if r.peak_mem_bytes is not None]
+    plan, unusable = _read_plan(rd)
+    if unusable:
+        notes.append(unusable)
+    prediction = (compare(plan, spec, step_time_s=step_median if measured else None,
+                          peak_mem_bytes=max(peaks) if peaks else None, device=spec.device)
+                  if unusable is None else {"available": False, "reason": unusable})
     slowest = max(measured, key=lambda r: r.step_time_median_s).rank if measured else None
     failures = _failures(ranks, summaries)
     all_ok = all(r.status == "ok" for r in ranks)
@@ -215,53 +227,48 @@ def aggregate(run_dir: str | Path, *, exit_code: int | None = None,
         precision=spec.strategy.precision,
         status="ok" if code == 0 and all_ok else "failed", exit_code=code,
         wall_time_s=wall_time_s if wall_time_s is not None else _wall_time(every),
-        samples_per_s=sum(r.samples_per_s for r in ranks),
-        units_per_s=sum(r.units_per_s for r in ranks),
-        sample_units=str(units),
-        step_time_median_s=statistics.median([r.step_time_median_s for r in measured]) if measured else 0.0,
+        samples_per_s=samples_per_s, units_per_s=units_per_s, sample_units=str(units),
+        step_time_median_s=step_median,
         slowest_rank=slowest,
         data_wait_share=statistics.fmean([r.data_wait_share for r in measured]) if measured else 0.0,
         ranks=ranks, failures=failures, unreadable=tuple(notes),
-        exposed_comm_s=_median_or_none([r.exposed_comm_s for r in ranks]),
-        busbw_gb_s=_median_or_none([r.busbw_gb_s for r in ranks]),
-        stragglers=stragglers,
+        exposed_comm_s=median_or_none([r.exposed_comm_s for r in ranks]),
+        busbw_gb_s=median_or_none([r.busbw_gb_s for r in ranks]),
+        stragglers=stragglers, straggler_evidence=tuple(s.to_dict() for s in slow),
         verdict=run_verdict(ranks, measured),
-        attempts=attempts,
+        attempts=attempts, throughput_basis=basis, prediction=prediction,
     )
 
 
-# CUDA only (--profile): a GPU busy less than this share of the step, with neither batches
-# nor communication to blame, waits for the CPU to launch kernels
-LAUNCH_BOUND_BUSY = 0.70
+def _throughput(ranks: Sequence[RankResult], measured: Sequence[RankResult]) -> tuple[float, float, str]:
+    """(samples/s, units/s, basis) of the whole run.
+
+    Wall clock when every measured rank has step end times: the global samples (units) of the
+    steady steps over the longest rank's wall time from the end of warm-up to the end of its
+    last step (each rank on its own clock, so hosts' clocks are never compared). Otherwise the
+    sum of the ranks' samples / summed step times.
+    """
+    walls = [r.measured_wall_s for r in measured]
+    if not measured or any(w is None for w in walls):
+        return (sum(r.samples_per_s for r in ranks), sum(r.units_per_s for r in ranks), "step time")
+    wall = max(w for w in walls if w is not None)
+    # a rank's rate times its own wall gives back its samples exactly
+    samples = sum(r.samples_per_s * (r.measured_wall_s or 0.0) for r in measured)
+    units = sum(r.units_per_s * (r.measured_wall_s or 0.0) for r in measured)
+    return samples / wall, units / wall, "wall clock"
 
 
-def run_verdict(ranks: Sequence[RankResult], measured: Sequence[RankResult]) -> dict[str, Any] | None:
-    """The run's bottleneck from the measured shares of the step, averaged over ranks:
-    {"name", "evidence", "shares"}. The rules are `launcher.report.scaling.verdict`'s (the one
-    place); launch-bound is added here because only a CUDA profile measures it."""
-    from launcher.report.scaling import verdict
-
-    if not measured:
-        return None
-    waits, comms = [], []
-    for r in measured:
-        wait = min(1.0, r.data_wait_share)
-        share = (r.exposed_comm_s or 0.0) / r.step_time_median_s if r.step_time_median_s else 0.0
-        waits.append(wait)
-        comms.append(min(share, 1.0 - wait))
-    shares = {"data_wait": statistics.fmean(waits), "exposed_comm": statistics.fmean(comms)}
-    shares["compute"] = max(0.0, 1.0 - shares["data_wait"] - shares["exposed_comm"])
-    name, evidence = verdict(shares)
-    busy = _median_or_none([r.device_busy_share for r in ranks])
-    if busy is not None:
-        shares["device_busy"] = busy
-        if name == "compute bound" and busy < LAUNCH_BOUND_BUSY:
-            name = "launch bound"
-            evidence = (f"the GPU ran kernels {busy:.0%} of the profiled steps (< "
-                        f"{LAUNCH_BOUND_BUSY:.0%}) with little batch wait or exposed communication: "
-                        "kernel launches and small ops hold it back; try --compile, a larger "
-                        "micro-batch, or CUDA graphs (--compile-mode reduce-overhead, DDP only)")
-    return {"name": name, "evidence": evidence, "shares": shares}
+def _read_plan(run_dir: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """(plan.json, None): the plan the run followed, None without one; (None, why) when the
+    file is there but cannot be used."""
+    path = RunPaths(root=run_dir).plan
+    if not path.is_file():
+        return None, None
+    try:
+        plan = read_json(path)
+    except (OSError, ValueError) as e:
+        return None, f"{path.name}: unreadable ({e})"
+    return (plan, None) if isinstance(plan, dict) else (None, f"{path.name}: not a JSON object")
 
 
 def _failures(ranks: tuple[RankResult, ...], summaries: dict[int, dict[str, Any]]) -> tuple[str, ...]:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from launcher.results.prediction import prediction_line
 from launcher.results.types import RunResult
+from launcher.rundir import RunPaths
 from launcher.specs import GIB
 
 SKIP_WARN_FRACTION = 0.01
@@ -66,15 +68,13 @@ def format_run(result: RunResult) -> str:
     out.extend(profile_lines(result))
     if result.verdict:
         out.append(f"verdict: {result.verdict['name']}: {result.verdict.get('evidence', '')}")
+    out.append(prediction_line(result.prediction))
     # a GradScaler that keeps skipping steps is the classic silently plateauing loss
     for r in result.ranks:
         if r.steps and r.skipped_steps / r.steps > SKIP_WARN_FRACTION:
             out.append(f"WARNING: rank {r.rank} skipped {r.skipped_steps} of {r.steps} optimizer steps "
                        "(fp16 overflow); the loss may plateau: check the loss scale or use bf16")
-    for rank in result.stragglers:
-        r = result.ranks[rank]
-        out.append(f"STRAGGLER: rank {r.rank} on {r.host} (local rank {r.local_rank}): median step "
-                   f"{r.step_time_median_s:.3f} s vs {result.step_time_median_s:.3f} s median of medians")
+    out.extend(straggler_lines(result))
     if result.attempts > 1:
         resumed = sorted({r.resumed_from_step for r in result.ranks if r.resumed_from_step})
         how = (f"resumed from the checkpoint of step {resumed[0]}" if len(resumed) == 1 else
@@ -90,8 +90,29 @@ def format_run(result: RunResult) -> str:
             out.extend(f"  | {line}" for line in r.log_tail[-6:])
     for note in result.unreadable:
         out.append(f"note: {note}")
-    out.append(f"result: {result.run_dir}/result.json")
+    out.append(f"result: {RunPaths(root=result.run_dir).result}")
     return "\n".join(out)
+
+
+def straggler_lines(result: RunResult) -> list[str]:
+    """One line per straggler with the numbers of the rule that flagged it."""
+    evidence = {int(e["rank"]): e for e in result.straggler_evidence}
+    out = []
+    nonfinite = sorted((r.nonfinite_loss_step, r.rank) for r in result.ranks
+                       if r.nonfinite_loss_step is not None)
+    if nonfinite:
+        out.append(f"WARNING: the loss was NaN or infinite at step {nonfinite[0][0]} (rank(s) "
+                   f"{', '.join(str(rank) for _, rank in nonfinite)}); --detect-anomaly finds the "
+                   "op that makes it, --stop-on-nan ends a run at the first one")
+    for rank in result.stragglers:
+        r = result.ranks[rank]
+        where = f"STRAGGLER: rank {r.rank} on {r.host} (local rank {r.local_rank})"
+        if rank in evidence:
+            out.append(f"{where}, by {evidence[rank]['rule']}: {evidence[rank]['evidence']}")
+        else:  # a result.json written before the evidence was kept: say so, guess no rule
+            out.append(f"{where}: the rule that flagged it was not recorded; median step "
+                       f"{r.step_time_median_s:.3f} s vs {result.step_time_median_s:.3f} s median of medians")
+    return out
 
 
 def compile_lines(result: RunResult) -> list[str]:

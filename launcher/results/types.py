@@ -1,6 +1,6 @@
 """What a run measured: one rank's numbers and the whole run's, as `result.json` holds them.
 
-Frozen, keyword-only values (no torch, no I/O), built by `report.aggregate` from the rank files.
+Frozen, keyword-only values (no torch, no I/O), built by `results.aggregate` from the rank files.
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ class RankResult:
     busbw_gb_s: float | None = None  # all-reduce of the gradient size
     straggler: bool = False
     skipped_steps: int = 0  # optimizer steps the fp16 GradScaler skipped (inf/NaN gradients)
+    # the first step whose loss was NaN or infinite (written as null: strict JSON)
+    nonfinite_loss_step: int | None = None
     # torch.compile, counted over the whole run (None when the run did not compile)
     compiled_graphs: int | None = None
     graph_breaks: int | None = None
@@ -47,6 +49,9 @@ class RankResult:
     device_busy_share: float | None = None  # CUDA kernel time / profiled step time
     # the last attempt resumed from this step's checkpoint (`steps` counts the steps before it)
     resumed_from_step: int | None = None
+    # wall seconds of the steady steps, end of warm-up to end of the last step (bookkeeping
+    # between steps included); None for rank files without step end times
+    measured_wall_s: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,12 +80,21 @@ class RunResult:
     unreadable: tuple[str, ...] = ()  # rank files that could not be read, and why
     exposed_comm_s: float | None = None  # median over ranks, per step
     busbw_gb_s: float | None = None
-    stragglers: tuple[int, ...] = ()  # ranks whose median step exceeds the median of medians by >10%
+    stragglers: tuple[int, ...] = ()  # slow ranks (results.verdict.detect_stragglers)
+    # one per straggler: {"rank", "rule", "rank_s", "median_s", "evidence", ...}, the numbers
+    # of the rule that flagged it
+    straggler_evidence: tuple[Mapping[str, Any], ...] = ()
     # the bottleneck: {"name", "evidence", "shares"} from the measured shares of the step
     verdict: Mapping[str, Any] | None = None
     # attempts the rank files record (--max-restarts relaunches, SLURM requeues); every
     # per-rank number above comes from the last one
     attempts: int = 1
+    # how samples_per_s was measured: "wall clock" (global samples over the steady steps / the
+    # wall time from the end of warm-up to the end of the last step, the slowest rank's) or
+    # "step time" (rank files without step end times: samples / summed step times per rank)
+    throughput_basis: str = "step time"
+    # predicted (plan.json) against measured: results.prediction.compare's block
+    prediction: Mapping[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -96,5 +110,6 @@ class RunResult:
         d["failures"] = tuple(d.get("failures", ()))
         d["unreadable"] = tuple(d.get("unreadable", ()))
         d["stragglers"] = tuple(d.get("stragglers", ()))
+        d["straggler_evidence"] = tuple(d.get("straggler_evidence", ()))
         return cls(**d)
 

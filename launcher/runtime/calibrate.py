@@ -9,11 +9,13 @@ exposed gradient reduction alone.
 
 Bandwidth comes from an all-reduce of the gradients' size (nccl-tests definitions):
 algbw = S / t, busbw = algbw x 2(n-1)/n.
+
+Never imports cli, backends, jobs or report; torch only inside functions (see
+runtime/__init__).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import statistics
 import time
@@ -27,6 +29,7 @@ ALLREDUCE_REPEATS = 5
 
 
 def _timed(fn: Callable[[], None], cuda: bool) -> float:
+    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
     import torch
 
     if cuda:
@@ -56,6 +59,7 @@ def exposed_comm(forward_backward: Callable[[], None], no_sync: Callable[[], Any
 def allreduce_bandwidth(nbytes: int, device: Any, world_size: int,
                         repeats: int = ALLREDUCE_REPEATS) -> dict[str, float]:
     """Time an all-reduce of `nbytes` (fp32) and derive algbw / busbw in GB/s."""
+    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
     import torch
     import torch.distributed as dist
 
@@ -67,8 +71,3 @@ def allreduce_bandwidth(nbytes: int, device: Any, world_size: int,
     algbw = buf.numel() * 4 / t / 1e9
     return {"allreduce_bytes": buf.numel() * 4, "allreduce_s": t, "algbw_gb_s": algbw,
             "busbw_gb_s": algbw * 2 * (world_size - 1) / world_size}
-
-
-def null_sync() -> contextlib.AbstractContextManager[None]:
-    """Stand-in for single-process runs, where there is nothing to sync."""
-    return contextlib.nullcontext()

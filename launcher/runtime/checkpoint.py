@@ -4,23 +4,33 @@ Layout under the checkpoint dir (DLAUNCH_CHECKPOINT_DIR = RUN_DIR/checkpoints, s
 nodes):
 
     step-000040/            one complete checkpoint: DCP shards + .metadata (every rank wrote
-                            its part), meta.json (step, world size), rng-<rank>.pt (RNG states)
+                            its part), meta.json (step, world size), rng-<rank>.pt (RNG states),
+                            scheduler.pt (the LR scheduler's state, when the workload has one),
+                            complete.json (the completion marker: every file with its size)
     step-000080.partial/    being written (or the job died while writing): never loaded
 
 A checkpoint becomes visible atomically: all ranks write into `step-N.partial/`, meet at a
-barrier, then rank 0 renames it to `step-N/`. DCP saves sharded state (FSDP2) and replicated
-state (DDP: rank 0 writes the one copy) alike, and loads into a different world size too.
+barrier, then rank 0 writes the completion marker and renames the dir to `step-N/`. DCP saves
+sharded state (FSDP2) and replicated state (DDP: rank 0 writes the one copy) alike, and loads
+into a different world size too.
+
+A checkpoint is trusted only when every file its marker lists has the listed size: a disk that
+filled up, a copy cut short or a file truncated later is passed over (with a warning naming it)
+for the next older one, and when none is usable `load` fails with one line naming each.
 
 Collective: every rank of the job must call `save` / `load` with the same arguments at the same
 point; works without a process group as well (one process).
+
+Never imports cli, backends, jobs or report; torch only inside functions (see
+runtime/__init__).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
+import random
 import re
 import shutil
 import warnings
@@ -28,12 +38,22 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from launcher.files import atomic_write_json, read_json, shown
+
 log = logging.getLogger(__name__)
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+META = "meta.json"
+MARKER = "complete.json"  # written last by rank 0: {step, files: {name: size}}
+SCHEDULER = "scheduler.pt"  # the LR scheduler's state_dict (the same on every rank: rank 0's)
+
+
+class CheckpointUnusable(RuntimeError):
+    """No checkpoint can be resumed from although there are some (each one's reason named)."""
 
 
 def _dist() -> tuple[int, int, bool]:
+    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
     import torch.distributed as dist
 
     up = dist.is_available() and dist.is_initialized()
@@ -41,6 +61,7 @@ def _dist() -> tuple[int, int, bool]:
 
 
 def _barrier() -> None:
+    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
@@ -64,12 +85,14 @@ class _TrainState:
         self.optimizer = optimizer
 
     def state_dict(self) -> dict[str, Any]:
+        # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         return {"model": model_sd, "optim": optim_sd}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
@@ -77,8 +100,7 @@ class _TrainState:
 
 
 def _rng_state() -> dict[str, Any]:
-    import random
-
+    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
     import torch
 
     state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
@@ -88,8 +110,7 @@ def _rng_state() -> dict[str, Any]:
 
 
 def _set_rng_state(state: dict[str, Any]) -> None:
-    import random
-
+    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
     import torch
 
     torch.set_rng_state(state["torch"])
@@ -98,20 +119,33 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
+def _save_synced(path: Path, obj: Any) -> None:
+    """torch.save `obj` to `path` and fsync it: the marker vouches for its size, so it must be
+    on disk before the marker is written."""
+    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
+    import torch
+
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def step_dir(directory: str | Path, step: int) -> Path:
     """Where the checkpoint of `step` lives once complete."""
     return Path(directory) / f"step-{step:06d}"
 
 
 def save(step: int, model: Any, optimizer: Any, directory: str | Path, *,
-         extra: dict[str, Any] | None = None, keep: int = 2) -> Path:
-    """Save model + optimizer (+ this rank's RNG state) after optimizer step `step`.
+         extra: dict[str, Any] | None = None, keep: int = 2, scheduler: Any = None) -> Path:
+    """Save model + optimizer (+ this rank's RNG state, + the LR scheduler's state when there
+    is one) after optimizer step `step`.
 
     `extra`: JSON-able values for meta.json (e.g. the GradScaler's scale, the data position
     if it is not simply `step`). Keeps the newest `keep` complete checkpoints. Returns the
     checkpoint's directory.
     """
-    import torch
+    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
     import torch.distributed.checkpoint as dcp
 
     rank, world, up = _dist()
@@ -123,12 +157,14 @@ def save(step: int, model: Any, optimizer: Any, directory: str | Path, *,
     _barrier()
     with _quiet_single_process(up):
         dcp.save({"train": _TrainState(model, optimizer)}, checkpoint_id=str(partial), no_dist=not up)
-    torch.save(_rng_state(), partial / f"rng-{rank}.pt")
+    _save_synced(partial / f"rng-{rank}.pt", _rng_state())
+    if rank == 0 and scheduler is not None:
+        _save_synced(partial / SCHEDULER, scheduler.state_dict())
     if rank == 0:
-        meta = {"step": step, "world_size": world, **(extra or {})}
-        (partial / "meta.json").write_text(json.dumps(meta))
+        atomic_write_json(partial / META, {"step": step, "world_size": world, **(extra or {})})
     _barrier()  # every rank's shard and RNG file is in place
     if rank == 0:
+        _write_marker(partial, step)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(partial, final)
         _prune(Path(directory), keep)
@@ -143,47 +179,126 @@ def _prune(directory: Path, keep: int) -> None:
         shutil.rmtree(step_dir(directory, s), ignore_errors=True)
 
 
-def complete_steps(directory: str | Path) -> list[int]:
-    """Steps that have a complete checkpoint, ascending."""
+def _write_marker(path: Path, step: int) -> None:
+    """The completion marker, written last: every file of the checkpoint with its size."""
+    files = {str(f.relative_to(path)): f.stat().st_size for f in sorted(path.rglob("*"))
+             if f.is_file() and f.name != MARKER}
+    atomic_write_json(path / MARKER, {"step": step, "files": files})
+
+
+def _step_dirs(directory: str | Path) -> list[int]:
+    """Steps with a `step-N` directory (complete or not), ascending."""
     d = Path(directory)
     if not d.is_dir():
         return []
-    return sorted(int(m.group(1)) for p in d.iterdir()
-                  if (m := _STEP_DIR.match(p.name)) and (p / "meta.json").is_file())
+    return sorted(int(m.group(1)) for p in d.iterdir() if (m := _STEP_DIR.match(p.name)))
+
+
+def complete_steps(directory: str | Path) -> list[int]:
+    """Steps whose checkpoint has its completion marker (sizes not checked), ascending."""
+    return [s for s in _step_dirs(directory) if (step_dir(directory, s) / MARKER).is_file()]
+
+
+def problem(path: str | Path) -> str | None:
+    """Why the checkpoint in `path` cannot be trusted, or None when every file the completion
+    marker lists is there with the size it lists (a cut-off file, a lost file, no marker)."""
+    p = Path(path)
+    try:
+        marker = read_json(p / MARKER)
+    except FileNotFoundError:
+        return f"no completion marker ({MARKER}): the save never finished"
+    except (OSError, ValueError) as e:
+        return f"completion marker unreadable ({type(e).__name__})"
+    files = marker.get("files") if isinstance(marker, dict) else None
+    if not isinstance(files, dict) or META not in files:
+        return "completion marker lists no files"
+    for name, size in files.items():
+        try:
+            actual = (p / name).stat().st_size
+        except OSError:
+            return f"{shown(name)} is missing"
+        if actual != size:
+            return f"{shown(name)} is {actual} bytes, {size} when saved (cut off or overwritten)"
+    return None
+
+
+def pick(directory: str | Path, step: int | None = None) -> tuple[int | None, list[str]]:
+    """The newest checkpoint that passes `problem` (or `step`, if that one passes), and a
+    line for each newer one passed over: `step-N: why`."""
+    bad: list[str] = []
+    candidates = [step] if step is not None else reversed(_step_dirs(directory))
+    for s in candidates:
+        why = problem(step_dir(directory, s))
+        if why is None:
+            return s, bad
+        bad.append(f"{step_dir(directory, s).name}: {why}")
+    return None, bad
+
+
+def _load_scheduler(scheduler: Any, path: Path, rank: int) -> None:
+    """The saved scheduler state into `scheduler`; a warning when the checkpoint has none (it
+    was written by a run without a scheduler: the schedule restarts from its first step)."""
+    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
+    import torch
+
+    saved = path / SCHEDULER
+    if saved.is_file():
+        scheduler.load_state_dict(torch.load(saved, weights_only=False))
+    elif rank == 0:
+        log.warning("checkpoint %s holds no LR scheduler state (saved without a scheduler); "
+                    "the schedule starts from its beginning", path.name)
 
 
 def latest(directory: str | Path) -> int | None:
-    """The newest complete checkpoint's step, or None."""
-    steps = complete_steps(directory)
-    return steps[-1] if steps else None
+    """The newest usable checkpoint's step (see `problem`), or None."""
+    return pick(directory)[0]
 
 
-def load(model: Any, optimizer: Any, directory: str | Path, *,
-         step: int | None = None) -> tuple[int, dict[str, Any]] | None:
-    """Load the newest (or the given) complete checkpoint into model and optimizer in place.
+def load(model: Any, optimizer: Any, directory: str | Path, *, step: int | None = None,
+         scheduler: Any = None) -> tuple[int, dict[str, Any]] | None:
+    """Load the newest usable (or the given) checkpoint into model, optimizer and (when given
+    and saved) the LR scheduler, in place.
 
-    Returns (step, meta) — training continues with step + 1 — or None when there is none.
+    Returns (step, meta) — training continues with step + 1; meta's `passed_over` lists
+    `step-N: why` for each newer checkpoint not used — or None when there is none. Raises
+    `CheckpointUnusable` (one line naming each) when there are checkpoints but none is usable.
     All ranks must agree on the step: they read the same shared directory, and rank 0's choice
     is broadcast so a checkpoint completing between two ranks' listings cannot split them.
     """
+    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
     rank, world, up = _dist()
-    chosen = step if step is not None else latest(directory)
+    # rank 0 checks the sizes once for everyone: ranks that judged a file being written
+    # differently would load different checkpoints
+    chosen, bad = pick(directory, step) if rank == 0 else (None, [])
     if up:
-        box = [chosen]
+        box: list[Any] = [chosen, bad]
         dist.broadcast_object_list(box, src=0)
-        chosen = box[0]
+        chosen, bad = box
     if chosen is None:
+        if bad:
+            raise CheckpointUnusable(f"no usable checkpoint in {directory}: {'; '.join(bad)}")
         return None
     path = step_dir(directory, chosen)
-    with _quiet_single_process(up):
-        dcp.load({"train": _TrainState(model, optimizer)}, checkpoint_id=str(path), no_dist=not up)
-    meta = json.loads((path / "meta.json").read_text())
-    rng = path / f"rng-{rank}.pt"
-    if rng.is_file() and meta.get("world_size") == world:  # RNG streams only map 1:1
-        _set_rng_state(torch.load(rng, weights_only=False))
+    if bad and rank == 0:
+        log.warning("checkpoint %s passed over: %s; resuming from %s instead",
+                    "; ".join(b.split(":")[0] for b in bad), "; ".join(bad), path.name)
+    try:
+        with _quiet_single_process(up):
+            dcp.load({"train": _TrainState(model, optimizer)}, checkpoint_id=str(path),
+                     no_dist=not up)
+        meta = read_json(path / META)
+        rng = path / f"rng-{rank}.pt"
+        if rng.is_file() and meta.get("world_size") == world:  # RNG streams only map 1:1
+            _set_rng_state(torch.load(rng, weights_only=False))
+        if scheduler is not None:
+            _load_scheduler(scheduler, path, rank)
+    except Exception as e:  # sizes right, content not: say which checkpoint in one line
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise CheckpointUnusable(f"checkpoint {path} cannot be loaded: {type(e).__name__}: "
+                                 f"{shown(first, 200)}") from e
     log.debug("rank %d: loaded step %d from %s", rank, chosen, path)
-    return chosen, meta
+    return chosen, {**meta, "passed_over": bad}

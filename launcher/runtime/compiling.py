@@ -7,6 +7,9 @@ bug) surfaces in the first forward or backward. `CompileGuard` runs those first 
 a compile error switches Dynamo to eager (`torch.compiler.set_stance("force_eager")`, which
 keeps every wrapper in place) and the same micro-batches run again; under `--compile-strict`
 it is an error that fails the rank.
+
+Never imports cli, backends, jobs or report; torch only inside functions (see
+runtime/__init__).
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ def compile_forward(module: Any, strategy: Strategy) -> None:
     compiling the DDP wrapper instead breaks the graph at DDP's own bookkeeping (3 breaks
     measured) and cannot run under fullgraph=True.
     """
+    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
     import torch
 
     module.forward = torch.compile(module.forward, **compile_kwargs(strategy))
@@ -74,6 +78,7 @@ def one_line(e: BaseException) -> str:
 
 def is_compile_error(e: BaseException) -> bool:
     """True for errors raised by Dynamo / AOTAutograd / Inductor rather than by the model."""
+    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
     import torch._dynamo.exc as dexc
 
     if isinstance(e, dexc.TorchDynamoException):
@@ -117,6 +122,7 @@ class CompileGuard:
         self.watching = False
 
     def _fall_back(self, reason: str) -> None:
+        # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
         import torch
 
         self.fallback = reason
@@ -135,6 +141,7 @@ def compile_stats(fallback: str | None = None) -> dict[str, Any]:
     counter (one entry per distinct break reason), and the compilation metrics (a bounded deque
     of 64 entries; each recompilation carries its guard-failure reason).
     """
+    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
     from torch._dynamo.utils import counters, get_compilation_metrics
 
     breaks = counters["graph_break"]

@@ -1,4 +1,8 @@
-"""The rank's view of the job, read from the environment torchrun (or SLURM) sets."""
+"""The rank's view of the job, read from the environment torchrun (or SLURM) sets.
+
+Never imports cli, backends, jobs or report; torch only inside functions (see
+runtime/__init__).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,10 @@ import os
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +36,9 @@ class RankContext:
         """True when more than one rank takes part."""
         return self.world_size > 1
 
-    def device(self) -> Any:
+    def device(self) -> torch.device:
         """The torch.device this rank computes on."""
+        # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
         import torch
 
         return torch.device("cuda", self.local_rank) if self.device_type == "cuda" else torch.device("cpu")
@@ -55,6 +63,7 @@ def from_env(device_type: str, env: dict[str, str] | None = None) -> RankContext
 
 def init_distributed(ctx: RankContext, *, timeout_s: float = 1800.0) -> None:
     """Pick the device and start the process group: nccl on CUDA, gloo on CPU."""
+    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
     import torch
     import torch.distributed as dist
 
@@ -71,6 +80,7 @@ def init_distributed(ctx: RankContext, *, timeout_s: float = 1800.0) -> None:
 
 def shutdown_distributed() -> None:
     """Destroy the process group if one is up."""
+    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():

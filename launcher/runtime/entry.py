@@ -4,6 +4,8 @@ It reads the launch spec the launcher wrote, builds the workload, trains it unde
 harness, and always leaves a summary file saying how the rank ended (ok, preempted — a
 checkpoint was saved on the preemption signal, exit 0 — failed or stopped). A failure is reported
 as one line on stderr (the traceback goes to the summary file; `DLAUNCH_DEBUG=1` prints it).
+
+Never imports cli, backends, jobs or report, and no torch before the recorder exists.
 """
 
 from __future__ import annotations
@@ -13,10 +15,24 @@ import logging
 import os
 import signal
 import sys
+import threading
+import time
 import traceback
 from types import FrameType
 
+from launcher.runtime.context import from_env, init_distributed, shutdown_distributed
+from launcher.runtime.harness import train
+from launcher.runtime.recorder import RankRecorder
+from launcher.runtime.resume import stop_requested
+from launcher.specs import LaunchSpec
+from launcher.workload import load_workload
+
 log = logging.getLogger(__name__)
+
+PARENT_POLL_S = 1.0
+# after its agent died: SIGTERM lets the rank write its summary; a rank blocked in a
+# collective never runs that handler, so SIGKILL follows
+ORPHAN_GRACE_S = 5.0
 
 
 class Stopped(SystemExit):
@@ -34,11 +50,28 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise Stopped(128 + signum)
 
 
+def watch_parent() -> None:
+    """End this rank when the process that started it (torchrun's agent) is gone.
+
+    Nobody else would: an agent killed with SIGKILL cannot stop its ranks, and an orphaned rank
+    would go on training (holding its device) and writing into a run dir that may be reused.
+    """
+    parent = os.getppid()
+
+    def loop() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        log.warning("the agent (pid %d) that started this rank is gone; stopping", parent)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(ORPHAN_GRACE_S)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=loop, name="dlaunch-parent-watch", daemon=True).start()
+
+
 def _stop_was_requested() -> bool:
     """A rank told to stop (SIGTERM under SLURM) whose next collective then failed (a peer
     was already gone) was being stopped, not failing of its own."""
-    from launcher.runtime.resume import stop_requested
-
     return stop_requested() is not None
 
 
@@ -49,27 +82,20 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m launcher.runtime.entry LAUNCH_JSON", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, _on_sigterm)
+    watch_parent()
     logging.basicConfig(level=logging.DEBUG if os.environ.get("DLAUNCH_DEBUG") else logging.WARNING)
-
-    from launcher.specs import LaunchSpec
 
     with open(args[0], encoding="utf-8") as f:
         spec = LaunchSpec.from_dict(json.load(f))
 
-    from launcher.runtime.context import from_env, init_distributed, shutdown_distributed
-    from launcher.runtime.recorder import RankRecorder
-
     ctx = from_env(spec.device)
     recorder = RankRecorder(spec.run_dir, ctx.rank, {
-        "local_rank": ctx.local_rank, "node_rank": ctx.node_rank, "world_size": ctx.world_size,
+        "run_id": spec.run_id, "local_rank": ctx.local_rank, "node_rank": ctx.node_rank, "world_size": ctx.world_size,
         "host": ctx.host, "device": spec.device, "strategy": spec.strategy.kind,
         "precision": spec.strategy.precision, "micro_batch": spec.micro_batch,
         "grad_accum_steps": spec.grad_accum_steps,
     }, dump_stacks=True)
     try:
-        from launcher.runtime.harness import train
-        from launcher.workload import load_workload
-
         workload = load_workload(spec.workload, spec.workload_args)
         recorder.add({"kind": "workload", "sample_units": workload.sample_units,
                       "units_per_sample": workload.units_per_sample})

@@ -12,34 +12,52 @@ Besides `step` and `comm`, the harness writes these records to the rank file:
   memory_snapshot  path, reason (end of run | out of memory)
   resume, checkpoint   see runtime.resume (--checkpoint-every, DLAUNCH_RESUME, preemption)
 
+The optimizer and LR scheduler are the workload's (`make_optimizer`, `make_scheduler`; default
+AdamW, none), made after wrapping; the scheduler steps once per optimizer step and its state is
+checkpointed. With `--eval-every N` the workload's `evaluate` runs after every Nth step (see
+runtime.evaluation): its metrics go into that step's record and the rank summary.
+
 Every step beats the heartbeat (`recorder.progress`, no device sync) so the launcher's hang
 watcher sees progress even inside a long window; a rank that fails inside a window still
-records the steps it completed (with its own loss: `loss_scope: "rank"`).
+records the steps it completed (with its own loss: `loss_scope: "rank"`). A NaN or infinite
+loss is noticed when its window closes: a warning and `nonfinite_loss` {step, loss} in the rank
+summary, or with --stop-on-nan the rank fails with `NonFiniteLoss` at that window's end.
+
+Never imports cli, backends, jobs or report; torch only inside functions (see
+runtime/__init__).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
+import math
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from launcher.runtime import resume
+from launcher.runtime import evaluation, profiling, resume
+from launcher.runtime.calibrate import allreduce_bandwidth, exposed_comm
 from launcher.runtime.compiling import CompileGuard, compile_stats
 from launcher.runtime.context import RankContext
 from launcher.runtime.recorder import RankRecorder
 from launcher.runtime.window import FLUSH_INTERVAL_S, Clock, Window, window_steps
-from launcher.runtime.wrap import Wrapped, wrap
+from launcher.runtime.wrap import Wrapped, make_optimizer, wrap
 from launcher.specs import LaunchSpec
 from launcher.workload import Workload
+
+if TYPE_CHECKING:
+    import torch
+    from torch.utils.data import DataLoader
 
 log = logging.getLogger(__name__)
 
 __all__ = ["FLUSH_INTERVAL_S", "make_loader", "to_device", "train", "window_steps"]
 
-def to_device(batch: Any, device: Any) -> Any:
+def to_device(batch: object, device: torch.device) -> object:
     """Move a batch (tensor, or tuple / list / dict of them) to `device`."""
+    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
     import torch
 
     if isinstance(batch, torch.Tensor):
@@ -52,7 +70,7 @@ def to_device(batch: Any, device: Any) -> Any:
 
 
 def make_loader(workload: Workload, spec: LaunchSpec, ctx: RankContext, *,
-                start_step: int = 0) -> Any:
+                start_step: int = 0) -> DataLoader[Any]:
     """A DataLoader over exactly the samples this rank trains on, in a fixed order.
 
     The dataset holds steps x global batch samples; DistributedSampler hands rank r every
@@ -60,11 +78,12 @@ def make_loader(workload: Workload, spec: LaunchSpec, ctx: RankContext, *,
     process would see with world_size times the micro-batch (the equivalence the tests check).
     After a resume at `start_step` the index list starts where step start_step + 1 begins.
     """
+    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
     import torch
     from torch.utils.data import DataLoader, DistributedSampler
 
     dataset = workload.make_dataset(spec.steps * spec.global_batch)
-    sampler = DistributedSampler(dataset, num_replicas=ctx.world_size, rank=ctx.rank,
+    sampler: Iterable[int] = DistributedSampler(dataset, num_replicas=ctx.world_size, rank=ctx.rank,
                                  shuffle=spec.loader.shuffle, seed=spec.seed, drop_last=True)
     if start_step:
         sampler = resume.SkipSampler(sampler, start_step * spec.micro_batch * spec.grad_accum_steps)
@@ -80,6 +99,7 @@ def make_loader(workload: Workload, spec: LaunchSpec, ctx: RankContext, *,
 
 
 def _autocast(spec: LaunchSpec, ctx: RankContext) -> contextlib.AbstractContextManager[Any]:
+    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
     import torch
 
     # FSDP2's MixedPrecisionPolicy already computes in the low dtype; autocast is for DDP
@@ -98,9 +118,8 @@ def train(workload: Workload, spec: LaunchSpec, ctx: RankContext,
     CUDA allocation history is dumped at the end, or when the rank runs out of memory (then the
     error is raised again).
     """
+    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
     import torch
-
-    from launcher.runtime import profiling
 
     if spec.detect_anomaly:
         profiling.enable_anomaly_detection(ctx.rank)
@@ -118,8 +137,10 @@ def train(workload: Workload, spec: LaunchSpec, ctx: RankContext,
 
 def _train(workload: Workload, spec: LaunchSpec, ctx: RankContext,
            recorder: RankRecorder) -> resume.Outcome:
+    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
     import torch
 
+    evaluation.check(workload, spec)
     device = ctx.device()
     torch.manual_seed(spec.seed)
     model = workload.build_model().to(device)
@@ -128,10 +149,11 @@ def _train(workload: Workload, spec: LaunchSpec, ctx: RankContext,
     recorder.add({"kind": "wrap", "strategy": spec.strategy.kind, "compiled": wrapped.compiled,
                   "mesh_shape": list(wrapped.mesh_shape) if wrapped.mesh_shape else None})
     params = [p for p in wrapped.module.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=1e-3, fused=ctx.device_type == "cuda")
+    optimizer, scheduler = make_optimizer(workload, model, ctx)
     scaler = torch.amp.GradScaler(ctx.device_type, enabled=spec.strategy.uses_grad_scaler)
     # after wrapping (DCP loads DDP and FSDP2 state alike) and before the loader (data position)
-    start = resume.resume(wrapped.module, optimizer, scaler, spec, ctx, recorder)
+    start = resume.resume(wrapped.module, optimizer, scaler, spec, ctx, recorder,
+                          scheduler=scheduler)
     loader = make_loader(workload, spec, ctx, start_step=start)
     batches = iter(loader)
     clock = Clock(ctx.device_type)
@@ -163,14 +185,14 @@ def _train(workload: Workload, spec: LaunchSpec, ctx: RankContext,
 
     profiler = None
     if spec.profile:
-        from launcher.runtime.profiling import StepProfiler
-
         # the profiler counts this attempt's steps (a resumed run starts after `start`)
-        profiler = StepProfiler(run_dir=spec.run_dir, rank=ctx.rank, warmup_steps=spec.warmup_steps,
+        profiler = profiling.StepProfiler(run_dir=spec.run_dir, rank=ctx.rank, warmup_steps=spec.warmup_steps,
                                 steps=spec.steps - start, cuda=ctx.device_type == "cuda")
 
     window = Window(clock, ctx, recorder, scaler, device, spec.log_every)
     stopped_at = 0  # the step after which a preemption request stopped training
+    nonfinite: dict[str, Any] | None = None  # the first step whose loss was NaN or inf
+    last_eval: dict[str, Any] | None = None  # {step, metric: value} of the last evaluation
     with resume.Preemption(sigterm=resume.under_slurm()) as preemption:
         try:
             for step in range(start + 1, spec.steps + 1):
@@ -198,12 +220,22 @@ def _train(workload: Workload, spec: LaunchSpec, ctx: RankContext,
                     torch.nn.utils.clip_grad_norm_(params, spec.max_grad_norm)
                 scaler.step(optimizer)
                 scaler.update()
+                if scheduler is not None:
+                    scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
                 mark = clock.stop(step_start)
+                end_time = time.time()
+                evaluated: dict[str, Any] = {}
+                if evaluation.due(step, spec, workload):
+                    # outside the step's time; its wall time counts between steps (eval_s)
+                    metrics, eval_s = evaluation.evaluate(workload, model, ctx)
+                    evaluated = {"eval": metrics, "eval_s": eval_s}
+                    last_eval = {"step": step, **metrics}
                 # warm-up counts from this attempt's first step: a resumed rank is cold again
-                record = {"kind": "step", "step": step, "end_time": time.time(),
+                record = {"kind": "step", "step": step, "end_time": end_time,
                           "data_wait_s": data_wait, "samples": samples_per_step,
-                          "units": units_per_step, "warmup": step - start <= spec.warmup_steps}
+                          "units": units_per_step, "warmup": step - start <= spec.warmup_steps,
+                          **evaluated}
                 if profiler is not None:
                     profiler.step()
                     # profiled steps run slower: aggregate leaves them out of throughput
@@ -212,15 +244,18 @@ def _train(workload: Workload, spec: LaunchSpec, ctx: RankContext,
                 recorder.progress(step)  # hang watcher: every step, a small file a second at most
                 boundary = resume.window_boundary(step, spec)
                 if window.full or step == spec.steps or boundary:
-                    if window.close(stop=preemption.requested):
+                    closing = window.records  # close() fills in their rank-averaged losses
+                    stop_any = window.close(stop=preemption.requested)
+                    nonfinite = nonfinite or _check_losses(closing, spec, ctx)
+                    if stop_any:
                         # every rank learnt it from the same all-reduce: all save at this step
                         resume.save_preempted(step, wrapped.module, optimizer, scaler, spec,
-                                              ctx, recorder)
+                                              ctx, recorder, scheduler=scheduler)
                         stopped_at = step
                         break
                     if boundary:
                         resume.save(step, wrapped.module, optimizer, scaler, spec, recorder,
-                                    reason="periodic")
+                                    reason="periodic", scheduler=scheduler)
         except BaseException:
             window.flush_open()
             raise
@@ -229,16 +264,45 @@ def _train(workload: Workload, spec: LaunchSpec, ctx: RankContext,
     if wrapped.compiled:
         recorder.add(compile_stats(guard.fallback))
     recorder.flush()
-    batches = loader = None  # stop the loader's workers now, not at interpreter exit
-    return resume.outcome(stopped_at, spec)
+    # stop the loader's workers now, not at interpreter exit (mypy: the names are done with)
+    batches = loader = None  # type: ignore[assignment]
+    outcome = resume.outcome(stopped_at, spec)
+    extra = {k: v for k, v in (("nonfinite_loss", nonfinite), ("eval", last_eval)) if v is not None}
+    if not extra:
+        return outcome
+    return dataclasses.replace(outcome, summary={**outcome.summary, **extra})
+
+
+class NonFiniteLoss(RuntimeError):
+    """--stop-on-nan: a step's loss (averaged over ranks) was NaN or infinite."""
+
+
+def _check_losses(records: list[dict[str, Any]], spec: LaunchSpec,
+                  ctx: RankContext) -> dict[str, Any] | None:
+    """The first step of a closed window whose loss is not finite, as {step, loss}, or None.
+
+    The losses were synced and all-reduced when the window closed (no extra host sync), and are
+    the same on every rank, so with --stop-on-nan every rank raises at the same step, before a
+    checkpoint of the broken state is saved.
+    """
+    bad = next((r for r in records if not math.isfinite(r["loss"])), None)
+    if bad is None:
+        return None
+    found = {"step": int(bad["step"]), "loss": str(bad["loss"])}
+    if spec.stop_on_nan:
+        raise NonFiniteLoss(f"the loss is {found['loss']} at step {found['step']}; "
+                            "--stop-on-nan ended the run")
+    if ctx.rank == 0:
+        log.warning("the loss is %s at step %d (averaged over ranks); training goes on "
+                    "(--stop-on-nan stops at the first one)", found["loss"], found["step"])
+    return found
 
 
 def _calibrate(workload: Workload, wrapped: Wrapped, spec: LaunchSpec, ctx: RankContext,
                loader: Any, recorder: RankRecorder, params: list[Any], guard: CompileGuard) -> None:
     """Measure exposed communication and all-reduce bandwidth; see runtime.calibrate."""
+    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
     import torch
-
-    from launcher.runtime.calibrate import allreduce_bandwidth, exposed_comm
 
     device = ctx.device()
     batch = to_device(next(iter(loader)), device)

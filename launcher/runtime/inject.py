@@ -2,6 +2,9 @@
 
 Set in the ranks' environment:
   DLAUNCH_INJECT_COMM_DELAY_MS=X   every DDP gradient all-reduce sleeps X ms before it starts
+
+Never imports cli, backends, jobs or report; torch only inside functions (see
+runtime/__init__).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ def comm_delay_ms(env: dict[str, str] | None = None) -> float:
 
 def install_comm_delay(ddp: Any, delay_ms: float) -> None:
     """Register a DDP comm hook that sleeps, then does the default all-reduce."""
+    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
     # no annotations: DDP rejects a hook whose `bucket` annotation is not dist.GradBucket

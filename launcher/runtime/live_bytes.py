@@ -5,6 +5,9 @@ TorchDispatchMode counts every new output storage when an op creates it and unco
 the storage is freed (`weakref.finalize` on the storage, whose Python object torch keeps
 alive exactly as long as the storage). Tensors that exist before entering (parameters) are
 added with `add_existing`.
+
+Imports torch at module level, so no rank, CLI or planner path may import it; never imports any
+other part of dlaunch.
 """
 
 from __future__ import annotations

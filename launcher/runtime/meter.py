@@ -9,6 +9,8 @@
 Under `dlaunch run` the steps land in the run dir like a workload's; run without dlaunch
 (no DLAUNCH_RUN_DIR), the meter does nothing. It imports no torch. Timing is host wall time
 between calls, so on CUDA it is exact only if the loop synchronises (e.g. `loss.item()`).
+
+Never imports cli, backends, jobs or report, nor torch (the script has its own).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class StepMeter:
         self._recorder: RankRecorder | None = None
         if not self.enabled:
             return
+        assert run_dir is not None  # narrowing: enabled means it is set
         rank = int(os.environ.get("RANK", 0))
         self._recorder = RankRecorder(run_dir, rank, {
             "local_rank": int(os.environ.get("LOCAL_RANK", 0)),

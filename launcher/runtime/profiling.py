@@ -7,6 +7,9 @@ then up to three recorded steps. It writes a Chrome / Perfetto trace per rank
 (`trace-rank<r>.json`, open it at https://ui.perfetto.dev) and a `profile` record with the top
 operators by self time: device time on CUDA, CPU time on CPU. Nothing here synchronises the
 host with the device per step; `prof.step()` only advances the schedule.
+
+Never imports cli, backends, jobs or report; torch only inside functions (see
+runtime/__init__).
 """
 
 from __future__ import annotations
@@ -16,21 +19,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from launcher.rundir import RunPaths
+
 log = logging.getLogger(__name__)
 
 ACTIVE_STEPS = 3
 TOP_OPS = 10
 SNAPSHOT_ENTRIES = 100_000  # allocation events kept by the CUDA memory history
-
-
-def trace_path(run_dir: str | Path, rank: int) -> Path:
-    """Where rank `rank` writes its Chrome trace."""
-    return Path(run_dir) / f"trace-rank{rank}.json"
-
-
-def snapshot_path(run_dir: str | Path, rank: int) -> Path:
-    """Where rank `rank` dumps its CUDA memory snapshot."""
-    return Path(run_dir) / f"memory-rank{rank}.pickle"
 
 
 def top_ops(averages: Any, *, cuda: bool, steps: int, limit: int = TOP_OPS) -> list[dict[str, Any]]:
@@ -58,11 +53,12 @@ class StepProfiler:
 
     def __init__(self, *, run_dir: str | Path, rank: int, warmup_steps: int, steps: int,
                  cuda: bool) -> None:
+        # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
         import torch.profiler as tp
 
         self.rank = rank
         self.cuda = cuda
-        self.path = trace_path(run_dir, rank)
+        self.path = RunPaths(root=run_dir).trace(rank)
         self.warmup_steps = warmup_steps
         # the recorded steps must fit in the run (LaunchSpec checks steps >= warm-up + 2)
         self.active = max(1, min(ACTIVE_STEPS, steps - warmup_steps - 1))
@@ -110,6 +106,7 @@ class StepProfiler:
 
 def start_memory_history() -> None:
     """Record CUDA allocations with stacks (torch.cuda.memory._record_memory_history)."""
+    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
     import torch
 
     torch.cuda.memory._record_memory_history(max_entries=SNAPSHOT_ENTRIES)
@@ -120,9 +117,10 @@ def dump_memory_snapshot(run_dir: str | Path, rank: int, *, reason: str) -> dict
 
     The pickle opens at https://pytorch.org/memory_viz.
     """
+    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
     import torch
 
-    path = snapshot_path(run_dir, rank)
+    path = RunPaths(root=run_dir).memory_snapshot(rank)
     try:
         torch.cuda.memory._dump_snapshot(str(path))
     except Exception as e:  # a failing dump must not hide the error that led here (an OOM)
@@ -135,6 +133,7 @@ def dump_memory_snapshot(run_dir: str | Path, rank: int, *, reason: str) -> dict
 
 def enable_anomaly_detection(rank: int) -> None:
     """Anomaly mode: backward names the forward op whose gradient became NaN (slow)."""
+    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
     import torch
 
     torch.autograd.set_detect_anomaly(True, check_nan=True)

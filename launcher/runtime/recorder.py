@@ -4,8 +4,10 @@
 Records (one JSON object per line, `kind` first):
   start  rank, local_rank, node_rank, world_size, host, pid, device, strategy, precision,
          sample_units, units_per_sample, micro_batch, grad_accum_steps, time
-  step   step, time, end_time (host clock at the step's end), step_time_s, data_wait_s, samples,
-         units, loss, peak_mem_bytes, warmup
+  step   step, time, end_time, step_time_s, data_wait_s, samples, units, loss, peak_mem_bytes,
+         warmup. `end_time` is the wall clock (time.time()) at the step's end: on CUDA when its
+         end event completed (runtime.window). The last warm-up step's end_time is the end of
+         warm-up; throughput is measured from there to the last step's end_time.
   comm   calibration of communication (see harness)
   end    time, steps, status
 The start record also carries `attempt` (0, or the restart number under `--max-restarts`, or
@@ -17,6 +19,8 @@ step record is added at least `BEAT_INTERVAL_S` after the last beat, so beating 
 file write a second at most and never a device sync. With `dump_stacks=True` the rank also
 writes the Python stack of every thread to `rank-<r>.stacks` when it receives SIGUSR1, which is
 how the watcher tells the rank stuck in its own code from the ranks waiting for it.
+
+Never imports cli, backends, jobs or report, nor torch: plain scripts use it through `meter`.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from launcher.files import append_lines, atomic_write_json, atomic_write_text
+from launcher.rundir import RunPaths
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +54,9 @@ class RankRecorder:
                  dump_stacks: bool = False) -> None:
         self.run_dir = Path(run_dir)
         self.rank = rank
-        self.path = self.run_dir / f"rank-{rank}.jsonl"
-        self._heartbeat = self.run_dir / f"rank-{rank}.heartbeat"
+        self._paths = RunPaths(root=self.run_dir)
+        self.path = self._paths.records(rank)
+        self._heartbeat = self._paths.heartbeat(rank)
         self._buffer: list[dict[str, Any]] = []
         self.steps_done = 0
         self._finished = False
@@ -58,7 +64,7 @@ class RankRecorder:
         self._host = socket.gethostname()
         # before the first heartbeat: the watcher only signals ranks whose heartbeat says
         # they can take it (SIGUSR1's default action would kill the rank)
-        self._stacks = dump_stacks and _enable_stack_dumps(self.run_dir / f"rank-{rank}.stacks")
+        self._stacks = dump_stacks and _enable_stack_dumps(self._paths.stacks(rank))
         # a --max-restarts relaunch, or a requeued SLURM job (its restart count)
         attempt = int(os.environ.get("DLAUNCH_ATTEMPT")
                       or os.environ.get("DLAUNCH_SLURM_RESTART_COUNT") or 0)
@@ -111,7 +117,7 @@ class RankRecorder:
             summary["traceback"] = "".join(tb.format_exception(error))
         append_lines(self.path, [{"kind": "end", "time": now, "steps": self.steps_done,
                                   "status": status}])
-        atomic_write_json(self.run_dir / f"rank-{self.rank}.summary.json", summary)
+        atomic_write_json(self._paths.summary(self.rank), summary)
 
 
 def _enable_stack_dumps(path: Path) -> bool:

@@ -2,7 +2,8 @@
 
 Resume (`resume`): with DLAUNCH_RESUME=1 (a `--max-restarts` relaunch, a requeued SLURM job)
 every rank loads the newest complete checkpoint of DLAUNCH_CHECKPOINT_DIR (default
-RUN_DIR/checkpoints) — model, optimizer, RNG streams, and the GradScaler for fp16 — and
+RUN_DIR/checkpoints) — model, optimizer, the workload's LR scheduler, RNG streams, and the
+GradScaler for fp16 — and
 training goes on at the next step. The data order is that of an uninterrupted run: the
 DistributedSampler's index list is sliced (`SkipSampler`) so the first batch is the one that
 step would have seen; nothing is loaded to skip.
@@ -20,8 +21,11 @@ all save at that step and the rank ends with status `preempted` and exit code 0.
 keeps meaning "torchrun is ending the job" (entry.Stopped): another rank failed, and a collective
 with it would never complete.
 
-Records added to the rank file: `resume` {step, checkpoint, load_s, same_data_order} and
+Records added to the rank file: `resume` {step, checkpoint, load_s, same_data_order, passed_over} and
 `checkpoint` {step, path, save_s, reason}.
+
+Never imports cli, backends, jobs or report; torch only inside functions (see
+runtime/__init__).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from launcher.rundir import RunPaths
 from launcher.runtime import checkpoint
 from launcher.runtime.context import RankContext
 from launcher.runtime.recorder import RankRecorder
@@ -44,7 +49,6 @@ from launcher.specs import LaunchSpec
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_SUBDIR = "checkpoints"  # as in backends.local / backends.slurm_task
 # the meta.json keys that fix which sample each step sees: a checkpoint written under other
 # values resumes, but not with the data order of an uninterrupted run
 _DATA_KEYS = ("global_batch", "dataset_size", "seed", "shuffle")
@@ -67,7 +71,7 @@ def under_slurm(env: dict[str, str] | None = None) -> bool:
 def checkpoint_dir(spec: LaunchSpec, env: dict[str, str] | None = None) -> Path:
     """DLAUNCH_CHECKPOINT_DIR, or RUN_DIR/checkpoints."""
     e = os.environ if env is None else env
-    return Path(e.get("DLAUNCH_CHECKPOINT_DIR") or Path(spec.run_dir) / CHECKPOINT_SUBDIR)
+    return Path(e.get("DLAUNCH_CHECKPOINT_DIR") or RunPaths(root=spec.run_dir).checkpoints)
 
 
 @dataclass(frozen=True)
@@ -125,14 +129,16 @@ def _data_meta(spec: LaunchSpec) -> dict[str, Any]:
 
 
 def save(step: int, module: Any, optimizer: Any, scaler: Any, spec: LaunchSpec,
-         recorder: RankRecorder, *, reason: str) -> Path:
-    """Collective: checkpoint the state after `step` (model, optimizer, RNG, GradScaler)."""
+         recorder: RankRecorder, *, reason: str, scheduler: Any = None) -> Path:
+    """Collective: checkpoint the state after `step` (model, optimizer, LR scheduler, RNG,
+    GradScaler)."""
     t0 = time.perf_counter()
     extra: dict[str, Any] = {**_data_meta(spec), "reason": reason}
     if scaler.is_enabled():
         # scale and growth tracker: without them fp16 restarts from 65536 and skips steps again
         extra["scaler"] = scaler.state_dict()
-    path = checkpoint.save(step, module, optimizer, checkpoint_dir(spec), extra=extra)
+    path = checkpoint.save(step, module, optimizer, checkpoint_dir(spec), extra=extra,
+                           scheduler=scheduler)
     recorder.add({"kind": "checkpoint", "step": step, "path": str(path), "reason": reason,
                   "save_s": time.perf_counter() - t0, "time": time.time()})
     recorder.flush()
@@ -140,12 +146,13 @@ def save(step: int, module: Any, optimizer: Any, scaler: Any, spec: LaunchSpec,
 
 
 def save_preempted(step: int, module: Any, optimizer: Any, scaler: Any, spec: LaunchSpec,
-                   ctx: RankContext, recorder: RankRecorder) -> Path:
+                   ctx: RankContext, recorder: RankRecorder, *, scheduler: Any = None) -> Path:
     """The preemption checkpoint: the SLURM grace period is short, so say what happens."""
     why = stop_requested() or "another rank's preemption signal"
     print(f"dlaunch: rank {ctx.rank}: {why}: saving a checkpoint at step {step}, then stopping",
           file=sys.stderr, flush=True)
-    return save(step, module, optimizer, scaler, spec, recorder, reason="preempted")
+    return save(step, module, optimizer, scaler, spec, recorder, reason="preempted",
+                scheduler=scheduler)
 
 
 def outcome(stopped_at: int, spec: LaunchSpec) -> Outcome:
@@ -157,17 +164,19 @@ def outcome(stopped_at: int, spec: LaunchSpec) -> Outcome:
 
 
 def resume(module: Any, optimizer: Any, scaler: Any, spec: LaunchSpec, ctx: RankContext,
-           recorder: RankRecorder) -> int:
-    """With DLAUNCH_RESUME=1, load the newest complete checkpoint; the last step it covers.
+           recorder: RankRecorder, *, scheduler: Any = None) -> int:
+    """With DLAUNCH_RESUME=1, load the newest usable checkpoint; the last step it covers.
 
     0 means start from scratch (not a resume, or no checkpoint yet). Collective when resuming:
-    every rank must call it (rank 0 picks the checkpoint for all).
+    every rank must call it (rank 0 picks the checkpoint for all). A newer checkpoint that
+    fails its size check is passed over with a warning (checkpoint.load); when there are
+    checkpoints but none is usable, `checkpoint.CheckpointUnusable` ends the rank.
     """
     if os.environ.get("DLAUNCH_RESUME") != "1":
         return 0
     directory = checkpoint_dir(spec)
     t0 = time.perf_counter()
-    loaded = checkpoint.load(module, optimizer, directory)
+    loaded = checkpoint.load(module, optimizer, directory, scheduler=scheduler)
     if loaded is None:
         log.warning("rank %d: DLAUNCH_RESUME=1 but no complete checkpoint in %s; starting at "
                     "step 1", ctx.rank, directory)
@@ -187,7 +196,7 @@ def resume(module: Any, optimizer: Any, scaler: Any, spec: LaunchSpec, ctx: Rank
                     ctx.rank, step, spec.steps)
     recorder.add({"kind": "resume", "step": step, "checkpoint": str(checkpoint.step_dir(directory, step)),
                   "load_s": time.perf_counter() - t0, "same_data_order": same,
-                  "time": time.time()})
+                  "passed_over": meta.get("passed_over", []), "time": time.time()})
     # not flushed here: a flush beats the heartbeat with this step, and the hang watcher would
     # take the resumed rank for started (hang timeout) before its first step (startup timeout)
     return min(step, spec.steps)

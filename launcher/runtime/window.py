@@ -8,6 +8,9 @@ Closing a window is a collective (the losses are averaged over ranks in one all-
 every rank must close at the same step: the length comes from the rank-averaged step time of
 the previous window (`window_steps`), and the harness adds steps all ranks know (the last
 step, a checkpoint step). The same all-reduce carries each rank's stop flag (preemption).
+
+Never imports cli, backends, jobs or report; torch only inside functions (see
+runtime/__init__).
 """
 
 from __future__ import annotations
@@ -16,10 +19,13 @@ import logging
 import resource
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from launcher.runtime.context import RankContext
 from launcher.runtime.recorder import RankRecorder
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -42,12 +48,14 @@ class Clock:
     """Step timing: CUDA events read lazily, or perf_counter on CPU."""
 
     def __init__(self, device_type: str) -> None:
+        # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
         import torch
 
         self.cuda = device_type == "cuda"
         self._torch = torch
+        self._synced_at = 0.0  # host wall clock right after the last `resolve`'s device sync
 
-    def start(self) -> Any:
+    def start(self) -> float | torch.cuda.Event:
         """A mark at the start of a step."""
         if self.cuda:
             ev = self._torch.cuda.Event(enable_timing=True)
@@ -55,7 +63,7 @@ class Clock:
             return ev
         return time.perf_counter()
 
-    def stop(self, start: Any) -> Any:
+    def stop(self, start: Any) -> float | tuple[torch.cuda.Event, torch.cuda.Event]:
         """The step's duration: seconds on CPU, an event pair on CUDA (read in `resolve`)."""
         if self.cuda:
             ev = self._torch.cuda.Event(enable_timing=True)
@@ -68,12 +76,29 @@ class Clock:
         if not self.cuda:
             return list(marks)
         self._torch.cuda.synchronize()
+        self._synced_at = time.time()
         return [a.elapsed_time(b) / 1000.0 for a, b in marks]
+
+    def end_times(self, marks: list[Any], host_ends: list[float]) -> list[float]:
+        """Wall-clock end of each step, for throughput over wall time (call after `resolve`).
+
+        On CPU the host's `time.time()` at the step's end (`host_ends`) is exact. On CUDA the
+        host runs ahead of the device, so a step ends when its end event completes: the sync in
+        `resolve` returned when the window's last event had (the device was still busy, or had
+        only just gone idle after the host's last launch), and each earlier step ended the
+        events' elapsed time before that; never before the host recorded the event.
+        """
+        if not self.cuda or not marks:
+            return list(host_ends)
+        last = marks[-1][1]
+        return [max(host, self._synced_at - end.elapsed_time(last) / 1000.0)
+                for (_, end), host in zip(marks, host_ends)]
 
 
 def peak_mem_bytes(device_type: str) -> int:
     """Peak device memory (CUDA) or peak resident set of this process (CPU)."""
     if device_type == "cuda":
+        # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
         import torch
 
         return int(torch.cuda.max_memory_allocated())
@@ -86,6 +111,7 @@ class Window:
 
     def __init__(self, clock: Clock, ctx: RankContext, recorder: RankRecorder, scaler: Any,
                  device: Any, log_every: int) -> None:
+        # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
         import torch
 
         self.clock, self.ctx, self.recorder, self.scaler = clock, ctx, recorder, scaler
@@ -120,6 +146,7 @@ class Window:
         `stop`: this rank was asked to stop. Returns True when any rank was (the flag rides in
         the loss all-reduce: a sum > 0 is an all-reduce MAX without a second collective).
         """
+        # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
         import torch
         import torch.distributed as dist
 
@@ -137,6 +164,10 @@ class Window:
         *losses, mean_step_s, stop_any = vec.tolist()
         peak = peak_mem_bytes(self.ctx.device_type)
         now = time.time()
+        if all("end_time" in rec for rec in self.records):
+            ends = self.clock.end_times(self._marks, [rec["end_time"] for rec in self.records])
+            for rec, end in zip(self.records, ends):
+                rec["end_time"] = end
         for rec, step_time, loss in zip(self.records, times, losses):
             rec.update(step_time_s=step_time, loss=loss, peak_mem_bytes=peak, time=now)
             self.recorder.add(rec)
@@ -153,6 +184,7 @@ class Window:
         No collective (the other ranks may never reach the window end), so each loss is this
         rank's own (`loss_scope: "rank"`), not the mean over ranks. Never masks the error.
         """
+        # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
         import torch
 
         pending = [rec for rec in self.records if "loss" not in rec]  # not written by close()

@@ -1,8 +1,13 @@
 """The one place a model is wrapped for a strategy: DDP, FSDP2 (full / grad-op shard),
-hybrid shard on a 2-D mesh, activation checkpointing per block, torch.compile.
+hybrid shard on a 2-D mesh, activation checkpointing per block, torch.compile; and the one
+place its optimizer and LR scheduler are made (`make_optimizer`), after wrapping, the same way
+under every strategy.
 
 The harness only sees `Wrapped`: the module to call and a context manager that turns
 gradient synchronisation off for the non-final micro-batches of an accumulation window.
+
+Never imports cli, backends, jobs or report; torch only inside functions (see
+runtime/__init__).
 """
 
 from __future__ import annotations
@@ -16,7 +21,9 @@ from typing import Any
 from launcher.errors import UsageError
 from launcher.runtime.compiling import compile_forward
 from launcher.runtime.context import RankContext
+from launcher.runtime.inject import comm_delay_ms, install_comm_delay
 from launcher.specs import Strategy
+from launcher.workload import Workload
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +75,7 @@ def _hsdp_defer_allreduce(model: Any) -> Callable[[], contextlib.AbstractContext
 
 def _checkpoint_blocks(blocks: list[Any]) -> None:
     # non-reentrant: works with FSDP2 and compile, and with inputs that need no grad
+    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         CheckpointImpl,
         checkpoint_wrapper,
@@ -85,6 +93,18 @@ def _locate(model: Any, blocks: list[Any]) -> None:
         for name, child in parent.named_children():
             if id(child) in ids:
                 child._dlaunch_parent = (parent, name)
+
+
+def make_optimizer(workload: Workload, model: Any, ctx: RankContext) -> tuple[Any, Any]:
+    """The workload's optimizer and LR scheduler (or None) for `model`, already wrapped.
+
+    `model` is the module as the workload built it (for DDP the module inside the wrapper), so
+    `make_optimizer(cfg, model)` sees the parameter names it expects (weight-decay groups by
+    name); FSDP2 shards those parameters in place, so the optimizer holds this rank's shards
+    and its state is sharded with them. The default is AdamW, fused on CUDA.
+    """
+    optimizer = workload.make_optimizer(model, fused=ctx.device_type == "cuda")
+    return optimizer, workload.make_scheduler(optimizer)
 
 
 def hybrid_mesh_shape(ctx: RankContext, shard_group_size: int = 0) -> tuple[int, int]:
@@ -114,13 +134,12 @@ def wrap(model: Any, strategy: Strategy, ctx: RankContext, blocks: list[Any], *,
         if not ctx.is_distributed:
             return Wrapped(module=model, no_sync=contextlib.nullcontext,
                            accumulate=contextlib.nullcontext, compiled=strategy.compile)
+        # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         device_ids = [ctx.local_rank] if ctx.device_type == "cuda" else None
         # grads as bucket views: no second copy of the gradients
         ddp = DDP(model, device_ids=device_ids, gradient_as_bucket_view=True)
-        from launcher.runtime.inject import comm_delay_ms, install_comm_delay
-
         if comm_delay_ms() > 0:
             install_comm_delay(ddp, comm_delay_ms())
         return Wrapped(module=ddp, no_sync=_ddp_no_sync(ddp), accumulate=_ddp_no_sync(ddp),
@@ -130,6 +149,7 @@ def wrap(model: Any, strategy: Strategy, ctx: RankContext, blocks: list[Any], *,
 
 def _wrap_fsdp(model: Any, strategy: Strategy, ctx: RankContext, blocks: list[Any],
                shard_group_size: int) -> Wrapped:
+    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
     import torch
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard

@@ -4,14 +4,11 @@ all-reduce shows up as exposed communication, and a rank slowed on purpose is na
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import DATA, REPO, WORKLOADS, Done, run_dlaunch
+from tests.helpers import DATA, WORKLOADS, Done, run_dlaunch, run_result
 
 pytestmark = pytest.mark.distributed
 
@@ -47,12 +44,10 @@ def slowed_run(tmp_path_factory) -> tuple[Path, Done]:
 
 def test_slowed_rank_is_the_straggler_in_the_report(slowed_run, tmp_path):
     run_dir, _ = slowed_run
-    env = {**os.environ, "TMPDIR": str(tmp_path)}
-    proc = subprocess.run([sys.executable, "-m", "launcher.cli.main", "report", str(run_dir),
-                           "--format", "html,json", "--no-predict"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert "STRAGGLER in run: rank 1 on" in proc.stdout, proc.stdout
+    done = run_dlaunch("report", str(run_dir), "--format", "html,json", "--no-predict",
+                       env={"TMPDIR": str(tmp_path)}, timeout=120)
+    assert done.code == 0, done.err
+    assert "STRAGGLER in run: rank 1 on" in done.out, done.out
     numbers = json.loads((run_dir / "report" / "report.json").read_text())
     assert [s["rank"] for s in numbers["points"][0]["stragglers"]] == [1]
     assert "STRAGGLER in run: rank 1" in (run_dir / "report" / "report.html").read_text()
@@ -60,5 +55,5 @@ def test_slowed_rank_is_the_straggler_in_the_report(slowed_run, tmp_path):
 
 def test_slowed_rank_is_the_straggler_in_result_and_summary(slowed_run):
     run_dir, done = slowed_run
-    assert json.loads((run_dir / "result.json").read_text())["stragglers"] == [1]
+    assert run_result(run_dir)["stragglers"] == [1]
     assert any(line.startswith("STRAGGLER: rank 1 ") for line in done.out.splitlines()), done.out

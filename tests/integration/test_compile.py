@@ -5,24 +5,16 @@ Compile on 2 CPU cores is slow (20-30 s cold per graph): the model is the small 
 are short, and Inductor's cache lives in .pytest_cache so a second session starts warm.
 """
 
-import json
 import os
 
 import pytest
 
-from launcher.files import read_jsonl
-
-from tests.helpers import DATA, REPO, assert_one_line_error
+from tests.helpers import DATA, REPO, assert_one_line_error, rank_losses, run_result
 
 MLP = str(REPO / "workloads" / "mlp.py")
 # shared across test sessions (git-ignored): a warm cache turns 20-30 s compiles into 3-7 s
 INDUCTOR_CACHE = os.environ.get("DLAUNCH_TEST_INDUCTOR_CACHE",
                                 str(REPO / ".pytest_cache" / "dlaunch-inductor"))
-
-
-def losses(run_dir) -> list[float]:
-    records, _ = read_jsonl(run_dir / "rank-0.jsonl")
-    return [r["loss"] for r in records if r["kind"] == "step"]
 
 
 def run_mlp(dlaunch, run_dir, *extra):
@@ -38,11 +30,11 @@ def test_compiled_ddp_matches_eager(dlaunch, tmp_path):
     run_mlp(dlaunch, tmp_path / "eager")
     # strict: fullgraph=True, so any graph break would fail the run
     done = run_mlp(dlaunch, tmp_path / "compiled", "--compile-strict")
-    eager, compiled = losses(tmp_path / "eager"), losses(tmp_path / "compiled")
+    eager, compiled = rank_losses(tmp_path / "eager"), rank_losses(tmp_path / "compiled")
     # Inductor fuses and reorders fp32 arithmetic: 1e-7 relative measured, fp32's bar is 1e-4
     worst = max(abs(a - b) / abs(a) for a, b in zip(eager, compiled))
     assert len(compiled) == 6 and worst < 1e-4, (worst, eager, compiled)
-    result = json.loads((tmp_path / "compiled" / "result.json").read_text())
+    result = run_result(tmp_path / "compiled")
     r0 = result["ranks"][0]
     assert r0["compiled_graphs"] >= 1 and r0["graph_breaks"] == 0 and r0["recompiles"] == 0
     assert r0["compile_fallback"] is None
@@ -58,7 +50,7 @@ def test_compile_failure_falls_back_to_eager(dlaunch, tmp_path):
     warnings = [line for line in done.out.splitlines() if "dlaunch: warning: torch.compile failed" in line]
     assert len(warnings) == 1 and "dlaunch_test::twice has no fake kernel" in warnings[0]
     assert "WARNING: torch.compile failed on rank(s) 0; they ran eagerly" in done.out
-    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    result = run_result(tmp_path / "run")
     assert result["status"] == "ok" and result["ranks"][0]["steps"] == 3
     assert "TorchRuntimeError" in result["ranks"][0]["compile_fallback"]
 

@@ -1,7 +1,7 @@
 """Many launches on one host at once: ten `dlaunch run` and two `dlaunch scale` started in the
 same moment must all succeed, each in its own run dir (no shared port, no shared directory).
 
-2 cores for 30-odd processes: slow but must be correct. OMP_NUM_THREADS=1 keeps the ranks from
+Thirty-odd processes on a few cores: slow but must be correct. OMP_NUM_THREADS=1 keeps the ranks from
 fighting over threads; the planner's profile cache is warmed once first so that ten launchers
 do not all import torch to profile the same MLP.
 """
@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO
+from launcher.rundir import RECORDS, RunPaths
+
+from tests.helpers import REPO, run_result
 
 pytestmark = pytest.mark.distributed
 
@@ -63,5 +65,6 @@ def test_ten_runs_and_two_sweeps_at_once(tmp_path: Path):
     assert len({str(d) for d in point_dirs}) == 4
     # every run (and sweep point) rendezvoused on a port of its own: no run saw another's ranks
     for d in [*map(Path, dirs), *point_dirs]:
-        world = json.loads((d / "result.json").read_text())["world_size"]
-        assert sorted(p.name for p in d.glob("rank-*.jsonl")) == [f"rank-{r}.jsonl" for r in range(world)]
+        world = run_result(d)["world_size"]
+        paths = RunPaths(root=d)
+        assert {p for p in d.iterdir() if p.name.endswith(RECORDS)} == {paths.records(r) for r in range(world)}

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from launcher.files import read_jsonl
+from launcher.rundir import RunPaths
 
-from tests.helpers import DATA, REPO, assert_one_line_error
+from tests.helpers import DATA, REPO, assert_one_line_error, rank_records, run_result
 
 MLP = str(REPO / "workloads" / "mlp.py")
 SLOW = str(DATA / "slow_data.py")
@@ -19,16 +19,16 @@ def test_profile_writes_a_trace_per_rank_and_top_operators(dlaunch, tmp_path):
                    "--micro-batch", "8", "--steps", "5", "--warmup-steps", "1", "--profile",
                    "--run-dir", str(run_dir))
     assert done.code == 0, done.out + done.err
+    paths = RunPaths(root=run_dir)
     for rank in (0, 1):
-        trace = json.loads((run_dir / f"trace-rank{rank}.json").read_text())
+        trace = json.loads(paths.trace(rank).read_text())
         assert trace["traceEvents"], "empty trace"
-    result = json.loads((run_dir / "result.json").read_text())
+    result = run_result(run_dir)
     r0 = result["ranks"][0]
-    assert r0["profile_trace"].endswith("trace-rank0.json") and len(r0["top_ops"]) >= 3
+    assert r0["profile_trace"].endswith(paths.trace(0).name) and len(r0["top_ops"]) >= 3
     assert r0["top_ops"][0]["self_s"] >= r0["top_ops"][1]["self_s"] > 0
     # wait 1 (warm-up) + 1 profiler warm-up, then steps 3-5 recorded and left out of throughput
-    records, _ = read_jsonl(run_dir / "rank-0.jsonl")
-    assert [r["step"] for r in records if r.get("profiled")] == [3, 4, 5]
+    assert [r["step"] for r in rank_records(run_dir) if r.get("profiled")] == [3, 4, 5]
     assert r0["steady_steps"] == 1
     assert "top operators by self CPU time" in done.out and "aten::" in done.out
 
@@ -39,7 +39,7 @@ def verdict_of(dlaunch, tmp_path, workers: int) -> dict:
                    "--steps", "8", "--warmup-steps", "3", "--num-workers", str(workers),
                    "--run-dir", str(run_dir), "--", "--sleep-ms", "10", "--compute-ms", "10")
     assert done.code == 0, done.out + done.err
-    result = json.loads((run_dir / "result.json").read_text())
+    result = run_result(run_dir)
     assert f"verdict: {result['verdict']['name']}: " in done.out
     return result
 

@@ -9,8 +9,6 @@ import json
 import os
 import re
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,12 +18,12 @@ from launcher.backends import local
 from launcher.files import append_lines, atomic_write_text, read_jsonl
 from launcher.jobs.local import dry_run_text
 from launcher.results.aggregate import aggregate
-from launcher.rundir import create_run_dir
+from launcher.rundir import RunPaths, create_run_dir
 from launcher.runtime.recorder import RankRecorder
 from launcher.secrets import MASK, is_secret_name, mask_env, masked_spec_dict
 from launcher.specs import LaunchSpec
 
-from tests.helpers import REPO
+from tests.helpers import REPO, run_dlaunch
 from tests.synthetic import write_run
 
 
@@ -36,7 +34,7 @@ def _digest(root: Path) -> dict[str, str]:
 
 def test_rank_file_cut_mid_line_is_read_up_to_its_last_whole_record(tmp_path):
     run = write_run(tmp_path / "run", world_size=2, steps=10, warmup=2, result=None)
-    path = run / "rank-1.jsonl"
+    path = RunPaths(root=run).records(1)
     text = path.read_text()
     cut = text[: text.rindex('{"kind":"step"') + 25]  # rank 1 killed while writing step 10
     path.write_text(cut)
@@ -46,7 +44,7 @@ def test_rank_file_cut_mid_line_is_read_up_to_its_last_whole_record(tmp_path):
     before = _digest(run)
     first = aggregate(run)
     assert first.ranks[1].steps == 9 and first.ranks[0].steps == 10
-    assert any("rank-1.jsonl" in n for n in first.unreadable)
+    assert any(path.name in n for n in first.unreadable)
     # a finished run reads the same every time, and reading changes nothing on disk
     assert aggregate(run) == first and aggregate(run) == first
     assert _digest(run) == before
@@ -63,7 +61,7 @@ def test_appends_are_whole_lines_even_with_short_writes(tmp_path, monkeypatch):
 
 
 def test_atomic_write_leaves_nothing_half_written(tmp_path, monkeypatch):
-    target = tmp_path / "result.json"
+    target = RunPaths(root=tmp_path).result
     atomic_write_text(target, "old\n")
 
     def boom(src, dst):
@@ -72,7 +70,7 @@ def test_atomic_write_leaves_nothing_half_written(tmp_path, monkeypatch):
     monkeypatch.setattr(files.os, "replace", boom)
     with pytest.raises(OSError):
         atomic_write_text(target, "new\n")
-    assert target.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["result.json"]
+    assert target.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == [target.name]
     assert stat.S_IMODE(target.stat().st_mode) == 0o600
 
 
@@ -92,13 +90,14 @@ def test_nothing_is_world_writable_with_umask_000(tmp_path):
 
 def test_heartbeat_beats_on_a_step_at_most_once_a_second(tmp_path):
     rec = RankRecorder(tmp_path, 3, {"host": "h"})
-    beat = json.loads((tmp_path / "rank-3.heartbeat").read_text())
+    heartbeat = RunPaths(root=tmp_path).heartbeat(3)
+    beat = json.loads(heartbeat.read_text())
     assert beat["step"] == 0 and beat["pid"] == os.getpid() and beat["stacks"] is False
     rec.add({"kind": "step", "step": 1})  # within a second of the first beat: no new write
-    assert json.loads((tmp_path / "rank-3.heartbeat").read_text())["step"] == 0
+    assert json.loads(heartbeat.read_text())["step"] == 0
     rec._last_beat -= 2
     rec.add({"kind": "step", "step": 2})
-    assert json.loads((tmp_path / "rank-3.heartbeat").read_text())["step"] == 2
+    assert json.loads(heartbeat.read_text())["step"] == 2
     assert not list(tmp_path.glob(".*tmp"))
 
 
@@ -120,17 +119,13 @@ def test_secret_looking_variables_are_masked():
 @pytest.mark.distributed
 def test_a_real_run_leaks_no_secret_and_writes_nothing_world_writable(tmp_path):
     secret = "hf_s3cr3t_value_0123456789"
-    env = {**os.environ, "HF_TOKEN": secret, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)}
-    env.pop("DLAUNCH_DEBUG", None)
     run = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "launcher.cli.main", "--debug", "run",
-                           str(REPO / "workloads" / "mlp.py"), "--gpus", "1", "--steps", "2",
-                           "--no-calibrate", "--strategy", "ddp", "--precision", "fp32",
-                           "--micro-batch", "4", "--run-dir", str(run)],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180,
-                          umask=0)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert secret not in proc.stdout + proc.stderr
+    done = run_dlaunch("--debug", "run", str(REPO / "workloads" / "mlp.py"), "--gpus", "1", "--steps", "2",
+                       "--no-calibrate", "--strategy", "ddp", "--precision", "fp32", "--micro-batch", "4",
+                       "--run-dir", str(run), cwd=tmp_path, timeout=180, umask=0,
+                       env={"HF_TOKEN": secret, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)})
+    assert done.code == 0, done.err[-3000:]
+    assert secret not in done.out + done.err
     for p in [run, *run.rglob("*")]:
         assert not p.stat().st_mode & stat.S_IWOTH, p
         if p.is_file():
@@ -157,7 +152,7 @@ _ALLOWED_WRITES = {
     "launcher/runtime/checkpoint.py": "inside step-N.partial/, renamed into place as a whole",
     "launcher/report/render.py": "written to a .tmp name, then replace()d",
     "launcher/jobs/sweepdir.py": "the lock file, created O_EXCL; readers take an empty one as stale",
-    "launcher/jobs/sweep.py": "console.log, a log stream written line by line",
+    "launcher/jobs/sweeppoints.py": "console.log, a log stream written line by line",
 }
 
 

@@ -9,9 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.files import read_jsonl
-
-from tests.helpers import REPO, run_dlaunch
+from tests.helpers import REPO, rank_losses, rank_records, run_dlaunch
 
 pytestmark = pytest.mark.distributed
 
@@ -22,15 +20,6 @@ HYBRID_GLOBAL_BATCH = 16  # 4 ranks x 4 accumulation steps x micro-batch 1
 WORKLOAD_ARGS = ["--", "--seq-len", "32"]
 
 
-def records(run_dir: Path) -> list[dict]:
-    recs, _ = read_jsonl(run_dir / "rank-0.jsonl")
-    return recs
-
-
-def losses(run_dir: Path) -> list[float]:
-    return [r["loss"] for r in records(run_dir) if r["kind"] == "step"]
-
-
 def train(run_dir: Path, *, gpus: int, strategy: str, accum: int, precision: str = "fp32",
           global_batch: int = GLOBAL_BATCH, extra: tuple[str, ...] = ()) -> list[float]:
     micro = global_batch // (gpus * accum)
@@ -39,7 +28,7 @@ def train(run_dir: Path, *, gpus: int, strategy: str, accum: int, precision: str
                        "--precision", precision, "--no-calibrate", "--run-dir", str(run_dir), *extra,
                        *WORKLOAD_ARGS, env={"TMPDIR": str(run_dir.parent)})
     assert done.code == 0, done.out + done.err
-    return losses(run_dir)
+    return rank_losses(run_dir)
 
 
 def worst_relative(reference: list[float], got: list[float]) -> float:
@@ -73,7 +62,7 @@ def test_strategy_matches_one_process(single, tmp_path, strategy, accum):
 def test_hybrid_2x2_matches_one_process(single_16, tmp_path, accum):
     got = train(tmp_path / "run", gpus=4, strategy="hybrid", accum=accum,
                 global_batch=HYBRID_GLOBAL_BATCH, extra=("--shard-group-size", "2"))
-    wrap = next(r for r in records(tmp_path / "run") if r["kind"] == "wrap")
+    wrap = next(r for r in rank_records(tmp_path / "run") if r["kind"] == "wrap")
     assert wrap["mesh_shape"] == [2, 2]  # 2 replicas x 2 shards, not a 1 x 4 shard group
     worst = worst_relative(single_16, got)
     assert worst < 1e-4, (worst, single_16, got)

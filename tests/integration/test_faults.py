@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from launcher.files import read_jsonl
 from launcher.results.aggregate import aggregate
 from launcher.results.types import RunResult
+from launcher.rundir import RunPaths
 
-from tests.helpers import DATA, REPO
+from tests.helpers import DATA, REPO, rank_records, run_result
 
 pytestmark = pytest.mark.distributed
 
@@ -52,8 +52,7 @@ class Job:
         return [line for line in self.out.splitlines() if line.startswith("FAILED: ")]
 
     def steps(self, rank: int) -> list[dict]:
-        records, _ = read_jsonl(self.run_dir / f"rank-{rank}.jsonl")
-        return [r for r in records if r["kind"] == "step"]
+        return [r for r in rank_records(self.run_dir, rank) if r["kind"] == "step"]
 
     def fault_time(self) -> float:
         """The end of the last step any rank recorded: the fault came right after."""
@@ -94,7 +93,7 @@ def _check_common(job: Job, *, within_s: float) -> None:
     for rank in (0, 1):
         assert [r["step"] for r in job.steps(rank)] == list(range(1, FAULT_STEP)), rank
     assert job.ended - job.fault_time() <= within_s, (job.ended - job.fault_time(), job.out)
-    result = json.loads((job.run_dir / "result.json").read_text())
+    result = run_result(job.run_dir)
     assert result["status"] == "failed"
     # the result of a finished run never changes when the run dir is read again
     again = aggregate(job.run_dir, exit_code=result["exit_code"], wall_time_s=result["wall_time_s"])
@@ -117,7 +116,7 @@ def test_sigkilled_rank_is_named_with_its_signal(jobs):
     first = job.failures()[0]
     assert first.startswith("FAILED: rank 1 (host ") and "killed after 2 steps" in first
     assert "SIGKILL (9)" in first
-    summary = json.loads((job.run_dir / "rank-1.summary.json").read_text())
+    summary = json.loads(RunPaths(root=job.run_dir).summary(1).read_text())
     assert summary["written_by"] == "dlaunch" and summary["status"] == "killed"
 
 
@@ -146,12 +145,12 @@ def test_max_restarts_relaunches_with_a_fresh_rendezvous(jobs):
     job = jobs["restart"]
     assert job.code == 0, job.out + job.err
     assert "attempt 0 failed (rank 1 " in job.err + job.out and "restarting" in job.err + job.out
-    result = json.loads((job.run_dir / "result.json").read_text())
+    result = run_result(job.run_dir)
     assert result["status"] == "ok" and [r["steps"] for r in result["ranks"]] == [8, 8]
     # the failed attempt is kept aside; the top level is the attempt that succeeded
-    first = json.loads((job.run_dir / "attempts" / "0" / "result.json").read_text())
+    first = run_result(RunPaths(root=job.run_dir).attempt(0).root)
     assert first["status"] == "failed" and "SIGKILL" in first["failures"][0]
-    starts = [r for r in read_jsonl(job.run_dir / "rank-0.jsonl")[0] if r["kind"] == "start"]
+    starts = [r for r in rank_records(job.run_dir) if r["kind"] == "start"]
     assert [s["attempt"] for s in starts] == [1]
-    history = json.loads((job.run_dir / "attempts.json").read_text())["attempts"]
+    history = json.loads(RunPaths(root=job.run_dir).attempts_record.read_text())["attempts"]
     assert [a["attempt"] for a in history] == [0, 1]

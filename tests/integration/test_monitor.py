@@ -12,6 +12,7 @@ from pathlib import Path
 from launcher.backends.monitor import Stall, Watcher, read_heartbeats
 from launcher.backends.postmortem import StackInfo, parse_stack_dump, parse_torchrun_exits, write_missing_summaries
 from launcher.files import atomic_write_json
+from launcher.rundir import RunPaths
 
 HOST = socket.gethostname()
 
@@ -63,7 +64,7 @@ class Clock:
 
 
 def beat(run_dir: Path, rank: int, step: int, *, pid: int | None = None, host: str = "elsewhere") -> None:
-    atomic_write_json(run_dir / f"rank-{rank}.heartbeat",
+    atomic_write_json(RunPaths(root=run_dir).heartbeat(rank),
                       {"step": step, "time": 1.0e9 + step, "pid": pid, "host": host, "stacks": False})
 
 
@@ -107,7 +108,7 @@ def test_finished_ranks_are_not_hung_and_plain_scripts_without_beats_are_not_wat
     w = watcher(tmp_path, clock)
     beat(tmp_path, 0, 8), beat(tmp_path, 1, 8)
     for r in (0, 1):
-        atomic_write_json(tmp_path / f"rank-{r}.summary.json", {"status": "ok"})
+        atomic_write_json(RunPaths(root=tmp_path).summary(r), {"status": "ok"})
     assert w.poll() is None
     clock.t += 5
     assert w.poll() is None
@@ -155,7 +156,7 @@ def test_a_gone_rank_is_left_to_torchrun_once_torchrun_is_stopping_the_job(tmp_p
 
 def test_heartbeats_being_replaced_or_garbled_are_skipped(tmp_path):
     beat(tmp_path, 0, 2)
-    (tmp_path / "rank-1.heartbeat").write_text('{"step": 3, "ti')
+    RunPaths(root=tmp_path).heartbeat(1).write_text('{"step": 3, "ti')
     (tmp_path / "rank-x.heartbeat").write_text("{}")
     assert list(read_heartbeats(tmp_path)) == [0]
 
@@ -175,18 +176,18 @@ def _run_dir(tmp_path: Path, steps: int = 2) -> Path:
     for rank in (0, 1):
         lines = [{"kind": "start", "rank": rank, "time": 1.0e9, "host": "h"}]
         lines += [{"kind": "step", "step": s, "time": 1.0e9 + s} for s in range(1, steps + 1)]
-        (tmp_path / f"rank-{rank}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+        RunPaths(root=tmp_path).records(rank).write_text("".join(json.dumps(x) + "\n" for x in lines))
     return tmp_path
 
 
 def _summary(run_dir: Path, rank: int) -> dict:
-    return json.loads((run_dir / f"rank-{rank}.summary.json").read_text())
+    return json.loads(RunPaths(root=run_dir).summary(rank).read_text())
 
 
 def test_sigkilled_rank_gets_a_summary_that_sorts_before_the_ranks_it_took_down(tmp_path):
     rd = _run_dir(tmp_path)
-    atomic_write_json(rd / "rank-0.summary.json", {"status": "failed", "time": 2.0e9,
-                                                   "error": "RuntimeError: Connection reset"})
+    atomic_write_json(RunPaths(root=rd).summary(0), {"status": "failed", "time": 2.0e9,
+                                                     "error": "RuntimeError: Connection reset"})
     lines = write_missing_summaries(rd, 2, expected_steps=8, beats={}, torchrun_log=TORCHRUN_REPORT)
     s1 = _summary(rd, 1)
     assert s1["status"] == "killed" and "SIGKILL (9)" in s1["error"] and s1["steps"] == 2
@@ -206,8 +207,8 @@ def test_rank_missing_from_torchruns_report_exited_with_code_0(tmp_path):
 def test_hang_names_the_rank_in_its_own_code_first(tmp_path):
     rd = _run_dir(tmp_path)
     # rank 0 was stopped by the SIGTERM and wrote "stopped": the launcher says why
-    atomic_write_json(rd / "rank-0.summary.json", {"status": "stopped", "time": 3.0e9,
-                                                   "error": "Stopped: stopped by SIGTERM"})
+    atomic_write_json(RunPaths(root=rd).summary(0), {"status": "stopped", "time": 3.0e9,
+                                                     "error": "Stopped: stopped by SIGTERM"})
     stall = Stall(kind="hang", message="no rank advanced for 10 s: rank 0 at step 2, rank 1 at step 2",
                   steps={0: 2, 1: 2}, ranks=(0, 1))
     stacks = {0: StackInfo(file="/x/torch/autograd/graph.py", line=829, func="run", in_torch=True),
@@ -223,6 +224,7 @@ def test_hang_names_the_rank_in_its_own_code_first(tmp_path):
 
 def test_an_unreadable_summary_is_never_overwritten(tmp_path):
     rd = _run_dir(tmp_path)
-    (rd / "rank-1.summary.json").write_text("{not json")
+    summary = RunPaths(root=rd).summary(1)
+    summary.write_text("{not json")
     write_missing_summaries(rd, 2, expected_steps=8, beats={}, torchrun_log=TORCHRUN_REPORT)
-    assert (rd / "rank-1.summary.json").read_text() == "{not json"
+    assert summary.read_text() == "{not json"

@@ -1,10 +1,8 @@
 """Precision handling inside real ranks: fp16 GradScaler skips are counted and warned about."""
 
-import json
-
 import pytest
 
-from tests.helpers import DATA
+from tests.helpers import DATA, run_result
 
 pytestmark = pytest.mark.distributed
 
@@ -14,7 +12,7 @@ def test_fp16_overflow_counts_skipped_steps_and_warns(dlaunch, tmp_path):
                    "--max-grad-norm", "1.0", "--run-dir", str(tmp_path / "run"), "--", "--overflow-every", "2")
     assert done.code == 0, done.err
     assert "WARNING: rank 0 skipped 5 of 10 optimizer steps" in done.out
-    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    result = run_result(tmp_path / "run")
     assert result["ranks"][0]["skipped_steps"] == 5
 
 

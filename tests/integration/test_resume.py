@@ -21,11 +21,20 @@ from pathlib import Path
 
 import pytest
 
-from launcher.files import read_jsonl
 from launcher.results.aggregate import aggregate, last_attempt
+from launcher.rundir import RunPaths
 from launcher.runtime.recorder import RankRecorder
 
-from tests.helpers import DATA, REPO, WORKLOADS, assert_one_line_error, run_dlaunch
+from tests.helpers import (
+    DATA,
+    REPO,
+    WORKLOADS,
+    assert_one_line_error,
+    rank_records,
+    rank_steps,
+    run_dlaunch,
+    run_result,
+)
 
 STEPS, EVERY, FAULT_STEP = 12, 4, 10  # checkpoints at 4 and 8; rank 1 raises in step 10
 # the whole plan is given: nothing to plan, the same run on both sides
@@ -33,14 +42,6 @@ PLAN = ("--gpus", "2", "--steps", str(STEPS), "--strategy", "ddp", "--precision"
         "--micro-batch", "4", "--no-calibrate")
 FAULT = str(DATA / "gpt_fault.py")
 SEQ = ("--seq-len", "32")  # workload option (after `--`): cheaper steps, the same model
-
-
-def _records(path: Path) -> list[dict]:
-    return read_jsonl(path)[0]
-
-
-def _steps(path: Path) -> list[tuple[int, float]]:
-    return [(r["step"], r["loss"]) for r in _records(path) if r["kind"] == "step"]
 
 
 def _start(argv: list[str], tmp: Path) -> subprocess.Popen[str]:
@@ -77,30 +78,30 @@ def test_restart_resumes_from_the_last_checkpoint_with_uninterrupted_losses(rest
     assert code == 0, text
     assert "attempt 0 failed (rank 1 " in text and "restarting" in text
     # the failed attempt: rank 1 recorded step 9, completed inside the window it failed in
-    first = run_dir / "attempts" / "0"
-    assert [s for s, _ in _steps(first / "rank-1.jsonl")] == list(range(1, FAULT_STEP))
-    assert _records(first / "rank-1.jsonl")[-2]["loss_scope"] == "rank"  # its own loss
-    failed = json.loads((first / "result.json").read_text())["failures"][0]
+    first = RunPaths(root=run_dir).attempt(0).root
+    assert [s for s, _ in rank_steps(first, 1)] == list(range(1, FAULT_STEP))
+    assert rank_records(first, 1)[-2]["loss_scope"] == "rank"  # its own loss
+    failed = run_result(first)["failures"][0]
     assert f"failed after {FAULT_STEP - 1} steps" in failed and "injected failure" in failed
     # the relaunch loaded the newest complete checkpoint (step 8) and went on at step 9
-    reference = _steps(ref_dir / "rank-0.jsonl")
+    reference = rank_steps(ref_dir)
     for rank in (0, 1):
-        records = _records(run_dir / f"rank-{rank}.jsonl")
+        records = rank_records(run_dir, rank)
         assert records[0]["kind"] == "start" and records[0]["attempt"] == 1
         resume = next(r for r in records if r["kind"] == "resume")
         assert resume["step"] == 8 and resume["same_data_order"] is True
-        resumed = _steps(run_dir / f"rank-{rank}.jsonl")
+        resumed = rank_steps(run_dir, rank)
         assert [s for s, _ in resumed] == list(range(9, STEPS + 1))
         # fp32, same data order, same RNG and optimizer state: the same losses, bit for bit
         assert resumed == reference[8:], (resumed, reference)
     # and the steps before the fault were the uninterrupted run's as well
-    assert _steps(first / "rank-0.jsonl")[:8] == reference[:8]
-    result = json.loads((run_dir / "result.json").read_text())
+    assert rank_steps(first)[:8] == reference[:8]
+    result = run_result(run_dir)
     assert result["status"] == "ok" and result["attempts"] == 2
     assert [(r["steps"], r["resumed_from_step"]) for r in result["ranks"]] == [(STEPS, 8)] * 2
     assert result["ranks"][0]["final_loss"] == reference[-1][1]
     assert "attempts: 2; the last resumed from the checkpoint of step 8" in text
-    kept = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    kept = sorted(p.name for p in RunPaths(root=run_dir).checkpoints.iterdir())
     assert kept == ["step-000008", "step-000012"]  # the newest two; 12 = the end of the run
 
 
@@ -113,7 +114,7 @@ def test_usr2_saves_on_every_rank_at_one_step_and_the_restart_resumes_there(rest
     proc = _start(["run", FAULT, *PLAN, "--log-every", "2", "--max-restarts", "1",
                    "--run-dir", str(run_dir), "--", *SEQ, "--step-sleep-ms", "200"], tmp_path / "tmp")
     try:
-        beat = run_dir / "rank-1.heartbeat"
+        beat = RunPaths(root=run_dir).heartbeat(1)
         deadline = time.monotonic() + 90  # generous: only a failing run waits this long
         data: dict = {}
         # a few steps into the run (the heartbeat beats every step, at most once a second)
@@ -135,25 +136,25 @@ def test_usr2_saves_on_every_rank_at_one_step_and_the_restart_resumes_there(rest
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, text
-    first = run_dir / "attempts" / "0"
-    summaries = [json.loads((first / f"rank-{r}.summary.json").read_text()) for r in (0, 1)]
+    first = RunPaths(root=run_dir).attempt(0)
+    summaries = [json.loads(first.summary(r).read_text()) for r in (0, 1)]
     assert [s["status"] for s in summaries] == ["preempted"] * 2
     assert summaries[1]["preempted_by"] == "SIGUSR2" and summaries[0]["preempted_by"] == "another rank"
     stop = summaries[0]["checkpoint_step"]
     assert stop == summaries[1]["checkpoint_step"] and 3 <= stop < STEPS
-    saved = [r for r in _records(first / "rank-0.jsonl") if r["kind"] == "checkpoint"]
+    saved = [r for r in rank_records(first.root) if r["kind"] == "checkpoint"]
     assert [(r["step"], r["reason"]) for r in saved] == [(stop, "preempted")]
     # the signal is acted on at the next window end (log-every 2): fast, well inside SLURM's grace
     assert saved[0]["time"] - (time.time() - (time.monotonic() - t0)) < 10
     assert "preempted after" in text  # the runner's restart line
-    failures = json.loads((first / "result.json").read_text())["failures"]
+    failures = run_result(first.root)["failures"]
     assert sorted(f.split(" (host")[0] + f.split(" steps:")[1] for f in failures) == [
         f"rank 0 stopped on another rank after saving the checkpoint of step {stop}",
         f"rank 1 stopped on SIGUSR2 after saving the checkpoint of step {stop}"]
-    reference = _steps(ref_dir / "rank-0.jsonl")
-    assert _steps(first / "rank-0.jsonl") == reference[:stop]
-    assert _steps(run_dir / "rank-0.jsonl") == reference[stop:]
-    result = json.loads((run_dir / "result.json").read_text())
+    reference = rank_steps(ref_dir)
+    assert rank_steps(first.root) == reference[:stop]
+    assert rank_steps(run_dir) == reference[stop:]
+    result = run_result(run_dir)
     assert result["status"] == "ok" and result["attempts"] == 2
     assert [r["resumed_from_step"] for r in result["ranks"]] == [stop, stop]
 
@@ -208,7 +209,7 @@ def _train(tmp_path: Path, name: str, *, steps: int, resume: bool, precision: st
     recorder = _Spy(run_dir)
     outcome = train(load_workload(spec.workload, ["--hidden", "64"]), spec, ctx, recorder)
     recorder.finish(outcome.status)
-    return _steps(run_dir / "rank-0.jsonl"), recorder
+    return rank_steps(run_dir), recorder
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
@@ -253,7 +254,7 @@ def test_preemption_flag_stops_at_the_window_end_in_one_process(tmp_path, monkey
     monkeypatch.setattr(harness.Window, "close", close)
     steps, spy = _train(tmp_path, "pre", steps=6, resume=False, monkeypatch=monkeypatch)
     assert [s for s, _ in steps] == [1]
-    record = json.loads((tmp_path / "pre" / "rank-0.summary.json").read_text())
+    record = json.loads(RunPaths(root=tmp_path / "pre").summary(0).read_text())
     assert record["status"] == "preempted"
     assert resume.stop_requested() == "SIGUSR2"
     assert signal.getsignal(signal.SIGUSR2) in (signal.SIG_DFL, signal.SIG_IGN)  # handler restored
@@ -283,7 +284,8 @@ def test_aggregate_counts_only_the_last_attempt(tmp_path):
     from launcher.specs import LaunchSpec
 
     spec = LaunchSpec(workload="/w.py", run_id="r", run_dir=str(tmp_path), steps=10, warmup_steps=1)
-    (tmp_path / "launch.json").write_text(json.dumps(spec.to_dict()))
+    paths = RunPaths(root=tmp_path)
+    paths.launch.write_text(json.dumps(spec.to_dict()))
 
     def step(n: int, t: float) -> dict:
         return {"kind": "step", "step": n, "step_time_s": t, "data_wait_s": 0.0, "samples": 8,
@@ -293,8 +295,8 @@ def test_aggregate_counts_only_the_last_attempt(tmp_path):
              *[step(n, 9.0) for n in range(1, 7)], {"kind": "end", "status": "preempted"}]
     second = [{"kind": "start", "rank": 0, "attempt": 1, "host": "n2", "time": 200.0},
               {"kind": "resume", "step": 4}, *[step(n, 1.0) for n in range(5, 11)]]
-    _rank_file(tmp_path / "rank-0.jsonl", first + second)
-    (tmp_path / "rank-0.summary.json").write_text(json.dumps({"rank": 0, "status": "ok", "steps": 10}))
+    _rank_file(paths.records(0), first + second)
+    paths.summary(0).write_text(json.dumps({"rank": 0, "status": "ok", "steps": 10}))
     assert last_attempt(first + second) == (second, 2)
     result = aggregate(tmp_path, exit_code=0)
     r0 = result.ranks[0]

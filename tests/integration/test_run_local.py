@@ -8,19 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from launcher.files import read_jsonl
+from launcher.rundir import RunPaths
 
-from tests.helpers import DATA, REPO, assert_one_line_error
+from tests.helpers import DATA, REPO, assert_one_line_error, rank_losses, run_result
 
 pytestmark = pytest.mark.distributed
 
 
 GPT = str(REPO / "workloads" / "gpt.py")
-
-
-def losses(run_dir: Path, rank: int = 0) -> list[float]:
-    records, _ = read_jsonl(run_dir / f"rank-{rank}.jsonl")
-    return [r["loss"] for r in records if r["kind"] == "step"]
 
 
 def test_gpt_two_ranks_json(dlaunch, tmp_path):
@@ -34,10 +29,10 @@ def test_gpt_two_ranks_json(dlaunch, tmp_path):
     assert result["ranks"][0]["steps"] == 30 and result["ranks"][0]["steady_steps"] == 27
     # ranks' output streamed with a prefix, on stderr in --json mode
     assert "running 2 CPU process(es) with gloo" in done.err
-    on_disk = json.loads((tmp_path / "run" / "result.json").read_text())
+    on_disk = run_result(tmp_path / "run")
     assert on_disk["ranks"][1]["samples_per_s"] == result["ranks"][1]["samples_per_s"]
     # the training actually learns
-    trajectory = losses(tmp_path / "run")
+    trajectory = rank_losses(tmp_path / "run")
     assert trajectory[-1] < trajectory[0]
 
 
@@ -59,8 +54,9 @@ def test_plain_script_runs_unchanged_and_is_measured(dlaunch, tmp_path):
     ranks = done.json()["ranks"]
     assert [r["steps"] for r in ranks] == [12, 12] and all(r["samples_per_s"] > 0 for r in ranks)
     # per-rank log files kept
-    logs = sorted((tmp_path / "run" / "logs").glob("node-0/*/attempt_0/*/stdout.log"))
-    assert len(logs) == 2 and "done" in logs[1].read_text()
+    logs = [log for r in (0, 1) for log in RunPaths(root=tmp_path / "run").rank_logs(0, r, "stdout")]
+    assert len(logs) == 2 and all(log.parent.parent.name == "attempt_0" for log in logs)
+    assert "done" in logs[1].read_text()
 
 
 def test_rank_failure_names_rank_and_keeps_metrics(dlaunch, tmp_path):
@@ -73,8 +69,8 @@ def test_rank_failure_names_rank_and_keeps_metrics(dlaunch, tmp_path):
     assert "rank 1 " in first_failure and "ValueError: injected failure at step 3" in first_failure
     assert "Traceback" not in done.out + done.err
     # the healthy rank's steps before the fault stay readable
-    assert len(losses(run, rank=0)) == 2
-    result = json.loads((run / "result.json").read_text())
+    assert len(rank_losses(run, rank=0)) == 2
+    result = run_result(run)
     assert result["status"] == "failed" and result["exit_code"] != 0
 
 
@@ -86,7 +82,7 @@ def test_two_ranks_match_one_process_on_the_doubled_batch(dlaunch, tmp_path):
     two = dlaunch("run", "workloads/gpt.py", "--gpus", "2", "--micro-batch", "4",
                   "--run-dir", str(tmp_path / "two"), *common)
     assert one.code == 0 and two.code == 0, one.err + two.err
-    a, b = losses(tmp_path / "one"), losses(tmp_path / "two")
+    a, b = rank_losses(tmp_path / "one"), rank_losses(tmp_path / "two")
     assert len(a) == len(b) == 10
     worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
     assert worst < 1e-5, (worst, a, b)

@@ -9,43 +9,32 @@ from __future__ import annotations
 import io
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from launcher.errors import LaunchError, UsageError
 from launcher.files import atomic_write_json, read_json
-from launcher.jobs.sweep import SweepInterrupted, run_sweep
-from launcher.jobs.sweepdir import LOCK
+from launcher.jobs.sweep import run_sweep
+from launcher.jobs.sweeppoints import SweepInterrupted
 from launcher.results.types import RunResult
+from launcher.rundir import RunPaths, SweepPaths
 from launcher.specs import LaunchSpec
 
-from tests.helpers import REPO, WORKLOADS, Done, assert_one_line_error
+from tests.helpers import WORKLOADS, assert_one_line_error
 
 MLP = str(WORKLOADS / "mlp.py")
 TINY = ["--features", "32", "--hidden", "32", "--depth", "1"]
 
 
-def dlaunch_cli(*args: str, tmp: Path, timeout: float = 300) -> Done:
-    """`dlaunch ARGS`."""
-    env = {**os.environ, "TMPDIR": str(tmp)}
-    env.pop("DLAUNCH_DEBUG", None)
-    proc = subprocess.run([sys.executable, "-m", "launcher.cli.main", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=timeout)
-    return Done(proc.returncode, proc.stdout, proc.stderr)
-
-
 @pytest.mark.distributed
-def test_real_sweep_then_resume_runs_only_the_missing_point(tmp_path):
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
+def test_real_sweep_then_resume_runs_only_the_missing_point(dlaunch, tmp_path):
     sweep = tmp_path / "sweep"
+    paths = SweepPaths(root=sweep)
     args = ("scale", MLP, "--gpus", "1,2", "--steps", "6", "--sweep-dir", str(sweep), "--", *TINY)
-    done = dlaunch_cli(*args, tmp=tmp)
+    done = dlaunch(*args)
     assert done.code == 0, done.err[-3000:]
-    manifest = read_json(sweep / "sweep.json")
+    manifest = read_json(paths.manifest)
     assert [(p["name"], p["status"], p["attempts"]) for p in manifest["points"]] == [
         ("ws1-r0", "ok", 1), ("ws2-r0", "ok", 1)]
     assert manifest["topology"]["device"] == "cpu"
@@ -63,18 +52,18 @@ def test_real_sweep_then_resume_runs_only_the_missing_point(tmp_path):
     assert "2/2 points" in done.err  # the progress bar
 
     # interrupted while the second point ran: its directory is half done (no result.json)
-    first = (sweep / "ws1-r0" / "result.json").stat().st_mtime_ns
-    (sweep / "ws2-r0" / "result.json").unlink()
-    again = dlaunch_cli(*args[:-len(TINY) - 1], "--no-report", "--", *TINY, tmp=tmp)
+    first = paths.point("ws1-r0").result.stat().st_mtime_ns
+    paths.point("ws2-r0").result.unlink()
+    again = dlaunch(*args[:-len(TINY) - 1], "--no-report", "--", *TINY)
     assert again.code == 0, again.err[-3000:]
     assert "ws1-r0: ok (already done, skipped" in again.err
     assert "ws2-r0: moved what a previous attempt left to .attempts/" in again.err
-    assert (sweep / "ws1-r0" / "result.json").stat().st_mtime_ns == first
-    manifest = read_json(sweep / "sweep.json")
+    assert paths.point("ws1-r0").result.stat().st_mtime_ns == first
+    manifest = read_json(paths.manifest)
     assert [(p["name"], p["status"], p["attempts"]) for p in manifest["points"]] == [
         ("ws1-r0", "ok", 1), ("ws2-r0", "ok", 2)]
-    assert len(list((sweep / ".attempts").iterdir())) == 1
-    assert not (sweep / LOCK).exists()
+    assert len(list(paths.moved_aside.iterdir())) == 1
+    assert not paths.lock.exists()
 
 
 class FakeLauncher:
@@ -100,7 +89,7 @@ class FakeLauncher:
             samples_per_s=100.0 * n, units_per_s=100.0 * n, sample_units="samples",
             step_time_median_s=0.08, slowest_rank=0, data_wait_share=0.0, ranks=(),
             failures=() if ok else (f"rank 1 failed after 3 steps: boom at world size {n}",))
-        atomic_write_json(Path(spec.run_dir) / "result.json", result.to_dict())
+        atomic_write_json(RunPaths(root=spec.run_dir).result, result.to_dict())
         console.write("fake run\n")
         return result
 
@@ -122,7 +111,7 @@ def test_failed_point_is_recorded_and_the_sweep_goes_on(tmp_path):
     assert status["ws4-r0"] == ("failed", "OSError: torchrun vanished")
     assert status["ws8-r0"] == ("ok", None)
     assert not result.ok and [p.name for p in result.failed] == ["ws2-r0", "ws4-r0"]
-    manifest = read_json(tmp_path / "sw" / "sweep.json")
+    manifest = read_json(SweepPaths(root=tmp_path / "sw").manifest)
     assert [p["status"] for p in manifest["points"]] == ["ok", "failed", "failed", "ok"]
     # the next call retries only the failed points
     retry = FakeLauncher()
@@ -139,14 +128,14 @@ def test_failed_point_is_recorded_and_the_sweep_goes_on(tmp_path):
 def test_interrupt_leaves_the_point_pending_and_resume_runs_it(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         sweep(tmp_path, FakeLauncher(interrupt_at=2))
-    manifest = read_json(tmp_path / "sw" / "sweep.json")
+    manifest = read_json(SweepPaths(root=tmp_path / "sw").manifest)
     assert [(p["name"], p["status"]) for p in manifest["points"]] == [
         ("ws1-r0", "ok"), ("ws2-r0", "pending"), ("ws4-r0", "pending")]
-    assert not (tmp_path / "sw" / LOCK).exists()
+    assert not SweepPaths(root=tmp_path / "sw").lock.exists()
     again = FakeLauncher()
     sweep(tmp_path, again)
     assert [s.world_size for s in again.calls] == [2, 4]
-    assert (tmp_path / "sw" / ".attempts").is_dir()  # ws2's half-done dir was kept
+    assert SweepPaths(root=tmp_path / "sw").moved_aside.is_dir()  # ws2's half-done dir was kept
 
 
 def test_strong_scaling_splits_the_global_batch_and_repeats(tmp_path):
@@ -167,7 +156,7 @@ def test_points_beyond_one_node_fill_whole_nodes(tmp_path):
     result = sweep(tmp_path, fake, sizes=(1, 2, 4, 8), processes_per_node=2)
     assert [(s.num_nodes, s.nproc_per_node) for s in fake.calls] == [(1, 1), (1, 2), (2, 2), (4, 2)]
     assert [p.num_nodes for p in result.points] == [1, 1, 2, 4]
-    assert [p["num_nodes"] for p in read_json(tmp_path / "sw" / "sweep.json")["points"]] == [1, 1, 2, 4]
+    assert [p["num_nodes"] for p in read_json(SweepPaths(root=tmp_path / "sw").manifest)["points"]] == [1, 1, 2, 4]
     # the same sweep on one host is another configuration: it never resumes into this one
     with pytest.raises(UsageError, match="another configuration"):
         sweep(tmp_path, FakeLauncher(), sizes=(1, 2))
@@ -193,20 +182,20 @@ def test_other_configuration_needs_force(tmp_path):
 
 def test_a_running_sweep_holds_the_directory(tmp_path):
     (tmp_path / "sw").mkdir()
-    (tmp_path / "sw" / LOCK).write_text(json.dumps({"pid": os.getpid(),
-                                                     "host": __import__("socket").gethostname()}))
+    lock = SweepPaths(root=tmp_path / "sw").lock
+    lock.write_text(json.dumps({"pid": os.getpid(), "host": __import__("socket").gethostname()}))
     with pytest.raises(LaunchError, match="another dlaunch scale"):
         sweep(tmp_path, FakeLauncher())
-    (tmp_path / "sw" / LOCK).write_text(json.dumps({"pid": 2**22 + 12345, "host": "x"}))
+    lock.write_text(json.dumps({"pid": 2**22 + 12345, "host": "x"}))
     sweep(tmp_path, FakeLauncher())  # a lock from elsewhere / a dead process is taken over
 
 
 def test_signal_stopped_point_interrupts_the_sweep(tmp_path, monkeypatch):
-    import launcher.jobs.local
-    from launcher.jobs.sweep import launch_local
+    import launcher.jobs.sweeppoints
+    from launcher.jobs.sweeppoints import launch_local
 
     def stopped(spec, out):
-        (Path(spec.run_dir) / "torchrun.log").write_text(
+        RunPaths(root=spec.run_dir).torchrun_log.write_text(
             "torch.distributed.elastic.multiprocessing.api.SignalException: Process 1 got signal: 15\n")
         return RunResult(run_id=spec.run_id, run_dir=spec.run_dir, workload=spec.workload,
                          world_size=1, num_nodes=1, device="cpu", strategy="ddp",
@@ -214,10 +203,10 @@ def test_signal_stopped_point_interrupts_the_sweep(tmp_path, monkeypatch):
                          samples_per_s=0.0, units_per_s=0.0, sample_units="samples",
                          step_time_median_s=0.0, slowest_rank=None, data_wait_share=0.0, ranks=())
 
-    monkeypatch.setattr(launcher.jobs.local, "run_local", stopped)
+    monkeypatch.setattr(launcher.jobs.sweeppoints, "run_local", stopped)
     with pytest.raises(SweepInterrupted, match="run the same command again"):
         sweep(tmp_path, launch_local, sizes=(1,))
-    assert read_json(tmp_path / "sw" / "sweep.json")["points"][0]["status"] == "pending"
+    assert read_json(SweepPaths(root=tmp_path / "sw").manifest)["points"][0]["status"] == "pending"
 
 
 @pytest.mark.parametrize("gpus,needle", [
@@ -226,15 +215,15 @@ def test_signal_stopped_point_interrupts_the_sweep(tmp_path, monkeypatch):
     ("1,99", "world size 99 is more than the"),
     ("a,b", "'a' is not an integer"),
 ])
-def test_bad_world_sizes_are_one_line_errors(tmp_path, gpus, needle):
-    done = dlaunch_cli("scale", MLP, "--gpus", gpus, "--sweep-dir", str(tmp_path / "sw"), tmp=tmp_path)
+def test_bad_world_sizes_are_one_line_errors(dlaunch, tmp_path, gpus, needle):
+    done = dlaunch("scale", MLP, "--gpus", gpus, "--sweep-dir", str(tmp_path / "sw"))
     assert_one_line_error(done, "--gpus", needle)
     assert not (tmp_path / "sw").exists()
 
 
-def test_dry_run_lists_points_and_runs_nothing(tmp_path):
-    done = dlaunch_cli("scale", MLP, "--gpus", "1,2,4", "--mode", "strong", "--global-batch", "32",
-                "--sweep-dir", str(tmp_path / "sw"), "--dry-run", tmp=tmp_path)
+def test_dry_run_lists_points_and_runs_nothing(dlaunch, tmp_path):
+    done = dlaunch("scale", MLP, "--gpus", "1,2,4", "--mode", "strong", "--global-batch", "32",
+                   "--sweep-dir", str(tmp_path / "sw"), "--dry-run")
     assert done.code == 0, done.err
     assert "ws4-r0: 4 rank(s) = 1 node(s) x 4, micro-batch 8, global batch 32" in done.out
     assert not (tmp_path / "sw").exists()

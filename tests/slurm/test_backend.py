@@ -13,7 +13,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import DATA, REPO, WORKLOADS, Done, assert_one_line_error, run_dlaunch
+from launcher.rundir import HEARTBEAT, RunPaths, SweepPaths
+
+from tests.helpers import (
+    DATA,
+    REPO,
+    WORKLOADS,
+    Done,
+    assert_one_line_error,
+    log_tails,
+    rank_losses,
+    run_dlaunch,
+    run_result,
+)
 
 pytestmark = pytest.mark.slurm
 
@@ -38,11 +50,6 @@ def sl(slurm_cluster, tmp_path: Path):
     return call
 
 
-def _losses(run_dir: Path) -> list[float]:
-    rows = [json.loads(line) for line in (run_dir / "rank-0.jsonl").read_text().splitlines()]
-    return [r["loss"] for r in sorted((r for r in rows if r["kind"] == "step"), key=lambda r: r["step"])]
-
-
 _local_runs: dict[int, list[float]] = {}
 
 
@@ -54,7 +61,7 @@ def _local_losses(world: int, tmp_path_factory) -> list[float]:
                            "--run-dir", str(d / "run"), cwd=d,
                            env={"TMPDIR": str(d), "OMP_NUM_THREADS": "1"})
         assert done.code == 0, done.out + done.err
-        _local_runs[world] = _losses(d / "run")
+        _local_runs[world] = rank_losses(d / "run")
     return _local_runs[world]
 
 
@@ -63,10 +70,7 @@ def _diagnose(done: Done) -> str:
     text = done.out + done.err
     if "run dir " not in text:
         return text
-    run_dir = Path(text.split("run dir ")[1].split()[0])
-    for log in sorted(run_dir.glob("slurm/*/*_log.err")) + sorted(run_dir.glob("logs/node-*/*/attempt_*/*/stderr.log")):
-        text += f"\n--- {log} ---\n" + "\n".join(log.read_text(errors="replace").splitlines()[-15:])
-    return text
+    return text + log_tails(Path(text.split("run dir ")[1].split()[0]))
 
 
 def _run_dir(done: Done) -> Path:
@@ -81,7 +85,8 @@ def test_shapes_complete_on_every_node_with_the_local_loss(sl, slurm_cluster, no
               *COMMON, timeout=120)
     assert done.code == 0, _diagnose(done)
     run_dir = _run_dir(done)
-    result = json.loads((run_dir / "result.json").read_text())
+    paths = RunPaths(root=run_dir)
+    result = run_result(run_dir)
     assert result["status"] == "ok" and result["num_nodes"] == nodes
     assert [r["rank"] for r in result["ranks"]] == list(range(nodes * procs))
     assert all(r["status"] == "ok" and r["steps"] == int(STEPS) for r in result["ranks"])
@@ -89,13 +94,13 @@ def test_shapes_complete_on_every_node_with_the_local_loss(sl, slurm_cluster, no
     assert hosts == set(slurm_cluster.nodes[:nodes]), hosts
     # each host's ranks are reported under the SLURM node id of that host
     node_of = {json.loads(p.read_text())["host"]: json.loads(p.read_text())["slurm_node_id"]
-               for p in (run_dir / "logs").glob("node-*/node.json")}
+               for p in paths.node_records()}
     assert all(r["node_rank"] == node_of[r["host"]] for r in result["ranks"])
-    job = json.loads((run_dir / "slurm.json").read_text())
+    job = json.loads(paths.slurm.read_text())
     assert slurm_cluster.wait_sacct_state(job["job_id"], "COMPLETED", "FAILED", "CANCELLED") == "COMPLETED"
     assert job["final"]["submit_to_first_step_s"] < job["final"]["submit_to_result_s"]
     assert "RUNNING on" in done.out and f"job {job['job_id']} COMPLETED" in done.out
-    slurm_losses, local = _losses(run_dir), _local_losses(nodes * procs, tmp_path_factory)
+    slurm_losses, local = rank_losses(run_dir), _local_losses(nodes * procs, tmp_path_factory)
     assert len(slurm_losses) == len(local) == int(STEPS)
     assert slurm_losses == pytest.approx(local, rel=1e-5)
 
@@ -108,11 +113,11 @@ def test_a_planned_run_follows_the_partitions_topology(sl, slurm_cluster):
     assert done.code == 0, _diagnose(done)
     assert "dlaunch: plan: " in done.out, done.out
     run_dir = _run_dir(done)
-    plan = json.loads((run_dir / "plan.json").read_text())
+    plan = json.loads(RunPaths(root=run_dir).plan.read_text())
     assert plan["topology"] == "cpu-local" and plan["plan"]["world_size"] == 2
     assert plan["plan"]["num_nodes"] == 2
     chosen = plan["plan"]["chosen"]
-    result = json.loads((run_dir / "result.json").read_text())
+    result = run_result(run_dir)
     assert (result["strategy"], result["precision"]) == (chosen["strategy"]["kind"],
                                                          chosen["strategy"]["precision"])
     # a topology of GPU nodes for this CPU partition is refused before anything is submitted
@@ -129,15 +134,16 @@ def test_scale_runs_each_point_as_a_job_and_resumes(sl, slurm_cluster, tmp_path:
             "--steps", "4", "--sweep-dir", str(sweep), "--topology", str(REPO / "topologies" / "cpu-local.yaml"))
     done = sl(*argv, timeout=240)
     assert done.code == 0, done.out + done.err
-    manifest = json.loads((sweep / "sweep.json").read_text())
+    paths = SweepPaths(root=sweep)
+    manifest = json.loads(paths.manifest.read_text())
     assert [(p["name"], p["status"], p["num_nodes"]) for p in manifest["points"]] == [
         ("ws1-r0", "ok", 1), ("ws4-r0", "ok", 2)]
-    four = json.loads((sweep / "ws4-r0" / "result.json").read_text())
+    four = run_result(paths.point("ws4-r0").root)
     assert four["num_nodes"] == 2 and {r["host"] for r in four["ranks"]} == set(slurm_cluster.nodes[:2])
     for point in ("ws1-r0", "ws4-r0"):
-        job = json.loads((sweep / point / "slurm.json").read_text())["job_id"]
+        job = json.loads(paths.point(point).slurm.read_text())["job_id"]
         assert slurm_cluster.wait_sacct_state(job, "COMPLETED", "FAILED", "CANCELLED") == "COMPLETED"
-        assert f"job {job} COMPLETED" in (sweep / point / "console.log").read_text()
+        assert f"job {job} COMPLETED" in paths.point(point).console_log.read_text()
     assert (sweep / "report" / "report.html").is_file() and "report:" in done.out
     # the same command again: both points are done, no job is submitted
     again = sl(*argv, timeout=120)
@@ -151,7 +157,7 @@ def test_a_failing_rank_fails_the_job_and_names_node_rank_and_exception(sl, slur
     took = time.monotonic() - t0
     assert done.code == 1, _diagnose(done)
     run_dir = _run_dir(done)
-    result = json.loads((run_dir / "result.json").read_text())
+    result = run_result(run_dir)
     bad = next(r for r in result["ranks"] if "injected failure" in (r["error"] or ""))
     assert bad["rank"] == 1 and bad["host"] in slurm_cluster.nodes
     line = next(ln for ln in done.out.splitlines() if "injected failure" in ln and ln.startswith("FAILED"))
@@ -159,7 +165,7 @@ def test_a_failing_rank_fails_the_job_and_names_node_rank_and_exception(sl, slur
     assert bad["steps"] >= 2, "steps recorded before the failure must be kept"
     assert any("injected failure" in t for t in bad["log_tail"]), bad["log_tail"]
     assert "SLURM job" in done.out and "FAILED" in done.out
-    job_id = json.loads((run_dir / "slurm.json").read_text())["job_id"]
+    job_id = json.loads(RunPaths(root=run_dir).slurm.read_text())["job_id"]
     assert slurm_cluster.wait_sacct_state(job_id, "COMPLETED", "FAILED", "CANCELLED") == "FAILED"
     assert took < 60, f"the failure took {took:.0f} s to surface"
     # the failing rank's own lines, by rank, from the node logs
@@ -174,6 +180,7 @@ def test_a_failing_rank_fails_the_job_and_names_node_rank_and_exception(sl, slur
 def test_cancel_stops_a_running_job_and_the_waiting_launcher(sl, slurm_cluster, tmp_path: Path):
     env = {**os.environ, "TMPDIR": str(tmp_path / "tmp"), "OMP_NUM_THREADS": "1"}
     run_dir = tmp_path / "long"
+    paths = RunPaths(root=run_dir)
     follower = subprocess.Popen(
         [sys.executable, "-m", "launcher.cli.main", "run", str(WORKLOADS / "mlp.py"), "--slurm", "--nodes", "2",
          "--gpus", "1", "--steps", "100000", "--no-calibrate", "--log-every", "5", "--run-dir", str(run_dir)],
@@ -181,11 +188,11 @@ def test_cancel_stops_a_running_job_and_the_waiting_launcher(sl, slurm_cluster, 
     try:
         deadline = time.monotonic() + 90
         while not any(json.loads(h.read_text() or "{}").get("step", 0) > 0
-                      for h in run_dir.glob("rank-*.heartbeat") if h.stat().st_size):
+                      for h in paths.rank_files(HEARTBEAT).values() if h.stat().st_size):
             assert follower.poll() is None, follower.communicate()
             assert time.monotonic() < deadline, "the job did not start stepping in 90 s"
             time.sleep(0.3)
-        job_id = json.loads((run_dir / "slurm.json").read_text())["job_id"]
+        job_id = json.loads(paths.slurm.read_text())["job_id"]
         t0 = time.monotonic()
         done = sl("cancel", job_id)
         assert done.code == 0, done.err

@@ -3,7 +3,6 @@ files, --slurm-opt validation, dlaunch.yaml defaults and errors, flags that need
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -13,9 +12,8 @@ from launcher.config import load_config
 from launcher.errors import ConfigError, UsageError
 from launcher.specs import LaunchSpec, Strategy
 
-from tests.helpers import REPO, WORKLOADS, assert_one_line_error
+from tests.helpers import REPO, WORKLOADS, assert_golden, assert_one_line_error
 
-GOLDEN = REPO / "tests" / "golden"
 PYTHON = "/PY/bin/python"
 
 
@@ -30,13 +28,6 @@ def rendering(s: LaunchSpec, sl: slurm.SlurmSpec) -> str:
     return text.replace(str(REPO), "<repo>").replace(PYTHON, "<python>").replace("/RUN", "<run>")
 
 
-def check(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if os.environ.get("DLAUNCH_UPDATE_GOLDEN"):
-        path.write_text(text)
-    assert text == path.read_text(), f"rendering differs from {path}; DLAUNCH_UPDATE_GOLDEN=1 rewrites it"
-
-
 @pytest.mark.parametrize("name,kw,sl", [
     ("slurm-1x2.txt", dict(num_nodes=1, nproc_per_node=2),
      slurm.SlurmSpec(partition="debug", time_min=30, cpus_per_node=2)),
@@ -47,7 +38,7 @@ def check(name: str, text: str) -> None:
                      cpus_per_node=32, opts=slurm.parse_slurm_opts(["mem=64G", "exclusive=user"]))),
 ])
 def test_sbatch_script_and_node_commands_match_golden(name, kw, sl):
-    check(name, rendering(spec(**kw), sl))
+    assert_golden(name, rendering(spec(**kw), sl))
 
 
 def test_rendering_is_what_submitit_generates():

@@ -52,7 +52,7 @@ def executor(slurm_cluster, tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", slurm_cluster.job_env()["PYTHONPATH"])
     ex = submitit.AutoExecutor(folder=tmp_path / "submitit" / "%j", cluster="slurm")
     ex.update_parameters(slurm_partition=slurm_cluster.partition, cpus_per_task=1,
-                         timeout_min=60)  # > 10 min: see pitfall 9 of the recipe (USR2 = "timed out")
+                         timeout_min=60)  # > 10 min: below that submitit takes USR2 for a time-out
     return ex
 
 

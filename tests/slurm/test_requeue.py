@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.files import read_jsonl
+from launcher.rundir import RunPaths
 
-from tests.helpers import DATA, run_dlaunch
+from tests.helpers import DATA, log_tails, rank_records, run_dlaunch, run_result, step_losses
 
 pytestmark = pytest.mark.slurm
 
@@ -27,18 +27,8 @@ WORKLOAD = (str(DATA / "gpt_fault.py"),)
 WORKLOAD_ARGS = ("--", "--seq-len", "32")
 
 
-def _records(run_dir: Path, rank: int) -> list[dict]:
-    return read_jsonl(run_dir / f"rank-{rank}.jsonl")[0]
-
-
-def _steps(records: list[dict]) -> list[tuple[int, float]]:
-    return [(r["step"], r["loss"]) for r in records if r["kind"] == "step"]
-
-
 def _diagnose(run_dir: Path, text: str) -> str:
-    for log in sorted(run_dir.glob("slurm/*/*_log.err")) + sorted(run_dir.glob("logs/node-*/*/attempt_*/*/stderr.log")):
-        text += f"\n--- {log} ---\n" + "\n".join(log.read_text(errors="replace").splitlines()[-15:])
-    return text
+    return text + log_tails(run_dir)
 
 
 @pytest.mark.parametrize("nodes,procs", [(1, 2), (2, 1)], ids=["1x2", "2x1"])
@@ -49,6 +39,7 @@ def test_requeue_resumes_from_the_last_checkpoint_with_the_uninterrupted_loss(sl
     env = {**os.environ, "TMPDIR": str(tmp_path / "tmp"), "OMP_NUM_THREADS": "1"}
     env.pop("DLAUNCH_DEBUG", None)
     run_dir = tmp_path / "run"
+    paths = RunPaths(root=run_dir)
     t0 = time.monotonic()
     proc = subprocess.Popen(
         [sys.executable, "-m", "launcher.cli.main", "run", *WORKLOAD, "--slurm", "--nodes", str(nodes),
@@ -60,13 +51,13 @@ def test_requeue_resumes_from_the_last_checkpoint_with_the_uninterrupted_loss(sl
     try:
         deadline = time.monotonic() + 45
         while time.monotonic() < deadline and proc.poll() is None:
-            if (run_dir / "slurm.json").is_file() and list(run_dir.glob("checkpoints/step-*/meta.json")):
+            if paths.slurm.is_file() and list(paths.checkpoints.glob("step-*/meta.json")):
                 break
             time.sleep(0.1)
         else:
             proc.kill()
             pytest.fail(_diagnose(run_dir, f"no checkpoint within 45 s:\n{proc.communicate()[0]}"))
-        job_id = json.loads((run_dir / "slurm.json").read_text())["job_id"]
+        job_id = json.loads(paths.slurm.read_text())["job_id"]
         requeued_at = time.monotonic()
         slurm_cluster.scontrol("requeue", job_id)
         # the uninterrupted run, while SLURM holds the requeued job back (cred_expire, ~11 s)
@@ -85,9 +76,9 @@ def test_requeue_resumes_from_the_last_checkpoint_with_the_uninterrupted_loss(sl
     assert "requeued (restart 1)" in text and f"job {job_id} COMPLETED" in text
     assert slurm_cluster.wait_sacct_state(job_id, "COMPLETED", "FAILED", "CANCELLED") == "COMPLETED"
 
-    reference = _steps(_records(tmp_path / "ref", 0))
+    reference = step_losses(rank_records(tmp_path / "ref", 0))
     for rank in (0, 1):
-        records = _records(run_dir, rank)
+        records = rank_records(run_dir, rank)
         starts = [i for i, r in enumerate(records) if r["kind"] == "start"]
         assert [records[i]["attempt"] for i in starts] == [0, 1], records
         first, last = records[:starts[1]], records[starts[1]:]
@@ -97,11 +88,11 @@ def test_requeue_resumes_from_the_last_checkpoint_with_the_uninterrupted_loss(sl
         resume = next(r for r in last if r["kind"] == "resume")
         assert saved and resume["step"] == max(saved) and resume["same_data_order"], (saved, resume)
         k = resume["step"]
-        assert [s for s, _ in _steps(last)] == list(range(k + 1, STEPS + 1))
+        assert [s for s, _ in step_losses(last)] == list(range(k + 1, STEPS + 1))
         # same seeds, same data order, fp32: the same losses as the uninterrupted run
-        assert _steps(first)[:k] == reference[:k]
-        assert _steps(last) == reference[k:]
-    result = json.loads((run_dir / "result.json").read_text())
+        assert step_losses(first)[:k] == reference[:k]
+        assert step_losses(last) == reference[k:]
+    result = run_result(run_dir)
     assert result["status"] == "ok" and result["attempts"] == 2
     assert all(r["steps"] == STEPS and r["resumed_from_step"] == k for r in result["ranks"])
     assert result["ranks"][0]["final_loss"] == reference[-1][1]

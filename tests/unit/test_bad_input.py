@@ -9,9 +9,6 @@ of the cost is Python start-up), then each case is checked on its own.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -19,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import DATA, REPO, WORKLOADS
+from tests.helpers import DATA, REPO, WORKLOADS, run_dlaunch
 
 MLP = str(WORKLOADS / "mlp.py")
 GPT = str(WORKLOADS / "gpt.py")
@@ -174,12 +171,10 @@ def _run(case: Case, root: Path, cache: Path) -> Outcome:
         (cwd / rel).parent.mkdir(parents=True, exist_ok=True)
         (cwd / rel).write_text(text)
     before = _tree(cwd)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "DLAUNCH_CACHE_DIR": str(cache),
-           "TMPDIR": str(root), "CUDA_VISIBLE_DEVICES": ""}
-    env.pop("DLAUNCH_DEBUG", None)
-    proc = subprocess.run([sys.executable, "-m", "launcher.cli.main", *case.argv], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=240)
-    return Outcome(proc.returncode, proc.stderr, before, _tree(cwd))
+    env = {"PYTHONPATH": str(REPO), "DLAUNCH_CACHE_DIR": str(cache), "TMPDIR": str(root),
+           "CUDA_VISIBLE_DEVICES": ""}
+    done = run_dlaunch(*case.argv, cwd=cwd, env=env, timeout=240)
+    return Outcome(done.code, done.err, before, _tree(cwd))
 
 
 @pytest.fixture(scope="module")

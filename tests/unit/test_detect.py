@@ -22,8 +22,8 @@ from launcher.hardware.nvtopo import (
     parse_nvidia_smi_topo,
 )
 from launcher.hardware.topology import load_topology
+from launcher.hardware.types import LINK_KINDS, Nic, Topology
 from launcher.hardware.view import format_topology, inspect_report
-from launcher.specs import LINK_KINDS, Nic, Topology
 
 TOPO = Path(__file__).resolve().parents[1] / "data" / "nvidia-smi-topo"
 REPO = Path(__file__).resolve().parents[2]

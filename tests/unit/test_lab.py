@@ -1,7 +1,7 @@
 """`dlaunch lab`: the three run specs, the precision choice, the table and its reading.
 
 The runs themselves are faked here (a real lab is three torchrun jobs, one compiled: minutes on
-2 cores); `dlaunch lab workloads/gpt.py --gpus 2` is the end-to-end check (docs/benchmarks.md).
+a small CPU host); `dlaunch lab workloads/gpt.py --gpus 2` is the end-to-end check (docs/benchmarks.md).
 """
 
 import dataclasses
@@ -10,6 +10,7 @@ import json
 
 from launcher.jobs.lab import LabRow, cpu_precisions, cuda_precisions, format_lab, lab_specs, reading, run_lab
 from launcher.results.types import RankResult, RunResult
+from launcher.rundir import RunPaths
 from launcher.specs import LaunchSpec, Strategy
 
 from tests.helpers import REPO, assert_one_line_error
@@ -77,7 +78,7 @@ def test_run_lab_table_speedups_and_reading(tmp_path):
     assert "not bound by arithmetic" in text and "already large or fused" in text
     assert "bottleneck (bf16 run): compute bound" in text
     assert "rank output" not in progress.getvalue()
-    on_disk = json.loads((tmp_path / "lab.json").read_text())
+    on_disk = json.loads(RunPaths(root=tmp_path).lab.read_text())
     assert [r["name"] for r in on_disk["rows"]] == ["fp32", "bf16", "bf16+compile"]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from launcher.hardware.types import DeviceSpec
 from launcher.plan.memory import (
     AUTOCAST_ACTIVATION_FACTOR,
     CUDA_ALLOCATOR_SLACK,
@@ -12,7 +13,7 @@ from launcher.plan.memory import (
     estimate_memory,
     usable_mem_bytes,
 )
-from launcher.specs import GIB, DeviceSpec, ModelProfile, Strategy
+from launcher.specs import GIB, ModelProfile, Strategy
 
 P = 1_000_000_000  # 1e9 params: 10 blocks of 9e7 + a 1e8-param root (embeddings, head)
 ACT = 2e9  # fp32 saved activations per sample
@@ -112,8 +113,8 @@ def test_memory_grows_with_micro_batch_and_shrinks_with_shards():
 
 
 def test_design_ground_truth_within_ten_percent():
-    # design.md: a 3.7M-param GPT (d 256, 4 layers, seq 128) on CPU, AdamW, micro-batch 2:
-    # measured 65.9 MB peak of new allocations vs grads 14.8 + Adam 29.6 + activations 22.5.
+    # a measured reference: a 3.7M-param GPT (d 256, 4 layers, seq 128) on CPU, AdamW,
+    # micro-batch 2: 65.9 MB peak of new allocations vs grads 14.8 + Adam 29.6 + activations 22.5.
     # The parameters existed before the measurement began, so they are left out here.
     p = 3_700_000
     prof = ModelProfile(name="tiny", num_params=p, bytes_by_dtype={"float32": 4 * p},

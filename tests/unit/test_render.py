@@ -1,14 +1,9 @@
 """Render before run: the torchrun command for a spec is exactly the golden file."""
 
-import os
-from pathlib import Path
-
 from launcher.backends import local
 from launcher.specs import LaunchSpec, Strategy
 
-from tests.helpers import REPO
-
-GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+from tests.helpers import REPO, assert_golden
 
 
 def spec(**kw) -> LaunchSpec:
@@ -24,19 +19,12 @@ def rendering(s: LaunchSpec) -> str:
     return (" ".join(r.argv) + "\n" + env + "\n").replace(str(REPO), "<repo>")
 
 
-def check(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if os.environ.get("DLAUNCH_UPDATE_GOLDEN"):
-        path.write_text(text)
-    assert text == path.read_text(), f"rendering differs from {path}; DLAUNCH_UPDATE_GOLDEN=1 rewrites it"
-
-
 def test_local_workload_command_matches_golden():
-    check("local-workload-2.txt", rendering(spec()))
+    assert_golden("local-workload-2.txt", rendering(spec()))
 
 
 def test_local_script_command_matches_golden():
-    check("local-script-4.txt", rendering(spec(workload="/work/train.py", workload_args=("--lr", "0.1"),
+    assert_golden("local-script-4.txt", rendering(spec(workload="/work/train.py", workload_args=("--lr", "0.1"),
                                                is_script=True, nproc_per_node=4)))
 
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 
 import pytest
@@ -15,12 +13,14 @@ from launcher.errors import DlaunchError, UsageError
 from launcher.hardware.topology import load_topology
 from launcher.jobs.sweep import check_plan, parse_world_sizes, point_batch
 from launcher.report.render import parse_formats, render_report, write_report
-from launcher.report.scaling import build_report, verdict
+from launcher.report.scaling import build_report
+from launcher.results.table import format_run
+from launcher.results.types import RunResult
+from launcher.results.verdict import STRAGGLER_THRESHOLD, detect_stragglers, verdict
+from launcher.rundir import RunPaths, SweepPaths
 
-from tests.helpers import REPO, WORKLOADS, Done, assert_one_line_error
+from tests.helpers import REPO, WORKLOADS, assert_one_line_error, run_dlaunch, run_result
 from tests.synthetic import write_run, write_sweep
-
-SHIM = ("-m", "launcher.cli.main")
 
 
 def rows(report):
@@ -99,13 +99,24 @@ def test_link_is_the_slowest_the_ring_crosses(tmp_path):
     assert by[16].busbw_of_link == pytest.approx(40.0 / topo.inter_node.bw_gb_s)
 
 
+def straggler_lines(run_dir) -> list[str]:
+    """The run summary's STRAGGLER lines, from the result the synthetic run aggregated."""
+    result = RunResult.from_dict(run_result(run_dir))
+    return [line for line in format_run(result).splitlines() if line.startswith("STRAGGLER")]
+
+
 def test_straggler_by_step_time(tmp_path):
     # rank 3 at 1.3x: median of medians 0.1, 0.13 > 0.11 -> straggler; 1.05x is not
     write_run(tmp_path / "r", world_size=4, slow={3: 1.3, 1: 1.05})
     rep = build_report(tmp_path / "r", with_prediction=False)
     p = rep.points[0]
     assert [s["rank"] for s in p.stragglers] == [3]
-    assert "step time" in p.stragglers[0]["signal"]
+    assert p.stragglers[0]["signal"].startswith("step time: median step 0.130 s vs 0.103 s")
+    # the summary prints the numbers that fired the rule: 0.13 vs the median of
+    # (0.1, 0.1, 0.105, 0.13) = 0.1025, +27%
+    assert straggler_lines(tmp_path / "r") == [
+        "STRAGGLER: rank 3 on node0 (local rank 3), by step time: median step 0.130 s vs 0.103 s "
+        "median of rank medians (+27%; the flag needs > +10%)"]
     groups = {g["label"]: g for g in p.distribution["groups"]}
     assert groups["3"]["straggler"] and not groups["1"]["straggler"]
     assert groups["3"]["p50"] == pytest.approx(0.13)
@@ -121,6 +132,47 @@ def test_straggler_by_own_compute_under_ddp(tmp_path):
     assert [s["rank"] for s in p.stragglers] == [1]
     assert "sync-off" in p.stragglers[0]["signal"]
     assert "straggler rank(s) 1" in p.verdict["evidence"]
+    # median over the two ranks: (1 + 51) / 2 = 26 ms; the step times (equal) are shown too
+    [line] = straggler_lines(tmp_path / "r")
+    assert line.startswith("STRAGGLER: rank 1 on node0 (local rank 1), by own compute: own "
+                           "forward+backward with gradient sync off 51.0 ms vs 26.0 ms median"), line
+    assert "+96%" in line and "its median step 0.100 s vs 0.100 s" in line
+
+
+def test_even_run_flags_no_rank(tmp_path):
+    # +-5% jitter on every rank, equal calibrations: nobody is slow
+    write_run(tmp_path / "r", world_size=8, jitter=0.1, exposed_comm_s=0.01, nosync_step_s=0.05)
+    result = run_result(tmp_path / "r")
+    assert result["stragglers"] == [] and result["straggler_evidence"] == []
+    assert straggler_lines(tmp_path / "r") == []
+    assert build_report(tmp_path / "r", with_prediction=False).points[0].stragglers == []
+
+
+@pytest.mark.parametrize("kw", [
+    # one rank twice as fast: far from the median, but faster
+    dict(world_size=4, slow={0: 0.5}),
+    dict(world_size=2, slow={0: 0.7}),
+    # the calibration says rank 0 is slow (200 vs 150 ms) but its median step over the run is
+    # 3.4% below the median of medians (0.371 vs 0.384 s): the steady steps win, no flag
+    dict(world_size=2, step_s=0.384, slow={0: 0.371 / 0.384, 1: 0.397 / 0.384},
+         exposed_comm_s=0.01, nosync_by_rank={0: 0.2, 1: 0.15}),
+])
+def test_a_faster_rank_is_never_flagged(tmp_path, kw):
+    write_run(tmp_path / "r", **kw)
+    result = run_result(tmp_path / "r")
+    assert 0 not in result["stragglers"]
+    assert not any("rank 0 " in line for line in straggler_lines(tmp_path / "r"))
+    assert 0 not in [s["rank"] for s in build_report(tmp_path / "r", with_prediction=False).points[0].stragglers]
+
+
+def test_flagged_ranks_are_always_above_the_median():
+    # every straggler either rule flags is slower than the median it names
+    cases = [{0: 0.1, 1: 0.2}, {0: 0.3, 1: 0.1, 2: 0.1}, {0: 0.05, 1: 0.1, 2: 0.1, 3: 0.1},
+             {r: 0.1 + 0.01 * r for r in range(16)}]
+    for medians in cases:
+        for busy in (None, {r: 2 * t for r, t in medians.items()}):
+            for s in detect_stragglers(medians, busy):
+                assert s.rank_s > s.median_s * (1 + STRAGGLER_THRESHOLD), (medians, s)
 
 
 def test_sub_millisecond_calibration_jitter_is_not_a_straggler(tmp_path):
@@ -158,11 +210,11 @@ def test_repeats_take_the_median(tmp_path):
 
 def test_truncated_and_missing_rank_files_are_named(tmp_path):
     run = write_run(tmp_path / "r", world_size=3, steps=10)
-    f = run / "rank-1.jsonl"
+    f = RunPaths(root=run).records(1)
     f.write_bytes(f.read_bytes()[:-30])  # cut the last record in half
     later = time.time() + 5
     os.utime(f, (later, later))
-    (run / "rank-2.jsonl").unlink()
+    RunPaths(root=run).records(2).unlink()
     files, rep = render_report(run, formats={"html", "json", "md"}, with_prediction=False)
     notes = rep.points[0].unreadable
     assert any("rank-1.jsonl" in n and "cut off" in n for n in notes), notes
@@ -188,15 +240,8 @@ def test_no_runs_is_one_line_error(tmp_path):
 ])
 def test_report_bad_input_cli(tmp_path, args, needle):
     (tmp_path / "empty").mkdir()
-    done = _dlaunch_cli(*(a.format(tmp=tmp_path) for a in args))
+    done = run_dlaunch(*(a.format(tmp=tmp_path) for a in args), timeout=120)
     assert_one_line_error(done, needle)
-
-
-def _dlaunch_cli(*args: str) -> Done:
-    """The CLI, in a subprocess."""
-    proc = subprocess.run([sys.executable, *SHIM, *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
-    return Done(proc.returncode, proc.stdout, proc.stderr)
 
 
 def test_parse_world_sizes():
@@ -231,12 +276,12 @@ def test_prediction_is_optional_and_explained(tmp_path, monkeypatch):
     assert all(r.predicted_step_time_s and r.predicted_step_time_s > 0 for r in rep.rows)
     assert rows(rep)[1].predicted_efficiency == pytest.approx(1.0)
 
-    import launcher.plan.search
+    import launcher.report.predict
 
     def broken(*a, **k):
         raise RuntimeError("cost model not finished")
 
-    monkeypatch.setattr(launcher.plan.search, "plan", broken)
+    monkeypatch.setattr(launcher.report.predict, "plan", broken)
     rep = build_report(tmp_path / "s", topology=topo)
     assert rep.prediction_note.startswith("prediction unavailable: RuntimeError: cost model")
     assert all(r.predicted_step_time_s is None for r in rep.rows)
@@ -276,12 +321,13 @@ def test_other_record_layouts_and_a_bad_line_are_read_line_by_line(tmp_path):
                                 "data_wait_s": 0.0, "samples": 8, "units": 8, "loss": 1.0})
                     + "\n"
                     for s in range(1, 5))
-    (run / "rank-0.jsonl").write_text('{"kind":"start","rank":0,"host":"h"}\n' + meter)
-    lines = (run / "rank-1.jsonl").read_text().splitlines(keepends=True)
-    (run / "rank-1.jsonl").write_text("".join(lines[:4] + ["{not json\n"] + lines[4:]))
+    paths = RunPaths(root=run)
+    paths.records(0).write_text('{"kind":"start","rank":0,"host":"h"}\n' + meter)
+    lines = paths.records(1).read_text().splitlines(keepends=True)
+    paths.records(1).write_text("".join(lines[:4] + ["{not json\n"] + lines[4:]))
     later = time.time() + 5
     for r in (0, 1):
-        os.utime(run / f"rank-{r}.jsonl", (later, later))
+        os.utime(paths.records(r), (later, later))
     p = build_report(run, with_prediction=False).points[0]
     groups = {g["label"]: g for g in p.distribution["groups"]}
     assert groups["0"]["n"] == 4 and groups["0"]["p50"] == pytest.approx(0.3)
@@ -293,7 +339,7 @@ def test_prediction_from_the_plan_the_run_followed(tmp_path):
     # plan.json (written by `dlaunch run` when it planned): step 0.05 + 0.01 s, 200 samples/s
     write_sweep(tmp_path / "s", {1: dict(step_s=0.1), 2: dict(step_s=0.125)})
     for n, (compute, exposed, rate) in {1: (0.05, 0.0, 160.0), 2: (0.05, 0.01, 240.0)}.items():
-        (tmp_path / "s" / f"ws{n}-r0" / "plan.json").write_text(json.dumps({
+        SweepPaths(root=tmp_path / "s").point(f"ws{n}-r0").plan.write_text(json.dumps({
             "plan": {"chosen": {"time": {"compute_s": compute, "comm_total_s": exposed,
                                          "comm_exposed_s": exposed}}, "units_per_s": rate},
             "profile": {"units_per_sample": 1}, "topology": "t"}))

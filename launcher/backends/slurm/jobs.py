@@ -4,6 +4,8 @@ Every call is an argv list (never a shell), with a timeout, and a SLURM command 
 or fails becomes a `LaunchError` with one line. Job state comes from `scontrol show job` (fast,
 from slurmctld's memory, has the pending reason and restart count) and falls back to `sacct`
 once slurmctld has forgotten the job (MinJobAge, 300 s by default).
+
+Never imports launcher.runtime, jobs, cli or report, nor submitit (only SLURM's own commands).
 """
 
 from __future__ import annotations
@@ -17,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.errors import LaunchError, UsageError
+from launcher.rundir import SLURM_FILE, RunPaths
 
 log = logging.getLogger(__name__)
 
-SLURM_FILE = "slurm.json"
 TIMEOUT_S = 30.0
 # states after which a job does not run again (a requeued job shows PENDING, not these)
 FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
@@ -173,7 +175,7 @@ def partition_shape(partition: str | None) -> tuple[int | None, int]:
 
 def read_slurm_file(run_dir: Path) -> dict:
     """RUN_DIR/slurm.json (what `run --slurm` wrote at submission)."""
-    path = run_dir / SLURM_FILE
+    path = RunPaths(root=run_dir).slurm
     try:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
@@ -201,7 +203,7 @@ def resolve(ref: str, *, roots: Sequence[str | Path] = ("runs",)) -> tuple[Path 
     proc = slurm_cmd(["scontrol", "show", "job", "-o", ref], check=False)
     out = parse_scontrol(proc.stdout).get("StdOut", "") if proc.returncode == 0 else ""
     for parent in Path(out).parents if out else ():
-        if (parent / SLURM_FILE).is_file():
+        if RunPaths(root=parent).slurm.is_file():
             return parent, ref
     if proc.returncode == 0 and proc.stdout.strip():
         return None, ref  # a live job not started by `dlaunch run --slurm`

@@ -3,6 +3,8 @@
 Ranks append whole JSON lines to `rank-<r>.jsonl` at the end of each logging window (and at
 least every few seconds), so the launcher — possibly on another machine than the ranks — reads
 only what was appended since the last look, and only whole lines.
+
+Never imports launcher.runtime (it reads the ranks' files), jobs, cli or report.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.files import read_jsonl
+from launcher.rundir import RECORDS, RunPaths
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +34,7 @@ class Progress:
         self._printed = ""
 
     def _read_new(self, rank: int) -> None:
-        path = self.run_dir / f"rank-{rank}.jsonl"
+        path = RunPaths(root=self.run_dir).records(rank)
         offset = self._offsets.get(rank, 0)
         try:
             with open(path, "rb") as f:
@@ -92,7 +95,7 @@ class Progress:
 def first_step_time(run_dir: Path) -> float | None:
     """Host clock at the end of the earliest first step of any rank (None if none ran)."""
     times = []
-    for path in run_dir.glob("rank-*.jsonl"):
+    for path in RunPaths(root=run_dir).rank_files(RECORDS).values():
         records, _ = read_jsonl(path)
         for rec in records:
             if rec.get("kind") == "step" and rec.get("step") == 1:

@@ -24,11 +24,15 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from launcher.backends.local import node_log_dir, rank_env, torchrun_argv
+from launcher.backends.torchrun import rank_env, torchrun_argv
 from launcher.files import atomic_write_json
+from launcher.rundir import NODE_FILE, RunPaths
 from launcher.specs import LaunchSpec
+
+if TYPE_CHECKING:
+    from submitit.helpers import DelayedSubmission
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +42,6 @@ PORT_SPAN = 20000
 # (the signal comes signal_delay_s = 90 s before SLURM kills the job; keep a margin);
 # DLAUNCH_PREEMPT_GRACE_S in the submitting environment overrides it
 PREEMPT_GRACE_S = 60.0
-CHECKPOINT_SUBDIR = "checkpoints"
-NODE_FILE = "node.json"  # in each node's log dir: which host had which SLURM node id
 
 
 def rdzv_port(job_id: int) -> int:
@@ -53,14 +55,14 @@ def node_argv(spec: LaunchSpec, *, python: str, head: str, port: int | str,
     """The torchrun command of one node (`port`/`node_rank` may be placeholders for printing)."""
     argv = torchrun_argv(spec, python=python, rdzv_endpoint=f"{head}:{port}",
                          node_rank=node_rank,  # type: ignore[arg-type]  # placeholder when printing
-                         log_dir=node_log_dir(spec.run_dir, node_rank))  # type: ignore[arg-type]
+                         log_dir=str(RunPaths(root=spec.run_dir).node_logs(node_rank)))
     return argv
 
 
 def slurm_run_env(spec: LaunchSpec, *, restart_count: int, resume: bool) -> dict[str, str]:
     """Variables the ranks get on top of `rank_env` under SLURM (what the harness reads)."""
     env = {
-        "DLAUNCH_CHECKPOINT_DIR": os.path.join(spec.run_dir, CHECKPOINT_SUBDIR),
+        "DLAUNCH_CHECKPOINT_DIR": str(RunPaths(root=spec.run_dir).checkpoints),
         "DLAUNCH_SLURM_RESTART_COUNT": str(restart_count),
     }
     if resume or restart_count > 0:
@@ -101,7 +103,7 @@ class NodeTask:
 
     def command(self, environ: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
         """The torchrun argv and the full environment for this node, from SLURM's variables."""
-        import submitit
+        import submitit  # deferred: the launcher imports this module without submitting
 
         job_env = submitit.JobEnvironment()
         job_id = int(job_env.raw_job_id)
@@ -123,7 +125,7 @@ class NodeTask:
         node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
         node_rank = os.environ.get("SLURM_NODEID", "0")
         print(f"dlaunch: node {node_rank} ({node}): {' '.join(argv)}", flush=True)
-        log_dir = node_log_dir(self.spec.run_dir, int(node_rank))
+        log_dir = str(RunPaths(root=self.spec.run_dir).node_logs(int(node_rank)))
         os.makedirs(log_dir, exist_ok=True)
         atomic_write_json(os.path.join(log_dir, NODE_FILE), {
             "slurm_node_id": int(node_rank), "host": node, "job_id": os.environ.get("SLURM_JOB_ID"),
@@ -136,7 +138,7 @@ class NodeTask:
             raise RuntimeError(f"torchrun on node {node_rank} ({node}) exited with code {code}")
         return {"node_rank": int(node_rank), "host": node, "exit_code": code}
 
-    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+    def checkpoint(self, *args: Any, **kwargs: Any) -> DelayedSubmission:
         """Preempted or timed out: let the ranks finish saving, then hand back the requeued call.
 
         The ranks received the signal from SLURM directly; a harness that checkpoints on it
@@ -144,7 +146,7 @@ class NodeTask:
         runs right after this returns) from killing a half-written checkpoint. A harness that
         ignores the signal simply resumes from its last periodic checkpoint.
         """
-        import submitit
+        import submitit  # deferred: the launcher imports this module without submitting
 
         proc = self._proc
         if proc is not None and proc.poll() is None:

@@ -1,0 +1,98 @@
+"""The torchrun command line and the environment dlaunch adds for the ranks.
+
+Shared by the local backend (one node, rendezvous on loopback) and the SLURM backend (one
+torchrun per node, rendezvous on the first node), so both start ranks the same way. Pure
+functions of a `LaunchSpec`: nothing is started here. Never imports `launcher.runtime` (the rank
+entry is named as a string), jobs, cli or report.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from launcher.backends import RANK_ENTRY_MODULE
+from launcher.rundir import RunPaths
+from launcher.specs import LaunchSpec
+
+# the checkout this package runs from: ranks import it from there even when it is not installed
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# torchrun prefixes every rank's output lines with this; the local backend routes lines by it
+LINE_PREFIX = "[rank ${rank}] "
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def rank_env(spec: LaunchSpec, *, base_env: Mapping[str, str], cores: int) -> dict[str, str]:
+    """The variables dlaunch adds for the ranks (the user's own settings win)."""
+    env: dict[str, str] = {
+        "DLAUNCH_RUN_DIR": spec.run_dir,
+        "DLAUNCH_RUN_ID": spec.run_id,
+        "DLAUNCH_WARMUP_STEPS": str(spec.warmup_steps),
+        "PYTHONUNBUFFERED": "1",
+        "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": LINE_PREFIX,
+        # the package may be used from a checkout without being installed
+        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), base_env.get("PYTHONPATH", "")) if p),
+    }
+    if "OMP_NUM_THREADS" not in base_env:
+        # ranks that each take every core fight for them: several times slower than one share each
+        env["OMP_NUM_THREADS"] = str(max(1, cores // spec.nproc_per_node))
+    if spec.device == "cuda" and "PYTORCH_CUDA_ALLOC_CONF" not in base_env:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    if spec.max_restarts > 0 or spec.checkpoint_every > 0:
+        # where the harness saves and, on a restart (DLAUNCH_RESUME=1), resumes from
+        # (runtime.resume); the same variable the SLURM backend sets
+        env["DLAUNCH_CHECKPOINT_DIR"] = str(RunPaths(root=spec.run_dir).checkpoints)
+    for k, v in spec.env.items():
+        env.setdefault(k, v)
+    return env
+
+
+def torchrun_argv(spec: LaunchSpec, *, python: str, rdzv_endpoint: str, node_rank: int = 0,
+                  log_dir: str) -> list[str]:
+    """The torchrun command line shared by the local and the SLURM backend."""
+    argv = [
+        python, "-m", "torch.distributed.run",
+        "--nnodes", str(spec.num_nodes),
+        "--nproc-per-node", str(spec.nproc_per_node),
+        "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", rdzv_endpoint,
+        "--rdzv-id", spec.run_id,
+        "--max-restarts", "0",
+        "--log-dir", log_dir,
+        "--tee", "3",
+    ]
+    if spec.num_nodes > 1:
+        argv += ["--node-rank", str(node_rank)]
+    if spec.is_script:
+        argv += [spec.workload, *spec.workload_args]
+    else:
+        argv += ["-m", RANK_ENTRY_MODULE, str(RunPaths(root=spec.run_dir).launch)]
+    return argv
+
+
+def tie_to_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
+    """A `preexec_fn` after which the child gets `sig` when the calling thread's process dies.
+
+    torchrun runs in a session of its own (a Ctrl-C reaches dlaunch, which stops the job in
+    order), so nothing else would end it when dlaunch is SIGKILLed; on SIGTERM torchrun stops its
+    ranks. Linux's parent-death signal follows the thread that started the child, so start
+    torchrun from a thread that lives as long as the launch. None where there is no such signal.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: never after fork
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        if os.getppid() != parent:  # the parent died between fork and prctl
+            os.kill(os.getpid(), sig)
+
+    return preexec

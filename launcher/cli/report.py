@@ -1,0 +1,73 @@
+"""`dlaunch report RUN_OR_SWEEP_DIR`: the scaling report (HTML, Markdown, JSON, PNG) of a run
+or sweep directory, and the summary lines `scale` prints after a sweep too.
+
+Must never import torch; matplotlib stays inside launcher.report's plotting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import socket
+from pathlib import Path
+
+from launcher.cli.args import no_extra_args
+from launcher.cli.prepare import options
+from launcher.hardware.detect import detect_topology
+from launcher.hardware.topology import load_topology
+from launcher.hardware.types import Topology
+from launcher.report.render import parse_formats, render_report, summary_lines
+from launcher.report.types import ScalingReport
+from launcher.rundir import RunPaths
+
+log = logging.getLogger(__name__)
+
+
+def print_report(path: Path, report: ScalingReport | None, files: list[Path]) -> None:
+    """The report's summary lines and where its files went."""
+    print(f"sweep/run: {path}")
+    if report is not None:
+        print("\n".join(summary_lines(report)))
+    html = next((f for f in files if f.suffix == ".html"), None)
+    if html is not None:
+        print(f"report: {html}")
+    elif files:
+        print(f"report: {files[0].parent}/ ({', '.join(f.name for f in files)})")
+
+
+def _run_host(path: Path) -> str | None:
+    """The host that ran rank 0 of the first run under `path`, from its start record."""
+    for candidate in [path, *sorted(path.glob("*/"))][:50]:
+        f = RunPaths(root=candidate).records(0)
+        if f.is_file():
+            with open(f, encoding="utf-8", errors="replace") as fh:
+                try:
+                    return str(json.loads(fh.readline()).get("host"))
+                except ValueError:
+                    return None
+    return None
+
+
+def cmd_report(args: argparse.Namespace, workload_args: list[str]) -> int:
+    """`dlaunch report`: HTML / Markdown / JSON / PNG of a run or sweep directory."""
+    no_extra_args("report", workload_args)
+    values = options("report", args)
+    formats = parse_formats(values["format"])
+    path = Path(values["path"])
+    topology: Topology | None = None
+    fallback: Topology | None = None
+    if values["topology"]:
+        topology = load_topology(values["topology"])
+    elif path.is_dir() and _run_host(path) == socket.gethostname().split(".")[0]:
+        try:
+            fallback = detect_topology()
+        except Exception as e:  # only the link column and the prediction need it
+            log.warning("could not detect this machine's topology: %s", e)
+    files, report = render_report(path, formats, out_dir=values["out"], topology=topology,
+                                  default_topology=fallback, with_prediction=not values["no_predict"])
+    if values["json"]:
+        print(json.dumps({**report.to_dict(), "files": [str(f) for f in files]}, indent=2))
+    else:
+        print_report(path, report, files)
+    return 0

@@ -1,0 +1,138 @@
+"""The planner's search space: candidate strategies, precisions, checkpointing and batches.
+
+Pure functions of the frozen specs (no torch, no I/O); never imports cli, backends, jobs, runtime,
+results or report. Each candidate gets its memory (`memory.estimate_memory`) and step time
+(`cost.step_time`); ranking and explaining them is `search`'s job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from launcher.errors import PlanError
+from launcher.hardware.types import Topology
+from launcher.plan.cost import FULL_RECOMPUTE, attention_flops_fwd, shard_group_size, step_time
+from launcher.plan.memory import estimate_memory
+from launcher.plan.types import Candidate
+from launcher.specs import Goal, ModelProfile, Strategy
+
+logger = logging.getLogger(__name__)
+
+# Ties go to DDP (fewest moving parts), then to full shard over grad-op: at the same predicted
+# speed full shard keeps less in memory (more headroom), and hybrid only wins when faster.
+STRATEGY_ORDER = ("ddp", "fsdp_full", "fsdp_grad_op", "hybrid")
+# Without --global-batch: power-of-two micro-batches up to this, no accumulation; the best
+# throughput wins, which (ties going to the larger micro-batch) is the largest that fits. Beyond
+# 64 the gains are small once compute dominates, and large batches need the learning rate
+# retuned; users who want more pass --global-batch. On CPU the step is compute-bound from a
+# few samples on, so throughput is flat in micro-batch and larger ones only add step latency.
+DEFAULT_MAX_MICRO_BATCH = {"cuda": 64, "cpu": 8}
+OVERRIDE_KEYS = ("strategy", "precision", "micro_batch", "compile", "compile_mode",
+                 "activation_checkpointing", "recompute_fraction")
+
+
+def profile_for_goal(profile: ModelProfile, goal: Goal) -> ModelProfile:
+    """`profile` at `goal.seq_len`: activations and matmul FLOPs scale linearly with sequence
+    length (exact for SDPA/flash attention, which saves no s x s scores), attention FLOPs
+    quadratically."""
+    if goal.seq_len is None or goal.seq_len == profile.units_per_sample:
+        return profile
+    if profile.sample_units != "tokens":
+        raise PlanError(f"--seq-len {goal.seq_len} applies to sequence models (tokens per "
+                        f"sample); {profile.name} counts {profile.sample_units}: drop --seq-len")
+    r = goal.seq_len / profile.units_per_sample
+    attention = attention_flops_fwd(profile)
+    return dataclasses.replace(
+        profile, units_per_sample=goal.seq_len,
+        activation_bytes_per_sample=profile.activation_bytes_per_sample * r,
+        block_input_bytes_per_sample=profile.block_input_bytes_per_sample * r,
+        flops_fwd_per_sample=(profile.flops_fwd_per_sample - attention) * r + attention * r * r)
+
+
+def check_overrides(overrides: Mapping[str, Any] | None, topology: Topology) -> dict[str, Any]:
+    """The set overrides (None values dropped); PlanError for an unknown or impossible one."""
+    ov = {k: v for k, v in (overrides or {}).items() if v is not None}
+    unknown = sorted(set(ov) - set(OVERRIDE_KEYS))
+    if unknown:
+        raise PlanError(f"unknown plan override {', '.join(unknown)}; "
+                        f"use {', '.join(OVERRIDE_KEYS)}")
+    if ov.get("strategy") == "hybrid" and topology.num_nodes <= 1:
+        raise PlanError("strategy hybrid shards inside a node and replicates across nodes: it "
+                        "needs more than one node; on one node use fsdp_full")
+    if "micro_batch" in ov and (not isinstance(ov["micro_batch"], int) or ov["micro_batch"] < 1):
+        raise PlanError(f"--micro-batch must be an integer >= 1, got {ov['micro_batch']!r}")
+    frac = ov.get("recompute_fraction", FULL_RECOMPUTE)
+    if not isinstance(frac, int | float) or not 0 < frac <= 1:
+        raise PlanError(f"recompute_fraction is the share of the forward that checkpointing "
+                        f"recomputes, in (0, 1]; got {frac!r}")
+    # Strategy validates kind/precision/compile_mode with an actionable message
+    Strategy(kind=ov.get("strategy", "ddp"), precision=ov.get("precision", "fp32"),
+             compile_mode=ov.get("compile_mode", "default"))
+    return ov
+
+
+def _precisions(topology: Topology, ov: Mapping[str, Any]) -> list[str]:
+    dev = topology.accelerator
+    if "precision" in ov:
+        return [ov["precision"]]
+    if topology.device == "cpu":
+        return ["fp32", "bf16"] if "bf16" in dev.peak_tflops else ["fp32"]
+    return ["bf16"] if dev.supports_bf16 else ["fp16"]
+
+
+def _batches(goal: Goal, n: int, ov: Mapping[str, Any],
+             device: str) -> tuple[list[tuple[int, int]], list[int]]:
+    """(micro_batch, grad_accum) pairs to try, and micro-batches skipped for divisibility."""
+    forced = ov.get("micro_batch")
+    if goal.global_batch is None:
+        top = DEFAULT_MAX_MICRO_BATCH[device]
+        mbs = [forced] if forced else [2**i for i in range(top.bit_length()) if 2**i <= top]
+        return [(mb, 1) for mb in mbs], []
+    gb = goal.global_batch
+    if gb % n:
+        raise PlanError(f"global batch {gb} does not split over {n} data-parallel ranks; "
+                        f"use a multiple of {n} (e.g. {max(n, gb // n * n)})")
+    per_rank = gb // n
+    if forced:
+        if per_rank % forced:
+            raise PlanError(f"micro-batch {forced} x {n} ranks does not divide global batch {gb}"
+                            f" ({per_rank} samples per rank); pick a divisor of {per_rank}")
+        return [(forced, per_rank // forced)], []
+    mbs = sorted({2**i for i in range(per_rank.bit_length()) if 2**i <= per_rank} | {per_rank})
+    ok = [(mb, per_rank // mb) for mb in mbs if per_rank % mb == 0]
+    return ok, [mb for mb in mbs if per_rank % mb]
+
+
+def candidates(profile: ModelProfile, topology: Topology, goal: Goal, ov: Mapping[str, Any],
+               usable: float) -> tuple[list[Candidate], list[int]]:
+    """Every (strategy, precision, checkpointing, micro-batch) the overrides allow, with its
+    memory and time, and the micro-batches skipped because they do not divide the batch."""
+    n = topology.world_size
+    kinds = [k for k in STRATEGY_ORDER if k != "hybrid" or topology.num_nodes > 1]
+    if n == 1 and "strategy" not in ov:
+        kinds = ["ddp"]  # one device: nothing to shard over; the runtime runs it unwrapped
+    batches, skipped = _batches(goal, n, ov, topology.device)
+    out = []
+    for kind in kinds:
+        group = shard_group_size(kind, topology)
+        for precision in _precisions(topology, ov):
+            for ckpt in (False, True):
+                strategy = Strategy(kind=kind, precision=precision, activation_checkpointing=ckpt,
+                                    compile=bool(ov.get("compile", False)),
+                                    compile_mode=ov.get("compile_mode", "default"))
+                for mb, accum in batches:
+                    mem = estimate_memory(profile, strategy, micro_batch=mb, world_size=n,
+                                          shard_group_size=group, device=topology.device,
+                                          optimizer=goal.optimizer)
+                    t = step_time(profile, strategy, topology, mb, accum,
+                                  recompute_fraction=ov.get("recompute_fraction", FULL_RECOMPUTE))
+                    out.append(Candidate(strategy=strategy, micro_batch=mb, grad_accum_steps=accum,
+                                         memory=mem, time=t, fits=mem.total_bytes <= usable))
+    return out, skipped
+
+
+__all__ = ["candidates", "check_overrides", "profile_for_goal", "STRATEGY_ORDER",
+           "DEFAULT_MAX_MICRO_BATCH", "OVERRIDE_KEYS"]

@@ -1,0 +1,218 @@
+"""What each strategy sends, and how long it takes: the alpha-beta model of NCCL's collectives
+(nccl-tests' conventions, PERFORMANCE.md), DDP's bucketed all-reduce and FSDP's per-unit
+all-gathers and reduce-scatters with what compute can hide of them.
+
+Pure arithmetic on the frozen specs: no torch, no I/O; never imports cli, backends or runtime.
+
+Over n ranks, S bytes, bandwidth B = `link.bw_gb_s * 1e9` (the achievable bus bandwidth per
+device of the slowest link the ring crosses) and alpha = `link.latency_us * 1e-6` per ring step:
+
+    all-reduce      2(n-1)/n * S/B + 2(n-1) * alpha
+    all-gather      (n-1)/n * S/B + (n-1) * alpha      (S = the gathered, full size)
+    reduce-scatter  (n-1)/n * S/B + (n-1) * alpha      (S = the full input size)
+
+Across nodes (the convention of topologies/*.yaml): `inter_node.bw_gb_s` is the bus bandwidth a
+ring spanning the nodes sees per rank when all G ranks of a node take part, i.e. the node's
+aggregate network bandwidth (NCCL spreads its channels over the rails). G collectives that run at
+once with one rank per node each (hybrid replicas, the inter-node phase of a hierarchical
+all-reduce) share it: each gets bw / G.
+- all-gather / reduce-scatter across nodes: NCCL only has ring algorithms for them with several
+  ranks per node, so a flat ring over all N ranks at the slowest link's bandwidth, with the
+  slowest link's latency per step (ring steps advance in lockstep): the latency term grows
+  linearly with the world size.
+- all-reduce across nodes: NCCL's tuner picks ring or tree per message size; we take the fastest
+  of the flat ring and the two-level (hierarchical) all-reduce: intra-node reduce-scatter,
+  inter-node all-reduce of 1/G of the data (G of them at once on the shared network; a ring, or
+  a tree with 2 log2(M) latencies as NCCL's double binary tree has), intra-node all-gather. Its
+  phases are summed, not pipelined, which errs slightly on the slow side.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Callable
+
+from launcher.hardware.types import Link, Topology
+from launcher.plan.memory import (
+    COMPUTE_DTYPE_BYTES,
+    DDP_BUCKET_CAP_BYTES,
+    GRAD_BYTES,
+    unsharded_root_params,
+)
+from launcher.specs import ModelProfile, Strategy
+
+logger = logging.getLogger(__name__)
+
+# Fixed cost of each FSDP collective on the critical path, beyond its alpha-beta time: FSDP2's
+# pre-forward/post-backward hooks, the copy-in (chunk_cat) and copy-out (split_with_sizes_copy)
+# kernels on the compute stream and the cross-stream waits. CUDA: the hooks cost 0.1-1 ms of CPU
+# per unit (pytorch#173680) but mostly run ahead of the GPU; copy-out of a 0.15 GB gather takes
+# ~0.2-0.3 ms (pytorch#115515) -> 50 us per collective. CPU/gloo: calibrated on a 3.7M GPT,
+# 2 ranks: FSDP2 0.43 s/step vs DDP 0.34 s/step, ~85 ms beyond the byte difference over
+# 14 collectives -> ~5 ms each. DDP's reducer is C++ and its buckets are views: no such term.
+FSDP_COLLECTIVE_OVERHEAD_S = {"cuda": 50e-6, "cpu": 5e-3}
+# FSDP reduces gradients in fp32 (MixedPrecisionPolicy(reduce_dtype=float32)); DDP all-reduces
+# the fp32 .grad buckets.
+REDUCE_DTYPE_BYTES = 4
+
+Collective = Callable[[float], float]
+
+
+def _alpha(link: Link) -> float:
+    return link.latency_us * 1e-6
+
+
+def _beta(link: Link) -> float:
+    return link.bw_gb_s * 1e9
+
+
+def ring_allreduce_s(nbytes: float, n: int, link: Link) -> float:
+    """Ring all-reduce of `nbytes` over `n` ranks: 2(n-1)/n * S/B + 2(n-1) * alpha."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return 2 * (n - 1) / n * nbytes / _beta(link) + 2 * (n - 1) * _alpha(link)
+
+
+def allgather_s(nbytes: float, n: int, link: Link) -> float:
+    """Ring all-gather whose gathered output is `nbytes`: (n-1)/n * S/B + (n-1) * alpha."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return (n - 1) / n * nbytes / _beta(link) + (n - 1) * _alpha(link)
+
+
+def reduce_scatter_s(nbytes: float, n: int, link: Link) -> float:
+    """Ring reduce-scatter of an `nbytes` input: (n-1)/n * S/B + (n-1) * alpha."""
+    return allgather_s(nbytes, n, link)
+
+
+def tree_allreduce_s(nbytes: float, n: int, link: Link) -> float:
+    """NCCL's double binary tree all-reduce: the ring's bandwidth term ("full bandwidth", NCCL
+    2.4 release notes) with 2 * ceil(log2 n) latencies instead of 2(n-1)."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return 2 * (n - 1) / n * nbytes / _beta(link) + 2 * math.ceil(math.log2(n)) * _alpha(link)
+
+
+def shared_link(link: Link, groups: int) -> Link:
+    """`link` as seen by each of `groups` collectives that run at once and share it."""
+    return dataclasses.replace(link, bw_gb_s=link.bw_gb_s / max(1, groups))
+
+
+def slowest_link(intra: Link, inter: Link | None) -> Link:
+    """The link that bounds a flat ring crossing both: lowest bandwidth, highest latency."""
+    if inter is None:
+        return intra
+    return dataclasses.replace(inter, bw_gb_s=min(intra.bw_gb_s, inter.bw_gb_s),
+                               latency_us=max(intra.latency_us, inter.latency_us))
+
+
+def hierarchical_allreduce_s(nbytes: float, devices_per_node: int, num_nodes: int,
+                             intra: Link, inter: Link | None, *, tree: bool = False) -> float:
+    """Two-level all-reduce: intra-node reduce-scatter, inter-node all-reduce of 1/G of the data
+    (the G local ranks' all-reduces run at once and share `inter`; a ring, or NCCL's tree with
+    `tree=True`), intra-node all-gather."""
+    g, m = devices_per_node, num_nodes
+    if m <= 1 or inter is None:
+        return ring_allreduce_s(nbytes, g, intra)
+    across = tree_allreduce_s if tree else ring_allreduce_s
+    return (reduce_scatter_s(nbytes, g, intra) + across(nbytes / g, m, shared_link(inter, g))
+            + allgather_s(nbytes, g, intra))
+
+
+def group_collectives(topology: Topology, *, within_node: bool = False) -> dict[str, Collective]:
+    """All-gather ("ag"), reduce-scatter ("rs") and all-reduce ("ar") over all ranks of
+    `topology` (or over one node's ranks), each a function of the full size in bytes."""
+    g = topology.devices_per_node
+    if within_node or topology.num_nodes <= 1 or topology.inter_node is None:
+        intra = topology.intra_node
+        return {"ag": lambda s: allgather_s(s, g, intra),
+                "rs": lambda s: reduce_scatter_s(s, g, intra),
+                "ar": lambda s: ring_allreduce_s(s, g, intra)}
+    n, m = topology.world_size, topology.num_nodes
+    intra, inter = topology.intra_node, topology.inter_node
+    flat = slowest_link(intra, inter)
+    return {"ag": lambda s: allgather_s(s, n, flat),
+            "rs": lambda s: reduce_scatter_s(s, n, flat),
+            "ar": lambda s: min(ring_allreduce_s(s, n, flat),
+                                hierarchical_allreduce_s(s, g, m, intra, inter),
+                                hierarchical_allreduce_s(s, g, m, intra, inter, tree=True))}
+
+
+def replica_allreduce(topology: Topology) -> Collective:
+    """The all-reduce hybrid shard's replica groups run across nodes: G groups (one per local
+    rank) at once, one rank per node each, sharing the node's network; NCCL may use its tree."""
+    g, m = topology.devices_per_node, topology.num_nodes
+    if m <= 1 or topology.inter_node is None:
+        return lambda s: 0.0
+    replica = shared_link(topology.inter_node, g)
+    return lambda s: min(ring_allreduce_s(s, m, replica), tree_allreduce_s(s, m, replica))
+
+
+def split(op: Collective, total: float, count: int) -> float:
+    """`count` equal collectives moving `total` bytes together (latency paid `count` times)."""
+    count = max(1, count)
+    return count * op(total / count)
+
+
+def ddp_comm(profile: ModelProfile, topology: Topology, hide_s: float) -> tuple[float, float]:
+    """(total, exposed) seconds of DDP's one all-reduce of the fp32 grads per step, in 25 MiB
+    buckets, behind `hide_s` of the last micro-batch's backward; the last bucket is exposed."""
+    grad_bytes = GRAD_BYTES * float(profile.num_params)
+    ops = group_collectives(topology)
+    buckets = math.ceil(grad_bytes / DDP_BUCKET_CAP_BYTES)
+    total = split(ops["ar"], grad_bytes, buckets)
+    return total, max(ops["ar"](grad_bytes / buckets), total - hide_s)
+
+
+def fsdp_traffic(profile: ModelProfile, strategy: Strategy,
+                  topology: Topology) -> dict[str, float]:
+    """Seconds of one micro-batch's FSDP collectives: forward all-gathers ("ag_fwd", the first
+    of which, "first_ag", nothing can hide), backward all-gathers ("ag_bwd"), reduce-scatters
+    ("rs", the last unit's "last_rs" after all compute) and the fixed per-collective cost."""
+    p = float(profile.num_params)
+    c = COMPUTE_DTYPE_BYTES[strategy.precision]
+    block = float(profile.largest_block_params)
+    root = float(unsharded_root_params(profile))
+    nb = max(1, profile.num_blocks)
+    units = nb + (1 if root > 0 else 0)
+    ops = group_collectives(topology, within_node=strategy.kind == "hybrid")
+    grad_op = strategy.kind == "fsdp_grad_op"
+    # fixed per-collective cost: cannot overlap (it sits on the compute stream / CPU thread)
+    collectives = 2 * units + (0 if grad_op else nb)
+    return {"ag_fwd": split(ops["ag"], c * p, units),
+            "first_ag": ops["ag"](c * (root + block)),
+            "ag_bwd": 0.0 if grad_op else split(ops["ag"], c * (p - root), nb),
+            "rs": split(ops["rs"], REDUCE_DTYPE_BYTES * p, units),
+            "last_rs": ops["rs"](REDUCE_DTYPE_BYTES * max(root, block)),
+            "fixed": collectives * FSDP_COLLECTIVE_OVERHEAD_S[topology.device],
+            "units": units, "last_unit": max(root, block)}
+
+
+def sharded_comm(profile: ModelProfile, strategy: Strategy, topology: Topology,
+                  hide_fwd: float, hide_bwd: float, grad_accum: int) -> tuple[float, float]:
+    """(total, exposed) communication of one step of FSDP or hybrid shard."""
+    t = fsdp_traffic(profile, strategy, topology)
+    exposed_fwd = max(t["first_ag"], t["ag_fwd"] - hide_fwd)
+    exposed_bwd = max(t["last_rs"], t["ag_bwd"] + t["rs"] - hide_bwd)
+    total = grad_accum * (t["ag_fwd"] + t["ag_bwd"] + t["rs"] + t["fixed"])
+    exposed = grad_accum * (exposed_fwd + exposed_bwd + t["fixed"])
+    if strategy.kind == "hybrid" and topology.num_nodes > 1:
+        # the last micro-batch's backward also all-reduces each unit's 1/G gradient shard
+        # across the replicas; its last unit's all-reduce follows all compute
+        g = topology.devices_per_node
+        across = replica_allreduce(topology)
+        ar = split(across, GRAD_BYTES * float(profile.num_params) / g, int(t["units"]))
+        last_ar = across(REDUCE_DTYPE_BYTES * t["last_unit"] / g)
+        last_bwd = max(t["last_rs"] + last_ar, t["ag_bwd"] + t["rs"] + ar - hide_bwd)
+        fixed = t["units"] * FSDP_COLLECTIVE_OVERHEAD_S[topology.device]
+        total += ar + fixed
+        exposed += last_bwd - exposed_bwd + fixed
+    return total, exposed
+
+
+__all__ = ["ring_allreduce_s", "tree_allreduce_s", "allgather_s", "reduce_scatter_s",
+           "hierarchical_allreduce_s", "shared_link", "slowest_link", "group_collectives",
+           "replica_allreduce", "split", "Collective", "ddp_comm", "fsdp_traffic",
+           "sharded_comm", "FSDP_COLLECTIVE_OVERHEAD_S", "REDUCE_DTYPE_BYTES"]

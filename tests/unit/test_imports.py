@@ -1,0 +1,182 @@
+"""The package's import structure: every module imports on its own, no module imports another
+that (directly or through others) imports it back, and the CLI starts without torch."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from tests.helpers import REPO
+
+PACKAGE = REPO / "launcher"
+
+# Import edges (importer, imported) of cycles that are being taken apart right now; each one
+# hides its cycle from test_no_import_cycles. Remove an entry as soon as its cycle is gone.
+KNOWN: set[tuple[str, str]] = set()
+
+
+def module_name(path: Path) -> str:
+    """`launcher/a/b.py` -> `launcher.a.b`; a package's `__init__.py` -> the package."""
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def all_modules() -> dict[str, Path]:
+    """Every module of the package, by name (`__main__` modules run a program: left out)."""
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py")) if p.name != "__main__.py"}
+
+
+def _type_checking_only(tree: ast.Module) -> set[int]:
+    """ids of the import nodes under `if TYPE_CHECKING:` (never executed, so never a cycle)."""
+    out: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            out.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    return out
+
+
+def imported_modules(source: str, name: str, modules: set[str], *,
+                     is_package: bool = False) -> Iterator[str]:
+    """The modules among `modules` that module `name` (its `source`) imports anywhere: at
+    module level or inside functions, but not under `if TYPE_CHECKING:`."""
+    tree = ast.parse(source)
+    skip = _type_checking_only(tree)
+    package = name if is_package else name.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(up + ([node.module] if node.module else []))
+            # `from launcher.x import y`: y is a submodule, or a name defined in launcher.x
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
+                       for a in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in modules:  # `import launcher.x.y` names launcher.x.y
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                yield target
+
+
+def import_graph() -> dict[str, set[str]]:
+    """importer -> the package modules it imports."""
+    modules = all_modules()
+    names = set(modules)
+    return {name: set(imported_modules(path.read_text(encoding="utf-8"), name, names,
+                                       is_package=path.name == "__init__.py"))
+            for name, path in modules.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as [a, b, ..., a], or None when the graph has none."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: finished
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start)):
+            return found
+    return None
+
+
+def test_the_graph_sees_every_kind_of_import():
+    modules = {"p", "p.a", "p.b", "p.c", "p.d", "p.e", "p.f"}
+    source = """
+from typing import TYPE_CHECKING
+import p.a
+from p import b
+from p.c import something
+
+def later():
+    from p.d import other
+    from . import e
+
+if TYPE_CHECKING:
+    from p.f import only_for_types
+"""
+    assert set(imported_modules(source, "p.x", modules)) == {"p.a", "p.b", "p.c", "p.d", "p.e"}
+    assert "launcher.errors" in import_graph()["launcher.specs"]
+    cycle = find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}})
+    assert cycle == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_import_cycles():
+    graph = import_graph()
+    for importer, imported in KNOWN:
+        graph.get(importer, set()).discard(imported)
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+# Imports each module named in argv with no module of the package loaded before it: the
+# package's modules are dropped from sys.modules in between (third-party ones stay, so torch
+# loads once), and prints a traceback per module that fails.
+IMPORT_EACH = """
+import importlib, sys, traceback
+for name in sys.argv[1:]:
+    for loaded in [m for m in sys.modules if m == "launcher" or m.startswith("launcher.")]:
+        del sys.modules[loaded]
+    try:
+        importlib.import_module(name)
+    except BaseException:
+        print(f"import {name} failed:\\n{traceback.format_exc()}")
+"""
+
+
+def _import_each(names: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", IMPORT_EACH, *names], cwd=REPO,
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def test_every_module_imports_alone():
+    names = sorted(all_modules())
+    assert len(names) > 50
+    # two interpreters, half the modules each: one per core
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        done = list(pool.map(_import_each, [names[0::2], names[1::2]]))
+    for d in done:
+        assert d.returncode == 0, d.stderr
+    failures = "".join(d.stdout for d in done)
+    assert not failures, failures
+
+
+def test_a_module_that_fails_to_import_is_reported(tmp_path):
+    (tmp_path / "broken_mod.py").write_text("import launcher.specs\nraise RuntimeError('boom')\n")
+    done = subprocess.run([sys.executable, "-c", IMPORT_EACH, "launcher.specs", "broken_mod"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"})
+    assert done.returncode == 0, done.stderr
+    assert "import broken_mod failed" in done.stdout and "RuntimeError: boom" in done.stdout
+    assert "launcher.specs failed" not in done.stdout
+
+
+def test_the_cli_imports_without_torch():
+    code = "import sys, launcher.cli.main; print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False", "importing launcher.cli.main imports torch"

@@ -1,0 +1,67 @@
+"""The option table: each flag declared once, parsers and dlaunch.yaml keys derived from it, and
+the one merge flag > dlaunch.yaml > default."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from launcher.cli.args import OPTIONS, name_flags, options_of, resolve, yaml_keys
+from launcher.cli.main import build_parser
+from launcher.config import load_config
+from launcher.errors import ConfigError, UsageError
+
+
+def parse(*argv: str):
+    return build_parser().parse_args(list(argv))
+
+
+def test_each_flag_is_declared_once():
+    counts = Counter(o.flag for o in OPTIONS)
+    assert [flag for flag, n in counts.items() if n > 1] == []
+
+
+def test_each_command_parser_takes_exactly_its_declared_options():
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    for command, p in sub.choices.items():
+        taken = {s for a in p._actions for s in a.option_strings if s not in ("-h", "--help", "--debug")}
+        declared = {o.flag for o in options_of(command) if not o.positional}
+        declared |= {f"--no-{o.flag[2:]}" for o in options_of(command) if o.kind == "toggle"}
+        assert taken == declared, command
+
+
+def test_yaml_keys_are_the_options_that_declare_one(tmp_path: Path):
+    keys = yaml_keys()
+    assert set(keys) == {o.yaml_key for o in OPTIONS if o.yaml is not None}
+    assert {"slurm.partition", "slurm.time_min", "slurm.opts", "slurm.topology"} <= set(keys)
+    (tmp_path / "dlaunch.yaml").write_text("slurm:\n  parttion: gpu\n")
+    with pytest.raises(ConfigError, match="known keys: .*partition"):
+        load_config(tmp_path)
+
+
+def test_flag_beats_yaml_beats_default(tmp_path: Path):
+    configured = {"slurm.partition": "from-yaml", "slurm.time_min": 30, "slurm.opts": {"mem": "4G"}}
+    values = resolve("run", parse("run", "w.py", "--slurm", "--time-min", "45", "--slurm-opt", "gres=gpu:1"),
+                     configured)
+    assert values["time_min"] == 45.0 and values["partition"] == "from-yaml"
+    assert values["slurm_opt"] == (("gres", "gpu:1"), ("mem", "4G"))  # merged key by key
+    assert values["account"] is None and values["steps"] == 20 and values["dry_run"] is False
+    assert resolve("run", parse("run", "w.py", "--slurm"), {})["time_min"] == 60.0
+
+
+def test_slurm_flags_need_slurm_and_defaults_differ_per_command():
+    with pytest.raises(UsageError, match="--partition needs --slurm"):
+        resolve("run", parse("run", "w.py", "--partition", "gpu"), {})
+    # `scale --topology` is a local option, `run --topology` a SLURM one
+    assert resolve("scale", parse("scale", "w.py", "--gpus", "1", "--topology", "t"), {})["topology"] == "t"
+    assert resolve("plan", parse("plan", "w.py"), {})["gpus"] is None
+    assert resolve("run", parse("run", "w.py"), {})["gpus"] == 1
+
+
+def test_field_names_become_flags_in_error_lines():
+    assert name_flags("`warmup_steps` must be below `steps` (5)") == "--warmup-steps must be below --steps (5)"
+    assert name_flags("`nproc_per_node` and `grad_accum_steps`") == "--gpus and --grad-accum"
+    assert name_flags("`prefetch_factor` stays") == "`prefetch_factor` stays"  # no such flag

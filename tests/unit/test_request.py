@@ -1,0 +1,106 @@
+"""RunRequest: validation, the plan filling only the decisions left open, the LaunchSpec it makes,
+and `dlaunch scale` planning like `run` unless the flags decide."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from launcher.errors import DlaunchError, PlanError, UsageError
+from launcher.hardware.topology import load_topology
+from launcher.plan.resolve import Planned
+from launcher.plan.search import plan
+from launcher.request import FALLBACKS, RunRequest
+from launcher.specs import Goal, ModelProfile
+
+from tests.helpers import WORKLOADS
+
+MLP = str(WORKLOADS / "mlp.py")
+GPT = str(WORKLOADS / "gpt.py")
+# big enough that its activations, not its weights, decide the micro-batch on a 1-core CPU node
+PROFILE = ModelProfile(name="toy", num_params=10**6, bytes_by_dtype={"fp32": 4 * 10**6}, num_blocks=4,
+                       largest_block_params=250_000, activation_bytes_per_sample=1e6,
+                       block_input_bytes_per_sample=1e4, flops_fwd_per_sample=1e9)
+
+
+def planned(request: RunRequest) -> Planned:
+    topo = load_topology("cpu-local").with_shape(num_nodes=1, devices_per_node=request.gpus)
+    overrides = {k: getattr(request, k) for k in ("strategy", "precision", "micro_batch")
+                 if getattr(request, k) is not None}
+    return Planned(plan=plan(PROFILE, topo, Goal(), overrides=overrides), profile=PROFILE, topology=topo)
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    ("steps", 0, "`steps` must be >= 1"),
+    ("gpus", 0, "`gpus` must be >= 1"),
+    ("nodes", 0, "`nodes` must be >= 1"),
+    ("micro_batch", 0, "`micro_batch` must be >= 1"),
+    ("grad_accum", -1, "`grad_accum` must be >= 1"),
+    ("global_batch", 0, "`global_batch` must be >= 1"),
+    ("warmup_steps", 20, "`warmup_steps` must be below `steps` (20), got 20"),
+    ("strategy", "zero3", "unknown strategy 'zero3'"),
+    ("precision", "fp8", "unknown precision 'fp8'"),
+    ("device", "tpu", "device must be one of"),
+])
+def test_bad_requests_are_refused_where_they_are_made(field, value, needle):
+    with pytest.raises(UsageError) as e:
+        RunRequest(workload=MLP, **{field: value})
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_planned_request_leaves_nothing_open():
+    request = RunRequest(workload=MLP, gpus=2)
+    done = request.with_plan(planned(request))
+    with pytest.raises(PlanError, match="leaves no decision open"):
+        dataclasses.replace(done, strategy=None)
+
+
+def test_the_plan_fills_only_what_was_left_open():
+    request = RunRequest(workload=MLP, gpus=2, strategy="fsdp_full", grad_accum=4)
+    assert request.open_decisions == ("precision", "micro_batch")
+    done = request.with_plan(planned(request))
+    chosen = done.planned.plan.chosen
+    assert (done.strategy, done.grad_accum) == ("fsdp_full", 4)  # the user's, kept
+    assert (done.precision, done.micro_batch) == (chosen.strategy.precision, chosen.micro_batch)
+    assert done.plan_note.startswith("dlaunch: plan: FSDP")
+    spec = done.launch_spec(run_id="r", run_dir="/RUN")
+    assert (spec.strategy.kind, spec.grad_accum_steps, spec.micro_batch) == ("fsdp_full", 4, chosen.micro_batch)
+
+
+def test_what_nothing_decided_takes_the_fallbacks():
+    spec = RunRequest(workload=MLP, steps=2, hang_timeout_s=1000.0).launch_spec(run_id="r", run_dir="/RUN")
+    assert (spec.strategy.kind, spec.strategy.precision, spec.micro_batch, spec.grad_accum_steps,
+            spec.strategy.activation_checkpointing) == tuple(FALLBACKS.values())
+    assert spec.warmup_steps == 1 and spec.startup_timeout_s == 1000.0  # min(3, steps - 1); max(900, hang)
+
+
+def test_the_spec_checks_what_the_request_leaves_to_it():
+    request = RunRequest(workload=MLP, strategy="ddp", shard_group_size=2)
+    with pytest.raises(DlaunchError, match="`shard_group_size` applies to `strategy` hybrid only"):
+        request.launch_spec(run_id="r", run_dir="/RUN")
+
+
+def _sweep_header(done) -> str:
+    assert done.code == 0, done.err
+    return next(line for line in done.out.splitlines() if line.startswith("# sweep"))
+
+
+def test_scale_follows_the_plan_unless_flags_decide(dlaunch):
+    # gpt medium on this CPU: the plan's micro-batch (1 on an ordinary host) is not the old fixed 8
+    env = {"CUDA_VISIBLE_DEVICES": ""}
+    plan_out = dlaunch("plan", GPT, "--gpus", "2", "--json", "--", "--size", "medium", env=env)
+    assert plan_out.code == 0, plan_out.err
+    chosen = json.loads(plan_out.out)["plan"]["chosen"]
+    done = dlaunch("scale", GPT, "--gpus", "1,2", "--dry-run", "--", "--size", "medium", env=env)
+    header = _sweep_header(done)
+    assert f"strategy {chosen['strategy']['kind']}, precision {chosen['strategy']['precision']}" in header
+    assert f"ws2-r0: 2 rank(s) = 1 node(s) x 2, micro-batch {chosen['micro_batch']}," in done.out
+    assert "dlaunch: plan: " in done.err
+    # flags decide: nothing left to plan, no plan note, the flags' values in every point
+    fixed = dlaunch("scale", GPT, "--gpus", "1,2", "--dry-run", "--strategy", "fsdp_grad_op",
+                    "--precision", "bf16", "--micro-batch", "3", "--", "--size", "medium", env=env)
+    assert "strategy fsdp_grad_op, precision bf16" in _sweep_header(fixed)
+    assert "ws1-r0: 1 rank(s) = 1 node(s) x 1, micro-batch 3," in fixed.out
+    assert "dlaunch: plan" not in fixed.err
