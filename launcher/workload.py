@@ -38,7 +38,7 @@ import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from launcher.errors import WorkloadError
 
@@ -167,7 +167,7 @@ class Workload:
                                 f"{type(optimizer).__name__}; it must return a torch.optim.Optimizer")
         return optimizer
 
-    def make_scheduler(self, optimizer: torch.optim.Optimizer) -> Any:
+    def make_scheduler(self, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler | None:
         """The workload's `make_scheduler(cfg, optimizer)` (an LRScheduler or None); None when
         not declared. Stepped once per optimizer step."""
         if not hasattr(self.module, "make_scheduler"):
@@ -178,7 +178,7 @@ class Workload:
             raise WorkloadError(f"workload {self.path.name}: make_scheduler() returned "
                                 f"{type(scheduler).__name__}; it must return a "
                                 "torch.optim.lr_scheduler.LRScheduler or None")
-        return scheduler
+        return cast("torch.optim.lr_scheduler.LRScheduler | None", scheduler)
 
     @property
     def has_evaluate(self) -> bool:

@@ -35,6 +35,12 @@ STACKS_SIGNAL = signal.SIGUSR1  # what runtime.recorder registers with faulthand
 STACK_WAIT_S = 2.0
 _TORCH_DIR = f"{os.sep}torch{os.sep}"
 _EXIT_RE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
+# a C++ exception nobody caught ends the rank with SIGABRT; its text is only in the stderr log
+_TERMINATE_RE = re.compile(r"terminate called after throwing an instance of '(?P<type>[^']+)'")
+_WHAT_RE = re.compile(r"what\(\):\s*(?:\[[^\]]*\]\s*)?(?P<msg>\S.*)")
+_CAUSE_CHARS = 240  # of the cause quoted from a log into the one-line error
+_LOG_TAIL_BYTES = 64 * 1024
+_RANK_PREFIX_RE = re.compile(r"^\[rank\d+\]: ?")
 _FRAME_RE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 
 
@@ -184,13 +190,21 @@ def write_missing_summaries(run_dir: str | Path, world_size: int, *, expected_st
                            (st.where() if st else "stopped advancing"))
                 error = f"{waiting}, most likely for rank(s) {', '.join(map(str, sorted(culprits)))}"
         elif ex is not None and ex.code < 0:
-            if ex.code == -signal.SIGTERM and not ex.root:
+            raised = raised_error(rd, rank) if ex.code == -signal.SIGTERM else None
+            if raised is not None:
+                # the rank had raised before torchrun stopped it: its own error is the cause
+                status, error = "failed", f"{raised} (then SIGTERM from torchrun)"
+            elif ex.code == -signal.SIGTERM and not ex.root:
                 status, when = "stopped", now
                 error = "SIGTERM from torchrun after another rank failed (no summary)"
             else:
                 status, error = "killed", f"by signal {signal_name(ex.code)}"
+                if (cause := abort_cause(rd, rank)) is not None:
+                    error += f": {cause}"
         elif ex is not None:
             status, error = "failed", f"exit code {ex.code} without a summary"
+            if (raised := raised_error(rd, rank)) is not None:
+                error = f"{raised} (exit code {ex.code})"
         elif (stall is not None and stall.kind == "exited" and rank in stall.ranks) or (
                 torchrun_reported and has_file):
             # torchrun lists every rank that failed or that it stopped; one it does not list
@@ -210,6 +224,64 @@ def write_missing_summaries(run_dir: str | Path, world_size: int, *, expected_st
         atomic_write_json(RunPaths(root=rd).summary(rank), summary)
         lines.append(f"rank {rank}: {status}: {error}")
     return lines
+
+
+def abort_cause(run_dir: Path, rank: int) -> str | None:
+    """What the C++ exception that aborted rank `rank` said, from its newest stderr log:
+    `uncaught gloo::EnforceNotMet: ... Received data size doesn't match expected size ...`."""
+    node_rank, local_rank = _placement(run_dir, rank)
+    logs = RunPaths(root=run_dir).rank_logs(node_rank, local_rank, "stderr")
+    if not logs:
+        return None
+    try:
+        with open(logs[-1], "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - _LOG_TAIL_BYTES))
+            text = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    kind = what = None
+    for line in text.splitlines():
+        if m := _TERMINATE_RE.search(line):
+            kind, what = m["type"], None
+        elif kind is not None and what is None and (m := _WHAT_RE.search(line)):
+            what = m["msg"].strip()
+    if kind is None:
+        return None
+    cause = f"uncaught C++ exception {kind}" + (f": {what}" if what else "")
+    return cause if len(cause) <= _CAUSE_CHARS else cause[:_CAUSE_CHARS - 3] + "..."
+
+
+def raised_error(run_dir: Path, rank: int) -> str | None:
+    """The exception line of the last Python traceback in rank `rank`'s newest stderr log
+    (`RuntimeError: Distributed package doesn't have NCCL built in`), or None."""
+    node_rank, local_rank = _placement(run_dir, rank)
+    logs = RunPaths(root=run_dir).rank_logs(node_rank, local_rank, "stderr")
+    try:
+        text = logs[-1].read_text(encoding="utf-8", errors="replace") if logs else ""
+    except OSError:
+        return None
+    # after init_process_group torch prefixes a rank's traceback lines with "[rank<r>]: "
+    lines = [_RANK_PREFIX_RE.sub("", line, count=1) for line in text.splitlines()]
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
+    if not starts:
+        return None
+    # the exception line is the first unindented line after the frames
+    tail = (line for line in lines[starts[-1] + 1:] if line.strip() and not line[0].isspace())
+    what = next(tail, None)
+    if what is None:
+        return None
+    return what if len(what) <= _CAUSE_CHARS else what[:_CAUSE_CHARS - 3] + "..."
+
+
+def _placement(run_dir: Path, rank: int) -> tuple[int, int]:
+    """(node rank, local rank) of `rank` from its start record; (0, rank) on one node."""
+    path = RunPaths(root=run_dir).records(rank)
+    records = read_jsonl(path)[0] if path.exists() else []
+    start = next((r for r in records if isinstance(r, dict) and r.get("kind") == "start"), {})
+    try:
+        return int(start.get("node_rank", 0)), int(start.get("local_rank", rank))
+    except (TypeError, ValueError):
+        return 0, rank
 
 
 def _read_summary(run_dir: Path, rank: int) -> dict | None:

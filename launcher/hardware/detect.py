@@ -192,14 +192,25 @@ def detect_nics(*, ib_root: Path = Path("/sys/class/infiniband"),
             name = dev.name if len(ports) == 1 else f"{dev.name}/{port.name}"
             nics.append(Nic(name=name, kind="roce" if layer == "ethernet" else "infiniband",
                             speed_gbit_s=float(rate.group(1))))
+    for name, st in _physical_up(net_stats, rdma_netdevs):
+        if st.speed > 0:
+            nics.append(Nic(name=name, kind="ethernet", speed_gbit_s=st.speed / 1000))
+    return tuple(nics)
+
+
+def unknown_speed_nics(net_stats: Mapping[str, Any] | None = None) -> tuple[str, ...]:
+    """Physical Ethernet interfaces that are up but report no link speed (virtual NICs of a
+    VM often do): they exist, but no bandwidth can be derived from them, so they are not
+    `Nic`s of the topology."""
+    return tuple(name for name, st in _physical_up(net_stats, set()) if st.speed <= 0)
+
+
+def _physical_up(net_stats: Mapping[str, Any] | None, rdma_netdevs: set[str]) -> list[tuple[str, Any]]:
+    """(name, psutil stats) of the interfaces that are up and neither virtual nor RDMA ports."""
     if net_stats is None:
         net_stats = psutil.net_if_stats()
-    for name, st in sorted(net_stats.items()):
-        if (name in rdma_netdevs or name.startswith(_VIRTUAL_IFACES) or not st.isup
-                or st.speed <= 0):
-            continue
-        nics.append(Nic(name=name, kind="ethernet", speed_gbit_s=st.speed / 1000))
-    return tuple(nics)
+    return [(name, st) for name, st in sorted(net_stats.items())
+            if name not in rdma_netdevs and not name.startswith(_VIRTUAL_IFACES) and st.isup]
 
 
 # -- GPUs --------------------------------------------------------------------------------------

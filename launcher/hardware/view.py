@@ -9,7 +9,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from launcher.hardware.detect import slurm_allocation
+from launcher.hardware.detect import slurm_allocation, unknown_speed_nics
 from launcher.hardware.topology import topology_to_dict
 from launcher.hardware.types import Link, Topology
 
@@ -23,6 +23,10 @@ def inspect_report(t: Topology, *, env: Mapping[str, str] | None = None) -> dict
         "backend": "nccl" if t.device == "cuda" else "gloo",
         "bf16": t.accelerator.supports_bf16,
         "device_links": [list(row) for row in t.device_links],
+        # the link figures are stored estimates (topology files, NIC line rates): inspect
+        # measures no bandwidth
+        "link_figures": "assumed",
+        "nics_speed_unknown": list(_unknown_nics(t)),
         "slurm": dataclasses.asdict(slurm) if slurm else None,
     }
 
@@ -31,7 +35,13 @@ _SHORT = {"nvswitch": "NVS", "nvlink": "NV", "pcie": "PCIe", "pcie-nop2p": "noP2
 
 
 def _link_line(label: str, link: Link) -> str:
-    return f"{label:<11}{link.kind}: {link.bw_gb_s:g} GB/s busbw, {link.latency_us:g} us/step"
+    return (f"{label:<11}{link.kind}: {link.bw_gb_s:g} GB/s busbw, {link.latency_us:g} us/step "
+            "(assumed, not measured here)")
+
+
+def _unknown_nics(t: Topology) -> tuple[str, ...]:
+    """Interfaces up on this machine without a reported speed, for a topology detected here."""
+    return unknown_speed_nics() if t.source.startswith("detected on") else ()
 
 
 def format_topology(t: Topology, *, env: Mapping[str, str] | None = None) -> str:
@@ -63,10 +73,13 @@ def format_topology(t: Topology, *, env: Mapping[str, str] | None = None) -> str
     groups: dict[tuple[str, float], list[str]] = {}
     for nic in t.nics:  # 8 identical rails read better as one line
         groups.setdefault((nic.kind, nic.speed_gbit_s), []).append(nic.name)
-    nics = ", ".join(
-        f"{len(names)}x {kind} {speed:g} Gb/s "
-        f"({', '.join(names) if len(names) < 3 else names[0] + ' .. ' + names[-1]})"
-        for (kind, speed), names in groups.items())
+    listed = [f"{len(names)}x {kind} {speed:g} Gb/s "
+              f"({', '.join(names) if len(names) < 3 else names[0] + ' .. ' + names[-1]})"
+              for (kind, speed), names in groups.items()]
+    unknown = _unknown_nics(t)
+    if unknown:
+        listed.append(f"{len(unknown)}x ethernet speed unknown ({', '.join(unknown)})")
+    nics = ", ".join(listed)
     lines.append(f"NICs       {nics or 'none'} per node")
     lines.append(f"CPU cores  {t.cpu_cores_per_node} per node")
     slurm = slurm_allocation(env)

@@ -92,10 +92,13 @@ def launch_local(spec: LaunchSpec, console: IO[str]) -> RunResult:
     """The default `launch_point`: torchrun on this host via `jobs.local.run_local`.
 
     A Ctrl-C during the run reaches the local backend, which stops the job and says the run
-    was interrupted: that is an interruption of the sweep, not a failed point.
+    was interrupted; a torchrun stopped by a signal from elsewhere dies with a SignalException.
+    Either is an interruption of the sweep, not a failed point.
     """
     result = run_local(spec, out=console)
-    if result.status == "interrupted":
+    tlog = RunPaths(root=spec.run_dir).torchrun_log
+    text = tlog.read_text(errors="replace") if result.status != "ok" and tlog.exists() else ""
+    if result.status == "interrupted" or ("SignalException" in text and "got signal" in text):
         raise SweepInterrupted(f"sweep interrupted: point {Path(spec.run_dir).name} was stopped "
                                "by a signal; run the same command again to resume")
     return result

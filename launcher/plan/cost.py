@@ -24,8 +24,9 @@ a backward, traffic beyond the phase) is exposed. Every collective synchronises 
 step waits for the slowest: with per-step jitter of coefficient of variation STEP_JITTER the
 expected maximum over N ranks is sqrt(2 ln N) standard deviations above the mean.
 
-On CPUs the calibrated flat model stays: FLOPs / (peak x ACHIEVABLE_FRACTION_CPU), which already
-contains the memory-bound work, with no contention or jitter terms.
+CPU ranks have their own model (`cpu_cost`: the probe's per-core rates shared among the ranks
+and threads, gloo communication that overlaps nothing); `step_time`, `compute_s` and
+`optimizer_s` hand CPU devices (no compute capability) to it.
 
 Pure: never imports torch, does no I/O, and never imports cli, backends, jobs, runtime, results
 or report.
@@ -39,6 +40,7 @@ from dataclasses import dataclass
 
 from launcher.hardware.types import DeviceSpec, Topology
 from launcher.plan.collectives import ddp_comm, sharded_comm
+from launcher.plan.cpu_cost import cpu_step_time
 from launcher.plan.memory import COMPUTE_DTYPE_BYTES
 from launcher.plan.types import StepTimeEstimate
 from launcher.specs import ModelProfile, Strategy
@@ -88,26 +90,19 @@ COMPILE_MEMORY_FACTOR = 0.6
 # m, v (12 B); a memory-bound kernel (fused or foreach).
 OPTIMIZER_BYTES_PER_PARAM = 28
 
-# --- CPU compute: the share of the ISA peak (`hardware.detect.cpu_peak_tflops`: 32 fp32
-# FLOP/cycle/core on Zen 4, twice that in bf16 via avx512_bf16) a training step reaches.
-# workloads/gpt.py `tiny`, batch 8, AdamW, torch 2.13 reached 0.64 of the fp32 peak and
-# 0.41-0.46 of the bf16 peak under autocast.
-ACHIEVABLE_FRACTION_CPU = {"fp32": 0.6, "bf16": 0.45, "fp16": 0.45}
-
 # --- overlap -----------------------------------------------------------------------------------
-# Share of a compute phase communication can hide behind. CPU/gloo: the collective thread
-# competes with compute for the same few cores (an assumption, not a measurement). CUDA: NCCL
-# runs on its own stream for the whole phase; its cost is in CONTENTION instead.
-OVERLAP_EFFICIENCY = {"cuda": 1.0, "cpu": 0.5}
+# Share of a compute phase communication can hide behind. CUDA: NCCL runs on its own stream
+# for the whole phase; its cost is in CONTENTION instead (CPU: `cpu_cost.OVERLAP_EFFICIENCY`).
+OVERLAP_EFFICIENCY = {"cuda": 1.0}
 # Compute seconds lost per second of communication hidden behind it: NCCL's ring kernels occupy
 # up to 16-32 of the GPU's SMs and stream every byte through HBM (nccl-tests #212). FIT (see
 # GEMM_HALF_WIDTH), resting mostly on the MPT rows whose accumulation re-gathers all weights
 # per micro-batch and on IBM's 400 Gb/s cluster.
-CONTENTION = {"cuda": 0.15, "cpu": 0.0}
+CONTENTION = {"cuda": 0.15}
 # Coefficient of variation of one rank's step time (clock and power throttling, the host,
 # network jitter). FIT (see GEMM_HALF_WIDTH), resting on the 4 published scaling series
 # (8 -> 64/128 GPUs).
-STEP_JITTER = {"cuda": 0.006, "cpu": 0.0}
+STEP_JITTER = {"cuda": 0.006}
 # Checkpointing every block recomputes the whole forward: 4/3 of the compute.
 FULL_RECOMPUTE = 1.0
 
@@ -182,12 +177,8 @@ def hbm_bytes_per_s(device: DeviceSpec) -> float:
 
 def forward_pass(profile: ModelProfile, strategy: Strategy, micro_batch: int,
                  device: DeviceSpec) -> ForwardPass:
-    """One micro-batch's forward on `device`, by kind of work (see the module docstring)."""
+    """One micro-batch's forward on GPU `device`, by kind of work (see the module docstring)."""
     peak = peak_flops(device, strategy.precision)
-    if device.compute_capability is None:  # CPU: the calibrated flat rate
-        frac = ACHIEVABLE_FRACTION_CPU.get(strategy.precision, ACHIEVABLE_FRACTION_CPU["fp32"])
-        return ForwardPass(gemm_s=profile.flops_fwd_per_sample * micro_batch / (peak * frac),
-                           attention_s=0.0, memory_s=0.0)
     attn = attention_flops_fwd(profile)
     tokens = micro_batch * profile.units_per_sample
     gemm = (profile.flops_fwd_per_sample - attn) * micro_batch / (
@@ -210,18 +201,17 @@ def _recompute(strategy: Strategy, recompute_fraction: float) -> float:
 
 def compute_s(profile: ModelProfile, strategy: Strategy, micro_batch: int, grad_accum: int,
               device: DeviceSpec, *, recompute_fraction: float = FULL_RECOMPUTE) -> float:
-    """Compute time of `grad_accum` micro-batches on one rank (no optimizer step): forward,
-    backward, and the recomputed share of the forward with checkpointing."""
+    """Compute time of `grad_accum` micro-batches on one GPU (no optimizer step): forward,
+    backward, and the recomputed share of the forward with checkpointing. CPU ranks depend on
+    how many share the host: `cpu_cost.cpu_forward`."""
     fwd = forward_pass(profile, strategy, micro_batch, device)
     per_mb = fwd.total_s * (1 + _recompute(strategy, recompute_fraction)) + fwd.backward_s
     return per_mb * grad_accum
 
 
 def optimizer_s(profile: ModelProfile, group_size: int, device: DeviceSpec) -> float:
-    """The AdamW step over this rank's shard of the parameters (GPUs; CPUs have it in their
-    calibrated rate)."""
-    if device.compute_capability is None:
-        return 0.0
+    """The AdamW step over this rank's shard of the parameters on a GPU (CPU:
+    `cpu_cost.cpu_optimizer_s`)."""
     local = profile.num_params / max(1, group_size)
     return OPTIMIZER_BYTES_PER_PARAM * local / hbm_bytes_per_s(device)
 
@@ -248,6 +238,10 @@ def step_time(profile: ModelProfile, strategy: Strategy, topology: Topology, mic
     the expected wait for the slowest of the ranks (STEP_JITTER).
     """
     device, kind, n = topology.accelerator, topology.device, topology.world_size
+    if device.compute_capability is None:
+        return cpu_step_time(profile, strategy, topology, micro_batch, grad_accum,
+                             group_size=shard_group_size(strategy.kind, topology),
+                             recompute=_recompute(strategy, recompute_fraction))
     fwd = forward_pass(profile, strategy, micro_batch, device)
     fwd_s = fwd.total_s
     bwd_s = fwd.backward_s + _recompute(strategy, recompute_fraction) * fwd_s
@@ -278,6 +272,6 @@ __all__ = ["step_time", "compute_s", "forward_pass", "optimizer_s", "peak_flops"
            "attention_flops_fwd", "shard_group_size", "ForwardPass", "GEMM_PEAK_FRACTION",
            "GEMM_HALF_WIDTH", "GEMM_HALF_TOKENS", "ATTENTION_PEAK_FRACTION",
            "ATTENTION_HALF_SEQ", "HBM_GB_S", "HBM_GB_S_BY_NAME", "MEMORY_PASSES", "COMPILE_MEMORY_FACTOR",
-           "OPTIMIZER_BYTES_PER_PARAM", "ACHIEVABLE_FRACTION_CPU", "OVERLAP_EFFICIENCY",
+           "OPTIMIZER_BYTES_PER_PARAM", "OVERLAP_EFFICIENCY",
            "CONTENTION", "STEP_JITTER",
            "FULL_RECOMPUTE"]

@@ -10,7 +10,10 @@ The model, per rank (P = parameters, G = shard group size, c = compute-dtype byt
 - parameters are stored in fp32 (4 B/param). FSDP2 `MixedPrecisionPolicy(param_dtype=bf16)`
   keeps fp32 sharded parameters and all-gathers bf16 copies for compute; DDP + autocast keeps
   fp32 parameters and autocast caches bf16 copies of the weights for the forward.
-- gradients fp32 (4 B/param); AdamW m and v fp32 (8 B/param), SGD momentum 4 B/param.
+- gradients fp32 (4 B/param); the optimizer's state by its type: the profile measured the
+  workload's own optimizer (`profile.optimizer_state_bytes_per_param`: AdamW m and v 8 B/param,
+  SGD momentum 4, SGD without momentum 0); a profile without it (made elsewhere) assumes the
+  goal's `optimizer` from `OPTIMIZER_STATE_BYTES`.
 - DDP: everything whole. Gradient buckets cost nothing extra because the runtime builds DDP with
   `gradient_as_bucket_view=True` (the grads ARE views of the buckets); without it the reducer
   would hold a second flat copy of all gradients (+4 B/param). Under autocast the cached
@@ -117,22 +120,31 @@ def activation_bytes(profile: ModelProfile, strategy: Strategy, micro_batch: int
     return (kept + one_block) * micro_batch
 
 
+def optimizer_state_bytes(profile: ModelProfile, optimizer: str) -> tuple[float, str]:
+    """Optimizer state bytes per parameter and what they are: the workload's optimizer as
+    profiled ("SGD (make_optimizer)"), else the goal's `optimizer` ("adamw (assumed)")."""
+    if profile.optimizer:
+        return profile.optimizer_state_bytes_per_param, profile.optimizer
+    return float(OPTIMIZER_STATE_BYTES[optimizer]), f"{optimizer} (assumed)"
+
+
 def estimate_memory(profile: ModelProfile, strategy: Strategy, *, micro_batch: int,
                     world_size: int, shard_group_size: int, device: str,
                     optimizer: str = "adamw") -> MemoryEstimate:
     """Predicted peak memory of one rank.
 
+    `optimizer` is assumed only when the profile does not name the workload's own.
     `shard_group_size` is the number of ranks that share one copy of the model state: 1 for DDP,
     `world_size` for fsdp_full / fsdp_grad_op, devices per node for hybrid. `device` is
     "cuda" or "cpu" (the Topology's device). See the module docstring for every term counted.
     """
     p = float(profile.num_params)
     c = COMPUTE_DTYPE_BYTES[strategy.precision]
-    opt_b = OPTIMIZER_STATE_BYTES[optimizer]
+    opt_b, opt_source = optimizer_state_bytes(profile, optimizer)
     g = max(1, shard_group_size if strategy.kind != "ddp" else 1)
     mixed = strategy.precision != "fp32"
-    notes = [f"fp32 params {MASTER_PARAM_BYTES} + fp32 grads {GRAD_BYTES} + {optimizer} state "
-             f"{opt_b} = {MASTER_PARAM_BYTES + GRAD_BYTES + opt_b} B/param"]
+    notes = [f"fp32 params {MASTER_PARAM_BYTES} + fp32 grads {GRAD_BYTES} + {opt_source} state "
+             f"{opt_b:g} = {MASTER_PARAM_BYTES + GRAD_BYTES + opt_b:g} B/param"]
 
     activations = activation_bytes(profile, strategy, micro_batch)
     factor, input_factor = activation_factors(strategy)
@@ -152,7 +164,9 @@ def estimate_memory(profile: ModelProfile, strategy: Strategy, *, micro_batch: i
         if world_size == 1:
             # the peak is max(activations + part of the grads, grads + optimizer temporaries);
             # keep the terms additive by charging the grads term with what exceeds activations
-            temps = FOREACH_ADAMW_TEMP_FACTOR * MASTER_PARAM_BYTES * p if device == "cpu" else 0.0
+            # an optimizer without state (plain SGD) updates in place: no temporaries
+            temps = (FOREACH_ADAMW_TEMP_FACTOR * MASTER_PARAM_BYTES * p
+                     if device == "cpu" and opt_b > 0 else 0.0)
             grads = max(SINGLE_PROCESS_GRAD_OVERLAP * grads, grads + temps - activations)
             notes.append("one process: grads freed each step, peak = max(activations + half the "
                          "grads, grads + optimizer-step temporaries)")
@@ -204,7 +218,7 @@ def fmt_gib(nbytes: float) -> str:
     return f"{gib:.1f}" if gib >= 1 or gib == 0 else f"{gib:.2g}"
 
 
-__all__ = ["estimate_memory", "usable_mem_bytes", "activation_bytes", "unsharded_root_params",
+__all__ = ["estimate_memory", "optimizer_state_bytes", "usable_mem_bytes", "activation_bytes", "unsharded_root_params",
            "fmt_gib", "MASTER_PARAM_BYTES", "GRAD_BYTES", "OPTIMIZER_STATE_BYTES",
            "COMPUTE_DTYPE_BYTES", "AUTOCAST_ACTIVATION_FACTOR", "AUTOCAST_BLOCK_INPUT_FACTOR",
            "PARAM_DTYPE_ACTIVATION_FACTOR", "activation_factors",

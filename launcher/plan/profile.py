@@ -9,12 +9,10 @@
   pass replaces SDPA to measure flash attention's memory);
 - a model of identical blocks (a transformer) runs through its first 1, 2 and 3 blocks only and
   is scaled to all of them, after checking the increments are equal: 70B in well under a second;
-- the optimizer: the workload's `make_optimizer` (or the default AdamW) is built on the meta
-  model, and one step of the same class with each param group's settings on a tiny real CPU
-  tensor measures its persistent state per parameter (SGD with momentum 4 B, AdamW 8 B).
+- the optimizer's state per parameter: built on the meta model, probed on CPU (plan.probe).
 
-A profile that fails on the meta device is tried once more on a tiny real CPU batch, so the
-error says whether the workload has a bug (it fails on CPU too) or is only not meta-safe.
+A profile that fails on the meta device is tried once more on a tiny real CPU batch
+(plan.probe), so the error says whether the workload has a bug or is only not meta-safe.
 
 Never imports cli, backends, jobs, runtime or report; torch only inside functions, so importing
 this module stays cheap.
@@ -23,7 +21,6 @@ this module stays cheap.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import logging
 import math
 import time
@@ -31,15 +28,13 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from launcher.errors import WorkloadError
+from launcher.plan.probe import meta_error, optimizer_state
 from launcher.specs import ModelProfile
 from launcher.workload import Workload
 
 log = logging.getLogger(__name__)
 
 PROFILE_BATCHES = (1, 2)
-# the CPU check of a failed meta profile builds the model for real: only below this size
-CPU_CHECK_MAX_PARAM_BYTES = 2 * 1024**3
-PROBE_NUMEL = 8  # elements of the tensor an optimizer's state is measured on
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -228,83 +223,6 @@ def _extrapolated(workload: Workload, model: Any, param_keys: set[int], blocks: 
                                                one[3] + extra * steps[3]))
 
 
-def _probe_state_bytes(cls: type, settings: dict[str, Any]) -> float:
-    """Persistent state bytes per element after one step of `cls(settings)` on a tiny fp32
-    CPU tensor: tensors the size of the parameter (momentum, exp_avg), not scalar counters."""
-    # deferred: only a profile missing from the cache needs torch
-    import torch
-
-    accepted = inspect.signature(cls.__init__).parameters
-    probe = torch.zeros(PROBE_NUMEL, requires_grad=True)
-    optimizer = cls([probe], **{k: v for k, v in settings.items() if k in accepted})
-    probe.grad = torch.ones(PROBE_NUMEL)
-    optimizer.step()
-    return sum(t.numel() * t.element_size() for state in optimizer.state.values()
-               for t in state.values()
-               if isinstance(t, torch.Tensor) and t.numel() == PROBE_NUMEL) / PROBE_NUMEL
-
-
-def optimizer_state(workload: Workload, model: Any, num_params: int) -> tuple[str, float]:
-    """The workload's optimizer class and its persistent state in bytes per model parameter.
-
-    The optimizer is built on the (meta) model, so its param groups are the workload's; each
-    group's settings (momentum 0 or 0.9, amsgrad) are stepped once on a real probe. Parameters
-    it does not train hold no state. An optimizer that cannot be probed counts as AdamW's 8 B.
-    """
-    optimizer = workload.make_optimizer(model)
-    cls = type(optimizer)
-    total = 0.0
-    try:
-        for group in optimizer.param_groups:
-            settings = {k: v for k, v in group.items() if k != "params"}
-            total += _probe_state_bytes(cls, settings) * sum(p.numel() for p in group["params"])
-    except Exception as e:
-        log.warning("optimizer %s could not be probed on CPU (%s: %s); its state is assumed to "
-                    "be AdamW's 8 B/param", cls.__name__, type(e).__name__, e)
-        return f"{cls.__name__} (assumed like AdamW)", 8.0
-    return cls.__name__, total / max(1, num_params)
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e) if isinstance(e, WorkloadError) else f"{type(e).__name__}: {e}"
-    return next((line.strip() for line in text.splitlines() if line.strip()), type(e).__name__)
-
-
-def _cpu_failure(workload: Workload, meta_model: Any) -> BaseException | None:
-    """Run the profile's call (build_model, then loss_fn on micro-batch 2 of the real dataset)
-    on the CPU; the exception it raises, or None when it works there. Skipped (None) for a
-    model too big to build for real, whose meta size is known."""
-    # deferred: only a profile missing from the cache needs torch
-    import torch
-    from torch.utils.data import default_collate
-
-    if meta_model is not None:
-        size = sum(p.numel() * p.element_size() for p in meta_model.parameters())
-        if size > CPU_CHECK_MAX_PARAM_BYTES:
-            return None
-    try:
-        with torch.device("cpu"):
-            model = workload.build_model()
-        dataset = workload.make_dataset(PROFILE_BATCHES[-1])
-        batch = default_collate([dataset[i] for i in range(PROFILE_BATCHES[-1])])
-        workload.loss_fn(model, batch)
-    except Exception as e:
-        return e
-    return None
-
-
-def _meta_error(workload: Workload, meta_model: Any, e: Exception) -> WorkloadError:
-    """The one-line error of a failed meta profile: a bug when it fails on CPU too, else what
-    makes a workload meta-safe."""
-    cpu = _cpu_failure(workload, meta_model)
-    if cpu is not None:
-        return WorkloadError(f"workload {workload.path.name} fails on CPU too: {_first_line(cpu)} "
-                             "(a bug in the workload, not the meta device)")
-    return WorkloadError(f"workload {workload.path.name} fails only on the meta device "
-                         f"({_first_line(e)}); make build_model and loss_fn meta-safe: no "
-                         ".item()/.tolist(), no data-dependent shapes, no explicit device=")
-
-
 def profile_workload(workload: Workload, *, extrapolate: bool = True) -> ModelProfile:
     """Measure a workload's model on the meta device; WorkloadError if it is not meta-safe.
 
@@ -336,9 +254,9 @@ def profile_workload(workload: Workload, *, extrapolate: bool = True) -> ModelPr
     except WorkloadError as e:
         if "meta device" in str(e):  # tensors made off the meta device: already says what to do
             raise
-        raise _meta_error(workload, model, e) from e
+        raise meta_error(workload, model, e) from e
     except Exception as e:
-        raise _meta_error(workload, model, e) from e
+        raise meta_error(workload, model, e) from e
     by_dtype: dict[str, int] = {}
     for p in params:
         by_dtype[_dtype_name(p.dtype)] = by_dtype.get(_dtype_name(p.dtype), 0) + p.numel() * p.element_size()

@@ -1,12 +1,13 @@
 """Glue between a workload file, a topology and the pure planner (no argv here).
 
 `resolve_topology` picks the hardware to plan for (a topology file, or this machine), reshaped
-to the requested GPUs and nodes; `plan_workload` profiles the workload on the meta device and
-plans it. Profiles are cached by the workload file's contents, its arguments and the torch
-version, so `dlaunch run` after the first plan does not import torch before launching.
+to the requested GPUs and nodes, with a CPU's rates measured by `cpu_probe` (cached);
+`plan_workload` profiles the workload on the meta device and plans it. Profiles are cached by
+the workload file's contents, its arguments and the torch version, so `dlaunch run` after the
+first plan does not import torch before launching.
 
-Never imports cli, backends, jobs, runtime or report, and never torch itself (`profile` loads
-it when a profile is not cached).
+Never imports cli, backends, jobs, runtime or report, and never torch itself (`profile` and
+`cpu_probe` load it when their cache entry is missing).
 """
 
 from __future__ import annotations
@@ -17,17 +18,18 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from launcher.errors import UsageError
 from launcher.files import atomic_write_json
-from launcher.hardware.detect import detect_topology
+from launcher.hardware.detect import cpu_info, detect_topology
 from launcher.hardware.topology import load_topology
 from launcher.hardware.types import Topology
+from launcher.plan.cpu_cost import CpuRates
+from launcher.plan.cpu_probe import cache_key, measure, probed_topology, torch_version
 from launcher.plan.profile import profile_workload
 from launcher.plan.search import plan
 from launcher.plan.types import Plan
@@ -35,6 +37,7 @@ from launcher.specs import Goal, ModelProfile
 from launcher.workload import load_workload
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,23 +67,32 @@ def resolve_topology(*, topology: str | None, gpus: int | None, nodes: int | Non
                          "give a multi-node --topology file (ls topologies/)")
     if (per_node, num_nodes) != (topo.devices_per_node, topo.num_nodes):
         topo = topo.with_shape(num_nodes=num_nodes, devices_per_node=per_node)
+    if topo.device == "cpu":
+        # what this host's cores achieve replaces the listed (or ISA-derived) peak; GPU
+        # topologies never pay for the probe
+        topo = probed_topology(topo, cached_cpu_rates())
     return topo
 
 
+def cache_root() -> Path:
+    """dlaunch's cache: $DLAUNCH_CACHE_DIR, else $XDG_CACHE_HOME/dlaunch or ~/.cache/dlaunch."""
+    return Path(os.environ.get("DLAUNCH_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dlaunch"))
+
+
 def profile_cache_dir() -> Path:
-    """Where profiles are cached: $DLAUNCH_CACHE_DIR/profiles, else ~/.cache/dlaunch/profiles."""
-    root = os.environ.get("DLAUNCH_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dlaunch")
-    return Path(root) / "profiles"
+    """Where profiles are cached: <cache root>/profiles."""
+    return cache_root() / "profiles"
+
+
+def probe_cache_dir() -> Path:
+    """Where the CPU probe's rates are cached: <cache root>/cpu-probe."""
+    return cache_root() / "cpu-probe"
 
 
 def _cache_key(workload: str, workload_args: Sequence[str]) -> str:
     h = hashlib.sha256(Path(workload).read_bytes())
-    try:
-        torch_version = metadata.version("torch")  # no torch import: this must stay fast
-    except metadata.PackageNotFoundError:
-        torch_version = "none"
-    h.update(json.dumps([list(workload_args), torch_version, _PROFILE_FORMAT]).encode())
+    h.update(json.dumps([list(workload_args), torch_version(), _PROFILE_FORMAT]).encode())
     return h.hexdigest()[:32]
 
 
@@ -88,29 +100,48 @@ def _cache_key(workload: str, workload_args: Sequence[str]) -> str:
 _PROFILE_FORMAT = 3
 
 
-def cached_profile(workload: str, workload_args: Sequence[str]) -> ModelProfile:
-    """The workload's profile, from the cache when its file, arguments and torch are unchanged."""
-    path = profile_cache_dir() / f"{_cache_key(workload, workload_args)}.json"
+def _cached(path: Path, load: Callable[[dict[str, Any]], _T], make: Callable[[], _T]) -> _T:
+    """The cache entry at `path` (a JSON dataclass), made and stored when absent or stale."""
     try:
-        return ModelProfile(**json.loads(path.read_text(encoding="utf-8")))
+        return load(json.loads(path.read_text(encoding="utf-8")))
     except (OSError, ValueError, TypeError):
-        pass  # absent or stale: profile again
+        pass  # absent or stale: make it again
+    value = make()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path, dataclasses.asdict(value))  # type: ignore[call-overload]
+    except OSError as e:  # a read-only home must not stop planning
+        log.debug("cache entry %s not written: %s", path, e)
+    return value
+
+
+def _profile(workload: str, workload_args: Sequence[str]) -> ModelProfile:
     # importing torch and torch._dynamo (meta kernels import it) allocates ~1M objects and the
     # cyclic GC rescans them over and over: 0.5 s of a 2.5 s cold `dlaunch plan`. Nothing here
     # builds garbage cycles worth collecting, so collection waits until the profile is done.
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        profile = profile_workload(load_workload(workload, workload_args))
+        return profile_workload(load_workload(workload, workload_args))
     finally:
         if gc_was_enabled:
             gc.enable()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(path, dataclasses.asdict(profile))
-    except OSError as e:  # a read-only home must not stop planning
-        log.debug("profile cache not written: %s", e)
-    return profile
+
+
+def cached_profile(workload: str, workload_args: Sequence[str]) -> ModelProfile:
+    """The workload's profile, from the cache when its file, arguments and torch are unchanged."""
+    path = profile_cache_dir() / f"{_cache_key(workload, workload_args)}.json"
+    return _cached(path, lambda d: ModelProfile(**d), lambda: _profile(workload, workload_args))
+
+
+def cached_cpu_rates(cache_dir: Path | None = None, *,
+                     measure_fn: Callable[[], CpuRates] = measure) -> CpuRates:
+    """This host's CPU rates (`cpu_probe`), measured once per CPU model, usable cores and torch
+    version and cached in `cache_dir` (default `probe_cache_dir()`)."""
+    info = cpu_info()
+    key = cache_key(info.model, info.usable_cores, torch_version())
+    path = (cache_dir or probe_cache_dir()) / f"{key}.json"
+    return _cached(path, lambda d: CpuRates(**d), measure_fn)
 
 
 def plan_workload(workload: str, workload_args: Sequence[str], topology: Topology, goal: Goal, *,

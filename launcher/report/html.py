@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 CSS = """
 body{font:14px/1.45 -apple-system,"Segoe UI",Roboto,"DejaVu Sans",Arial,sans-serif;margin:0;
   color:#1d1d1f;background:#fafafa}
-main{max-width:1180px;margin:0 auto;padding:20px 28px 48px}
+main{max-width:1360px;margin:0 auto;padding:20px 24px 48px}
 h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:28px 0 10px;border-bottom:1px solid #ddd;
   padding-bottom:4px}
 .meta{color:#555;font-size:13px}
@@ -41,7 +41,8 @@ figcaption{font-size:12px;color:#444;margin-top:4px}
 table{border-collapse:collapse;background:#fff;font-size:13px;width:100%}
 div.scroll{overflow-x:auto}
 th,td{border:1px solid #ddd;padding:4px 6px;text-align:right;white-space:nowrap}
-td.wrap{white-space:normal;text-align:left;min-width:140px}
+th{white-space:normal;vertical-align:bottom}
+td.wrap{white-space:normal;text-align:left;min-width:120px;max-width:260px}
 th{background:#f0f0f0} td:first-child,th:first-child{text-align:left}
 td.bad{color:#b00020;font-weight:600}
 .warn{background:#fff8e1;border:1px solid #f0d58c;border-radius:4px;padding:6px 10px;margin:4px 0}
@@ -80,6 +81,8 @@ def verdict_cards(report: ScalingReport) -> str:
             continue
         v = p.verdict or {"name": "no verdict", "evidence": ""}
         src = f" (from {v.get('source')})" if v.get("source") else ""
+        if p.status_text and p.status_text != p.status:
+            v = {"name": p.status_text, "evidence": "the run exited 0 without recording a step"}
         cards.append(f'<div class="{_card_class(p)}"><b>{_e(p.name)}: {_e(v["name"])}</b>'
                      f"<small>{_e(v.get('evidence', ''))}{_e(src)}</small></div>")
     return '<div class="cards" id="verdicts">' + "".join(cards) + "</div>"
@@ -102,13 +105,14 @@ def run_table(report: ScalingReport) -> str:
         link = (f" / {p.link_bw_gb_s:g} {p.link_kind}" + (f" ({_pct(p.busbw_of_link)})"
                                                           if p.busbw_of_link is not None else "")
                 if p.link_bw_gb_s else "")
+        measured = ok and p.step_time_s > 0  # a run that reported no steps has no rates
         cells = [_e(p.name), str(p.world_size),
-                 f'<span class="{"" if ok else "bad"}">{_e(p.status)}</span>',
-                 _num(p.global_batch, "{:d}"), _num(p.samples_per_s if ok else None)]
+                 f'<span class="{"" if ok else "bad"}">{_e(p.status_text or p.status)}</span>',
+                 _num(p.global_batch, "{:d}"), _num(p.samples_per_s if measured else None)]
         if units != "samples":
-            cells.append(_num(p.units_per_s if ok else None, "{:,.0f}"))
+            cells.append(_num(p.units_per_s if measured else None, "{:,.0f}"))
         strag = ", ".join(f"{s['rank']} ({s['host']}/{s['local_rank']})" for s in p.stragglers)
-        cells += [_num(p.step_time_s if ok else None, "{:.4f} s"),
+        cells += [_num(p.step_time_s if measured else None, "{:.4f} s"),
                   _pct(row.efficiency if row and p.repeat == 0 else None),
                   _pct(row.predicted_efficiency if row and p.repeat == 0 else None),
                   ("-" if p.exposed_comm_s is None else
@@ -118,7 +122,9 @@ def run_table(report: ScalingReport) -> str:
                   f'<span class="bad">{_e(strag)}</span>' if strag else "-",
                   _e(prediction_cell(p.prediction)) if p.run_id else "-",
                   _e(p.verdict.get("name", "-") if p.verdict else (p.error or "-"))]
-        tds = [f"<td>{c}</td>" for c in cells[:-1]] + [f'<td class="wrap">{cells[-1]}</td>']
+        # the long text cells wrap, so the table fits the page and no column is cut off
+        tds = ([f"<td>{c}</td>" for c in cells[:-3]]
+               + [f'<td class="wrap">{c}</td>' for c in cells[-3:]])
         rows.append("<tr>" + "".join(tds) + "</tr>")
     return ('<div class="scroll"><table id="runs"><thead><tr>'
             + "".join(f"<th>{_e(h)}</th>" for h in head)
@@ -195,6 +201,7 @@ def page(report: ScalingReport, plots: Sequence[Plot]) -> str:
                    f'(local rank {s["local_rank"]}), median step {1000 * s["median_s"]:.1f} ms; '
                    f'{_e(s["signal"])}</div>'
                    for n, s in strag)
+    warn += "".join(f'<div class="warn">WARNING: {_e(w)}</div>' for w in report.warnings)
     unreadable = sum(len(p.unreadable) for p in report.points)
     if unreadable:
         warn += (f'<div class="warn">{unreadable} file problem(s): the report shows what was '

@@ -144,9 +144,11 @@ def breakdown_figure(report: ScalingReport) -> Figure:
             ax.annotate(p.verdict["name"].split()[0], (i, bottom[i]), textcoords="offset points",
                         xytext=(0, 3), ha="center", fontsize=7)
     ax.set_ylabel("ms per optimizer step (mean)")
+    ax.set_xlabel("world size (ranks)" if report.kind != "run" else "run")
     ax.set_title("Where the step goes")
-    ax.set_ylim(0, max(bottom + [1e-3]) * 1.18)
-    ax.legend(fontsize=8, loc="upper left", ncols=2)
+    # headroom for the bar labels; the legend sits outside the axes, so it covers no bar
+    ax.set_ylim(0, max(bottom + [1e-3]) * 1.12)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     if len(points) > 6:
         ax.tick_params(axis="x", labelrotation=45, labelsize=8)
     return fig

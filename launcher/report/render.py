@@ -7,6 +7,7 @@ Never imports cli, backends, jobs or runtime; matplotlib loads only when a figur
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -24,6 +25,9 @@ log = logging.getLogger(__name__)
 
 FORMATS = ("html", "md", "json", "png")
 REPORT_DIR = "report"
+# every file of a report, whatever the umask: readable by the group and others (a report is
+# meant to be shared), writable by its owner only
+REPORT_FILE_MODE = 0o644
 
 __all__ = ["write_report", "render_report", "parse_formats", "markdown", "verdict", "FORMATS"]
 
@@ -83,6 +87,8 @@ def markdown(report: ScalingReport, plots: Iterable[str] = ()) -> str:
                          f"{st['signal']}")
         if p.run_id:
             lines.append(f"- {p.name}: {prediction_line(p.prediction)}")
+    if report.warnings:
+        lines += ["", "## Warnings", *(f"- WARNING: {w}" for w in report.warnings)]
     notes = [f"{p.name}: {n}" for p in report.points for n in p.unreadable]
     notes += [f"{p.name}: FAILED: {f}" for p in report.points for f in p.failures]
     notes += [n for n in (*report.notes, report.prediction_note, report.link_note) if n]
@@ -141,6 +147,8 @@ def render_report(path: str | Path, formats: Iterable[str] = FORMATS, *,
         atomic_write_text(out / "report.md",
                           markdown(report, [p.key for p in plots] if "png" in fmts else []))
         written.append(out / "report.md")
+    for path_ in written:
+        os.chmod(path_, REPORT_FILE_MODE)
     log.debug("report of %s: numbers %.2f s, total %.2f s", path, t_build,
               time.perf_counter() - t0)
     return written, report
@@ -167,6 +175,7 @@ def summary_lines(report: ScalingReport) -> list[str]:
             lines.append(f"  {p.name}: {prediction_line(p.prediction)}")
         for n in p.unreadable:
             lines.append(f"  note: {p.name}: {n}")
+    lines += [f"  WARNING: {w}" for w in report.warnings]
     if report.prediction_note:
         lines.append(f"  note: {report.prediction_note}")
     return lines

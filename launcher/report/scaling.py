@@ -7,12 +7,15 @@ and a bottleneck verdict. Per world size (median over repeats): scaling efficien
 T(N0) x N0 / (N x T(N)), with N0 the smallest world size measured (1 in a usual sweep); and the
 planner's prediction beside the measurement when it can be had (`report.predict`).
 
-Step-time breakdown (seconds per optimizer step, mean over steady steps, then over ranks):
+Step-time breakdown (seconds per optimizer step, mean over steady steps, then over ranks;
+`results.verdict.step_parts`, which the run's own verdict uses too):
   data wait      time the loop waited for the next batch (measured every step)
   exposed comm   what the step loses to gradient sync (the sync-off/on calibration)
   other          step - wait - exposed - forward/backward with sync off (x accumulation steps):
                  the optimizer step and host overhead; 0 when the calibration did not run
   compute        the rest: step - wait - exposed - other
+The verdict card, the run table and the breakdown figure all show these shares. A plain
+script has no breakdown (only its step times are measured).
 
 Never imports cli, backends, jobs, runtime or matplotlib.
 """
@@ -31,9 +34,11 @@ from launcher.hardware.types import Topology
 from launcher.report.predict import predict
 from launcher.report.runs import RunData, discover, group_distributions, read_run
 from launcher.report.types import PARTS, Point, Row, ScalingReport, efficiency
-from launcher.results.prediction import compare
+from launcher.results.plausibility import superlinear_warning
+from launcher.results.prediction import compare, measured_peak_bytes
+from launcher.results.table import no_steps, status_text
 from launcher.results.types import RunResult
-from launcher.results.verdict import detect_stragglers, verdict
+from launcher.results.verdict import NOT_MEASURED, detect_stragglers, step_parts, verdict
 
 log = logging.getLogger(__name__)
 
@@ -47,14 +52,10 @@ def breakdown(data: RunData) -> dict[str, float]:
     for rank, times in data.step_times.items():
         if not times:
             continue
-        step = math.fsum(times) / len(times)
-        wait = min(step, max(0.0, shares.get(rank, 0.0)) * step)
         comm = data.comm.get(rank, {})
-        exposed = min(max(0.0, comm.get("exposed_comm_s") or 0.0), step - wait)
-        nosync = comm.get("nosync_step_s")
-        other = max(0.0, step - wait - exposed - nosync * accum) if nosync is not None else 0.0
-        per_rank.append({"compute": max(0.0, step - wait - exposed - other),
-                         "exposed_comm": exposed, "data_wait": wait, "other": other, "step": step})
+        per_rank.append(step_parts(math.fsum(times) / len(times), data_wait_share=shares.get(rank, 0.0),
+                                   exposed_comm_s=comm.get("exposed_comm_s"),
+                                   nosync_step_s=comm.get("nosync_step_s"), accum=accum))
     if not per_rank:
         return {**{p: 0.0 for p in PARTS}, "step": 0.0}
     return {k: math.fsum(r[k] for r in per_rank) / len(per_rank) for k in (*PARTS, "step")}
@@ -90,27 +91,20 @@ def build_point(data: RunData, *, name: str, world_size: int, repeat: int,
         point.num_nodes = spec.num_nodes
     if r is None:
         return point
-    parts = breakdown(data)
+    parts = breakdown(data) if r.strategy != "script" else {"step": 0.0}
     step = parts.pop("step")
     kind, bw = _link_for(topology, world_size, spec.num_nodes if spec is not None else None)
     point.run_id, point.samples_per_s, point.units_per_s = r.run_id, r.samples_per_s, r.units_per_s
+    point.status_text = status_text(r)
     point.sample_units, point.step_time_s = r.sample_units, r.step_time_median_s
     point.breakdown_s = parts
-    point.shares = {k: (v / step if step else 0.0) for k, v in parts.items()}
+    point.shares = {k: v / step for k, v in parts.items()} if step else {}
     point.exposed_comm_s, point.busbw_gb_s = r.exposed_comm_s, r.busbw_gb_s
     point.link_kind, point.link_bw_gb_s = kind, bw
     if bw and r.busbw_gb_s is not None:
         point.busbw_of_link = r.busbw_gb_s / bw
     point.stragglers = stragglers(data, r)
-    if isinstance(data.verdict, Mapping) and data.verdict.get("name"):
-        v = data.verdict  # the run's own verdict (aggregate.run_verdict, or a runtime's)
-        point.verdict = {"name": str(v["name"]), "evidence": str(v.get("evidence", "")),
-                         "source": "run"}
-    elif isinstance(data.verdict, str) and data.verdict:
-        point.verdict = {"name": data.verdict, "evidence": "", "source": "run"}
-    elif step:
-        name_, evidence = verdict(point.shares)
-        point.verdict = {"name": name_, "evidence": evidence, "source": "step-time shares"}
+    point.verdict = _verdict(data, r, point.shares)
     if point.stragglers and point.verdict.get("name") == "communication bound":
         point.verdict["evidence"] += ("; part of it is waiting for straggler rank(s) "
                                       + ", ".join(str(s["rank"]) for s in point.stragglers))
@@ -118,16 +112,35 @@ def build_point(data: RunData, *, name: str, world_size: int, repeat: int,
     point.failures = list(r.failures)
     point.unreadable = list(dict.fromkeys([*r.unreadable, *data.notes]))
     point.prediction = dict(r.prediction) if r.prediction else _prediction(data, r)
+    point.warnings = list(r.warnings)
     return point
+
+
+def _verdict(data: RunData, r: RunResult, shares: Mapping[str, float]) -> dict[str, str]:
+    """The point's verdict from the same shares the table and the breakdown show (one source
+    for the numbers), unless the run's own verdict rests on what the shares do not hold: a
+    CUDA profile (launch bound), a plain script (not measured), or a name alone."""
+    own = data.verdict
+    if isinstance(own, str) and own:
+        return {"name": own, "evidence": "", "source": "run"}
+    own_name = str(own.get("name", "")) if isinstance(own, Mapping) else ""
+    if own_name and (not shares or own_name in ("launch bound", NOT_MEASURED)):
+        assert isinstance(own, Mapping)  # narrowing: a name came from a mapping
+        return {"name": own_name, "evidence": str(own.get("evidence", "")), "source": "run"}
+    if not shares or no_steps(r):
+        return {}
+    comm_measured = r.world_size == 1 or r.exposed_comm_s is not None
+    name, evidence = verdict({**shares, "exposed_comm": shares.get("exposed_comm") if comm_measured
+                              else None})
+    return {"name": name, "evidence": evidence, "source": "step-time breakdown"}
 
 
 def _prediction(data: RunData, r: RunResult) -> dict[str, Any]:
     """Predicted against measured for a result.json written before it carried the block."""
     if data.spec is None:
         return {"available": False, "reason": "no launch spec"}
-    peaks = [x.peak_mem_bytes for x in r.ranks if x.peak_mem_bytes is not None]
     return compare(data.plan, data.spec, step_time_s=r.step_time_median_s or None,
-                   peak_mem_bytes=max(peaks) if peaks else None, device=r.device)
+                   peak_mem_bytes=measured_peak_bytes(r.ranks, r.device), device=r.device)
 
 
 def stragglers(data: RunData, result: Any) -> list[dict[str, Any]]:
@@ -221,12 +234,17 @@ def build_report(path: str | Path, *, topology: Topology | None = None,
     else:
         note = "prediction skipped"
 
+    warnings = [f"{p.name}: {w}" for p in points for w in p.warnings]
+    if n0 is not None:
+        warnings += [w for row in rows
+                     if (w := superlinear_warning(row.world_size, row.efficiency, n0)) is not None]
     units = next((p.sample_units for p in points if p.run_id), "samples")
     link_note = None if topo is not None else (
         "link bandwidth unknown: no topology recorded (pass --topology FILE)")
     return ScalingReport(kind=target.kind, source=str(Path(path).absolute()), mode=mode,
                          sample_units=units, baseline_world_size=n0, rows=rows, points=points,
-                         prediction_note=note, link_note=link_note, notes=notes)
+                         prediction_note=note, link_note=link_note, notes=notes,
+                         warnings=warnings)
 
 
 def _infer_mode(points: Sequence[Point]) -> str:

@@ -25,6 +25,7 @@ class Point:
     status: str
     run_dir: str
     run_id: str = ""
+    status_text: str = ""  # the status as shown ("ok, no steps reported"); `status` when empty
     num_nodes: int | None = None  # from the run's launch spec
     global_batch: int | None = None
     micro_batch: int | None = None
@@ -47,6 +48,7 @@ class Point:
     error: str | None = None
     # predicted (plan.json) against measured step time and memory: results.prediction's block
     prediction: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)  # the run's (results.plausibility)
 
 
 @dataclass(kw_only=True)
@@ -83,6 +85,8 @@ class ScalingReport:
     prediction_note: str | None = None
     link_note: str | None = None
     notes: list[str] = field(default_factory=list)
+    # implausible numbers: each point's warnings and superlinear efficiency, one line each
+    warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""

@@ -25,7 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from launcher.files import read_json, read_jsonl
-from launcher.results.prediction import compare
+from launcher.results.misfits import find_misfit
+from launcher.results.plausibility import host_load, run_warnings
+from launcher.results.prediction import compare, measured_peak_bytes
 from launcher.results.types import RankResult, RunResult
 from launcher.results.verdict import detect_stragglers, median_or_none, run_verdict
 from launcher.rundir import RunPaths
@@ -101,6 +103,8 @@ def _rank_result(run_dir: Path, rank: int, records: list[dict[str, Any]],
     error = summary.get("error") if summary else None
     failed = status != "ok"
     peaks = [r["peak_mem_bytes"] for r in steps if r.get("peak_mem_bytes") is not None]
+    live = max(((int(r["live_peak_bytes"]), int(r["step"])) for r in steps
+                if r.get("live_peak_bytes") is not None), default=None)
     step_sum = sum(r["step_time_s"] for r in steady)
     comm = next((r for r in records if r.get("kind") == "comm"), {})
     comp = next((r for r in records if r.get("kind") == "compile"), None)
@@ -132,6 +136,8 @@ def _rank_result(run_dir: Path, rank: int, records: list[dict[str, Any]],
         device_busy_share=(min(1.0, prof["device_time_s"] / prof_time)
                            if prof.get("device_time_s") is not None and prof_time else None),
         resumed_from_step=resumed, measured_wall_s=wall,
+        step_time_mean_s=step_sum / len(steady) if steady else None,
+        live_peak_bytes=live[0] if live else None, live_peak_step=live[1] if live else None,
     )
 
 
@@ -204,22 +210,22 @@ def aggregate(run_dir: str | Path, *, exit_code: int | None = None,
     measured = [r for r in ranks if r.steady_steps]
     samples_per_s, units_per_s, basis = _throughput(ranks, measured)
     step_median = statistics.median([r.step_time_median_s for r in measured]) if measured else 0.0
-    peaks = [r.peak_mem_bytes for r in ranks if r.peak_mem_bytes is not None]
     plan, unusable = _read_plan(rd)
     if unusable:
         notes.append(unusable)
     prediction = (compare(plan, spec, step_time_s=step_median if measured else None,
-                          peak_mem_bytes=max(peaks) if peaks else None, device=spec.device)
+                          peak_mem_bytes=measured_peak_bytes(ranks, spec.device), device=spec.device)
                   if unusable is None else {"available": False, "reason": unusable})
     slowest = max(measured, key=lambda r: r.step_time_median_s).rank if measured else None
     failures = _failures(ranks, summaries)
     all_ok = all(r.status == "ok" for r in ranks)
     code = exit_code if exit_code is not None else (0 if all_ok else 1)
-    if spec.is_script and not records:
+    if spec.is_script and not measured:
         notes.append("the script reported no steps (call launcher.runtime.meter.StepMeter.step() "
                      "once per step to see its throughput)")
     if code != 0 and all_ok:
         failures = failures + (f"torchrun exited {code} although every rank reported success",)
+    hosts = host_load(every)
     return RunResult(
         run_id=spec.run_id, run_dir=str(rd), workload=spec.workload,
         world_size=spec.world_size, num_nodes=spec.num_nodes, device=spec.device,
@@ -235,8 +241,10 @@ def aggregate(run_dir: str | Path, *, exit_code: int | None = None,
         exposed_comm_s=median_or_none([r.exposed_comm_s for r in ranks]),
         busbw_gb_s=median_or_none([r.busbw_gb_s for r in ranks]),
         stragglers=stragglers, straggler_evidence=tuple(s.to_dict() for s in slow),
-        verdict=run_verdict(ranks, measured),
+        verdict=run_verdict(ranks, measured, nosync_s=busy, accum=spec.grad_accum_steps,
+                            script=spec.is_script, world_size=spec.world_size),
         attempts=attempts, throughput_basis=basis, prediction=prediction,
+        host_load=hosts, warnings=run_warnings(ranks, hosts, prediction),
     )
 
 
@@ -276,6 +284,7 @@ def _failures(ranks: tuple[RankResult, ...], summaries: dict[int, dict[str, Any]
     failed = [r for r in ranks if r.status not in ("ok",)]
     order = sorted(failed, key=lambda r: summaries.get(r.rank, {}).get("time", float("inf")))
     out = []
+    told: set[str] = set()  # a misfit's fix is said once, on the first rank that shows it
     for r in order:
         summary = summaries.get(r.rank, {})
         if r.status == "preempted":
@@ -284,7 +293,12 @@ def _failures(ranks: tuple[RankResult, ...], summaries: dict[int, dict[str, Any]
                     f"the checkpoint of step {summary.get('checkpoint_step', r.steps)}")
         else:
             what = r.error or (r.log_tail[-1] if r.log_tail else f"no summary ({r.status})")
-        out.append(f"rank {r.rank} (host {r.host}, node {r.node_rank}, local rank {r.local_rank}) "
+            misfit = find_misfit([r.error, summary.get("rank_error"), *r.log_tail])
+            if misfit is not None and misfit.name not in told:
+                told.add(misfit.name)
+                what += f"; what to change: {misfit.fix}"
+        host = "unknown" if r.host == "?" else r.host  # no start record: it never got that far
+        out.append(f"rank {r.rank} (host {host}, node {r.node_rank}, local rank {r.local_rank}) "
                    f"{r.status} after {r.steps} steps: {what}")
     return tuple(out)
 

@@ -4,10 +4,10 @@ The block lands in `result.json` (`RunResult.prediction`), one line of the run s
 report. Without a plan it says so and carries no number: a prediction is never made up here.
 
 Memory is compared per rank: the plan's predicted peak of one rank against the largest
-measured peak over ranks, and the block names what was measured, because the two devices
-measure different things: on CUDA `torch.cuda.max_memory_allocated` (tensors only, no CUDA
-context or allocator cache), on CPU the peak resident set of the rank process (the Python and
-torch runtime included, which the plan does not count).
+measured peak over ranks, and the block names what was measured. Both devices count tensors
+only, as the plan does: on CUDA `torch.cuda.max_memory_allocated` (no CUDA context or allocator
+cache), on CPU the peak of live tensor storages over one sampled step (runtime.live_bytes),
+never the process's resident set (which includes the Python and torch runtime).
 
 Never imports report, jobs, backends, cli or runtime.
 """
@@ -15,10 +15,11 @@ Never imports report, jobs, backends, cli or runtime.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from launcher.plan.types import MemoryEstimate, StepTimeEstimate
+from launcher.results.types import RankResult
 from launcher.specs import GIB, LaunchSpec
 
 log = logging.getLogger(__name__)
@@ -26,8 +27,16 @@ log = logging.getLogger(__name__)
 NO_PLAN = "no plan"
 MEASURED_MEM = {
     "cuda": "peak allocated by torch (torch.cuda.max_memory_allocated), largest rank",
-    "cpu": "peak RSS of the rank process (includes the Python and torch runtime), largest rank",
+    "cpu": "peak live tensor bytes of a sampled step (runtime.live_bytes), largest rank",
 }
+
+
+def measured_peak_bytes(ranks: Sequence[RankResult], device: str) -> int | None:
+    """The largest per-rank peak the plan's memory estimate is compared with: live tensor
+    bytes on CPU, bytes allocated by torch elsewhere; None when no rank measured it."""
+    peaks = [r.live_peak_bytes if device == "cpu" else r.peak_mem_bytes for r in ranks]
+    present = [p for p in peaks if p is not None]
+    return max(present) if present else None
 
 
 def plan_step_time_s(plan: Mapping[str, Any]) -> float:

@@ -27,35 +27,75 @@ def _mem(b: int | None) -> str:
     return "-" if b is None else f"{b / GIB:.2f} GiB"
 
 
-def _rate(x: float) -> str:
+def _rate(x: float | None) -> str:
+    if x is None:
+        return "-"
     return f"{x:,.0f}" if x >= 100 else f"{x:,.1f}"
 
 
+def _secs(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}s"
+
+
+def _share(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def no_steps(result: RunResult) -> bool:
+    """The run (or every rank of it) recorded no training step."""
+    return not any(r.steps for r in result.ranks)
+
+
+def status_text(result: RunResult) -> str:
+    """The run's status as people read it: "ok, no steps reported" for a run that exited 0
+    without recording a step (a script that gave up before training)."""
+    return "ok, no steps reported" if result.status == "ok" and no_steps(result) else result.status
+
+
+def _rank_status(status: str, steps: int) -> str:
+    return "ok, no steps" if status == "ok" and not steps else status
+
+
 def format_run(result: RunResult) -> str:
-    """The summary printed at the end of `dlaunch run`."""
+    """The summary printed at the end of `dlaunch run`.
+
+    What was not measured shows as "-", never as 0: a rank without steady steps has no rate
+    or step time, and a plain script's data wait is not measured.
+    """
     units = result.sample_units
+    cpu = result.device == "cpu"
+    script = result.strategy == "script"
     head = (f"run {result.run_id}: {result.world_size} rank(s) on {result.num_nodes} node(s), "
-            f"{result.device}, {result.strategy} {result.precision}: {result.status.upper()} "
+            f"{result.device}, {result.strategy} {result.precision}: {status_text(result).upper()} "
             f"(exit {result.exit_code}, wall {result.wall_time_s:.1f} s)")
     header = ["rank", "host", "status", "steps", "samples/s"]
     if units != "samples":
         header.append(f"{units}/s")
-    header += ["step med", "p90", "max", "data wait", "peak mem", "loss"]
+    header += ["step med", "p90", "max", "data wait"]
+    header += ["tensors peak", "RSS peak"] if cpu else ["peak alloc"]
+    header.append("loss")
     rows = []
     for r in result.ranks:
-        row = [str(r.rank), f"{r.host}/{r.local_rank}", r.status, str(r.steps), _rate(r.samples_per_s)]
+        ran = r.steady_steps > 0
+        row = [str(r.rank), f"{'-' if r.host == '?' else r.host}/{r.local_rank}",
+               _rank_status(r.status, r.steps), str(r.steps), _rate(r.samples_per_s if ran else None)]
         if units != "samples":
-            row.append(_rate(r.units_per_s))
-        row += [f"{r.step_time_median_s:.3f}s", f"{r.step_time_p90_s:.3f}s", f"{r.step_time_max_s:.3f}s",
-                f"{100 * r.data_wait_share:.1f}%", _mem(r.peak_mem_bytes),
-                "-" if r.final_loss is None else f"{r.final_loss:.4f}"]
+            row.append(_rate(r.units_per_s if ran else None))
+        row += [_secs(r.step_time_median_s if ran else None), _secs(r.step_time_p90_s if ran else None),
+                _secs(r.step_time_max_s if ran else None),
+                _share(r.data_wait_share if ran and not script else None)]
+        row += [_mem(r.live_peak_bytes), _mem(r.peak_mem_bytes)] if cpu else [_mem(r.peak_mem_bytes)]
+        row.append("-" if r.final_loss is None else f"{r.final_loss:.4f}")
         rows.append(row)
-    total = ["all", "", result.status, "", _rate(result.samples_per_s)]
+    ran = result.slowest_rank is not None
+    total = ["all", "", status_text(result), "", _rate(result.samples_per_s if ran else None)]
     if units != "samples":
-        total.append(_rate(result.units_per_s))
-    total += [f"{result.step_time_median_s:.3f}s", "", "", f"{100 * result.data_wait_share:.1f}%", "", ""]
+        total.append(_rate(result.units_per_s if ran else None))
+    total += [_secs(result.step_time_median_s if ran else None), "", "",
+              _share(result.data_wait_share if ran and not script else None), *([""] * (3 if cpu else 2))]
     rows.append(total)
     out = [head, format_table(header, rows)]
+    out.extend(memory_lines(result))
     if result.slowest_rank is not None and len(result.ranks) > 1:
         slow = result.ranks[result.slowest_rank]
         out.append(f"slowest rank: {slow.rank} on {slow.host} (median step {slow.step_time_median_s:.3f} s)")
@@ -69,6 +109,7 @@ def format_run(result: RunResult) -> str:
     if result.verdict:
         out.append(f"verdict: {result.verdict['name']}: {result.verdict.get('evidence', '')}")
     out.append(prediction_line(result.prediction))
+    out.extend(f"WARNING: {w}" for w in result.warnings)
     # a GradScaler that keeps skipping steps is the classic silently plateauing loss
     for r in result.ranks:
         if r.steps and r.skipped_steps / r.steps > SKIP_WARN_FRACTION:
@@ -92,6 +133,26 @@ def format_run(result: RunResult) -> str:
         out.append(f"note: {note}")
     out.append(f"result: {RunPaths(root=result.run_dir).result}")
     return "\n".join(out)
+
+
+def memory_lines(result: RunResult) -> list[str]:
+    """The largest rank's memory: what was measured, labelled, beside the plan's estimate."""
+    est = result.prediction or {}
+    plan = (f"; the plan estimated {est['mem_gib']:.2f} GiB per rank"
+            if est.get("available") and est.get("mem_gib") is not None else "")
+    peaks = [r.peak_mem_bytes for r in result.ranks if r.peak_mem_bytes is not None]
+    peak = _mem(max(peaks)) if peaks else "not measured"
+    if result.device != "cpu":
+        return [f"memory (largest rank): {peak} allocated by torch at peak{plan}"] if peaks or plan else []
+    live = [r for r in result.ranks if r.live_peak_bytes is not None]
+    top = max(live, key=lambda r: r.live_peak_bytes or 0) if live else None
+    tensors = (f"{_mem(top.live_peak_bytes)} live tensors at peak (step {top.live_peak_step}, "
+               "parameters + optimizer state + what the step made)" if top is not None
+               else "live tensor bytes not measured")
+    if not peaks and top is None and not plan:
+        return []
+    return [f"memory (largest rank): {tensors}; process RSS {peak} (includes the Python and "
+            f"torch runtime){plan}"]
 
 
 def straggler_lines(result: RunResult) -> list[str]:

@@ -52,6 +52,13 @@ class RankResult:
     # wall seconds of the steady steps, end of warm-up to end of the last step (bookkeeping
     # between steps included); None for rank files without step end times
     measured_wall_s: float | None = None
+    # mean of the steady steps' own times (the step-time breakdown's unit); None in old files
+    step_time_mean_s: float | None = None
+    # CPU: the peak of live tensor storages over one sampled training step (parameters,
+    # optimizer state and every tensor the step made; runtime.live_bytes); `peak_mem_bytes` is
+    # then the process's peak RSS. None where it was not measured (CUDA, plain scripts).
+    live_peak_bytes: int | None = None
+    live_peak_step: int | None = None  # the step it was sampled in
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,7 +73,7 @@ class RunResult:
     device: str
     strategy: str
     precision: str
-    status: str  # ok | failed
+    status: str  # ok | failed (results.table.status_text says "ok, no steps reported")
     exit_code: int
     wall_time_s: float
     samples_per_s: float
@@ -95,6 +102,11 @@ class RunResult:
     throughput_basis: str = "step time"
     # predicted (plan.json) against measured: results.prediction.compare's block
     prediction: Mapping[str, Any] | None = None
+    # load average and CPU steal of each host at the run's start and end (results.plausibility)
+    host_load: tuple[Mapping[str, Any], ...] = ()
+    # numbers that look implausible (noisy steps, a prediction missed by > 2x, a busy host):
+    # one line each, printed as WARNING in the summary and the report
+    warnings: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -111,5 +123,7 @@ class RunResult:
         d["unreadable"] = tuple(d.get("unreadable", ()))
         d["stragglers"] = tuple(d.get("stragglers", ()))
         d["straggler_evidence"] = tuple(d.get("straggler_evidence", ()))
+        d["host_load"] = tuple(d.get("host_load", ()))
+        d["warnings"] = tuple(d.get("warnings", ()))
         return cls(**d)
 

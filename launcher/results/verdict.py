@@ -36,6 +36,10 @@ BUSY_FLOOR_S = 1e-3
 # training) with the whole run's steady steps, and the steady steps win: no flag.
 LOCKSTEP_TOLERANCE = 0.02
 
+# a verdict that cannot be given: what was not measured is named in its evidence
+NOT_MEASURED = "not measured"
+NOT_MEASURED_COMM = "compute bound, communication not measured"
+
 STEP_RULE = "step time"
 BUSY_RULE = "own compute"
 
@@ -119,21 +123,48 @@ def detect_stragglers(step_medians: Mapping[int, float],
     return tuple(out[r] for r in sorted(out))
 
 
-def verdict(shares: Mapping[str, float]) -> tuple[str, str]:
+def step_parts(step_s: float, *, data_wait_share: float, exposed_comm_s: float | None,
+               nosync_step_s: float | None, accum: int = 1) -> dict[str, float]:
+    """Seconds of one step by part (compute, exposed_comm, data_wait, other) and `step`.
+
+    data wait: the rank's measured share of the step; exposed comm: the sync-off/on
+    calibration (0 without one); other: step - wait - exposed - forward/backward with sync off
+    (x accumulation steps), i.e. the optimizer and host overhead (0 without the calibration);
+    compute: the rest. The run summary, the verdict and the report's breakdown all use this,
+    so they print the same shares.
+    """
+    wait = min(step_s, max(0.0, data_wait_share) * step_s)
+    exposed = min(max(0.0, exposed_comm_s or 0.0), step_s - wait)
+    other = (max(0.0, step_s - wait - exposed - nosync_step_s * accum)
+             if nosync_step_s is not None else 0.0)
+    return {"compute": max(0.0, step_s - wait - exposed - other), "exposed_comm": exposed,
+            "data_wait": wait, "other": other, "step": step_s}
+
+
+def verdict(shares: Mapping[str, float | None]) -> tuple[str, str]:
     """The bottleneck of a run from its step-time shares (fractions of the step: compute,
     exposed_comm, data_wait, other): (name, evidence). Data wait > 20% -> data-loading bound;
-    exposed communication > 25% -> communication bound; else compute bound."""
-    wait, comm = shares.get("data_wait", 0.0), shares.get("exposed_comm", 0.0)
-    if wait > DATA_BOUND_SHARE:
+    exposed communication > 25% -> communication bound; else compute bound. A share given as
+    None was not measured: the evidence says so, and compute bound needs exposed
+    communication measured (otherwise the name is NOT_MEASURED_COMM)."""
+    wait, comm = shares.get("data_wait"), shares.get("exposed_comm")
+    if wait is not None and wait > DATA_BOUND_SHARE:
         return ("data-loading bound",
                 f"waiting for batches is {wait:.0%} of the step (> {DATA_BOUND_SHARE:.0%}); "
                 "add DataLoader workers (--num-workers) or make batches cheaper")
-    if comm > COMM_BOUND_SHARE:
+    if comm is not None and comm > COMM_BOUND_SHARE:
         return ("communication bound",
                 f"exposed communication is {comm:.0%} of the step (> {COMM_BOUND_SHARE:.0%}); "
                 "a larger per-rank batch, gradient accumulation or a faster link would help")
-    return ("compute bound", f"compute is {shares.get('compute', 0.0):.0%} of the step, data "
-                             f"wait {wait:.0%}, exposed communication {comm:.0%}")
+    parts = [f"compute is {shares.get('compute') or 0.0:.0%} of the step"]
+    if shares.get("other"):
+        parts.append(f"optimizer and host overhead {shares['other']:.0%}")
+    parts.append("data wait " + ("not measured" if wait is None else f"{wait:.0%}"))
+    parts.append("exposed communication " + ("not measured" if comm is None else f"{comm:.0%}"))
+    evidence = ", ".join(parts)
+    if comm is None:
+        return NOT_MEASURED_COMM, evidence + " (the sync-off/on calibration did not run)"
+    return "compute bound", evidence
 
 
 def median_or_none(values: Sequence[float | None]) -> float | None:
@@ -142,21 +173,37 @@ def median_or_none(values: Sequence[float | None]) -> float | None:
     return statistics.median(present) if present else None
 
 
-def run_verdict(ranks: Sequence[RankResult], measured: Sequence[RankResult]) -> dict[str, Any] | None:
-    """The run's bottleneck from the measured shares of the step, averaged over ranks:
-    {"name", "evidence", "shares"}; `verdict`'s rules, plus launch-bound, which only a CUDA
-    profile measures."""
+def run_verdict(ranks: Sequence[RankResult], measured: Sequence[RankResult], *,
+                nosync_s: Mapping[int, float] | None = None, accum: int = 1,
+                script: bool = False, world_size: int = 1) -> dict[str, Any] | None:
+    """The run's bottleneck from the measured shares of the step: {"name", "evidence",
+    "shares"}; `verdict`'s rules, plus launch-bound, which only a CUDA profile measures.
+
+    The shares are `step_parts` averaged over ranks (seconds, then / the mean step), the same
+    arithmetic as the report's breakdown. `nosync_s`: each rank's sync-off forward+backward
+    from the calibration. A plain script (`script`) gets NOT_MEASURED: dlaunch sees its step
+    times only. None when no step was measured.
+    """
     if not measured:
         return None
-    waits, comms = [], []
-    for r in measured:
-        wait = min(1.0, r.data_wait_share)
-        share = (r.exposed_comm_s or 0.0) / r.step_time_median_s if r.step_time_median_s else 0.0
-        waits.append(wait)
-        comms.append(min(share, 1.0 - wait))
-    shares = {"data_wait": statistics.fmean(waits), "exposed_comm": statistics.fmean(comms)}
-    shares["compute"] = max(0.0, 1.0 - shares["data_wait"] - shares["exposed_comm"])
-    name, evidence = verdict(shares)
+    if script:
+        return {"name": NOT_MEASURED, "shares": {},
+                "evidence": "a plain script: dlaunch measures its step times only; its data wait "
+                            "and exposed communication are not measured, so there is no "
+                            "bottleneck verdict (run it as a workload for one)"}
+    nosync_s = nosync_s or {}
+    per_rank = [step_parts(r.step_time_mean_s or r.step_time_median_s,
+                           data_wait_share=min(1.0, r.data_wait_share),
+                           exposed_comm_s=r.exposed_comm_s, nosync_step_s=nosync_s.get(r.rank),
+                           accum=accum) for r in measured]
+    step = statistics.fmean(p["step"] for p in per_rank)
+    shares: dict[str, Any] = {k: (statistics.fmean(p[k] for p in per_rank) / step if step else 0.0)
+                              for k in ("compute", "exposed_comm", "data_wait", "other")}
+    comm_measured = world_size == 1 or any(r.exposed_comm_s is not None for r in measured)
+    name, evidence = verdict({**shares, "exposed_comm": shares["exposed_comm"] if comm_measured
+                              else None})
+    if not comm_measured:
+        shares["exposed_comm"] = None
     busy = median_or_none([r.device_busy_share for r in ranks])
     if busy is not None:
         shares["device_busy"] = busy

@@ -1,4 +1,5 @@
-"""The rank's view of the job, read from the environment torchrun (or SLURM) sets.
+"""The rank's view of the job, read from the environment torchrun (or SLURM) sets, and its tie
+to the agent that started it (`watch_parent`: a rank never outlives torchrun).
 
 Never imports cli, backends, jobs or report; torch only inside functions (see
 runtime/__init__).
@@ -8,7 +9,10 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
+import threading
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -17,6 +21,11 @@ if TYPE_CHECKING:
     import torch
 
 log = logging.getLogger(__name__)
+
+PARENT_POLL_S = 1.0
+# after its agent died: SIGTERM lets the rank write its summary; a rank blocked in a
+# collective never runs that handler, so SIGKILL follows
+ORPHAN_GRACE_S = 5.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,3 +94,23 @@ def shutdown_distributed() -> None:
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def watch_parent() -> None:
+    """End this rank when the process that started it (torchrun's agent) is gone.
+
+    Nobody else would: an agent killed with SIGKILL cannot stop its ranks, and an orphaned rank
+    would go on training (holding its device) and writing into a run dir that may be reused.
+    """
+    parent = os.getppid()
+
+    def loop() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        log.warning("the agent (pid %d) that started this rank is gone; stopping", parent)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(ORPHAN_GRACE_S)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    # not in the rank's entry module: the stack dump of a hung rank finds its main thread there
+    threading.Thread(target=loop, name="dlaunch-parent-watch", daemon=True).start()

@@ -15,12 +15,10 @@ import logging
 import os
 import signal
 import sys
-import threading
-import time
 import traceback
 from types import FrameType
 
-from launcher.runtime.context import from_env, init_distributed, shutdown_distributed
+from launcher.runtime.context import from_env, init_distributed, shutdown_distributed, watch_parent
 from launcher.runtime.harness import train
 from launcher.runtime.recorder import RankRecorder
 from launcher.runtime.resume import stop_requested
@@ -28,11 +26,6 @@ from launcher.specs import LaunchSpec
 from launcher.workload import load_workload
 
 log = logging.getLogger(__name__)
-
-PARENT_POLL_S = 1.0
-# after its agent died: SIGTERM lets the rank write its summary; a rank blocked in a
-# collective never runs that handler, so SIGKILL follows
-ORPHAN_GRACE_S = 5.0
 
 
 class Stopped(SystemExit):
@@ -48,25 +41,6 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     # dlaunch may both send one, and a second raise would cut that summary short
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise Stopped(128 + signum)
-
-
-def watch_parent() -> None:
-    """End this rank when the process that started it (torchrun's agent) is gone.
-
-    Nobody else would: an agent killed with SIGKILL cannot stop its ranks, and an orphaned rank
-    would go on training (holding its device) and writing into a run dir that may be reused.
-    """
-    parent = os.getppid()
-
-    def loop() -> None:
-        while os.getppid() == parent:
-            time.sleep(PARENT_POLL_S)
-        log.warning("the agent (pid %d) that started this rank is gone; stopping", parent)
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(ORPHAN_GRACE_S)
-        os.kill(os.getpid(), signal.SIGKILL)
-
-    threading.Thread(target=loop, name="dlaunch-parent-watch", daemon=True).start()
 
 
 def _stop_was_requested() -> bool:

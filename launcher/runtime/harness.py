@@ -4,7 +4,9 @@ Measurement never syncs the host with the device per step: on CUDA each step is 
 events that are read at the end of a logging window; losses stay tensors until then (see
 runtime.window). On CPU the step is synchronous anyway, so `perf_counter` is exact.
 
-Besides `step` and `comm`, the harness writes these records to the rank file:
+Besides `step`, the harness writes these records to the rank file:
+  comm             exposed communication and busbw, measured after the last step of a
+                   multi-rank run (runtime.calibrate)
   wrap             strategy, compiled, mesh_shape (FSDP's device mesh; [replicas, shards] for hybrid)
   compile          graphs, graph_breaks, break_reasons, recompiles, recompile_reasons, fallback
   profile          trace, top_ops [{name, self_s, per_step_ms, share, calls, calls_per_step}],
@@ -37,8 +39,7 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from launcher.runtime import evaluation, profiling, resume
-from launcher.runtime.calibrate import allreduce_bandwidth, exposed_comm
+from launcher.runtime import calibrate, evaluation, profiling, resume
 from launcher.runtime.compiling import CompileGuard, compile_stats
 from launcher.runtime.context import RankContext
 from launcher.runtime.recorder import RankRecorder
@@ -168,20 +169,25 @@ def _train(workload: Workload, spec: LaunchSpec, ctx: RankContext,
     def zero_grad() -> None:
         optimizer.zero_grad(set_to_none=True)
 
-    def forward_backward(micro_batches: Iterable[Any]) -> Any:
-        """One optimizer step's micro-batches; sync only on the last; the summed loss."""
-        step_loss = torch.zeros((), device=device)
+    fp16 = scaler.is_enabled()  # loss scaling is fp16's alone
+
+    def forward_backward(micro_batches: list[Any]) -> Any:
+        """One optimizer step's micro-batches; sync only on the last; the summed loss.
+
+        The hot path adds nothing to the workload's own forward and backward: no GradScaler
+        call unless fp16, no loss division or running sum without accumulation.
+        """
+        step_loss = None
         for micro, batch in enumerate(micro_batches):
             sync = contextlib.nullcontext() if micro == accum - 1 else wrapped.accumulate()
             with sync:
                 with _autocast(spec, ctx):
-                    loss = workload.loss_fn(wrapped.module, batch) / accum
-                scaler.scale(loss).backward()
-            step_loss += loss.detach()
+                    loss = workload.loss_fn(wrapped.module, batch)
+                if accum > 1:
+                    loss = loss / accum
+                (scaler.scale(loss) if fp16 else loss).backward()
+            step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
         return step_loss
-
-    if ctx.is_distributed and spec.calibrate_comm:
-        _calibrate(workload, wrapped, spec, ctx, loader, recorder, params, guard)
 
     profiler = None
     if spec.profile:
@@ -189,31 +195,35 @@ def _train(workload: Workload, spec: LaunchSpec, ctx: RankContext,
         profiler = profiling.StepProfiler(run_dir=spec.run_dir, rank=ctx.rank, warmup_steps=spec.warmup_steps,
                                 steps=spec.steps - start, cuda=ctx.device_type == "cuda")
 
+    # CPU: peak live tensor bytes of the last warm-up step (deferred: it imports torch)
+    from launcher.runtime.live_bytes import StepSampler
+    sampler = StepSampler.for_rank(device_type=ctx.device_type, strategy=spec.strategy.kind,
+                                   compiled=wrapped.compiled, start=start,
+                                   warmup_steps=spec.warmup_steps, steps=spec.steps,
+                                   module=wrapped.module, optimizer=optimizer)
     window = Window(clock, ctx, recorder, scaler, device, spec.log_every)
     stopped_at = 0  # the step after which a preemption request stopped training
+    held: list[Any] = []  # the micro-batches of the latest step (the calibration replays them)
     nonfinite: dict[str, Any] | None = None  # the first step whose loss was NaN or inf
     last_eval: dict[str, Any] | None = None  # {step, metric: value} of the last evaluation
     with resume.Preemption(sigterm=resume.under_slurm()) as preemption:
         try:
             for step in range(start + 1, spec.steps + 1):
                 step_start = clock.start()
-                data_wait = 0.0
-
-                def fetch() -> Any:
-                    nonlocal data_wait
-                    t = time.perf_counter()
-                    batch = to_device(next(batches), device)
-                    data_wait += time.perf_counter() - t
-                    return batch
-
+                sampler.begin(step)
+                # the step's batches first: the forward+backward mark then times compute and
+                # gradient sync alone (runtime.calibrate); a compile failure re-runs them eagerly
+                fetch_start = time.perf_counter()
+                held = [to_device(next(batches), device) for _ in range(accum)]
+                data_wait = time.perf_counter() - fetch_start
+                fwd_bwd_start = clock.start()
                 if guard.watching:
-                    # keep the step's batches: a compile failure re-runs them eagerly
-                    held = [fetch() for _ in range(accum)]
                     step_loss = guard.run(lambda: forward_backward(held), zero_grad)
                     if step >= watch_until:
                         guard.stop()
                 else:
-                    step_loss = forward_backward(fetch() for _ in range(accum))
+                    step_loss = forward_backward(held)
+                fwd_bwd_mark = clock.stop(fwd_bwd_start)
                 if spec.max_grad_norm > 0:
                     # once per optimizer step, on true (unscaled) gradients
                     scaler.unscale_(optimizer)
@@ -236,11 +246,12 @@ def _train(workload: Workload, spec: LaunchSpec, ctx: RankContext,
                           "data_wait_s": data_wait, "samples": samples_per_step,
                           "units": units_per_step, "warmup": step - start <= spec.warmup_steps,
                           **evaluated}
+                sampler.end(step, record)
                 if profiler is not None:
                     profiler.step()
                     # profiled steps run slower: aggregate leaves them out of throughput
                     record["profiled"] = profiler.profiled(step - start)
-                window.add(record, mark, step_loss)
+                window.add(record, mark, step_loss, fwd_bwd_mark)
                 recorder.progress(step)  # hang watcher: every step, a small file a second at most
                 boundary = resume.window_boundary(step, spec)
                 if window.full or step == spec.steps or boundary:
@@ -257,12 +268,23 @@ def _train(workload: Workload, spec: LaunchSpec, ctx: RankContext,
                         resume.save(step, wrapped.module, optimizer, scaler, spec, recorder,
                                     reason="periodic", scheduler=scheduler)
         except BaseException:
+            sampler.abort()
             window.flush_open()
             raise
     if profiler is not None:
         recorder.add(profiler.close())
     if wrapped.compiled:
         recorder.add(compile_stats(guard.fallback))
+    if ctx.is_distributed and spec.calibrate_comm and not stopped_at and window.fwd_bwd_times():
+
+        def sync_off_pass() -> None:
+            with wrapped.no_sync():
+                forward_backward(held)
+            zero_grad()
+
+        # after the last step: training never waits for it and is unchanged by it
+        recorder.add(calibrate.measure(window.fwd_bwd_times(), sync_off_pass, ctx=ctx,
+                                       grad_bytes=sum(p.numel() * 4 for p in params)))
     recorder.flush()
     # stop the loader's workers now, not at interpreter exit (mypy: the names are done with)
     batches = loader = None  # type: ignore[assignment]
@@ -297,34 +319,3 @@ def _check_losses(records: list[dict[str, Any]], spec: LaunchSpec,
                     "(--stop-on-nan stops at the first one)", found["loss"], found["step"])
     return found
 
-
-def _calibrate(workload: Workload, wrapped: Wrapped, spec: LaunchSpec, ctx: RankContext,
-               loader: Any, recorder: RankRecorder, params: list[Any], guard: CompileGuard) -> None:
-    """Measure exposed communication and all-reduce bandwidth; see runtime.calibrate."""
-    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
-    import torch
-
-    device = ctx.device()
-    batch = to_device(next(iter(loader)), device)
-
-    def forward_backward() -> None:
-        with _autocast(spec, ctx):
-            loss = workload.loss_fn(wrapped.module, batch)
-        loss.backward()
-
-    def zero_grad() -> None:
-        for p in params:
-            p.grad = None
-
-    record: dict[str, Any] = {"kind": "comm"}
-    devices = [ctx.local_rank] if ctx.device_type == "cuda" else []
-    # training must not depend on whether calibration ran: keep the RNG streams untouched
-    with torch.random.fork_rng(devices=devices):
-        # the first sync-on pass builds buckets and compiles (falling back to eager on failure)
-        guard.run(forward_backward, zero_grad)
-        zero_grad()
-        record.update(exposed_comm(forward_backward, wrapped.no_sync, zero_grad,
-                                   cuda=ctx.device_type == "cuda"))
-    grad_bytes = sum(p.numel() * 4 for p in params)
-    record.update(allreduce_bandwidth(grad_bytes, device, ctx.world_size))
-    recorder.add(record)

@@ -10,6 +10,9 @@ Records (one JSON object per line, `kind` first):
          warm-up; throughput is measured from there to the last step's end_time.
   comm   calibration of communication (see harness)
   end    time, steps, status
+The start and end records carry `host_load` {load_1m, usable_cores, steal_ticks, total_ticks}:
+the host's 1-minute load average and its /proc/stat CPU counters, from which results tell a
+busy or oversubscribed host (the steal share is the counters' difference over the run).
 The start record also carries `attempt` (0, or the restart number under `--max-restarts`, or
 SLURM's restart count of a requeued job); runtime.resume adds `resume` and `checkpoint` records.
 
@@ -69,7 +72,8 @@ class RankRecorder:
         attempt = int(os.environ.get("DLAUNCH_ATTEMPT")
                       or os.environ.get("DLAUNCH_SLURM_RESTART_COUNT") or 0)
         append_lines(self.path, [{"kind": "start", "rank": rank, "pid": os.getpid(),
-                                  "time": time.time(), "attempt": attempt, **start}])
+                                  "time": time.time(), "attempt": attempt, **start,
+                                  "host_load": host_load()}])
         self.heartbeat(0)
 
     def add(self, record: dict[str, Any]) -> None:
@@ -116,8 +120,32 @@ class RankRecorder:
             summary["error"] = f"{type(error).__name__}: {error}".strip()
             summary["traceback"] = "".join(tb.format_exception(error))
         append_lines(self.path, [{"kind": "end", "time": now, "steps": self.steps_done,
-                                  "status": status}])
+                                  "status": status, "host_load": host_load()}])
         atomic_write_json(self._paths.summary(self.rank), summary)
+
+
+def host_load(proc: Path = Path("/proc")) -> dict[str, Any]:
+    """This host's 1-minute load average, usable cores, and the cumulative CPU time counters of
+    /proc/stat (all states, and steal: time a hypervisor gave this VM's CPUs to others).
+    Missing values are left out (no /proc outside Linux)."""
+    out: dict[str, Any] = {}
+    try:
+        out["load_1m"] = float((proc / "loadavg").read_text().split()[0])
+        cpu = (proc / "stat").read_text().splitlines()[0].split()
+        if cpu[0] == "cpu" and len(cpu) > 8:
+            ticks = [int(x) for x in cpu[1:]]
+            # guest time is already inside user and nice: leave it out of the total
+            out["total_ticks"], out["steal_ticks"] = sum(ticks[:8]), ticks[7]
+    except (OSError, ValueError, IndexError) as e:
+        log.debug("no load figures: %s", e)
+    try:
+        # deferred: only the rank's start and end need it (psutil, cgroup files)
+        from launcher.hardware.detect import usable_cores
+
+        out["usable_cores"] = usable_cores()
+    except (ImportError, OSError, ValueError) as e:
+        log.debug("no usable core count: %s", e)
+    return out
 
 
 def _enable_stack_dumps(path: Path) -> bool:

@@ -119,21 +119,33 @@ class Window:
         self.length = 1  # the first window is the first step alone: it measures the step time
         self.records: list[dict[str, Any]] = []
         self._marks: list[Any] = []
+        self._fwd_bwd_marks: list[Any] = []
         self._losses: list[Any] = []
+        self._fwd_bwd_s: dict[bool, list[float]] = {True: [], False: []}  # by steadiness
         self._scales: list[Any] = []
         # the scale tensor is created lazily by the first scale(); start from the initial value
         self._prev_scale = ([torch.tensor(scaler.get_scale(), device=device)]
                             if scaler.is_enabled() else [])
 
-    def add(self, record: dict[str, Any], mark: Any, loss: Any) -> None:
-        """One finished step: its record, its clock mark and its loss tensor (no sync)."""
+    def add(self, record: dict[str, Any], mark: Any, loss: Any, fwd_bwd_mark: Any = None) -> None:
+        """One finished step: its record, its clock mark and its loss tensor (no sync).
+
+        `fwd_bwd_mark`: the clock mark of its forward and backward alone (gradient sync
+        included), read back by `fwd_bwd_times` once the window has closed.
+        """
         self.records.append(record)
         self._marks.append(mark)
+        self._fwd_bwd_marks.append(fwd_bwd_mark)
         self._losses.append(loss)
         if self.scaler.is_enabled():
             # the scale drops exactly when the step was skipped for inf/NaN gradients;
             # keep a device copy and compare at the window's end (no sync here)
             self._scales.append(self.scaler._scale.detach().clone())
+
+    def fwd_bwd_times(self) -> list[float]:
+        """Forward+backward seconds of the closed windows' steady steps (neither warm-up nor
+        profiled), or of all their steps when none was steady (a resume near the end)."""
+        return self._fwd_bwd_s[True] or self._fwd_bwd_s[False]
 
     @property
     def full(self) -> bool:
@@ -150,7 +162,13 @@ class Window:
         import torch
         import torch.distributed as dist
 
-        times = self.clock.resolve(self._marks)
+        fb_at = [i for i, m in enumerate(self._fwd_bwd_marks) if m is not None]
+        # one resolve (on CUDA the window's one host sync) for the steps and their fwd+bwd parts
+        resolved = self.clock.resolve(self._marks + [self._fwd_bwd_marks[i] for i in fb_at])
+        times = resolved[:len(self._marks)]
+        for i, fb_s in zip(fb_at, resolved[len(self._marks):]):
+            rec = self.records[i]
+            self._fwd_bwd_s[not rec.get("warmup") and not rec.get("profiled")].append(fb_s)
         scales = self._prev_scale + self._scales
         if self._scales:
             values = torch.stack(scales).float().tolist()
@@ -176,6 +194,7 @@ class Window:
         self.length = window_steps(mean_step_s, self.log_every)
         self._prev_scale = self._scales[-1:] or self._prev_scale
         self.records, self._marks, self._losses, self._scales = [], [], [], []
+        self._fwd_bwd_marks = []
         return stop_any > 0
 
     def flush_open(self) -> None:

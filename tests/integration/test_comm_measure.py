@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import DATA, WORKLOADS, Done, run_dlaunch, run_result
+from tests.helpers import (
+    DATA,
+    WORKLOADS,
+    Done,
+    rank_losses,
+    rank_records,
+    run_dlaunch,
+    run_result,
+)
 
 pytestmark = pytest.mark.distributed
 
@@ -23,15 +31,45 @@ def run(tmp: Path, name: str, *args: str, env: dict[str, str] | None = None) -> 
                        env={"TMPDIR": str(tmp / "tmp"), **(env or {})})
 
 
-def test_injected_allreduce_delay_is_measured_as_exposed_comm(tmp_path):
-    args = (str(WORKLOADS / "mlp.py"), "--gpus", "2", "--steps", "8", "--json", "--", *ONE_BUCKET)
-    base = run(tmp_path, "base", *args)
-    assert base.code == 0, base.err[-3000:]
-    slow = run(tmp_path, "delayed", *args, env={"DLAUNCH_INJECT_COMM_DELAY_MS": str(DELAY_MS)})
+# fixed strategy and precision: the calibrated and the plain run must train the same way
+ARGS = (str(WORKLOADS / "mlp.py"), "--gpus", "2", "--steps", "8", "--strategy", "ddp",
+        "--precision", "fp32", "--json")
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory) -> tuple[Path, Done]:
+    tmp = tmp_path_factory.mktemp("calibrated")
+    done = run(tmp, "base", *ARGS, "--", *ONE_BUCKET)
+    assert done.code == 0, done.err[-3000:]
+    return tmp / "base", done
+
+
+def test_injected_allreduce_delay_is_measured_as_exposed_comm(calibrated, tmp_path):
+    _, base = calibrated
+    slow = run(tmp_path, "delayed", *ARGS, "--", *ONE_BUCKET,
+               env={"DLAUNCH_INJECT_COMM_DELAY_MS": str(DELAY_MS)})
     assert slow.code == 0, slow.err[-3000:]
     rise = slow.json()["exposed_comm_s"] - base.json()["exposed_comm_s"]
     assert rise == pytest.approx(DELAY_MS / 1000, rel=0.15), (base.json()["exposed_comm_s"],
                                                               slow.json()["exposed_comm_s"])
+
+
+def test_calibration_runs_after_training_and_leaves_the_losses_alone(calibrated, tmp_path):
+    run_dir, _ = calibrated
+    plain = run(tmp_path, "plain", *ARGS, "--no-calibrate", "--", *ONE_BUCKET)
+    assert plain.code == 0, plain.err[-3000:]
+    for rank in range(2):
+        recs = rank_records(run_dir, rank)
+        kinds = [r["kind"] for r in recs]
+        # measured after the last step: the first step never waits for it
+        assert kinds.index("comm") > max(i for i, k in enumerate(kinds) if k == "step"), kinds
+        comm = recs[kinds.index("comm")]
+        assert comm["sync_steps"] == 5 and comm["nosync_passes"] >= 1, comm
+        assert comm["busbw_gb_s"] > 0, comm
+        assert "comm" not in [r["kind"] for r in rank_records(tmp_path / "plain", rank)]
+    # no extra pass before any optimizer step: DDP trains bit for bit as without calibration
+    losses = rank_losses(run_dir)
+    assert losses == rank_losses(tmp_path / "plain") and len(losses) == 8, losses
 
 
 @pytest.fixture(scope="module")

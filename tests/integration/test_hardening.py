@@ -101,7 +101,7 @@ def test_sigkill_of_dlaunch_ends_every_process_of_the_job(tmp_path: Path, seen: 
 
 def test_rerun_sweep_waits_for_the_killed_one_and_never_mixes_numbers(tmp_path: Path, seen: set[int]):
     sweep = tmp_path / "sweep"
-    args = ["scale", STEADY, "--gpus", "2", "--steps", "6", "--no-calibrate", "--strategy", "ddp",
+    args = ["scale", STEADY, "--gpus", "2", "--steps", "6", "--strategy", "ddp",
             "--precision", "fp32", "--micro-batch", "4", "--no-report", "--sweep-dir", str(sweep),
             "--", "--step-sleep-s", "0.5"]
     proc = _start(tmp_path, *args, name="first")
@@ -214,9 +214,8 @@ def test_ctrl_c_of_run_is_an_interruption(tmp_path: Path, seen: set[int], phase:
 
 def test_ctrl_c_of_scale_is_an_interruption(tmp_path: Path, seen: set[int]):
     sweep = tmp_path / "sweep"
-    proc = _start(tmp_path, "scale", STEADY, "--gpus", "2", "--steps", "1000", "--no-calibrate",
-                  "--strategy", "ddp", "--precision", "fp32", "--micro-batch", "4", "--no-report",
-                  "--sweep-dir", str(sweep))
+    proc = _start(tmp_path, "scale", STEADY, "--gpus", "2", "--steps", "1000", "--strategy", "ddp",
+                  "--precision", "fp32", "--micro-batch", "4", "--no-report", "--sweep-dir", str(sweep))
     seen.add(proc.pid)
     point = SweepPaths(root=sweep).point("ws2-r0").root
     _wait_for_step(point, 1, proc)
@@ -249,3 +248,18 @@ def test_dry_run_command_pastes_into_a_shell(dlaunch, tmp_path: Path):
     command = done.out.splitlines()[done.out.splitlines().index("# command") + 1]
     argv = shlex.split(command)
     assert str(RunPaths(root=run_dir).launch) in argv and str(run_dir / "logs" / "node-0") in argv
+
+
+def test_fsdp_shape_mismatch_names_the_cause_of_the_abort(tmp_path: Path, seen: set[int]):
+    run_dir = tmp_path / "run"
+    proc = _start(tmp_path, "run", str(DATA / "fsdp_mismatch.py"), "--gpus", "2", "--steps", "2",
+                  "--no-calibrate", "--strategy", "fsdp_full", "--precision", "fp32",
+                  "--micro-batch", "4", "--hang-timeout-s", "20", "--run-dir", str(run_dir))
+    seen.add(proc.pid)
+    assert proc.wait(timeout=180) == 1
+    failures = json.loads(RunPaths(root=run_dir).result.read_text())["failures"]
+    aborted = [f for f in failures if "SIGABRT" in f]
+    assert aborted and "uncaught C++ exception" in aborted[0], failures
+    assert "size" in aborted[0] and "mismatch" in aborted[0], aborted[0]
+    seen.update(rank_pids(run_dir))
+    assert_processes_gone(seen)

@@ -1,0 +1,125 @@
+"""The CPU step-time model against real runs: predicted vs measured median step time per cell.
+
+    .venv/bin/python benchmarks/cpu_truth.py [--workloads mlp gpt resnet] [--strategies ddp
+        fsdp_full] [--precisions fp32 bf16] [--ranks 1 2 4] [--steps 12] [--json FILE]
+
+Each cell is a real `dlaunch run` on this machine (torchrun, gloo) with the strategy and
+precision forced, checkpointing off and the micro-batch left to the plan; the run plans first
+(its plan.json holds the predicted step time, the CPU probe's rates included) and its
+result.json carries both numbers in its `prediction` block. FSDP on one rank is run when the
+planner accepts it; a refused cell is printed with the reason. The load average is printed
+before and after every cell: step times measured on a busy host are slow and noisy, so compare
+cells taken at a load below the usable core count. A full grid takes about 10 minutes on an
+idle 2-core host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+DLAUNCH = [sys.executable, "-m", "launcher.cli"]
+TARGET = 0.25  # every cell's |measured/predicted - 1| should stay within this
+
+
+def load_average() -> float:
+    """The 1-minute load average of this host."""
+    return float(Path("/proc/loadavg").read_text(encoding="utf-8").split()[0])
+
+
+def run_cell(workload: str, strategy: str, precision: str, ranks: int, steps: int,
+             root: Path) -> dict[str, Any]:
+    """One `dlaunch run` of the cell; its predicted and measured step times, or why not."""
+    run_dir = root / f"{workload}-{strategy}-{precision}-{ranks}"
+    cmd = [*DLAUNCH, "run", str(REPO / "workloads" / f"{workload}.py"), "--gpus", str(ranks),
+           "--strategy", strategy, "--precision", precision, "--no-checkpointing",
+           "--steps", str(steps), "--no-calibrate", "--run-dir", str(run_dir), "--force"]
+    cell: dict[str, Any] = {"workload": workload, "strategy": strategy, "precision": precision,
+                            "ranks": ranks, "load_before": load_average()}
+    started = time.monotonic()
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    cell["wall_s"] = round(time.monotonic() - started, 1)
+    cell["load_after"] = load_average()
+    result_path = run_dir / "result.json"
+    if proc.returncode != 0 or not result_path.exists():
+        lines = [ln for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
+        cell["error"] = lines[-1] if lines else f"exit {proc.returncode}"
+        return cell
+    result = json.loads(result_path.read_text(encoding="utf-8"))
+    prediction = result.get("prediction") or {}
+    cell["measured_s"] = result.get("step_time_median_s")
+    cell["predicted_s"] = prediction.get("step_time_s")
+    cell["micro_batch"] = _micro_batch(run_dir)
+    if cell["measured_s"] and cell["predicted_s"]:
+        cell["ratio"] = cell["measured_s"] / cell["predicted_s"]
+    return cell
+
+
+def _micro_batch(run_dir: Path) -> int | None:
+    try:
+        launch = json.loads((run_dir / "launch.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return launch.get("micro_batch") or (launch.get("spec") or {}).get("micro_batch")
+
+
+def format_cell(c: dict[str, Any]) -> str:
+    """One row of the grid."""
+    head = (f"{c['workload']:<7}{c['strategy']:<10}{c['precision']:<6}{c['ranks']:>3}  "
+            f"load {c['load_before']:5.2f} -> {c['load_after']:5.2f}  ")
+    if "error" in c:
+        return head + f"not run: {c['error']}"
+    if "ratio" not in c:
+        return head + "no prediction in result.json"
+    mark = "ok" if abs(c["ratio"] - 1) <= TARGET else "MISS"
+    return head + (f"mb {c.get('micro_batch') or '?':>3}  predicted {c['predicted_s']:8.4f} s  "
+                   f"measured {c['measured_s']:8.4f} s  measured/predicted {c['ratio']:5.2f}  {mark}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the grid, print it with the ratio per cell, and write it as JSON when asked."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--workloads", nargs="+", default=["mlp", "gpt", "resnet"])
+    ap.add_argument("--strategies", nargs="+", default=["ddp", "fsdp_full"])
+    ap.add_argument("--precisions", nargs="+", default=["fp32", "bf16"])
+    ap.add_argument("--ranks", nargs="+", type=int, default=[1, 2, 4])
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--json", metavar="FILE", help="also write the grid as JSON")
+    args = ap.parse_args(argv)
+    start_load = Path("/proc/loadavg").read_text(encoding="utf-8").strip()
+    print(f"load average before: {start_load}  ({os.cpu_count()} CPUs)", flush=True)
+    cells = []
+    with tempfile.TemporaryDirectory(prefix="cpu-truth-") as tmp:
+        for workload in args.workloads:
+            for strategy in args.strategies:
+                for precision in args.precisions:
+                    for ranks in args.ranks:
+                        cell = run_cell(workload, strategy, precision, ranks, args.steps, Path(tmp))
+                        cells.append(cell)
+                        print(format_cell(cell), flush=True)
+    end_load = Path("/proc/loadavg").read_text(encoding="utf-8").strip()
+    print(f"load average after: {end_load}")
+    ratios = [c["ratio"] for c in cells if "ratio" in c]
+    within = sum(abs(r - 1) <= TARGET for r in ratios)
+    if ratios:
+        print(f"{within} of {len(ratios)} cells within {TARGET:.0%}; median measured/predicted "
+              f"{statistics.median(ratios):.2f}; {len(cells) - len(ratios)} cell(s) not run")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"load_before": start_load, "load_after": end_load,
+                                               "cells": cells}, indent=2) + "\n",
+                                   encoding="utf-8")
+    return 0 if ratios and within == len(ratios) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""Measure this host's CPU rates once (a fraction of a second) and cache them per machine.
+
+The CPU step-time model (`cpu_cost`) needs what one core achieves, not the ISA peak a topology
+file or CPU flags suggest: GEMMs at a large and a skinny shape for fp32 and bf16 (bf16 runs
+far below fp32 on CPUs without avx512_bf16/AMX), streaming bandwidth and the fp32 -> bf16 cast
+rate. Each is the best of a few repeats with one thread, so a busy host disturbs it less.
+`resolve.cached_cpu_rates` caches the result next to the profiles, under `cache_key` (CPU model,
+usable cores, torch version); `probed_topology` swaps a CPU topology's listed figures for it.
+
+Never imports cli, backends, jobs, runtime or report; torch only inside `measure`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from launcher.hardware.detect import cpu_info
+from launcher.hardware.types import Topology
+from launcher.plan.cpu_cost import CpuRates, ProbedCpu
+
+log = logging.getLogger(__name__)
+
+# (rows, k, n): a GEMM large enough to run near the large-GEMM rate, and a skinny one whose
+# rows (8: an MLP's micro-batch) show how fast the rate falls with fewer rows
+LARGE_GEMM = (256, 512, 512)
+SKINNY_GEMM = (8, 512, 512)
+# elements of the streamed tensors: 4 x 2^24 B = 64 MiB each, beyond most caches; and
+# 4 x 2^20 B = 4 MiB each, within most last-level caches, beyond most L2s
+STREAM_NUMEL = 1 << 24
+CACHED_NUMEL = 1 << 20
+LLC_SYSFS = Path("/sys/devices/system/cpu/cpu0/cache")
+REPEATS = 5
+# bump when `measure` measures differently, so old cache entries are ignored
+PROBE_FORMAT = 2
+
+
+def _best_s(fn: Callable[[], Any], repeats: int) -> float:
+    fn()  # warm: allocation, kernel selection, page faults
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return max(best, 1e-9)
+
+
+def _gemm_gflops(torch: Any, shape: tuple[int, int, int], dtype: Any) -> float:
+    m, k, n = shape
+    a, b = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
+    return 2 * m * k * n / _best_s(lambda: torch.mm(a, b), REPEATS) / 1e9
+
+
+def _stream_gb_s(torch: Any, numel: int, repeats: int) -> float:
+    x = torch.ones(numel)
+    out = torch.empty_like(x)
+    # read x, write out: 8 bytes per element
+    return 8 * numel / _best_s(lambda: torch.add(x, 1.0, out=out), repeats) / 1e9
+
+
+def llc_bytes(root: Path = LLC_SYSFS) -> float:
+    """The largest cache sysfs lists for cpu0 (the last level), in bytes; 0 when unknown."""
+    best = 0.0
+    for size in root.glob("index*/size"):
+        try:
+            text = size.read_text(encoding="utf-8").strip().upper()
+        except OSError:
+            continue
+        scale = {"K": 1024, "M": 1024**2, "G": 1024**3}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            best = max(best, int(digits) * scale)
+    return best
+
+
+def half_rows(large_gflops: float, skinny_gflops: float, rows: int) -> float:
+    """The rows at which rate(r) = large x r / (r + half) halves, from the skinny GEMM's rate."""
+    return max(0.0, rows * (large_gflops / skinny_gflops - 1))
+
+
+def measure() -> CpuRates:
+    """Time GEMMs, a streaming add and a cast on one thread of this host (well under 1 s)."""
+    # deferred: the probe runs only when its cache entry is missing
+    import torch
+
+    started = time.perf_counter()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        gemm, half = {}, {}
+        for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+            large = _gemm_gflops(torch, LARGE_GEMM, dtype)
+            skinny = _gemm_gflops(torch, SKINNY_GEMM, dtype)
+            gemm[name], half[name] = round(large, 2), round(half_rows(large, skinny, SKINNY_GEMM[0]), 3)
+        mem = _stream_gb_s(torch, STREAM_NUMEL, 2)
+        cached = _stream_gb_s(torch, CACHED_NUMEL, REPEATS)
+        src = torch.ones(CACHED_NUMEL)
+        half_x = torch.empty(CACHED_NUMEL, dtype=torch.bfloat16)
+        cast = 6 * CACHED_NUMEL / _best_s(lambda: half_x.copy_(src), REPEATS) / 1e9
+    finally:
+        torch.set_num_threads(threads)
+    info = cpu_info()
+    elapsed = time.perf_counter() - started
+    return CpuRates(gemm_gflops=gemm, half_rows=half, mem_gb_s=round(mem, 2),
+                    cache_gb_s=round(max(cached, mem), 2), cast_gb_s=round(cast, 2),
+                    llc_bytes=llc_bytes(), cpu_model=info.model, cores=info.usable_cores,
+                    measured_at=datetime.datetime.now().isoformat(timespec="seconds"),
+                    source=f"CPU probe, torch {torch.__version__}, one thread, best of "
+                           f"{REPEATS} ({elapsed:.2f} s)")
+
+
+def torch_version() -> str:
+    """The installed torch's version, read without importing torch (a cached lookup must stay
+    fast); "none" without torch."""
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return "none"
+
+
+def cache_key(cpu_model: str, cores: int, torch_version: str) -> str:
+    """A cache entry's name: CPU model, usable cores, torch version and the probe's format."""
+    raw = json.dumps([cpu_model, cores, torch_version, PROBE_FORMAT])
+    return hashlib.sha256(raw.encode()).hexdigest()[:32]
+
+
+def probed_topology(topology: Topology, rates: CpuRates) -> Topology:
+    """`topology` (a CPU one) with its device's listed FLOP/s replaced by the measurement: one
+    process's share of the host's cores (the DeviceSpec contract), and the probe's rates for
+    the cost model. bf16 is listed (torch runs it on any CPU); the rates say whether it is
+    faster."""
+    dev, ranks = topology.accelerator, topology.devices_per_node
+    cores = rates.cores or topology.cpu_cores_per_node
+    day = rates.measured_at.replace("T", " ")
+    accel = ProbedCpu(
+        name=f"{rates.cpu_model} - one of {ranks} processes (rates measured by the CPU probe "
+             f"{day})",
+        mem_gib=dev.mem_gib,
+        peak_tflops={k: round(v * cores / ranks / 1e3, 5) for k, v in rates.gemm_gflops.items()},
+        source=f"{rates.source} at {rates.measured_at}; replaces: {dev.source}".strip(),
+        rates=rates)
+    return dataclasses.replace(topology, accelerator=accel, cpu_cores_per_node=cores)
+
+
+__all__ = ["measure", "torch_version", "cache_key", "probed_topology", "half_rows", "llc_bytes",
+           "LARGE_GEMM", "SKINNY_GEMM", "PROBE_FORMAT"]

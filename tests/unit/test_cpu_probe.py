@@ -1,0 +1,139 @@
+"""The CPU probe (real measurements, cached per machine) and the CPU step-time model it feeds."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from launcher.hardware.types import DeviceSpec, Link, Topology
+from launcher.plan import cpu_probe
+from launcher.plan.cost import step_time
+from launcher.plan.cpu_cost import CpuRates, ProbedCpu, core_share
+from launcher.plan.resolve import cached_cpu_rates, probe_cache_dir, resolve_topology
+from launcher.specs import ModelProfile, Strategy
+
+
+def rates(fp32: float = 100.0, bf16: float = 50.0) -> CpuRates:
+    return CpuRates(gemm_gflops={"fp32": fp32, "bf16": bf16}, half_rows={"fp32": 1.0, "bf16": 1.0},
+                    mem_gb_s=5.0, cache_gb_s=20.0, cast_gb_s=5.0, llc_bytes=32 * 2**20, cores=2)
+
+
+def cpu_topology(ranks: int, *, cores: int = 2, r: CpuRates | None = None) -> Topology:
+    dev = ProbedCpu(name="probed", mem_gib=8, peak_tflops={"fp32": 0.1}, rates=r or rates())
+    return Topology(name="cpu", device="cpu", num_nodes=1, devices_per_node=ranks,
+                    accelerator=dev, cpu_cores_per_node=cores,
+                    intra_node=Link(kind="shm", bw_gb_s=1.0, latency_us=100))
+
+
+def model(*, params: int, flops_per_sample: float, tokens: int = 1) -> ModelProfile:
+    return ModelProfile(name="m", num_params=params, bytes_by_dtype={"float32": 4 * params},
+                        num_blocks=4, largest_block_params=params // 4,
+                        activation_bytes_per_sample=64.0 * tokens * 256,
+                        block_input_bytes_per_sample=4.0 * tokens * 256,
+                        flops_fwd_per_sample=flops_per_sample, units_per_sample=tokens,
+                        sample_units="tokens" if tokens > 1 else "samples")
+
+
+# a transformer-like model (weights reused over 512 tokens) and a skinny MLP (used once per sample)
+LARGE = model(params=4_000_000, flops_per_sample=2 * 4_000_000 * 512, tokens=512)
+SKINNY = model(params=1_000_000, flops_per_sample=2 * 1_000_000)
+
+
+# --- the probe and its cache ---------------------------------------------------------------------
+def test_probe_measures_and_caches_per_machine(tmp_path: Path):
+    first = cached_cpu_rates(tmp_path)  # a real measurement (well under a second)
+    assert first.gemm_gflops["fp32"] > 0 and first.gemm_gflops["bf16"] > 0
+    assert first.mem_gb_s > 0 and first.cache_gb_s >= first.mem_gb_s and first.measured_at
+    [entry] = list(tmp_path.glob("*.json"))
+    assert json.loads(entry.read_text())["gemm_gflops"] == dict(first.gemm_gflops)
+
+    def must_not_measure() -> CpuRates:
+        raise AssertionError("a cached probe measured again")
+
+    assert cached_cpu_rates(tmp_path, measure_fn=must_not_measure) == first
+    # a corrupt entry is measured again, not trusted
+    entry.write_text("{not json")
+    assert cached_cpu_rates(tmp_path, measure_fn=lambda: rates()) == rates()
+
+
+def test_cache_key_names_cpu_cores_and_torch():
+    base = cpu_probe.cache_key("Xeon 8480", 8, "2.13.0")
+    assert base == cpu_probe.cache_key("Xeon 8480", 8, "2.13.0")
+    assert len({base, cpu_probe.cache_key("EPYC 9654", 8, "2.13.0"),
+                cpu_probe.cache_key("Xeon 8480", 4, "2.13.0"),
+                cpu_probe.cache_key("Xeon 8480", 8, "2.14.0")}) == 4
+
+
+def test_half_rows_and_llc_from_sysfs(tmp_path: Path):
+    # a skinny GEMM of 8 rows at half the large rate: rate(r) = R r / (r + 8) halves at 8 rows
+    assert cpu_probe.half_rows(100.0, 50.0, 8) == pytest.approx(8.0)
+    assert cpu_probe.half_rows(100.0, 120.0, 8) == 0.0  # never negative
+    for index, size in (("index0", "48K"), ("index2", "1280K"), ("index3", "32M")):
+        (tmp_path / index).mkdir()
+        (tmp_path / index / "size").write_text(size + "\n")
+    assert cpu_probe.llc_bytes(tmp_path) == 32 * 2**20
+    assert cpu_probe.llc_bytes(tmp_path / "missing") == 0.0
+
+
+def test_cpu_plans_use_the_probe_and_gpu_plans_never_run_it(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("DLAUNCH_CACHE_DIR", str(tmp_path))
+    gpu = resolve_topology(topology="h100-sxm-8x", gpus=None, nodes=None)
+    assert not isinstance(gpu.accelerator, ProbedCpu)
+    assert not probe_cache_dir().exists()
+    topo = resolve_topology(topology="cpu-local", gpus=2, nodes=None)
+    dev = topo.accelerator
+    assert isinstance(dev, ProbedCpu) and "measured by the CPU probe" in dev.name
+    assert list(probe_cache_dir().glob("*.json"))
+    # the listed peak is replaced: one process's share of the measured host rate
+    cores = topo.cpu_cores_per_node
+    assert dev.peak_tflops["fp32"] == pytest.approx(
+        dev.rates.gemm_gflops["fp32"] * cores / 2 / 1e3, rel=1e-3)
+
+
+# --- the CPU model -------------------------------------------------------------------------------
+def test_more_ranks_than_cores_share_them():
+    assert core_share(cpu_topology(1, cores=2)) > 1.0  # two threads
+    assert core_share(cpu_topology(2, cores=2)) == 1.0
+    assert core_share(cpu_topology(4, cores=2)) == 0.5
+    fp32 = Strategy(kind="ddp", precision="fp32")
+    per_rank = {n: step_time(LARGE, fp32, cpu_topology(n), 4, 1) for n in (1, 2, 4)}
+    assert per_rank[1].compute_s < per_rank[2].compute_s < per_rank[4].compute_s
+    # half a core each, and half the last-level cache: at least twice as slow
+    assert per_rank[4].compute_s >= 2 * per_rank[2].compute_s
+    # gloo's copies share the cores too: the same bytes take longer over 4 ranks on 2 cores
+    assert per_rank[4].comm_total_s > per_rank[2].comm_total_s
+
+
+def test_bf16_helps_large_gemms_only_where_the_probe_says_it_is_faster():
+    fp32, bf16 = Strategy(kind="ddp", precision="fp32"), Strategy(kind="ddp", precision="bf16")
+    fast_bf16 = cpu_topology(2, r=rates(fp32=100.0, bf16=300.0))  # native bf16 (AMX-like)
+    slow_bf16 = cpu_topology(2, r=rates(fp32=100.0, bf16=15.0))  # emulated bf16
+    assert step_time(LARGE, bf16, fast_bf16, 4, 1).compute_s < \
+        step_time(LARGE, fp32, fast_bf16, 4, 1).compute_s
+    assert step_time(LARGE, bf16, slow_bf16, 4, 1).compute_s > \
+        step_time(LARGE, fp32, slow_bf16, 4, 1).compute_s
+    # a skinny model gains far less from fast bf16 GEMMs: casts and weight traffic stay
+    gain = {name: step_time(p, fp32, fast_bf16, 8, 1).compute_s
+            / step_time(p, bf16, fast_bf16, 8, 1).compute_s for name, p in
+            (("large", LARGE), ("skinny", SKINNY))}
+    assert gain["skinny"] < gain["large"]
+
+
+def test_cpu_communication_is_not_hidden():
+    t = step_time(LARGE, Strategy(kind="ddp"), cpu_topology(2), 4, 1)
+    assert t.comm_total_s > 0 and t.comm_exposed_s == pytest.approx(t.comm_total_s)
+    assert t.step_time_s == pytest.approx(t.compute_s + t.comm_total_s)
+
+
+def test_an_unprobed_cpu_topology_uses_its_listed_peak():
+    listed = DeviceSpec(name="listed", mem_gib=8, peak_tflops={"fp32": 0.05})
+    base = cpu_topology(2)
+    slow = dataclasses.replace(base, accelerator=listed)
+    fast = dataclasses.replace(base, accelerator=dataclasses.replace(listed,
+                                                                     peak_tflops={"fp32": 0.5}))
+    s = Strategy(kind="ddp")
+    assert step_time(LARGE, s, fast, 4, 1).compute_s < step_time(LARGE, s, slow, 4, 1).compute_s
