@@ -9,10 +9,10 @@
   pass replaces SDPA to measure flash attention's memory);
 - a model of identical blocks (a transformer) runs through its first 1, 2 and 3 blocks only and
   is scaled to all of them, after checking the increments are equal: 70B in well under a second;
-- the optimizer's state per parameter: built on the meta model, probed on CPU (plan.probe).
+- the optimizer's state per parameter: built on the meta model, probed on CPU (plan.workload_probe).
 
 A profile that fails on the meta device is tried once more on a tiny real CPU batch
-(plan.probe), so the error says whether the workload has a bug or is only not meta-safe.
+(plan.workload_probe), so the error says whether the workload has a bug or is only not meta-safe.
 
 Never imports cli, backends, jobs, runtime or report; torch only inside functions, so importing
 this module stays cheap.
@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from launcher.errors import WorkloadError
-from launcher.plan.probe import meta_error, optimizer_state
+from launcher.plan.workload_probe import meta_error, optimizer_state
 from launcher.specs import ModelProfile
 from launcher.workload import Workload
 

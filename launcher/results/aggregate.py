@@ -138,6 +138,7 @@ def _rank_result(run_dir: Path, rank: int, records: list[dict[str, Any]],
         resumed_from_step=resumed, measured_wall_s=wall,
         step_time_mean_s=step_sum / len(steady) if steady else None,
         live_peak_bytes=live[0] if live else None, live_peak_step=live[1] if live else None,
+        last_eval=summary.get("eval") if summary else None,
     )
 
 
@@ -245,6 +246,7 @@ def aggregate(run_dir: str | Path, *, exit_code: int | None = None,
                             script=spec.is_script, world_size=spec.world_size),
         attempts=attempts, throughput_basis=basis, prediction=prediction,
         host_load=hosts, warnings=run_warnings(ranks, hosts, prediction),
+        last_eval=next((r.last_eval for r in ranks if r.last_eval), None),
     )
 
 

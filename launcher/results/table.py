@@ -115,6 +115,7 @@ def format_run(result: RunResult) -> str:
         if r.steps and r.skipped_steps / r.steps > SKIP_WARN_FRACTION:
             out.append(f"WARNING: rank {r.rank} skipped {r.skipped_steps} of {r.steps} optimizer steps "
                        "(fp16 overflow); the loss may plateau: check the loss scale or use bf16")
+    out.extend(eval_lines(result))
     out.extend(straggler_lines(result))
     if result.attempts > 1:
         resumed = sorted({r.resumed_from_step for r in result.ranks if r.resumed_from_step})
@@ -153,6 +154,17 @@ def memory_lines(result: RunResult) -> list[str]:
         return []
     return [f"memory (largest rank): {tensors}; process RSS {peak} (includes the Python and "
             f"torch runtime){plan}"]
+
+
+def eval_lines(result: RunResult) -> list[str]:
+    """The workload's last `evaluate` (--eval-every), one line; none without one."""
+    if not result.last_eval:
+        return []
+    metrics = dict(result.last_eval)
+    step = metrics.pop("step", "?")
+    shown = ", ".join(f"{k} {v:.4g}" if isinstance(v, (int, float)) else f"{k} {v}"
+                      for k, v in metrics.items())
+    return [f"evaluation at step {step}: {shown}"]
 
 
 def straggler_lines(result: RunResult) -> list[str]:

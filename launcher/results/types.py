@@ -59,6 +59,8 @@ class RankResult:
     # then the process's peak RSS. None where it was not measured (CUDA, plain scripts).
     live_peak_bytes: int | None = None
     live_peak_step: int | None = None  # the step it was sampled in
+    # the workload's last `evaluate` (--eval-every): {"step": N, metric: value, ...}
+    last_eval: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,6 +109,8 @@ class RunResult:
     # numbers that look implausible (noisy steps, a prediction missed by > 2x, a busy host):
     # one line each, printed as WARNING in the summary and the report
     warnings: tuple[str, ...] = ()
+    # the last evaluation (--eval-every), averaged over ranks by the ranks themselves
+    last_eval: Mapping[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""

@@ -74,6 +74,8 @@ def test_own_optimizer_and_schedule_under_ddp_with_accumulation(ddp):
             assert math.isfinite(metrics["val_loss"])
     summary = json.loads(RunPaths(root=ddp).summary(0).read_text())
     assert summary["eval"]["step"] == 12 and summary["eval"]["lr"] == pytest.approx(lr_after(12))
+    result = json.loads(RunPaths(root=ddp).result.read_text())
+    assert result["last_eval"]["step"] == 12 and result["last_eval"]["lr"] == pytest.approx(lr_after(12))
     assert all(math.isfinite(loss) for _, loss in rank_steps(ddp))
 
 

@@ -163,3 +163,23 @@ def test_the_report_compares_a_result_written_before_the_block(tmp_path):
     RunPaths(root=run).result.write_text(json.dumps(old))
     point = build_report(run, with_prediction=False).points[0]
     assert point.prediction["step_time_ratio"] == pytest.approx(1.25)
+
+
+# --- the workload's evaluation (--eval-every) ----------------------------------------------
+
+def test_the_last_evaluation_reaches_the_result_and_the_summary(tmp_path):
+    write_run(tmp_path / "r", world_size=2, steps=6, warmup=1)
+    paths = RunPaths(root=tmp_path / "r")
+    for rank in (0, 1):
+        summary = json.loads(paths.summary(rank).read_text())
+        paths.summary(rank).write_text(json.dumps({**summary, "eval": {"step": 6, "val_loss": 2.5}}))
+    res = aggregate(tmp_path / "r")
+    assert res.last_eval == {"step": 6, "val_loss": 2.5}
+    assert res.ranks[1].last_eval == {"step": 6, "val_loss": 2.5}
+    assert "evaluation at step 6: val_loss 2.5" in format_run(res)
+
+
+def test_no_evaluation_line_without_one(tmp_path):
+    write_run(tmp_path / "r", world_size=1, steps=4, warmup=1)
+    res = aggregate(tmp_path / "r")
+    assert res.last_eval is None and "evaluation at step" not in format_run(res)
