@@ -55,9 +55,15 @@ class ModelProfile:
     # and its persistent state per parameter of the model (AdamW 8, SGD with momentum 4)
     optimizer: str = ""
     optimizer_state_bytes_per_param: float = 0.0
+    # aten ops one micro-batch's forward dispatches (independent of its size) and parameter
+    # tensors: what per-op overhead scales with on CPU (0 = not profiled: no overhead modelled)
+    forward_ops: int = 0
+    param_tensors: int = 0
 
     def __post_init__(self) -> None:
         check(self.num_params > 0, PlanError, f"model {self.name} has no parameters")
+        check(self.forward_ops >= 0 and self.param_tensors >= 0, PlanError,
+               f"model {self.name}: negative op or parameter tensor count")
         check(self.optimizer_state_bytes_per_param >= 0, PlanError,
                f"model {self.name}: negative optimizer state bytes")
         check(self.activation_bytes_per_sample >= 0, PlanError,

@@ -1,12 +1,12 @@
 """Every option of every `dlaunch` command, declared once in `OPTIONS`, and what follows from it.
 
 From the table come the argparse arguments of each command (`add_options`), the dlaunch.yaml
-keys (`yaml_keys`, which launcher.config reads against), the one merge "flag > dlaunch.yaml >
+keys (`yaml_keys`, which launcher.cli.config reads against), the one merge "flag > dlaunch.yaml >
 default" (`resolve`), the flags that mean nothing without --slurm, and the flag names put into
 error lines in place of the field names the specs and the request use (`name_flags`). What an
 option is (`Option`, `Yaml`) and the argparse types are in launcher.cli.option.
 
-Only launcher.cli and launcher.config import this module; it must never import launcher.config
+Only launcher.cli and launcher.cli.config import this module; it must never import launcher.cli.config
 (which imports it), a command module, the request, or anything that imports torch.
 """
 
@@ -25,6 +25,8 @@ from launcher.jobs.sweep import MODES
 from launcher.specs import COMPILE_MODES, PRECISIONS, STRATEGIES
 
 RUN = ("run", "lab")  # the flags of one run apply to each of the lab's three
+TUNE_TRIALS = 4  # candidates a tune measures at most
+TUNE_STEPS = 12  # steps per tune trial: 3 warm-up, and 9 timed give a median stable to a few %
 SLURM_GROUP = "SLURM (with --slurm; defaults from dlaunch.yaml's slurm: section)"
 
 
@@ -39,13 +41,13 @@ def _merge_slurm_opts(given: list[str] | None, configured: Mapping[str, str] | N
 
 _WORKLOAD = "workload file (see workloads/)"
 OPTIONS: tuple[Option, ...] = (
-    Option("workload", commands=(*RUN, "plan", "scale"), help=f"{_WORKLOAD} or a plain torchrun script",
-           per={"plan": {"help": _WORKLOAD}, "scale": {"help": _WORKLOAD}}),
+    Option("workload", commands=(*RUN, "plan", "scale", "tune"), help=f"{_WORKLOAD} or a plain torchrun script",
+           per={"plan": {"help": _WORKLOAD}, "scale": {"help": _WORKLOAD}, "tune": {"help": _WORKLOAD}}),
     Option("path", commands=("report",), metavar="RUN_OR_SWEEP_DIR",
            help="a run directory or a sweep directory"),
     Option("job", commands=("status", "logs", "cancel"), metavar="RUN_DIR_OR_JOB",
            help="run dir of a `dlaunch run --slurm`, or its SLURM job id"),
-    Option("--gpus", commands=(*RUN, "plan", "scale"), parse=at_least(1), default=1,
+    Option("--gpus", commands=(*RUN, "plan", "scale", "tune"), parse=at_least(1), default=1,
            aliases=("nproc_per_node",),
            help="processes per node: GPUs, or CPU processes when there is no GPU",
            per={"plan": {"default": None, "help": "devices per node (default: all of the topology's)"},
@@ -53,9 +55,11 @@ OPTIONS: tuple[Option, ...] = (
                           "help": "world sizes to run, comma-separated (e.g. 1,2,4,8)"}}),
     Option("--mode", commands=("scale",), choices=MODES, default="weak",
            help="weak: keep --micro-batch per rank; strong: keep --global-batch"),
-    Option("--steps", commands=(*RUN, "scale"), parse=at_least(1), default=20, help="optimizer steps",
-           per={"scale": {"help": "optimizer steps per run"}}),
-    Option("--warmup-steps", commands=(*RUN, "scale"), parse=at_least(0),
+    Option("--steps", commands=(*RUN, "scale", "tune"), parse=at_least(1), default=20, help="optimizer steps",
+           per={"scale": {"help": "optimizer steps per run"},
+                "tune": {"default": TUNE_STEPS, "help": f"optimizer steps per trial (default {TUNE_STEPS}: "
+                                                        "a stable median after warm-up)"}}),
+    Option("--warmup-steps", commands=(*RUN, "scale", "tune"), parse=at_least(0),
            help="steps left out of throughput (default: min(3, steps - 1))"),
     Option("--micro-batch", commands=(*RUN, "plan", "scale"), parse=at_least(1),
            help="samples per rank per forward pass (default: the plan's)",
@@ -65,7 +69,7 @@ OPTIONS: tuple[Option, ...] = (
            help="micro-batches per optimizer step (default: the plan's)",
            per={"scale": {"help": "micro-batches per optimizer step (default: the plan's; 1 with "
                                   "--mode strong)"}}),
-    Option("--global-batch", commands=(*RUN, "plan", "scale"), parse=at_least(1),
+    Option("--global-batch", commands=(*RUN, "plan", "scale", "tune"), parse=at_least(1),
            help="samples per optimizer step for the plan (default: its choice)",
            per={"plan": {"help": "samples per optimizer step (default: the largest micro-batch "
                                  "that fits)"},
@@ -97,14 +101,14 @@ OPTIONS: tuple[Option, ...] = (
            help="end the run (failed) at the first NaN or infinite loss; without it, a warning"),
     Option("--eval-every", commands=RUN, parse=at_least(0), default=0,
            help="run the workload's evaluate(model, cfg) after every N optimizer steps (0: never)"),
-    Option("--seed", commands=(*RUN, "scale"), parse=at_least(0), default=0),
+    Option("--seed", commands=(*RUN, "scale", "tune"), parse=at_least(0), default=0),
     Option("--log-every", commands=RUN, parse=at_least(1), default=10,
            help="steps per logging window (one host sync per window)"),
     Option("--max-grad-norm", commands=RUN, parse=real, default=0.0,
            help="clip the global gradient norm once per optimizer step (0: off)"),
     Option("--no-calibrate", commands=RUN, kind="switch",
            help="skip the window that measures exposed communication and busbw"),
-    Option("--num-workers", commands=(*RUN, "scale"), parse=at_least(0), default=0,
+    Option("--num-workers", commands=(*RUN, "scale", "tune"), parse=at_least(0), default=0,
            help="DataLoader worker processes per rank"),
     Option("--script", commands=RUN, kind="switch",
            help="treat the file as a plain torchrun script even if it looks like a workload"),
@@ -113,9 +117,21 @@ OPTIONS: tuple[Option, ...] = (
     Option("--sweep-dir", commands=("scale",),
            help="where the sweep goes (default runs/scale-<workload>-<mode>-<hash>: the same "
                 "command resumes the same sweep)"),
-    Option("--force", commands=(*RUN, "scale"), kind="switch",
+    Option("--force", commands=(*RUN, "scale", "tune"), kind="switch",
            help=f"start more CPU processes than {CPU_PROCESSES_PER_CORE} per usable core",
            per={"scale": {"help": "re-run points that already finished"}}),
+    Option("--plan", commands=("run", "scale"), metavar="FILE",
+           help="follow this plan (a tune dir's tuned-plan.json, or a run dir's plan.json): its "
+                "strategy, precision, micro-batch, accumulation, checkpointing and compile; flags "
+                "given beside it win"),
+    Option("--no-calibration-cache", commands=("plan",), kind="switch",
+           help="ignore this machine's step-time corrections learnt by `dlaunch tune`"),
+    Option("--trials", commands=("tune",), parse=at_least(1), default=TUNE_TRIALS,
+           help=f"at most this many candidates measured (default {TUNE_TRIALS})"),
+    Option("--budget-min", commands=("tune",), parse=minutes,
+           help="start no further trial once this many minutes have gone (default: no limit)"),
+    Option("--tune-dir", commands=("tune",),
+           help="where the trials' run dirs and tuned-plan.json go (default runs/tune-<id>)"),
     Option("--no-report", commands=("scale",), kind="switch", help="do not write the report at the end"),
     Option("--format", commands=("report",), default="html,md,json,png",
            help="comma-separated: html, md, json, png (default all)"),
@@ -125,7 +141,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("--follow", commands=("logs",), kind="switch", help="keep printing until the job is over"),
     Option("--dry-run", commands=(*RUN, "scale"), kind="switch", help="print the command and start nothing",
            per={"scale": {"help": "print the points and commands, run nothing"}}),
-    Option("--json", commands=(*RUN, "plan", "scale", "report", "inspect", "status"), kind="switch",
+    Option("--json", commands=(*RUN, "plan", "scale", "tune", "report", "inspect", "status"), kind="switch",
            help="print the result as JSON",
            per={"plan": {"help": "print the plan as JSON"},
                 "scale": {"help": "print the sweep and report as JSON"},
@@ -145,9 +161,10 @@ OPTIONS: tuple[Option, ...] = (
                 "optimizer steps (0: only on the preemption signal); restarts and SLURM requeues "
                 "resume from the newest with the same data order"),
     # -- SLURM: `run --slurm` and `scale --slurm`
-    Option("--slurm", commands=("run", "scale"), kind="switch", slurm_in=("run", "scale"),
+    Option("--slurm", commands=("run", "scale", "tune"), kind="switch", slurm_in=("run", "scale"),
            help="submit to SLURM (submitit): one task per node, each running torchrun",
-           per={"scale": {"help": "run each point as a SLURM job (one per world size and repeat)"}}),
+           per={"scale": {"help": "run each point as a SLURM job (one per world size and repeat)"},
+                "tune": {"help": "not available yet: run tune on one node of the partition"}}),
     Option("--nodes", commands=("run", "plan"), parse=at_least(1), slurm_in=("run",), aliases=("num_nodes",),
            help="nodes (default 1)", per={"plan": {"help": ""}}),
     Option("--gpus-per-node", commands=("run", "scale"), parse=at_least(1), slurm_in=("run", "scale"),

@@ -1,6 +1,6 @@
 """The `dlaunch` command: the parser wired from the option table, dispatch, exit codes.
 
-Each subcommand's handler lives in its own module (launcher.cli.run, .lab, .scale, .plan,
+Each subcommand's handler lives in its own module (launcher.cli.run, .lab, .scale, .tune, .plan,
 .inspect, .report, .jobs); their options in launcher.cli.args. A DlaunchError is one line on
 stderr (field names put back as flags) and its exit code, 2 for bad input. Must never import
 torch or matplotlib at start-up (`dlaunch --help` stays fast): the commands that need them
@@ -24,6 +24,7 @@ from launcher.cli.plan import cmd_plan
 from launcher.cli.report import cmd_report
 from launcher.cli.run import cmd_run
 from launcher.cli.scale import cmd_scale
+from launcher.cli.tune import cmd_tune
 from launcher.errors import DlaunchError, UsageError
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,11 @@ COMMANDS: tuple[tuple[str, Handler, str, str, dict[str, Any]], ...] = (
      "precision, and mixed precision + compile; print throughput, peak memory, the two speed-ups "
      "and what they say. Run flags (--gpus, --steps, --strategy, --micro-batch, ...) apply to all "
      f"three. {_AFTER}", {}),
+    ("tune", cmd_tune, "measure the plan's near-best candidates, keep the fastest, learn",
+     "Plan WORKLOAD, run each candidate predicted within the model's uncertainty of the best "
+     "(at most --trials) for a short trial, write the fastest as tuned-plan.json (for `dlaunch "
+     "run --plan`) and store the measured/predicted ratios for later plans on this machine. "
+     f"{_AFTER}", {}),
 )
 
 

@@ -4,7 +4,8 @@
 it holds); `build_request` checks the workload, places the ranks, builds the RunRequest and
 lets the plan fill what the user left open; `open_run` turns it into the LaunchSpec (every
 check passes before anything is written) and creates the run dir with the plan beside it.
-`run`, `run --slurm`, `lab` and `scale` all go through here.
+`run`, `run --slurm`, `lab`, `scale` and `tune` all go through here; `--plan FILE` fills the
+decisions its flags left open from a plan file.
 
 Must never import a command module (they import this one) or torch.
 """
@@ -19,11 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from launcher.cli.args import resolve
+from launcher.cli.config import load_config
 from launcher.cli.placement import Placement, local_placement, slurm_placement
-from launcher.config import load_config
 from launcher.errors import UsageError
 from launcher.files import atomic_write_json
 from launcher.jobs.sweep import check_plan
+from launcher.jobs.tune import read_plan_file
 from launcher.plan.resolve import Planned
 from launcher.request import FALLBACKS, RunRequest, follow_plan
 from launcher.rundir import RunPaths, create_run_dir
@@ -46,7 +48,18 @@ _FROM_OPTIONS = tuple(f.name for f in dataclasses.fields(RunRequest) if f.name n
 def options(command: str, args: argparse.Namespace) -> dict[str, Any]:
     """`command`'s options: flag > dlaunch.yaml (read for --slurm only) > default."""
     configured = load_config().values if getattr(args, "slurm", None) else {}
-    return resolve(command, args, configured)
+    values = resolve(command, args, configured)
+    if values.get("plan"):
+        values.update(_from_plan_file(values))
+    return values
+
+
+def _from_plan_file(values: Mapping[str, Any]) -> dict[str, Any]:
+    """`--plan FILE`'s decisions for those the flags left open (a flag given beside it wins)."""
+    decided = read_plan_file(values["plan"])
+    out = {k: v for k, v in decided.items() if k != "compile" and values.get(k) is None}
+    out["compile"] = bool(values.get("compile") or decided["compile"])
+    return out
 
 
 def _wants_compile(values: Mapping[str, Any]) -> bool:

@@ -23,6 +23,10 @@ fp32 gradient of every parameter; the optimizer streams OPTIMIZER_BYTES_PER_PARA
 parameter. Communication is the alpha-beta model of `collectives` over the topology's gloo
 link, whose bandwidth shrinks with the ranks' share of a core (gloo copies and reduces on the
 CPU); it overlaps with nothing (OVERLAP_EFFICIENCY: gloo's thread needs the cores compute uses).
+On top comes the fixed cost of every operation (Python, the dispatcher, autograd), which
+dominates a tiny model: the profile's forward ops at the probe's per-op cost, the backward as a
+multiple of that, the AdamW step per parameter tensor and the harness's per-step work (see
+`cpu_overhead`); one thread runs it, so only time-sharing a core slows it.
 """
 
 from __future__ import annotations
@@ -56,13 +60,39 @@ ACTIVATION_PASSES = 3.0
 # write it back (autograd accumulates into .grad; a fresh .grad is zero-filled), and read the
 # weight for the input gradient.
 GRAD_TRAFFIC_BYTES = 2 * GRAD_BYTES + 4
-# torch.optim.AdamW (foreach, the CPU default) runs ~10 separate passes over param, grad, m, v
-# and temporaries (lerp, mul, addcmul, sqrt, div, add, addcdiv, weight decay): about 80 bytes
-# per parameter. Single-thread timings of workloads/mlp.py (0.92M params: 5.3 ms) and gpt.py
-# tiny (4.46M: 30-68 ms) against the probe's bandwidth.
+# torch.optim.AdamW (single-tensor on CPU: foreach kernels are CUDA-only) runs ~10 separate
+# passes over param, grad, m, v and temporaries (lerp, mul, addcmul, sqrt, div, add, addcdiv,
+# weight decay): about 80 bytes per parameter. Single-thread timings of workloads/mlp.py
+# (0.92M params: 5.3 ms) and gpt.py tiny (4.46M: 30-68 ms) against the probe's bandwidth.
 OPTIMIZER_BYTES_PER_PARAM = 80
 # Bytes of one weight cast fp32 -> bf16 under autocast: read 4, write 2.
 CAST_BYTES_PER_PARAM = 6
+# A 1-element add without and with autograd graph building, and a backward() call through one,
+# as the probe measured them on a 2-core 2.8 GHz Ice Lake VM with torch 2.13 (best of several,
+# loaded host): used when no probe ran.
+DEFAULT_OP_S = 3.9e-6
+DEFAULT_GRAPH_OP_S = 4.6e-6
+DEFAULT_BACKWARD_CALL_S = 30e-6
+# Per-op overhead, in multiples of the probe's 1-element add. Calibrated with single-thread
+# timings (best of 30, OMP_NUM_THREADS=1, torch 2.13, 2-core VM) of the 7-op model of
+# tests/data/fp16_overflow.py at micro-batch 8 (GEMMs of a few hundred FLOPs: all overhead):
+# - a forward op costs 1.5-2.3 graph-building adds (nn.Module calls and F.linear's argument
+#   handling come on top of the aten op): 1.9;
+# - the backward after the engine's start-up costs 2.3-2.5x the forward (addmm's backward is
+#   two mms and a sum, plus one AccumulateGrad per parameter tensor): 2.4;
+OP_COST_SCALE = 1.9
+BACKWARD_OVERHEAD_FACTOR = 2.4
+# - torch.optim.AdamW on CPU runs its single-tensor path (foreach is the default on CUDA only):
+#   ~10 aten ops and a Python loop per parameter tensor. Stepping 4 and 32 1-element
+#   parameters took 7.4-13 adds' worth per tensor and 25-50 per step. The probe cannot time
+#   it itself: building an optimizer imports torch._dynamo (seconds).
+ADAMW_OPS_PER_TENSOR = 8.0
+ADAMW_FIXED_OPS = 40.0
+# - the harness's per-step work besides the model (fetching and collating the batch with
+#   DataLoader, DDP's forward hooks and bucket bookkeeping, GradScaler, zero_grad, the step
+#   clock and record), in adds: 10-30-step dlaunch runs of tests/data/fp16_overflow.py took
+#   1.0-2.3 ms median per step (data wait 0.2-0.5 ms of it) where the terms above give 0.8 ms
+HARNESS_STEP_OPS = 100.0
 # Gloo communication cannot hide behind compute on CPU ranks: its threads copy and reduce on
 # the cores the compute uses.
 OVERLAP_EFFICIENCY = 0.0
@@ -78,6 +108,11 @@ class CpuRates:
     cache_gb_s: float  # the same on a working set that fits the last-level cache
     cast_gb_s: float  # fp32 -> bf16 conversion bandwidth (bytes read + written)
     llc_bytes: float = 0.0  # the host's last-level cache (shared by all ranks); 0 = unknown
+    # fixed seconds of one 1-element op without (op_s) and with (graph_op_s) autograd graph
+    # building, and of one backward() call beyond its nodes
+    op_s: float = DEFAULT_OP_S
+    graph_op_s: float = DEFAULT_GRAPH_OP_S
+    backward_call_s: float = DEFAULT_BACKWARD_CALL_S
     cpu_model: str = ""
     cores: int = 1
     measured_at: str = ""  # ISO time of the measurement
@@ -90,6 +125,8 @@ class CpuRates:
             check(value > 0, PlanError, f"CPU rate {name} must be > 0, got {value}")
         check(all(v >= 0 for v in self.half_rows.values()), PlanError,
               "CPU GEMM half_rows must be >= 0")
+        check(min(self.op_s, self.graph_op_s, self.backward_call_s) >= 0, PlanError,
+              "CPU op overheads must be >= 0")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -210,6 +247,36 @@ def cpu_optimizer_s(profile: ModelProfile, group_size: int, topology: Topology) 
     return stream_s(OPTIMIZER_BYTES_PER_PARAM * local, 16 * local, topology)
 
 
+@dataclass(frozen=True, kw_only=True)
+class CpuOverhead:
+    """Seconds of per-op overhead in one optimizer step on one rank."""
+
+    forward_s: float  # one micro-batch's forward
+    backward_s: float  # its backward (engine start-up included)
+    optimizer_s: float  # the optimizer step over every parameter tensor
+    harness_s: float  # the training loop's own per-step work
+
+    def step_s(self, grad_accum: int, recompute: float) -> float:
+        """The step's total: `grad_accum` micro-batches, `recompute` of each forward again."""
+        per_mb = self.forward_s * (1 + recompute) + self.backward_s
+        return grad_accum * per_mb + self.optimizer_s + self.harness_s
+
+
+def cpu_overhead(profile: ModelProfile, topology: Topology) -> CpuOverhead:
+    """Per-op overhead of the profile's ops and parameter tensors (none for a profile without
+    an op count). One thread runs it: more threads do not help, time-sharing a core slows it."""
+    if profile.forward_ops == 0:
+        return CpuOverhead(forward_s=0.0, backward_s=0.0, optimizer_s=0.0, harness_s=0.0)
+    rates = rates_of(topology.accelerator, topology)
+    slow = 1 / min(1.0, core_share(topology))
+    forward = OP_COST_SCALE * profile.forward_ops * rates.graph_op_s * slow
+    # every rank steps every parameter tensor (FSDP's are shards of each)
+    optimizer = (ADAMW_OPS_PER_TENSOR * profile.param_tensors + ADAMW_FIXED_OPS) * rates.op_s
+    return CpuOverhead(forward_s=forward,
+                       backward_s=rates.backward_call_s * slow + BACKWARD_OVERHEAD_FACTOR * forward,
+                       optimizer_s=optimizer * slow, harness_s=HARNESS_STEP_OPS * rates.op_s * slow)
+
+
 def gloo_topology(topology: Topology) -> Topology:
     """The topology with its link slowed by the ranks' share of a core: gloo's copies and
     reductions run on the CPU, so ranks that time-share cores share that work too."""
@@ -230,11 +297,12 @@ def cpu_step_time(profile: ModelProfile, strategy: Strategy, topology: Topology,
     fwd = cpu_forward(profile, strategy, micro_batch, topology)
     per_mb = fwd.forward_s * (1 + recompute) + fwd.backward_s
     opt = cpu_optimizer_s(profile, group_size, topology)
+    overhead = cpu_overhead(profile, topology).step_s(grad_accum, recompute)
     scale = grad_accum * per_mb / fwd.forward_s if fwd.forward_s else 0.0
     # split by the forward's shares (the backward's gradient writes go with memory-bound work)
     parts = (("matmul", fwd.gemm_s * scale), ("memory-bound", fwd.memory_s * scale),
-             ("casts", fwd.cast_s * scale), ("optimizer", opt))
-    compute = grad_accum * per_mb + opt
+             ("casts", fwd.cast_s * scale), ("optimizer", opt), ("op overhead", overhead))
+    compute = grad_accum * per_mb + opt + overhead
     if topology.world_size <= 1:
         return StepTimeEstimate(compute_s=compute, comm_total_s=0.0, comm_exposed_s=0.0,
                                 compute_parts=parts)
@@ -252,5 +320,8 @@ def cpu_step_time(profile: ModelProfile, strategy: Strategy, topology: Topology,
 __all__ = ["CpuRates", "ProbedCpu", "DEFAULT_HALF_ROWS", "DEFAULT_MEM_GB_S", "DEFAULT_CAST_GB_S",
            "DEFAULT_CACHE_GB_S", "DEFAULT_LLC_BYTES", "CpuForward", "cpu_forward", "stream_s",
            "cpu_optimizer_s", "cpu_step_time", "core_share", "gemm_rate", "gloo_topology",
-           "rates_of", "PARALLEL_EFFICIENCY", "ACTIVATION_PASSES", "GRAD_TRAFFIC_BYTES",
+           "rates_of", "CpuOverhead", "cpu_overhead", "OP_COST_SCALE", "BACKWARD_OVERHEAD_FACTOR",
+           "ADAMW_OPS_PER_TENSOR", "ADAMW_FIXED_OPS", "HARNESS_STEP_OPS", "DEFAULT_OP_S",
+           "DEFAULT_GRAPH_OP_S", "DEFAULT_BACKWARD_CALL_S", "PARALLEL_EFFICIENCY", "ACTIVATION_PASSES",
+           "GRAD_TRAFFIC_BYTES",
            "OPTIMIZER_BYTES_PER_PARAM", "CAST_BYTES_PER_PARAM", "OVERLAP_EFFICIENCY"]

@@ -3,7 +3,9 @@
 The CPU step-time model (`cpu_cost`) needs what one core achieves, not the ISA peak a topology
 file or CPU flags suggest: GEMMs at a large and a skinny shape for fp32 and bf16 (bf16 runs
 far below fp32 on CPUs without avx512_bf16/AMX), streaming bandwidth and the fp32 -> bf16 cast
-rate. Each is the best of a few repeats with one thread, so a busy host disturbs it less.
+rate; and the fixed cost of one tiny op (Python, dispatcher, autograd) with and without
+building the autograd graph, and of one backward() call. Each is the best of a few repeats
+with one thread, so a busy host disturbs it less.
 `resolve.cached_cpu_rates` caches the result next to the profiles, under `cache_key` (CPU model,
 usable cores, torch version); `probed_topology` swaps a CPU topology's listed figures for it.
 
@@ -39,8 +41,10 @@ STREAM_NUMEL = 1 << 24
 CACHED_NUMEL = 1 << 20
 LLC_SYSFS = Path("/sys/devices/system/cpu/cpu0/cache")
 REPEATS = 5
+# ops in the chain of 1-element adds that times per-op overhead: ~2 ms per repeat
+OP_CHAIN = 200
 # bump when `measure` measures differently, so old cache entries are ignored
-PROBE_FORMAT = 2
+PROBE_FORMAT = 3
 
 
 def _best_s(fn: Callable[[], Any], repeats: int) -> float:
@@ -64,6 +68,23 @@ def _stream_gb_s(torch: Any, numel: int, repeats: int) -> float:
     out = torch.empty_like(x)
     # read x, write out: 8 bytes per element
     return 8 * numel / _best_s(lambda: torch.add(x, 1.0, out=out), repeats) / 1e9
+
+
+def _op_overheads(torch: Any) -> tuple[float, float, float]:
+    """Seconds of one 1-element add without and with autograd graph building, and of one
+    backward() call beyond its nodes (the engine's start-up): a chain of OP_CHAIN adds, and a
+    backward through one add."""
+    plain, leaf = torch.ones(1), torch.ones(1, requires_grad=True)
+
+    def chain(x: Any, n: int) -> Any:
+        for _ in range(n):
+            x = torch.add(x, 1.0)
+        return x
+
+    op_s = _best_s(lambda: chain(plain, OP_CHAIN), REPEATS) / OP_CHAIN
+    graph_op_s = _best_s(lambda: chain(leaf, OP_CHAIN), REPEATS) / OP_CHAIN
+    backward_s = _best_s(lambda: chain(leaf, 1).backward(), 4 * REPEATS) - graph_op_s
+    return round(op_s, 9), round(graph_op_s, 9), round(max(backward_s, op_s), 9)
 
 
 def llc_bytes(root: Path = LLC_SYSFS) -> float:
@@ -105,13 +126,15 @@ def measure() -> CpuRates:
         src = torch.ones(CACHED_NUMEL)
         half_x = torch.empty(CACHED_NUMEL, dtype=torch.bfloat16)
         cast = 6 * CACHED_NUMEL / _best_s(lambda: half_x.copy_(src), REPEATS) / 1e9
+        op_s, graph_op_s, backward_s = _op_overheads(torch)
     finally:
         torch.set_num_threads(threads)
     info = cpu_info()
     elapsed = time.perf_counter() - started
     return CpuRates(gemm_gflops=gemm, half_rows=half, mem_gb_s=round(mem, 2),
                     cache_gb_s=round(max(cached, mem), 2), cast_gb_s=round(cast, 2),
-                    llc_bytes=llc_bytes(), cpu_model=info.model, cores=info.usable_cores,
+                    llc_bytes=llc_bytes(), op_s=op_s, graph_op_s=graph_op_s,
+                    backward_call_s=backward_s, cpu_model=info.model, cores=info.usable_cores,
                     measured_at=datetime.datetime.now().isoformat(timespec="seconds"),
                     source=f"CPU probe, torch {torch.__version__}, one thread, best of "
                            f"{REPEATS} ({elapsed:.2f} s)")

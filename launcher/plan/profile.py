@@ -7,6 +7,8 @@
 - checkpointing keeps each block's input: a pre-hook on the first block, in the same pass;
 - FLOPs: `FlopCounterMode` over the micro-batch-1 forward, attention added analytically (that
   pass replaces SDPA to measure flash attention's memory);
+- operations: the aten ops that micro-batch-1 forward dispatches (what per-op overhead, the
+  dominant cost of a tiny model on CPU, scales with), and the number of parameter tensors;
 - a model of identical blocks (a transformer) runs through its first 1, 2 and 3 blocks only and
   is scaled to all of them, after checking the increments are equal: 70B in well under a second;
 - the optimizer's state per parameter: built on the meta model, probed on CPU (plan.workload_probe).
@@ -103,11 +105,27 @@ def _flash_like_sdpa() -> Any:
     return Mode()
 
 
+def _op_counter() -> Any:
+    """A TorchDispatchMode that counts the aten ops dispatched under it (in `ops`)."""
+    # deferred: only a profile missing from the cache needs torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class OpCounter(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            self.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    return OpCounter()
+
+
 def _saved_bytes(workload: Workload, model: Any, micro_batch: int, param_keys: set[int],
-                 first_block: Any = None, *, count_flops: bool = False) -> tuple[int, int, float]:
+                 first_block: Any = None, *, count_flops: bool = False) -> tuple[int, int, float, int]:
     """Bytes autograd saves for backward in one forward (each storage once, no parameters),
     the bytes of the first block's input (what checkpointing keeps per block), and, with
-    `count_flops`, the forward FLOPs (FlopCounterMode plus the attention it cannot see here)."""
+    `count_flops`, the forward FLOPs (FlopCounterMode plus the attention it cannot see here)
+    and the number of aten ops the forward dispatched."""
     # deferred: only a profile missing from the cache needs torch
     import torch
     from torch.utils.flop_counter import FlopCounterMode
@@ -132,16 +150,17 @@ def _saved_bytes(workload: Workload, model: Any, micro_batch: int, param_keys: s
 
     batch = meta_batch(workload, micro_batch)
     counter = FlopCounterMode(display=False) if count_flops else contextlib.nullcontext()
+    ops = _op_counter() if count_flops else contextlib.nullcontext()
     sdpa = _flash_like_sdpa()
     try:
-        with counter, sdpa, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with counter, ops, sdpa, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             loss = workload.loss_fn(model, batch)
     finally:
         if handle is not None:
             handle.remove()
     del loss
     flops = float(cast(FlopCounterMode, counter).get_total_flops() + sdpa.attention_flops) if count_flops else 0.0
-    return total, (block_in[0] if block_in else 0), flops
+    return total, (block_in[0] if block_in else 0), flops, getattr(ops, "ops", 0)
 
 
 def _signature(module: Any) -> tuple[Any, ...]:
@@ -185,20 +204,22 @@ def _first_blocks(container: Any, count: int) -> Any:
 
 
 def _passes(workload: Workload, model: Any, param_keys: set[int],
-            first_block: Any) -> tuple[int, int, int, float]:
-    """Saved bytes at micro-batch 1 and 2, the first block's input bytes and the FLOPs at 1."""
-    saved1, block_in, flops = _saved_bytes(workload, model, PROFILE_BATCHES[0], param_keys,
-                                           first_block, count_flops=True)
-    saved2, _, _ = _saved_bytes(workload, model, PROFILE_BATCHES[1], param_keys)
-    return saved1, saved2, block_in, flops
+            first_block: Any) -> tuple[int, int, int, float, int]:
+    """Saved bytes at micro-batch 1 and 2, the first block's input bytes, and the FLOPs and
+    aten ops at 1."""
+    saved1, block_in, flops, ops = _saved_bytes(workload, model, PROFILE_BATCHES[0], param_keys,
+                                                first_block, count_flops=True)
+    saved2, _, _, _ = _saved_bytes(workload, model, PROFILE_BATCHES[1], param_keys)
+    return saved1, saved2, block_in, flops, ops
 
 
 def _extrapolated(workload: Workload, model: Any, param_keys: set[int], blocks: Sequence[Any],
-                  container: Any) -> tuple[int, int, int, float] | None:
+                  container: Any) -> tuple[int, int, int, float, int] | None:
     """`_passes` of the whole model from forwards through its first 1, 2 and 3 blocks.
 
-    Each identical block adds the same saved bytes and FLOPs, so the whole model is the 1-block
-    model plus (L-1) block increments: Llama-3 70B profiles from 3-block forwards instead of 80.
+    Each identical block adds the same saved bytes, FLOPs and ops, so the whole model is the
+    1-block model plus (L-1) block increments: Llama-3 70B profiles from 3-block forwards
+    instead of 80.
     The 3-block pass checks that the increments really are equal; None (profile the whole
     model) when they are not or the truncated model does not run.
     """
@@ -219,8 +240,9 @@ def _extrapolated(workload: Workload, model: Any, param_keys: set[int], blocks: 
         return None
     extra = len(blocks) - 1
     # byte increments are int differences; mypy only sees the tuple's int | float items
-    return cast(tuple[int, int, int, float], (one[0] + extra * steps[0], one[1] + extra * steps[1], one[2],
-                                               one[3] + extra * steps[3]))
+    return cast(tuple[int, int, int, float, int],
+                (one[0] + extra * steps[0], one[1] + extra * steps[1], one[2],
+                 one[3] + extra * steps[3], one[4] + extra * steps[4]))
 
 
 def profile_workload(workload: Workload, *, extrapolate: bool = True) -> ModelProfile:
@@ -250,7 +272,7 @@ def profile_workload(workload: Workload, *, extrapolate: bool = True) -> ModelPr
                     if container is not None else None)
         if measured is None:
             measured = _passes(workload, model, param_keys, blocks[0] if blocks else None)
-        saved1, saved2, block_in, flops = measured
+        saved1, saved2, block_in, flops, ops = measured
     except WorkloadError as e:
         if "meta device" in str(e):  # tensors made off the meta device: already says what to do
             raise
@@ -276,6 +298,8 @@ def profile_workload(workload: Workload, *, extrapolate: bool = True) -> ModelPr
         sample_units=workload.sample_units,
         optimizer=optimizer,
         optimizer_state_bytes_per_param=state_bytes,
+        forward_ops=ops,
+        param_tensors=len(params),
     )
     log.debug("profiled %s in %.2f s", profile.name, time.perf_counter() - t0)
     return profile

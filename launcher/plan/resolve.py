@@ -2,7 +2,9 @@
 
 `resolve_topology` picks the hardware to plan for (a topology file, or this machine), reshaped
 to the requested GPUs and nodes, with a CPU's rates measured by `cpu_probe` (cached);
-`plan_workload` profiles the workload on the meta device and plans it. Profiles are cached by
+`plan_workload` profiles the workload on the meta device and plans it, its predicted compute
+corrected by this machine's `dlaunch tune` trials when there are any (`corrections`; the
+trials are stored with `store_tune_trials`). Profiles are cached by
 the workload file's contents, its arguments and the torch version, so `dlaunch run` after the
 first plan does not import torch before launching.
 
@@ -28,6 +30,15 @@ from launcher.files import atomic_write_json
 from launcher.hardware.detect import cpu_info, detect_topology
 from launcher.hardware.topology import load_topology
 from launcher.hardware.types import Topology
+from launcher.plan.corrections import (
+    Correction,
+    TrialRecord,
+    correct_plan,
+    correction_of,
+    fingerprint,
+    load_trials,
+    store_trials,
+)
 from launcher.plan.cpu_cost import CpuRates
 from launcher.plan.cpu_probe import cache_key, measure, probed_topology, torch_version
 from launcher.plan.profile import profile_workload
@@ -47,6 +58,7 @@ class Planned:
     plan: Plan
     profile: ModelProfile
     topology: Topology
+    correction: Correction | None = None  # this machine's tune trials, when they were applied
 
 
 def resolve_topology(*, topology: str | None, gpus: int | None, nodes: int | None) -> Topology:
@@ -90,6 +102,18 @@ def probe_cache_dir() -> Path:
     return cache_root() / "cpu-probe"
 
 
+def corrections_path(topology: Topology) -> Path:
+    """This machine's tune trials: <cache root>/corrections/<fingerprint>.json."""
+    return cache_root() / "corrections" / f"{fingerprint(topology, torch_version())}.json"
+
+
+def store_tune_trials(topology: Topology, trials: Sequence[TrialRecord]) -> Path:
+    """Add measured tune trials to this machine's corrections; returns the file."""
+    path = corrections_path(topology)
+    store_trials(path, trials)
+    return path
+
+
 def _cache_key(workload: str, workload_args: Sequence[str]) -> str:
     h = hashlib.sha256(Path(workload).read_bytes())
     h.update(json.dumps([list(workload_args), torch_version(), _PROFILE_FORMAT]).encode())
@@ -97,7 +121,7 @@ def _cache_key(workload: str, workload_args: Sequence[str]) -> str:
 
 
 # bump when profile.py measures differently, so old cache entries are ignored
-_PROFILE_FORMAT = 3
+_PROFILE_FORMAT = 4
 
 
 def _cached(path: Path, load: Callable[[dict[str, Any]], _T], make: Callable[[], _T]) -> _T:
@@ -145,8 +169,13 @@ def cached_cpu_rates(cache_dir: Path | None = None, *,
 
 
 def plan_workload(workload: str, workload_args: Sequence[str], topology: Topology, goal: Goal, *,
-                  overrides: Mapping[str, Any] | None = None) -> Planned:
-    """Profile `workload` on the meta device (or take the cached profile) and plan it."""
+                  overrides: Mapping[str, Any] | None = None, corrected: bool = True) -> Planned:
+    """Profile `workload` on the meta device (or take the cached profile) and plan it; unless
+    `corrected` is False, with this machine's tune corrections (a forced plan keeps its choice)."""
     profile = cached_profile(workload, workload_args)
-    return Planned(plan=plan(profile, topology, goal, overrides=overrides), profile=profile,
-                   topology=topology)
+    result = plan(profile, topology, goal, overrides=overrides)
+    correction = correction_of(load_trials(corrections_path(topology))) if corrected else None
+    if correction is not None:
+        forced = any(v is not None for v in (overrides or {}).values())
+        result = correct_plan(result, correction, may_switch=not forced)
+    return Planned(plan=result, profile=profile, topology=topology, correction=correction)

@@ -8,8 +8,8 @@ still running when a test kills, interrupts or stops reading dlaunch.
 import sys
 import time
 
-import torch
 import torch.nn.functional as F
+from fault import make_dataset  # noqa: F401 - the same 8-feature data as fault.py (a sibling file)
 from torch import nn
 
 DEFAULTS = {"step_sleep_s": 0.2, "chatter": 0}
@@ -20,22 +20,6 @@ _LINE = "chatter " + "x" * 200 + "\n"
 def build_model(cfg):
     _cfg.update(vars(cfg))
     return nn.Linear(8, 2)
-
-
-class Data(torch.utils.data.Dataset):
-    def __init__(self, n):
-        self.n = n
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        g = torch.Generator().manual_seed(i)
-        return torch.randn(8, generator=g), int(i % 2)
-
-
-def make_dataset(cfg, num_samples):
-    return Data(num_samples)
 
 
 def loss_fn(model, batch):

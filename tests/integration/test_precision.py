@@ -20,4 +20,6 @@ def test_fp16_without_overflow_does_not_warn(dlaunch, tmp_path):
     done = dlaunch("run", str(DATA / "fp16_overflow.py"), "--steps", "6", "--precision", "fp16",
                    "--run-dir", str(tmp_path / "run"), "--", "--overflow-every", "1000")
     assert done.code == 0, done.err
-    assert "WARNING" not in done.out
+    # other warnings (a busy host, a missed prediction) depend on the machine, not on fp16
+    assert "skipped" not in done.out, done.out
+    assert run_result(tmp_path / "run")["ranks"][0]["skipped_steps"] == 0

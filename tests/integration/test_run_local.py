@@ -61,7 +61,7 @@ def test_plain_script_runs_unchanged_and_is_measured(dlaunch, tmp_path):
 
 def test_rank_failure_names_rank_and_keeps_metrics(dlaunch, tmp_path):
     run = tmp_path / "run"
-    # no calibration window: it calls loss_fn before step 1 and would shift the failing call
+    # no calibration pass: it calls loss_fn once more and would shift which call fails
     done = dlaunch("run", str(DATA / "fault.py"), "--gpus", "2", "--steps", "10", "--log-every", "1",
                    "--no-calibrate", "--run-dir", str(run))
     assert done.code == 1

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from launcher.backends.slurm import submit as slurm
-from launcher.config import load_config
+from launcher.cli.config import load_config
 from launcher.errors import ConfigError, UsageError
 from launcher.specs import LaunchSpec, Strategy
 
@@ -83,8 +83,8 @@ def test_config_defaults_and_errors(tmp_path: Path):
     (tmp_path / "dlaunch.yaml").write_text(
         "slurm:\n  partition: gpu\n  account: proj\n  time_min: 30\n  opts: {mem: 8G, exclusive: true}\n")
     cfg = load_config(tmp_path)
-    assert (cfg.slurm.partition, cfg.slurm.account, cfg.slurm.time_min) == ("gpu", "proj", 30)
-    assert dict(cfg.slurm.opts) == {"mem": "8G", "exclusive": "true"}
+    assert (cfg.get("slurm.partition"), cfg.get("slurm.account"), cfg.get("slurm.time_min")) == ("gpu", "proj", 30)
+    assert dict(cfg.get("slurm.opts")) == {"mem": "8G", "exclusive": "true"}
     for text, needle in [("slurm:\n  partitoin: gpu\n", "unknown key 'slurm.partitoin'"),
                          ("slrum: {}\n", "unknown key 'slrum'"),
                          ("slurm:\n  time_min: yes\n", "slurm.time_min"),

@@ -11,9 +11,13 @@ import pytest
 from launcher.hardware.types import DeviceSpec, Link, Topology
 from launcher.plan import cpu_probe
 from launcher.plan.cost import step_time
-from launcher.plan.cpu_cost import CpuRates, ProbedCpu, core_share
+from launcher.plan.cpu_cost import CpuRates, ProbedCpu, core_share, cpu_overhead
+from launcher.plan.profile import profile_workload
 from launcher.plan.resolve import cached_cpu_rates, probe_cache_dir, resolve_topology
 from launcher.specs import ModelProfile, Strategy
+from launcher.workload import load_workload
+
+from tests.helpers import WORKLOADS
 
 
 def rates(fp32: float = 100.0, bf16: float = 50.0) -> CpuRates:
@@ -28,8 +32,10 @@ def cpu_topology(ranks: int, *, cores: int = 2, r: CpuRates | None = None) -> To
                     intra_node=Link(kind="shm", bw_gb_s=1.0, latency_us=100))
 
 
-def model(*, params: int, flops_per_sample: float, tokens: int = 1) -> ModelProfile:
+def model(*, params: int, flops_per_sample: float, tokens: int = 1, ops: int = 0,
+          tensors: int = 0) -> ModelProfile:
     return ModelProfile(name="m", num_params=params, bytes_by_dtype={"float32": 4 * params},
+                        forward_ops=ops, param_tensors=tensors,
                         num_blocks=4, largest_block_params=params // 4,
                         activation_bytes_per_sample=64.0 * tokens * 256,
                         block_input_bytes_per_sample=4.0 * tokens * 256,
@@ -47,6 +53,9 @@ def test_probe_measures_and_caches_per_machine(tmp_path: Path):
     first = cached_cpu_rates(tmp_path)  # a real measurement (well under a second)
     assert first.gemm_gflops["fp32"] > 0 and first.gemm_gflops["bf16"] > 0
     assert first.mem_gb_s > 0 and first.cache_gb_s >= first.mem_gb_s and first.measured_at
+    # per-op overhead: an op building the autograd graph costs more than a plain one, and a
+    # backward() call more than either (the autograd engine's start-up)
+    assert 0 < first.op_s < first.backward_call_s and first.graph_op_s > 0
     [entry] = list(tmp_path.glob("*.json"))
     assert json.loads(entry.read_text())["gemm_gflops"] == dict(first.gemm_gflops)
 
@@ -137,3 +146,33 @@ def test_an_unprobed_cpu_topology_uses_its_listed_peak():
                                                                      peak_tflops={"fp32": 0.5}))
     s = Strategy(kind="ddp")
     assert step_time(LARGE, s, fast, 4, 1).compute_s < step_time(LARGE, s, slow, 4, 1).compute_s
+
+
+# --- per-op overhead -----------------------------------------------------------------------------
+def test_profile_counts_forward_ops_and_parameter_tensors():
+    shallow = profile_workload(load_workload(WORKLOADS / "mlp.py", ["--depth", "2"]))
+    deep = profile_workload(load_workload(WORKLOADS / "mlp.py", ["--depth", "6"]))
+    # each block is a Linear and a GELU: a weight and a bias, and a few aten ops
+    assert deep.param_tensors - shallow.param_tensors == 8
+    assert deep.forward_ops > shallow.forward_ops > 0
+    assert (deep.forward_ops - shallow.forward_ops) % 4 == 0
+
+
+def test_a_tiny_models_cpu_step_is_op_overhead_and_grows_with_ops():
+    fp32, topo = Strategy(kind="ddp", precision="fp32"), cpu_topology(1)
+    tiny = {ops: model(params=676, flops_per_sample=2 * 676, ops=ops, tensors=4) for ops in (7, 70)}
+    times = {ops: step_time(p, fp32, topo, 8, 1) for ops, p in tiny.items()}
+    parts = dict(times[7].compute_parts)
+    assert parts["op overhead"] > 0.9 * times[7].compute_s
+    assert times[7].compute_s > 1e-4  # not the microseconds its FLOPs and bytes take
+    assert times[70].compute_s > 2 * times[7].compute_s
+    # every micro-batch pays its ops again; the optimizer step once per step
+    accumulated = step_time(tiny[7], fp32, topo, 8, 4).compute_s
+    assert times[7].compute_s < accumulated < 4 * times[7].compute_s
+    # ranks time-sharing a core wait for it: 4 ranks on 2 cores take twice as long per op
+    assert cpu_overhead(tiny[7], cpu_topology(4)).step_s(1, 0.0) == pytest.approx(
+        2 * cpu_overhead(tiny[7], cpu_topology(2)).step_s(1, 0.0))
+
+
+def test_a_profile_without_an_op_count_adds_no_overhead():
+    assert cpu_overhead(SKINNY, cpu_topology(2)).step_s(4, 1.0) == 0.0

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from launcher.cli.args import OPTIONS, name_flags, options_of, resolve, yaml_keys
+from launcher.cli.config import load_config
 from launcher.cli.main import build_parser
-from launcher.config import load_config
 from launcher.errors import ConfigError, UsageError
 
 

@@ -19,7 +19,7 @@ so a typo is a one-line `ConfigError` instead of a silently ignored setting. Lay
       opts:                    # extra sbatch options, as with --slurm-opt KEY=VALUE
         mem: 200G
 
-Read only by the CLI; imports the option table and never anything that runs a job.
+Part of the CLI (only the CLI reads it); imports the option table and never anything that runs a job.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from launcher.cli.args import yaml_keys
@@ -48,16 +47,11 @@ class Config:
     path: str | None = None  # where it was read from; None when there is no file
     values: Mapping[str, Any] = field(default_factory=dict)
 
-    def section(self, name: str) -> SimpleNamespace:
-        """One section's keys as attributes (None when not set), e.g. `section("slurm").qos`."""
-        prefix = f"{name}."
-        return SimpleNamespace(**{k[len(prefix):]: self.values.get(k)
-                                  for k in yaml_keys() if k.startswith(prefix)})
-
-    @property
-    def slurm(self) -> SimpleNamespace:
-        """The `slurm:` section."""
-        return self.section("slurm")
+    def get(self, key: str) -> Any:
+        """The value of one dotted key (`slurm.partition`); None when the file does not set it."""
+        if key not in yaml_keys():
+            raise KeyError(f"{key!r} is not a dlaunch.yaml key")
+        return self.values.get(key)
 
 
 def _checked(key: str, value: Any, declared: Yaml, parse: Parse | None, where: str) -> Any:

@@ -1,0 +1,267 @@
+"""`dlaunch tune` without argv: measure the plan's top candidates, keep the fastest, learn.
+
+The planner ranks every candidate but is only so accurate (`UNCERTAINTY`); the candidates it
+cannot tell from the best are run for a short trial each, back to back like `dlaunch lab`'s
+runs (same seed, same data, the same `run_local` as `dlaunch run`), the fastest measured
+(samples/s) is written as `tuned-plan.json`, which `dlaunch run --plan` follows, and the
+measured/predicted ratios go to this machine's correction cache (launcher.plan.corrections).
+A trial that fails (out of memory, compile error, crash) is recorded with its reason and the
+tune goes on.
+
+Never imports cli or runtime.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import logging
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import IO, Any
+
+from launcher.errors import DlaunchError, UsageError
+from launcher.files import atomic_write_json
+from launcher.jobs.local import run_local
+from launcher.plan.corrections import TrialRecord, compute_ratio
+from launcher.plan.search import label
+from launcher.plan.types import Candidate, Plan
+from launcher.results.table import format_table
+from launcher.results.types import RunResult
+from launcher.specs import LaunchSpec
+
+log = logging.getLogger(__name__)
+
+# How far apart two predicted step times (per sample) must be before the model can tell them
+# apart: on CPU the probe's rates miss by 20-30% on a shared host (the measured/predicted
+# spread of runs here); GPU kernels are steadier and the peak-fraction tables closer.
+UNCERTAINTY = {"cpu": 0.25, "cuda": 0.15}
+TUNED_PLAN = "tuned-plan.json"
+TUNE_RECORD = "tune.json"
+PLAN_FORMAT = "dlaunch-tuned-plan/1"
+DECISIONS = ("strategy", "precision", "micro_batch", "grad_accum", "checkpointing", "compile")
+
+
+def per_sample_s(c: Candidate) -> float:
+    """Predicted seconds per sample: candidates with different batches compare on this."""
+    return c.time.step_time_s / (c.micro_batch * c.grad_accum_steps)
+
+
+def select_trials(plan: Plan, device: str, max_trials: int) -> list[Candidate]:
+    """The chosen candidate and every fitting one predicted within UNCERTAINTY of the fastest,
+    fastest first, at most `max_trials`; never one predicted not to fit."""
+    fitting = [c for c in (plan.chosen, *plan.rejected) if c.fits]
+    if not fitting:
+        return []
+    best = min(per_sample_s(c) for c in fitting)
+    near = [c for c in fitting if per_sample_s(c) <= best * (1 + UNCERTAINTY[device])]
+    near.sort(key=lambda c: (c is not plan.chosen, per_sample_s(c)))  # the plan's own first
+    return near[:max_trials]
+
+
+def decisions_of(c: Candidate) -> dict[str, Any]:
+    """What a run needs to repeat candidate `c`."""
+    s = c.strategy
+    return {"strategy": s.kind, "precision": s.precision, "micro_batch": c.micro_batch,
+            "grad_accum": c.grad_accum_steps, "checkpointing": s.activation_checkpointing,
+            "compile": s.compile}
+
+
+def trial_name(c: Candidate) -> str:
+    """'DDP fp32 + ckpt, mb 8 x 1'."""
+    return f"{label(c)}, mb {c.micro_batch} x {c.grad_accum_steps}"
+
+
+def trial_spec(base: LaunchSpec, c: Candidate, index: int) -> LaunchSpec:
+    """`base` with candidate `c`'s decisions, in `<tune dir>/<index>-<slug>`; no calibration
+    window (the trials compare whole steps)."""
+    s = c.strategy
+    slug = f"{index}-{s.kind}-{s.precision}{'-ckpt' if s.activation_checkpointing else ''}-mb{c.micro_batch}"
+    strategy = dataclasses.replace(base.strategy, kind=s.kind, precision=s.precision,
+                                   activation_checkpointing=s.activation_checkpointing,
+                                   compile=s.compile or base.strategy.compile)
+    return dataclasses.replace(base, run_id=f"{base.run_id}-{slug}", run_dir=str(Path(base.run_dir) / slug),
+                               micro_batch=c.micro_batch, grad_accum_steps=c.grad_accum_steps,
+                               strategy=strategy, calibrate_comm=False)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Trial:
+    """One measured (or failed, or skipped) candidate."""
+
+    name: str
+    candidate: Candidate
+    run_dir: str
+    status: str  # ok | failed | skipped
+    reason: str = ""
+    measured_step_s: float | None = None
+    measured_samples_per_s: float | None = None
+
+    @property
+    def ratio(self) -> float | None:
+        """Measured over predicted step time."""
+        if self.measured_step_s is None:
+            return None
+        return self.measured_step_s / self.candidate.time.step_time_s
+
+    def to_dict(self, world_size: int, chosen: bool) -> dict[str, Any]:
+        """JSON-ready row of the table."""
+        c = self.candidate
+        return {"name": self.name, **decisions_of(c), "predicted_step_s": c.time.step_time_s,
+                "predicted_samples_per_s": c.micro_batch * c.grad_accum_steps * world_size / c.time.step_time_s,
+                "measured_step_s": self.measured_step_s,
+                "measured_samples_per_s": self.measured_samples_per_s, "ratio": self.ratio,
+                "status": self.status, "reason": self.reason, "run_dir": self.run_dir, "chosen": chosen}
+
+
+@dataclass(frozen=True, kw_only=True)
+class TuneResult:
+    """Every trial, the fastest measured, and where the tuned plan went."""
+
+    tune_dir: str
+    world_size: int
+    trials: tuple[Trial, ...]
+    tuned_plan: str | None  # None: no trial finished
+
+    @property
+    def best(self) -> Trial | None:
+        """The trial with the highest measured samples/s."""
+        ok = [t for t in self.trials if t.status == "ok" and t.measured_samples_per_s]
+        return max(ok, key=lambda t: t.measured_samples_per_s or 0.0, default=None)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: the table's rows and the outcome."""
+        best = self.best
+        return {"tune_dir": self.tune_dir, "world_size": self.world_size, "tuned_plan": self.tuned_plan,
+                "chosen": best.name if best else None,
+                "trials": [t.to_dict(self.world_size, t is best) for t in self.trials]}
+
+
+RunFn = Callable[..., RunResult]
+
+
+def _failure(result: RunResult) -> str:
+    return result.failures[0] if result.failures else f"{result.status}, exit code {result.exit_code}"
+
+
+def run_trials(base: LaunchSpec, candidates: Sequence[Candidate], *, budget_s: float | None = None,
+               run: RunFn | None = None, progress: IO[str] = sys.stderr) -> tuple[Trial, ...]:
+    """Run each candidate's trial in turn; a failed one is recorded and the next starts. Once
+    `budget_s` has gone no further trial starts (the rest are recorded as skipped)."""
+    run = run or run_local
+    t0, k = time.monotonic(), len(candidates)
+    trials: list[Trial] = []
+    for i, c in enumerate(candidates, 1):
+        spec, name = trial_spec(base, c, i), trial_name(c)
+        if budget_s is not None and trials and time.monotonic() - t0 >= budget_s:
+            trials.append(Trial(name=name, candidate=c, run_dir=spec.run_dir, status="skipped",
+                                reason=f"--budget-min reached ({budget_s / 60:g} min)"))
+            continue
+        progress.write(f"dlaunch tune: [{i}/{k}] {name} (predicted {c.time.step_time_s:.3g} s/step) ...\n")
+        progress.flush()
+        Path(spec.run_dir).mkdir(mode=0o750, parents=True, exist_ok=True)
+        buf = io.StringIO()
+        try:
+            result = run(spec, out=buf)
+        except DlaunchError as e:  # refused before launching (a spec this machine cannot run)
+            trials.append(Trial(name=name, candidate=c, run_dir=spec.run_dir, status="failed", reason=str(e)))
+        else:
+            if result.status == "ok" and result.samples_per_s > 0:
+                trials.append(Trial(name=name, candidate=c, run_dir=spec.run_dir, status="ok",
+                                    measured_step_s=result.step_time_median_s,
+                                    measured_samples_per_s=result.samples_per_s))
+            else:
+                trials.append(Trial(name=name, candidate=c, run_dir=spec.run_dir, status="failed",
+                                    reason=_failure(result)))
+        last = trials[-1]
+        best = TuneResult(tune_dir=base.run_dir, world_size=base.world_size, trials=tuple(trials),
+                          tuned_plan=None).best
+        outcome = (f"{last.measured_samples_per_s:,.1f} samples/s" if last.status == "ok"
+                   else f"FAILED: {last.reason}")
+        progress.write(f"dlaunch tune: [{i}/{k}] {outcome}; best so far: "
+                       f"{f'{best.name} ({best.measured_samples_per_s:,.1f} samples/s)' if best else 'none'}\n")
+        progress.flush()
+    return tuple(trials)
+
+
+def finish(base: LaunchSpec, trials: Sequence[Trial], *, workload: str, workload_args: Sequence[str]) -> TuneResult:
+    """Write tuned-plan.json (when a trial finished) and tune.json in the tune dir."""
+    tune = TuneResult(tune_dir=base.run_dir, world_size=base.world_size, trials=tuple(trials), tuned_plan=None)
+    best = tune.best
+    if best is not None:
+        path = Path(base.run_dir) / TUNED_PLAN
+        atomic_write_json(path, {
+            "format": PLAN_FORMAT, "workload": workload, "workload_args": list(workload_args),
+            "device": base.device, "nodes": base.num_nodes, "gpus": base.nproc_per_node,
+            "decisions": decisions_of(best.candidate), "name": best.name,
+            "measured_samples_per_s": best.measured_samples_per_s,
+            "predicted_step_s": best.candidate.time.step_time_s, "trials": len(trials),
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+        tune = dataclasses.replace(tune, tuned_plan=str(path))
+    atomic_write_json(Path(base.run_dir) / TUNE_RECORD, tune.to_dict())
+    return tune
+
+
+def trial_records(tune: TuneResult, workload: str) -> list[TrialRecord]:
+    """The finished trials as the correction cache stores them."""
+    at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return [TrialRecord(precision=t.candidate.strategy.precision,
+                        compute_ratio=compute_ratio(t.candidate.time, t.measured_step_s),
+                        step_ratio=t.measured_step_s / t.candidate.time.step_time_s,
+                        predicted_step_s=t.candidate.time.step_time_s, measured_step_s=t.measured_step_s,
+                        workload=Path(workload).name, tune_dir=tune.tune_dir, at=at)
+            for t in tune.trials if t.status == "ok" and t.measured_step_s]
+
+
+def _num(x: float | None, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def format_tune(tune: TuneResult) -> str:
+    """The table: candidate, predicted, measured, ratio, chosen; then failures and the plan."""
+    best = tune.best
+    rows = []
+    for t in tune.trials:
+        c = t.candidate
+        pred = c.micro_batch * c.grad_accum_steps * tune.world_size / c.time.step_time_s
+        rows.append([t.name, t.status, f"{c.time.step_time_s:.3g}s",
+                     f"{t.measured_step_s:.3g}s" if t.measured_step_s else "-", f"{pred:,.1f}",
+                     _num(t.measured_samples_per_s, ",.1f"), _num(t.ratio, ".2f"), "<-" if t is best else ""])
+    header = ["candidate", "status", "pred step", "meas step", "pred samples/s", "meas samples/s",
+              "meas/pred", "chosen"]
+    out = [f"tune: {len(tune.trials)} trial(s) on {tune.world_size} rank(s), same seed and data; "
+           "meas/pred is measured over predicted step time (median after warm-up)",
+           format_table(header, rows)]
+    out += [f"{t.status.upper()} ({t.name}): {t.reason}" for t in tune.trials if t.status != "ok"]
+    if tune.tuned_plan:
+        out.append(f"tuned plan: {tune.tuned_plan} (dlaunch run WORKLOAD --plan {tune.tuned_plan})")
+    else:
+        out.append("no trial finished: no tuned plan written")
+    out.append(f"trials: {tune.tune_dir}/<n>-<candidate>/; {TUNE_RECORD} beside them")
+    return "\n".join(out)
+
+
+def read_plan_file(path: str) -> dict[str, Any]:
+    """The decisions of a plan file: a tune's tuned-plan.json or a run dir's plan.json."""
+    try:
+        data = json.loads(Path(path).expanduser().read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--plan {path}: not a readable JSON plan file ({e})") from None
+    if isinstance(data, Mapping) and isinstance(data.get("decisions"), Mapping):
+        found = dict(data["decisions"])
+    elif isinstance(data, Mapping) and isinstance(data.get("plan"), Mapping) and "chosen" in data["plan"]:
+        c, s = data["plan"]["chosen"], data["plan"]["chosen"].get("strategy", {})
+        found = {"strategy": s.get("kind"), "precision": s.get("precision"), "micro_batch": c.get("micro_batch"),
+                 "grad_accum": c.get("grad_accum_steps"), "checkpointing": s.get("activation_checkpointing"),
+                 "compile": s.get("compile")}
+    else:
+        raise UsageError(f"--plan {path}: neither a tuned-plan.json nor a run dir's plan.json")
+    missing = [k for k in DECISIONS if found.get(k) is None]
+    if missing:
+        raise UsageError(f"--plan {path}: no {', '.join(missing)} in it")
+    return {k: found[k] for k in DECISIONS}

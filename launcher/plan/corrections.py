@@ -1,0 +1,181 @@
+"""Per-machine corrections of the step-time model, learnt from `dlaunch tune` trials.
+
+A tune trial measures a candidate's step time; its compute ratio is what the compute term would
+have had to be for the prediction to match, over what the model said:
+(measured - predicted non-compute terms) / predicted compute. The communication, contention and
+sync terms are taken as predicted because the trials time whole steps, not their parts, and
+compute is the term the probe-derived rates get most wrong on a shared or throttled machine.
+The stored trials of one machine (`fingerprint`: device, accelerator, shape and torch version,
+never the workload) give one correction per precision, the median compute ratio of its trials;
+`correct_plan` scales every candidate's predicted compute by it; a precision no trial measured
+takes the median over all trials (the machine is slower or faster than its probe for every
+dtype), so an unmeasured precision never wins on the model's uncorrected optimism alone.
+
+Pure values and JSON files given by path: never imports torch, cli, backends, jobs, runtime or
+report; the cache directory is launcher.plan.resolve's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.errors import PlanError
+from launcher.files import atomic_write_json
+from launcher.hardware.types import Topology
+from launcher.plan.search import TIE_TOLERANCE, label
+from launcher.plan.types import Candidate, Plan, StepTimeEstimate
+from launcher.specs import check
+
+log = logging.getLogger(__name__)
+
+# bump when the meaning of a stored trial changes, so old files are ignored: a stored ratio is
+# measured / predicted, so any change to the CPU or GPU cost model changes its meaning too
+CORRECTIONS_FORMAT = 2
+# the newest trials kept per precision: old ones describe a machine that may have changed
+MAX_TRIALS_PER_PRECISION = 20
+# a measured step shorter than the predicted non-compute terms would give a ratio <= 0: the
+# communication was overpredicted, not the compute free; the ratio is kept at least this
+MIN_COMPUTE_RATIO = 0.1
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrialRecord:
+    """One measured tune trial, as the correction cache stores it."""
+
+    precision: str
+    compute_ratio: float  # corrected compute / predicted compute
+    step_ratio: float  # measured / predicted step time
+    predicted_step_s: float
+    measured_step_s: float
+    workload: str
+    tune_dir: str
+    at: str  # ISO date of the trial
+
+    def __post_init__(self) -> None:
+        for name in ("compute_ratio", "step_ratio", "predicted_step_s", "measured_step_s"):
+            check(getattr(self, name) > 0, PlanError, f"tune trial {name} must be > 0, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Correction:
+    """The stored trials of this machine, reduced to one compute factor per precision."""
+
+    factors: Mapping[str, float]  # precision -> median compute ratio
+    overall: float  # median compute ratio of every trial: for precisions without trials
+    trials: int
+    latest: str  # date of the newest trial
+    tune_dirs: tuple[str, ...]
+
+    def factor(self, precision: str) -> float:
+        """The compute factor of `precision`: its own trials', else every trial's."""
+        return self.factors.get(precision, self.overall)
+
+    def describe(self) -> str:
+        """'corrected by 3 tune trials (2025-01-02): compute x1.9 for fp32 (runs/tune-...)'."""
+        factors = ", ".join([*(f"x{f:.3g} for {p}" for p, f in sorted(self.factors.items())),
+                             f"x{self.overall:.3g} for the others"])
+        return (f"corrected by {self.trials} tune trial{'s' if self.trials != 1 else ''} "
+                f"({self.latest}): predicted compute {factors} (median measured/predicted; "
+                f"trials in {', '.join(self.tune_dirs)}; --no-calibration-cache ignores it)")
+
+
+def fingerprint(topology: Topology, torch_version: str) -> str:
+    """The key of this machine's corrections: what the step-time model's rates depend on."""
+    what = [topology.device, topology.accelerator.name, topology.num_nodes, topology.devices_per_node,
+            topology.intra_node.kind, torch_version, CORRECTIONS_FORMAT]
+    return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:24]
+
+
+def compute_ratio(predicted: StepTimeEstimate, measured_step_s: float) -> float:
+    """What the compute term should have been, over what it was (see the module docstring)."""
+    other_s = predicted.step_time_s - predicted.compute_s
+    if predicted.compute_s <= 0:
+        return 1.0
+    return max(MIN_COMPUTE_RATIO, (measured_step_s - other_s) / predicted.compute_s)
+
+
+def load_trials(path: Path) -> list[TrialRecord]:
+    """The trials stored at `path`; none when the file is absent, unreadable or stale."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("format") != CORRECTIONS_FORMAT:
+            return []
+        return [TrialRecord(**t) for t in data["trials"]]
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, PlanError) as e:
+        log.debug("corrections %s not used: %s", path, e)
+        return []
+
+
+def store_trials(path: Path, new: Sequence[TrialRecord]) -> None:
+    """Add `new` to the trials at `path`, keeping the newest MAX_TRIALS_PER_PRECISION of each."""
+    kept: list[TrialRecord] = []
+    trials = [*load_trials(path), *new]
+    for precision in sorted({t.precision for t in trials}):
+        kept += [t for t in trials if t.precision == precision][-MAX_TRIALS_PER_PRECISION:]
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path, {"format": CORRECTIONS_FORMAT,
+                                 "trials": [dataclasses.asdict(t) for t in kept]})
+    except OSError as e:  # a read-only cache must not fail the tune that measured them
+        log.warning("tune trials not stored in %s: %s", path, e)
+
+
+def correction_of(trials: Sequence[TrialRecord]) -> Correction | None:
+    """The median compute ratio per precision of `trials`; None without trials."""
+    if not trials:
+        return None
+    factors = {p: statistics.median(t.compute_ratio for t in trials if t.precision == p)
+               for p in {t.precision for t in trials}}
+    dirs = tuple(dict.fromkeys(t.tune_dir for t in reversed(trials)))
+    return Correction(factors=factors, overall=statistics.median(t.compute_ratio for t in trials),
+                      trials=len(trials), latest=max(t.at for t in trials)[:10],
+                      tune_dirs=dirs)
+
+
+def _scaled(c: Candidate, factor: float) -> Candidate:
+    t = c.time
+    time = dataclasses.replace(t, compute_s=t.compute_s * factor,
+                               compute_parts=tuple((n, s * factor) for n, s in t.compute_parts))
+    return dataclasses.replace(c, time=time)
+
+
+def _per_sample(c: Candidate) -> float:
+    return c.time.step_time_s / (c.micro_batch * c.grad_accum_steps)
+
+
+def correct_plan(plan: Plan, correction: Correction, *, may_switch: bool = True) -> Plan:
+    """`plan` with every candidate's compute scaled by its precision's factor (precisions no
+    trial measured keep the model's). When `may_switch` and a fitting alternative is now faster
+    per sample than the chosen one by more than TIE_TOLERANCE, it becomes the choice."""
+    def fix(c: Candidate) -> Candidate:
+        return _scaled(c, correction.factor(c.strategy.precision))
+
+    chosen, rejected = fix(plan.chosen), [fix(c) for c in plan.rejected]
+    reasons = [correction.describe(), *plan.reasons]
+    fitting = [c for c in rejected if c.fits]
+    best = min(fitting, key=_per_sample, default=None)
+    if may_switch and best is not None and _per_sample(best) * (1 + TIE_TOLERANCE) < _per_sample(chosen):
+        why = (f"{label(best)} is fastest once corrected ({_per_sample(best) * 1e3:.3g} vs "
+               f"{_per_sample(chosen) * 1e3:.3g} ms/sample for {label(chosen)})")
+        rejected = [c for c in rejected if c is not best] + [
+            dataclasses.replace(chosen, reason=f"{label(chosen)}: slower once corrected")]
+        reasons = [why, correction.describe(), *(r for r in plan.reasons if r.startswith("warning:"))]
+        chosen = dataclasses.replace(best, reason=why)
+    old = plan.chosen
+    units_per_sample = plan.units_per_s * old.time.step_time_s / (
+        old.micro_batch * old.grad_accum_steps * plan.world_size)
+    t = chosen.time
+    return dataclasses.replace(
+        plan, chosen=chosen, reasons=tuple(reasons), rejected=tuple(rejected),
+        global_batch=chosen.micro_batch * chosen.grad_accum_steps * plan.world_size,
+        units_per_s=(chosen.micro_batch * chosen.grad_accum_steps * plan.world_size
+                     * units_per_sample / t.step_time_s),
+        scaling_efficiency=t.compute_s / t.step_time_s if t.step_time_s else 1.0)
+
