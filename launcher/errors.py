@@ -44,3 +44,7 @@ class JobFailed(DlaunchError):
     """The job started but did not finish cleanly (a rank failed, hung or was cancelled)."""
 
     exit_code = 1
+
+
+class RunDirError(DlaunchError):
+    """A run directory's launch.json or result.json is not what dlaunch writes."""

@@ -40,9 +40,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
-
 from launcher.files import atomic_write_json, read_json
+from launcher.procs import pid_alive
 from launcher.rundir import HEARTBEAT, RunPaths
 
 log = logging.getLogger(__name__)
@@ -88,20 +87,6 @@ def read_heartbeats(run_dir: str | Path) -> dict[int, Beat]:
         except (OSError, ValueError, TypeError, AttributeError):
             continue
     return beats
-
-
-def pid_alive(pid: int, *, not_after: float | None = None) -> bool:
-    """True when `pid` runs (a zombie does not) and, given `not_after`, was started by then.
-
-    The start-time check keeps a recycled pid from passing for the rank that had it.
-    """
-    try:
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return False
-        return not_after is None or proc.create_time() <= not_after + 1.0
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-        return False
 
 
 @dataclass

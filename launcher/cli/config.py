@@ -47,7 +47,7 @@ class Config:
     path: str | None = None  # where it was read from; None when there is no file
     values: Mapping[str, Any] = field(default_factory=dict)
 
-    def get(self, key: str) -> Any:
+    def get(self, key: str) -> object:
         """The value of one dotted key (`slurm.partition`); None when the file does not set it."""
         if key not in yaml_keys():
             raise KeyError(f"{key!r} is not a dlaunch.yaml key")

@@ -20,6 +20,7 @@ from typing import Any
 
 from launcher.errors import LaunchError, UsageError
 from launcher.files import read_json
+from launcher.procs import pid_alive
 from launcher.results.types import RunResult
 from launcher.rundir import RunPaths, SweepPaths
 
@@ -67,16 +68,6 @@ def first_difference(a: Any, b: Any, prefix: str = "") -> str:
     return f"{prefix.rstrip('.')}: {a!r} before, {b!r} now"
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def acquire_lock(sweep_dir: Path) -> Path:
     """Refuse a second sweep in the same directory; take over a dead one's lock."""
     path = SweepPaths(root=sweep_dir).lock
@@ -90,7 +81,7 @@ def acquire_lock(sweep_dir: Path) -> Path:
             except (OSError, ValueError):
                 held = {}
             pid = int(held.get("pid", 0) or 0)
-            if held.get("host") == me["host"] and pid and _pid_alive(pid):
+            if held.get("host") == me["host"] and pid and pid_alive(pid):
                 raise LaunchError(f"another dlaunch scale (pid {pid}) is running in {sweep_dir}; "
                                   "wait for it or give another --sweep-dir") from None
             log.warning("taking over the stale lock of %s (pid %s)", sweep_dir, pid)

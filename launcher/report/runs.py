@@ -13,17 +13,20 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launcher.errors import DlaunchError
+from launcher.errors import DlaunchError, RunDirError
 from launcher.files import read_json
 from launcher.hardware.topology import topology_from_dict
 from launcher.hardware.types import Topology
 from launcher.jobs.sweepdir import read_manifest
 from launcher.results.aggregate import aggregate, percentile
+from launcher.results.records import missing_note, rank_numbers, read_records, read_spec, record_problem
+from launcher.results.schema import kind_of
 from launcher.results.types import RunResult
 from launcher.rundir import RECORDS, RunPaths, SweepPaths
 from launcher.specs import LaunchSpec
@@ -81,15 +84,16 @@ def _is_run(d: Path) -> bool:
 
 
 def _world_size(d: Path) -> int:
+    """The world size the run's files say (1 when none says it; read_run checks the files)."""
     paths = RunPaths(root=d)
-    for path in (paths.launch, paths.result):
+    for path, keys in ((paths.launch, ("num_nodes", "nproc_per_node")), (paths.result, ("world_size",))):
         try:
             data = read_json(path)
         except (OSError, ValueError):
             continue
-        if path == paths.launch:
-            return int(data.get("num_nodes", 1)) * int(data.get("nproc_per_node", 1))
-        return int(data.get("world_size", 1))
+        values = [data.get(k, 1) if isinstance(data, dict) else None for k in keys]
+        if all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values):
+            return math.prod(values)
     return 1
 
 
@@ -148,6 +152,10 @@ def _read_result(run_dir: Path, world_size: int | None) -> tuple[RunResult | Non
             raw = read_json(path)
         except (OSError, ValueError) as e:
             notes.append(f"{path.name}: unreadable ({e}); aggregated the rank files again")
+        if raw is not None and not isinstance(raw, dict):
+            notes.append(f"{path.name}: not a dlaunch result (expected an object, got "
+                         f"{kind_of(raw)}); aggregated the rank files again")
+            raw = None
     stale = False
     if raw is not None:
         newest = path.stat().st_mtime
@@ -173,9 +181,13 @@ def _read_result(run_dir: Path, world_size: int | None) -> tuple[RunResult | Non
                    if fresh is not None else None), notes
 
 
-def _parse_rank_file(path: Path) -> tuple[list[float], dict[str, Any] | None, str | None]:
-    """Steady step times, the comm record, and a note on an unreadable tail."""
+def _parse_rank_file(path: Path, run_id: str | None) -> tuple[list[float], dict[str, Any] | None,
+                                                               list[str]]:
+    """Steady step times, the comm record, and notes on what was left out."""
     raw = path.read_bytes()
+    if run_id is not None and raw.count(b'"run_id":') != raw.count(
+            b'"run_id":' + json.dumps(run_id).encode()):
+        return _parse_slow(path, run_id)  # records of another run to leave out
     note = None
     if raw and not raw.endswith(b"\n"):
         n = raw.count(b"\n") + 1
@@ -188,6 +200,8 @@ def _parse_rank_file(path: Path) -> tuple[list[float], dict[str, Any] | None, st
             comm = json.loads(raw[i:raw.index(b"\n", i)])
         except ValueError:
             comm = None
+        if record_problem(comm) is not None:
+            return _parse_slow(path, run_id)
     lines = raw.count(b"\n")
     wellformed = lines == 0 or (raw.startswith(b'{"kind":')
                                 and raw.count(b'\n{"kind":') == lines - 1)
@@ -197,26 +211,18 @@ def _parse_rank_file(path: Path) -> tuple[list[float], dict[str, Any] | None, st
         times = [float(t) for w, t in matches if w == b"f"]
         if not times:  # every step was warm-up: use them all, as aggregate does
             times = [float(t) for _, t in matches]
-        return times, comm, note
-    return _parse_slow(path, raw.decode("utf-8", errors="replace"), note)
+        return times, comm, [note] if note else []
+    return _parse_slow(path, run_id)
 
 
-def _parse_slow(path: Path, text: str, note: str | None) -> tuple[list[float],
-                                                                  dict[str, Any] | None, str | None]:
-    """Line by line, stopping at the first line that is not JSON (as files.read_jsonl does)."""
-    steps, comm = [], None
-    for n, line in enumerate(text.splitlines(), 1):
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            note = f"{path.name}: line {n} is not JSON; read up to line {n - 1}"
-            break
-        if rec.get("kind") == "step" and "step_time_s" in rec:
-            steps.append(rec)
-        elif rec.get("kind") == "comm":
-            comm = rec
+def _parse_slow(path: Path, run_id: str | None) -> tuple[list[float], dict[str, Any] | None,
+                                                         list[str]]:
+    """Record by record (results.records: well-formed records of this run only)."""
+    records, notes = read_records(path, run_id)
+    steps = [r for r in records if r["kind"] == "step"]
+    comm = next((r for r in reversed(records) if r["kind"] == "comm"), None)
     steady = [r for r in steps if not r.get("warmup")] or steps
-    return [float(r["step_time_s"]) for r in steady], comm, note
+    return [float(r["step_time_s"]) for r in steady], comm, notes
 
 
 def read_run(run_dir: Path) -> RunData:
@@ -225,9 +231,9 @@ def read_run(run_dir: Path) -> RunData:
     paths = RunPaths(root=run_dir)
     if paths.launch.is_file():
         try:
-            spec = LaunchSpec.from_dict(read_json(paths.launch))
-        except (OSError, ValueError, TypeError, DlaunchError) as e:
-            notes.append(f"{paths.launch.name}: unreadable ({e})")
+            spec = read_spec(run_dir)
+        except RunDirError as e:
+            notes.append(str(e))
     result, verdict, more = _read_result(run_dir, spec.world_size if spec else None)
     notes += more
     data = RunData(run_dir=run_dir, spec=spec, result=result, verdict=verdict, notes=notes)
@@ -237,17 +243,18 @@ def read_run(run_dir: Path) -> RunData:
         except (OSError, ValueError) as e:
             notes.append(f"{paths.plan.name}: unreadable ({e})")
     world = spec.world_size if spec else (result.world_size if result else 0)
-    for rank in range(world):
-        path = paths.records(rank)
-        if not path.is_file():
-            notes.append(f"{path.name}: missing (rank {rank} never started or wrote nothing)")
-            continue
-        times, comm, note = _parse_rank_file(path)
+    have, missing, unlisted = rank_numbers(run_dir, world)
+    files = paths.rank_files(RECORDS)
+    for rank in sorted([*missing, *(r for r in have if r not in files)]):
+        notes.append(f"{paths.records(rank).name}: missing (rank {rank} never started or wrote nothing)")
+    if (line := missing_note(world, len(have), unlisted)) is not None:
+        notes.append(line)
+    for rank in (r for r in have if r in files):
+        times, comm, more = _parse_rank_file(paths.records(rank), spec.run_id if spec else None)
         data.step_times[rank] = times
         if comm:
             data.comm[rank] = comm
-        if note:
-            notes.append(note)
+        notes += more
     return data
 
 

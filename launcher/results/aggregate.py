@@ -1,7 +1,10 @@
 """Read every rank's files into a `RunResult`.
 
 Tolerant by design: a rank file cut mid-line (killed rank) is read up to its last whole
-record, a missing rank is reported as missing, and the reasons are kept in `unreadable`.
+record, a record of the wrong shape or of another run is skipped, a missing rank is reported as
+missing, and the reasons are kept in `unreadable` (results.records reads the files). The ranks
+are the rank files present, never a count launch.json claims. A run dir read with no
+result.json is "running" while its dlaunch lives and "orphaned" once it died without one.
 
 Attempts: a requeued SLURM job appends a second `start` record (and its steps) to the same rank
 files; a `--max-restarts` relaunch moves the failed attempt aside but its start record says
@@ -24,14 +27,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from launcher.files import read_json, read_jsonl
+from launcher.files import read_json
 from launcher.results.misfits import find_misfit
 from launcher.results.plausibility import host_load, run_warnings
 from launcher.results.prediction import compare, measured_peak_bytes
+from launcher.results.records import missing_note, owner_state, rank_numbers, read_ranks, read_spec
 from launcher.results.types import RankResult, RunResult
 from launcher.results.verdict import detect_stragglers, median_or_none, run_verdict
 from launcher.rundir import RunPaths
-from launcher.specs import LaunchSpec
 
 log = logging.getLogger(__name__)
 
@@ -162,41 +165,21 @@ def measured_wall_s(steps: Sequence[dict[str, Any]], steady: Sequence[dict[str, 
     return total if total > 0 else None
 
 
-def load_rank_files(run_dir: Path, world_size: int) -> tuple[dict[int, list[dict[str, Any]]],
-                                                              dict[int, dict[str, Any]], list[str]]:
-    """Records and summaries per rank, and notes on what could not be read."""
-    records: dict[int, list[dict[str, Any]]] = {}
-    summaries: dict[int, dict[str, Any]] = {}
-    notes: list[str] = []
-    paths = RunPaths(root=run_dir)
-    for rank in range(world_size):
-        path = paths.records(rank)
-        if path.exists():
-            records[rank], note = read_jsonl(path)
-            if note:
-                notes.append(note)
-        spath = paths.summary(rank)
-        if spath.exists():
-            try:
-                summaries[rank] = read_json(spath)
-            except ValueError as e:
-                notes.append(f"{spath.name}: not valid JSON ({e})")
-    return records, summaries, notes
-
-
 def aggregate(run_dir: str | Path, *, exit_code: int | None = None,
               wall_time_s: float | None = None) -> RunResult:
     """Aggregate a run directory (written by `dlaunch run`) into a RunResult."""
     rd = Path(run_dir)
-    spec = LaunchSpec.from_dict(read_json(RunPaths(root=rd).launch))
-    every, summaries, notes = load_rank_files(rd, spec.world_size)
+    spec = read_spec(rd)
+    present, missing, unlisted = rank_numbers(rd, spec.world_size)
+    listed = sorted(present + missing)
+    every, summaries, notes = read_ranks(rd, present, spec.run_id)
     split = {r: last_attempt(recs) for r, recs in every.items()}
     records = {r: recs for r, (recs, _) in split.items()}
     attempts = max((n for _, n in split.values()), default=1)
     ranks = tuple(_rank_result(rd, r, records.get(r, []), summaries.get(r),
                                script_exit=exit_code, is_script=spec.is_script,
                                earlier_loss=_last_loss(every.get(r, [])))
-                  for r in range(spec.world_size))
+                  for r in listed)
     units = next((rec.get("sample_units") for recs in records.values() for rec in recs
                   if rec.get("kind") == "workload"), "samples")
     # plain scripts report their units in the start record of the step meter
@@ -219,8 +202,14 @@ def aggregate(run_dir: str | Path, *, exit_code: int | None = None,
                   if unusable is None else {"available": False, "reason": unusable})
     slowest = max(measured, key=lambda r: r.step_time_median_s).rank if measured else None
     failures = _failures(ranks, summaries)
-    all_ok = all(r.status == "ok" for r in ranks)
+    if (unlisted_line := missing_note(spec.world_size, len(present), unlisted)) is not None:
+        failures += (unlisted_line,)
+    all_ok = all(r.status == "ok" for r in ranks) and unlisted <= 0
     code = exit_code if exit_code is not None else (0 if all_ok else 1)
+    status = "ok" if code == 0 and all_ok else "failed"
+    if exit_code is None and not RunPaths(root=rd).result.exists():
+        # read after the fact with no result: the launcher still runs, or died before writing it
+        status = owner_state(rd) or status
     if spec.is_script and not measured:
         notes.append("the script reported no steps (call launcher.runtime.meter.StepMeter.step() "
                      "once per step to see its throughput)")
@@ -232,7 +221,7 @@ def aggregate(run_dir: str | Path, *, exit_code: int | None = None,
         world_size=spec.world_size, num_nodes=spec.num_nodes, device=spec.device,
         strategy="script" if spec.is_script else spec.strategy.kind,
         precision=spec.strategy.precision,
-        status="ok" if code == 0 and all_ok else "failed", exit_code=code,
+        status=status, exit_code=code,
         wall_time_s=wall_time_s if wall_time_s is not None else _wall_time(every),
         samples_per_s=samples_per_s, units_per_s=units_per_s, sample_units=str(units),
         step_time_median_s=step_median,

@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from launcher.results.schema import dataclass_problem
+
 
 @dataclass(frozen=True, kw_only=True)
 class RankResult:
@@ -75,7 +77,9 @@ class RunResult:
     device: str
     strategy: str
     precision: str
-    status: str  # ok | failed (results.table.status_text says "ok, no steps reported")
+    # ok | failed (results.table.status_text says "ok, no steps reported"); read with no
+    # result.json: running (its dlaunch lives) | orphaned (it died before writing one)
+    status: str
     exit_code: int
     wall_time_s: float
     samples_per_s: float
@@ -118,7 +122,14 @@ class RunResult:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunResult:
-        """Rebuild a result written by `to_dict`."""
+        """Rebuild a result written by `to_dict`; ValueError naming the first key of the wrong
+        shape (a hand-edited or foreign result.json)."""
+        problem = dataclass_problem(cls, data)
+        if problem is None:
+            problem = next((f"rank {i}: {p}" for i, r in enumerate(data.get("ranks", ()))
+                            if (p := dataclass_problem(RankResult, r)) is not None), None)
+        if problem is not None:
+            raise ValueError(f"not a dlaunch result: {problem}")
         d = dict(data)
         d["ranks"] = tuple(RankResult(**{**r, "log_tail": tuple(r.get("log_tail", ())),
                                          "top_ops": tuple(r.get("top_ops", ()))})

@@ -2,7 +2,7 @@
 `RUN_DIR/rank-<r>.summary.json` (written atomically once, at the end).
 
 Records (one JSON object per line, `kind` first):
-  start  rank, local_rank, node_rank, world_size, host, pid, device, strategy, precision,
+  start  run_id, rank, local_rank, node_rank, world_size, host, pid, device, strategy, precision,
          sample_units, units_per_sample, micro_batch, grad_accum_steps, time
   step   step, time, end_time, step_time_s, data_wait_s, samples, units, loss, peak_mem_bytes,
          warmup. `end_time` is the wall clock (time.time()) at the step's end: on CUDA when its
@@ -71,8 +71,11 @@ class RankRecorder:
         # a --max-restarts relaunch, or a requeued SLURM job (its restart count)
         attempt = int(os.environ.get("DLAUNCH_ATTEMPT")
                       or os.environ.get("DLAUNCH_SLURM_RESTART_COUNT") or 0)
+        # the run id tells readers this run's records from another run's in the same file (a
+        # plain script's meter gets it only from the launcher's environment)
+        run_id = {"run_id": os.environ["DLAUNCH_RUN_ID"]} if os.environ.get("DLAUNCH_RUN_ID") else {}
         append_lines(self.path, [{"kind": "start", "rank": rank, "pid": os.getpid(),
-                                  "time": time.time(), "attempt": attempt, **start,
+                                  "time": time.time(), "attempt": attempt, **run_id, **start,
                                   "host_load": host_load()}])
         self.heartbeat(0)
 
