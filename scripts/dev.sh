@@ -35,7 +35,14 @@ case "${1:-}" in
     "$VENV/bin/ruff" check launcher workloads tests benchmarks
     # types of launcher/: pyproject's [tool.mypy] (cached in .mypy_cache: seconds once warm)
     "$VENV/bin/mypy"
-    "$VENV/bin/python" -m pytest -q -rs "$@"
+    if [ "$#" -gt 0 ]; then
+      "$VENV/bin/python" -m pytest -q -rs "$@"
+    else
+      # unit tests start no torchrun and time nothing: two workers halve their minutes; the
+      # torchrun and SLURM tests run one at a time (they share 2 cores and time their steps)
+      "$VENV/bin/python" -m pytest -q -rs -n 2 tests/unit
+      "$VENV/bin/python" -m pytest -q -rs tests/integration tests/slurm
+    fi
     ;;
   *)
     echo "usage: bash scripts/dev.sh demo|test [pytest args]" >&2

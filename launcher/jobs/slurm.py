@@ -71,6 +71,7 @@ def _remove_unsubmitted(run_dir: Path) -> None:
     paths = RunPaths(root=run_dir)
     paths.launch.unlink(missing_ok=True)
     paths.plan.unlink(missing_ok=True)
+    paths.owner.unlink(missing_ok=True)  # the claim goes last: the dir is nobody's once empty
     shutil.rmtree(paths.submitit, ignore_errors=True)
     try:
         run_dir.rmdir()  # only if now empty (a --run-dir may hold other things)

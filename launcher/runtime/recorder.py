@@ -10,6 +10,7 @@ Records (one JSON object per line, `kind` first):
          warm-up; throughput is measured from there to the last step's end_time.
   comm   calibration of communication (see harness)
   end    time, steps, status
+Every record carries the run's `run_id` (from DLAUNCH_RUN_ID, when the launcher set it).
 The start and end records carry `host_load` {load_1m, usable_cores, steal_ticks, total_ticks}:
 the host's 1-minute load average and its /proc/stat CPU counters, from which results tell a
 busy or oversubscribed host (the steal share is the counters' difference over the run).
@@ -74,6 +75,9 @@ class RankRecorder:
         # the run id tells readers this run's records from another run's in the same file (a
         # plain script's meter gets it only from the launcher's environment)
         run_id = {"run_id": os.environ["DLAUNCH_RUN_ID"]} if os.environ.get("DLAUNCH_RUN_ID") else {}
+        # every record carries it: an orphaned rank of an earlier run appending into a reused
+        # file is told apart line by line, not only by its start record
+        self._run_id = run_id
         append_lines(self.path, [{"kind": "start", "rank": rank, "pid": os.getpid(),
                                   "time": time.time(), "attempt": attempt, **run_id, **start,
                                   "host_load": host_load()}])
@@ -97,7 +101,7 @@ class RankRecorder:
     def flush(self) -> None:
         """Append every queued record in one write, then beat the heartbeat."""
         if self._buffer:
-            append_lines(self.path, self._buffer)
+            append_lines(self.path, [{**r, **self._run_id} for r in self._buffer])
             self._buffer = []
         self.heartbeat(self.steps_done)
 
@@ -123,7 +127,7 @@ class RankRecorder:
             summary["error"] = f"{type(error).__name__}: {error}".strip()
             summary["traceback"] = "".join(tb.format_exception(error))
         append_lines(self.path, [{"kind": "end", "time": now, "steps": self.steps_done,
-                                  "status": status, "host_load": host_load()}])
+                                  "status": status, "host_load": host_load(), **self._run_id}])
         atomic_write_json(self._paths.summary(self.rank), summary)
 
 
