@@ -41,7 +41,8 @@ def test_inspect_json_says_cpu_with_this_hosts_cores(dlaunch):
     cores = topo["devices_per_node"]
     assert cores == topo["cpu_cores_per_node"] == report["world_size"]
     assert cores == usable_cores()  # the subprocess sees what this process sees
-    assert 1 <= cores <= affinity
+    # SMT siblings never count twice: at most one rank per physical core of this host
+    assert 1 <= cores <= min(affinity, psutil.cpu_count(logical=False) or affinity)
     smt = (psutil.cpu_count(logical=True) or 1) > (psutil.cpu_count(logical=False) or 1)
     if not smt and not _cgroup_quota_limited():
         assert cores == affinity  # one rank per core this process may run on
