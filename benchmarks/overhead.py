@@ -19,6 +19,7 @@ taken with it above the usable cores say more about the neighbours than about dl
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import statistics
@@ -130,6 +131,11 @@ def main() -> None:
     ap.add_argument("--mlp-steps", type=int, default=200, help="steps of the steady mlp runs")
     ap.add_argument("--short-steps", type=int, default=5, help="steps of the start-to-finish runs")
     a = ap.parse_args()
+    # both sides start from bytecode, as an installed package does (pip compiles it; an editable
+    # checkout under PYTHONDONTWRITEBYTECODE=1 would recompile dlaunch's ~100 modules, ~0.1 s,
+    # in every process, while torch's came compiled from its wheel)
+    for folder in ("launcher", "workloads", "benchmarks"):
+        compileall.compile_dir(str(REPO / folder), quiet=1)
     print(f"load average before: {Path('/proc/loadavg').read_text().strip()} "
           f"({usable_cores()} usable cores)", flush=True)
     rows: list[tuple[str, str, tuple[float, float, float]]] = []

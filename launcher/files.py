@@ -167,6 +167,13 @@ def read_yaml_capped(path: str | Path, *, error: type[DlaunchError] = DlaunchErr
         _check_yaml_shape(text, p, error)
         return yaml.safe_load(text)
     except yaml.YAMLError as e:
+        if "nesting depth" in str(getattr(e, "problem", "")):
+            # libyaml >= 0.2.5 stops deep flow nesting in its scanner, before the shape check
+            # sees the events: the same refusal, said the same way
+            mark = getattr(e, "problem_mark", None)
+            line = f" line {mark.line + 1}:" if mark is not None else ""
+            raise error(f"{p}:{line} nested more than {MAX_YAML_DEPTH} levels deep; is it the "
+                        "right file?") from None
         raise error(f"{p}: malformed YAML{_yaml_where(e)} (not valid YAML)") from None
     except (ValueError, RecursionError) as e:  # a value the constructor cannot build
         raise error(f"{p}: a value cannot be read: {shown(str(e))}") from None

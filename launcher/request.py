@@ -58,7 +58,7 @@ class RunRequest:
     compile_strict: bool = False
     shard_group_size: int = 0  # 0: the ranks of a node
     seed: int = 0
-    log_every: int = 10
+    log_every: int = 0
     max_grad_norm: float = 0.0
     calibrate: bool = True
     num_workers: int = 0

@@ -140,7 +140,7 @@ class LaunchSpec:
     micro_batch: int = 8
     grad_accum_steps: int = 1
     seed: int = 0
-    log_every: int = 10
+    log_every: int = 0  # steps per logging window; 0 = auto (runtime.window.window_steps)
     calibrate_comm: bool = True  # measure exposed communication and busbw after warm-up
     max_grad_norm: float = 0.0  # clip the global gradient norm per optimizer step; 0 = off
     strategy: Strategy = field(default_factory=Strategy)
@@ -176,7 +176,7 @@ class LaunchSpec:
                f"`micro_batch` must be >= 1, got {self.micro_batch}")
         check(self.grad_accum_steps >= 1, UsageError,
                f"`grad_accum_steps` must be >= 1, got {self.grad_accum_steps}")
-        check(self.log_every >= 1, UsageError, f"`log_every` must be >= 1, got {self.log_every}")
+        check(self.log_every >= 0, UsageError, f"`log_every` must be >= 0 (0: auto), got {self.log_every}")
         check(self.shard_group_size == 0 or self.strategy.kind == "hybrid", UsageError,
                f"`shard_group_size` applies to `strategy` hybrid only, got `strategy` "
                f"{self.strategy.kind}")

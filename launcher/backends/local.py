@@ -188,14 +188,16 @@ def _follow(proc: subprocess.Popen[bytes], spec: LaunchSpec, console: IO[str], t
         say(console, f"dlaunch: {stall.message}; stopping the job\n")
         stop_job(proc, watcher.beats)
 
+    exited = threading.Event()
     watch_thread = threading.Thread(
         target=watch, args=(watcher,),
         kwargs={"running": lambda: proc.poll() is None and "interrupted" not in job,
-                "on_stall": on_stall}, daemon=True)
+                "on_stall": on_stall, "done": exited}, daemon=True)
     watch_thread.start()
     try:
         return proc.wait()
     finally:
+        exited.set()
         watch_thread.join(timeout=STOP_GRACE_S + STACK_WAIT_S + 5)
         pump.join(timeout=5)
 

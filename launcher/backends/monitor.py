@@ -35,6 +35,7 @@ import json
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -179,19 +180,23 @@ class Watcher:
 
 
 def watch(watcher: Watcher, *, running: Callable[[], bool], on_stall: Callable[[Stall], None],
-          interval_s: float = POLL_INTERVAL_S) -> Stall | None:
-    """Poll while `running()`; call `on_stall` once with the first Stall and return it.
+          interval_s: float = POLL_INTERVAL_S,
+          done: threading.Event | None = None) -> Stall | None:
+    """Poll while `running()` and `done` is not set; call `on_stall` once with the first Stall
+    and return it. Setting `done` ends the loop at once, not at the next poll (a finished job
+    must not wait up to `interval_s` for its watcher).
 
     The loop for a backend that has no better place to poll (a thread beside a local torchrun,
     or the SLURM launcher's wait loop can call `watcher.poll()` itself).
     """
-    while running():
+    done = done or threading.Event()
+    while running() and not done.is_set():
         stall = watcher.poll()
         if stall is not None:
             log.info("%s", stall.message)
             on_stall(stall)
             return stall
-        time.sleep(interval_s)
+        done.wait(interval_s)
     return None
 
 

@@ -102,8 +102,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("--eval-every", commands=RUN, parse=at_least(0), default=0,
            help="run the workload's evaluate(model, cfg) after every N optimizer steps (0: never)"),
     Option("--seed", commands=(*RUN, "scale", "tune"), parse=at_least(0), default=0),
-    Option("--log-every", commands=RUN, parse=at_least(1), default=10,
-           help="steps per logging window (one host sync per window)"),
+    Option("--log-every", commands=RUN, parse=at_least(1), default=0,
+           help="steps per logging window (one host sync and one all-reduce of the losses per "
+                "window; default: 10, or as many as take 0.5 s when 10 steps take less)"),
     Option("--max-grad-norm", commands=RUN, parse=real, default=0.0,
            help="clip the global gradient norm once per optimizer step (0: off)"),
     Option("--no-calibrate", commands=RUN, kind="switch",

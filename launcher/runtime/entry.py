@@ -10,6 +10,7 @@ Never imports cli, backends, jobs or report, and no torch before the recorder ex
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -97,5 +98,20 @@ def main(argv: list[str] | None = None) -> int:
             log.debug("process group teardown failed: %s", e)
 
 
+def exit_now(code: int) -> None:
+    """End the rank with `code` once its results are written: stdio and logging flushed, the
+    atexit hooks run (a workload's own, e.g. an experiment tracker's), but not the interpreter's
+    teardown, which frees every module of torch and Dynamo one by one (0.9 s measured on a
+    2-core host: longer than a short run's last steps) and once in a while aborted there
+    ("terminate called without an active exception") after training had finished."""
+    try:
+        atexit._run_exitfuncs()
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

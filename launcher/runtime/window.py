@@ -16,6 +16,7 @@ runtime/__init__).
 from __future__ import annotations
 
 import logging
+import math
 import resource
 import sys
 import time
@@ -32,16 +33,27 @@ log = logging.getLogger(__name__)
 # flush about this often even when --log-every steps take longer, so a killed rank loses little
 # and a preemption request waits at most this long (plus one step) for the window's end
 FLUSH_INTERVAL_S = 5.0
+# without --log-every: DEFAULT_WINDOW_STEPS steps, or as many as take MIN_WINDOW_S. Closing a
+# window costs an all-reduce and a file write (~2.6 ms with gloo on 2 CPU ranks): 2.5% of a
+# 10 ms step when paid every 10 steps, 0.5% every 0.5 s
+DEFAULT_WINDOW_STEPS = 10
+MIN_WINDOW_S = 0.5
 
 
 def window_steps(mean_step_s: float, log_every: int) -> int:
-    """Steps in the next logging window: --log-every, fewer when that would exceed the flush
-    interval. Every rank must close its window at the same step (the loss all-reduce is a
-    collective), so the length comes from the previous window's rank-averaged step time, which
-    all ranks share, never from each rank's own clock."""
+    """Steps in the next logging window: --log-every (0: DEFAULT_WINDOW_STEPS, more when those
+    take under MIN_WINDOW_S), fewer when that would exceed the flush interval. Every rank must
+    close its window at the same step (the loss all-reduce is a collective), so the length comes
+    from the previous window's rank-averaged step time, which all ranks share, never from each
+    rank's own clock."""
+    steps = log_every
+    if log_every <= 0:
+        steps = DEFAULT_WINDOW_STEPS
+        if mean_step_s > 0:
+            steps = max(steps, math.ceil(MIN_WINDOW_S / mean_step_s))
     if mean_step_s <= 0:
-        return log_every
-    return max(1, min(log_every, int(FLUSH_INTERVAL_S / mean_step_s)))
+        return steps
+    return max(1, min(steps, int(FLUSH_INTERVAL_S / mean_step_s)))
 
 
 class Clock:
