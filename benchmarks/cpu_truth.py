@@ -40,6 +40,7 @@ def run_cell(workload: str, strategy: str, precision: str, ranks: int, steps: in
              root: Path) -> dict[str, Any]:
     """One `dlaunch run` of the cell; its predicted and measured step times, or why not."""
     run_dir = root / f"{workload}-{strategy}-{precision}-{ranks}"
+    root.mkdir(parents=True, exist_ok=True)
     cmd = [*DLAUNCH, "run", str(REPO / "workloads" / f"{workload}.py"), "--gpus", str(ranks),
            "--strategy", strategy, "--precision", precision, "--no-checkpointing",
            "--steps", str(steps), "--no-calibrate", "--run-dir", str(run_dir), "--force"]
@@ -73,6 +74,22 @@ def _micro_batch(run_dir: Path) -> int | None:
     return launch.get("micro_batch") or (launch.get("spec") or {}).get("micro_batch")
 
 
+def combine(repeats: list[dict[str, Any]]) -> dict[str, Any]:
+    """One cell from its repeated runs: the median measured step time (the prediction is the
+    same plan each time), the loads around them, and every run's measurement."""
+    ok = [c for c in repeats if "ratio" in c]
+    if not ok:
+        return repeats[-1]
+    cell = dict(ok[0])
+    cell["measured_s"] = statistics.median(c["measured_s"] for c in ok)
+    cell["predicted_s"] = statistics.median(c["predicted_s"] for c in ok)
+    cell["ratio"] = cell["measured_s"] / cell["predicted_s"]
+    cell["load_before"] = min(c["load_before"] for c in repeats)
+    cell["load_after"] = max(c["load_after"] for c in repeats)
+    cell["runs_s"] = [round(c["measured_s"], 5) for c in ok]
+    return cell
+
+
 def format_cell(c: dict[str, Any]) -> str:
     """One row of the grid."""
     head = (f"{c['workload']:<7}{c['strategy']:<10}{c['precision']:<6}{c['ranks']:>3}  "
@@ -93,20 +110,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--strategies", nargs="+", default=["ddp", "fsdp_full"])
     ap.add_argument("--precisions", nargs="+", default=["fp32", "bf16"])
     ap.add_argument("--ranks", nargs="+", type=int, default=[1, 2, 4])
-    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=2,
+                    help="runs per cell, in alternate passes over the grid; the median counts")
     ap.add_argument("--json", metavar="FILE", help="also write the grid as JSON")
     args = ap.parse_args(argv)
     start_load = Path("/proc/loadavg").read_text(encoding="utf-8").strip()
     print(f"load average before: {start_load}  ({os.cpu_count()} CPUs)", flush=True)
-    cells = []
+    grid = [(w, s, p, r) for w in args.workloads for s in args.strategies for p in args.precisions
+            for r in args.ranks]
+    runs: dict[tuple[str, str, str, int], list[dict[str, Any]]] = {key: [] for key in grid}
     with tempfile.TemporaryDirectory(prefix="cpu-truth-") as tmp:
-        for workload in args.workloads:
-            for strategy in args.strategies:
-                for precision in args.precisions:
-                    for ranks in args.ranks:
-                        cell = run_cell(workload, strategy, precision, ranks, args.steps, Path(tmp))
-                        cells.append(cell)
-                        print(format_cell(cell), flush=True)
+        for rep in range(args.repeats):
+            # alternate passes: drift in the host's speed hits every cell alike
+            for key in grid if rep % 2 == 0 else reversed(grid):
+                cell = run_cell(*key, args.steps, Path(tmp) / f"r{rep}")
+                runs[key].append(cell)
+                print(f"[{rep + 1}/{args.repeats}] " + format_cell(cell), flush=True)
+    cells = [combine(runs[key]) for key in grid]
+    print("\nmedian of the repeats:")
+    for cell in cells:
+        print(format_cell(cell))
     end_load = Path("/proc/loadavg").read_text(encoding="utf-8").strip()
     print(f"load average after: {end_load}")
     ratios = [c["ratio"] for c in cells if "ratio" in c]

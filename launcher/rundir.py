@@ -1,5 +1,5 @@
 """Run directories: unique ids, creation that never reuses a directory, and the name of every
-file in one (`RunPaths`) or in a sweep directory (`SweepPaths`).
+file in one (`RunPaths`), in a sweep directory (`SweepPaths`) or in a tune directory (`TunePaths`).
 
 These names are the on-disk protocol between the launcher, the ranks and the report: old run
 dirs must keep reading, so a name here never changes. Ranks import this module too, so it
@@ -34,11 +34,12 @@ ATTEMPTS_FILE = "attempts.json"  # why each attempt of a restarted run ended
 ATTEMPTS_DIR = "attempts"  # attempts/<n>/: the rank files and logs of attempt n
 LAB_FILE = "lab.json"  # `dlaunch lab`'s comparison, beside the base run
 TORCHRUN_LOG = "torchrun.log"  # torchrun's own output (rank lines go to the console)
-CONSOLE_LOG = "console.log"  # a sweep point's console output
+CONSOLE_LOG = "console.log"  # a sweep point's or a tune trial's console output
 LOGS_DIR = "logs"  # logs/node-<n>/: torchrun's per-rank stdout/stderr files
 NODE_FILE = "node.json"  # in each node's log dir: which host had which SLURM node id
 CHECKPOINT_SUBDIR = "checkpoints"  # unless DLAUNCH_CHECKPOINT_DIR says otherwise
 SUBMITIT_SUBDIR = "slurm"  # submitit's pickles and per-task logs
+REPORT_SUBDIR = "report"  # where `dlaunch report DIR` writes by default (run, sweep or tune dir)
 
 # per-rank files: rank-<r><suffix>
 RECORDS = ".jsonl"  # the rank's records, appended in whole lines
@@ -51,6 +52,9 @@ _ATTEMPT_SUFFIXES = (RECORDS, SUMMARY, HEARTBEAT, STACKS)
 SWEEP_MANIFEST = "sweep.json"
 SWEEP_LOCK = "sweep.lock"
 SWEEP_MOVED_ASIDE = ".attempts"  # a sweep point's earlier tries, never deleted
+
+TUNE_RECORD = "tune.json"  # `dlaunch tune`'s table: every trial, predicted and measured
+TUNED_PLAN = "tuned-plan.json"  # the fastest trial's decisions, for `run --plan`
 
 
 class _In:
@@ -94,9 +98,10 @@ class RunPaths(_Dir):
     attempts = _In(ATTEMPTS_DIR, "The folder of the earlier attempts.")
     lab = _In(LAB_FILE, "`dlaunch lab`'s comparison.")
     torchrun_log = _In(TORCHRUN_LOG, "torchrun's own output.")
-    console_log = _In(CONSOLE_LOG, "The console output of a run launched by a sweep.")
+    console_log = _In(CONSOLE_LOG, "The console output of a run launched by a sweep or a tune.")
     logs = _In(LOGS_DIR, "torchrun's log folder, one subfolder per node.")
     checkpoints = _In(CHECKPOINT_SUBDIR, "The default checkpoint folder.")
+    report = _In(REPORT_SUBDIR, "Where `dlaunch report` writes the run's report by default.")
 
     def attempt(self, attempt: int) -> RunPaths:
         """Attempt `attempt`'s files, moved aside before the relaunch (same layout)."""
@@ -168,6 +173,19 @@ class SweepPaths(_Dir):
 
     def point(self, name: str) -> RunPaths:
         """The run directory of the point `name`."""
+        return RunPaths(root=self.root / name)
+
+
+class TunePaths(_Dir):
+    """Where each file of the tune directory `root` lives; each trial is a run directory."""
+
+    owner = _In(OWNER_FILE, "Which dlaunch process claimed the tune dir.")
+    record = _In(TUNE_RECORD, "Every trial of the tune: predicted, measured, status, chosen.")
+    tuned_plan = _In(TUNED_PLAN, "The fastest measured trial's decisions.")
+    report = _In(REPORT_SUBDIR, "Where `dlaunch report` writes the tune's report by default.")
+
+    def trial(self, name: str) -> RunPaths:
+        """The run directory of the trial `name` (`<n>-<candidate>`)."""
         return RunPaths(root=self.root / name)
 
 

@@ -59,6 +59,11 @@ class ModelProfile:
     # tensors: what per-op overhead scales with on CPU (0 = not profiled: no overhead modelled)
     forward_ops: int = 0
     param_tensors: int = 0
+    # the parts of flops_fwd_per_sample that are scaled-dot-product attention (4 s^2 d per
+    # layer, counted where SDPA is called) and convolutions; 0 = none, or not profiled
+    attention_flops_fwd_per_sample: float = 0.0
+    conv_flops_fwd_per_sample: float = 0.0
+    batch_norms: int = 0  # BatchNorm modules: FSDP units of their own under bf16/fp16
 
     def __post_init__(self) -> None:
         check(self.num_params > 0, PlanError, f"model {self.name} has no parameters")
@@ -70,6 +75,10 @@ class ModelProfile:
                f"model {self.name}: negative activation bytes")
         check(self.units_per_sample >= 1, PlanError,
                f"model {self.name}: units_per_sample must be >= 1")
+        check(0 <= self.attention_flops_fwd_per_sample + self.conv_flops_fwd_per_sample
+              <= self.flops_fwd_per_sample * (1 + 1e-9) and self.attention_flops_fwd_per_sample >= 0
+              and self.conv_flops_fwd_per_sample >= 0 and self.batch_norms >= 0, PlanError,
+              f"model {self.name}: attention and convolution FLOPs must be parts of the forward's")
 
     @property
     def param_bytes(self) -> int:

@@ -25,6 +25,7 @@ from launcher.jobs.sweep import MODES
 from launcher.specs import COMPILE_MODES, PRECISIONS, STRATEGIES
 
 RUN = ("run", "lab")  # the flags of one run apply to each of the lab's three
+_SLURM = ("run", "scale", "tune")  # the commands that submit SLURM jobs
 TUNE_TRIALS = 4  # candidates a tune measures at most
 TUNE_STEPS = 12  # steps per tune trial: 3 warm-up, and 9 timed give a median stable to a few %
 SLURM_GROUP = "SLURM (with --slurm; defaults from dlaunch.yaml's slurm: section)"
@@ -43,8 +44,8 @@ _WORKLOAD = "workload file (see workloads/)"
 OPTIONS: tuple[Option, ...] = (
     Option("workload", commands=(*RUN, "plan", "scale", "tune"), help=f"{_WORKLOAD} or a plain torchrun script",
            per={"plan": {"help": _WORKLOAD}, "scale": {"help": _WORKLOAD}, "tune": {"help": _WORKLOAD}}),
-    Option("path", commands=("report",), metavar="RUN_OR_SWEEP_DIR",
-           help="a run directory or a sweep directory"),
+    Option("path", commands=("report",), metavar="DIR",
+           help="a run, sweep or tune directory"),
     Option("job", commands=("status", "logs", "cancel"), metavar="RUN_DIR_OR_JOB",
            help="run dir of a `dlaunch run --slurm`, or its SLURM job id"),
     Option("--gpus", commands=(*RUN, "plan", "scale", "tune"), parse=at_least(1), default=1,
@@ -136,12 +137,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("--no-report", commands=("scale",), kind="switch", help="do not write the report at the end"),
     Option("--format", commands=("report",), default="html,md,json,png",
            help="comma-separated: html, md, json, png (default all)"),
-    Option("--out", commands=("report",), help="output directory (default RUN_OR_SWEEP_DIR/report)"),
+    Option("--out", commands=("report",), help="output directory (default DIR/report)"),
     Option("--no-predict", commands=("report",), kind="switch", help="skip the planner's prediction"),
     Option("--rank", commands=("logs",), parse=at_least(0), help="only this global rank"),
     Option("--follow", commands=("logs",), kind="switch", help="keep printing until the job is over"),
-    Option("--dry-run", commands=(*RUN, "scale"), kind="switch", help="print the command and start nothing",
-           per={"scale": {"help": "print the points and commands, run nothing"}}),
+    Option("--dry-run", commands=(*RUN, "scale", "tune"), kind="switch", help="print the command and start nothing",
+           per={"scale": {"help": "print the points and commands, run nothing"},
+                "tune": {"help": "print each trial's command (with --slurm its sbatch script) and start nothing"}}),
     Option("--json", commands=(*RUN, "plan", "scale", "tune", "report", "inspect", "status"), kind="switch",
            help="print the result as JSON",
            per={"plan": {"help": "print the plan as JSON"},
@@ -161,40 +163,44 @@ OPTIONS: tuple[Option, ...] = (
            help="save a checkpoint (torch.distributed.checkpoint, RUN_DIR/checkpoints) every N "
                 "optimizer steps (0: only on the preemption signal); restarts and SLURM requeues "
                 "resume from the newest with the same data order"),
-    # -- SLURM: `run --slurm` and `scale --slurm`
-    Option("--slurm", commands=("run", "scale", "tune"), kind="switch", slurm_in=("run", "scale"),
+    # -- SLURM: `run --slurm`, `scale --slurm` and `tune --slurm`
+    Option("--slurm", commands=("run", "scale", "tune"), kind="switch", slurm_in=("run", "scale", "tune"),
            help="submit to SLURM (submitit): one task per node, each running torchrun",
            per={"scale": {"help": "run each point as a SLURM job (one per world size and repeat)"},
-                "tune": {"help": "not available yet: run tune on one node of the partition"}}),
-    Option("--nodes", commands=("run", "plan"), parse=at_least(1), slurm_in=("run",), aliases=("num_nodes",),
+                "tune": {"help": "run each trial as its own SLURM job, one after another, followed like "
+                                 "`run --slurm` (needs --topology of the partition's nodes)"}}),
+    Option("--nodes", commands=("run", "plan", "tune"), parse=at_least(1), slurm_in=("run", "tune"),
+           aliases=("num_nodes",),
            help="nodes (default 1)", per={"plan": {"help": ""}}),
-    Option("--gpus-per-node", commands=("run", "scale"), parse=at_least(1), slurm_in=("run", "scale"),
+    Option("--gpus-per-node", commands=("run", "scale", "tune"), parse=at_least(1),
+           slurm_in=("run", "scale", "tune"),
            help="processes (GPUs) per node; same as --gpus",
            per={"scale": {"help": "processes (GPUs) per node: a point of N ranks runs on N / this "
                                   "many nodes (default: the partition's GPUs per node, or CPUs per "
                                   "node without GPUs)"}}),
-    Option("--partition", commands=("run", "scale"), slurm_in=("run", "scale"),
+    Option("--partition", commands=_SLURM, slurm_in=_SLURM,
            yaml=_slurm_text("a partition name"), help="SLURM partition (default: the cluster's default)"),
-    Option("--account", commands=("run", "scale"), slurm_in=("run", "scale"),
+    Option("--account", commands=_SLURM, slurm_in=_SLURM,
            yaml=_slurm_text("an account name")),
-    Option("--qos", commands=("run", "scale"), slurm_in=("run", "scale"), yaml=_slurm_text("a QOS name")),
-    Option("--constraint", commands=("run", "scale"), slurm_in=("run", "scale"),
+    Option("--qos", commands=_SLURM, slurm_in=_SLURM, yaml=_slurm_text("a QOS name")),
+    Option("--constraint", commands=_SLURM, slurm_in=_SLURM,
            yaml=_slurm_text("a node feature expression"), help="node features, e.g. a100"),
-    Option("--time-min", commands=("run", "scale"), parse=minutes, default=DEFAULT_TIME_MIN,
-           slurm_in=("run", "scale"), yaml=Yaml(section="slurm", types=(int, float), what="minutes (a number > 0)"),
+    Option("--time-min", commands=_SLURM, parse=minutes, default=DEFAULT_TIME_MIN,
+           slurm_in=_SLURM, yaml=Yaml(section="slurm", types=(int, float), what="minutes (a number > 0)"),
            help=f"job time limit in minutes (default {DEFAULT_TIME_MIN:g})"),
-    Option("--cpus-per-node", commands=("run", "scale"), parse=at_least(1), slurm_in=("run", "scale"),
+    Option("--cpus-per-node", commands=_SLURM, parse=at_least(1), slurm_in=_SLURM,
            yaml=Yaml(section="slurm", types=(int,), what="an integer >= 1"),
            help="CPUs to request per node (default: the partition's CPUs per node)"),
-    Option("--slurm-opt", commands=("run", "scale"), kind="list", metavar="KEY=VALUE", slurm_in=("run", "scale"),
+    Option("--slurm-opt", commands=_SLURM, kind="list", metavar="KEY=VALUE", slurm_in=_SLURM,
            yaml=Yaml(section="slurm", types=(dict,), what="a mapping of sbatch option -> value", name="opts"),
            merge=_merge_slurm_opts, help="extra sbatch option, e.g. --slurm-opt mem=64G (repeatable)"),
-    Option("--queue-timeout-min", commands=("run", "scale"), parse=minutes, slurm_in=("run", "scale"),
+    Option("--queue-timeout-min", commands=_SLURM, parse=minutes, slurm_in=_SLURM,
            yaml=Yaml(section="slurm", types=(int, float), what="minutes (a number > 0)"),
            help="cancel the job if it is still pending after this many minutes"),
     Option("--detach", commands=("run",), kind="switch", slurm_in=("run",),
            help="print the job id and run dir and return (see dlaunch status/logs/cancel)"),
-    Option("--topology", commands=("run", "plan", "scale", "report"), metavar="FILE", slurm_in=("run",),
+    Option("--topology", commands=("run", "plan", "scale", "tune", "report"), metavar="FILE",
+           slurm_in=("run", "tune"),
            yaml=Yaml(section="slurm", types=(str,), what="a topology file describing the partition's nodes"),
            help="the partition's nodes (topologies/*.yaml) for the plan; without it a SLURM run is "
                 "not planned (this login node says nothing about the compute nodes)",
@@ -203,6 +209,8 @@ OPTIONS: tuple[Option, ...] = (
                 "scale": {"metavar": None,
                           "help": "topology file or name: link bandwidth and predictions (default: "
                                   "detect); with --slurm the partition's nodes, for the plan too"},
+                "tune": {"help": "the partition's nodes (topologies/*.yaml), which the trials' candidates "
+                                 "are planned for: needed with --slurm"},
                 "report": {"metavar": None,
                            "help": "topology file or name: link bandwidth and predictions (default: "
                                    "the one the sweep recorded, or this machine when it ran the job)"}}),

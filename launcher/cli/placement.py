@@ -1,4 +1,4 @@
-"""Where the ranks of `run`, `lab` or `scale` will run: this host, or nodes of a SLURM partition.
+"""Where the ranks of `run`, `lab`, `scale` or `tune` will run: this host, or nodes of a SLURM partition.
 
 On this host the device is what it has (GPUs, else CPU processes). On SLURM the partition's
 nodes decide, never the login node dlaunch starts on: the device from sinfo's GRES, the plan
@@ -99,7 +99,7 @@ def _partition_device(partition: str | None, gpus_per_node: int | None) -> str:
 def slurm_placement(command: str, values: Mapping[str, Any]) -> Placement:
     """Nodes of a SLURM partition; the SLURM commands must exist unless this is a dry run."""
     gpus, per_node = values["gpus"], values["gpus_per_node"]
-    if command == "run" and per_node and gpus not in (1, per_node):
+    if command in ("run", "tune") and per_node and gpus not in (1, per_node):
         raise UsageError(f"--gpus {gpus} and --gpus-per-node {per_node} disagree; give one")
     slurm = slurm_spec(values)  # bad flags or dlaunch.yaml fail before anything runs
     if not values["dry_run"]:

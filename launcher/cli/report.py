@@ -1,5 +1,6 @@
-"""`dlaunch report RUN_OR_SWEEP_DIR`: the scaling report (HTML, Markdown, JSON, PNG) of a run
-or sweep directory, and the summary lines `scale` prints after a sweep too.
+"""`dlaunch report DIR`: the report (HTML, Markdown, JSON, PNG) of a run, sweep or tune directory
+(`dlaunch tune`'s, recognised by its tune.json), and the summary lines `scale` prints after a
+sweep too.
 
 Must never import torch; matplotlib stays inside launcher.report's plotting.
 """
@@ -26,7 +27,7 @@ log = logging.getLogger(__name__)
 
 def print_report(path: Path, report: ScalingReport | None, files: list[Path]) -> None:
     """The report's summary lines and where its files went."""
-    print(f"sweep/run: {path}")
+    print(f"{'tune' if report is not None and report.kind == 'tune' else 'sweep/run'}: {path}")
     if report is not None:
         print("\n".join(summary_lines(report)))
     html = next((f for f in files if f.suffix == ".html"), None)
@@ -50,7 +51,7 @@ def _run_host(path: Path) -> str | None:
 
 
 def cmd_report(args: argparse.Namespace, workload_args: list[str]) -> int:
-    """`dlaunch report`: HTML / Markdown / JSON / PNG of a run or sweep directory."""
+    """`dlaunch report`: HTML / Markdown / JSON / PNG of a run, sweep or tune directory."""
     no_extra_args("report", workload_args)
     values = options("report", args)
     formats = parse_formats(values["format"])

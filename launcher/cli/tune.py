@@ -1,9 +1,11 @@
 """`dlaunch tune`: plan, run the candidates the model cannot tell apart, keep the fastest.
 
 Flags -> RunRequest through `launcher.cli.prepare` (as `run`), the uncorrected plan's near-best
-candidates (`launcher.jobs.tune.select_trials`), one short `dlaunch run` each, the table, the
-tuned plan, and the trials stored as this machine's step-time corrections. Must never import
-torch or launcher.runtime.
+candidates (`launcher.jobs.tune.select_trials`), one short `dlaunch run` each (with `--slurm`
+one `dlaunch run --slurm` job each, followed in turn: why, in `launcher.jobs.tune`), the table,
+the tuned plan, and the trials stored as this machine's (or partition's) step-time
+corrections. `--dry-run` prints each trial's torchrun command (the sbatch script and node
+commands under SLURM) and starts nothing. Must never import torch or launcher.runtime.
 """
 
 from __future__ import annotations
@@ -12,40 +14,98 @@ import argparse
 import json
 import logging
 import sys
+from typing import IO
 
-from launcher.cli.prepare import build_request, open_run, options
-from launcher.errors import UsageError
-from launcher.jobs.tune import finish, format_tune, run_trials, select_trials, trial_records
+from launcher.backends import local
+from launcher.backends.slurm import submit
+from launcher.backends.slurm.submit import SlurmSpec
+from launcher.cli.prepare import build_request, open_run, options, write_plan
+from launcher.errors import LaunchError, UsageError
+from launcher.jobs.local import dry_run_text
+from launcher.jobs.slurm import run_slurm
+from launcher.jobs.tune import (
+    Refused,
+    RunFn,
+    discard,
+    finish,
+    format_tune,
+    run_trials,
+    select_trials,
+    trial_name,
+    trial_planned,
+    trial_records,
+    trial_spec,
+)
 from launcher.plan.resolve import plan_workload, store_tune_trials
-from launcher.rundir import new_run_id
-from launcher.specs import Goal
+from launcher.plan.types import Candidate
+from launcher.results.types import RunResult
+from launcher.rundir import RunPaths, new_run_id
+from launcher.specs import Goal, LaunchSpec
 
 log = logging.getLogger(__name__)
+
+
+def _on_slurm(slurm: SlurmSpec) -> RunFn:
+    """Each trial as one SLURM job, submitted and followed exactly as `run --slurm`."""
+
+    def run(spec: LaunchSpec, out: IO[str]) -> RunResult:
+        try:
+            result = run_slurm(spec, slurm, out=out)
+        except LaunchError as e:
+            if not RunPaths(root=spec.run_dir).slurm.is_file():  # sbatch refused the job itself
+                raise Refused(str(e)) from None
+            raise
+        assert result is not None  # a tune never detaches
+        return result
+
+    return run
+
+
+def _dry_run(base: LaunchSpec, candidates: list[Candidate], slurm: SlurmSpec | None) -> None:
+    """What each trial would start: its torchrun command, or its sbatch script and node commands."""
+    for i, c in enumerate(candidates, 1):
+        spec = trial_spec(base, c, i)
+        print(f"# trial {i} of {len(candidates)}: {trial_name(c)} (predicted {c.time.step_time_s:.3g} "
+              f"s/step){' as its own SLURM job' if slurm else ''}, in {spec.run_dir}")
+        print(submit.dry_run_text(spec, slurm, submit.render(spec, slurm)) if slurm is not None
+              else dry_run_text(spec, local.render(spec)), end="")
 
 
 def cmd_tune(args: argparse.Namespace, workload_args: list[str]) -> int:
     """`dlaunch tune`: the trials, the table, tuned-plan.json and the correction cache."""
     values = options("tune", args)
-    if values["slurm"]:
-        raise UsageError("tune --slurm: not available yet (run tune on one node of the partition)")
     request, _ = build_request("tune", values, workload_args)
-    if request.is_script or request.planned is None:
+    if request.is_script:
         raise UsageError(f"dlaunch tune needs a workload file, and {values['workload']!r} is a plain script")
+    if request.planned is None:  # SLURM without a topology of the partition's nodes
+        raise UsageError("dlaunch tune --slurm needs --topology FILE (or slurm.topology in dlaunch.yaml) "
+                         "describing the partition's nodes: the trials are the plan's candidates for them")
     # the model itself, not corrected by earlier tunes: the ratios stored must be against it
     planned = plan_workload(request.workload, request.workload_args, request.planned.topology,
                             Goal(global_batch=request.global_batch), corrected=False)
     candidates = select_trials(planned.plan, request.device, values["trials"])
     base = open_run(request, run_id="tune-" + new_run_id(values["workload"]), run_dir=values["tune_dir"],
-                    dry_run=False, keep_plan=False)
+                    dry_run=values["dry_run"], keep_plan=False)
+    if values["dry_run"]:
+        _dry_run(base, candidates, request.slurm)
+        return 0
+    where = "one SLURM job each" if request.slurm is not None else "one after another"
     print(f"dlaunch tune: {len(candidates)} candidate(s) within the model's uncertainty of the best, "
-          f"{base.steps} steps each ({base.warmup_steps} warm-up), in {base.run_dir}", file=sys.stderr)
+          f"{base.steps} steps each ({base.warmup_steps} warm-up), {where}, in {base.run_dir}", file=sys.stderr)
     budget_s = values["budget_min"] * 60 if values["budget_min"] else None
-    trials = run_trials(base, candidates, budget_s=budget_s)
+    try:
+        trials = run_trials(base, candidates, budget_s=budget_s,
+                            run=_on_slurm(request.slurm) if request.slurm is not None else None,
+                            keep_plan=lambda spec, c: write_plan(spec.run_dir, trial_planned(planned, c)))
+    except Refused:
+        discard(base.run_dir)  # nothing ran: bad input leaves nothing behind
+        raise
     tune = finish(base, trials, workload=request.workload, workload_args=request.workload_args)
     records = trial_records(tune, request.workload)
     if records:
-        where = store_tune_trials(planned.topology, records)
-        print(f"dlaunch tune: {len(records)} measured/predicted ratio(s) stored for this machine in "
-              f"{where}; `dlaunch plan` uses them (--no-calibration-cache ignores them)", file=sys.stderr)
+        stored = store_tune_trials(planned.topology, records)
+        whose = "this machine" if request.slurm is None else f"the partition's nodes ({planned.topology.name})"
+        print(f"dlaunch tune: {len(records)} measured/predicted ratio(s) stored for {whose} in {stored}; "
+              "`dlaunch plan` uses them (--no-calibration-cache ignores them)", file=sys.stderr)
     print(json.dumps(tune.to_dict(), indent=2) if values["json"] else format_tune(tune))
     return 0 if tune.tuned_plan else 1

@@ -6,17 +6,29 @@ runs (same seed, same data, the same `run_local` as `dlaunch run`), the fastest 
 (samples/s) is written as `tuned-plan.json`, which `dlaunch run --plan` follows, and the
 measured/predicted ratios go to this machine's correction cache (launcher.plan.corrections).
 A trial that fails (out of memory, compile error, crash) is recorded with its reason and the
-tune goes on.
+tune goes on. Each trial's run dir holds the plan.json of its own candidate (`trial_planned`),
+so its result carries predicted against measured like any `dlaunch run`, and its console
+output in console.log.
+
+Under SLURM (`tune --slurm`) each trial is one SLURM job, submitted and followed exactly as
+`dlaunch run --slurm` (the `run` function the CLI passes in), one after another, not all trials
+in one allocation: a trial is then the very job `run --slurm --plan` submits later (same shape,
+no second code path), the queue, limits and accounting see ordinary jobs, and a trial that
+crashes, hangs to its time limit or leaves a node bad ends its own job, not the others'. The
+price, a queue wait before each trial, no measurement includes; `--budget-min` (wall time) does.
+A refused submission (unknown partition, account) would refuse every trial alike: it stops the
+tune before anything ran (`Refused`).
 
 Never imports cli or runtime.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import io
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -29,10 +41,12 @@ from launcher.errors import DlaunchError, UsageError
 from launcher.files import atomic_write_json
 from launcher.jobs.local import run_local
 from launcher.plan.corrections import TrialRecord, compute_ratio
+from launcher.plan.resolve import Planned
 from launcher.plan.search import label
 from launcher.plan.types import Candidate, Plan
 from launcher.results.table import format_table
 from launcher.results.types import RunResult
+from launcher.rundir import TUNE_RECORD, RunPaths, TunePaths
 from launcher.specs import LaunchSpec
 
 log = logging.getLogger(__name__)
@@ -41,8 +55,6 @@ log = logging.getLogger(__name__)
 # apart: on CPU the probe's rates miss by 20-30% on a shared host (the measured/predicted
 # spread of runs here); GPU kernels are steadier and the peak-fraction tables closer.
 UNCERTAINTY = {"cpu": 0.25, "cuda": 0.15}
-TUNED_PLAN = "tuned-plan.json"
-TUNE_RECORD = "tune.json"
 PLAN_FORMAT = "dlaunch-tuned-plan/1"
 DECISIONS = ("strategy", "precision", "micro_batch", "grad_accum", "checkpointing", "compile")
 
@@ -88,6 +100,25 @@ def trial_spec(base: LaunchSpec, c: Candidate, index: int) -> LaunchSpec:
     return dataclasses.replace(base, run_id=f"{base.run_id}-{slug}", run_dir=str(Path(base.run_dir) / slug),
                                micro_batch=c.micro_batch, grad_accum_steps=c.grad_accum_steps,
                                strategy=strategy, calibrate_comm=False)
+
+
+def trial_planned(planned: Planned, c: Candidate) -> Planned:
+    """`planned` as if its plan had chosen `c`: the plan.json of `c`'s trial, so the trial's
+    result sets `c`'s own prediction against its measurement, as a `dlaunch run` does."""
+    p, t = planned.plan, c.time
+    samples = c.micro_batch * c.grad_accum_steps * p.world_size
+    why = f"tune trial of {trial_name(c)}: predicted within the model's uncertainty of the best"
+    plan = dataclasses.replace(
+        p, chosen=dataclasses.replace(c, reason=why), reasons=(why,),
+        rejected=tuple(x for x in (p.chosen, *p.rejected) if x is not c), global_batch=samples,
+        units_per_s=samples * planned.profile.units_per_sample / t.step_time_s,
+        scaling_efficiency=t.compute_s / t.step_time_s if t.step_time_s else 1.0)
+    return dataclasses.replace(planned, plan=plan)
+
+
+class Refused(DlaunchError):
+    """A trial's job was refused for what every trial shares (SLURM refused its partition,
+    account or shape): raised by a `run` function; before any trial ran it stops the tune."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -146,13 +177,19 @@ RunFn = Callable[..., RunResult]
 
 
 def _failure(result: RunResult) -> str:
-    return result.failures[0] if result.failures else f"{result.status}, exit code {result.exit_code}"
+    """Why a trial failed: its first two failures (under SLURM the job's state comes first, then
+    the failing rank's exception)."""
+    return "; ".join(result.failures[:2]) if result.failures else f"{result.status}, exit code {result.exit_code}"
 
 
 def run_trials(base: LaunchSpec, candidates: Sequence[Candidate], *, budget_s: float | None = None,
-               run: RunFn | None = None, progress: IO[str] = sys.stderr) -> tuple[Trial, ...]:
-    """Run each candidate's trial in turn; a failed one is recorded and the next starts. Once
-    `budget_s` has gone no further trial starts (the rest are recorded as skipped)."""
+               run: RunFn | None = None, keep_plan: Callable[[LaunchSpec, Candidate], None] | None = None,
+               progress: IO[str] = sys.stderr) -> tuple[Trial, ...]:
+    """Run each candidate's trial in turn (`run(spec, out=console)`, `run_local` by default,
+    its console into the trial's console.log); a failed one is recorded and the next starts.
+    `keep_plan(spec, candidate)` writes the trial's plan.json once its run dir exists. Once
+    `budget_s` has gone no further trial starts (the rest are recorded as skipped). `Refused`
+    from the first trial propagates: nothing ran, and every other trial would be refused alike."""
     run = run or run_local
     t0, k = time.monotonic(), len(candidates)
     trials: list[Trial] = []
@@ -164,10 +201,19 @@ def run_trials(base: LaunchSpec, candidates: Sequence[Candidate], *, budget_s: f
             continue
         progress.write(f"dlaunch tune: [{i}/{k}] {name} (predicted {c.time.step_time_s:.3g} s/step) ...\n")
         progress.flush()
-        Path(spec.run_dir).mkdir(mode=0o750, parents=True, exist_ok=True)
-        buf = io.StringIO()
+        paths = RunPaths(root=spec.run_dir)
+        paths.root.mkdir(mode=0o750, parents=True, exist_ok=True)
+        if keep_plan is not None:
+            keep_plan(spec, c)
         try:
-            result = run(spec, out=buf)
+            # 0640 whatever the umask: run dirs are never world-writable
+            fd = os.open(paths.console_log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
+            with open(fd, "w", encoding="utf-8") as console:
+                result = run(spec, out=console)
+        except Refused as e:
+            if not trials:
+                raise
+            trials.append(Trial(name=name, candidate=c, run_dir=spec.run_dir, status="failed", reason=str(e)))
         except DlaunchError as e:  # refused before launching (a spec this machine cannot run)
             trials.append(Trial(name=name, candidate=c, run_dir=spec.run_dir, status="failed", reason=str(e)))
         else:
@@ -189,12 +235,27 @@ def run_trials(base: LaunchSpec, candidates: Sequence[Candidate], *, budget_s: f
     return tuple(trials)
 
 
+def discard(tune_dir: str) -> None:
+    """Take back a tune dir in which no trial ran (its first was `Refused`): what the tune wrote
+    (each trial's plan.json and console.log, the claim) goes, other files stay."""
+    tune = TunePaths(root=tune_dir)
+    for trial in (d for d in tune.root.iterdir() if d.is_dir()):
+        paths = RunPaths(root=trial)
+        for path in (paths.plan, paths.console_log):
+            path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # only if now empty
+            trial.rmdir()
+    tune.owner.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        tune.root.rmdir()
+
+
 def finish(base: LaunchSpec, trials: Sequence[Trial], *, workload: str, workload_args: Sequence[str]) -> TuneResult:
     """Write tuned-plan.json (when a trial finished) and tune.json in the tune dir."""
     tune = TuneResult(tune_dir=base.run_dir, world_size=base.world_size, trials=tuple(trials), tuned_plan=None)
     best = tune.best
     if best is not None:
-        path = Path(base.run_dir) / TUNED_PLAN
+        path = TunePaths(root=base.run_dir).tuned_plan
         atomic_write_json(path, {
             "format": PLAN_FORMAT, "workload": workload, "workload_args": list(workload_args),
             "device": base.device, "nodes": base.num_nodes, "gpus": base.nproc_per_node,
@@ -203,7 +264,7 @@ def finish(base: LaunchSpec, trials: Sequence[Trial], *, workload: str, workload
             "predicted_step_s": best.candidate.time.step_time_s, "trials": len(trials),
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds")})
         tune = dataclasses.replace(tune, tuned_plan=str(path))
-    atomic_write_json(Path(base.run_dir) / TUNE_RECORD, tune.to_dict())
+    atomic_write_json(TunePaths(root=base.run_dir).record, tune.to_dict())
     return tune
 
 

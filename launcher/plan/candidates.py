@@ -16,6 +16,7 @@ from launcher.errors import PlanError
 from launcher.hardware.types import Topology
 from launcher.plan.cost import FULL_RECOMPUTE, attention_flops_fwd, shard_group_size, step_time
 from launcher.plan.memory import estimate_memory
+from launcher.plan.step_probe import WorkloadTiming
 from launcher.plan.types import Candidate
 from launcher.specs import Goal, ModelProfile, Strategy
 
@@ -107,9 +108,10 @@ def _batches(goal: Goal, n: int, ov: Mapping[str, Any],
 
 
 def candidates(profile: ModelProfile, topology: Topology, goal: Goal, ov: Mapping[str, Any],
-               usable: float) -> tuple[list[Candidate], list[int]]:
+               usable: float, timing: WorkloadTiming | None = None) -> tuple[list[Candidate], list[int]]:
     """Every (strategy, precision, checkpointing, micro-batch) the overrides allow, with its
-    memory and time, and the micro-batches skipped because they do not divide the batch."""
+    memory and time (CPU: from the workload's timed steps, `timing`, when measured), and the
+    micro-batches skipped because they do not divide the batch."""
     n = topology.world_size
     kinds = [k for k in STRATEGY_ORDER if k != "hybrid" or topology.num_nodes > 1]
     if n == 1 and "strategy" not in ov:
@@ -128,7 +130,8 @@ def candidates(profile: ModelProfile, topology: Topology, goal: Goal, ov: Mappin
                                           shard_group_size=group, device=topology.device,
                                           optimizer=goal.optimizer)
                     t = step_time(profile, strategy, topology, mb, accum,
-                                  recompute_fraction=ov.get("recompute_fraction", FULL_RECOMPUTE))
+                                  recompute_fraction=ov.get("recompute_fraction", FULL_RECOMPUTE),
+                                  timing=timing)
                     out.append(Candidate(strategy=strategy, micro_batch=mb, grad_accum_steps=accum,
                                          memory=mem, time=t, fits=mem.total_bytes <= usable))
     return out, skipped

@@ -42,6 +42,7 @@ from launcher.hardware.types import DeviceSpec, Topology
 from launcher.plan.collectives import ddp_comm, sharded_comm
 from launcher.plan.cpu_cost import cpu_step_time
 from launcher.plan.memory import COMPUTE_DTYPE_BYTES
+from launcher.plan.step_probe import WorkloadTiming
 from launcher.plan.types import StepTimeEstimate
 from launcher.specs import ModelProfile, Strategy
 
@@ -143,7 +144,10 @@ def model_width(profile: ModelProfile) -> float | None:
 
 def attention_flops_fwd(profile: ModelProfile) -> float:
     """Attention FLOPs per sample as the profile counts them (SDPA: 4 s^2 d per block, the
-    causal mask ignored), assuming one self-attention of the residual width per block."""
+    causal mask ignored): measured where SDPA was called, else (a profile from before that was
+    counted) one self-attention of the residual width per block."""
+    if profile.attention_flops_fwd_per_sample > 0:
+        return profile.attention_flops_fwd_per_sample
     width = model_width(profile)
     if width is None:
         return 0.0
@@ -222,7 +226,8 @@ def shard_group_size(kind: str, topology: Topology) -> int:
 
 
 def step_time(profile: ModelProfile, strategy: Strategy, topology: Topology, micro_batch: int,
-              grad_accum: int, *, recompute_fraction: float = FULL_RECOMPUTE) -> StepTimeEstimate:
+              grad_accum: int, *, recompute_fraction: float = FULL_RECOMPUTE,
+              timing: WorkloadTiming | None = None) -> StepTimeEstimate:
     """Predicted time of one optimizer step (grad_accum micro-batches) on one rank.
 
     - ddp: one all-reduce of the fp32 grads per step in 25 MiB buckets (no_sync during
@@ -236,12 +241,15 @@ def step_time(profile: ModelProfile, strategy: Strategy, topology: Topology, mic
       shard across nodes per step (the runtime disables it on all but the last micro-batch).
     Hidden communication costs CONTENTION of its time in compute; the whole step is stretched by
     the expected wait for the slowest of the ranks (STEP_JITTER).
+    CPU ranks: `cpu_cost.cpu_step_time`, with the workload's own timed steps (`timing`) when
+    the planning host measured them.
     """
     device, kind, n = topology.accelerator, topology.device, topology.world_size
     if device.compute_capability is None:
+        measured = timing.precisions.get(strategy.precision) if timing is not None else None
         return cpu_step_time(profile, strategy, topology, micro_batch, grad_accum,
                              group_size=shard_group_size(strategy.kind, topology),
-                             recompute=_recompute(strategy, recompute_fraction))
+                             recompute=_recompute(strategy, recompute_fraction), timing=measured)
     fwd = forward_pass(profile, strategy, micro_batch, device)
     fwd_s = fwd.total_s
     bwd_s = fwd.backward_s + _recompute(strategy, recompute_fraction) * fwd_s

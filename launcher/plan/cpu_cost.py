@@ -1,55 +1,50 @@
-"""Step-time model of training on CPU processes (gloo), from what a matmul probe measured per core.
+"""Step-time model of training on CPU processes (gloo), from what the probes measured on this host.
 
 Pure arithmetic on the frozen specs: no torch, no I/O; never imports cli, backends, jobs,
-runtime, results or report (`cpu_probe` measures the rates; this module only uses them).
+runtime, results or report (`cpu_probe` and `gloo_probe` measure the rates in `cpu_rates`;
+this module only uses them).
 
 Each rank runs max(1, cores // ranks) OpenMP threads (the launcher's OMP_NUM_THREADS); with more
 ranks than cores the ranks time-share the cores, so a rank gets cores/ranks of one. Its rates
-are the probe's single-thread rates times that share (a second thread adds PARALLEL_EFFICIENCY
-of a core). One micro-batch's forward is the sum of:
-- matmuls: FLOPs / (the dtype's large-GEMM rate x rows/(rows + half_rows)), where rows is how
-  often each weight is reused per micro-batch, FLOPs / (2 x params): the micro-batch for an MLP,
-  tokens for a transformer, output pixels for a convolution. half_rows is the row count at which
-  the probe's GEMMs run at half their large-GEMM rate (fitted from its two shapes);
+are the probe's single-thread rates times that share (`cpu_rates.core_share`). One
+micro-batch's forward is the sum of:
+- matmuls: the profile's FLOPs less attention and convolutions, at the dtype's large-GEMM
+  rate x rows/(rows + half_rows), rows being how often each weight is reused per micro-batch
+  (FLOPs / 2 x params: the micro-batch for an MLP, tokens for a transformer);
+- attention and convolutions at the rates the probe measured for them (forward, and backward
+  as a multiple of it: the CPU flash kernel's bf16 backward is far slower than its fp32 one);
 - memory-bound work (activations, norms, residuals, the loss): ACTIVATION_PASSES streams of the
   saved activations at the compute dtype, and one of the weights, through memory at the probe's
   bandwidth (its cache rate for the share of the working set that fits the rank's part of the
   last-level cache);
-- bf16 autocast casts every weight to bf16 once per forward (autocast's cast cache lives for
-  one forward) at the probe's cast rate: on a CPU without native bf16 the casts and the slow
-  bf16 GEMMs make bf16 slower than fp32, which the probe shows and the planner then avoids.
-Backward is twice the forward's matmuls and memory traffic, plus writing (or accumulating) the
-fp32 gradient of every parameter; the optimizer streams OPTIMIZER_BYTES_PER_PARAM per local
-parameter. Communication is the alpha-beta model of `collectives` over the topology's gloo
-link, whose bandwidth shrinks with the ranks' share of a core (gloo copies and reduces on the
-CPU); it overlaps with nothing (OVERLAP_EFFICIENCY: gloo's thread needs the cores compute uses).
-On top comes the fixed cost of every operation (Python, the dispatcher, autograd), which
-dominates a tiny model: the profile's forward ops at the probe's per-op cost, the backward as a
-multiple of that, the AdamW step per parameter tensor and the harness's per-step work (see
-`cpu_overhead`); one thread runs it, so only time-sharing a core slows it.
+- low precision's casts: autocast (DDP) casts every weight to bf16 in each forward and its
+  gradient back to fp32 in backward; FSDP's MixedPrecisionPolicy casts the local shard at each
+  all-gather and the unsharded gradient to fp32 for its reduce-scatter.
+Backward is twice the forward's matmuls and memory traffic (attention and convolutions: their
+measured factors), plus writing (or accumulating) the fp32 gradient of every parameter; the
+optimizer streams OPTIMIZER_BYTES_PER_PARAM per local parameter. On top comes the fixed cost of
+every operation (Python, the dispatcher, autograd), which dominates a tiny model: the profile's
+forward ops at the probe's per-op cost, the backward as a multiple of that, the AdamW step per
+parameter tensor and the harness's per-step work; one thread runs it, so only time-sharing a
+core slows it. Communication and FSDP's own work: `cpu_comm`, added to the step (gloo's threads
+need the cores compute uses: nothing hides).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass
 
-from launcher.errors import PlanError
-from launcher.hardware.types import DeviceSpec, Topology
-from launcher.plan.collectives import ddp_comm, sharded_comm
+from launcher.hardware.types import Topology
+from launcher.plan.cpu_comm import cpu_ddp_comm, cpu_sharded_comm, fsdp_overhead_s
+from launcher.plan.cpu_rates import core_share, rates_of
 from launcher.plan.memory import COMPUTE_DTYPE_BYTES, GRAD_BYTES
+from launcher.plan.step_probe import StepTiming
 from launcher.plan.types import StepTimeEstimate
-from launcher.specs import ModelProfile, Strategy, check
+from launcher.specs import ModelProfile, Strategy
 
 logger = logging.getLogger(__name__)
 
-# Share of a core the second and later OpenMP threads of one rank add: small GEMMs and the
-# single-threaded elementwise ops below torch's 32k-element grain do not split. Assumption
-# (a 2-thread run cannot be timed on a loaded 2-core host), between MKL's near-linear scaling
-# of large GEMMs and none for dispatch-bound ops.
-PARALLEL_EFFICIENCY = 0.6
 # Streams of the saved activations (compute dtype) through memory per forward: write the
 # activation, read it for the next op, plus norms, GELU/ReLU, residual adds and the loss.
 # Calibrated on single-thread timings (CPU time, best of 12, OMP_NUM_THREADS=1) of
@@ -65,14 +60,8 @@ GRAD_TRAFFIC_BYTES = 2 * GRAD_BYTES + 4
 # weight decay): about 80 bytes per parameter. Single-thread timings of workloads/mlp.py
 # (0.92M params: 5.3 ms) and gpt.py tiny (4.46M: 30-68 ms) against the probe's bandwidth.
 OPTIMIZER_BYTES_PER_PARAM = 80
-# Bytes of one weight cast fp32 -> bf16 under autocast: read 4, write 2.
+# Bytes of one cast between fp32 and bf16: read 4, write 2 (or the reverse).
 CAST_BYTES_PER_PARAM = 6
-# A 1-element add without and with autograd graph building, and a backward() call through one,
-# as the probe measured them on a 2-core 2.8 GHz Ice Lake VM with torch 2.13 (best of several,
-# loaded host): used when no probe ran.
-DEFAULT_OP_S = 3.9e-6
-DEFAULT_GRAPH_OP_S = 4.6e-6
-DEFAULT_BACKWARD_CALL_S = 30e-6
 # Per-op overhead, in multiples of the probe's 1-element add. Calibrated with single-thread
 # timings (best of 30, OMP_NUM_THREADS=1, torch 2.13, 2-core VM) of the 7-op model of
 # tests/data/fp16_overflow.py at micro-batch 8 (GEMMs of a few hundred FLOPs: all overhead):
@@ -93,83 +82,6 @@ ADAMW_FIXED_OPS = 40.0
 #   clock and record), in adds: 10-30-step dlaunch runs of tests/data/fp16_overflow.py took
 #   1.0-2.3 ms median per step (data wait 0.2-0.5 ms of it) where the terms above give 0.8 ms
 HARNESS_STEP_OPS = 100.0
-# Gloo communication cannot hide behind compute on CPU ranks: its threads copy and reduce on
-# the cores the compute uses.
-OVERLAP_EFFICIENCY = 0.0
-
-
-@dataclass(frozen=True, kw_only=True)
-class CpuRates:
-    """What the probe measured on one core of this host (one thread)."""
-
-    gemm_gflops: Mapping[str, float]  # large-GEMM rate by dtype (fp32, bf16)
-    half_rows: Mapping[str, float]  # rows of a GEMM at which it runs at half that rate
-    mem_gb_s: float  # streaming bandwidth (read + write) of one thread, beyond the caches
-    cache_gb_s: float  # the same on a working set that fits the last-level cache
-    cast_gb_s: float  # fp32 -> bf16 conversion bandwidth (bytes read + written)
-    llc_bytes: float = 0.0  # the host's last-level cache (shared by all ranks); 0 = unknown
-    # fixed seconds of one 1-element op without (op_s) and with (graph_op_s) autograd graph
-    # building, and of one backward() call beyond its nodes
-    op_s: float = DEFAULT_OP_S
-    graph_op_s: float = DEFAULT_GRAPH_OP_S
-    backward_call_s: float = DEFAULT_BACKWARD_CALL_S
-    cpu_model: str = ""
-    cores: int = 1
-    measured_at: str = ""  # ISO time of the measurement
-    source: str = ""
-
-    def __post_init__(self) -> None:
-        check("fp32" in self.gemm_gflops, PlanError, "CPU rates need an fp32 GEMM rate")
-        for name, value in (*self.gemm_gflops.items(), ("mem_gb_s", self.mem_gb_s),
-                            ("cache_gb_s", self.cache_gb_s), ("cast_gb_s", self.cast_gb_s)):
-            check(value > 0, PlanError, f"CPU rate {name} must be > 0, got {value}")
-        check(all(v >= 0 for v in self.half_rows.values()), PlanError,
-              "CPU GEMM half_rows must be >= 0")
-        check(min(self.op_s, self.graph_op_s, self.backward_call_s) >= 0, PlanError,
-              "CPU op overheads must be >= 0")
-
-
-@dataclass(frozen=True, kw_only=True)
-class ProbedCpu(DeviceSpec):
-    """One CPU process's share of a host (the DeviceSpec contract), with the probe's rates."""
-
-    rates: CpuRates
-
-
-# Used when no probe ran (a topology file planned on another machine, tests): GEMMs at the
-# listed peak per core (the ISA peak of `hardware.detect.cpu_peak_tflops`, 32 FLOP/cycle, is what
-# the probe reaches with one thread: 75-113 GFLOP/s against 90 on a 2.8 GHz Ice Lake), and the
-# rest as the probe measured on that 2-core VM with torch 2.13 (best of several, loaded host):
-# fp32 at 8 rows ~0.85 of its large-GEMM rate (half_rows 1.5), 64 MiB add 5-10 GB/s, fp32 -> bf16
-# cast ~2 GB/s; 4 MiB add ~14 GB/s (the 0.92M-param MLP's AdamW step streams at that rate);
-# its 48 MiB last-level cache.
-DEFAULT_LLC_BYTES = 48 * 1024**2
-DEFAULT_HALF_ROWS = 1.5
-DEFAULT_MEM_GB_S = 8.0
-DEFAULT_CACHE_GB_S = 14.0
-DEFAULT_CAST_GB_S = 2.0
-
-
-def rates_of(device: DeviceSpec, topology: Topology) -> CpuRates:
-    """The probe's rates, or the device's listed peak per core with the default rest."""
-    if isinstance(device, ProbedCpu):
-        return device.rates
-    per_core = topology.devices_per_node / max(1, topology.cpu_cores_per_node)
-    return CpuRates(gemm_gflops={k: v * 1e3 * per_core for k, v in device.peak_tflops.items()},
-                    half_rows={k: DEFAULT_HALF_ROWS for k in device.peak_tflops},
-                    mem_gb_s=DEFAULT_MEM_GB_S, cache_gb_s=DEFAULT_CACHE_GB_S,
-                    cast_gb_s=DEFAULT_CAST_GB_S, llc_bytes=DEFAULT_LLC_BYTES,
-                    source=f"listed peak of {device.name} (no probe)")
-
-
-def core_share(topology: Topology) -> float:
-    """Cores' worth of compute one rank gets: its threads (cores // ranks, at least 1; the
-    extra ones at PARALLEL_EFFICIENCY), or cores/ranks when ranks outnumber the cores."""
-    cores, ranks = max(1, topology.cpu_cores_per_node), topology.devices_per_node
-    threads = max(1, cores // ranks)
-    if ranks > cores:
-        return cores / ranks
-    return 1 + (threads - 1) * PARALLEL_EFFICIENCY
 
 
 def _rows(profile: ModelProfile, micro_batch: int) -> float:
@@ -177,9 +89,10 @@ def _rows(profile: ModelProfile, micro_batch: int) -> float:
     return micro_batch * profile.flops_fwd_per_sample / (2 * max(1, profile.num_params))
 
 
-def gemm_rate(rates: CpuRates, precision: str, rows: float) -> float:
+def gemm_rate(topology: Topology, precision: str, rows: float) -> float:
     """FLOP/s of one thread's GEMMs with `rows` rows at `precision`."""
-    dtype = precision if precision in rates.gemm_gflops else "fp32"
+    rates = rates_of(topology.accelerator, topology)
+    dtype = rates.dtype(precision)
     half = rates.half_rows.get(dtype, 0.0)
     return rates.gemm_gflops[dtype] * 1e9 * rows / (rows + half)
 
@@ -200,44 +113,61 @@ class CpuForward:
     """Seconds of one micro-batch's forward and backward on one rank, by kind of work."""
 
     gemm_s: float
+    attention_s: float
+    conv_s: float
     memory_s: float
-    cast_s: float
-    grad_s: float
+    cast_s: float  # the forward's casts
+    grad_s: float  # the backward's gradient writes and casts
+    attention_bwd: float = 3.0  # backward over forward of attention, of convolutions
+    conv_bwd: float = 2.2
 
     @property
     def forward_s(self) -> float:
-        """Matmuls, memory-bound work and autocast's weight casts."""
-        return self.gemm_s + self.memory_s + self.cast_s
+        """Matmuls, attention, convolutions, memory-bound work and casts."""
+        return self.gemm_s + self.attention_s + self.conv_s + self.memory_s + self.cast_s
 
     @property
     def backward_s(self) -> float:
-        """Twice the matmuls and memory traffic, plus the gradient writes."""
-        return 2 * (self.gemm_s + self.memory_s) + self.grad_s
+        """Twice the matmuls and memory traffic, attention's and convolutions' own factors,
+        plus the gradient writes."""
+        return (2 * (self.gemm_s + self.memory_s) + self.attention_bwd * self.attention_s
+                + self.conv_bwd * self.conv_s + self.grad_s)
 
 
 def cpu_forward(profile: ModelProfile, strategy: Strategy, micro_batch: int,
                 topology: Topology) -> CpuForward:
     """One micro-batch on one CPU rank (see the module docstring)."""
     rates, share = rates_of(topology.accelerator, topology), core_share(topology)
-    prec = strategy.precision if strategy.precision in rates.gemm_gflops else "fp32"
-    flops = profile.flops_fwd_per_sample * micro_batch
-    gemm = flops / (gemm_rate(rates, prec, _rows(profile, micro_batch)) * share)
+    prec = rates.dtype(strategy.precision)
+    attn_flops = profile.attention_flops_fwd_per_sample * micro_batch
+    conv_flops = profile.conv_flops_fwd_per_sample * micro_batch
+    gemm_flops = max(0.0, profile.flops_fwd_per_sample * micro_batch - attn_flops - conv_flops)
+    attn_rate, attn_bwd = rates.attention(prec)
+    conv_rate, conv_bwd = rates.conv(prec)
     act = (profile.activation_bytes_per_sample * micro_batch
            * COMPUTE_DTYPE_BYTES[prec] / COMPUTE_DTYPE_BYTES["fp32"])
-    # FSDP's MixedPrecisionPolicy gathers bf16 weights already cast (per shard, at unshard);
-    # DDP's autocast casts every weight in each forward
-    casts = CAST_BYTES_PER_PARAM * profile.num_params if prec != "fp32" else 0.0
-    if strategy.kind != "ddp":
-        casts /= max(1, topology.world_size)
-    grads = GRAD_TRAFFIC_BYTES * profile.num_params
+    p = float(profile.num_params)
+    cast_fwd = cast_bwd = 0.0
+    if prec != "fp32":
+        if strategy.kind == "ddp":  # autocast: every weight down in forward, its gradient up
+            cast_fwd = cast_bwd = CAST_BYTES_PER_PARAM * p
+        else:  # FSDP: the local shard at each all-gather; the unsharded gradients up
+            gathers = 1 if strategy.kind == "fsdp_grad_op" else 2
+            cast_fwd = CAST_BYTES_PER_PARAM * p * gathers / max(1, topology.world_size)
+            cast_bwd = CAST_BYTES_PER_PARAM * p
+    cast_rate = rates.cast_gb_s * 1e9 * share
+    grads = GRAD_TRAFFIC_BYTES * p
     # every weight streams in once per forward at the compute dtype (the probe's GEMMs kept
     # theirs in cache): what dominates a skinny MLP
-    weights = COMPUTE_DTYPE_BYTES[prec] * profile.num_params
+    weights = COMPUTE_DTYPE_BYTES[prec] * p
     memory = (stream_s(ACTIVATION_PASSES * act, act, topology)
               + stream_s(weights, weights, topology))
-    return CpuForward(gemm_s=gemm, memory_s=memory,
-                      cast_s=casts / (rates.cast_gb_s * 1e9 * share),
-                      grad_s=stream_s(grads, grads, topology))
+    return CpuForward(
+        gemm_s=gemm_flops / (gemm_rate(topology, prec, _rows(profile, micro_batch)) * share),
+        attention_s=attn_flops / (attn_rate * share), conv_s=conv_flops / (conv_rate * share),
+        memory_s=memory, cast_s=cast_fwd / cast_rate,
+        grad_s=stream_s(grads, grads, topology) + cast_bwd / cast_rate,
+        attention_bwd=attn_bwd, conv_bwd=conv_bwd)
 
 
 def cpu_optimizer_s(profile: ModelProfile, group_size: int, topology: Topology) -> float:
@@ -277,51 +207,63 @@ def cpu_overhead(profile: ModelProfile, topology: Topology) -> CpuOverhead:
                        optimizer_s=optimizer * slow, harness_s=HARNESS_STEP_OPS * rates.op_s * slow)
 
 
-def gloo_topology(topology: Topology) -> Topology:
-    """The topology with its link slowed by the ranks' share of a core: gloo's copies and
-    reductions run on the CPU, so ranks that time-share cores share that work too."""
-    share = min(1.0, max(1, topology.cpu_cores_per_node) / topology.devices_per_node)
-    if share >= 1.0:
-        return topology
-    intra = dataclasses.replace(topology.intra_node, bw_gb_s=topology.intra_node.bw_gb_s * share,
-                                latency_us=topology.intra_node.latency_us / share)
-    return dataclasses.replace(topology, intra_node=intra)
-
-
-def cpu_step_time(profile: ModelProfile, strategy: Strategy, topology: Topology,
-                  micro_batch: int, grad_accum: int, *, group_size: int,
-                  recompute: float) -> StepTimeEstimate:
-    """Predicted time of one optimizer step on one CPU rank: `grad_accum` micro-batches (with
-    `recompute` of the forward recomputed in backward), the optimizer over 1/`group_size` of
-    the parameters, and the gloo collectives, none of them hidden."""
+def _modelled(profile: ModelProfile, strategy: Strategy, topology: Topology, micro_batch: int,
+              grad_accum: int, group_size: int, recompute: float) -> tuple[tuple[str, float], ...]:
+    """The step's compute by kind of work, from the probe's rates (no measured step)."""
     fwd = cpu_forward(profile, strategy, micro_batch, topology)
     per_mb = fwd.forward_s * (1 + recompute) + fwd.backward_s
     opt = cpu_optimizer_s(profile, group_size, topology)
     overhead = cpu_overhead(profile, topology).step_s(grad_accum, recompute)
     scale = grad_accum * per_mb / fwd.forward_s if fwd.forward_s else 0.0
     # split by the forward's shares (the backward's gradient writes go with memory-bound work)
-    parts = (("matmul", fwd.gemm_s * scale), ("memory-bound", fwd.memory_s * scale),
-             ("casts", fwd.cast_s * scale), ("optimizer", opt), ("op overhead", overhead))
-    compute = grad_accum * per_mb + opt + overhead
+    return (("matmul", fwd.gemm_s * scale), ("attention", fwd.attention_s * scale),
+            ("convolution", fwd.conv_s * scale), ("memory-bound", fwd.memory_s * scale),
+            ("casts", fwd.cast_s * scale), ("optimizer", opt), ("op overhead", overhead))
+
+
+def _measured(timing: StepTiming, profile: ModelProfile, topology: Topology, micro_batch: int,
+              grad_accum: int, group_size: int, recompute: float) -> tuple[tuple[str, float], ...]:
+    """The step's compute from the workload's own timed steps (`step_probe`, taken with this
+    rank's thread count), slowed by time-sharing when ranks outnumber the cores; the optimizer's
+    streaming share (the model's split) shrinks with FSDP's shard, its per-tensor work not."""
+    slow = 1 / min(1.0, core_share(topology))
+    p = timing.at(micro_batch)
+    stream = cpu_optimizer_s(profile, 1, topology)
+    per_tensor = cpu_overhead(profile, topology).optimizer_s
+    local = stream / max(1, group_size) + per_tensor
+    opt = timing.optimizer_s * (local / (stream + per_tensor) if stream + per_tensor > 0 else 1.0)
+    harness = cpu_overhead(profile, topology).harness_s
+    return (("data", grad_accum * p.data_s * slow),
+            ("forward", grad_accum * p.forward_s * (1 + recompute) * slow),
+            ("backward", grad_accum * p.backward_s * slow), ("optimizer", opt * slow),
+            ("loop", harness))
+
+
+def cpu_step_time(profile: ModelProfile, strategy: Strategy, topology: Topology,
+                  micro_batch: int, grad_accum: int, *, group_size: int, recompute: float,
+                  timing: StepTiming | None = None) -> StepTimeEstimate:
+    """Predicted time of one optimizer step on one CPU rank: `grad_accum` micro-batches (with
+    `recompute` of the forward recomputed in backward), the optimizer over 1/`group_size` of
+    the parameters, FSDP's own work, and the gloo collectives, none of them hidden. Compute is
+    the workload's measured steps at `strategy.precision` when `timing` has them, else the
+    probe's rates per kind of work."""
+    if timing is not None:
+        parts = _measured(timing, profile, topology, micro_batch, grad_accum, group_size, recompute)
+    else:
+        parts = _modelled(profile, strategy, topology, micro_batch, grad_accum, group_size, recompute)
+    if strategy.kind != "ddp":
+        parts += (("FSDP work", grad_accum * fsdp_overhead_s(profile, strategy, topology)),)
+    compute = sum(v for _, v in parts)
     if topology.world_size <= 1:
         return StepTimeEstimate(compute_s=compute, comm_total_s=0.0, comm_exposed_s=0.0,
-                                compute_parts=parts)
-    gloo = gloo_topology(topology)
-    bwd = fwd.backward_s + recompute * fwd.forward_s
-    if strategy.kind == "ddp":
-        total, exposed = ddp_comm(profile, gloo, bwd * OVERLAP_EFFICIENCY)
-    else:
-        total, exposed = sharded_comm(profile, strategy, gloo, fwd.forward_s * OVERLAP_EFFICIENCY,
-                                      bwd * OVERLAP_EFFICIENCY, grad_accum)
-    return StepTimeEstimate(compute_s=compute, comm_total_s=total, comm_exposed_s=exposed,
-                            compute_parts=parts)
+                                compute_parts=tuple((k, v) for k, v in parts if v > 0))
+    comm = (cpu_ddp_comm(profile, topology) if strategy.kind == "ddp"
+            else cpu_sharded_comm(profile, strategy, topology, grad_accum))
+    return StepTimeEstimate(compute_s=compute, comm_total_s=comm, comm_exposed_s=comm,
+                            compute_parts=tuple((k, v) for k, v in parts if v > 0))
 
 
-__all__ = ["CpuRates", "ProbedCpu", "DEFAULT_HALF_ROWS", "DEFAULT_MEM_GB_S", "DEFAULT_CAST_GB_S",
-           "DEFAULT_CACHE_GB_S", "DEFAULT_LLC_BYTES", "CpuForward", "cpu_forward", "stream_s",
-           "cpu_optimizer_s", "cpu_step_time", "core_share", "gemm_rate", "gloo_topology",
-           "rates_of", "CpuOverhead", "cpu_overhead", "OP_COST_SCALE", "BACKWARD_OVERHEAD_FACTOR",
-           "ADAMW_OPS_PER_TENSOR", "ADAMW_FIXED_OPS", "HARNESS_STEP_OPS", "DEFAULT_OP_S",
-           "DEFAULT_GRAPH_OP_S", "DEFAULT_BACKWARD_CALL_S", "PARALLEL_EFFICIENCY", "ACTIVATION_PASSES",
-           "GRAD_TRAFFIC_BYTES",
-           "OPTIMIZER_BYTES_PER_PARAM", "CAST_BYTES_PER_PARAM", "OVERLAP_EFFICIENCY"]
+__all__ = ["CpuForward", "cpu_forward", "stream_s", "cpu_optimizer_s", "cpu_step_time",
+           "gemm_rate", "CpuOverhead", "cpu_overhead", "OP_COST_SCALE", "BACKWARD_OVERHEAD_FACTOR",
+           "ADAMW_OPS_PER_TENSOR", "ADAMW_FIXED_OPS", "HARNESS_STEP_OPS", "ACTIVATION_PASSES",
+           "GRAD_TRAFFIC_BYTES", "OPTIMIZER_BYTES_PER_PARAM", "CAST_BYTES_PER_PARAM"]

@@ -2,10 +2,13 @@
 
 The CPU step-time model (`cpu_cost`) needs what one core achieves, not the ISA peak a topology
 file or CPU flags suggest: GEMMs at a large and a skinny shape for fp32 and bf16 (bf16 runs
-far below fp32 on CPUs without avx512_bf16/AMX), streaming bandwidth and the fp32 -> bf16 cast
-rate; and the fixed cost of one tiny op (Python, dispatcher, autograd) with and without
-building the autograd graph, and of one backward() call. Each is the best of a few repeats
-with one thread, so a busy host disturbs it less.
+far below fp32 on CPUs without avx512_bf16/AMX), causal attention (the CPU flash kernel; its
+bf16 backward ran 5x its forward at 128 tokens on an EPYC VM, fp32's 2.9x) and a 3x3
+convolution, forward and backward, per dtype (bf16 convolutions reached 0.74 of the bf16 GEMM
+rate there, fp32 ones all of it), streaming bandwidth and the fp32 -> bf16 cast rate; and the
+fixed cost of one tiny op (Python, dispatcher, autograd) with and without building the
+autograd graph, and of one backward() call. Each is the best of a few repeats with one thread,
+so a busy host disturbs it less.
 `resolve.cached_cpu_rates` caches the result next to the profiles, under `cache_key` (CPU model,
 usable cores, torch version); `probed_topology` swaps a CPU topology's listed figures for it.
 
@@ -27,7 +30,7 @@ from typing import Any
 
 from launcher.hardware.detect import cpu_info
 from launcher.hardware.types import Topology
-from launcher.plan.cpu_cost import CpuRates, ProbedCpu
+from launcher.plan.cpu_rates import CpuRates, GlooRates, ProbedCpu
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +43,15 @@ SKINNY_GEMM = (8, 512, 512)
 STREAM_NUMEL = 1 << 24
 CACHED_NUMEL = 1 << 20
 LLC_SYSFS = Path("/sys/devices/system/cpu/cpu0/cache")
+# (batch, heads, tokens, head dim): causal SDPA of a small transformer's attention
+ATTENTION_SHAPE = (4, 4, 256, 64)
+# (batch, channels, height = width): a 3x3 convolution of a small ResNet's middle stage
+CONV_SHAPE = (8, 64, 16)
 REPEATS = 5
 # ops in the chain of 1-element adds that times per-op overhead: ~2 ms per repeat
 OP_CHAIN = 200
 # bump when `measure` measures differently, so old cache entries are ignored
-PROBE_FORMAT = 3
+PROBE_FORMAT = 4
 
 
 def _best_s(fn: Callable[[], Any], repeats: int) -> float:
@@ -68,6 +75,30 @@ def _stream_gb_s(torch: Any, numel: int, repeats: int) -> float:
     out = torch.empty_like(x)
     # read x, write out: 8 bytes per element
     return 8 * numel / _best_s(lambda: torch.add(x, 1.0, out=out), repeats) / 1e9
+
+
+def _attention(torch: Any, dtype: Any) -> tuple[float, float]:
+    """(forward GFLOP/s, backward / forward time) of causal SDPA at ATTENTION_SHAPE, FLOPs
+    counted as the profile counts them (4 s^2 d per head group, the mask ignored)."""
+    b, h, s, d = ATTENTION_SHAPE
+    q, k, v = (torch.randn(b, h, s, d, dtype=dtype, requires_grad=True) for _ in range(3))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    grad = torch.randn(b, h, s, d, dtype=dtype)
+    fwd = _best_s(lambda: sdpa(q, k, v, is_causal=True), 3)
+    both = _best_s(lambda: sdpa(q, k, v, is_causal=True).backward(grad), 3)
+    return 4 * b * h * s * s * d / fwd / 1e9, max(both - fwd, 0.1 * fwd) / fwd
+
+
+def _conv(torch: Any, dtype: Any) -> tuple[float, float]:
+    """(forward GFLOP/s, backward / forward time) of a 3x3 convolution at CONV_SHAPE."""
+    b, c, hw = CONV_SHAPE
+    x = torch.randn(b, c, hw, hw, dtype=dtype, requires_grad=True)
+    w = torch.randn(c, c, 3, 3, dtype=dtype, requires_grad=True)
+    conv = torch.nn.functional.conv2d
+    grad = torch.randn(b, c, hw, hw, dtype=dtype)
+    fwd = _best_s(lambda: conv(x, w, padding=1), 3)
+    both = _best_s(lambda: conv(x, w, padding=1).backward(grad), 3)
+    return 2 * b * c * c * 9 * hw * hw / fwd / 1e9, max(both - fwd, 0.1 * fwd) / fwd
 
 
 def _op_overheads(torch: Any) -> tuple[float, float, float]:
@@ -108,7 +139,8 @@ def half_rows(large_gflops: float, skinny_gflops: float, rows: int) -> float:
 
 
 def measure() -> CpuRates:
-    """Time GEMMs, a streaming add and a cast on one thread of this host (well under 1 s)."""
+    """Time GEMMs, attention, a convolution, a streaming add, a cast and tiny ops on one
+    thread of this host (under a second)."""
     # deferred: the probe runs only when its cache entry is missing
     import torch
 
@@ -116,11 +148,15 @@ def measure() -> CpuRates:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        gemm, half = {}, {}
+        gemm, half, attn, attn_bwd, conv, conv_bwd = {}, {}, {}, {}, {}, {}
         for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
             large = _gemm_gflops(torch, LARGE_GEMM, dtype)
             skinny = _gemm_gflops(torch, SKINNY_GEMM, dtype)
             gemm[name], half[name] = round(large, 2), round(half_rows(large, skinny, SKINNY_GEMM[0]), 3)
+            rate, factor = _attention(torch, dtype)
+            attn[name], attn_bwd[name] = round(rate, 2), round(factor, 3)
+            rate, factor = _conv(torch, dtype)
+            conv[name], conv_bwd[name] = round(rate, 2), round(factor, 3)
         mem = _stream_gb_s(torch, STREAM_NUMEL, 2)
         cached = _stream_gb_s(torch, CACHED_NUMEL, REPEATS)
         src = torch.ones(CACHED_NUMEL)
@@ -134,7 +170,9 @@ def measure() -> CpuRates:
     return CpuRates(gemm_gflops=gemm, half_rows=half, mem_gb_s=round(mem, 2),
                     cache_gb_s=round(max(cached, mem), 2), cast_gb_s=round(cast, 2),
                     llc_bytes=llc_bytes(), op_s=op_s, graph_op_s=graph_op_s,
-                    backward_call_s=backward_s, cpu_model=info.model, cores=info.usable_cores,
+                    backward_call_s=backward_s, attention_gflops=attn, attention_bwd_factor=attn_bwd,
+                    conv_gflops=conv, conv_bwd_factor=conv_bwd, cpu_model=info.model,
+                    cores=info.usable_cores,
                     measured_at=datetime.datetime.now().isoformat(timespec="seconds"),
                     source=f"CPU probe, torch {torch.__version__}, one thread, best of "
                            f"{REPEATS} ({elapsed:.2f} s)")
@@ -155,11 +193,11 @@ def cache_key(cpu_model: str, cores: int, torch_version: str) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()[:32]
 
 
-def probed_topology(topology: Topology, rates: CpuRates) -> Topology:
+def probed_topology(topology: Topology, rates: CpuRates, gloo: GlooRates | None = None) -> Topology:
     """`topology` (a CPU one) with its device's listed FLOP/s replaced by the measurement: one
-    process's share of the host's cores (the DeviceSpec contract), and the probe's rates for
-    the cost model. bf16 is listed (torch runs it on any CPU); the rates say whether it is
-    faster."""
+    process's share of the host's cores (the DeviceSpec contract), and the probes' rates for
+    the cost model (`gloo`: the collectives between its ranks, when measured). bf16 is listed
+    (torch runs it on any CPU); the rates say whether it is faster."""
     dev, ranks = topology.accelerator, topology.devices_per_node
     cores = rates.cores or topology.cpu_cores_per_node
     day = rates.measured_at.replace("T", " ")
@@ -169,7 +207,7 @@ def probed_topology(topology: Topology, rates: CpuRates) -> Topology:
         mem_gib=dev.mem_gib,
         peak_tflops={k: round(v * cores / ranks / 1e3, 5) for k, v in rates.gemm_gflops.items()},
         source=f"{rates.source} at {rates.measured_at}; replaces: {dev.source}".strip(),
-        rates=rates)
+        rates=rates, gloo=gloo)
     return dataclasses.replace(topology, accelerator=accel, cpu_cores_per_node=cores)
 
 

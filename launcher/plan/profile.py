@@ -6,7 +6,8 @@
   the slope is bytes per sample (the intercept, mostly weights saved by reference, is dropped);
 - checkpointing keeps each block's input: a pre-hook on the first block, in the same pass;
 - FLOPs: `FlopCounterMode` over the micro-batch-1 forward, attention added analytically (that
-  pass replaces SDPA to measure flash attention's memory);
+  pass replaces SDPA to measure flash attention's memory); the attention and convolution
+  shares are kept apart (they run at other rates than matmuls: see plan.cost, plan.cpu_cost);
 - operations: the aten ops that micro-batch-1 forward dispatches (what per-op overhead, the
   dominant cost of a tiny model on CPU, scales with), and the number of parameter tensors;
 - a model of identical blocks (a transformer) runs through its first 1, 2 and 3 blocks only and
@@ -27,7 +28,7 @@ import logging
 import math
 import time
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any, NamedTuple
 
 from launcher.errors import WorkloadError
 from launcher.plan.workload_probe import meta_error, optimizer_state
@@ -37,6 +38,21 @@ from launcher.workload import Workload
 log = logging.getLogger(__name__)
 
 PROFILE_BATCHES = (1, 2)
+# FlopCounterMode's names of the forward convolution ops
+_CONV_OPS = ("convolution", "_convolution", "conv1d", "conv2d", "conv3d", "convolution_overrideable")
+
+
+class Counts(NamedTuple):
+    """What the profiling passes measure. Every field but `block_input_bytes` adds up over
+    identical blocks (see `_extrapolated`)."""
+
+    saved1: float  # bytes saved for backward at PROFILE_BATCHES[0]
+    saved2: float  # ... at PROFILE_BATCHES[1]
+    block_input_bytes: float  # the first block's input at PROFILE_BATCHES[0]
+    flops: float  # forward FLOPs at PROFILE_BATCHES[0], attention included
+    attention_flops: float  # of which scaled-dot-product attention (4 s^2 d per layer)
+    conv_flops: float  # of which convolutions
+    ops: float  # aten ops dispatched by that forward
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -121,11 +137,12 @@ def _op_counter() -> Any:
 
 
 def _saved_bytes(workload: Workload, model: Any, micro_batch: int, param_keys: set[int],
-                 first_block: Any = None, *, count_flops: bool = False) -> tuple[int, int, float, int]:
+                 first_block: Any = None, *,
+                 count_flops: bool = False) -> tuple[int, int, tuple[float, float, float], int]:
     """Bytes autograd saves for backward in one forward (each storage once, no parameters),
     the bytes of the first block's input (what checkpointing keeps per block), and, with
-    `count_flops`, the forward FLOPs (FlopCounterMode plus the attention it cannot see here)
-    and the number of aten ops the forward dispatched."""
+    `count_flops`, the forward FLOPs (FlopCounterMode plus the attention it cannot see here;
+    all, attention, convolutions) and the number of aten ops the forward dispatched."""
     # deferred: only a profile missing from the cache needs torch
     import torch
     from torch.utils.flop_counter import FlopCounterMode
@@ -159,8 +176,22 @@ def _saved_bytes(workload: Workload, model: Any, micro_batch: int, param_keys: s
         if handle is not None:
             handle.remove()
     del loss
-    flops = float(cast(FlopCounterMode, counter).get_total_flops() + sdpa.attention_flops) if count_flops else 0.0
+    flops = (0.0, 0.0, 0.0)
+    if isinstance(counter, FlopCounterMode):
+        by_op = counter.get_flop_counts().get("Global", {})
+        conv = sum(n for op, n in by_op.items() if getattr(op, "__name__", str(op)).split(".")[0] in _CONV_OPS)
+        attention = float(sdpa.attention_flops)
+        flops = (float(counter.get_total_flops()) + attention, attention, float(conv))
     return total, (block_in[0] if block_in else 0), flops, getattr(ops, "ops", 0)
+
+
+def batch_norm_count(model: Any) -> int:
+    """Batch-norm modules in `model`: under FSDP with a low-precision policy each is a unit of
+    its own (runtime.wrap)."""
+    # deferred: only a profile missing from the cache needs torch
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    return sum(isinstance(m, _BatchNorm) for m in model.modules())
 
 
 def _signature(module: Any) -> tuple[Any, ...]:
@@ -203,18 +234,17 @@ def _first_blocks(container: Any, count: int) -> Any:
         container._modules.update(items)
 
 
-def _passes(workload: Workload, model: Any, param_keys: set[int],
-            first_block: Any) -> tuple[int, int, int, float, int]:
+def _passes(workload: Workload, model: Any, param_keys: set[int], first_block: Any) -> Counts:
     """Saved bytes at micro-batch 1 and 2, the first block's input bytes, and the FLOPs and
     aten ops at 1."""
-    saved1, block_in, flops, ops = _saved_bytes(workload, model, PROFILE_BATCHES[0], param_keys,
-                                                first_block, count_flops=True)
+    saved1, block_in, (flops, attention, conv), ops = _saved_bytes(
+        workload, model, PROFILE_BATCHES[0], param_keys, first_block, count_flops=True)
     saved2, _, _, _ = _saved_bytes(workload, model, PROFILE_BATCHES[1], param_keys)
-    return saved1, saved2, block_in, flops, ops
+    return Counts(saved1, saved2, block_in, flops, attention, conv, ops)
 
 
 def _extrapolated(workload: Workload, model: Any, param_keys: set[int], blocks: Sequence[Any],
-                  container: Any) -> tuple[int, int, int, float, int] | None:
+                  container: Any) -> Counts | None:
     """`_passes` of the whole model from forwards through its first 1, 2 and 3 blocks.
 
     Each identical block adds the same saved bytes, FLOPs and ops, so the whole model is the
@@ -239,10 +269,8 @@ def _extrapolated(workload: Workload, model: Any, param_keys: set[int], blocks: 
         log.debug("blocks do not add equal costs (%s, %s, %s); profiling every block", *runs)
         return None
     extra = len(blocks) - 1
-    # byte increments are int differences; mypy only sees the tuple's int | float items
-    return cast(tuple[int, int, int, float, int],
-                (one[0] + extra * steps[0], one[1] + extra * steps[1], one[2],
-                 one[3] + extra * steps[3], one[4] + extra * steps[4]))
+    whole = Counts(*(a + extra * step for a, step in zip(one, steps)))
+    return whole._replace(block_input_bytes=one.block_input_bytes)
 
 
 def profile_workload(workload: Workload, *, extrapolate: bool = True) -> ModelProfile:
@@ -272,7 +300,7 @@ def profile_workload(workload: Workload, *, extrapolate: bool = True) -> ModelPr
                     if container is not None else None)
         if measured is None:
             measured = _passes(workload, model, param_keys, blocks[0] if blocks else None)
-        saved1, saved2, block_in, flops, ops = measured
+        counts = measured
     except WorkloadError as e:
         if "meta device" in str(e):  # tensors made off the meta device: already says what to do
             raise
@@ -282,7 +310,8 @@ def profile_workload(workload: Workload, *, extrapolate: bool = True) -> ModelPr
     by_dtype: dict[str, int] = {}
     for p in params:
         by_dtype[_dtype_name(p.dtype)] = by_dtype.get(_dtype_name(p.dtype), 0) + p.numel() * p.element_size()
-    slope = (saved2 - saved1) / (PROFILE_BATCHES[1] - PROFILE_BATCHES[0])
+    slope = (counts.saved2 - counts.saved1) / (PROFILE_BATCHES[1] - PROFILE_BATCHES[0])
+    per_sample = 1 / PROFILE_BATCHES[0]
     block_params = [sum(p.numel() for p in b.parameters()) for b in blocks]
     profile = ModelProfile(
         name=workload.path.stem + "".join(f" {k}={v}" for k, v in vars(workload.cfg).items()
@@ -292,14 +321,17 @@ def profile_workload(workload: Workload, *, extrapolate: bool = True) -> ModelPr
         num_blocks=len(blocks),
         largest_block_params=max(block_params, default=0),
         activation_bytes_per_sample=max(slope, 0.0),
-        block_input_bytes_per_sample=float(block_in) / PROFILE_BATCHES[0],
-        flops_fwd_per_sample=flops / PROFILE_BATCHES[0],
+        block_input_bytes_per_sample=counts.block_input_bytes * per_sample,
+        flops_fwd_per_sample=counts.flops * per_sample,
+        attention_flops_fwd_per_sample=counts.attention_flops * per_sample,
+        conv_flops_fwd_per_sample=counts.conv_flops * per_sample,
         units_per_sample=workload.units_per_sample,
         sample_units=workload.sample_units,
         optimizer=optimizer,
         optimizer_state_bytes_per_param=state_bytes,
-        forward_ops=ops,
+        forward_ops=int(counts.ops),
         param_tensors=len(params),
+        batch_norms=batch_norm_count(model),
     )
     log.debug("profiled %s in %.2f s", profile.name, time.perf_counter() - t0)
     return profile

@@ -1,15 +1,16 @@
 """Glue between a workload file, a topology and the pure planner (no argv here).
 
 `resolve_topology` picks the hardware to plan for (a topology file, or this machine), reshaped
-to the requested GPUs and nodes, with a CPU's rates measured by `cpu_probe` (cached);
+to the requested GPUs and nodes, with a CPU's rates measured by `cpu_probe` and the gloo
+collectives between its ranks by `gloo_probe` (both cached per host);
 `plan_workload` profiles the workload on the meta device and plans it, its predicted compute
 corrected by this machine's `dlaunch tune` trials when there are any (`corrections`; the
 trials are stored with `store_tune_trials`). Profiles are cached by
 the workload file's contents, its arguments and the torch version, so `dlaunch run` after the
 first plan does not import torch before launching.
 
-Never imports cli, backends, jobs, runtime or report, and never torch itself (`profile` and
-`cpu_probe` load it when their cache entry is missing).
+Never imports cli, backends, jobs, runtime or report, and never torch itself (`profile`,
+`cpu_probe` and `gloo_probe` load it when their cache entry is missing).
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from launcher.errors import UsageError
+import psutil
+
+from launcher.errors import PlanError, UsageError
 from launcher.files import atomic_write_json
 from launcher.hardware.detect import cpu_info, detect_topology
 from launcher.hardware.topology import load_topology
@@ -39,16 +42,29 @@ from launcher.plan.corrections import (
     load_trials,
     store_trials,
 )
-from launcher.plan.cpu_cost import CpuRates
+from launcher.plan.cpu_cost import cpu_step_time
 from launcher.plan.cpu_probe import cache_key, measure, probed_topology, torch_version
+from launcher.plan.cpu_rates import CpuRates, GlooRates
+from launcher.plan.gloo_probe import GLOO_PROBE_FORMAT, measure_gloo
 from launcher.plan.profile import profile_workload
 from launcher.plan.search import plan
+from launcher.plan.step_probe import (
+    MAX_STATE_BYTES,
+    MICRO_BATCHES,
+    STEP_PROBE_FORMAT,
+    WorkloadTiming,
+    as_cached,
+    measure_steps,
+    probe_micro_batches,
+)
 from launcher.plan.types import Plan
-from launcher.specs import Goal, ModelProfile
+from launcher.specs import Goal, ModelProfile, Strategy
 from launcher.workload import load_workload
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
+# what the step probe times: the precisions CPU plans choose between
+PROBE_PRECISIONS = ("fp32", "bf16")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,9 +96,12 @@ def resolve_topology(*, topology: str | None, gpus: int | None, nodes: int | Non
     if (per_node, num_nodes) != (topo.devices_per_node, topo.num_nodes):
         topo = topo.with_shape(num_nodes=num_nodes, devices_per_node=per_node)
     if topo.device == "cpu":
-        # what this host's cores achieve replaces the listed (or ISA-derived) peak; GPU
-        # topologies never pay for the probe
-        topo = probed_topology(topo, cached_cpu_rates())
+        # what this host's cores achieve replaces the listed (or ISA-derived) peak, and what
+        # gloo costs between its ranks the link's figures (one node: the ranks share this host;
+        # between nodes the link is the network's); GPU topologies never pay for the probes
+        ranks = topo.devices_per_node
+        gloo = cached_gloo_rates(ranks) if ranks > 1 and topo.num_nodes == 1 else None
+        topo = probed_topology(topo, cached_cpu_rates(), gloo)
     return topo
 
 
@@ -121,7 +140,7 @@ def _cache_key(workload: str, workload_args: Sequence[str]) -> str:
 
 
 # bump when profile.py measures differently, so old cache entries are ignored
-_PROFILE_FORMAT = 4
+_PROFILE_FORMAT = 5
 
 
 def _cached(path: Path, load: Callable[[dict[str, Any]], _T], make: Callable[[], _T]) -> _T:
@@ -168,12 +187,82 @@ def cached_cpu_rates(cache_dir: Path | None = None, *,
     return _cached(path, lambda d: CpuRates(**d), measure_fn)
 
 
+def cached_gloo_rates(ranks: int, cache_dir: Path | None = None, *,
+                      measure_fn: Callable[[int], GlooRates] = measure_gloo) -> GlooRates:
+    """What gloo collectives cost between `ranks` busy ranks of this host (`gloo_probe`),
+    measured once per CPU model, usable cores, torch version and rank count."""
+    info = cpu_info()
+    key = cache_key(info.model, info.usable_cores, torch_version())
+    path = (cache_dir or probe_cache_dir()) / f"gloo-{key}-{ranks}-v{GLOO_PROBE_FORMAT}.json"
+    return _cached(path, lambda d: GlooRates(**d), lambda: measure_fn(ranks))
+
+
+def step_threads(topology: Topology) -> int:
+    """The OpenMP threads each rank of a CPU topology runs (the launcher's OMP_NUM_THREADS)."""
+    return max(1, topology.cpu_cores_per_node // max(1, topology.devices_per_node))
+
+
+def _probe_sizes(profile: ModelProfile, topology: Topology) -> tuple[int, ...]:
+    """The micro-batches the step probe may time for `profile` on one rank of `topology`
+    (`step_probe.probe_micro_batches`), or () when the model is too big to build here."""
+    state = profile.param_bytes * 2 + profile.num_params * profile.optimizer_state_bytes_per_param
+    if state > min(MAX_STATE_BYTES, 0.25 * psutil.virtual_memory().available):
+        return ()
+    one = dataclasses.replace(topology, devices_per_node=1, num_nodes=1,
+                              cpu_cores_per_node=step_threads(topology))
+    step_s = {}
+    for mb in {1, *MICRO_BATCHES}:
+        if profile.activation_bytes_per_sample * mb + state > MAX_STATE_BYTES:
+            continue
+        step_s[mb] = max(cpu_step_time(profile, Strategy(precision=p), one, mb, 1, group_size=1,
+                                       recompute=0.0).step_time_s for p in PROBE_PRECISIONS)
+    return probe_micro_batches(step_s, len(PROBE_PRECISIONS))
+
+
+def cached_step_timing(workload: str, workload_args: Sequence[str], profile: ModelProfile,
+                       topology: Topology) -> WorkloadTiming | None:
+    """The workload's own steps timed on this host with a rank's thread count (`step_probe`),
+    measured once per workload, host and thread count; None for a GPU or multi-node topology,
+    a model too big or too slow to time here, or a workload that fails when timed (the run
+    will say why)."""
+    if topology.device != "cpu" or topology.num_nodes != 1:
+        return None
+    threads = step_threads(topology)
+    info = cpu_info()
+    key = (f"{_cache_key(workload, workload_args)}-"
+           f"{cache_key(info.model, info.usable_cores, torch_version())}-t{threads}-v{STEP_PROBE_FORMAT}")
+    path = cache_root() / "steps" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
+    try:
+        return WorkloadTiming.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError, KeyError, PlanError):
+        pass  # absent or stale: measure
+    sizes = _probe_sizes(profile, topology)
+    if not sizes:
+        log.debug("step probe skipped for %s: too big or too slow to time here", profile.name)
+        return None
+    try:
+        timing = measure_steps(load_workload(workload, workload_args), threads=threads,
+                               precisions=PROBE_PRECISIONS, micro_batches=sizes)
+    except Exception as e:  # noqa: BLE001 - a workload bug surfaces in the run, with its traceback
+        log.debug("step probe of %s failed (%s: %s); planning from the CPU rates", profile.name,
+                  type(e).__name__, e)
+        return None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path, as_cached(timing))
+    except OSError as e:  # a read-only home must not stop planning
+        log.debug("cache entry %s not written: %s", path, e)
+    return timing
+
+
 def plan_workload(workload: str, workload_args: Sequence[str], topology: Topology, goal: Goal, *,
                   overrides: Mapping[str, Any] | None = None, corrected: bool = True) -> Planned:
-    """Profile `workload` on the meta device (or take the cached profile) and plan it; unless
-    `corrected` is False, with this machine's tune corrections (a forced plan keeps its choice)."""
+    """Profile `workload` on the meta device (or take the cached profile) and plan it, on a CPU
+    host from its own timed steps; unless `corrected` is False, with this machine's tune
+    corrections (a forced plan keeps its choice)."""
     profile = cached_profile(workload, workload_args)
-    result = plan(profile, topology, goal, overrides=overrides)
+    timing = cached_step_timing(workload, workload_args, profile, topology)
+    result = plan(profile, topology, goal, overrides=overrides, timing=timing)
     correction = correction_of(load_trials(corrections_path(topology))) if corrected else None
     if correction is not None:
         forced = any(v is not None for v in (overrides or {}).values())

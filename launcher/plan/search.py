@@ -30,6 +30,7 @@ from launcher.plan.candidates import (
 )
 from launcher.plan.cost import COMPILE_MEMORY_FACTOR
 from launcher.plan.memory import fmt_gib, usable_mem_bytes
+from launcher.plan.step_probe import WorkloadTiming
 from launcher.plan.types import Candidate, Plan
 from launcher.specs import Goal, ModelProfile
 
@@ -234,18 +235,22 @@ def _rejected(chosen: Candidate, cands: list[Candidate], goal: Goal, topology: T
 
 
 def plan(profile: ModelProfile, topology: Topology, goal: Goal, *,
-         overrides: Mapping[str, Any] | None = None) -> Plan:
+         overrides: Mapping[str, Any] | None = None, timing: WorkloadTiming | None = None) -> Plan:
     """Recommend a strategy for training `profile` on `topology` towards `goal`, with reasons.
 
     `overrides` (keys in OVERRIDE_KEYS; None values are ignored) force those fields; a forced
     plan that does not fit is still returned, with a first reason starting "warning:".
-    Raises PlanError when nothing fits, or when an override is impossible.
+    `timing`: the workload's own steps timed on this (CPU) host, the compute of every candidate
+    when they ran at the goal's sequence length. Raises PlanError when nothing fits, or when an
+    override is impossible.
     """
     ov = check_overrides(overrides, topology)
     profile = profile_for_goal(profile, goal)
+    if timing is not None and timing.units_per_sample != profile.units_per_sample:
+        timing = None  # timed at another sequence length: the rates' model applies
     n = topology.world_size
     usable = usable_mem_bytes(topology.accelerator, goal.headroom)
-    cands, skipped = candidates(profile, topology, goal, ov, usable)
+    cands, skipped = candidates(profile, topology, goal, ov, usable, timing)
     allowed = [c for c in cands if _matches(c, ov)]
     fitting = [c for c in allowed if c.fits]
     warnings = []
@@ -271,6 +276,9 @@ def plan(profile: ModelProfile, topology: Topology, goal: Goal, *,
             f"{per_device(topology)}; "
             f"{', '.join(fixes[:-1])} or {fixes[-1]}")
     reasons = warnings + _reasons(chosen, allowed, profile, topology, goal, usable, skipped)
+    if timing is not None:
+        reasons.append(f"step time: {timing.describe()}, plus the model's FSDP work and gloo "
+                       "collectives")
     if ov:
         forced = ", ".join(f"{k}={v}" for k, v in sorted(ov.items()))
         reasons.append(f"forced by overrides: {forced}")

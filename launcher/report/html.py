@@ -12,8 +12,10 @@ import logging
 import re
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from launcher.report.plots import Plot
+from launcher.report.tune import HEAD, cells, outcome_lines, relative
 from launcher.report.types import Point, ScalingReport
 from launcher.results.prediction import prediction_cell
 
@@ -44,7 +46,8 @@ th,td{border:1px solid #ddd;padding:4px 6px;text-align:right;white-space:nowrap}
 th{white-space:normal;vertical-align:bottom}
 td.wrap{white-space:normal;text-align:left;min-width:120px;max-width:260px}
 th{background:#f0f0f0} td:first-child,th:first-child{text-align:left}
-td.bad{color:#b00020;font-weight:600}
+td.bad{color:#b00020;font-weight:600} span.bad{color:#b00020;font-weight:600}
+tr.chosen td{background:#eef6ee;font-weight:600}
 .warn{background:#fff8e1;border:1px solid #f0d58c;border-radius:4px;padding:6px 10px;margin:4px 0}
 ul.notes{margin:4px 0;padding-left:20px;color:#333}
 """
@@ -191,11 +194,40 @@ def notes_html(report: ScalingReport) -> str:
             + "".join(f"<li>{_e(i)}</li>" for i in items) + "</ul>")
 
 
-def page(report: ScalingReport, plots: Sequence[Plot]) -> str:
-    """The whole HTML document."""
-    what = {"sweep": "scaling sweep", "runs": "runs", "run": "run"}[report.kind]
+def tune_html(report: ScalingReport, out_dir: Path | None) -> str:
+    """A tune dir's table (candidate, status, predicted, measured, measured/predicted, chosen),
+    each trial linked to its run dir and its own report when it has one, then why each trial
+    that did not finish stopped and where the tuned plan is."""
+    tune = report.tune
+    if tune is None:
+        return ""
+    rows = []
+    for t in tune.trials:
+        c = [_e(x) for x in cells(t)]
+        if t.run_dir is not None:
+            c[0] = f'<a href="{_e(relative(t.run_dir, out_dir))}">{c[0]}</a>'
+        c[1] = f'<span class="{"" if t.status == "ok" else "bad"}">{c[1]}</span>'
+        page_link = (f'<a href="{_e(relative(t.report_html, out_dir))}">report</a>' if t.report_html
+                     else f"- (<code>dlaunch report {_e(t.run_dir)}</code>)" if t.run_dir else "-")
+        tr = '<tr class="chosen">' if t.chosen else "<tr>"
+        rows.append(tr + "".join(f"<td>{x}</td>" for x in c)
+                    + f'<td class="wrap">{page_link}</td></tr>')
+    head = "".join(f"<th>{_e(h)}</th>" for h in (*HEAD, "trial report"))
+    return (f"<h2>Tune</h2><p class=\"meta\">{len(tune.trials)} trial(s) on {tune.world_size} rank(s), same "
+            "seed and data; measured/predicted is the measured median step (after warm-up) over the "
+            "predicted step time</p>"
+            f'<div class="scroll"><table id="tune"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}'
+            '</tbody></table></div><ul class="notes" id="tune-outcome">'
+            + "".join(f"<li>{_e(x)}</li>" for x in outcome_lines(tune)) + "</ul>")
+
+
+def page(report: ScalingReport, plots: Sequence[Plot], *, out_dir: Path | None = None) -> str:
+    """The whole HTML document; `out_dir` (where it goes) makes its links relative."""
+    what = {"sweep": "scaling sweep", "runs": "runs", "run": "run", "tune": "tune"}[report.kind]
     title = f"dlaunch report: {what} {report.source.rstrip('/').split('/')[-1]}"
     worlds = ", ".join(str(r.world_size) for r in report.rows)
+    meta = (f"{_e(report.mode)} scaling &middot; world sizes\n{_e(worlds)}" if report.tune is None else
+            f"{len(report.tune.trials)} candidate(s) on {report.tune.world_size} rank(s)")
     strag = [(p.name, s) for p in report.points for s in p.stragglers]
     warn = "".join(f'<div class="warn">STRAGGLER in {_e(n)}: rank {s["rank"]} on {_e(s["host"])} '
                    f'(local rank {s["local_rank"]}), median step {1000 * s["median_s"]:.1f} ms; '
@@ -211,9 +243,10 @@ def page(report: ScalingReport, plots: Sequence[Plot]) -> str:
 <title>{_e(title)}</title><style>{CSS}</style></head>
 <body><main>
 <h1>{_e(title)}</h1>
-<p class="meta">{_e(report.source)} &middot; {_e(report.mode)} scaling &middot; world sizes
-{_e(worlds)} &middot; generated {_e(time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime()))}</p>
+<p class="meta">{_e(report.source)} &middot; {meta} &middot; generated
+{_e(time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime()))}</p>
 {warn}
+{tune_html(report, out_dir)}
 <h2>Bottleneck verdicts</h2>
 {verdict_cards(report)}
 <h2>Figures</h2>

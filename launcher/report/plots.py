@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from launcher.report.types import PARTS, Point, ScalingReport
+from launcher.report.types import PARTS, Point, Row, ScalingReport
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -144,7 +144,7 @@ def breakdown_figure(report: ScalingReport) -> Figure:
             ax.annotate(p.verdict["name"].split()[0], (i, bottom[i]), textcoords="offset points",
                         xytext=(0, 3), ha="center", fontsize=7)
     ax.set_ylabel("ms per optimizer step (mean)")
-    ax.set_xlabel("world size (ranks)" if report.kind != "run" else "run")
+    ax.set_xlabel({"run": "run", "tune": "trial"}.get(report.kind, "world size (ranks)"))
     ax.set_title("Where the step goes")
     # headroom for the bar labels; the legend sits outside the axes, so it covers no bar
     ax.set_ylim(0, max(bottom + [1e-3]) * 1.12)
@@ -161,6 +161,8 @@ def ranks_figure(report: ScalingReport) -> Figure:
         if p.distribution.get("groups") and (p.world_size not in chosen or p.repeat == 0):
             chosen.setdefault(p.world_size, p)
     panels = [chosen[n] for n in sorted(chosen)][-MAX_RANK_PANELS:]
+    if report.kind == "tune":  # one world size, one panel per trial
+        panels = [p for p in report.points if p.distribution.get("groups")][:MAX_RANK_PANELS]
     cols = min(3, max(1, len(panels)))
     rows = max(1, math.ceil(len(panels) / cols))
     widest = max([len(p.distribution["groups"]) for p in panels] + [1])
@@ -193,23 +195,30 @@ def ranks_figure(report: ScalingReport) -> Figure:
         ax.set_xlabel(names.get(p.distribution["grouping"], ""), fontsize=8)
         ax.set_ylabel("step time (ms)", fontsize=8)
         strag = ", ".join(str(s["rank"]) for s in p.stragglers)
-        ax.set_title(f"{p.world_size} rank(s)" + (f" - straggler: {strag}" if strag else ""),
+        ax.set_title((p.name if report.kind == "tune" else f"{p.world_size} rank(s)")
+                     + (f" - straggler: {strag}" if strag else ""),
                      fontsize=9, color=COLORS["straggler"] if strag else "black")
     return fig
 
 
 def predicted_figure(report: ScalingReport) -> Figure:
-    """Measured against predicted step time per world size (or the reason there is none)."""
+    """Measured against predicted step time per world size, or per trial of a tune (or the
+    reason there is none)."""
     fig = _figure()
     ax = fig.add_subplot()
     rows = _ok_rows(report)
+    if report.tune is not None:  # one bar pair per measured trial
+        rows = [Row(world_size=report.tune.world_size, repeats_ok=1, repeats=1, step_time_s=t.measured_step_s,
+                    predicted_step_time_s=t.predicted_step_s) for t in report.tune.trials if t.measured_step_s]
+        labels = [t.run_name for t in report.tune.trials if t.measured_step_s]
+    else:
+        labels = [str(r.world_size) for r in rows]
     if not any(r.predicted_step_time_s for r in rows):
         ax.text(0.5, 0.55, "Predicted vs measured", ha="center", va="center", fontsize=13)
         note = report.prediction_note or "prediction unavailable"
         ax.text(0.5, 0.4, _wrap(note, 70), ha="center", va="center", fontsize=9, color="#555")
         ax.set_axis_off()
         return fig
-    labels = [str(r.world_size) for r in rows]
     xs = list(range(len(rows)))
     meas = [1000 * (r.step_time_s or 0) for r in rows]
     pred = [1000 * (r.predicted_step_time_s or 0) for r in rows]
@@ -220,8 +229,8 @@ def predicted_figure(report: ScalingReport) -> Figure:
         if p:
             ax.annotate(f"{m / p:.2f}x", (x, max(m, p)), textcoords="offset points",
                         xytext=(0, 3), ha="center", fontsize=8)
-    ax.set_xticks(xs, labels)
-    ax.set_xlabel("world size (ranks)")
+    ax.set_xticks(xs, labels, rotation=20 if report.tune is not None else 0, fontsize=8)
+    ax.set_xlabel("trial" if report.tune is not None else "world size (ranks)")
     ax.set_ylabel("step time (ms)")
     _value_axis(ax, meas + [p for p in pred if p])
     ax.legend(fontsize=8)
@@ -254,14 +263,17 @@ def _world_axis(ax: Any, sizes: list[int]) -> None:
 def _point_label(p: Point, report: ScalingReport) -> str:
     if report.kind == "run":
         return f"{p.world_size} rank(s)"
+    if report.kind == "tune":
+        return p.name
     reps = max((q.repeat for q in report.points if q.world_size == p.world_size), default=0)
     return f"{p.world_size}" + (f" r{p.repeat}" if reps else "")
 
 
 def build_plots(report: ScalingReport) -> list[Plot]:
-    """Every figure the report shows (a single run gets breakdown, ranks and prediction)."""
+    """Every figure the report shows (a single run or a tune's trials get breakdown, ranks and
+    prediction)."""
     specs = []
-    if report.kind != "run":
+    if report.kind not in ("run", "tune"):
         specs += [("throughput", "Throughput against world size", throughput_figure,
                    "Measured throughput (median over repeats, bars min-max) with the ideal "
                    "linear line from the smallest world size."),
@@ -275,7 +287,9 @@ def build_plots(report: ScalingReport) -> list[Plot]:
                "Step-time distribution of each rank (grouped when there are more than 64); "
                "red: straggler (median > 110% of the median of medians)."),
               ("predicted", "Predicted vs measured", predicted_figure,
-               report.prediction_note or "The planner's cost model for the same points.")]
+               report.prediction_note or ("Each trial's median step (after warm-up) against its candidate's "
+                                          "predicted step time." if report.kind == "tune" else
+                                          "The planner's cost model for the same points."))]
     out = []
     for key, title, make, caption in specs:
         fig = make(report)

@@ -1,4 +1,4 @@
-"""`dlaunch report`: a sweep or run directory in, HTML / Markdown / JSON / PNG files out.
+"""`dlaunch report`: a sweep, run or tune directory in, HTML / Markdown / JSON / PNG files out.
 
 Never imports cli, backends, jobs or runtime; matplotlib loads only when a figure is drawn
 (`plots`).
@@ -18,13 +18,15 @@ from launcher.hardware.types import Topology
 from launcher.report.html import page
 from launcher.report.plots import build_plots
 from launcher.report.scaling import build_report, verdict
-from launcher.report.types import ScalingReport
+from launcher.report.tune import markdown_lines, terminal_lines
+from launcher.report.types import HTML_PAGE, ScalingReport
 from launcher.results.prediction import prediction_line
+from launcher.rundir import REPORT_SUBDIR
 
 log = logging.getLogger(__name__)
 
 FORMATS = ("html", "md", "json", "png")
-REPORT_DIR = "report"
+REPORT_DIR = REPORT_SUBDIR
 # every file of a report, whatever the umask: readable by the group and others (a report is
 # meant to be shared), writable by its owner only
 REPORT_FILE_MODE = 0o644
@@ -51,12 +53,16 @@ def _f(x: float | None, fmt: str) -> str:
     return "-" if x is None else fmt.format(x)
 
 
-def markdown(report: ScalingReport, plots: Iterable[str] = ()) -> str:
-    """A short Markdown summary: scaling table, verdicts, stragglers, notes."""
+def markdown(report: ScalingReport, plots: Iterable[str] = (), *, out_dir: Path | None = None) -> str:
+    """A short Markdown summary: the tune's table (of a tune dir), scaling table, verdicts,
+    stragglers, notes. `out_dir`: where the file goes, for relative links."""
     units = report.sample_units
     lines = [f"# dlaunch report: {Path(report.source).name}", "",
-             f"{report.kind}, {report.mode} scaling, source `{report.source}`", ""]
-    if report.kind != "run":
+             f"{report.kind}, {report.mode} scaling, source `{report.source}`" if report.tune is None
+             else f"tune of {len(report.tune.trials)} candidate(s), source `{report.source}`", ""]
+    if report.tune is not None:
+        lines += markdown_lines(report.tune, link_from=out_dir)
+    if report.kind not in ("run", "tune"):
         extra = units != "samples"
         lines += [f"| ranks | ok/runs | samples/s | {units + '/s | ' if extra else ''}step (s) | "
                   "efficiency | predicted step (s) | predicted eff. |",
@@ -104,7 +110,7 @@ def write_report(path: str | Path, formats: Iterable[str] = FORMATS, *,
                  out_dir: str | Path | None = None, topology: Topology | None = None,
                  default_topology: Topology | None = None,
                  with_prediction: bool = True) -> list[Path]:
-    """Write the report of a sweep or run directory into `out_dir` (default PATH/report/)
+    """Write the report of a sweep, run or tune directory into `out_dir` (default PATH/report/)
     and return the files written; see `render_report`."""
     return render_report(path, formats, out_dir=out_dir, topology=topology,
                          default_topology=default_topology, with_prediction=with_prediction)[0]
@@ -138,14 +144,14 @@ def render_report(path: str | Path, formats: Iterable[str] = FORMATS, *,
             tmp.replace(target)
             written.append(target)
     if "html" in fmts:
-        atomic_write_text(out / "report.html", page(report, plots))
-        written.append(out / "report.html")
+        atomic_write_text(out / HTML_PAGE, page(report, plots, out_dir=out))
+        written.append(out / HTML_PAGE)
     if "json" in fmts:
         atomic_write_json(out / "report.json", report.to_dict())
         written.append(out / "report.json")
     if "md" in fmts:
         atomic_write_text(out / "report.md",
-                          markdown(report, [p.key for p in plots] if "png" in fmts else []))
+                          markdown(report, [p.key for p in plots] if "png" in fmts else [], out_dir=out))
         written.append(out / "report.md")
     for path_ in written:
         os.chmod(path_, REPORT_FILE_MODE)
@@ -156,8 +162,8 @@ def render_report(path: str | Path, formats: Iterable[str] = FORMATS, *,
 
 def summary_lines(report: ScalingReport) -> list[str]:
     """What `dlaunch report` prints to the terminal."""
-    lines = []
-    if report.kind != "run":
+    lines = terminal_lines(report.tune) if report.tune is not None else []
+    if report.kind not in ("run", "tune"):
         for r in report.rows:
             eff = "-" if r.efficiency is None else f"{100 * r.efficiency:.0f}%"
             thr = "-" if r.samples_per_s is None else f"{r.samples_per_s:,.1f}"

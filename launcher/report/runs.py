@@ -1,4 +1,5 @@
-"""Finding and reading the runs a report covers: a sweep, one run, or a directory of runs.
+"""Finding and reading the runs a report covers: a sweep, one run, a tune's trials (its
+tune.json read by `report.tune`), or a directory of runs.
 
 Reading is built for thousands of ranks: `result.json` is trusted while no rank file is newer
 than it (otherwise the run is aggregated again, so a rank file cut after the run is noticed),
@@ -24,6 +25,8 @@ from launcher.files import read_json
 from launcher.hardware.topology import topology_from_dict
 from launcher.hardware.types import Topology
 from launcher.jobs.sweepdir import read_manifest
+from launcher.report.tune import is_tune_dir, read_tune
+from launcher.report.types import TuneSummary
 from launcher.results.aggregate import aggregate, percentile
 from launcher.results.records import missing_note, rank_numbers, read_records, read_spec, record_problem
 from launcher.results.schema import kind_of
@@ -71,11 +74,12 @@ class Entry:
 class Target:
     """What a report directory holds."""
 
-    kind: str  # sweep | run | runs
+    kind: str  # sweep | run | runs | tune
     entries: list[Entry]
     mode: str | None = None
     topology: Topology | None = None
     notes: list[str] = field(default_factory=list)
+    tune: TuneSummary | None = None  # kind "tune"
 
 
 def _is_run(d: Path) -> bool:
@@ -102,7 +106,7 @@ def discover(path: Path) -> Target:
     if not path.exists():
         raise DlaunchError(f"{path} does not exist; give a run or sweep directory (runs/<id>)")
     if not path.is_dir():
-        raise DlaunchError(f"{path} is not a directory; give a run or sweep directory")
+        raise DlaunchError(f"{path} is not a directory; give a run, sweep or tune directory")
     if SweepPaths(root=path).manifest.is_file():
         data = read_manifest(path) or {}
         entries = [Entry(name=p["name"], world_size=int(p["world_size"]),
@@ -118,17 +122,25 @@ def discover(path: Path) -> Target:
     if _is_run(path):
         return Target(kind="run", entries=[Entry(name=path.name, world_size=_world_size(path),
                                                  repeat=0, run_dir=path)])
+    unread: list[str] = []  # a tune.json that is not one: its trials are reported as runs
+    if is_tune_dir(path):
+        tune, unread = read_tune(path)
+        if tune is not None:
+            return Target(kind="tune", tune=tune, notes=unread, entries=[
+                Entry(name=t.run_name, world_size=tune.world_size, repeat=0, run_dir=path / t.run_name,
+                      status=t.status, error=t.reason or None) for t in tune.trials])
     runs = sorted(d for d in path.iterdir() if d.is_dir() and _is_run(d))
     if not runs:
         raise DlaunchError(f"no runs in {path}: expected a sweep (sweep.json), a run "
-                           "(launch.json / result.json) or directories of runs")
+                           "(launch.json / result.json), a tune (tune.json) or directories of runs")
     seen: dict[int, int] = {}
     entries = []
     for d in runs:
         n = _world_size(d)
         entries.append(Entry(name=d.name, world_size=n, repeat=seen.get(n, 0), run_dir=d))
         seen[n] = seen.get(n, 0) + 1
-    return Target(kind="runs", entries=sorted(entries, key=lambda e: (e.world_size, e.repeat)))
+    return Target(kind="runs", entries=sorted(entries, key=lambda e: (e.world_size, e.repeat)),
+                  notes=unread)
 
 
 def _topology(data: Any) -> Topology | None:

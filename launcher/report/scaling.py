@@ -194,7 +194,7 @@ def _rows(points: list[Point], mode: str) -> tuple[list[Row], int | None]:
 def build_report(path: str | Path, *, topology: Topology | None = None,
                  default_topology: Topology | None = None,
                  with_prediction: bool = True) -> ScalingReport:
-    """Read a sweep directory, a run directory, or a directory of runs into a ScalingReport.
+    """Read a sweep, run or tune directory, or a directory of runs, into a ScalingReport.
 
     DlaunchError (one line) when the directory holds no run. The topology (link bandwidth,
     prediction) is `topology` if given, else the one the sweep recorded, else
@@ -228,7 +228,10 @@ def build_report(path: str | Path, *, topology: Topology | None = None,
     if target.kind == "run":  # one run has nothing to be efficient relative to
         for row in rows:
             row.efficiency = row.ideal_samples_per_s = None
-    if with_prediction:
+    if target.kind == "tune":  # candidates on one world size: the tune's table, not scaling rows
+        rows, n0 = [], None
+        note: str | None = None  # each trial's prediction is its own plan.json's
+    elif with_prediction:
         nodes = {p.world_size: p.num_nodes for p in points if p.num_nodes}
         note = predict(rows, first_data, topo, mode, n0, plans, nodes=nodes)
     else:
@@ -244,7 +247,7 @@ def build_report(path: str | Path, *, topology: Topology | None = None,
     return ScalingReport(kind=target.kind, source=str(Path(path).absolute()), mode=mode,
                          sample_units=units, baseline_world_size=n0, rows=rows, points=points,
                          prediction_note=note, link_note=link_note, notes=notes,
-                         warnings=warnings)
+                         warnings=warnings, tune=target.tune)
 
 
 def _infer_mode(points: Sequence[Point]) -> str:

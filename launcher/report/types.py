@@ -1,8 +1,9 @@
-"""The values a scaling report is made of: points, rows, the report, and scaling efficiency.
+"""The values a report is made of: points, rows, a tune's trials, the report, and scaling
+efficiency.
 
 Plain dataclasses and one pure function, so the modules that fill a report (`scaling`,
-`predict`) and the ones that draw it (`plots`, `html`, `render`) share them without importing
-each other. Imports nothing from dlaunch; never imports matplotlib.
+`predict`, `tune`) and the ones that draw it (`plots`, `html`, `render`) share them without
+importing each other. Imports nothing from dlaunch; never imports matplotlib.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from typing import Any
 
 # the step-time breakdown's parts (seconds per optimizer step; see `scaling.breakdown`)
 PARTS = ("compute", "exposed_comm", "data_wait", "other")
+HTML_PAGE = "report.html"  # the page's name in a report folder
+TRIAL_STATUSES = ("ok", "failed", "skipped")  # a tune trial: measured, failed, never started
 
 
 @dataclass(kw_only=True)
@@ -71,11 +74,70 @@ class Row:
     predicted_efficiency: float | None = None
 
 
+def _positive(value: float | None, name: str, *, optional: bool = True) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name} must be a number > 0{' or null' if optional else ''}, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TuneTrial:
+    """One row of a tune's table, as its tune.json recorded it; measured values are None
+    unless the trial measured them."""
+
+    name: str  # the candidate, e.g. "DDP fp32 + ckpt, mb 8 x 1"
+    run_name: str  # its run dir's name under the tune dir, e.g. "1-ddp-fp32-ckpt-mb8"
+    status: str  # one of TRIAL_STATUSES
+    reason: str = ""  # why it failed or was skipped
+    predicted_step_s: float
+    predicted_samples_per_s: float
+    measured_step_s: float | None = None
+    measured_samples_per_s: float | None = None
+    step_ratio: float | None = None  # measured / predicted step time
+    chosen: bool = False
+    run_dir: str | None  # absolute; None when the trial never had one (skipped)
+    report_html: str | None = None  # the trial's own report page, when one was written
+
+    def __post_init__(self) -> None:
+        if self.status not in TRIAL_STATUSES:
+            raise ValueError(f"trial status must be one of {', '.join(TRIAL_STATUSES)}, got {self.status!r}")
+        if not self.name or not self.run_name or "/" in self.run_name or self.run_name in (".", ".."):
+            raise ValueError(f"a trial needs a name and a plain run dir name, got {self.name!r}, {self.run_name!r}")
+        _positive(self.predicted_step_s, "predicted_step_s", optional=False)
+        _positive(self.predicted_samples_per_s, "predicted_samples_per_s", optional=False)
+        for name in ("measured_step_s", "measured_samples_per_s", "step_ratio"):
+            _positive(getattr(self, name), name)
+        if self.status != "ok" and (self.measured_step_s is not None or self.chosen):
+            raise ValueError(f"trial {self.name!r} is {self.status}: nothing measured, never chosen")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TuneSummary:
+    """A tune directory's trials and outcome (`dlaunch tune`'s table), for its report."""
+
+    world_size: int
+    trials: tuple[TuneTrial, ...]
+    tuned_plan: str | None  # tuned-plan.json's path, when the tune wrote one
+    workload: str = ""  # the workload tuned-plan.json names, "" when unknown
+
+    def __post_init__(self) -> None:
+        if isinstance(self.world_size, bool) or not isinstance(self.world_size, int) or self.world_size < 1:
+            raise ValueError(f"world_size must be an integer >= 1, got {self.world_size!r}")
+        if sum(t.chosen for t in self.trials) > 1:
+            raise ValueError("more than one trial is marked chosen")
+
+    @property
+    def chosen(self) -> TuneTrial | None:
+        """The fastest measured trial, the one the tuned plan repeats."""
+        return next((t for t in self.trials if t.chosen), None)
+
+
 @dataclass(kw_only=True)
 class ScalingReport:
     """Everything `dlaunch report` shows, as plain values (report.json is its asdict)."""
 
-    kind: str  # sweep | run | runs
+    kind: str  # sweep | run | runs | tune
     source: str
     mode: str  # weak | strong
     sample_units: str
@@ -87,6 +149,7 @@ class ScalingReport:
     notes: list[str] = field(default_factory=list)
     # implausible numbers: each point's warnings and superlinear efficiency, one line each
     warnings: list[str] = field(default_factory=list)
+    tune: TuneSummary | None = None  # kind "tune": the table of `dlaunch tune`
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""

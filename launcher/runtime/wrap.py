@@ -147,6 +147,14 @@ def wrap(model: Any, strategy: Strategy, ctx: RankContext, blocks: list[Any], *,
     return _wrap_fsdp(model, strategy, ctx, blocks, shard_group_size)
 
 
+def batch_norms(model: Any) -> list[Any]:
+    """The batch-norm modules of `model` (BatchNorm1d/2d/3d, SyncBatchNorm, lazy variants)."""
+    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    return [m for m in model.modules() if isinstance(m, _BatchNorm)]
+
+
 def _wrap_fsdp(model: Any, strategy: Strategy, ctx: RankContext, blocks: list[Any],
                shard_group_size: int) -> Wrapped:
     # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
@@ -163,6 +171,14 @@ def _wrap_fsdp(model: Any, strategy: Strategy, ctx: RankContext, blocks: list[An
     # params gathered at the compute dtype, gradients reduced in fp32
     mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else MixedPrecisionPolicy()
     reshard = strategy.kind != "fsdp_grad_op"
+    if dtype is not None:
+        for norm in batch_norms(model):
+            # batch norm's kernels take low-precision inputs but not low-precision weights beside
+            # fp32 running statistics ("expected scalar type BFloat16 but found Float"): each is
+            # a unit of its own that keeps fp32 weights and hands its output back at `dtype`
+            fully_shard(norm, mesh=mesh, reshard_after_forward=reshard,
+                        mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32,
+                                                       reduce_dtype=torch.float32, output_dtype=dtype))
     compiled = False
     for block in blocks:
         if strategy.compile:

@@ -1,17 +1,22 @@
 """workloads/mlp.py, except that a block run under activation checkpointing raises: a tune
 candidate with checkpointing crashes while the others train (on the meta device, where the
-planner profiles it, nothing raises)."""
+planner profiles it, nothing raises). With `-- --fp32-only` a block run in a low precision
+(autocast, or bf16/fp16 tensors) raises too: of the two candidates a CPU's plan puts nearest the
+best (DDP fp32 with and without checkpointing, or DDP bf16 and fp32 where the CPU has bf16
+units) one trains and one crashes, whichever CPU it is."""
 
 import importlib.util
 import sys
 from pathlib import Path
+
+import torch
 
 _spec = importlib.util.spec_from_file_location(
     "dlaunch_test_mlp", Path(__file__).resolve().parents[2] / "workloads" / "mlp.py")
 _mlp = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_mlp)
 
-DEFAULTS = dict(_mlp.DEFAULTS)
+DEFAULTS = {**_mlp.DEFAULTS, "fp32_only": False}
 SAMPLE_UNITS = _mlp.SAMPLE_UNITS
 
 
@@ -36,17 +41,25 @@ def _under_checkpoint():
     return False
 
 
+def _low_precision(x):
+    return torch.is_autocast_enabled(x.device.type) or x.dtype in (torch.bfloat16, torch.float16)
+
+
 class _Fails(_mlp.MLP):
-    def __init__(self, *a):
+    def __init__(self, *a, fp32_only=False):
         super().__init__(*a)
+        self.fp32_only = fp32_only
         for layer in self.layers:
             layer.register_forward_pre_hook(self._check)
 
-    @staticmethod
-    def _check(module, inputs):
-        if inputs[0].device.type != "meta" and _under_checkpoint():
+    def _check(self, module, inputs):
+        if inputs[0].device.type == "meta":
+            return
+        if _under_checkpoint():
             raise RuntimeError("injected failure: this workload cannot run under activation checkpointing")
+        if self.fp32_only and _low_precision(inputs[0]):
+            raise RuntimeError("injected failure: this workload trains in fp32 only (--fp32-only)")
 
 
 def build_model(cfg):
-    return _Fails(cfg.features, cfg.hidden, cfg.depth, cfg.classes)
+    return _Fails(cfg.features, cfg.hidden, cfg.depth, cfg.classes, fp32_only=cfg.fp32_only)

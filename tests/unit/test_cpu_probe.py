@@ -11,7 +11,8 @@ import pytest
 from launcher.hardware.types import DeviceSpec, Link, Topology
 from launcher.plan import cpu_probe
 from launcher.plan.cost import step_time
-from launcher.plan.cpu_cost import CpuRates, ProbedCpu, core_share, cpu_overhead
+from launcher.plan.cpu_cost import cpu_overhead
+from launcher.plan.cpu_rates import CpuRates, ProbedCpu, core_share
 from launcher.plan.profile import profile_workload
 from launcher.plan.resolve import cached_cpu_rates, probe_cache_dir, resolve_topology
 from launcher.specs import ModelProfile, Strategy

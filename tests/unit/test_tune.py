@@ -1,5 +1,6 @@
 """`dlaunch tune`'s pure parts: which candidates are tried, how trials (failed ones too) are
-recorded, the plan file `run --plan` reads, and the per-machine correction of the plan."""
+recorded, each trial's plan.json and console, a refused first trial, the plan file `run --plan`
+reads, the per-machine correction of the plan; and `tune --dry-run` (local and SLURM)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from launcher.errors import UsageError
-from launcher.jobs.tune import UNCERTAINTY, finish, read_plan_file, run_trials, select_trials
+from launcher.jobs.tune import UNCERTAINTY, Refused, discard, finish, read_plan_file, run_trials, select_trials
 from launcher.plan.corrections import (
     MAX_TRIALS_PER_PRECISION,
     TrialRecord,
@@ -22,6 +23,7 @@ from launcher.plan.corrections import (
     store_trials,
 )
 from launcher.plan.types import Candidate, MemoryEstimate, Plan, StepTimeEstimate
+from launcher.rundir import RunPaths, create_run_dir
 from launcher.specs import LaunchSpec, Strategy
 
 from tests.helpers import REPO, assert_one_line_error, run_dlaunch
@@ -136,6 +138,75 @@ def test_correct_plan_scales_compute_and_may_switch_the_choice():
     assert dataclasses.replace(kept, reasons=()).units_per_s == pytest.approx(16 / 0.018)
 
 
-def test_tune_slurm_is_refused_in_one_line():
-    assert_one_line_error(run_dlaunch("tune", str(REPO / "workloads" / "mlp.py"), "--slurm"),
-                          "tune --slurm: not available yet (run tune on one node of the partition)")
+def test_each_trial_gets_its_plan_and_console_before_it_runs(tmp_path: Path):
+    seen = {}
+
+    def run(spec: LaunchSpec, out) -> SimpleNamespace:
+        seen[spec.run_dir] = json.loads(RunPaths(root=spec.run_dir).plan.read_text())
+        out.write(f"trained {spec.strategy.precision}\n")
+        return SimpleNamespace(status="ok", failures=(), exit_code=0, samples_per_s=100.0, step_time_median_s=0.16)
+
+    def keep_plan(spec: LaunchSpec, c: Candidate) -> None:
+        RunPaths(root=spec.run_dir).plan.write_text(json.dumps({"precision": c.strategy.precision}))
+
+    trials = run_trials(_base(tmp_path), [cand(), cand(precision="bf16")], run=run, keep_plan=keep_plan,
+                        progress=io.StringIO())
+    assert [seen[t.run_dir]["precision"] for t in trials] == ["fp32", "bf16"]
+    assert [RunPaths(root=t.run_dir).console_log.read_text() for t in trials] == ["trained fp32\n", "trained bf16\n"]
+
+
+def test_a_refused_first_trial_stops_the_tune_and_leaves_nothing(tmp_path: Path):
+    tune_dir = tmp_path / "t"
+    create_run_dir(tune_dir, "tune-x")
+
+    def refused(spec: LaunchSpec, out) -> SimpleNamespace:
+        raise Refused("SLURM refused the job: unknown partition 'nope'")
+
+    with pytest.raises(Refused, match="unknown partition"):
+        run_trials(_base(tune_dir), [cand(), cand(ckpt=True)], run=refused, progress=io.StringIO(),
+                   keep_plan=lambda spec, c: RunPaths(root=spec.run_dir).plan.write_text("{}"))
+    (tune_dir / "mine.txt").write_text("not dlaunch's")
+    discard(str(tune_dir))
+    assert sorted(p.name for p in tune_dir.iterdir()) == ["mine.txt"]  # only what the tune wrote went
+    (tune_dir / "mine.txt").unlink()
+    discard(str(tune_dir))
+    assert not tune_dir.exists()
+
+    # once a trial ran, a refusal is that trial's failure and the tune goes on
+    calls = []
+
+    def second_refused(spec: LaunchSpec, out) -> SimpleNamespace:
+        calls.append(spec)
+        if len(calls) == 2:
+            raise Refused("SLURM refused the job: QOSMaxSubmitJobPerUserLimit")
+        return SimpleNamespace(status="ok", failures=(), exit_code=0, samples_per_s=100.0, step_time_median_s=0.16)
+
+    trials = run_trials(_base(tmp_path / "u"), [cand(), cand(ckpt=True), cand(precision="bf16")],
+                        run=second_refused, progress=io.StringIO())
+    assert [t.status for t in trials] == ["ok", "failed", "ok"] and "QOSMax" in trials[1].reason
+
+
+def test_tune_slurm_needs_the_partitions_topology_and_slurm_flags_need_slurm(tmp_path: Path):
+    mlp = str(REPO / "workloads" / "mlp.py")
+    assert_one_line_error(run_dlaunch("tune", mlp, "--slurm", "--dry-run", cwd=tmp_path),
+                          "dlaunch tune --slurm needs --topology FILE", "partition's nodes")
+    assert_one_line_error(run_dlaunch("tune", mlp, "--topology", "cpu-local", cwd=tmp_path),
+                          "--topology needs --slurm")
+    assert_one_line_error(run_dlaunch("tune", mlp, "--slurm", "--gpus", "2", "--gpus-per-node", "4",
+                                      "--dry-run", cwd=tmp_path), "--gpus 2 and --gpus-per-node 4 disagree")
+
+
+def test_tune_dry_run_prints_every_trials_job_and_starts_nothing(tmp_path: Path):
+    env = {"DLAUNCH_CACHE_DIR": str(tmp_path / "cache")}
+    common = (str(REPO / "workloads" / "mlp.py"), "--trials", "2", "--dry-run", "--tune-dir", str(tmp_path / "t"))
+    local = run_dlaunch("tune", *common, "--gpus", "2", cwd=tmp_path, env=env)
+    assert local.code == 0, local.err
+    assert local.out.startswith("# trial 1 of ") and local.out.count("-m torch.distributed.run") == local.out.count(
+        "# trial ") >= 1
+    slurm = run_dlaunch("tune", *common, "--slurm", "--nodes", "2", "--gpus", "1", "--topology",
+                        str(REPO / "topologies" / "cpu-local.yaml"), cwd=tmp_path, env=env)
+    assert slurm.code == 0, slurm.err
+    trials = slurm.out.count("# trial ")
+    assert trials >= 1 and slurm.out.count("#SBATCH --nodes=2") == trials
+    assert slurm.out.count("as its own SLURM job") == trials and "--node-rank 1" in slurm.out
+    assert not (tmp_path / "t").exists() and not (tmp_path / "runs").exists()

@@ -1,0 +1,141 @@
+"""What DDP's and FSDP's communication costs CPU ranks, from the gloo probe's measurements.
+
+Gloo cannot hide behind compute on CPU ranks (its threads copy, reduce and move bytes through
+the loopback TCP stack on the cores the ranks compute on), so every collective's time is added
+to the step: its latency (the wake-ups and scheduling between busy ranks, measured by
+`gloo_probe`) plus its bytes at the measured time per byte. Without a measurement (a topology
+file of another host, several nodes) the topology's link figures give the alpha-beta time of
+`collectives`.
+
+- DDP: one all-reduce per bucket of the fp32 gradients per optimizer step (DDP's first bucket
+  holds 1 MiB, the rest 25 MiB each).
+- FSDP2 (full shard, grad-op): per micro-batch and unit, an all-gather of the unit's parameters
+  at the compute dtype in forward and (full shard) again in backward, and a reduce-scatter of
+  its fp32 gradients; plus FSDP2's own work per unit and parameter tensor (hooks, DTensor
+  bookkeeping, the copy-in/copy-out around each collective), which is Python and copies on the
+  rank's core: FSDP_UNIT_OPS / FSDP_TENSOR_OPS in units of the probe's per-op cost,
+  FSDP_PARAM_BYTES per parameter at its memory bandwidth, FSDP_COLLECTIVE_OPS per collective.
+  Under bf16 or fp16 each batch norm is a unit of its own (runtime.wrap).
+- Hybrid shard: FSDP's traffic within the shard group plus an all-reduce of each unit's 1/G
+  gradient shard across the replicas per step.
+
+Pure arithmetic on the frozen specs: no torch, no I/O; never imports cli, backends, jobs,
+runtime, results or report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import math
+from collections.abc import Callable
+
+from launcher.hardware.types import Topology
+from launcher.plan.collectives import group_collectives, replica_allreduce
+from launcher.plan.cpu_rates import core_share, gloo_of, rates_of
+from launcher.plan.memory import COMPUTE_DTYPE_BYTES, DDP_BUCKET_CAP_BYTES, GRAD_BYTES, unsharded_root_params
+from launcher.specs import ModelProfile, Strategy
+
+log = logging.getLogger(__name__)
+
+# DDP's first gradient bucket (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES)
+DDP_FIRST_BUCKET_BYTES = 1024**2
+# FSDP2's fixed work per unit and per parameter tensor in one forward + backward, in units of
+# the probe's 1-element op: one process on a 2-core EPYC VM (torch 2.13, gloo, world 1, so no
+# communication) trained 8 and 16 units of 2 tensors, and 8 units of 8 and 16 tensors, in
+# 5.8-28.6 ms more per step than the same model unwrapped: ~0.4 ms per unit and ~0.16 ms per
+# tensor against the probe's 2.7 us op
+FSDP_UNIT_OPS = 150.0
+FSDP_TENSOR_OPS = 60.0
+# FSDP2's work per parameter in one forward + backward (copies into and out of the flat
+# all-gather and reduce-scatter buffers, their fresh allocations, casts), as bytes at the
+# probe's memory bandwidth, on one thread; and its handling of each collective beyond gloo's
+# own time (waits on the collective's work handle, the copy-out's bookkeeping), in the probe's
+# ops. Joint fit over the 18 FSDP cells of benchmarks/cpu_truth.py (mlp, gpt tiny, resnet; fp32,
+# bf16; 1, 2, 4 ranks on a 2-core EPYC VM, torch 2.13, medians of 2 runs): 80 B and 150 ops
+# put every cell within 12% (docs/benchmarks.md); neither is fitted per workload
+FSDP_PARAM_BYTES = 80.0
+FSDP_COLLECTIVE_OPS = 150.0
+
+
+def ddp_buckets(grad_bytes: float) -> list[float]:
+    """Sizes of DDP's gradient buckets: the first up to 1 MiB, the rest up to 25 MiB each."""
+    if grad_bytes <= 0:
+        return []
+    first = min(grad_bytes, DDP_FIRST_BUCKET_BYTES)
+    rest = grad_bytes - first
+    count = math.ceil(rest / DDP_BUCKET_CAP_BYTES)
+    return [first] + [rest / count] * count if count else [first]
+
+
+def gloo_topology(topology: Topology) -> Topology:
+    """The topology with its link slowed by the ranks' share of a core: gloo's copies and
+    reductions run on the CPU, so ranks that time-share cores share that work too."""
+    share = min(1.0, max(1, topology.cpu_cores_per_node) / topology.devices_per_node)
+    if share >= 1.0:
+        return topology
+    intra = dataclasses.replace(topology.intra_node, bw_gb_s=topology.intra_node.bw_gb_s * share,
+                                latency_us=topology.intra_node.latency_us / share)
+    return dataclasses.replace(topology, intra_node=intra)
+
+
+def _ops(topology: Topology, *, within_node: bool = False) -> dict[str, Callable[[float], float]]:
+    """Seconds of one all-reduce / all-gather / reduce-scatter of S bytes between the ranks:
+    the gloo probe's measurement, else the link's alpha-beta time shared like the cores."""
+    gloo = gloo_of(topology)
+    if gloo is None:
+        return group_collectives(gloo_topology(topology), within_node=within_node)
+    return {op: functools.partial(gloo.collective_s, op) for op in ("ar", "ag", "rs")}
+
+
+def cpu_ddp_comm(profile: ModelProfile, topology: Topology) -> float:
+    """Seconds of DDP's bucketed all-reduce of the fp32 gradients, once per optimizer step."""
+    ar = _ops(topology)["ar"]
+    return sum(ar(b) for b in ddp_buckets(GRAD_BYTES * float(profile.num_params)))
+
+
+def fsdp_units(profile: ModelProfile, strategy: Strategy) -> tuple[int, float, float]:
+    """(units, parameters of the largest unit, of the root unit): one per block, the root, and
+    under bf16/fp16 one per batch norm."""
+    root = float(unsharded_root_params(profile))
+    units = max(1, profile.num_blocks) + (1 if root > 0 and profile.num_blocks else 0)
+    if strategy.precision != "fp32":
+        units += profile.batch_norms
+    return units, float(profile.largest_block_params), root
+
+
+def fsdp_overhead_s(profile: ModelProfile, strategy: Strategy, topology: Topology) -> float:
+    """FSDP2's own work in one micro-batch's forward + backward on one rank: per unit and per
+    parameter tensor, in the probe's per-op cost, on the rank's share of a core."""
+    units, _, _ = fsdp_units(profile, strategy)
+    rates = rates_of(topology.accelerator, topology)
+    slow = 1 / min(1.0, core_share(topology))
+    fixed = (FSDP_UNIT_OPS * units + FSDP_TENSOR_OPS * profile.param_tensors) * rates.op_s
+    per_param = FSDP_PARAM_BYTES * profile.num_params / (rates.mem_gb_s * 1e9)
+    return (fixed + per_param) * slow
+
+
+def cpu_sharded_comm(profile: ModelProfile, strategy: Strategy, topology: Topology,
+                     grad_accum: int) -> float:
+    """Seconds of FSDP's (or hybrid shard's) collectives in one optimizer step."""
+    ops = _ops(topology, within_node=strategy.kind == "hybrid")
+    units, _, _ = fsdp_units(profile, strategy)
+    p = float(profile.num_params)
+    per_unit = p / units
+    gathers = 1 if strategy.kind == "fsdp_grad_op" else 2
+    c = COMPUTE_DTYPE_BYTES[strategy.precision]
+    rates = rates_of(topology.accelerator, topology)
+    handling = FSDP_COLLECTIVE_OPS * rates.op_s / min(1.0, core_share(topology))
+    per_mb = units * (gathers * (ops["ag"](c * per_unit) + handling)
+                      + ops["rs"](GRAD_BYTES * per_unit) + handling)
+    total = grad_accum * per_mb
+    if strategy.kind == "hybrid" and topology.num_nodes > 1:
+        across = replica_allreduce(topology)
+        total += units * across(GRAD_BYTES * per_unit / topology.devices_per_node)
+    return total
+
+
+__all__ = ["gloo_topology", "cpu_ddp_comm", "cpu_sharded_comm", "fsdp_overhead_s", "fsdp_units", "ddp_buckets",
+           "DDP_FIRST_BUCKET_BYTES", "FSDP_UNIT_OPS", "FSDP_TENSOR_OPS", "FSDP_PARAM_BYTES",
+           "FSDP_COLLECTIVE_OPS"]

@@ -1,0 +1,183 @@
+"""What the CPU probes measured on this host, as frozen values: compute rates per core
+(`CpuRates`, from `cpu_probe`) and the cost of gloo collectives between ranks that share the host
+(`GlooRates`, from `gloo_probe`); the CPU "device" that carries them (`ProbedCpu`) and each
+rank's share of the cores.
+
+Pure values: no torch, no I/O; never imports cli, backends, jobs, runtime, results or report.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from launcher.errors import PlanError
+from launcher.hardware.types import DeviceSpec, Topology
+from launcher.specs import check
+
+log = logging.getLogger(__name__)
+
+# Share of a core the second and later OpenMP threads of one rank add: small GEMMs and the
+# single-threaded elementwise ops below torch's 32k-element grain do not split. Measured: gpt tiny
+# (micro-batch 8) takes 324 ms per step on one thread and 197 ms on two (2-core EPYC VM, torch
+# 2.13): 1.64x, i.e. 0.64 of a core from the second thread.
+PARALLEL_EFFICIENCY = 0.6
+# A 1-element add without and with autograd graph building, and a backward() call through one,
+# as the probe measured them on a 2-core 2.8 GHz Ice Lake VM with torch 2.13 (best of several,
+# loaded host): used when no probe ran.
+DEFAULT_OP_S = 3.9e-6
+DEFAULT_GRAPH_OP_S = 4.6e-6
+DEFAULT_BACKWARD_CALL_S = 30e-6
+# Used when no probe ran (a topology file planned on another machine, tests): GEMMs at the
+# listed peak per core (the ISA peak of `hardware.detect.cpu_peak_tflops`, 32 FLOP/cycle, is what
+# the probe reaches with one thread: 75-113 GFLOP/s against 90 on a 2.8 GHz Ice Lake), and the
+# rest as the probe measured on that 2-core VM with torch 2.13 (best of several, loaded host):
+# fp32 at 8 rows ~0.85 of its large-GEMM rate (half_rows 1.5), 64 MiB add 5-10 GB/s, fp32 -> bf16
+# cast ~2 GB/s; 4 MiB add ~14 GB/s (the 0.92M-param MLP's AdamW step streams at that rate);
+# its 48 MiB last-level cache.
+DEFAULT_LLC_BYTES = 48 * 1024**2
+DEFAULT_HALF_ROWS = 1.5
+DEFAULT_MEM_GB_S = 8.0
+DEFAULT_CACHE_GB_S = 14.0
+DEFAULT_CAST_GB_S = 2.0
+# Without an attention or convolution probe: flash attention's forward at this fraction of the
+# large-GEMM rate with a backward this many times the forward, and convolutions at the GEMM rate
+# with backward 2.2x (the probe's readings on a 2-core EPYC VM, torch 2.13, fp32: SDPA at
+# 256 tokens 0.75 of the GEMM rate, backward 2.9x; 3x3 convolutions at 1.0, backward 2.2x).
+DEFAULT_ATTENTION_FRACTION = 0.75
+DEFAULT_ATTENTION_BWD = 3.0
+DEFAULT_CONV_BWD = 2.2
+
+
+@dataclass(frozen=True, kw_only=True)
+class CpuRates:
+    """What the probe measured on one core of this host (one thread)."""
+
+    gemm_gflops: Mapping[str, float]  # large-GEMM rate by dtype (fp32, bf16)
+    half_rows: Mapping[str, float]  # rows of a GEMM at which it runs at half that rate
+    mem_gb_s: float  # streaming bandwidth (read + write) of one thread, beyond the caches
+    cache_gb_s: float  # the same on a working set that fits the last-level cache
+    cast_gb_s: float  # fp32 -> bf16 conversion bandwidth (bytes read + written)
+    llc_bytes: float = 0.0  # the host's last-level cache (shared by all ranks); 0 = unknown
+    # fixed seconds of one 1-element op without (op_s) and with (graph_op_s) autograd graph
+    # building, and of one backward() call beyond its nodes
+    op_s: float = DEFAULT_OP_S
+    graph_op_s: float = DEFAULT_GRAPH_OP_S
+    backward_call_s: float = DEFAULT_BACKWARD_CALL_S
+    # causal scaled-dot-product attention: forward FLOP rate as the profile counts its FLOPs
+    # (4 s^2 d per layer, the mask ignored) and backward time over forward time, by dtype
+    attention_gflops: Mapping[str, float] = field(default_factory=dict)
+    attention_bwd_factor: Mapping[str, float] = field(default_factory=dict)
+    # 3x3 convolutions: forward FLOP rate and backward time over forward time, by dtype
+    conv_gflops: Mapping[str, float] = field(default_factory=dict)
+    conv_bwd_factor: Mapping[str, float] = field(default_factory=dict)
+    cpu_model: str = ""
+    cores: int = 1
+    measured_at: str = ""  # ISO time of the measurement
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        check("fp32" in self.gemm_gflops, PlanError, "CPU rates need an fp32 GEMM rate")
+        for name, value in (*self.gemm_gflops.items(), *self.attention_gflops.items(),
+                            *self.conv_gflops.items(), ("mem_gb_s", self.mem_gb_s),
+                            ("cache_gb_s", self.cache_gb_s), ("cast_gb_s", self.cast_gb_s)):
+            check(value > 0, PlanError, f"CPU rate {name} must be > 0, got {value}")
+        check(all(v >= 0 for v in self.half_rows.values()), PlanError,
+              "CPU GEMM half_rows must be >= 0")
+        check(all(v > 0 for v in (*self.attention_bwd_factor.values(), *self.conv_bwd_factor.values())),
+              PlanError, "CPU backward factors must be > 0")
+        check(min(self.op_s, self.graph_op_s, self.backward_call_s) >= 0, PlanError,
+              "CPU op overheads must be >= 0")
+
+    def dtype(self, precision: str) -> str:
+        """The rates' key for `precision`: itself when measured, else fp32."""
+        return precision if precision in self.gemm_gflops else "fp32"
+
+    def attention(self, precision: str) -> tuple[float, float]:
+        """(forward FLOP/s, backward / forward) of attention at `precision`."""
+        d = self.dtype(precision)
+        rate = self.attention_gflops.get(d) or DEFAULT_ATTENTION_FRACTION * self.gemm_gflops[d]
+        return rate * 1e9, self.attention_bwd_factor.get(d, DEFAULT_ATTENTION_BWD)
+
+    def conv(self, precision: str) -> tuple[float, float]:
+        """(forward FLOP/s, backward / forward) of convolutions at `precision`."""
+        d = self.dtype(precision)
+        rate = self.conv_gflops.get(d) or self.gemm_gflops[d]
+        return rate * 1e9, self.conv_bwd_factor.get(d, DEFAULT_CONV_BWD)
+
+
+COLLECTIVES = ("ar", "ag", "rs")  # all-reduce, all-gather, reduce-scatter
+
+
+@dataclass(frozen=True, kw_only=True)
+class GlooRates:
+    """What one gloo collective costs between `ranks` processes on this host while each of them
+    computes between collectives (as in training): a fixed latency and a time per byte, by
+    collective. Sizes follow nccl-tests: all-gather counts its gathered output, reduce-scatter its
+    full input, all-reduce its buffer."""
+
+    ranks: int
+    latency_s: Mapping[str, float]
+    s_per_byte: Mapping[str, float]
+    cores: int = 1
+    measured_at: str = ""
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        check(self.ranks >= 2, PlanError, f"gloo rates need >= 2 ranks, got {self.ranks}")
+        for op in COLLECTIVES:
+            check(self.latency_s.get(op, -1) >= 0 and self.s_per_byte.get(op, -1) >= 0, PlanError,
+                  f"gloo rates need a latency and a time per byte >= 0 for {op}")
+
+    def collective_s(self, op: str, nbytes: float) -> float:
+        """Seconds of one `op` ("ar", "ag", "rs") of `nbytes`."""
+        if nbytes <= 0:
+            return 0.0
+        return self.latency_s[op] + nbytes * self.s_per_byte[op]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbedCpu(DeviceSpec):
+    """One CPU process's share of a host (the DeviceSpec contract), with the probes' rates."""
+
+    rates: CpuRates
+    gloo: GlooRates | None = None  # None: one rank, or not measured (the link's figures apply)
+
+
+def rates_of(device: DeviceSpec, topology: Topology) -> CpuRates:
+    """The probe's rates, or the device's listed peak per core with the default rest."""
+    if isinstance(device, ProbedCpu):
+        return device.rates
+    per_core = topology.devices_per_node / max(1, topology.cpu_cores_per_node)
+    return CpuRates(gemm_gflops={k: v * 1e3 * per_core for k, v in device.peak_tflops.items()},
+                    half_rows={k: DEFAULT_HALF_ROWS for k in device.peak_tflops},
+                    mem_gb_s=DEFAULT_MEM_GB_S, cache_gb_s=DEFAULT_CACHE_GB_S,
+                    cast_gb_s=DEFAULT_CAST_GB_S, llc_bytes=DEFAULT_LLC_BYTES,
+                    source=f"listed peak of {device.name} (no probe)")
+
+
+def gloo_of(topology: Topology) -> GlooRates | None:
+    """The measured gloo rates for this topology's ranks, if the probe ran for them."""
+    device = topology.accelerator
+    if isinstance(device, ProbedCpu) and device.gloo is not None and topology.num_nodes == 1 \
+            and device.gloo.ranks == topology.devices_per_node:
+        return device.gloo
+    return None
+
+
+def core_share(topology: Topology) -> float:
+    """Cores' worth of compute one rank gets: its threads (cores // ranks, at least 1; the
+    extra ones at PARALLEL_EFFICIENCY), or cores/ranks when ranks outnumber the cores."""
+    cores, ranks = max(1, topology.cpu_cores_per_node), topology.devices_per_node
+    threads = max(1, cores // ranks)
+    if ranks > cores:
+        return cores / ranks
+    return 1 + (threads - 1) * PARALLEL_EFFICIENCY
+
+
+__all__ = ["CpuRates", "GlooRates", "ProbedCpu", "COLLECTIVES", "rates_of", "gloo_of",
+           "core_share", "PARALLEL_EFFICIENCY", "DEFAULT_OP_S", "DEFAULT_GRAPH_OP_S",
+           "DEFAULT_BACKWARD_CALL_S", "DEFAULT_LLC_BYTES", "DEFAULT_HALF_ROWS", "DEFAULT_MEM_GB_S",
+           "DEFAULT_CACHE_GB_S", "DEFAULT_CAST_GB_S", "DEFAULT_ATTENTION_FRACTION",
+           "DEFAULT_ATTENTION_BWD", "DEFAULT_CONV_BWD"]

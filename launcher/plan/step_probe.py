@@ -1,0 +1,243 @@
+"""Time training steps of the workload itself on this host's CPU: the anchor of CPU predictions.
+
+When the ranks will run on the very CPU dlaunch plans on, the surest figure for their compute is
+a measurement of it. Per-kind rates (`cpu_probe`) describe matmuls, attention and convolutions,
+but a CPU step also spends its time in work no single rate describes: batch norm runs at ~2 GB/s
+in fp32 on one EPYC core and GELU at ~6, the CPU flash-attention kernel's bf16 backward takes 5x
+its forward at 128 tokens and 2x at 2,048, autocast casts, the workload's own Python and its
+data loading. So the model is built for real in the planning process (only when small: see
+MAX_STATE_BYTES and BUDGET_S) and trained for a few steps on one micro-batch size or two, with
+the thread count each rank will have, in fp32 and bf16 (autocast, as DDP runs it): data
+fetch, forward, backward and optimizer step are timed apart (the fastest of REPEATS, after a
+warm-up step). The CPU model (`cpu_cost`) then takes compute from this measurement (linear in
+the micro-batch between and beyond the two sizes: a fixed cost plus a cost per sample), and
+adds what one process cannot show: time-sharing cores, FSDP's own work and gloo's collectives.
+
+Cached next to the profile, per workload (file, arguments, torch), host and thread count
+(`resolve.cached_step_timing`). Never imports cli, backends, jobs, runtime or report; torch
+only inside `measure_steps`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import gc
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from launcher.errors import PlanError
+from launcher.specs import check
+from launcher.workload import Workload
+
+log = logging.getLogger(__name__)
+
+# bump when `measure_steps` measures differently, so old cache entries are ignored
+STEP_PROBE_FORMAT = 1
+# timed rounds over every (precision, micro-batch): REPEATS, more while they have taken under
+# WARMUP_S (at most MAX_REPEATS), after warm-up rounds (at least one, more while they have taken
+# under WARMUP_S, at most WARMUP_ROUNDS); each part's fastest time counts
+REPEATS = 2
+MAX_REPEATS = 10
+WARMUP_ROUNDS = 50
+WARMUP_S = 0.3
+# the model's parameters, gradients and optimizer state built for real, at most
+MAX_STATE_BYTES = 2 * 1024**3
+# seconds the analytic model may predict for all the probe's steps; micro-batches shrink (to
+# 1) to stay within it, and a workload whose smallest probe would take longer is not probed
+BUDGET_S = 2.0
+# the sizes the second timing may take, largest first within BUDGET_S; the first is always 1
+MICRO_BATCHES = (2, 4, 8)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PassTimes:
+    """One training step at `micro_batch`, timed by part (seconds)."""
+
+    micro_batch: int
+    data_s: float
+    forward_s: float
+    backward_s: float
+
+    def __post_init__(self) -> None:
+        check(self.micro_batch >= 1 and min(self.data_s, self.forward_s, self.backward_s) >= 0,
+              PlanError, f"step timing at micro-batch {self.micro_batch}: negative time")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepTiming:
+    """The measured steps of one precision: at one or two micro-batch sizes, and the optimizer."""
+
+    precision: str
+    passes: tuple[PassTimes, ...]
+    optimizer_s: float
+
+    def __post_init__(self) -> None:
+        check(1 <= len(self.passes) <= 2 and self.optimizer_s >= 0, PlanError,
+              "step timing needs one or two micro-batch sizes and an optimizer time >= 0")
+
+    def at(self, micro_batch: int) -> PassTimes:
+        """Data, forward and backward at `micro_batch`: a fixed cost plus a cost per sample
+        through the two measured sizes (proportional to the size with only one)."""
+        lo, hi = self.passes[0], self.passes[-1]
+        if lo.micro_batch == hi.micro_batch:
+            k = micro_batch / lo.micro_batch
+            return PassTimes(micro_batch=micro_batch, data_s=lo.data_s * k,
+                             forward_s=lo.forward_s * k, backward_s=lo.backward_s * k)
+        w = (micro_batch - lo.micro_batch) / (hi.micro_batch - lo.micro_batch)
+
+        def line(a: float, b: float) -> float:
+            return max(0.0, a + w * (b - a))
+
+        return PassTimes(micro_batch=micro_batch, data_s=line(lo.data_s, hi.data_s),
+                         forward_s=line(lo.forward_s, hi.forward_s),
+                         backward_s=line(lo.backward_s, hi.backward_s))
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkloadTiming:
+    """Every precision's measured steps at `threads` threads, and how they were taken."""
+
+    threads: int
+    units_per_sample: int  # the sequence length (or 1) the steps ran at
+    precisions: Mapping[str, StepTiming]
+    load_average: float  # the host's 1-minute load when measured: a busy host reads slow
+    measured_at: str = ""
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        check(self.threads >= 1 and bool(self.precisions), PlanError,
+              "a workload timing needs >= 1 thread and a precision")
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> WorkloadTiming:
+        """Back from `dataclasses.asdict` (the cache's JSON)."""
+        precisions = {
+            name: StepTiming(precision=t["precision"], optimizer_s=t["optimizer_s"],
+                             passes=tuple(PassTimes(**p) for p in t["passes"]))
+            for name, t in data["precisions"].items()}
+        return cls(**{**data, "precisions": precisions})
+
+    def describe(self) -> str:
+        """'measured here: fp32 0.31 s, bf16 0.2 s per step at micro-batch 8, 1 thread (...)'."""
+        parts = []
+        for name, t in self.precisions.items():
+            p = t.passes[-1]
+            parts.append(f"{name} {p.data_s + p.forward_s + p.backward_s + t.optimizer_s:.3g} s")
+        mb = next(iter(self.precisions.values())).passes[-1].micro_batch
+        busy = f", host load {self.load_average:.1f}" if self.load_average >= 1 else ""
+        return (f"compute from steps of this workload timed on this host ({', '.join(parts)} per "
+                f"step at micro-batch {mb}, {self.threads} thread{'s' if self.threads > 1 else ''}"
+                f", {self.measured_at.replace('T', ' ')}{busy})")
+
+
+def probe_micro_batches(step_s: Mapping[int, float], precisions: int) -> tuple[int, ...]:
+    """The micro-batch sizes to time, from the analytic model's step time per size (keys 1 and
+    MICRO_BATCHES): (1, the largest of MICRO_BATCHES within BUDGET_S), (1,) or () when even
+    size 1 is too slow."""
+    steps = (1 + REPEATS) * precisions  # one warm-up round at least
+    fits = [mb for mb in MICRO_BATCHES if mb in step_s
+            and (step_s[1] + step_s[mb]) * steps <= BUDGET_S]
+    if fits and max(fits) > 1:
+        return (1, max(fits))
+    return (1,) if 1 in step_s and step_s[1] * steps <= BUDGET_S else ()
+
+
+def _session(torch: Any, workload: Workload, max_micro_batch: int) -> Callable[[str, int], tuple[float, ...]]:
+    """A fresh model, optimizer and dataset, and a function that trains one step on them at
+    (precision, micro-batch): seconds of data fetch, forward, backward and optimizer step."""
+    from torch.utils.data import default_collate
+
+    torch.manual_seed(0)
+    model = workload.build_model()
+    optimizer = workload.make_optimizer(model)
+    dataset = workload.make_dataset(max_micro_batch)
+
+    def step(precision: str, mb: int) -> tuple[float, ...]:
+        t0 = time.perf_counter()
+        # what DataLoader(num_workers=0) does per batch: fetch and collate the samples
+        batch = default_collate([dataset[i] for i in range(mb)])
+        t1 = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision != "fp32"):
+            loss = workload.loss_fn(model, batch)
+        t2 = time.perf_counter()
+        loss.backward()
+        t3 = time.perf_counter()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3
+
+    return step
+
+
+def measure_steps(workload: Workload, *, threads: int, precisions: Sequence[str],
+                  micro_batches: Sequence[int]) -> WorkloadTiming:
+    """Train `workload` for a few steps per precision and micro-batch on this CPU with
+    `threads` threads; the fastest of REPEATS timed steps per part."""
+    # deferred: the probe runs only when its cache entry is missing
+    import torch
+
+    started = time.perf_counter()
+    saved_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    # the planning process holds ~1M objects of torch and Dynamo: collections of them land in
+    # a tiny model's timed steps (1.5-2x slower) where a rank in its steady state has none
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        configs = [(p, mb) for p in precisions for mb in micro_batches]
+        step = _session(torch, workload, max(micro_batches))
+        # warm allocations, kernels, optimizer state and Python's specializing interpreter:
+        # rounds over every configuration while they are cheap (WARMUP_S, at most WARMUP_ROUNDS)
+        warm_start, rounds = time.perf_counter(), 0
+        while rounds < WARMUP_ROUNDS and (not rounds or time.perf_counter() - warm_start <= WARMUP_S):
+            for c in configs:
+                step(*c)
+            rounds += 1
+        if rounds > 2:
+            # a tiny model: its first model and optimizer in a process stay 1.3-1.8x slower than
+            # any built after them, whatever the warm-up (measured with the 0.9M-param MLP); a
+            # rank trains for hundreds of steps, so time a second pair, as warm as a rank's
+            step = _session(torch, workload, max(micro_batches))
+            for c in configs:
+                step(*c)
+        best = {c: [float("inf")] * 4 for c in configs}
+        timed_start = time.perf_counter()
+        for r in range(MAX_REPEATS):
+            if r >= REPEATS and time.perf_counter() - timed_start > WARMUP_S:
+                break
+            for c in configs:
+                best[c] = [min(b, t) for b, t in zip(best[c], step(*c))]
+        timings = {}
+        for precision in precisions:
+            passes = tuple(PassTimes(micro_batch=mb, data_s=best[(precision, mb)][0],
+                                     forward_s=best[(precision, mb)][1],
+                                     backward_s=best[(precision, mb)][2]) for mb in micro_batches)
+            timings[precision] = StepTiming(precision=precision, passes=passes,
+                                            optimizer_s=min(best[(precision, mb)][3] for mb in micro_batches))
+    finally:
+        torch.set_num_threads(saved_threads)
+        if gc_was_enabled:
+            gc.enable()
+    elapsed = time.perf_counter() - started
+    return WorkloadTiming(threads=threads, units_per_sample=workload.units_per_sample,
+                          precisions=timings, load_average=round(os.getloadavg()[0], 2),
+                          measured_at=datetime.datetime.now().isoformat(timespec="seconds"),
+                          source=f"step probe: {len(precisions)} precision(s) x micro-batch "
+                                 f"{'/'.join(map(str, micro_batches))}, {REPEATS} timed steps "
+                                 f"each, torch {torch.__version__} ({elapsed:.2f} s)")
+
+
+def as_cached(timing: WorkloadTiming) -> dict[str, Any]:
+    """The JSON-ready form `WorkloadTiming.from_dict` reads back."""
+    return dataclasses.asdict(timing)
+
+
+__all__ = ["PassTimes", "StepTiming", "WorkloadTiming", "measure_steps", "probe_micro_batches",
+           "as_cached", "STEP_PROBE_FORMAT", "REPEATS", "MAX_REPEATS", "WARMUP_ROUNDS", "WARMUP_S",
+           "MAX_STATE_BYTES", "BUDGET_S",
+           "MICRO_BATCHES"]

@@ -1,0 +1,170 @@
+"""The CPU model's measured anchors: the workload's own timed steps (step_probe), gloo's cost
+between busy ranks (gloo_probe), and what the model makes of them (cpu_cost, cpu_comm)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from launcher.hardware.types import Link, Topology
+from launcher.plan import step_probe
+from launcher.plan.cost import step_time
+from launcher.plan.cpu_comm import cpu_ddp_comm, cpu_sharded_comm, ddp_buckets, fsdp_units
+from launcher.plan.cpu_rates import CpuRates, GlooRates, ProbedCpu
+from launcher.plan.gloo_probe import measure_gloo
+from launcher.plan.profile import profile_workload
+from launcher.plan.resolve import cached_gloo_rates, cached_step_timing, resolve_topology
+from launcher.plan.step_probe import PassTimes, StepTiming, WorkloadTiming, measure_steps
+from launcher.specs import ModelProfile, Strategy
+from launcher.workload import load_workload
+
+from tests.helpers import WORKLOADS
+
+RATES = CpuRates(gemm_gflops={"fp32": 100.0, "bf16": 200.0}, half_rows={"fp32": 4.0, "bf16": 8.0},
+                 mem_gb_s=20.0, cache_gb_s=60.0, cast_gb_s=30.0, llc_bytes=32 * 2**20, cores=2)
+GLOO2 = GlooRates(ranks=2, latency_s={"ar": 1e-3, "ag": 1e-3, "rs": 1e-3},
+                  s_per_byte={"ar": 1e-9, "ag": 1e-9, "rs": 2e-9})
+
+
+def topology(ranks: int, gloo: GlooRates | None = None, cores: int = 2) -> Topology:
+    dev = ProbedCpu(name="probed", mem_gib=8, peak_tflops={"fp32": 0.1, "bf16": 0.2}, rates=RATES,
+                    gloo=gloo)
+    return Topology(name="cpu", device="cpu", num_nodes=1, devices_per_node=ranks, accelerator=dev,
+                    cpu_cores_per_node=cores, intra_node=Link(kind="shm", bw_gb_s=1.0, latency_us=100))
+
+
+PROFILE = ModelProfile(name="m", num_params=1_000_000, bytes_by_dtype={"float32": 4_000_000},
+                       num_blocks=4, largest_block_params=200_000, activation_bytes_per_sample=1e5,
+                       block_input_bytes_per_sample=1e3, flops_fwd_per_sample=2e6, forward_ops=40,
+                       param_tensors=8)
+
+
+def timing(threads: int = 1) -> WorkloadTiming:
+    """A fixed cost of 2 ms per micro-batch (forward 1, backward 1) plus 1 ms per sample."""
+    passes = (PassTimes(micro_batch=1, data_s=0.0, forward_s=0.0015, backward_s=0.0025),
+              PassTimes(micro_batch=8, data_s=0.0, forward_s=0.005, backward_s=0.009))
+    return WorkloadTiming(threads=threads, units_per_sample=1, load_average=0.1,
+                          precisions={"fp32": StepTiming(precision="fp32", passes=passes,
+                                                         optimizer_s=0.004)})
+
+
+# --- the step probe ------------------------------------------------------------------------------
+def test_measured_passes_are_a_fixed_cost_plus_a_cost_per_sample():
+    t = timing().precisions["fp32"]
+    assert t.at(1).forward_s == pytest.approx(0.0015) and t.at(8).backward_s == pytest.approx(0.009)
+    mid = t.at(4)  # interpolated: 1 ms + 0.5 ms x 4 forward, 2 ms + 1 ms x ... backward
+    assert mid.forward_s == pytest.approx(0.0015 + 3 * 0.0035 / 7)
+    assert t.at(16).forward_s == pytest.approx(0.0015 + 15 * 0.0035 / 7)  # extrapolated
+    one = StepTiming(precision="fp32", passes=t.passes[:1], optimizer_s=0.0)
+    assert one.at(4).forward_s == pytest.approx(4 * 0.0015)  # one size only: proportional
+
+
+def test_probe_sizes_stay_within_the_budget():
+    cheap = {1: 0.001, 2: 0.002, 4: 0.004, 8: 0.008}
+    assert step_probe.probe_micro_batches(cheap, 2) == (1, 8)
+    slow = {mb: 0.2 * mb for mb in (1, 2, 4, 8)}  # (1 + REPEATS) x 2 precisions x (T1 + Tmb)
+    assert step_probe.probe_micro_batches(slow, 2) == (1,)
+    assert step_probe.probe_micro_batches({mb: 10.0 for mb in (1, 2, 4, 8)}, 2) == ()
+
+
+def test_measure_steps_times_every_part_of_a_real_workload():
+    workload = load_workload(WORKLOADS / "mlp.py", ["--hidden", "64", "--depth", "2"])
+    t = measure_steps(workload, threads=1, precisions=("fp32", "bf16"), micro_batches=(1, 4))
+    assert set(t.precisions) == {"fp32", "bf16"} and t.threads == 1
+    for s in t.precisions.values():
+        assert [p.micro_batch for p in s.passes] == [1, 4]
+        assert all(p.forward_s > 0 and p.backward_s > 0 and p.data_s > 0 for p in s.passes)
+        assert s.optimizer_s > 0
+    assert WorkloadTiming.from_dict(step_probe.as_cached(t)) == t  # the cache's round trip
+    assert "timed on this host" in t.describe()
+
+
+def test_step_timing_is_cached_per_workload_and_threads_and_never_for_gpus(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("DLAUNCH_CACHE_DIR", str(tmp_path))
+    path, args = str(WORKLOADS / "mlp.py"), ["--hidden", "64", "--depth", "2"]
+    profile = profile_workload(load_workload(path, args))
+    gpu = resolve_topology(topology="h100-sxm-8x", gpus=None, nodes=None)
+    assert cached_step_timing(path, args, profile, gpu) is None
+    one = topology(1)
+    first = cached_step_timing(path, args, profile, one)
+    assert first is not None and first.threads == 2  # one rank takes both cores
+    monkeypatch.setattr("launcher.plan.resolve.measure_steps",
+                        lambda *a, **k: pytest.fail("a cached step timing was measured again"))
+    assert cached_step_timing(path, args, profile, one) == first
+    # two ranks on two cores: one thread each, another measurement (skipped here: too big)
+    huge = dataclasses.replace(profile, num_params=10**10, bytes_by_dtype={"float32": 4 * 10**10})
+    assert cached_step_timing(path, args, huge, topology(2)) is None
+
+
+# --- what the model makes of them ----------------------------------------------------------------
+def test_compute_comes_from_the_measured_steps_and_time_sharing_stretches_it():
+    s = Strategy(kind="ddp", precision="fp32")
+    t1 = step_time(PROFILE, s, topology(1), 8, 1, timing=timing(2))
+    parts = dict(t1.compute_parts)
+    assert parts["forward"] == pytest.approx(0.005) and parts["backward"] == pytest.approx(0.009)
+    assert parts["optimizer"] == pytest.approx(0.004)
+    # accumulation repeats the micro-batches, not the optimizer step
+    t2 = dict(step_time(PROFILE, s, topology(1), 8, 3, timing=timing(2)).compute_parts)
+    assert t2["forward"] == pytest.approx(0.015) and t2["optimizer"] == pytest.approx(0.004)
+    # four ranks on two cores: each gets half a core, so its measured compute takes twice as long
+    four = dict(step_time(PROFILE, s, topology(4), 8, 1, timing=timing(1)).compute_parts)
+    assert four["forward"] == pytest.approx(0.010)
+    # a precision without a measurement falls back to the probe's rates
+    bf16 = step_time(PROFILE, Strategy(kind="ddp", precision="bf16"), topology(1), 8, 1,
+                     timing=timing(2))
+    assert "forward" not in dict(bf16.compute_parts) and "matmul" in dict(bf16.compute_parts)
+
+
+def test_gloo_collectives_cost_their_latency_and_bytes_and_nothing_hides():
+    assert ddp_buckets(0) == []
+    assert ddp_buckets(512 * 1024) == [512 * 1024]
+    sizes = ddp_buckets(60 * 2**20)  # 1 MiB, then the rest in 25 MiB-or-less buckets
+    assert sizes[0] == 2**20 and len(sizes) == 4 and sum(sizes) == pytest.approx(60 * 2**20)
+    ddp = cpu_ddp_comm(PROFILE, topology(2, GLOO2))
+    assert ddp == pytest.approx(sum(1e-3 + b * 1e-9 for b in ddp_buckets(4e6)))
+    t = step_time(PROFILE, Strategy(kind="ddp"), topology(2, GLOO2), 8, 1, timing=timing(1))
+    assert t.comm_exposed_s == pytest.approx(t.comm_total_s) == pytest.approx(ddp)
+    # a probe for other ranks, or none: the link's alpha-beta instead
+    assert cpu_ddp_comm(PROFILE, topology(4, GLOO2)) != pytest.approx(ddp)
+
+
+def test_fsdp_pays_per_unit_collective_and_batch_norm_units_under_bf16():
+    fp32, bf16 = Strategy(kind="fsdp_full", precision="fp32"), Strategy(kind="fsdp_full", precision="bf16")
+    bn = dataclasses.replace(PROFILE, batch_norms=10)
+    assert fsdp_units(bn, fp32)[0] == 4 + 1  # blocks and the root (200k parameters of its own)
+    assert fsdp_units(bn, bf16)[0] == 4 + 1 + 10  # and each batch norm under bf16
+    top = topology(2, GLOO2)
+    assert cpu_sharded_comm(bn, bf16, top, 1) > cpu_sharded_comm(bn, fp32, top, 1)
+    grad_op = Strategy(kind="fsdp_grad_op", precision="fp32")
+    assert cpu_sharded_comm(PROFILE, grad_op, top, 1) < cpu_sharded_comm(PROFILE, fp32, top, 1)
+    # per micro-batch: accumulation repeats the collectives
+    assert cpu_sharded_comm(PROFILE, fp32, top, 3) == pytest.approx(3 * cpu_sharded_comm(PROFILE, fp32, top, 1))
+    # FSDP's own work is compute even on one rank
+    ddp = step_time(PROFILE, Strategy(kind="ddp"), topology(1), 8, 1, timing=timing(2))
+    fsdp = step_time(PROFILE, fp32, topology(1), 8, 1, timing=timing(2))
+    assert dict(fsdp.compute_parts)["FSDP work"] > 0 and fsdp.compute_s > ddp.compute_s
+
+
+def test_the_gloo_probe_measures_busy_ranks_and_is_cached(tmp_path: Path):
+    rates = measure_gloo(2)  # real: two threads with a gloo group each over loopback
+    assert rates.ranks == 2 and set(rates.latency_s) == {"ar", "ag", "rs"}
+    assert all(v > 0 for v in rates.latency_s.values())
+    assert all(v >= 0 for v in rates.s_per_byte.values())
+    cached = cached_gloo_rates(2, tmp_path, measure_fn=lambda n: rates)
+    assert cached_gloo_rates(2, tmp_path, measure_fn=lambda n: pytest.fail("measured again")) == cached
+    assert cached_gloo_rates(4, tmp_path, measure_fn=lambda n: dataclasses.replace(rates, ranks=n)).ranks == 4
+
+
+def test_profile_splits_attention_and_convolution_flops_and_counts_batch_norms():
+    gpt = profile_workload(load_workload(WORKLOADS / "gpt.py", []))
+    resnet = profile_workload(load_workload(WORKLOADS / "resnet.py", []))
+    mlp = profile_workload(load_workload(WORKLOADS / "mlp.py", []))
+    # gpt tiny: 4 layers of causal attention over 128 tokens at width 256 (4 s^2 d each)
+    assert gpt.attention_flops_fwd_per_sample == 4 * 128 * 128 * 256 * 4
+    assert gpt.conv_flops_fwd_per_sample == 0 and gpt.batch_norms == 0
+    assert resnet.conv_flops_fwd_per_sample > 0.99 * resnet.flops_fwd_per_sample
+    assert resnet.batch_norms == 15 and resnet.attention_flops_fwd_per_sample == 0
+    assert mlp.attention_flops_fwd_per_sample == mlp.conv_flops_fwd_per_sample == 0
