@@ -93,7 +93,7 @@ OPTIMIZER_BYTES_PER_PARAM = 28
 
 # --- overlap -----------------------------------------------------------------------------------
 # Share of a compute phase communication can hide behind. CUDA: NCCL runs on its own stream
-# for the whole phase; its cost is in CONTENTION instead (CPU: `cpu_cost.OVERLAP_EFFICIENCY`).
+# for the whole phase; its cost is in CONTENTION instead (CPU ranks hide nothing: `cpu_comm`).
 OVERLAP_EFFICIENCY = {"cuda": 1.0}
 # Compute seconds lost per second of communication hidden behind it: NCCL's ring kernels occupy
 # up to 16-32 of the GPU's SMs and stream every byte through HBM (nccl-tests #212). FIT (see
@@ -104,6 +104,16 @@ CONTENTION = {"cuda": 0.15}
 # network jitter). FIT (see GEMM_HALF_WIDTH), resting on the 4 published scaling series
 # (8 -> 64/128 GPUs).
 STEP_JITTER = {"cuda": 0.006}
+# Beyond one tier of leaf (rail) switches, a job's collectives cross the fabric's spine: more
+# hops, ECMP collisions, and ever more ranks for the slowest to be among (the expected maximum of
+# N exponential-tailed delays grows as ln N). Published: the llm-foundry H100 tables lose 0-2.7%
+# of per-GPU throughput from 8 to 64/128 GPUs (MPT-13B, torchtitan Llama 3.1 8B) but 2.5-9.7%
+# from 128 to 512 (MPT-1B ... 70B, 6 series: ~2-5% per doubling). FIT on those series (the only
+# published 512-GPU data-parallel runs, one cluster): every doubling of nodes beyond
+# LEAF_NODES adds SCALE_TAX of the step; 16 nodes and 2.2% put all 10 published scaling series
+# within 2.4 points (docs/benchmarks.md). An assumption outside that range.
+LEAF_NODES = 16
+SCALE_TAX = {"cuda": 0.022}
 # Checkpointing every block recomputes the whole forward: 4/3 of the compute.
 FULL_RECOMPUTE = 1.0
 
@@ -240,7 +250,8 @@ def step_time(profile: ModelProfile, strategy: Strategy, topology: Topology, mic
     - hybrid: fsdp_full's traffic inside a node, plus one all-reduce of each rank's 1/G grad
       shard across nodes per step (the runtime disables it on all but the last micro-batch).
     Hidden communication costs CONTENTION of its time in compute; the whole step is stretched by
-    the expected wait for the slowest of the ranks (STEP_JITTER).
+    the expected wait for the slowest of the ranks (STEP_JITTER), and beyond LEAF_NODES nodes
+    by SCALE_TAX per doubling of nodes (the fabric's spine).
     CPU ranks: `cpu_cost.cpu_step_time`, with the workload's own timed steps (`timing`) when
     the planning host measured them.
     """
@@ -270,7 +281,8 @@ def step_time(profile: ModelProfile, strategy: Strategy, topology: Topology, mic
     hidden = max(0.0, total - exposed)
     contention = CONTENTION[kind] * hidden
     busy = compute + exposed + contention
-    sync = STEP_JITTER[kind] * math.sqrt(2 * math.log(n)) * busy
+    sync = (STEP_JITTER[kind] * math.sqrt(2 * math.log(n))
+            + SCALE_TAX[kind] * max(0.0, math.log2(topology.num_nodes / LEAF_NODES))) * busy
     return StepTimeEstimate(compute_s=compute, comm_total_s=total, comm_exposed_s=exposed,
                             contention_s=contention, sync_wait_s=sync, compute_parts=parts)
 
@@ -279,7 +291,8 @@ __all__ = ["step_time", "compute_s", "forward_pass", "optimizer_s", "peak_flops"
            "gemm_efficiency", "attention_efficiency", "hbm_bytes_per_s", "model_width",
            "attention_flops_fwd", "shard_group_size", "ForwardPass", "GEMM_PEAK_FRACTION",
            "GEMM_HALF_WIDTH", "GEMM_HALF_TOKENS", "ATTENTION_PEAK_FRACTION",
-           "ATTENTION_HALF_SEQ", "HBM_GB_S", "HBM_GB_S_BY_NAME", "MEMORY_PASSES", "COMPILE_MEMORY_FACTOR",
+           "ATTENTION_HALF_SEQ", "LEAF_NODES", "SCALE_TAX", "HBM_GB_S", "HBM_GB_S_BY_NAME",
+           "MEMORY_PASSES", "COMPILE_MEMORY_FACTOR",
            "OPTIMIZER_BYTES_PER_PARAM", "OVERLAP_EFFICIENCY",
            "CONTENTION", "STEP_JITTER",
            "FULL_RECOMPUTE"]
