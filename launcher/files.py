@@ -22,7 +22,7 @@ import reprlib
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import yaml
 
@@ -85,6 +85,16 @@ def json_text(data: Any, *, indent: int | None = 2) -> str:
 def atomic_write_json(path: str | Path, data: Any) -> None:
     """`atomic_write_text` of an indented, strict JSON document."""
     atomic_write_text(path, json_text(data) + "\n")
+
+
+def open_log_stream(path: str | Path) -> IO[str]:
+    """Open a console log for line-by-line writing, 0640 whatever the umask.
+
+    A log stream is the one file written in place rather than atomically: a reader
+    following a live run wants every line as it is printed, not the whole at the end.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
+    return open(fd, "w", encoding="utf-8")
 
 
 def append_lines(path: str | Path, records: Iterable[dict[str, Any]]) -> None:

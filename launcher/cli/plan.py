@@ -28,6 +28,10 @@ def cmd_plan(args: argparse.Namespace, workload_args: list[str]) -> int:
     topology = resolve_topology(topology=values["topology"], gpus=values["gpus"], nodes=values["nodes"])
     goal = Goal(global_batch=values["global_batch"], seq_len=values["seq_len"])
     overrides = {k: values[k] for k in ("strategy", "precision", "micro_batch") if values[k] is not None}
+    if values["checkpointing"] is not None:
+        overrides["activation_checkpointing"] = values["checkpointing"]
+    if values["compile"]:
+        overrides["compile"] = True
     planned = plan_workload(values["workload"], workload_args, topology, goal, overrides=overrides,
                             corrected=not values["no_calibration_cache"])
     if values["json"]:

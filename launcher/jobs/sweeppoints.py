@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from typing import IO, Any
 
 from launcher.backends.monitor import job_pids
 from launcher.errors import DlaunchError, LaunchError
-from launcher.files import atomic_write_json
+from launcher.files import atomic_write_json, open_log_stream
 from launcher.jobs.local import run_local
 from launcher.jobs.progress import ProgressBar
 from launcher.jobs.sweepdir import finished_ok, move_aside
@@ -150,9 +149,7 @@ class _Sweep:
         self.bar.update(index, f"{name} running ({point.world_size} rank(s){where}, micro-batch "
                                f"{point.micro_batch})")
         try:
-            # 0640 whatever the umask: run dirs are never world-writable
-            fd = os.open(RunPaths(root=pdir).console_log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
-            with open(fd, "w", encoding="utf-8") as console:
+            with open_log_stream(RunPaths(root=pdir).console_log) as console:
                 result = self.launch_point(spec, console)
         except (KeyboardInterrupt, SweepInterrupted):
             self.points[name] = dataclasses.replace(point, status="pending",

@@ -28,7 +28,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -38,7 +37,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from launcher.errors import DlaunchError, UsageError
-from launcher.files import atomic_write_json
+from launcher.files import atomic_write_json, open_log_stream
 from launcher.jobs.local import run_local
 from launcher.plan.corrections import TrialRecord, compute_ratio
 from launcher.plan.resolve import Planned
@@ -206,9 +205,7 @@ def run_trials(base: LaunchSpec, candidates: Sequence[Candidate], *, budget_s: f
         if keep_plan is not None:
             keep_plan(spec, c)
         try:
-            # 0640 whatever the umask: run dirs are never world-writable
-            fd = os.open(paths.console_log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
-            with open(fd, "w", encoding="utf-8") as console:
+            with open_log_stream(paths.console_log) as console:
                 result = run(spec, out=console)
         except Refused as e:
             if not trials:

@@ -152,7 +152,6 @@ _ALLOWED_WRITES = {
     "launcher/runtime/checkpoint.py": "inside step-N.partial/, renamed into place as a whole",
     "launcher/report/render.py": "written to a .tmp name, then replace()d",
     "launcher/jobs/sweepdir.py": "the lock file, created O_EXCL; readers take an empty one as stale",
-    "launcher/jobs/sweeppoints.py": "console.log, a log stream written line by line",
 }
 
 
