@@ -11,9 +11,9 @@ For each workload, on this machine (CPU ranks, gloo):
 2. `dlaunch tune --trials K` from an empty correction cache: its choice is looked up in the sweep
    (the same measurement for every configuration) and compared with the sweep's best
    (target: >= 0.97 of it);
-3. after the tune (its corrections stored), `dlaunch plan` of the tuned configuration against a
-   fresh `dlaunch run --plan tuned-plan.json` (target: predicted step time within 10% of the
-   measured median).
+3. after the tune (its corrections stored), a plain `dlaunch plan` against a fresh plain
+   `dlaunch run` (which follows the same plan): predicted step time within 10% of the
+   measured median.
 Everything runs with one cache directory of its own (probes included), so earlier tunes on
 this machine do not leak in. The load average is printed with every run. About 30 minutes for
 gpt tiny and mlp on an idle 2-core host.
@@ -126,14 +126,18 @@ def tune_and_check(workload: Path, args: argparse.Namespace, root: Path, env: di
         sps = statistics.median(r["samples_per_s"] for r in runs if "samples_per_s" in r)
         out["chosen_samples_per_s"] = sps
         out["choice_ratio"] = sps / swept[best_key]["median"]
-    plan = dlaunch("plan", str(workload), "--gpus", str(args.gpus), *config_flags(d), "--json", env=env)
-    predicted = json.loads(plan.stdout)["plan"]["chosen"]["time"]
-    predicted_step = predicted["compute_s"] + predicted["comm_exposed_s"] + predicted["contention_s"] \
-        + predicted["sync_wait_s"]
-    fresh = [measure(workload, args.gpus, ["--plan", str(tune_dir / "tuned-plan.json")], args.steps,
-                     root / f"after-{i}", env) for i in range(args.repeats)]
+    # what a user does next: a plain `dlaunch plan` (corrections from the tune applied), then a
+    # plain `dlaunch run` that follows its own plan
+    plan = json.loads(dlaunch("plan", str(workload), "--gpus", str(args.gpus), "--json", env=env).stdout)
+    chosen_after = plan["plan"]["chosen"]
+    t = chosen_after["time"]
+    predicted_step = t["compute_s"] + t["comm_exposed_s"] + t["contention_s"] + t["sync_wait_s"]
+    s_after = chosen_after["strategy"]
+    fresh = [measure(workload, args.gpus, [], args.steps, root / f"after-{i}", env) for i in range(args.repeats)]
     measured = statistics.median(r["step_s"] for r in fresh if "step_s" in r)
-    out.update(plan_after_tune_s=predicted_step, measured_after_tune_s=measured,
+    out.update(plan_after_tune=(s_after["kind"], s_after["precision"], chosen_after["micro_batch"],
+                                s_after["activation_checkpointing"]),
+               plan_after_tune_s=predicted_step, measured_after_tune_s=measured,
                plan_error=predicted_step / measured - 1)
     return out
 
@@ -177,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: best {result['best']} {result['best_samples_per_s']:.1f} samples/s; tune chose "
                   f"{result['chosen']} {result['chosen_samples_per_s']:.1f} ({result['choice_ratio']:.3f} "
                   f"of the best; target >= {TARGET_CHOICE}) {'ok' if choice_ok else 'MISSED'}")
-            print(f"{name}: plan after tune {result['plan_after_tune_s']:.4g} s/step, a fresh run "
+            print(f"{name}: plan after tune {result['plan_after_tune']} {result['plan_after_tune_s']:.4g} s/step, "
+                  f"a fresh run "
                   f"measured {result['measured_after_tune_s']:.4g} s ({result['plan_error']:+.1%}; target "
                   f"within {TARGET_PLAN:.0%}) {'ok' if plan_ok else 'MISSED'}", flush=True)
     print(f"load average after: {Path('/proc/loadavg').read_text().strip()}")

@@ -171,7 +171,7 @@ OPTIONS: tuple[Option, ...] = (
                                  "`run --slurm` (needs --topology of the partition's nodes)"}}),
     Option("--nodes", commands=("run", "plan", "tune"), parse=at_least(1), slurm_in=("run", "tune"),
            aliases=("num_nodes",),
-           help="nodes (default 1)", per={"plan": {"help": ""}}),
+           help="nodes (default 1)", per={"plan": {"help": "nodes to plan for (default: the topology's)"}}),
     Option("--gpus-per-node", commands=("run", "scale", "tune"), parse=at_least(1),
            slurm_in=("run", "scale", "tune"),
            help="processes (GPUs) per node; same as --gpus",
