@@ -1,7 +1,7 @@
 """The CPU step-time model against real runs: predicted vs measured median step time per cell.
 
     .venv/bin/python benchmarks/cpu_truth.py [--workloads mlp gpt resnet] [--strategies ddp
-        fsdp_full] [--precisions fp32 bf16] [--ranks 1 2 4] [--steps 12] [--json FILE]
+        fsdp_full] [--precisions fp32 bf16] [--ranks 1 2 4] [--steps 20] [--repeats 3] [--json FILE]
 
 Each cell is a real `dlaunch run` on this machine (torchrun, gloo) with the strategy and
 precision forced, checkpointing off and the micro-batch left to the plan; the run plans first
@@ -9,7 +9,9 @@ precision forced, checkpointing off and the micro-batch left to the plan; the ru
 result.json carries both numbers in its `prediction` block. FSDP on one rank is run when the
 planner accepts it; a refused cell is printed with the reason. The load average is printed
 before and after every cell: step times measured on a busy host are slow and noisy, so compare
-cells taken at a load below the usable core count. A full grid takes about 10 minutes on an
+cells taken at a load below the usable core count. The runs share one cache directory of their
+own: the CPU probes run in the first cell that needs them, and no correction stored by an earlier
+`dlaunch tune` on this host reaches the predictions. A full grid takes about 10 minutes on an
 idle 2-core host.
 """
 
@@ -48,7 +50,10 @@ def run_cell(workload: str, strategy: str, precision: str, ranks: int, steps: in
                             "ranks": ranks, "load_before": load_average()}
     started = time.monotonic()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+                          env={**os.environ, "PYTHONPATH": str(REPO),
+                               # probes of its own, and no step-time corrections from earlier
+                               # `dlaunch tune`s on this host: the grid judges the model alone
+                               "DLAUNCH_CACHE_DIR": str(root.parent / "cache")})
     cell["wall_s"] = round(time.monotonic() - started, 1)
     cell["load_after"] = load_average()
     result_path = run_dir / "result.json"
@@ -111,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--precisions", nargs="+", default=["fp32", "bf16"])
     ap.add_argument("--ranks", nargs="+", type=int, default=[1, 2, 4])
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--repeats", type=int, default=2,
+    ap.add_argument("--repeats", type=int, default=3,
                     help="runs per cell, in alternate passes over the grid; the median counts")
     ap.add_argument("--json", metavar="FILE", help="also write the grid as JSON")
     args = ap.parse_args(argv)

@@ -1,7 +1,7 @@
 """`dlaunch tune` against an exhaustive sweep: does a 4-trial tune find the best configuration?
 
     .venv/bin/python benchmarks/tune_sweep.py [--workloads gpt mlp] [--gpus 2] [--repeats 3]
-        [--steps 12] [--trials 4] [--json FILE]
+        [--steps N] [--trials 4] [--json FILE]
 
 For each workload, on this machine (CPU ranks, gloo):
 1. the sweep: every strategy (DDP, FSDP full, FSDP grad-op) x precision (fp32, bf16) x
@@ -37,6 +37,7 @@ DLAUNCH = [sys.executable, "-m", "launcher.cli.main"]
 STRATEGIES = ("ddp", "fsdp_full", "fsdp_grad_op")
 PRECISIONS = ("fp32", "bf16")
 MICRO_BATCHES = (4, 8, 16)
+SWEEP_STEPS = {"gpt": 12, "mlp": 200}  # ~0.4 s and ~11 ms steps on 2 CPU ranks
 TARGET_CHOICE = 0.97
 TARGET_PLAN = 0.10
 
@@ -91,10 +92,11 @@ def sweep(workload: Path, args: argparse.Namespace, root: Path,
     configs = [{"strategy": s, "precision": p, "micro_batch": mb, "checkpointing": ck}
                for s, p, mb, ck in itertools.product(STRATEGIES, PRECISIONS, MICRO_BATCHES, (False, True))]
     configs = [c for c in configs if fits(workload, args.gpus, c, env)]
+    steps = args.steps or SWEEP_STEPS.get(workload.stem, 12)
     runs: dict[tuple[Any, ...], list[float]] = {key(c): [] for c in configs}
     for rep in range(args.repeats):
         for i, c in enumerate(configs if rep % 2 == 0 else configs[::-1]):
-            m = measure(workload, args.gpus, config_flags(c), args.steps,
+            m = measure(workload, args.gpus, config_flags(c), steps,
                         root / f"sweep-{rep}-{'-'.join(map(str, key(c)))}", env)
             if "samples_per_s" in m:
                 runs[key(c)].append(m["samples_per_s"])
@@ -106,6 +108,7 @@ def sweep(workload: Path, args: argparse.Namespace, root: Path,
 def tune_and_check(workload: Path, args: argparse.Namespace, root: Path, env: dict[str, str],
                    swept: dict[tuple[Any, ...], dict[str, Any]]) -> dict[str, Any]:
     """The tune, its choice against the sweep's best, then plan vs a fresh run of the choice."""
+    steps = args.steps or SWEEP_STEPS.get(workload.stem, 12)
     tune_dir = root / "tune"
     done = dlaunch("tune", str(workload), "--gpus", str(args.gpus), "--trials", str(args.trials),
                    "--tune-dir", str(tune_dir), "--json", env=env)
@@ -121,7 +124,7 @@ def tune_and_check(workload: Path, args: argparse.Namespace, root: Path, env: di
         out["chosen_samples_per_s"] = swept[chosen]["median"]
         out["choice_ratio"] = swept[chosen]["median"] / swept[best_key]["median"]
     else:  # a configuration outside the sweep's space: measure it the same way
-        runs = [measure(workload, args.gpus, ["--plan", str(tune_dir / "tuned-plan.json")], args.steps,
+        runs = [measure(workload, args.gpus, ["--plan", str(tune_dir / "tuned-plan.json")], steps,
                         root / f"chosen-{i}", env) for i in range(args.repeats)]
         sps = statistics.median(r["samples_per_s"] for r in runs if "samples_per_s" in r)
         out["chosen_samples_per_s"] = sps
@@ -133,7 +136,7 @@ def tune_and_check(workload: Path, args: argparse.Namespace, root: Path, env: di
     t = chosen_after["time"]
     predicted_step = t["compute_s"] + t["comm_exposed_s"] + t["contention_s"] + t["sync_wait_s"]
     s_after = chosen_after["strategy"]
-    fresh = [measure(workload, args.gpus, [], args.steps, root / f"after-{i}", env) for i in range(args.repeats)]
+    fresh = [measure(workload, args.gpus, [], steps, root / f"after-{i}", env) for i in range(args.repeats)]
     measured = statistics.median(r["step_s"] for r in fresh if "step_s" in r)
     out.update(plan_after_tune=(s_after["kind"], s_after["precision"], chosen_after["micro_batch"],
                                 s_after["activation_checkpointing"]),
@@ -148,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workloads", nargs="+", default=["gpt", "mlp"])
     ap.add_argument("--gpus", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--steps", type=int, help="steps per sweep run (default: enough to time about 2 s, "
+                    "as `dlaunch tune` does: gpt 12, mlp 200)")
     ap.add_argument("--trials", type=int, default=4)
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args(argv)

@@ -22,12 +22,12 @@ from launcher.cli.option import Option, Parse, Yaml, at_least, minutes, real
 from launcher.cli.placement import CPU_PROCESSES_PER_CORE
 from launcher.errors import UsageError
 from launcher.jobs.sweep import MODES
+from launcher.jobs.tune import TRIAL_STEPS, TRIAL_TIMED_S
 from launcher.specs import COMPILE_MODES, PRECISIONS, STRATEGIES
 
 RUN = ("run", "lab")  # the flags of one run apply to each of the lab's three
 _SLURM = ("run", "scale", "tune")  # the commands that submit SLURM jobs
 TUNE_TRIALS = 4  # candidates a tune measures at most
-TUNE_STEPS = 12  # steps per tune trial: 3 warm-up, and 9 timed give a median stable to a few %
 SLURM_GROUP = "SLURM (with --slurm; defaults from dlaunch.yaml's slurm: section)"
 
 
@@ -58,8 +58,8 @@ OPTIONS: tuple[Option, ...] = (
            help="weak: keep --micro-batch per rank; strong: keep --global-batch"),
     Option("--steps", commands=(*RUN, "scale", "tune"), parse=at_least(1), default=20, help="optimizer steps",
            per={"scale": {"help": "optimizer steps per run"},
-                "tune": {"default": TUNE_STEPS, "help": f"optimizer steps per trial (default {TUNE_STEPS}: "
-                                                        "a stable median after warm-up)"}}),
+                "tune": {"default": None, "help": f"optimizer steps per trial (default: {TRIAL_STEPS}, or more "
+                                                  f"to time {TRIAL_TIMED_S:g} s of the fastest candidate's steps)"}}),
     Option("--warmup-steps", commands=(*RUN, "scale", "tune"), parse=at_least(0),
            help="steps left out of throughput (default: min(3, steps - 1))"),
     Option("--micro-batch", commands=(*RUN, "plan", "scale"), parse=at_least(1),

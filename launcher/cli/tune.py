@@ -11,6 +11,7 @@ commands under SLURM) and starts nothing. Must never import torch or launcher.ru
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
@@ -35,6 +36,7 @@ from launcher.jobs.tune import (
     trial_planned,
     trial_records,
     trial_spec,
+    trial_steps,
 )
 from launcher.plan.resolve import plan_workload, store_tune_trials
 from launcher.plan.types import Candidate
@@ -84,6 +86,8 @@ def cmd_tune(args: argparse.Namespace, workload_args: list[str]) -> int:
     planned = plan_workload(request.workload, request.workload_args, request.planned.topology,
                             Goal(global_batch=request.global_batch), corrected=False)
     candidates = select_trials(planned.plan, request.device, values["trials"])
+    if values["steps"] is None:
+        request = dataclasses.replace(request, steps=trial_steps(candidates, values["warmup_steps"]))
     base = open_run(request, run_id="tune-" + new_run_id(values["workload"]), run_dir=values["tune_dir"],
                     dry_run=values["dry_run"], keep_plan=False)
     if values["dry_run"]:

@@ -28,6 +28,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -54,6 +55,13 @@ log = logging.getLogger(__name__)
 # apart: on CPU the probe's rates miss by 20-30% on a shared host (the measured/predicted
 # spread of runs here); GPU kernels are steadier and the peak-fraction tables closer.
 UNCERTAINTY = {"cpu": 0.25, "cuda": 0.15}
+# Trial length when --steps is not given: at least TRIAL_STEPS (3 warm-up and 9 timed give a
+# stable median for steps of a tenth of a second and more), and enough timed steps to fill
+# TRIAL_TIMED_S at the fastest candidate's predicted step: nine 10 ms steps of a small model
+# span less than the jitter of one rank's start, and two trials of it differed by 15%.
+TRIAL_STEPS = 12
+TRIAL_TIMED_S = 2.0
+MAX_TRIAL_STEPS = 1000
 PLAN_FORMAT = "dlaunch-tuned-plan/1"
 DECISIONS = ("strategy", "precision", "micro_batch", "grad_accum", "checkpointing", "compile")
 
@@ -73,6 +81,14 @@ def select_trials(plan: Plan, device: str, max_trials: int) -> list[Candidate]:
     near = [c for c in fitting if per_sample_s(c) <= best * (1 + UNCERTAINTY[device])]
     near.sort(key=lambda c: (c is not plan.chosen, per_sample_s(c)))  # the plan's own first
     return near[:max_trials]
+
+
+def trial_steps(candidates: Sequence[Candidate], warmup_steps: int | None) -> int:
+    """Optimizer steps per trial when the user gave none (see TRIAL_TIMED_S)."""
+    warmup = 3 if warmup_steps is None else warmup_steps
+    fastest_s = min((c.time.step_time_s for c in candidates), default=0.0)
+    timed = math.ceil(TRIAL_TIMED_S / fastest_s) if fastest_s > 0 else 0
+    return min(MAX_TRIAL_STEPS, max(TRIAL_STEPS, warmup + timed))
 
 
 def decisions_of(c: Candidate) -> dict[str, Any]:

@@ -8,8 +8,8 @@ its forward at 128 tokens and 2x at 2,048, autocast casts, the workload's own Py
 data loading. So the model is built for real in the planning process (only when small: see
 MAX_STATE_BYTES and BUDGET_S) and trained for a few steps on one micro-batch size or two, with
 the thread count each rank will have, in fp32 and bf16 (autocast, as DDP runs it): data
-fetch, forward, backward and optimizer step are timed apart (the fastest of REPEATS, after a
-warm-up step). The CPU model (`cpu_cost`) then takes compute from this measurement (linear in
+fetch, forward, backward and optimizer step are timed apart (the median of REPEATS or more,
+after warm-up). The CPU model (`cpu_cost`) then takes compute from this measurement (linear in
 the micro-batch between and beyond the two sizes: a fixed cost plus a cost per sample), and
 adds what one process cannot show: time-sharing cores, FSDP's own work and gloo's collectives.
 
@@ -25,6 +25,7 @@ import datetime
 import gc
 import logging
 import os
+import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -37,10 +38,10 @@ from launcher.workload import Workload
 log = logging.getLogger(__name__)
 
 # bump when `measure_steps` measures differently, so old cache entries are ignored
-STEP_PROBE_FORMAT = 1
+STEP_PROBE_FORMAT = 2
 # timed rounds over every (precision, micro-batch): REPEATS, more while they have taken under
 # WARMUP_S (at most MAX_REPEATS), after warm-up rounds (at least one, more while they have taken
-# under WARMUP_S, at most WARMUP_ROUNDS); each part's fastest time counts
+# under WARMUP_S, at most WARMUP_ROUNDS); each part's median time counts
 REPEATS = 2
 MAX_REPEATS = 10
 WARMUP_ROUNDS = 50
@@ -177,7 +178,7 @@ def _session(torch: Any, workload: Workload, max_micro_batch: int) -> Callable[[
 def measure_steps(workload: Workload, *, threads: int, precisions: Sequence[str],
                   micro_batches: Sequence[int]) -> WorkloadTiming:
     """Train `workload` for a few steps per precision and micro-batch on this CPU with
-    `threads` threads; the fastest of REPEATS timed steps per part."""
+    `threads` threads; the median of REPEATS or more timed steps per part."""
     # deferred: the probe runs only when its cache entry is missing
     import torch
 
@@ -205,20 +206,24 @@ def measure_steps(workload: Workload, *, threads: int, precisions: Sequence[str]
             step = _session(torch, workload, max(micro_batches))
             for c in configs:
                 step(*c)
-        best = {c: [float("inf")] * 4 for c in configs}
+        samples: dict[tuple[str, int], list[tuple[float, ...]]] = {c: [] for c in configs}
         timed_start = time.perf_counter()
         for r in range(MAX_REPEATS):
             if r >= REPEATS and time.perf_counter() - timed_start > WARMUP_S:
                 break
             for c in configs:
-                best[c] = [min(b, t) for b, t in zip(best[c], step(*c))]
+                samples[c].append(step(*c))
+        # each part's median, as runs report median steps: the fastest of ten 4 ms steps of
+        # the MLP read 10-15% below a rank's median, where the median of a plain loop matched
+        best = {c: [statistics.median(t[k] for t in ts) for k in range(4)] for c, ts in samples.items()}
         timings = {}
         for precision in precisions:
             passes = tuple(PassTimes(micro_batch=mb, data_s=best[(precision, mb)][0],
                                      forward_s=best[(precision, mb)][1],
                                      backward_s=best[(precision, mb)][2]) for mb in micro_batches)
             timings[precision] = StepTiming(precision=precision, passes=passes,
-                                            optimizer_s=min(best[(precision, mb)][3] for mb in micro_batches))
+                                            optimizer_s=statistics.median(best[(precision, mb)][3]
+                                                                           for mb in micro_batches))
     finally:
         torch.set_num_threads(saved_threads)
         if gc_was_enabled:

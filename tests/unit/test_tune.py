@@ -13,7 +13,19 @@ from types import SimpleNamespace
 import pytest
 
 from launcher.errors import UsageError
-from launcher.jobs.tune import UNCERTAINTY, Refused, discard, finish, read_plan_file, run_trials, select_trials
+from launcher.jobs.tune import (
+    MAX_TRIAL_STEPS,
+    TRIAL_STEPS,
+    TRIAL_TIMED_S,
+    UNCERTAINTY,
+    Refused,
+    discard,
+    finish,
+    read_plan_file,
+    run_trials,
+    select_trials,
+    trial_steps,
+)
 from launcher.plan.corrections import (
     MAX_TRIALS_PER_PRECISION,
     TrialRecord,
@@ -55,6 +67,15 @@ def test_trials_are_the_fitting_candidates_within_the_uncertainty_at_most_k():
     big = cand(mb=16, step_s=0.018)
     assert select_trials(plan_of(best, big), "cuda", 4) == [best, big]
     assert select_trials(plan_of(best, cand(step_s=0.0116)), "cuda", 4) == [best]
+
+
+def test_trials_without_steps_time_enough_of_the_fastest_candidates_steps():
+    # slow steps: the floor; 10 ms steps: the timed part fills TRIAL_TIMED_S after the warm-up
+    assert trial_steps([cand(step_s=0.5), cand(step_s=0.4)], None) == TRIAL_STEPS
+    fast = trial_steps([cand(step_s=0.02), cand(step_s=0.01)], None)
+    assert fast == 3 + round(TRIAL_TIMED_S / 0.01) and fast * 0.01 >= TRIAL_TIMED_S
+    assert trial_steps([cand(step_s=0.01)], 10) == fast + 7
+    assert trial_steps([cand(step_s=1e-6)], None) == MAX_TRIAL_STEPS
 
 
 def _base(tmp_path: Path) -> LaunchSpec:
