@@ -108,17 +108,31 @@ def _read(path: Path) -> str | None:
         return None
 
 
+def _cores_of(cpus: set[int]) -> int | None:
+    """Distinct physical cores (package, core id) among logical `cpus`; None without sysfs."""
+    cores = set()
+    for cpu in cpus:
+        topo = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        package, core = _read(topo / "physical_package_id"), _read(topo / "core_id")
+        if package is None or core is None:
+            return None
+        cores.add((package, core))
+    return len(cores) or None
+
+
 def usable_cores() -> int:
     """Physical cores this process may use: affinity, cgroup CPU quota, SMT siblings removed."""
     try:
-        logical_allowed = len(os.sched_getaffinity(0))
+        allowed = set(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        logical_allowed = os.cpu_count() or 1
-    cores = logical_allowed
-    logical, physical = psutil.cpu_count(logical=True), psutil.cpu_count(logical=False)
-    if logical and physical and logical > physical:
-        # two hyper-threads share one core's FMA units: count cores, not threads
-        cores = max(1, logical_allowed * physical // logical)
+        allowed = set(range(os.cpu_count() or 1))
+    # two hyper-threads share one core's FMA units: count cores, not threads
+    cores = _cores_of(allowed)
+    if cores is None:  # no sysfs topology: assume the allowed threads spread evenly over cores
+        logical, physical = psutil.cpu_count(logical=True), psutil.cpu_count(logical=False)
+        cores = len(allowed)
+        if logical and physical and logical > physical:
+            cores = max(1, len(allowed) * physical // logical)
     quota = (_read(Path("/sys/fs/cgroup/cpu.max")) or "").split()
     if len(quota) == 2 and quota[0] != "max":
         cores = min(cores, max(1, math.ceil(int(quota[0]) / int(quota[1]))))

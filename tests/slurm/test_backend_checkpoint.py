@@ -8,11 +8,9 @@ import os
 import socket
 from pathlib import Path
 
-import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from launcher.runtime import checkpoint  # noqa: E402
+from launcher.runtime import checkpoint
 
 
 def _model() -> "torch.nn.Module":

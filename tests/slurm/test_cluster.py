@@ -7,12 +7,11 @@ import os
 import sys
 import time
 
+import cloudpickle  # submitit's own dependency
 import pytest
+import submitit
 
 pytestmark = pytest.mark.slurm
-
-submitit = pytest.importorskip("submitit")
-cloudpickle = pytest.importorskip("cloudpickle")
 
 # Pickle this module's functions by value: the job then does not need to import this test
 # module (whose import name depends on pytest's import mode). The repo root still goes on

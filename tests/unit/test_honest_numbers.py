@@ -75,7 +75,8 @@ def test_without_live_bytes_cpu_memory_is_not_measured_rather_than_rss(tmp_path)
 
 
 def test_the_sampler_counts_one_real_step_and_keeps_the_record_layout():
-    torch = pytest.importorskip("torch")
+    import torch
+
     from launcher.runtime.live_bytes import StepSampler
 
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
@@ -107,7 +108,8 @@ def test_the_sampler_counts_one_real_step_and_keeps_the_record_layout():
 @pytest.mark.parametrize("kw", [dict(device_type="cuda"), dict(strategy="fsdp_full"),
                                 dict(compiled=True), dict(warmup_steps=1)])
 def test_the_sampler_stays_off_where_it_cannot_see_the_tensors(kw):
-    torch = pytest.importorskip("torch")
+    import torch
+
     from launcher.runtime.live_bytes import StepSampler
 
     model = torch.nn.Linear(2, 2)
@@ -252,7 +254,6 @@ def test_report_files_are_readable_by_group_and_others_whatever_the_umask(tmp_pa
 
 
 def test_the_breakdown_figure_has_an_x_label_and_its_legend_off_the_bars(tmp_path):
-    pytest.importorskip("matplotlib")
     from launcher.report.plots import breakdown_figure
 
     sweep = write_sweep(tmp_path / "s", {1: dict(step_s=0.1), 2: dict(step_s=0.1, exposed_comm_s=0.05)})

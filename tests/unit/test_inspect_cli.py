@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -41,7 +42,15 @@ def test_inspect_json_says_cpu_with_this_hosts_cores(dlaunch):
     cores = topo["devices_per_node"]
     assert cores == topo["cpu_cores_per_node"] == report["world_size"]
     assert cores == usable_cores()  # the subprocess sees what this process sees
-    # SMT siblings never count twice: at most one rank per physical core of this host
+    # SMT siblings never count twice: one rank per physical core this process may run on,
+    # counted here from each allowed CPU's sibling list (a file inspect does not read)
+    siblings = {Path(f"/sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list").read_text().strip()
+                for c in os.sched_getaffinity(0)}
+    expected = len(siblings)
+    if _cgroup_quota_limited():
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        expected = min(expected, max(1, math.ceil(int(quota) / int(period))))
+    assert cores == expected
     assert 1 <= cores <= min(affinity, psutil.cpu_count(logical=False) or affinity)
     smt = (psutil.cpu_count(logical=True) or 1) > (psutil.cpu_count(logical=False) or 1)
     if not smt and not _cgroup_quota_limited():
