@@ -52,7 +52,9 @@ def profile_for_goal(profile: ModelProfile, goal: Goal) -> ModelProfile:
         profile, units_per_sample=goal.seq_len,
         activation_bytes_per_sample=profile.activation_bytes_per_sample * r,
         block_input_bytes_per_sample=profile.block_input_bytes_per_sample * r,
-        flops_fwd_per_sample=(profile.flops_fwd_per_sample - attention) * r + attention * r * r)
+        flops_fwd_per_sample=(profile.flops_fwd_per_sample - attention) * r + attention * r * r,
+        attention_flops_fwd_per_sample=attention * r * r,
+        conv_flops_fwd_per_sample=profile.conv_flops_fwd_per_sample * r)
 
 
 def check_overrides(overrides: Mapping[str, Any] | None, topology: Topology) -> dict[str, Any]:

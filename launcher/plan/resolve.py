@@ -100,7 +100,7 @@ def resolve_topology(*, topology: str | None, gpus: int | None, nodes: int | Non
         # gloo costs between its ranks the link's figures (one node: the ranks share this host;
         # between nodes the link is the network's); GPU topologies never pay for the probes
         ranks = topo.devices_per_node
-        gloo = cached_gloo_rates(ranks) if ranks > 1 and topo.num_nodes == 1 else None
+        gloo = _gloo_or_none(ranks) if ranks > 1 and topo.num_nodes == 1 else None
         topo = probed_topology(topo, cached_cpu_rates(), gloo)
     return topo
 
@@ -195,6 +195,17 @@ def cached_gloo_rates(ranks: int, cache_dir: Path | None = None, *,
     key = cache_key(info.model, info.usable_cores, torch_version())
     path = (cache_dir or probe_cache_dir()) / f"gloo-{key}-{ranks}-v{GLOO_PROBE_FORMAT}.json"
     return _cached(path, lambda d: GlooRates(**d), lambda: measure_fn(ranks))
+
+
+def _gloo_or_none(ranks: int) -> GlooRates | None:
+    """`cached_gloo_rates`, or None (the link's own alpha-beta figures) when the probe fails:
+    a plan must not die of its measurement, as with the step probe."""
+    try:
+        return cached_gloo_rates(ranks)
+    except Exception as e:  # the probe runs gloo, threads and sockets: anything can go wrong
+        log.warning("gloo probe failed (%s: %s); planning with the link's listed figures",
+                    type(e).__name__, e)
+        return None
 
 
 def step_threads(topology: Topology) -> int:

@@ -7,6 +7,7 @@ the module docstrings, not by calling the function under test another way.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import math
 import sys
@@ -193,6 +194,12 @@ def test_width_and_attention_come_from_the_profile():
     assert long.flops_fwd_per_sample == pytest.approx(2 * matmul + 4 * attention_flops_fwd(d))
     fwd_short, fwd_long = forward_pass(d, BF16, 1, GPU), forward_pass(long, BF16, 1, GPU)
     assert fwd_long.attention_s > 3.5 * fwd_short.attention_s
+    # the measured attention share moves with the sequence too, both ways
+    measured = dataclasses.replace(d, attention_flops_fwd_per_sample=0.3 * d.flops_fwd_per_sample)
+    for seq, r in ((1024, 0.25), (8192, 2.0)):
+        moved = profile_for_goal(measured, Goal(seq_len=seq))
+        assert attention_flops_fwd(moved) == pytest.approx(0.3 * d.flops_fwd_per_sample * r * r)
+        assert moved.flops_fwd_per_sample == pytest.approx(d.flops_fwd_per_sample * (0.7 * r + 0.3 * r * r))
 
 
 def test_checkpointing_costs_about_a_third_more_compute():
