@@ -1,7 +1,7 @@
 """`dlaunch tune --slurm` against the real local cluster (scripts/slurm-cluster.sh): each trial is
 its own SLURM job on both nodes, a crashing candidate fails its own job only, the tune's table,
 tuned plan and report come out as on one host; a refused submission is one line and leaves
-nothing. Kept small: at most 2 trials of 5 steps."""
+nothing. Kept small: at most 4 trials of 5 steps."""
 
 from __future__ import annotations
 
@@ -16,10 +16,12 @@ from tests.helpers import DATA, REPO, Done, run_dlaunch
 
 pytestmark = pytest.mark.slurm
 
-# trains in plain fp32 only (--fp32-only): of the plan's two near-best candidates on a CPU one crashes
+# trains in plain fp32 only (--fp32-only): of the plan's near-best DDP candidates on a CPU (fp32 and
+# bf16, with and without checkpointing: within the probe's noise of each other for this small
+# model, so in any order) exactly one trains; all four are tried so that it is always among them
 CKPT_FAILS = str(DATA / "ckpt_fails.py")
 TOPOLOGY = str(REPO / "topologies" / "cpu-local.yaml")
-TUNE = ("tune", CKPT_FAILS, "--slurm", "--nodes", "2", "--gpus", "1", "--trials", "2", "--steps", "5",
+TUNE = ("tune", CKPT_FAILS, "--slurm", "--nodes", "2", "--gpus", "1", "--trials", "4", "--steps", "5",
         "--warmup-steps", "2", "--topology", TOPOLOGY)
 
 
@@ -43,9 +45,10 @@ def test_each_trial_is_its_own_job_and_the_tune_reports(sl, slurm_cluster, tmp_p
     done = sl(*TUNE, "--tune-dir", str(tune_dir), "--json", "--", "--fp32-only", timeout=300)
     assert done.code == 0, done.out + done.err
     trials = done.json()["trials"]
-    assert len(trials) == 2 and "one SLURM job each" in done.err and "[2/2]" in done.err
+    n = len(trials)
+    assert 2 <= n <= 4 and "one SLURM job each" in done.err and f"[{n}/{n}]" in done.err
     jobs = {t["name"]: json.loads(RunPaths(root=t["run_dir"]).slurm.read_text())["job_id"] for t in trials}
-    assert len(set(jobs.values())) == 2, jobs  # one job per trial
+    assert len(set(jobs.values())) == n, jobs  # one job per trial
     plain = [t for t in trials if t["precision"] == "fp32" and not t["checkpointing"]]
     assert len(plain) == 1, trials  # and the other one crashes
     for t in trials:
@@ -77,7 +80,7 @@ def test_dry_run_submits_nothing_and_a_refused_job_leaves_nothing(sl, slurm_clus
     before = slurm_cluster.sacct("-X", "-n", "-P", "-o", "JobID")
     dry = sl(*TUNE, "--tune-dir", str(tmp_path / "dry"), "--dry-run")
     assert dry.code == 0, dry.err
-    assert dry.out.count("#SBATCH --nodes=2") == dry.out.count("# trial ") == 2
+    assert dry.out.count("#SBATCH --nodes=2") == dry.out.count("# trial ") >= 2
     assert not (tmp_path / "dry").exists() and not (tmp_path / "runs").exists()
     assert slurm_cluster.sacct("-X", "-n", "-P", "-o", "JobID") == before  # nothing was submitted
     bad = sl(*TUNE, "--partition", "nope", "--tune-dir", str(tmp_path / "bad"))
