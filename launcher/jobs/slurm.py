@@ -195,7 +195,9 @@ def _state_line(info: JobInfo, submitted_at: float) -> str:
 
 def finish(run_dir: Path, info: JobInfo, record: dict[str, Any]) -> RunResult:
     """Aggregate the rank files into result.json, with the SLURM outcome in the failures."""
-    code = 0 if info.state == "COMPLETED" else (info.exit_status or 1)
+    # A rank's failure exits 1, as torchrun does; srun's own code is racy (the first task's 1, or
+    # the 143 of a task it terminated afterwards), so it is only kept for the other end states.
+    code = 0 if info.state == "COMPLETED" else 1 if info.state == "FAILED" else (info.exit_status or 1)
     wall = time.time() - float(record.get("submitted_at", time.time()))
     result = with_slurm_node_ids(run_dir, aggregate(run_dir, exit_code=code, wall_time_s=wall))
     if info.state != "COMPLETED":

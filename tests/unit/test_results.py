@@ -183,3 +183,19 @@ def test_no_evaluation_line_without_one(tmp_path):
     write_run(tmp_path / "r", world_size=1, steps=4, warmup=1)
     res = aggregate(tmp_path / "r")
     assert res.last_eval is None and "evaluation at step" not in format_run(res)
+
+
+@pytest.mark.parametrize(("state", "slurm_code", "expected"),
+                         [("FAILED", "143:0", 1), ("FAILED", "1:0", 1), ("COMPLETED", "0:0", 0),
+                          ("TIMEOUT", "0:15", 1), ("OUT_OF_MEMORY", "0:125", 1), ("CANCELLED", "9:0", 9)])
+def test_a_slurm_job_whose_rank_failed_exits_1_whatever_srun_returned(tmp_path, state, slurm_code,
+                                                                      expected):
+    from launcher.backends.slurm.jobs import JobInfo
+    from launcher.jobs.slurm import finish
+
+    run = write_run(tmp_path / "r", world_size=2, result=None)
+    info = JobInfo(job_id="8", state=state, exit_code=slurm_code)
+    result = finish(run, info, {"submitted_at": 1.0e9})
+    assert result.exit_code == expected
+    assert json.loads(RunPaths(root=run).result.read_text())["exit_code"] == expected
+    assert (result.status == "ok") == (state == "COMPLETED")
