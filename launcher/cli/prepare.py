@@ -80,6 +80,9 @@ def build_request(command: str, values: Mapping[str, Any], workload_args: Sequen
     place = slurm_placement(command, values) if values.get("slurm") else local_placement(command, values)
     fields: dict[str, Any] = {k: values[k] for k in _FROM_OPTIONS if values.get(k) is not None}
     fields.update(compile=_wants_compile(values), calibrate=not values.get("no_calibrate"))
+    if command == "tune" and "steps" not in fields and "warmup_steps" in fields:
+        # a placeholder the warm-up fits in: cmd_tune sets the trial length from the candidates
+        fields["steps"] = fields["warmup_steps"] + 1
     if command == "scale":
         if values["mode"] == "strong" and values["grad_accum"] is None:
             fields["grad_accum"] = 1  # strong scaling splits --global-batch over the ranks only

@@ -45,14 +45,13 @@ from launcher.specs import ModelProfile, Strategy
 
 logger = logging.getLogger(__name__)
 
-# Fixed cost of each FSDP collective on the critical path, beyond its alpha-beta time: FSDP2's
-# pre-forward/post-backward hooks, the copy-in (chunk_cat) and copy-out (split_with_sizes_copy)
-# kernels on the compute stream and the cross-stream waits. CUDA: the hooks cost 0.1-1 ms of CPU
-# per unit (pytorch#173680) but mostly run ahead of the GPU; copy-out of a 0.15 GB gather takes
-# ~0.2-0.3 ms (pytorch#115515) -> 50 us per collective. CPU/gloo: calibrated on a 3.7M GPT,
-# 2 ranks: FSDP2 0.43 s/step vs DDP 0.34 s/step, ~85 ms beyond the byte difference over
-# 14 collectives -> ~5 ms each. DDP's reducer is C++ and its buckets are views: no such term.
-FSDP_COLLECTIVE_OVERHEAD_S = {"cuda": 50e-6, "cpu": 5e-3}
+# Fixed cost of each FSDP collective on a GPU's critical path, beyond its alpha-beta time:
+# FSDP2's pre-forward/post-backward hooks, the copy-in (chunk_cat) and copy-out
+# (split_with_sizes_copy) kernels on the compute stream and the cross-stream waits. The hooks
+# cost 0.1-1 ms of CPU per unit (pytorch#173680) but mostly run ahead of the GPU; copy-out of a
+# 0.15 GB gather takes ~0.2-0.3 ms (pytorch#115515) -> 50 us per collective. DDP's reducer is
+# C++ and its buckets are views: no such term. (CPU ranks: `cpu_comm.fsdp_overhead_s`.)
+FSDP_COLLECTIVE_OVERHEAD_S = 50e-6
 # FSDP reduces gradients in fp32 (MixedPrecisionPolicy(reduce_dtype=float32)); DDP all-reduces
 # the fp32 .grad buckets.
 REDUCE_DTYPE_BYTES = 4
@@ -186,7 +185,7 @@ def fsdp_traffic(profile: ModelProfile, strategy: Strategy,
             "ag_bwd": 0.0 if grad_op else split(ops["ag"], c * (p - root), nb),
             "rs": split(ops["rs"], REDUCE_DTYPE_BYTES * p, units),
             "last_rs": ops["rs"](REDUCE_DTYPE_BYTES * max(root, block)),
-            "fixed": collectives * FSDP_COLLECTIVE_OVERHEAD_S[topology.device],
+            "fixed": collectives * FSDP_COLLECTIVE_OVERHEAD_S,
             "units": units, "last_unit": max(root, block)}
 
 
@@ -206,7 +205,7 @@ def sharded_comm(profile: ModelProfile, strategy: Strategy, topology: Topology,
         ar = split(across, GRAD_BYTES * float(profile.num_params) / g, int(t["units"]))
         last_ar = across(REDUCE_DTYPE_BYTES * t["last_unit"] / g)
         last_bwd = max(t["last_rs"] + last_ar, t["ag_bwd"] + t["rs"] + ar - hide_bwd)
-        fixed = t["units"] * FSDP_COLLECTIVE_OVERHEAD_S[topology.device]
+        fixed = t["units"] * FSDP_COLLECTIVE_OVERHEAD_S
         total += ar + fixed
         exposed += last_bwd - exposed_bwd + fixed
     return total, exposed

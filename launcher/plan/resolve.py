@@ -150,11 +150,7 @@ def _cached(path: Path, load: Callable[[dict[str, Any]], _T], make: Callable[[],
     except (OSError, ValueError, TypeError):
         pass  # absent or stale: make it again
     value = make()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(path, dataclasses.asdict(value))  # type: ignore[call-overload]
-    except OSError as e:  # a read-only home must not stop planning
-        log.debug("cache entry %s not written: %s", path, e)
+    _store(path, dataclasses.asdict(value))  # type: ignore[call-overload]
     return value
 
 
@@ -244,7 +240,12 @@ def cached_step_timing(workload: str, workload_args: Sequence[str], profile: Mod
            f"{cache_key(info.model, info.usable_cores, torch_version())}-t{threads}-v{STEP_PROBE_FORMAT}")
     path = cache_root() / "steps" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
     try:
-        return WorkloadTiming.from_dict(json.loads(path.read_text(encoding="utf-8")))
+        stored = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(stored, dict) and "failed" in stored:
+            log.debug("step probe of %s failed before (%s); planning from the CPU rates",
+                      profile.name, stored["failed"])
+            return None
+        return WorkloadTiming.from_dict(stored)
     except (OSError, ValueError, TypeError, KeyError, PlanError):
         pass  # absent or stale: measure
     sizes = _probe_sizes(profile, topology)
@@ -257,13 +258,20 @@ def cached_step_timing(workload: str, workload_args: Sequence[str], profile: Mod
     except Exception as e:  # noqa: BLE001 - a workload bug surfaces in the run, with its traceback
         log.debug("step probe of %s failed (%s: %s); planning from the CPU rates", profile.name,
                   type(e).__name__, e)
+        # remembered like a timing (the key holds the workload file's hash): an edited workload
+        # is timed again, an unchanged one does not re-import torch and fail at every plan
+        _store(path, {"failed": f"{type(e).__name__}: {e}"})
         return None
+    _store(path, as_cached(timing))
+    return timing
+
+
+def _store(path: Path, data: Mapping[str, Any]) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(path, as_cached(timing))
+        atomic_write_json(path, data)
     except OSError as e:  # a read-only home must not stop planning
         log.debug("cache entry %s not written: %s", path, e)
-    return timing
 
 
 def plan_workload(workload: str, workload_args: Sequence[str], topology: Topology, goal: Goal, *,

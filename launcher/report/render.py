@@ -172,7 +172,7 @@ def summary_lines(report: ScalingReport) -> list[str]:
     for p in report.points:
         if p.verdict:
             lines.append(f"  {p.name}: {p.verdict['name']} ({p.verdict.get('evidence', '')})")
-        elif p.status != "ok":
+        elif p.status != "ok" and report.tune is None:  # a tune's outcome lines name it
             lines.append(f"  {p.name}: {p.status.upper()}" + (f": {p.error}" if p.error else ""))
         for s in p.stragglers:
             lines.append(f"  STRAGGLER in {p.name}: rank {s['rank']} on {s['host']} (local rank "

@@ -97,6 +97,18 @@ def test_step_timing_is_cached_per_workload_and_threads_and_never_for_gpus(
     # two ranks on two cores: one thread each, another measurement (skipped here: too big)
     huge = dataclasses.replace(profile, num_params=10**10, bytes_by_dtype={"float32": 4 * 10**10})
     assert cached_step_timing(path, args, huge, topology(2)) is None
+    # a workload that fails when timed is remembered too: no second attempt until it changes
+    calls: list[int] = []
+
+    def broken(*a: object, **k: object) -> None:
+        calls.append(1)
+        raise RuntimeError("the workload broke")
+
+    monkeypatch.setattr("launcher.plan.resolve.measure_steps", broken)
+    other = ["--hidden", "32", "--depth", "2"]
+    small = profile_workload(load_workload(path, other))
+    assert cached_step_timing(path, other, small, one) is None
+    assert cached_step_timing(path, other, small, one) is None and calls == [1]
 
 
 # --- what the model makes of them ----------------------------------------------------------------

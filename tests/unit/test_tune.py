@@ -231,3 +231,8 @@ def test_tune_dry_run_prints_every_trials_job_and_starts_nothing(tmp_path: Path)
     assert trials >= 1 and slurm.out.count("#SBATCH --nodes=2") == trials
     assert slurm.out.count("as its own SLURM job") == trials and "--node-rank 1" in slurm.out
     assert not (tmp_path / "t").exists() and not (tmp_path / "runs").exists()
+    # a long warm-up without --steps: the trials grow around it instead of being refused
+    long = run_dlaunch("tune", *common, "--gpus", "2", "--warmup-steps", "20", cwd=tmp_path, env=env)
+    assert long.code == 0, long.err
+    specs = [json.loads(block.split("\n# ", 1)[0]) for block in long.out.split(".json)\n")[1:]]
+    assert specs and all(s["warmup_steps"] == 20 and s["steps"] > 20 for s in specs), specs

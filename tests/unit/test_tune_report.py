@@ -140,6 +140,8 @@ def test_report_cli_recognises_a_tune_dir(tmp_path: Path):
     assert f"  {OK}: ok; predicted 0.01 s/step, 1,600.0 samples/s; measured 0.1 s/step, 160.0 samples/s, " \
            "measured/predicted 10.00  <- chosen" in done.out
     assert f"  {SKIPPED}: skipped; predicted 0.012 s/step, 1,333.3 samples/s; not measured\n" in done.out
+    # each trial that did not finish is named once, with its reason
+    assert done.out.count("injected failure") == 1 and done.out.count("--budget-min reached") == 1, done.out
 
 
 def _profile() -> ModelProfile:
