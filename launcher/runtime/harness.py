@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import logging
 import math
 import time
@@ -206,6 +207,11 @@ def _train(workload: Workload, spec: LaunchSpec, ctx: RankContext,
     held: list[Any] = []  # the micro-batches of the latest step (the calibration replays them)
     nonfinite: dict[str, Any] | None = None  # the first step whose loss was NaN or inf
     last_eval: dict[str, Any] | None = None  # {step, metric: value} of the last evaluation
+    if not gc.isenabled():  # the rank's entry left it off for the setup
+        # what setup made lives for the whole run: frozen, no collection during training
+        # rescans it, and collections run as usual on what training itself makes
+        gc.freeze()
+        gc.enable()
     with resume.Preemption(sigterm=resume.under_slurm()) as preemption:
         try:
             for step in range(start + 1, spec.steps + 1):

@@ -46,6 +46,12 @@ def test_other_workloads_table(dlaunch, tmp_path, workload):
     assert "OK" in table[0]
 
 
+def test_setup_runs_without_the_cyclic_gc_and_training_with_it_on_a_frozen_setup(dlaunch, tmp_path):
+    done = dlaunch("run", str(DATA / "gc_state.py"), "--steps", "3", "--no-calibrate",
+                   "--run-dir", str(tmp_path / "run"))
+    assert done.code == 0, done.out + done.err
+
+
 def test_plain_script_runs_unchanged_and_is_measured(dlaunch, tmp_path):
     done = dlaunch("run", str(DATA / "plain_train.py"), "--gpus", "2", "--run-dir", str(tmp_path / "run"),
                    "--json", env={"PLAIN_STEPS": "12"})
