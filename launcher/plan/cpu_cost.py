@@ -97,15 +97,37 @@ def gemm_rate(topology: Topology, precision: str, rows: float) -> float:
     return rates.gemm_gflops[dtype] * 1e9 * rows / (rows + half)
 
 
-def stream_s(nbytes: float, working_set: float, topology: Topology) -> float:
+def stream_s(nbytes: float, working_set: float, topology: Topology, *,
+             ranks: int | None = None) -> float:
     """Seconds one rank takes to stream `nbytes` over `working_set` bytes: the share of the
     working set that fits the rank's part of the last-level cache moves at the cache's rate,
-    the rest at memory's."""
+    the rest at memory's. `ranks` share the cache and the memory bus (default: the topology's
+    ranks per node; 1: a process alone on the host, as the step probe ran): each gets at most
+    its part of what all cores together stream (when the probe measured that)."""
     rates, share = rates_of(topology.accelerator, topology), core_share(topology)
-    llc = rates.llc_bytes / topology.devices_per_node
+    n = max(1, topology.devices_per_node if ranks is None else ranks)
+    llc = rates.llc_bytes / n
     cached = min(1.0, llc / working_set) if working_set > 0 else 1.0
-    per_byte = cached / rates.cache_gb_s + (1 - cached) / rates.mem_gb_s
-    return nbytes * per_byte / (1e9 * share)
+    cache_rate = _shared_rate(rates.cache_gb_s * share, rates.cache_all_gb_s, n)
+    mem_rate = _shared_rate(rates.mem_gb_s * share, rates.mem_all_gb_s, n)
+    return nbytes * (cached / cache_rate + (1 - cached) / mem_rate) / 1e9
+
+
+def _shared_rate(own_gb_s: float, host_gb_s: float, ranks: int) -> float:
+    """A rank's streaming rate: its threads' own, capped by its part of the host's total."""
+    return own_gb_s if host_gb_s <= 0 else min(own_gb_s, host_gb_s / ranks)
+
+
+def _streams(profile: ModelProfile, precision: str, micro_batch: int,
+             topology: Topology) -> tuple[tuple[float, float], ...]:
+    """(bytes, working set) of one micro-batch's forward streams: ACTIVATION_PASSES over the
+    saved activations at the compute dtype, and every weight once (the probe's GEMMs kept
+    theirs in cache: what dominates a skinny MLP)."""
+    prec = rates_of(topology.accelerator, topology).dtype(precision)
+    act = (profile.activation_bytes_per_sample * micro_batch
+           * COMPUTE_DTYPE_BYTES[prec] / COMPUTE_DTYPE_BYTES["fp32"])
+    weights = COMPUTE_DTYPE_BYTES[prec] * float(profile.num_params)
+    return ((ACTIVATION_PASSES * act, act), (weights, weights))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,8 +166,6 @@ def cpu_forward(profile: ModelProfile, strategy: Strategy, micro_batch: int,
     gemm_flops = max(0.0, profile.flops_fwd_per_sample * micro_batch - attn_flops - conv_flops)
     attn_rate, attn_bwd = rates.attention(prec)
     conv_rate, conv_bwd = rates.conv(prec)
-    act = (profile.activation_bytes_per_sample * micro_batch
-           * COMPUTE_DTYPE_BYTES[prec] / COMPUTE_DTYPE_BYTES["fp32"])
     p = float(profile.num_params)
     cast_fwd = cast_bwd = 0.0
     if prec != "fp32":
@@ -157,11 +177,7 @@ def cpu_forward(profile: ModelProfile, strategy: Strategy, micro_batch: int,
             cast_bwd = CAST_BYTES_PER_PARAM * p
     cast_rate = rates.cast_gb_s * 1e9 * share
     grads = GRAD_TRAFFIC_BYTES * p
-    # every weight streams in once per forward at the compute dtype (the probe's GEMMs kept
-    # theirs in cache): what dominates a skinny MLP
-    weights = COMPUTE_DTYPE_BYTES[prec] * p
-    memory = (stream_s(ACTIVATION_PASSES * act, act, topology)
-              + stream_s(weights, weights, topology))
+    memory = sum(stream_s(b, ws, topology) for b, ws in _streams(profile, prec, micro_batch, topology))
     return CpuForward(
         gemm_s=gemm_flops / (gemm_rate(topology, prec, _rows(profile, micro_batch)) * share),
         attention_s=attn_flops / (attn_rate * share), conv_s=conv_flops / (conv_rate * share),
@@ -170,11 +186,31 @@ def cpu_forward(profile: ModelProfile, strategy: Strategy, micro_batch: int,
         attention_bwd=attn_bwd, conv_bwd=conv_bwd)
 
 
-def cpu_optimizer_s(profile: ModelProfile, group_size: int, topology: Topology) -> float:
-    """The optimizer step over this rank's shard of the parameters."""
+def cpu_optimizer_s(profile: ModelProfile, group_size: int, topology: Topology, *,
+                    ranks: int | None = None) -> float:
+    """The optimizer step over this rank's shard of the parameters (`ranks`: see stream_s)."""
     local = profile.num_params / max(1, group_size)
     # param, grad and two moments: 16 B per parameter stay in the working set
-    return stream_s(OPTIMIZER_BYTES_PER_PARAM * local, 16 * local, topology)
+    return stream_s(OPTIMIZER_BYTES_PER_PARAM * local, 16 * local, topology, ranks=ranks)
+
+
+def shared_memory_s(profile: ModelProfile, precision: str, topology: Topology, micro_batch: int,
+                    grad_accum: int, group_size: int, recompute: float) -> float:
+    """Seconds a rank's step loses to the other ranks of its node over the same step of one
+    process alone (what the step probe timed): its memory streams see its part of the
+    last-level cache and of the memory bus instead of all of it."""
+    if topology.devices_per_node <= 1:
+        return 0.0
+    grads = GRAD_TRAFFIC_BYTES * float(profile.num_params)
+
+    def step(ranks: int | None) -> float:
+        fwd = sum(stream_s(b, ws, topology, ranks=ranks)
+                  for b, ws in _streams(profile, precision, micro_batch, topology))
+        # backward streams the forward's traffic twice, and writes the gradients
+        per_mb = fwd * (1 + recompute) + 2 * fwd + stream_s(grads, grads, topology, ranks=ranks)
+        return grad_accum * per_mb + cpu_optimizer_s(profile, group_size, topology, ranks=ranks)
+
+    return max(0.0, step(None) - step(1))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -224,8 +260,10 @@ def _modelled(profile: ModelProfile, strategy: Strategy, topology: Topology, mic
 def _measured(timing: StepTiming, profile: ModelProfile, topology: Topology, micro_batch: int,
               grad_accum: int, group_size: int, recompute: float) -> tuple[tuple[str, float], ...]:
     """The step's compute from the workload's own timed steps (`step_probe`, taken with this
-    rank's thread count), slowed by time-sharing when ranks outnumber the cores; the optimizer's
-    streaming share (the model's split) shrinks with FSDP's shard, its per-tensor work not."""
+    rank's thread count, alone on the host), slowed by time-sharing when ranks outnumber the
+    cores and by the node's ranks streaming memory side by side (`shared_memory_s`); the
+    optimizer's streaming share (the model's split) shrinks with FSDP's shard, its per-tensor
+    work not."""
     slow = 1 / min(1.0, core_share(topology))
     p = timing.at(micro_batch)
     stream = cpu_optimizer_s(profile, 1, topology)
@@ -233,10 +271,12 @@ def _measured(timing: StepTiming, profile: ModelProfile, topology: Topology, mic
     local = stream / max(1, group_size) + per_tensor
     opt = timing.optimizer_s * (local / (stream + per_tensor) if stream + per_tensor > 0 else 1.0)
     harness = cpu_overhead(profile, topology).harness_s
+    shared = shared_memory_s(profile, timing.precision, topology, micro_batch, grad_accum,
+                             group_size, recompute)
     return (("data", grad_accum * p.data_s * slow),
             ("forward", grad_accum * p.forward_s * (1 + recompute) * slow),
             ("backward", grad_accum * p.backward_s * slow), ("optimizer", opt * slow),
-            ("loop", harness))
+            ("loop", harness), ("shared memory", shared))
 
 
 def cpu_step_time(profile: ModelProfile, strategy: Strategy, topology: Topology,
@@ -263,7 +303,7 @@ def cpu_step_time(profile: ModelProfile, strategy: Strategy, topology: Topology,
                             compute_parts=tuple((k, v) for k, v in parts if v > 0))
 
 
-__all__ = ["CpuForward", "cpu_forward", "stream_s", "cpu_optimizer_s", "cpu_step_time",
+__all__ = ["CpuForward", "cpu_forward", "stream_s", "cpu_optimizer_s", "shared_memory_s", "cpu_step_time",
            "gemm_rate", "CpuOverhead", "cpu_overhead", "OP_COST_SCALE", "BACKWARD_OVERHEAD_FACTOR",
            "ADAMW_OPS_PER_TENSOR", "ADAMW_FIXED_OPS", "HARNESS_STEP_OPS", "ACTIVATION_PASSES",
            "GRAD_TRAFFIC_BYTES", "OPTIMIZER_BYTES_PER_PARAM", "CAST_BYTES_PER_PARAM"]

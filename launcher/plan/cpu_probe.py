@@ -51,7 +51,7 @@ REPEATS = 5
 # ops in the chain of 1-element adds that times per-op overhead: ~2 ms per repeat
 OP_CHAIN = 200
 # bump when `measure` measures differently, so old cache entries are ignored
-PROBE_FORMAT = 4
+PROBE_FORMAT = 5
 
 
 def _best_s(fn: Callable[[], Any], repeats: int) -> float:
@@ -140,7 +140,7 @@ def half_rows(large_gflops: float, skinny_gflops: float, rows: int) -> float:
 
 def measure() -> CpuRates:
     """Time GEMMs, attention, a convolution, a streaming add, a cast and tiny ops on one
-    thread of this host (under a second)."""
+    thread of this host, and the streaming add on all its cores (under a second)."""
     # deferred: the probe runs only when its cache entry is missing
     import torch
 
@@ -159,6 +159,14 @@ def measure() -> CpuRates:
             conv[name], conv_bwd[name] = round(rate, 2), round(factor, 3)
         mem = _stream_gb_s(torch, STREAM_NUMEL, 2)
         cached = _stream_gb_s(torch, CACHED_NUMEL, REPEATS)
+        # every core streaming at once, each over the one-thread working set: the bus and the
+        # last-level cache the ranks of a node share (one process on two EPYC cores: 23 GB/s
+        # each alone, 15.6 each side by side; 88 and 66 on 8 MB each)
+        cores = cpu_info().usable_cores
+        torch.set_num_threads(cores)
+        mem_all = _stream_gb_s(torch, STREAM_NUMEL * cores, 2)
+        cached_all = _stream_gb_s(torch, CACHED_NUMEL * cores, REPEATS)
+        torch.set_num_threads(1)
         src = torch.ones(CACHED_NUMEL)
         half_x = torch.empty(CACHED_NUMEL, dtype=torch.bfloat16)
         cast = 6 * CACHED_NUMEL / _best_s(lambda: half_x.copy_(src), REPEATS) / 1e9
@@ -169,6 +177,7 @@ def measure() -> CpuRates:
     elapsed = time.perf_counter() - started
     return CpuRates(gemm_gflops=gemm, half_rows=half, mem_gb_s=round(mem, 2),
                     cache_gb_s=round(max(cached, mem), 2), cast_gb_s=round(cast, 2),
+                    mem_all_gb_s=round(mem_all, 2), cache_all_gb_s=round(max(cached_all, mem_all), 2),
                     llc_bytes=llc_bytes(), op_s=op_s, graph_op_s=graph_op_s,
                     backward_call_s=backward_s, attention_gflops=attn, attention_bwd_factor=attn_bwd,
                     conv_gflops=conv, conv_bwd_factor=conv_bwd, cpu_model=info.model,

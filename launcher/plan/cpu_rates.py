@@ -60,6 +60,10 @@ class CpuRates:
     cache_gb_s: float  # the same on a working set that fits the last-level cache
     cast_gb_s: float  # fp32 -> bf16 conversion bandwidth (bytes read + written)
     llc_bytes: float = 0.0  # the host's last-level cache (shared by all ranks); 0 = unknown
+    # the same two streams with every usable core streaming at once: what the host's memory
+    # bus and last-level cache deliver in all (the ranks of a node share them); 0 = unknown
+    mem_all_gb_s: float = 0.0
+    cache_all_gb_s: float = 0.0
     # fixed seconds of one 1-element op without (op_s) and with (graph_op_s) autograd graph
     # building, and of one backward() call beyond its nodes
     op_s: float = DEFAULT_OP_S
@@ -83,6 +87,8 @@ class CpuRates:
                             *self.conv_gflops.items(), ("mem_gb_s", self.mem_gb_s),
                             ("cache_gb_s", self.cache_gb_s), ("cast_gb_s", self.cast_gb_s)):
             check(value > 0, PlanError, f"CPU rate {name} must be > 0, got {value}")
+        check(self.mem_all_gb_s >= 0 and self.cache_all_gb_s >= 0, PlanError,
+              "CPU all-core streaming rates must be >= 0")
         check(all(v >= 0 for v in self.half_rows.values()), PlanError,
               "CPU GEMM half_rows must be >= 0")
         check(all(v > 0 for v in (*self.attention_bwd_factor.values(), *self.conv_bwd_factor.values())),

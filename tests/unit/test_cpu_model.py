@@ -180,3 +180,29 @@ def test_profile_splits_attention_and_convolution_flops_and_counts_batch_norms()
     assert resnet.conv_flops_fwd_per_sample > 0.99 * resnet.flops_fwd_per_sample
     assert resnet.batch_norms == 15 and resnet.attention_flops_fwd_per_sample == 0
     assert mlp.attention_flops_fwd_per_sample == mlp.conv_flops_fwd_per_sample == 0
+
+
+def test_ranks_side_by_side_share_the_memory_bus_and_cache_the_probe_had_alone():
+    from launcher.plan.cpu_cost import shared_memory_s, stream_s
+
+    shared = dataclasses.replace(RATES, mem_all_gb_s=30.0, cache_all_gb_s=90.0)
+
+    def topo(ranks: int, rates: CpuRates) -> Topology:
+        return dataclasses.replace(topology(ranks), accelerator=dataclasses.replace(
+            topology(ranks).accelerator, rates=rates))
+
+    mb = 2**20
+    # 64 MiB over a 64 MiB working set: 16 MiB of LLC per rank of two, 32 MiB alone
+    alone = stream_s(64 * mb, 64 * mb, topo(2, shared), ranks=1)
+    assert alone == pytest.approx(64 * mb * (0.5 / 60 + 0.5 / 20) / 1e9)
+    two = stream_s(64 * mb, 64 * mb, topo(2, shared))
+    assert two == pytest.approx(64 * mb * (0.25 / 45 + 0.75 / 15) / 1e9)  # 90/2, 30/2 per rank
+    # unknown all-core rates: each rank streams at its own threads' rate
+    assert stream_s(64 * mb, 64 * mb, topo(2, RATES)) == pytest.approx(64 * mb * (0.25 / 60 + 0.75 / 20) / 1e9)
+    big = dataclasses.replace(PROFILE, num_params=10**7, bytes_by_dtype={"float32": 4 * 10**7})
+    s = Strategy(kind="ddp")
+    extra = shared_memory_s(big, "fp32", topo(2, shared), 8, 1, 1, 0.0)
+    assert extra > 0 and shared_memory_s(big, "fp32", topo(1, shared), 8, 1, 1, 0.0) == 0.0
+    parts = dict(step_time(big, s, topo(2, shared), 8, 1, timing=timing(1)).compute_parts)
+    assert parts["shared memory"] == pytest.approx(extra)
+    assert "shared memory" not in dict(step_time(big, s, topo(1, shared), 8, 1, timing=timing(2)).compute_parts)
