@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.hardware.detect import usable_cores
+from launcher.hardware.types import rank_threads
 from launcher.rundir import RunPaths
 
 REPO = Path(__file__).resolve().parent.parent
@@ -49,7 +50,7 @@ class Timing:
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": str(max(1, usable_cores() // RANKS))}
+    return {**os.environ, "OMP_NUM_THREADS": str(rank_threads(usable_cores(), RANKS))}
 
 
 def _timing(ends: list[list[float]], micro_batch: int, warmup: int, t0: float,

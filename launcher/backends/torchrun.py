@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from launcher.backends import RANK_ENTRY_MODULE
+from launcher.hardware.types import rank_threads
 from launcher.rundir import RunPaths
 from launcher.specs import LaunchSpec
 
@@ -38,8 +39,7 @@ def rank_env(spec: LaunchSpec, *, base_env: Mapping[str, str], cores: int) -> di
         "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), base_env.get("PYTHONPATH", "")) if p),
     }
     if "OMP_NUM_THREADS" not in base_env:
-        # ranks that each take every core fight for them: several times slower than one share each
-        env["OMP_NUM_THREADS"] = str(max(1, cores // spec.nproc_per_node))
+        env["OMP_NUM_THREADS"] = str(rank_threads(cores, spec.nproc_per_node))
     if spec.device == "cuda" and "PYTORCH_CUDA_ALLOC_CONF" not in base_env:
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     if spec.max_restarts > 0 or spec.checkpoint_every > 0:

@@ -84,6 +84,12 @@ class Nic:
     speed_gbit_s: float
 
 
+def rank_threads(cores: int, ranks: int) -> int:
+    """The OpenMP threads each of `ranks` processes sharing `cores` cores runs: an equal share,
+    at least one (ranks that each take every core fight for them, several times slower)."""
+    return max(1, cores // max(1, ranks))
+
+
 @dataclass(frozen=True, kw_only=True)
 class Topology:
     """A machine or cluster: nodes, devices per node, and the links between them."""
@@ -115,6 +121,11 @@ class Topology:
     def world_size(self) -> int:
         """Total number of ranks (one per device)."""
         return self.num_nodes * self.devices_per_node
+
+    @property
+    def rank_threads(self) -> int:
+        """The OpenMP threads each CPU rank of a node runs (see `rank_threads`)."""
+        return rank_threads(self.cpu_cores_per_node, self.devices_per_node)
 
     def with_shape(self, *, num_nodes: int, devices_per_node: int) -> Topology:
         """The same hardware with a different number of nodes or devices per node."""

@@ -33,7 +33,7 @@ from collections.abc import Callable
 
 from launcher.hardware.types import Topology
 from launcher.plan.collectives import group_collectives, replica_allreduce
-from launcher.plan.cpu_rates import core_share, gloo_of, rates_of
+from launcher.plan.cpu_rates import gloo_of, rates_of, time_share
 from launcher.plan.memory import COMPUTE_DTYPE_BYTES, DDP_BUCKET_CAP_BYTES, GRAD_BYTES, unsharded_root_params
 from launcher.specs import ModelProfile, Strategy
 
@@ -110,7 +110,7 @@ def fsdp_overhead_s(profile: ModelProfile, strategy: Strategy, topology: Topolog
     parameter tensor, in the probe's per-op cost, on the rank's share of a core."""
     units, _, _ = fsdp_units(profile, strategy)
     rates = rates_of(topology.accelerator, topology)
-    slow = 1 / min(1.0, core_share(topology))
+    slow = time_share(topology)
     fixed = (FSDP_UNIT_OPS * units + FSDP_TENSOR_OPS * profile.param_tensors) * rates.op_s
     per_param = FSDP_PARAM_BYTES * profile.num_params / (rates.mem_gb_s * 1e9)
     return (fixed + per_param) * slow
@@ -126,7 +126,7 @@ def cpu_sharded_comm(profile: ModelProfile, strategy: Strategy, topology: Topolo
     gathers = 1 if strategy.kind == "fsdp_grad_op" else 2
     c = COMPUTE_DTYPE_BYTES[strategy.precision]
     rates = rates_of(topology.accelerator, topology)
-    handling = FSDP_COLLECTIVE_OPS * rates.op_s / min(1.0, core_share(topology))
+    handling = FSDP_COLLECTIVE_OPS * rates.op_s * time_share(topology)
     per_mb = units * (gathers * (ops["ag"](c * per_unit) + handling)
                       + ops["rs"](GRAD_BYTES * per_unit) + handling)
     total = grad_accum * per_mb

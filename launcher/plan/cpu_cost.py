@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 from launcher.hardware.types import Topology
 from launcher.plan.cpu_comm import cpu_ddp_comm, cpu_sharded_comm, fsdp_overhead_s
-from launcher.plan.cpu_rates import core_share, rates_of
+from launcher.plan.cpu_rates import core_share, rates_of, time_share
 from launcher.plan.memory import COMPUTE_DTYPE_BYTES, GRAD_BYTES
 from launcher.plan.step_probe import StepTiming
 from launcher.plan.types import StepTimeEstimate
@@ -234,7 +234,7 @@ def cpu_overhead(profile: ModelProfile, topology: Topology) -> CpuOverhead:
     if profile.forward_ops == 0:
         return CpuOverhead(forward_s=0.0, backward_s=0.0, optimizer_s=0.0, harness_s=0.0)
     rates = rates_of(topology.accelerator, topology)
-    slow = 1 / min(1.0, core_share(topology))
+    slow = time_share(topology)
     forward = OP_COST_SCALE * profile.forward_ops * rates.graph_op_s * slow
     # every rank steps every parameter tensor (FSDP's are shards of each)
     optimizer = (ADAMW_OPS_PER_TENSOR * profile.param_tensors + ADAMW_FIXED_OPS) * rates.op_s
@@ -264,7 +264,7 @@ def _measured(timing: StepTiming, profile: ModelProfile, topology: Topology, mic
     cores and by the node's ranks streaming memory side by side (`shared_memory_s`); the
     optimizer's streaming share (the model's split) shrinks with FSDP's shard, its per-tensor
     work not."""
-    slow = 1 / min(1.0, core_share(topology))
+    slow = time_share(topology)
     p = timing.at(micro_batch)
     stream = cpu_optimizer_s(profile, 1, topology)
     per_tensor = cpu_overhead(profile, topology).optimizer_s

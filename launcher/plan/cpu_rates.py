@@ -176,14 +176,20 @@ def core_share(topology: Topology) -> float:
     """Cores' worth of compute one rank gets: its threads (cores // ranks, at least 1; the
     extra ones at PARALLEL_EFFICIENCY), or cores/ranks when ranks outnumber the cores."""
     cores, ranks = max(1, topology.cpu_cores_per_node), topology.devices_per_node
-    threads = max(1, cores // ranks)
+    threads = topology.rank_threads
     if ranks > cores:
         return cores / ranks
     return 1 + (threads - 1) * PARALLEL_EFFICIENCY
 
 
+def time_share(topology: Topology) -> float:
+    """How much longer one thread's work takes on a rank: ranks / cores when the ranks outnumber
+    the cores (they time-share them), else 1 (extra threads do not speed up serial work)."""
+    return 1 / min(1.0, core_share(topology))
+
+
 __all__ = ["CpuRates", "GlooRates", "ProbedCpu", "COLLECTIVES", "rates_of", "gloo_of",
-           "core_share", "PARALLEL_EFFICIENCY", "DEFAULT_OP_S", "DEFAULT_GRAPH_OP_S",
+           "core_share", "time_share", "PARALLEL_EFFICIENCY", "DEFAULT_OP_S", "DEFAULT_GRAPH_OP_S",
            "DEFAULT_BACKWARD_CALL_S", "DEFAULT_LLC_BYTES", "DEFAULT_HALF_ROWS", "DEFAULT_MEM_GB_S",
            "DEFAULT_CACHE_GB_S", "DEFAULT_CAST_GB_S", "DEFAULT_ATTENTION_FRACTION",
            "DEFAULT_ATTENTION_BWD", "DEFAULT_CONV_BWD"]

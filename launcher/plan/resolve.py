@@ -204,11 +204,6 @@ def _gloo_or_none(ranks: int) -> GlooRates | None:
         return None
 
 
-def step_threads(topology: Topology) -> int:
-    """The OpenMP threads each rank of a CPU topology runs (the launcher's OMP_NUM_THREADS)."""
-    return max(1, topology.cpu_cores_per_node // max(1, topology.devices_per_node))
-
-
 def _probe_sizes(profile: ModelProfile, topology: Topology) -> tuple[int, ...]:
     """The micro-batches the step probe may time for `profile` on one rank of `topology`
     (`step_probe.probe_micro_batches`), or () when the model is too big to build here."""
@@ -216,7 +211,7 @@ def _probe_sizes(profile: ModelProfile, topology: Topology) -> tuple[int, ...]:
     if state > min(MAX_STATE_BYTES, 0.25 * psutil.virtual_memory().available):
         return ()
     one = dataclasses.replace(topology, devices_per_node=1, num_nodes=1,
-                              cpu_cores_per_node=step_threads(topology))
+                              cpu_cores_per_node=topology.rank_threads)
     step_s = {}
     for mb in {1, *MICRO_BATCHES}:
         if profile.activation_bytes_per_sample * mb + state > MAX_STATE_BYTES:
@@ -234,7 +229,7 @@ def cached_step_timing(workload: str, workload_args: Sequence[str], profile: Mod
     will say why)."""
     if topology.device != "cpu" or topology.num_nodes != 1:
         return None
-    threads = step_threads(topology)
+    threads = topology.rank_threads
     info = cpu_info()
     key = (f"{_cache_key(workload, workload_args)}-"
            f"{cache_key(info.model, info.usable_cores, torch_version())}-t{threads}-v{STEP_PROBE_FORMAT}")

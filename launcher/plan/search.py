@@ -103,8 +103,7 @@ def _env(topology: Topology) -> dict[str, str]:
     env: dict[str, str] = {}
     if topology.device == "cpu":
         # torchrun only sets OMP_NUM_THREADS=1 when nproc > 1; oversubscribed cores run 4x slower
-        threads = max(1, topology.cpu_cores_per_node // topology.devices_per_node)
-        env["OMP_NUM_THREADS"] = str(threads)
+        env["OMP_NUM_THREADS"] = str(topology.rank_threads)
         return env
     # fewer fragmentation OOMs with changing shapes; the memory model assumes it
     env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
