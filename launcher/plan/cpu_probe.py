@@ -145,6 +145,7 @@ def measure() -> CpuRates:
     import torch
 
     started = time.perf_counter()
+    info = cpu_info()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -162,10 +163,9 @@ def measure() -> CpuRates:
         # every core streaming at once, each over the one-thread working set: the bus and the
         # last-level cache the ranks of a node share (one process on two EPYC cores: 23 GB/s
         # each alone, 15.6 each side by side; 88 and 66 on 8 MB each)
-        cores = cpu_info().usable_cores
-        torch.set_num_threads(cores)
-        mem_all = _stream_gb_s(torch, STREAM_NUMEL * cores, 2)
-        cached_all = _stream_gb_s(torch, CACHED_NUMEL * cores, REPEATS)
+        torch.set_num_threads(info.usable_cores)
+        mem_all = _stream_gb_s(torch, STREAM_NUMEL * info.usable_cores, 2)
+        cached_all = _stream_gb_s(torch, CACHED_NUMEL * info.usable_cores, REPEATS)
         torch.set_num_threads(1)
         src = torch.ones(CACHED_NUMEL)
         half_x = torch.empty(CACHED_NUMEL, dtype=torch.bfloat16)
@@ -173,7 +173,6 @@ def measure() -> CpuRates:
         op_s, graph_op_s, backward_s = _op_overheads(torch)
     finally:
         torch.set_num_threads(threads)
-    info = cpu_info()
     elapsed = time.perf_counter() - started
     return CpuRates(gemm_gflops=gemm, half_rows=half, mem_gb_s=round(mem, 2),
                     cache_gb_s=round(max(cached, mem), 2), cast_gb_s=round(cast, 2),

@@ -51,7 +51,6 @@ def test_inspect_json_says_cpu_with_this_hosts_cores(dlaunch):
         quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
         expected = min(expected, max(1, math.ceil(int(quota) / int(period))))
     assert cores == expected
-    assert 1 <= cores <= min(affinity, psutil.cpu_count(logical=False) or affinity)
     smt = (psutil.cpu_count(logical=True) or 1) > (psutil.cpu_count(logical=False) or 1)
     if not smt and not _cgroup_quota_limited():
         assert cores == affinity  # one rank per core this process may run on
