@@ -1,10 +1,13 @@
 """The CPU step-time model against real runs: predicted vs measured median step time per cell.
 
     .venv/bin/python benchmarks/cpu_truth.py [--workloads mlp gpt resnet] [--strategies ddp
-        fsdp_full] [--precisions fp32 bf16] [--ranks 1 2 4] [--steps 20] [--repeats 3] [--json FILE]
+        fsdp_full] [--precisions fp32 bf16] [--ranks 1 2 4] [--steps 20] [--min-train-s 2]
+        [--repeats 3] [--json FILE]
 
 Each cell is a real `dlaunch run` on this machine (torchrun, gloo) with the strategy and
-precision forced, checkpointing off and the micro-batch left to the plan; the run plans first
+precision forced, checkpointing off and the micro-batch left to the plan, for `--steps` or as
+many more as the plan predicts to take `--min-train-s` (the model predicts the steady state: a
+tiny model's first steps run slower and 20 of them are over in 0.1 s); the run plans first
 (its plan.json holds the predicted step time, the CPU probe's rates included) and its
 result.json carries both numbers in its `prediction` block. FSDP on one rank is run when the
 planner accepts it; a refused cell is printed with the reason. The load average is printed
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -38,6 +42,29 @@ def load_average() -> float:
     return float(Path("/proc/loadavg").read_text(encoding="utf-8").split()[0])
 
 
+def _env(root: Path) -> dict[str, str]:
+    # probes of its own, and no step-time corrections from earlier `dlaunch tune`s on this
+    # host: the grid judges the model alone
+    return {**os.environ, "PYTHONPATH": str(REPO), "DLAUNCH_CACHE_DIR": str(root.parent / "cache")}
+
+
+def cell_steps(workload: str, strategy: str, precision: str, ranks: int, steps: int,
+               min_train_s: float, root: Path) -> int:
+    """`steps`, or more where the plan predicts they would train for under `min_train_s`: the
+    model predicts the steady state, which a few milliseconds of a tiny model's training have
+    not reached (its first steps run 1.3-1.8x slower)."""
+    proc = subprocess.run([*DLAUNCH, "plan", str(REPO / "workloads" / f"{workload}.py"), "--gpus",
+                           str(ranks), "--strategy", strategy, "--precision", precision,
+                           "--no-checkpointing", "--json"], cwd=REPO, capture_output=True,
+                          text=True, check=False, env=_env(root))
+    try:
+        t = json.loads(proc.stdout)["plan"]["chosen"]["time"]
+    except (ValueError, KeyError, TypeError):
+        return steps  # the run says why
+    step_s = t["compute_s"] + t["comm_exposed_s"] + t["contention_s"] + t["sync_wait_s"]
+    return max(steps, math.ceil(min_train_s / step_s)) if step_s > 0 else steps
+
+
 def run_cell(workload: str, strategy: str, precision: str, ranks: int, steps: int,
              root: Path) -> dict[str, Any]:
     """One `dlaunch run` of the cell; its predicted and measured step times, or why not."""
@@ -47,13 +74,10 @@ def run_cell(workload: str, strategy: str, precision: str, ranks: int, steps: in
            "--strategy", strategy, "--precision", precision, "--no-checkpointing",
            "--steps", str(steps), "--no-calibrate", "--run-dir", str(run_dir), "--force"]
     cell: dict[str, Any] = {"workload": workload, "strategy": strategy, "precision": precision,
-                            "ranks": ranks, "load_before": load_average()}
+                            "ranks": ranks, "steps": steps, "load_before": load_average()}
     started = time.monotonic()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False,
-                          env={**os.environ, "PYTHONPATH": str(REPO),
-                               # probes of its own, and no step-time corrections from earlier
-                               # `dlaunch tune`s on this host: the grid judges the model alone
-                               "DLAUNCH_CACHE_DIR": str(root.parent / "cache")})
+                          env=_env(root))
     cell["wall_s"] = round(time.monotonic() - started, 1)
     cell["load_after"] = load_average()
     result_path = run_dir / "result.json"
@@ -104,7 +128,7 @@ def format_cell(c: dict[str, Any]) -> str:
     if "ratio" not in c:
         return head + "no prediction in result.json"
     mark = "ok" if abs(c["ratio"] - 1) <= TARGET else "MISS"
-    return head + (f"mb {c.get('micro_batch') or '?':>3}  predicted {c['predicted_s']:8.4f} s  "
+    return head + (f"mb {c.get('micro_batch') or '?':>3}  steps {c.get('steps', '?'):>4}  predicted {c['predicted_s']:8.4f} s  "
                    f"measured {c['measured_s']:8.4f} s  measured/predicted {c['ratio']:5.2f}  {mark}")
 
 
@@ -115,7 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--strategies", nargs="+", default=["ddp", "fsdp_full"])
     ap.add_argument("--precisions", nargs="+", default=["fp32", "bf16"])
     ap.add_argument("--ranks", nargs="+", type=int, default=[1, 2, 4])
-    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--steps", type=int, default=20, help="steps per run, at least")
+    ap.add_argument("--min-train-s", type=float, default=2.0,
+                    help="more steps where the plan predicts the run would train for less")
     ap.add_argument("--repeats", type=int, default=3,
                     help="runs per cell, in alternate passes over the grid; the median counts")
     ap.add_argument("--json", metavar="FILE", help="also write the grid as JSON")
@@ -126,10 +152,14 @@ def main(argv: list[str] | None = None) -> int:
             for r in args.ranks]
     runs: dict[tuple[str, str, str, int], list[dict[str, Any]]] = {key: [] for key in grid}
     with tempfile.TemporaryDirectory(prefix="cpu-truth-") as tmp:
+        steps: dict[tuple[str, str, str, int], int] = {}
         for rep in range(args.repeats):
             # alternate passes: drift in the host's speed hits every cell alike
             for key in grid if rep % 2 == 0 else reversed(grid):
-                cell = run_cell(*key, args.steps, Path(tmp) / f"r{rep}")
+                root = Path(tmp) / f"r{rep}"
+                if key not in steps:
+                    steps[key] = cell_steps(*key, args.steps, args.min_train_s, root)
+                cell = run_cell(*key, steps[key], root)
                 runs[key].append(cell)
                 print(f"[{rep + 1}/{args.repeats}] " + format_cell(cell), flush=True)
     cells = [combine(runs[key]) for key in grid]

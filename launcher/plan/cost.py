@@ -42,7 +42,7 @@ from launcher.hardware.types import DeviceSpec, Topology
 from launcher.plan.collectives import ddp_comm, sharded_comm
 from launcher.plan.cpu_cost import cpu_step_time
 from launcher.plan.memory import COMPUTE_DTYPE_BYTES
-from launcher.plan.step_probe import WorkloadTiming
+from launcher.plan.step_probe import WorkloadTiming, timing_key
 from launcher.plan.types import StepTimeEstimate
 from launcher.specs import ModelProfile, Strategy
 
@@ -257,7 +257,9 @@ def step_time(profile: ModelProfile, strategy: Strategy, topology: Topology, mic
     """
     device, kind, n = topology.accelerator, topology.device, topology.world_size
     if device.compute_capability is None:
-        measured = timing.precisions.get(strategy.precision) if timing is not None else None
+        key = timing_key(strategy.precision, strategy.kind, profile.batch_norms)
+        measured = None if timing is None else (timing.precisions.get(key)
+                                                or timing.precisions.get(strategy.precision))
         return cpu_step_time(profile, strategy, topology, micro_batch, grad_accum,
                              group_size=shard_group_size(strategy.kind, topology),
                              recompute=_recompute(strategy, recompute_fraction), timing=measured)

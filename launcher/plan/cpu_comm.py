@@ -8,7 +8,8 @@ file of another host, several nodes) the topology's link figures give the alpha-
 `collectives`.
 
 - DDP: one all-reduce per bucket of the fp32 gradients per optimizer step (DDP's first bucket
-  holds 1 MiB, the rest 25 MiB each).
+  holds 1 MiB, the rest 25 MiB each), and the reducer's handling of each (DDP_BUCKET_OPS); at
+  one rank too (`cpu_cost`: DDP has no one-rank shortcut).
 - FSDP2 (full shard, grad-op): per micro-batch and unit, an all-gather of the unit's parameters
   at the compute dtype in forward and (full shard) again in backward, and a reduce-scatter of
   its fp32 gradients; plus FSDP2's own work per unit and parameter tensor (hooks, DTensor
@@ -57,6 +58,12 @@ FSDP_TENSOR_OPS = 60.0
 # put every cell within 12% (docs/benchmarks.md); neither is fitted per workload
 FSDP_PARAM_BYTES = 80.0
 FSDP_COLLECTIVE_OPS = 150.0
+# DDP's reducer per bucket beyond gloo's own time (marking the bucket ready from the gradient
+# hooks, launching the all-reduce, waiting on its future, copying the result back), in the
+# probe's ops: workloads/mlp.py (two buckets) at one rank, two threads, on a 2-core EPYC VM
+# (torch 2.13) stepped 0.55-0.75 ms slower under DDP than unwrapped, of which the 1-rank gloo
+# probe's two all-reduces are ~0.3 ms: ~0.17 ms per bucket against the probe's 2.7 us op
+DDP_BUCKET_OPS = 60.0
 
 
 def ddp_buckets(grad_bytes: float) -> list[float]:
@@ -90,9 +97,11 @@ def _ops(topology: Topology, *, within_node: bool = False) -> dict[str, Callable
 
 
 def cpu_ddp_comm(profile: ModelProfile, topology: Topology) -> float:
-    """Seconds of DDP's bucketed all-reduce of the fp32 gradients, once per optimizer step."""
+    """Seconds of DDP's bucketed all-reduce of the fp32 gradients, once per optimizer step, and
+    the reducer's handling of each bucket."""
     ar = _ops(topology)["ar"]
-    return sum(ar(b) for b in ddp_buckets(GRAD_BYTES * float(profile.num_params)))
+    handling = DDP_BUCKET_OPS * rates_of(topology.accelerator, topology).op_s * time_share(topology)
+    return sum(ar(b) + handling for b in ddp_buckets(GRAD_BYTES * float(profile.num_params)))
 
 
 def fsdp_units(profile: ModelProfile, strategy: Strategy) -> tuple[int, float, float]:
@@ -138,4 +147,4 @@ def cpu_sharded_comm(profile: ModelProfile, strategy: Strategy, topology: Topolo
 
 __all__ = ["gloo_topology", "cpu_ddp_comm", "cpu_sharded_comm", "fsdp_overhead_s", "fsdp_units", "ddp_buckets",
            "DDP_FIRST_BUCKET_BYTES", "FSDP_UNIT_OPS", "FSDP_TENSOR_OPS", "FSDP_PARAM_BYTES",
-           "FSDP_COLLECTIVE_OPS"]
+           "FSDP_COLLECTIVE_OPS", "DDP_BUCKET_OPS"]

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 from launcher.hardware.types import Topology
 from launcher.plan.cpu_comm import cpu_ddp_comm, cpu_sharded_comm, fsdp_overhead_s
-from launcher.plan.cpu_rates import core_share, rates_of, time_share
+from launcher.plan.cpu_rates import core_share, gloo_of, rates_of, time_share
 from launcher.plan.memory import COMPUTE_DTYPE_BYTES, GRAD_BYTES
 from launcher.plan.step_probe import StepTiming
 from launcher.plan.types import StepTimeEstimate
@@ -99,23 +99,22 @@ def gemm_rate(topology: Topology, precision: str, rows: float) -> float:
 
 def stream_s(nbytes: float, working_set: float, topology: Topology, *,
              ranks: int | None = None) -> float:
-    """Seconds one rank takes to stream `nbytes` over `working_set` bytes: the share of the
-    working set that fits the rank's part of the last-level cache moves at the cache's rate,
-    the rest at memory's. `ranks` share the cache and the memory bus (default: the topology's
-    ranks per node; 1: a process alone on the host, as the step probe ran): each gets at most
-    its part of what all cores together stream (when the probe measured that)."""
+    """Seconds one rank takes to stream `nbytes` over `working_set` bytes while `ranks` ranks
+    share the host (default: the topology's ranks per node; 1: a process alone, as the step
+    probe ran). Each of the rank's threads streams its part of the working set at the probe's
+    rate for that size (`CpuRates.stream_gb_s`): alone when it is the host's only streaming
+    thread, the all-core rate when every core streams (in between, in proportion to the cores
+    busy); ranks that time-share the cores take turns in one cache, so each sees all of theirs."""
     rates, share = rates_of(topology.accelerator, topology), core_share(topology)
     n = max(1, topology.devices_per_node if ranks is None else ranks)
-    llc = rates.llc_bytes / n
-    cached = min(1.0, llc / working_set) if working_set > 0 else 1.0
-    cache_rate = _shared_rate(rates.cache_gb_s * share, rates.cache_all_gb_s, n)
-    mem_rate = _shared_rate(rates.mem_gb_s * share, rates.mem_all_gb_s, n)
-    return nbytes * (cached / cache_rate + (1 - cached) / mem_rate) / 1e9
-
-
-def _shared_rate(own_gb_s: float, host_gb_s: float, ranks: int) -> float:
-    """A rank's streaming rate: its threads' own, capped by its part of the host's total."""
-    return own_gb_s if host_gb_s <= 0 else min(own_gb_s, host_gb_s / ranks)
+    cores = max(1, topology.cpu_cores_per_node)
+    running = min(n, cores)
+    threads = max(1, topology.rank_threads) if n <= cores else 1
+    per_thread = working_set * (n / running) / threads
+    alone = 1 / rates.stream_gb_s(per_thread)
+    busy = min(1.0, (running * threads - 1) / max(1, cores - 1)) if cores > 1 else 0.0
+    s_per_gb = alone + busy * (1 / rates.stream_gb_s(per_thread, all_cores=True) - alone)
+    return nbytes * s_per_gb / share / 1e9
 
 
 def _streams(profile: ModelProfile, precision: str, micro_batch: int,
@@ -293,6 +292,11 @@ def cpu_step_time(profile: ModelProfile, strategy: Strategy, topology: Topology,
         parts = _modelled(profile, strategy, topology, micro_batch, grad_accum, group_size, recompute)
     if strategy.kind != "ddp":
         parts += (("FSDP work", grad_accum * fsdp_overhead_s(profile, strategy, topology)),)
+    if topology.world_size <= 1 and strategy.kind == "ddp" and gloo_of(topology) is not None:
+        # DDP has no one-rank shortcut: every bucket still goes through gloo (a 1-rank all-reduce
+        # on its worker thread): 0.55-0.75 ms per step of workloads/mlp.py's two buckets on a
+        # 2-core VM, a fifth of its step, measured against the same loop unwrapped
+        parts += (("DDP buckets", cpu_ddp_comm(profile, topology)),)
     compute = sum(v for _, v in parts)
     if topology.world_size <= 1:
         return StepTimeEstimate(compute_s=compute, comm_total_s=0.0, comm_exposed_s=0.0,

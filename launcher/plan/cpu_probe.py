@@ -5,8 +5,9 @@ file or CPU flags suggest: GEMMs at a large and a skinny shape for fp32 and bf16
 far below fp32 on CPUs without avx512_bf16/AMX), causal attention (the CPU flash kernel; its
 bf16 backward ran 5x its forward at 128 tokens on an EPYC VM, fp32's 2.9x) and a 3x3
 convolution, forward and backward, per dtype (bf16 convolutions reached 0.74 of the bf16 GEMM
-rate there, fp32 ones all of it), streaming bandwidth and the fp32 -> bf16 cast rate; and the
-fixed cost of one tiny op (Python, dispatcher, autograd) with and without building the
+rate there, fp32 ones all of it), streaming bandwidth by working set, alone and with every core
+streaming at once (what a rank keeps of the shared cache and memory bus), and the fp32 -> bf16
+cast rate; and the fixed cost of one tiny op (Python, dispatcher, autograd) with and without building the
 autograd graph, and of one backward() call. Each is the best of a few repeats with one thread,
 so a busy host disturbs it less.
 `resolve.cached_cpu_rates` caches the result next to the profiles, under `cache_key` (CPU model,
@@ -38,10 +39,11 @@ log = logging.getLogger(__name__)
 # rows (8: an MLP's micro-batch) show how fast the rate falls with fewer rows
 LARGE_GEMM = (256, 512, 512)
 SKINNY_GEMM = (8, 512, 512)
-# elements of the streamed tensors: 4 x 2^24 B = 64 MiB each, beyond most caches; and
-# 4 x 2^20 B = 4 MiB each, within most last-level caches, beyond most L2s
-STREAM_NUMEL = 1 << 24
-CACHED_NUMEL = 1 << 20
+# working sets (MiB one thread streams over: its input and output) of the streaming add, from
+# within a core's L2 to beyond most last-level caches; dense where caches stop holding them
+STREAM_MIB = (1, 4, 8, 12, 16, 24, 32, 64)
+# elements of the cast's fp32 source: 4 MiB, within most last-level caches
+CAST_NUMEL = 1 << 20
 LLC_SYSFS = Path("/sys/devices/system/cpu/cpu0/cache")
 # (batch, heads, tokens, head dim): causal SDPA of a small transformer's attention
 ATTENTION_SHAPE = (4, 4, 256, 64)
@@ -51,7 +53,7 @@ REPEATS = 5
 # ops in the chain of 1-element adds that times per-op overhead: ~2 ms per repeat
 OP_CHAIN = 200
 # bump when `measure` measures differently, so old cache entries are ignored
-PROBE_FORMAT = 5
+PROBE_FORMAT = 6
 
 
 def _best_s(fn: Callable[[], Any], repeats: int) -> float:
@@ -75,6 +77,22 @@ def _stream_gb_s(torch: Any, numel: int, repeats: int) -> float:
     out = torch.empty_like(x)
     # read x, write out: 8 bytes per element
     return 8 * numel / _best_s(lambda: torch.add(x, 1.0, out=out), repeats) / 1e9
+
+
+def _stream_curve(torch: Any, cores: int) -> tuple[tuple[float, float, float], ...]:
+    """(working set bytes, GB/s of one thread alone, GB/s of each of `cores` threads streaming
+    as much at once) at each of STREAM_MIB: the cache a thread keeps, alone and beside others."""
+    curve = []
+    for mib in STREAM_MIB:
+        numel, repeats = mib * 2**20 // 8, REPEATS if mib <= 32 else 2
+        torch.set_num_threads(1)
+        alone = _stream_gb_s(torch, numel, repeats)
+        # one add over cores x the elements splits into one contiguous part per thread
+        torch.set_num_threads(cores)
+        together = _stream_gb_s(torch, numel * cores, repeats) / cores
+        curve.append((float(mib * 2**20), round(alone, 2), round(together, 2)))
+    torch.set_num_threads(1)
+    return tuple(curve)
 
 
 def _attention(torch: Any, dtype: Any) -> tuple[float, float]:
@@ -140,7 +158,7 @@ def half_rows(large_gflops: float, skinny_gflops: float, rows: int) -> float:
 
 def measure() -> CpuRates:
     """Time GEMMs, attention, a convolution, a streaming add, a cast and tiny ops on one
-    thread of this host, and the streaming add on all its cores (under a second)."""
+    thread of this host, and the streaming add on all its cores (about a second)."""
     # deferred: the probe runs only when its cache entry is missing
     import torch
 
@@ -158,26 +176,19 @@ def measure() -> CpuRates:
             attn[name], attn_bwd[name] = round(rate, 2), round(factor, 3)
             rate, factor = _conv(torch, dtype)
             conv[name], conv_bwd[name] = round(rate, 2), round(factor, 3)
-        mem = _stream_gb_s(torch, STREAM_NUMEL, 2)
-        cached = _stream_gb_s(torch, CACHED_NUMEL, REPEATS)
-        # every core streaming at once, each over the one-thread working set: the bus and the
-        # last-level cache the ranks of a node share (one process on two EPYC cores: 23 GB/s
-        # each alone, 15.6 each side by side; 88 and 66 on 8 MB each)
-        torch.set_num_threads(info.usable_cores)
-        mem_all = _stream_gb_s(torch, STREAM_NUMEL * info.usable_cores, 2)
-        cached_all = _stream_gb_s(torch, CACHED_NUMEL * info.usable_cores, REPEATS)
-        torch.set_num_threads(1)
-        src = torch.ones(CACHED_NUMEL)
-        half_x = torch.empty(CACHED_NUMEL, dtype=torch.bfloat16)
-        cast = 6 * CACHED_NUMEL / _best_s(lambda: half_x.copy_(src), REPEATS) / 1e9
+        # the ranks of a node share the last-level cache and the memory bus: the curve is what
+        # one thread keeps of them alone and with every core streaming beside it
+        curve = _stream_curve(torch, info.usable_cores)
+        src = torch.ones(CAST_NUMEL)
+        half_x = torch.empty(CAST_NUMEL, dtype=torch.bfloat16)
+        cast = 6 * CAST_NUMEL / _best_s(lambda: half_x.copy_(src), REPEATS) / 1e9
         op_s, graph_op_s, backward_s = _op_overheads(torch)
     finally:
         torch.set_num_threads(threads)
     elapsed = time.perf_counter() - started
-    return CpuRates(gemm_gflops=gemm, half_rows=half, mem_gb_s=round(mem, 2),
-                    cache_gb_s=round(max(cached, mem), 2), cast_gb_s=round(cast, 2),
-                    mem_all_gb_s=round(mem_all, 2), cache_all_gb_s=round(max(cached_all, mem_all), 2),
-                    llc_bytes=llc_bytes(), op_s=op_s, graph_op_s=graph_op_s,
+    return CpuRates(gemm_gflops=gemm, half_rows=half, mem_gb_s=curve[-1][1],
+                    cache_gb_s=max(p[1] for p in curve), cast_gb_s=round(cast, 2),
+                    stream_curve=curve, llc_bytes=llc_bytes(), op_s=op_s, graph_op_s=graph_op_s,
                     backward_call_s=backward_s, attention_gflops=attn, attention_bwd_factor=attn_bwd,
                     conv_gflops=conv, conv_bwd_factor=conv_bwd, cpu_model=info.model,
                     cores=info.usable_cores,

@@ -9,6 +9,7 @@ Pure values: no torch, no I/O; never imports cli, backends, jobs, runtime, resul
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -60,10 +61,12 @@ class CpuRates:
     cache_gb_s: float  # the same on a working set that fits the last-level cache
     cast_gb_s: float  # fp32 -> bf16 conversion bandwidth (bytes read + written)
     llc_bytes: float = 0.0  # the host's last-level cache (shared by all ranks); 0 = unknown
-    # the same two streams with every usable core streaming at once: what the host's memory
-    # bus and last-level cache deliver in all (the ranks of a node share them); 0 = unknown
-    mem_all_gb_s: float = 0.0
-    cache_all_gb_s: float = 0.0
+    # a streaming add by working set: (bytes one thread streams over, GB/s of that thread
+    # alone, GB/s of each thread while every usable core streams a working set of that size at
+    # once), ascending; empty = not measured (llc_bytes, cache_gb_s and mem_gb_s stand in).
+    # What a cache keeps is less than its size and falls with neighbours: on a 2-core EPYC VM
+    # (32 MiB L3) one thread streams 16 MiB at 40-68 GB/s, two side by side at 17-23 each
+    stream_curve: tuple[tuple[float, float, float], ...] = ()
     # fixed seconds of one 1-element op without (op_s) and with (graph_op_s) autograd graph
     # building, and of one backward() call beyond its nodes
     op_s: float = DEFAULT_OP_S
@@ -87,8 +90,11 @@ class CpuRates:
                             *self.conv_gflops.items(), ("mem_gb_s", self.mem_gb_s),
                             ("cache_gb_s", self.cache_gb_s), ("cast_gb_s", self.cast_gb_s)):
             check(value > 0, PlanError, f"CPU rate {name} must be > 0, got {value}")
-        check(self.mem_all_gb_s >= 0 and self.cache_all_gb_s >= 0, PlanError,
-              "CPU all-core streaming rates must be >= 0")
+        # JSON (the probe's cache) gives lists
+        object.__setattr__(self, "stream_curve", tuple(sorted(tuple(map(float, p))
+                                                              for p in self.stream_curve)))
+        check(all(len(p) == 3 and min(p) > 0 for p in self.stream_curve), PlanError,
+              "CPU stream curve points need (bytes, GB/s alone, GB/s side by side) > 0")
         check(all(v >= 0 for v in self.half_rows.values()), PlanError,
               "CPU GEMM half_rows must be >= 0")
         check(all(v > 0 for v in (*self.attention_bwd_factor.values(), *self.conv_bwd_factor.values())),
@@ -99,6 +105,26 @@ class CpuRates:
     def dtype(self, precision: str) -> str:
         """The rates' key for `precision`: itself when measured, else fp32."""
         return precision if precision in self.gemm_gflops else "fp32"
+
+    def stream_gb_s(self, working_set: float, *, all_cores: bool = False) -> float:
+        """GB/s of one thread streaming over `working_set` bytes, alone or (`all_cores`) while
+        every usable core streams as much: the measured curve, its seconds per byte interpolated
+        in log(bytes) between points and flat beyond its ends; unmeasured, the share of the
+        working set that fits the last-level cache at cache_gb_s and the rest at mem_gb_s (and
+        all cores together as one thread over all of their working sets)."""
+        if not self.stream_curve:
+            ws = working_set * (max(1, self.cores) if all_cores else 1)
+            cached = min(1.0, self.llc_bytes / ws) if ws > 0 else 1.0
+            return 1 / (cached / self.cache_gb_s + (1 - cached) / self.mem_gb_s)
+        col = 2 if all_cores else 1
+        points = [(p[0], 1 / p[col]) for p in self.stream_curve]
+        if working_set <= points[0][0]:
+            return 1 / points[0][1]
+        for (x0, y0), (x1, y1) in zip(points, points[1:]):
+            if working_set <= x1:
+                f = math.log(working_set / x0) / math.log(x1 / x0)
+                return 1 / (y0 + f * (y1 - y0))
+        return 1 / points[-1][1]
 
     def attention(self, precision: str) -> tuple[float, float]:
         """(forward FLOP/s, backward / forward) of attention at `precision`."""
@@ -131,7 +157,7 @@ class GlooRates:
     source: str = ""
 
     def __post_init__(self) -> None:
-        check(self.ranks >= 2, PlanError, f"gloo rates need >= 2 ranks, got {self.ranks}")
+        check(self.ranks >= 1, PlanError, f"gloo rates need >= 1 rank, got {self.ranks}")
         for op in COLLECTIVES:
             check(self.latency_s.get(op, -1) >= 0 and self.s_per_byte.get(op, -1) >= 0, PlanError,
                   f"gloo rates need a latency and a time per byte >= 0 for {op}")

@@ -12,7 +12,7 @@ collectives), run a matmul of about a millisecond before every collective, and t
 an iteration with a collective takes over one with the matmul alone is the collective's cost:
 at a small and a large size for all-reduce, all-gather and reduce-scatter, giving a time per
 byte for each and one latency (from all three: it is the wake-ups and scheduling they share).
-It takes 0.3-1.5 s; `resolve.cached_gloo_rates` caches it.
+It takes 0.8-1.5 s; `resolve.cached_gloo_rates` caches it.
 
 Never imports cli, backends, jobs, runtime or report; torch only inside `measure_gloo`.
 """
@@ -38,11 +38,15 @@ LARGE_BYTES = 4 * 1024 * 1024
 # collectives per phase at each size, and the matmul (rows, k, n) each rank runs before each one:
 # ~0.1 GFLOP, a few ms on one core, about a small model's block
 SMALL_REPEATS = 10
-LARGE_REPEATS = 4
-ROUNDS = 2  # every phase runs this often, alternating
+LARGE_REPEATS = 6
+# every phase runs this often, alternating. Two rounds of 4 left the all-reduce's time per byte
+# anywhere in 2.3-11e-10 s across five probes on a 2-core VM (the 3.7 MiB of gradients of
+# workloads/mlp.py: exposed all-reduce predicted at 3.5 ms, measured 5.3); four of 6 kept it in
+# 6.5-8.7e-10
+ROUNDS = 4
 COMPUTE_GEMM = (96, 512, 1024)
 # bump when `measure_gloo` measures differently, so old cache entries are ignored
-GLOO_PROBE_FORMAT = 1
+GLOO_PROBE_FORMAT = 3
 TIMEOUT_S = 60
 
 
@@ -97,9 +101,14 @@ def measure_gloo(ranks: int) -> GlooRates:
 
         cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
 
+        # each rank computes with the threads it will have: one rank of a 2-core host runs two,
+        # and gloo's worker then waits for a core they keep busy
+        rank_threads = max(1, len(cpus) // ranks) if cpus else 1
+
         def rank_body(rank: int) -> None:
             try:
-                if cpus:
+                torch.set_num_threads(rank_threads)
+                if cpus and rank_threads == 1:
                     # one core per rank, round robin, as the scheduler spreads rank processes
                     # (on Linux this pins the calling thread only)
                     os.sched_setaffinity(0, {cpus[rank % len(cpus)]})

@@ -49,6 +49,7 @@ from launcher.plan.gloo_probe import GLOO_PROBE_FORMAT, measure_gloo
 from launcher.plan.profile import profile_workload
 from launcher.plan.search import plan
 from launcher.plan.step_probe import (
+    FP32_NORMS,
     MAX_STATE_BYTES,
     MICRO_BATCHES,
     STEP_PROBE_FORMAT,
@@ -98,9 +99,10 @@ def resolve_topology(*, topology: str | None, gpus: int | None, nodes: int | Non
     if topo.device == "cpu":
         # what this host's cores achieve replaces the listed (or ISA-derived) peak, and what
         # gloo costs between its ranks the link's figures (one node: the ranks share this host;
-        # between nodes the link is the network's); GPU topologies never pay for the probes
+        # between nodes the link is the network's; one rank: DDP still hands each bucket to
+        # gloo); GPU topologies never pay for the probes
         ranks = topo.devices_per_node
-        gloo = _gloo_or_none(ranks) if ranks > 1 and topo.num_nodes == 1 else None
+        gloo = _gloo_or_none(ranks) if topo.num_nodes == 1 else None
         topo = probed_topology(topo, cached_cpu_rates(), gloo)
     return topo
 
@@ -204,7 +206,7 @@ def _gloo_or_none(ranks: int) -> GlooRates | None:
         return None
 
 
-def _probe_sizes(profile: ModelProfile, topology: Topology) -> tuple[int, ...]:
+def _probe_sizes(profile: ModelProfile, topology: Topology, precisions: int) -> tuple[int, ...]:
     """The micro-batches the step probe may time for `profile` on one rank of `topology`
     (`step_probe.probe_micro_batches`), or () when the model is too big to build here."""
     state = profile.param_bytes * 2 + profile.num_params * profile.optimizer_state_bytes_per_param
@@ -218,7 +220,7 @@ def _probe_sizes(profile: ModelProfile, topology: Topology) -> tuple[int, ...]:
             continue
         step_s[mb] = max(cpu_step_time(profile, Strategy(precision=p), one, mb, 1, group_size=1,
                                        recompute=0.0).step_time_s for p in PROBE_PRECISIONS)
-    return probe_micro_batches(step_s, len(PROBE_PRECISIONS))
+    return probe_micro_batches(step_s, precisions)
 
 
 def cached_step_timing(workload: str, workload_args: Sequence[str], profile: ModelProfile,
@@ -243,13 +245,15 @@ def cached_step_timing(workload: str, workload_args: Sequence[str], profile: Mod
         return WorkloadTiming.from_dict(stored)
     except (OSError, ValueError, TypeError, KeyError, PlanError):
         pass  # absent or stale: measure
-    sizes = _probe_sizes(profile, topology)
+    precisions = (*PROBE_PRECISIONS, *(p + FP32_NORMS for p in PROBE_PRECISIONS
+                                       if p != "fp32" and profile.batch_norms))
+    sizes = _probe_sizes(profile, topology, len(precisions))
     if not sizes:
         log.debug("step probe skipped for %s: too big or too slow to time here", profile.name)
         return None
     try:
         timing = measure_steps(load_workload(workload, workload_args), threads=threads,
-                               precisions=PROBE_PRECISIONS, micro_batches=sizes)
+                               precisions=precisions, micro_batches=sizes)
     except Exception as e:  # noqa: BLE001 - a workload bug surfaces in the run, with its traceback
         log.debug("step probe of %s failed (%s: %s); planning from the CPU rates", profile.name,
                   type(e).__name__, e)

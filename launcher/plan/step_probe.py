@@ -7,7 +7,8 @@ in fp32 on one EPYC core and GELU at ~6, the CPU flash-attention kernel's bf16 b
 its forward at 128 tokens and 2x at 2,048, autocast casts, the workload's own Python and its
 data loading. So the model is built for real in the planning process (only when small: see
 MAX_STATE_BYTES and BUDGET_S) and trained for a few steps on one micro-batch size or two, with
-the thread count each rank will have, in fp32 and bf16 (autocast, as DDP runs it): data
+the thread count each rank will have, in fp32 and bf16 (autocast, as DDP runs it; and for a
+model with batch norms bf16 with those in fp32, as FSDP runs it): data
 fetch, forward, backward and optimizer step are timed apart (the median of REPEATS or more,
 after warm-up). The CPU model (`cpu_cost`) then takes compute from this measurement (linear in
 the micro-batch between and beyond the two sizes: a fixed cost plus a cost per sample), and
@@ -38,11 +39,16 @@ from launcher.workload import Workload
 log = logging.getLogger(__name__)
 
 # bump when `measure_steps` measures differently, so old cache entries are ignored
-STEP_PROBE_FORMAT = 2
+STEP_PROBE_FORMAT = 3
+# a precision's timing with the model's batch norms in fp32 (their input cast up, their output
+# back down), as FSDP runs them under a low-precision policy (each is an fp32 unit of its own,
+# runtime.wrap): at two threads on a 2-core EPYC VM, ResNet's fp32 batch norms and the casts
+# around them took 63 ms per forward + backward at micro-batch 16 against autocast's 49
+FP32_NORMS = "+fp32-norms"
 # timed rounds over every (precision, micro-batch): REPEATS, more while they have taken under
 # WARMUP_S (at most MAX_REPEATS), after warm-up rounds (at least one, more while they have taken
 # under WARMUP_S, at most WARMUP_ROUNDS); each part's median time counts
-REPEATS = 2
+REPEATS = 3
 MAX_REPEATS = 10
 WARMUP_ROUNDS = 50
 WARMUP_S = 0.3
@@ -148,6 +154,20 @@ def probe_micro_batches(step_s: Mapping[int, float], precisions: int) -> tuple[i
     return (1,) if 1 in step_s and step_s[1] * steps <= BUDGET_S else ()
 
 
+def fp32_norm_switch(torch: Any, model: Any) -> list[bool]:
+    """Hooks on `model`'s batch norms that, while the returned switch's one element is True, run
+    them in fp32 and hand their output back in bf16 (as FSDP's fp32 units do, see FP32_NORMS)."""
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    switch = [False]
+    for norm in (m for m in model.modules() if isinstance(m, _BatchNorm)):
+        norm.register_forward_pre_hook(
+            lambda _m, args: tuple(a.float() for a in args) if switch[0] else None)
+        norm.register_forward_hook(
+            lambda _m, _args, out: out.to(torch.bfloat16) if switch[0] else None)
+    return switch
+
+
 def _session(torch: Any, workload: Workload, max_micro_batch: int) -> Callable[[str, int], tuple[float, ...]]:
     """A fresh model, optimizer and dataset, and a function that trains one step on them at
     (precision, micro-batch): seconds of data fetch, forward, backward and optimizer step."""
@@ -157,12 +177,14 @@ def _session(torch: Any, workload: Workload, max_micro_batch: int) -> Callable[[
     model = workload.build_model()
     optimizer = workload.make_optimizer(model)
     dataset = workload.make_dataset(max_micro_batch)
+    fp32_norms = fp32_norm_switch(torch, model)
 
     def step(precision: str, mb: int) -> tuple[float, ...]:
         t0 = time.perf_counter()
         # what DataLoader(num_workers=0) does per batch: fetch and collate the samples
         batch = default_collate([dataset[i] for i in range(mb)])
         t1 = time.perf_counter()
+        fp32_norms[0] = precision.endswith(FP32_NORMS)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision != "fp32"):
             loss = workload.loss_fn(model, batch)
         t2 = time.perf_counter()
@@ -237,12 +259,20 @@ def measure_steps(workload: Workload, *, threads: int, precisions: Sequence[str]
                                  f"each, torch {torch.__version__} ({elapsed:.2f} s)")
 
 
+def timing_key(precision: str, strategy_kind: str, batch_norms: int) -> str:
+    """The timing that measures `precision` as `strategy_kind` runs it: FSDP keeps a model's
+    batch norms in fp32 under a low-precision policy (see FP32_NORMS)."""
+    if precision != "fp32" and strategy_kind != "ddp" and batch_norms > 0:
+        return precision + FP32_NORMS
+    return precision
+
+
 def as_cached(timing: WorkloadTiming) -> dict[str, Any]:
     """The JSON-ready form `WorkloadTiming.from_dict` reads back."""
     return dataclasses.asdict(timing)
 
 
 __all__ = ["PassTimes", "StepTiming", "WorkloadTiming", "measure_steps", "probe_micro_batches",
-           "as_cached", "STEP_PROBE_FORMAT", "REPEATS", "MAX_REPEATS", "WARMUP_ROUNDS", "WARMUP_S",
+           "as_cached", "timing_key", "fp32_norm_switch", "FP32_NORMS", "STEP_PROBE_FORMAT", "REPEATS", "MAX_REPEATS", "WARMUP_ROUNDS", "WARMUP_S",
            "MAX_STATE_BYTES", "BUDGET_S",
            "MICRO_BATCHES"]

@@ -11,7 +11,7 @@ import pytest
 from launcher.hardware.types import Link, Topology
 from launcher.plan import step_probe
 from launcher.plan.cost import step_time
-from launcher.plan.cpu_comm import cpu_ddp_comm, cpu_sharded_comm, ddp_buckets, fsdp_units
+from launcher.plan.cpu_comm import DDP_BUCKET_OPS, cpu_ddp_comm, cpu_sharded_comm, ddp_buckets, fsdp_units
 from launcher.plan.cpu_rates import CpuRates, GlooRates, ProbedCpu
 from launcher.plan.gloo_probe import measure_gloo
 from launcher.plan.profile import profile_workload
@@ -59,6 +59,37 @@ def test_measured_passes_are_a_fixed_cost_plus_a_cost_per_sample():
     assert t.at(16).forward_s == pytest.approx(0.0015 + 15 * 0.0035 / 7)  # extrapolated
     one = StepTiming(precision="fp32", passes=t.passes[:1], optimizer_s=0.0)
     assert one.at(4).forward_s == pytest.approx(4 * 0.0015)  # one size only: proportional
+
+
+def test_fsdp_with_low_precision_is_timed_with_its_batch_norms_in_fp32():
+    import torch
+
+    # the switch: batch norms see fp32 inputs and hand bf16 back only while it is on
+    seen: list[torch.dtype] = []
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
+    switch = step_probe.fp32_norm_switch(torch, model)
+    model[1].register_forward_pre_hook(lambda _m, args: seen.append(args[0].dtype))
+    x = torch.randn(2, 3, 8, 8)
+    for on in (False, True):
+        switch[0] = on
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(x)
+        assert out.dtype == torch.bfloat16
+    assert seen == [torch.bfloat16, torch.float32]
+    # which timing a strategy reads: FSDP under bf16 with batch norms, the fp32-norm one
+    key = step_probe.timing_key
+    assert key("bf16", "fsdp_full", 15) == "bf16" + step_probe.FP32_NORMS
+    assert key("bf16", "ddp", 15) == key("bf16", "fsdp_full", 0) == "bf16"
+    assert key("fp32", "fsdp_full", 15) == "fp32"
+    passes = lambda f: (PassTimes(micro_batch=1, data_s=0.0, forward_s=f, backward_s=2 * f),)  # noqa: E731
+    timings = WorkloadTiming(threads=1, units_per_sample=1, load_average=0.0, precisions={
+        "bf16": StepTiming(precision="bf16", passes=passes(0.01), optimizer_s=0.0),
+        key("bf16", "fsdp_full", 1): StepTiming(precision="bf16", passes=passes(0.02), optimizer_s=0.0)})
+    norms = dataclasses.replace(PROFILE, batch_norms=2)
+    fsdp, ddp = Strategy(kind="fsdp_full", precision="bf16"), Strategy(kind="ddp", precision="bf16")
+    parts = lambda p, s: dict(step_time(p, s, topology(1), 1, 1, timing=timings).compute_parts)  # noqa: E731
+    assert parts(norms, fsdp)["forward"] == pytest.approx(0.02)
+    assert parts(norms, ddp)["forward"] == parts(PROFILE, fsdp)["forward"] == pytest.approx(0.01)
 
 
 def test_probe_sizes_stay_within_the_budget():
@@ -136,11 +167,20 @@ def test_gloo_collectives_cost_their_latency_and_bytes_and_nothing_hides():
     sizes = ddp_buckets(60 * 2**20)  # 1 MiB, then the rest in 25 MiB-or-less buckets
     assert sizes[0] == 2**20 and len(sizes) == 4 and sum(sizes) == pytest.approx(60 * 2**20)
     ddp = cpu_ddp_comm(PROFILE, topology(2, GLOO2))
-    assert ddp == pytest.approx(sum(1e-3 + b * 1e-9 for b in ddp_buckets(4e6)))
+    # each bucket: gloo's latency and bytes, and the reducer's handling at the probe's op cost
+    handling = DDP_BUCKET_OPS * RATES.op_s
+    assert ddp == pytest.approx(sum(1e-3 + b * 1e-9 + handling for b in ddp_buckets(4e6)))
     t = step_time(PROFILE, Strategy(kind="ddp"), topology(2, GLOO2), 8, 1, timing=timing(1))
     assert t.comm_exposed_s == pytest.approx(t.comm_total_s) == pytest.approx(ddp)
     # a probe for other ranks, or none: the link's alpha-beta instead
     assert cpu_ddp_comm(PROFILE, topology(4, GLOO2)) != pytest.approx(ddp)
+    # one rank: no communication, but DDP still hands its buckets to a 1-rank gloo group
+    gloo1 = dataclasses.replace(GLOO2, ranks=1)
+    one = step_time(PROFILE, Strategy(kind="ddp"), topology(1, gloo1), 8, 1, timing=timing(2))
+    assert one.comm_total_s == 0
+    assert dict(one.compute_parts)["DDP buckets"] == pytest.approx(cpu_ddp_comm(PROFILE, topology(1, gloo1)))
+    fsdp = step_time(PROFILE, Strategy(kind="fsdp_full"), topology(1, gloo1), 8, 1, timing=timing(2))
+    assert "DDP buckets" not in dict(fsdp.compute_parts)
 
 
 def test_fsdp_pays_per_unit_collective_and_batch_norm_units_under_bf16():
@@ -185,20 +225,29 @@ def test_profile_splits_attention_and_convolution_flops_and_counts_batch_norms()
 def test_ranks_side_by_side_share_the_memory_bus_and_cache_the_probe_had_alone():
     from launcher.plan.cpu_cost import shared_memory_s, stream_s
 
-    shared = dataclasses.replace(RATES, mem_all_gb_s=30.0, cache_all_gb_s=90.0)
+    mb = 2**20
+    # measured: 80 GB/s over 8 MiB alone, 60 each with both cores streaming; 40 and 20 over 32 MiB
+    shared = dataclasses.replace(RATES, stream_curve=((32 * mb, 40.0, 20.0), (8 * mb, 80.0, 60.0)))
 
     def topo(ranks: int, rates: CpuRates) -> Topology:
         return dataclasses.replace(topology(ranks), accelerator=dataclasses.replace(
             topology(ranks).accelerator, rates=rates))
 
-    mb = 2**20
-    # 64 MiB over a 64 MiB working set: 16 MiB of LLC per rank of two, 32 MiB alone
-    alone = stream_s(64 * mb, 64 * mb, topo(2, shared), ranks=1)
-    assert alone == pytest.approx(64 * mb * (0.5 / 60 + 0.5 / 20) / 1e9)
-    two = stream_s(64 * mb, 64 * mb, topo(2, shared))
-    assert two == pytest.approx(64 * mb * (0.25 / 45 + 0.75 / 15) / 1e9)  # 90/2, 30/2 per rank
-    # unknown all-core rates: each rank streams at its own threads' rate
+    assert shared.stream_curve[0][0] == 8 * mb  # sorted by working set
+    # 16 MiB sits halfway (in log bytes) between the points: seconds per byte halfway too
+    alone = stream_s(16 * mb, 16 * mb, topo(2, shared), ranks=1)
+    assert alone == pytest.approx(16 * mb * (1 / 80 + 1 / 40) / 2 / 1e9)
+    two = stream_s(16 * mb, 16 * mb, topo(2, shared))  # both cores stream: the all-core column
+    assert two == pytest.approx(16 * mb * (1 / 60 + 1 / 20) / 2 / 1e9)
+    assert stream_s(mb, 64 * mb, topo(2, shared)) == pytest.approx(mb / 20 / 1e9)  # flat beyond
+    assert stream_s(mb, mb, topo(2, shared), ranks=1) == pytest.approx(mb / 80 / 1e9)
+    # four ranks on two cores: two stream at once at half a core each, and take turns in one
+    # cache, so each running one sees two ranks' working sets (4 MiB each: the 8 MiB point)
+    assert stream_s(mb, 4 * mb, topo(4, shared)) == pytest.approx(mb / (60 * 0.5) / 1e9)
+    # not measured: the working sets of both ranks in the last-level cache, the rest from memory
     assert stream_s(64 * mb, 64 * mb, topo(2, RATES)) == pytest.approx(64 * mb * (0.25 / 60 + 0.75 / 20) / 1e9)
+    assert stream_s(64 * mb, 64 * mb, topo(2, RATES), ranks=1) == pytest.approx(
+        64 * mb * (0.5 / 60 + 0.5 / 20) / 1e9)
     big = dataclasses.replace(PROFILE, num_params=10**7, bytes_by_dtype={"float32": 4 * 10**7})
     s = Strategy(kind="ddp")
     extra = shared_memory_s(big, "fp32", topo(2, shared), 8, 1, 1, 0.0)

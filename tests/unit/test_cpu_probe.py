@@ -54,6 +54,9 @@ def test_probe_measures_and_caches_per_machine(tmp_path: Path):
     first = cached_cpu_rates(tmp_path)  # a real measurement (well under a second)
     assert first.gemm_gflops["fp32"] > 0 and first.gemm_gflops["bf16"] > 0
     assert first.mem_gb_s > 0 and first.cache_gb_s >= first.mem_gb_s and first.measured_at
+    # streaming by working set, alone and with every core streaming: one point per size
+    assert [p[0] for p in first.stream_curve] == [m * 2**20 for m in cpu_probe.STREAM_MIB]
+    assert first.mem_gb_s == first.stream_curve[-1][1]
     # per-op overhead: an op building the autograd graph costs more than a plain one, and a
     # backward() call more than either (the autograd engine's start-up)
     assert 0 < first.op_s < first.backward_call_s and first.graph_op_s > 0
