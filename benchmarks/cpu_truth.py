@@ -128,7 +128,8 @@ def format_cell(c: dict[str, Any]) -> str:
     if "ratio" not in c:
         return head + "no prediction in result.json"
     mark = "ok" if abs(c["ratio"] - 1) <= TARGET else "MISS"
-    return head + (f"mb {c.get('micro_batch') or '?':>3}  steps {c.get('steps', '?'):>4}  predicted {c['predicted_s']:8.4f} s  "
+    return head + (f"mb {c.get('micro_batch') or '?':>3}  steps {c.get('steps', '?'):>4}  "
+                   f"predicted {c['predicted_s']:8.4f} s  "
                    f"measured {c['measured_s']:8.4f} s  measured/predicted {c['ratio']:5.2f}  {mark}")
 
 

@@ -273,6 +273,6 @@ def as_cached(timing: WorkloadTiming) -> dict[str, Any]:
 
 
 __all__ = ["PassTimes", "StepTiming", "WorkloadTiming", "measure_steps", "probe_micro_batches",
-           "as_cached", "timing_key", "fp32_norm_switch", "FP32_NORMS", "STEP_PROBE_FORMAT", "REPEATS", "MAX_REPEATS", "WARMUP_ROUNDS", "WARMUP_S",
-           "MAX_STATE_BYTES", "BUDGET_S",
+           "as_cached", "timing_key", "fp32_norm_switch", "FP32_NORMS", "STEP_PROBE_FORMAT",
+           "REPEATS", "MAX_REPEATS", "WARMUP_ROUNDS", "WARMUP_S", "MAX_STATE_BYTES", "BUDGET_S",
            "MICRO_BATCHES"]
