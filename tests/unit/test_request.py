@@ -69,21 +69,6 @@ def test_the_plan_fills_only_what_was_left_open():
     assert (spec.strategy.kind, spec.grad_accum_steps, spec.micro_batch) == ("fsdp_full", 4, chosen.micro_batch)
 
 
-def test_a_run_with_every_decision_given_is_planned_for_its_prediction_only():
-    from launcher.request import follow_plan
-
-    request = RunRequest(workload=MLP, gpus=2, strategy="fsdp_full", precision="bf16", micro_batch=4)
-    done = follow_plan(request)
-    chosen = done.planned.plan.chosen
-    # the plan is the run's own: the given decisions and the fallbacks of the rest
-    assert (chosen.strategy.kind, chosen.strategy.precision, chosen.micro_batch) == ("fsdp_full", "bf16", 4)
-    assert (chosen.grad_accum_steps, chosen.strategy.activation_checkpointing) == (
-        FALLBACKS["grad_accum"], FALLBACKS["checkpointing"])
-    assert chosen.time.step_time_s > 0
-    # nothing was chosen for the user: no note, the request's fields as given
-    assert done.plan_note is None and dataclasses.replace(done, planned=None) == request
-
-
 def test_what_nothing_decided_takes_the_fallbacks():
     spec = RunRequest(workload=MLP, steps=2, hang_timeout_s=1000.0).launch_spec(run_id="r", run_dir="/RUN")
     assert (spec.strategy.kind, spec.strategy.precision, spec.micro_batch, spec.grad_accum_steps,
