@@ -109,7 +109,7 @@ def stream_s(nbytes: float, working_set: float, topology: Topology, *,
     n = max(1, topology.devices_per_node if ranks is None else ranks)
     cores = max(1, topology.cpu_cores_per_node)
     running = min(n, cores)
-    threads = max(1, topology.rank_threads) if n <= cores else 1
+    threads = topology.rank_threads if n <= cores else 1
     per_thread = working_set * (n / running) / threads
     alone = 1 / rates.stream_gb_s(per_thread)
     busy = min(1.0, (running * threads - 1) / max(1, cores - 1)) if cores > 1 else 0.0

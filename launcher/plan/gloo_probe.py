@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from launcher.hardware.types import rank_threads
 from launcher.plan.cpu_rates import COLLECTIVES, GlooRates
 
 log = logging.getLogger(__name__)
@@ -103,12 +104,12 @@ def measure_gloo(ranks: int) -> GlooRates:
 
         # each rank computes with the threads it will have: one rank of a 2-core host runs two,
         # and gloo's worker then waits for a core they keep busy
-        rank_threads = max(1, len(cpus) // ranks) if cpus else 1
+        threads_each = rank_threads(len(cpus), ranks) if cpus else 1
 
         def rank_body(rank: int) -> None:
             try:
-                torch.set_num_threads(rank_threads)
-                if cpus and rank_threads == 1:
+                torch.set_num_threads(threads_each)
+                if cpus and threads_each == 1:
                     # one core per rank, round robin, as the scheduler spreads rank processes
                     # (on Linux this pins the calling thread only)
                     os.sched_setaffinity(0, {cpus[rank % len(cpus)]})

@@ -168,7 +168,8 @@ def fp32_norm_switch(torch: Any, model: Any) -> list[bool]:
     return switch
 
 
-def _session(torch: Any, workload: Workload, max_micro_batch: int) -> Callable[[str, int], tuple[float, ...]]:
+def _session(torch: Any, workload: Workload, max_micro_batch: int,
+             precisions: Sequence[str]) -> Callable[[str, int], tuple[float, ...]]:
     """A fresh model, optimizer and dataset, and a function that trains one step on them at
     (precision, micro-batch): seconds of data fetch, forward, backward and optimizer step."""
     from torch.utils.data import default_collate
@@ -177,7 +178,9 @@ def _session(torch: Any, workload: Workload, max_micro_batch: int) -> Callable[[
     model = workload.build_model()
     optimizer = workload.make_optimizer(model)
     dataset = workload.make_dataset(max_micro_batch)
-    fp32_norms = fp32_norm_switch(torch, model)
+    # hooks only when a timing needs them: every other timing's batch norms run without
+    fp32_norms = (fp32_norm_switch(torch, model) if any(p.endswith(FP32_NORMS) for p in precisions)
+                  else [False])
 
     def step(precision: str, mb: int) -> tuple[float, ...]:
         t0 = time.perf_counter()
@@ -213,7 +216,7 @@ def measure_steps(workload: Workload, *, threads: int, precisions: Sequence[str]
     gc.disable()
     try:
         configs = [(p, mb) for p in precisions for mb in micro_batches]
-        step = _session(torch, workload, max(micro_batches))
+        step = _session(torch, workload, max(micro_batches), precisions)
         # warm allocations, kernels, optimizer state and Python's specializing interpreter:
         # rounds over every configuration while they are cheap (WARMUP_S, at most WARMUP_ROUNDS)
         warm_start, rounds = time.perf_counter(), 0
@@ -225,7 +228,7 @@ def measure_steps(workload: Workload, *, threads: int, precisions: Sequence[str]
             # a tiny model: its first model and optimizer in a process stay 1.3-1.8x slower than
             # any built after them, whatever the warm-up (measured with the 0.9M-param MLP); a
             # rank trains for hundreds of steps, so time a second pair, as warm as a rank's
-            step = _session(torch, workload, max(micro_batches))
+            step = _session(torch, workload, max(micro_batches), precisions)
             for c in configs:
                 step(*c)
         samples: dict[tuple[str, int], list[tuple[float, ...]]] = {c: [] for c in configs}

@@ -215,9 +215,8 @@ def test_checkpointing_costs_about_a_third_more_compute():
     assert full - plain == pytest.approx(fwd.total_s)
     # backward is 2x the forward except flash attention's 2.5x, so with attention in the
     # model the extra forward is strictly less than a third of the step, and at least the
-    # 1/3.5 it would be if all of the forward were attention
+    # 1/3.5 it would be if all of the forward were attention (full / plain follows from these)
     assert fwd.attention_s > 0 and 2 * fwd.total_s < fwd.backward_s <= 2.5 * fwd.total_s
-    assert 1 + 1 / 3.5 <= full / plain < 4 / 3
     assert half == pytest.approx((plain + full) / 2)
 
 
