@@ -19,10 +19,9 @@ from tests.helpers import DATA, Done, run_dlaunch
 
 pytestmark = pytest.mark.distributed
 
-# mlp.py that trains in plain fp32 only (with --fp32-only): of the plan's two near-best
-# candidates on CPU (DDP fp32 with and without checkpointing, or DDP bf16 and fp32 where the CPU
-# has bf16 units) one trial trains and one crashes
-CKPT_FAILS = str(DATA / "ckpt_fails.py")
+# mlp.py whose first run in a marker dir crashes (--fail-first): the first trial (the plan's own
+# candidate) crashes and the second trains, whichever two candidates this CPU puts near the best
+FAILS_FIRST = str(DATA / "fails_first.py")
 
 
 @dataclass
@@ -38,32 +37,41 @@ def tuned(tmp_path_factory: pytest.TempPathFactory) -> Tuned:
     (root / "tmp").mkdir()
     env = {"TMPDIR": str(root / "tmp"), "OMP_NUM_THREADS": "1", "DLAUNCH_CACHE_DIR": str(root / "cache")}
     tune_dir = root / "t"
-    done = run_dlaunch("tune", CKPT_FAILS, "--gpus", "2", "--steps", "5", "--warmup-steps", "2",
-                       "--trials", "2", "--tune-dir", str(tune_dir), "--json", "--", "--fp32-only",
+    done = run_dlaunch("tune", FAILS_FIRST, "--gpus", "2", "--steps", "5", "--warmup-steps", "2",
+                       "--trials", "2", "--tune-dir", str(tune_dir), "--json", *workload_args(root),
                        env=env, cwd=root)
     return Tuned(done=done, tune_dir=tune_dir, env=env)
+
+
+def workload_args(root: Path) -> tuple[str, ...]:
+    """The workload's arguments as the tune passes them (part of what the planner measures)."""
+    return ("--", "--fail-first", str(root / "markers"))
+
+
+def decisions(t: dict) -> tuple:
+    return t["strategy"], t["precision"], t["micro_batch"], t["checkpointing"]
 
 
 def test_a_crashing_candidate_is_recorded_and_the_tune_finishes(tuned: Tuned) -> None:
     assert tuned.done.code == 0, tuned.done.err
     trials = tuned.done.json()["trials"]
-    plain = {(t["precision"], t["checkpointing"]) == ("fp32", False): t for t in trials}
-    assert len(trials) == 2 and set(plain) == {True, False}, trials
-    crashed, ok = plain[False], plain[True]
+    assert len(trials) == 2 and decisions(trials[0]) != decisions(trials[1]), trials
+    crashed, ok = trials
     assert crashed["status"] == "failed" and "injected failure" in crashed["reason"]
     assert crashed["measured_step_s"] is None and crashed["ratio"] is None and not crashed["chosen"]
     assert ok["status"] == "ok" and ok["chosen"] and ok["measured_samples_per_s"] > 0
     assert ok["ratio"] == pytest.approx(ok["measured_step_s"] / ok["predicted_step_s"])
-    assert "[2/2]" in tuned.done.err and "best so far: DDP fp32, mb" in tuned.done.err
+    assert "[2/2]" in tuned.done.err and f"best so far: {ok['name']}" in tuned.done.err
     plan = json.loads((tuned.tune_dir / "tuned-plan.json").read_text())
-    assert plan["decisions"]["checkpointing"] is False and plan["decisions"]["strategy"] == "ddp"
-    assert plan["decisions"]["precision"] == "fp32" and plan["workload_args"] == ["--fp32-only"]
+    d = plan["decisions"]
+    assert (d["strategy"], d["precision"], d["micro_batch"], d["checkpointing"]) == decisions(ok)
+    assert plan["workload_args"] == list(workload_args(tuned.tune_dir.parent)[1:])
 
 
 def test_run_follows_the_tuned_plan(tuned: Tuned) -> None:
     plan = json.loads((tuned.tune_dir / "tuned-plan.json").read_text())["decisions"]
     run_dir = tuned.tune_dir.parent / "followed"
-    done = run_dlaunch("run", CKPT_FAILS, "--gpus", "2", "--steps", "2", "--no-calibrate", "--plan",
+    done = run_dlaunch("run", FAILS_FIRST, "--gpus", "2", "--steps", "2", "--no-calibrate", "--plan",
                        str(tuned.tune_dir / "tuned-plan.json"), "--run-dir", str(run_dir), "--json",
                        env=tuned.env, cwd=tuned.tune_dir.parent)
     assert done.code == 0, done.err
@@ -125,15 +133,24 @@ def test_the_tune_dir_report_page(tuned: Tuned) -> None:
 
 
 def test_plan_uses_the_stored_correction_unless_told_not_to(tuned: Tuned) -> None:
-    measured = next(t for t in tuned.done.json()["trials"] if t["status"] == "ok")["measured_step_s"]
-    args = ("plan", CKPT_FAILS, "--gpus", "2", "--precision", "fp32", "--json")
+    ok = next(t for t in tuned.done.json()["trials"] if t["status"] == "ok")
+    args = ("plan", FAILS_FIRST, "--gpus", "2", "--strategy", ok["strategy"], "--precision", ok["precision"],
+            "--micro-batch", str(ok["micro_batch"]), "--json")
     # the workload as the tune ran it (its arguments are part of what the planner measures)
-    corrected = run_dlaunch(*args, "--", "--fp32-only", env=tuned.env).json()["plan"]
-    plain = run_dlaunch(*args, "--no-calibration-cache", "--", "--fp32-only", env=tuned.env).json()["plan"]
+    corrected = run_dlaunch(*args, *workload_args(tuned.tune_dir.parent), env=tuned.env).json()["plan"]
+    plain = run_dlaunch(*args, "--no-calibration-cache", *workload_args(tuned.tune_dir.parent),
+                        env=tuned.env).json()["plan"]
     assert any(r.startswith("corrected by 1 tune trial (") for r in corrected["reasons"]), corrected["reasons"]
     assert not any("corrected by" in r for r in plain["reasons"])
-    step = lambda p: sum(p["chosen"]["time"][k] for k in ("compute_s", "comm_exposed_s", "contention_s",  # noqa: E731
-                                                          "sync_wait_s"))
+
+    def trial_candidate(plan: dict) -> dict:
+        """The plan's candidate with the trial's checkpointing (the plan may choose the other)."""
+        return next(c for c in (plan["chosen"], *plan["rejected"])
+                    if c["strategy"]["activation_checkpointing"] == ok["checkpointing"]
+                    and c["micro_batch"] == ok["micro_batch"] and c["strategy"]["kind"] == ok["strategy"])
+
+    def step(c: dict) -> float:
+        return sum(c["time"][k] for k in ("compute_s", "comm_exposed_s", "contention_s", "sync_wait_s"))
     # one trial: the corrected prediction of its candidate is close to its measurement
-    assert step(corrected) == pytest.approx(measured, rel=0.1)
-    assert corrected["chosen"]["time"]["compute_s"] != plain["chosen"]["time"]["compute_s"]
+    assert step(trial_candidate(corrected)) == pytest.approx(ok["measured_step_s"], rel=0.1)
+    assert trial_candidate(corrected)["time"]["compute_s"] != trial_candidate(plain)["time"]["compute_s"]
