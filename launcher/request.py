@@ -20,7 +20,7 @@ from types import MappingProxyType
 from typing import Any
 
 from launcher.backends.slurm.submit import SlurmSpec
-from launcher.errors import PlanError, UsageError
+from launcher.errors import PlanError, UsageError, WorkloadError
 from launcher.plan.resolve import Planned, plan_workload, resolve_topology
 from launcher.plan.search import label
 from launcher.specs import DEVICES, PRECISIONS, STRATEGIES, Goal, LaunchSpec, LoaderSpec, Strategy, check
@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 # what nobody decided and nothing planned: a plain script, or a SLURM partition of unknown shape
 FALLBACKS: Mapping[str, Any] = MappingProxyType(
     {"strategy": "ddp", "precision": "fp32", "micro_batch": 8, "grad_accum": 1, "checkpointing": False})
-# when the user gave all three there is nothing left worth planning
+# when the user gave all three there is nothing left to plan (the plan is made for its prediction)
 PLANNED_DECISIONS = ("strategy", "precision", "micro_batch")
 
 
@@ -157,10 +157,25 @@ def follow_plan(request: RunRequest, *, topology: str | None = None) -> RunReque
     partition's nodes, whose device must be the request's), shaped `nodes` x `gpus`.
 
     The user's decisions go to the planner as overrides: one predicted not to fit is warned
-    about in the note, not refused. A plain script, or nothing open, is returned unchanged.
+    about in the note, not refused. With every decision given, the plan is kept only for its
+    prediction (the run sets it against what it measures): no note, and a plan that cannot be
+    made leaves the request as it was. A plain script is returned unchanged.
     """
-    if request.is_script or not request.open_decisions:
+    if request.is_script:
         return request
+    if not request.open_decisions:
+        # what the run will do: the fallbacks of grad_accum and checkpointing too
+        given = dataclasses.replace(request, **request.decisions())
+        try:
+            return dataclasses.replace(request, planned=_planned(given, topology))
+        except (PlanError, WorkloadError) as e:  # the run goes ahead; its summary says why not
+            log.debug("no prediction for the given decisions: %s", e)
+            return request
+    return request.with_plan(_planned(request, topology))
+
+
+def _planned(request: RunRequest, topology: str | None) -> Planned:
+    """The plan of `request` with its given decisions as the planner's overrides."""
     topo = resolve_topology(topology=topology, gpus=request.gpus, nodes=request.nodes)
     if topology is not None and topo.device != request.device:
         raise UsageError(f"`topology` {topology} describes {topo.device} nodes but the partition's "
@@ -170,6 +185,5 @@ def follow_plan(request: RunRequest, *, topology: str | None = None) -> RunReque
         goal = request.micro_batch * request.grad_accum * request.world_size
     overrides = {**{k: getattr(request, k) for k in PLANNED_DECISIONS if getattr(request, k) is not None},
                  "activation_checkpointing": request.checkpointing, "compile": request.compile or None}
-    planned = plan_workload(request.workload, request.workload_args, topo, Goal(global_batch=goal),
-                            overrides=overrides)
-    return request.with_plan(planned)
+    return plan_workload(request.workload, request.workload_args, topo, Goal(global_batch=goal),
+                         overrides=overrides)

@@ -22,7 +22,8 @@ The workload's folder is put first on `sys.path` when it is loaded, as `python f
 the launcher (profile), in every rank and in the DataLoader's workers (they inherit it).
 
 `inspect_file` reads a file without executing it (the launcher must not import torch, which a
-workload does); `load_workload` imports it (inside a rank, or for profiling).
+workload does); `load_workload` imports it (inside a rank, or for profiling), and
+`workload_prints_held` keeps what workload code prints in dlaunch's own process off its output.
 
 Imports only `launcher.errors`, and torch never at module level: the CLI reads workload files
 without it.
@@ -31,11 +32,13 @@ without it.
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib.util
+import io
 import logging
 import sys
 import types
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -289,3 +292,18 @@ def load_workload(path: str | Path, args: Sequence[str] = ()) -> Workload:
     return Workload(path=p, module=module, cfg=cfg, defaults=defaults,
                     sample_units=str(getattr(module, "SAMPLE_UNITS", "samples")),
                     units_per_sample=units)
+
+
+@contextlib.contextmanager
+def workload_prints_held(what: str) -> Iterator[None]:
+    """Run workload code in dlaunch's own process (the planner's profile and step probe) with
+    its prints to sys.stdout/sys.stderr held and logged at debug level: dlaunch's stdout carries
+    only dlaunch's results (JSON, a dry run's command, then the ranks' lines), which scripts and
+    `| head` read. dlaunch's own warnings go through logging, whose handlers keep their stream."""
+    held = io.StringIO()
+    with contextlib.redirect_stdout(held), contextlib.redirect_stderr(held):
+        try:
+            yield
+        finally:
+            if held.tell():
+                log.debug("the workload printed during %s (held): %s", what, held.getvalue()[-2000:])

@@ -60,7 +60,7 @@ from launcher.plan.step_probe import (
 )
 from launcher.plan.types import Plan
 from launcher.specs import Goal, ModelProfile, Strategy
-from launcher.workload import load_workload
+from launcher.workload import load_workload, workload_prints_held
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -163,7 +163,8 @@ def _profile(workload: str, workload_args: Sequence[str]) -> ModelProfile:
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return profile_workload(load_workload(workload, workload_args))
+        with workload_prints_held("its profile"):
+            return profile_workload(load_workload(workload, workload_args))
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -252,8 +253,9 @@ def cached_step_timing(workload: str, workload_args: Sequence[str], profile: Mod
         log.debug("step probe skipped for %s: too big or too slow to time here", profile.name)
         return None
     try:
-        timing = measure_steps(load_workload(workload, workload_args), threads=threads,
-                               precisions=precisions, micro_batches=sizes)
+        with workload_prints_held("the step probe"):
+            timing = measure_steps(load_workload(workload, workload_args), threads=threads,
+                                   precisions=precisions, micro_batches=sizes)
     except Exception as e:  # noqa: BLE001 - a workload bug surfaces in the run, with its traceback
         log.debug("step probe of %s failed (%s: %s); planning from the CPU rates", profile.name,
                   type(e).__name__, e)

@@ -15,7 +15,7 @@ from launcher.plan.search import plan
 from launcher.request import FALLBACKS, RunRequest
 from launcher.specs import Goal, ModelProfile
 
-from tests.helpers import WORKLOADS
+from tests.helpers import DATA, WORKLOADS
 
 MLP = str(WORKLOADS / "mlp.py")
 GPT = str(WORKLOADS / "gpt.py")
@@ -69,6 +69,21 @@ def test_the_plan_fills_only_what_was_left_open():
     assert (spec.strategy.kind, spec.grad_accum_steps, spec.micro_batch) == ("fsdp_full", 4, chosen.micro_batch)
 
 
+def test_a_run_with_every_decision_given_is_planned_for_its_prediction_only():
+    from launcher.request import follow_plan
+
+    request = RunRequest(workload=MLP, gpus=2, strategy="fsdp_full", precision="bf16", micro_batch=4)
+    done = follow_plan(request)
+    chosen = done.planned.plan.chosen
+    # the plan is the run's own: the given decisions and the fallbacks of the rest
+    assert (chosen.strategy.kind, chosen.strategy.precision, chosen.micro_batch) == ("fsdp_full", "bf16", 4)
+    assert (chosen.grad_accum_steps, chosen.strategy.activation_checkpointing) == (
+        FALLBACKS["grad_accum"], FALLBACKS["checkpointing"])
+    assert chosen.time.step_time_s > 0
+    # nothing was chosen for the user: no note, the request's fields as given
+    assert done.plan_note is None and dataclasses.replace(done, planned=None) == request
+
+
 def test_what_nothing_decided_takes_the_fallbacks():
     spec = RunRequest(workload=MLP, steps=2, hang_timeout_s=1000.0).launch_spec(run_id="r", run_dir="/RUN")
     assert (spec.strategy.kind, spec.strategy.precision, spec.micro_batch, spec.grad_accum_steps,
@@ -104,3 +119,18 @@ def test_scale_follows_the_plan_unless_flags_decide(dlaunch):
     assert "strategy fsdp_grad_op, precision bf16" in _sweep_header(fixed)
     assert "ws1-r0: 1 rank(s) = 1 node(s) x 1, micro-batch 3," in fixed.out
     assert "dlaunch: plan" not in fixed.err
+
+
+def test_what_a_workload_prints_while_planned_stays_off_dlaunchs_output(capsys, tmp_path, monkeypatch):
+    from launcher.request import follow_plan
+
+    monkeypatch.setenv("DLAUNCH_CACHE_DIR", str(tmp_path))  # profiled and step-probed afresh
+    chatty = str(DATA / "steady.py")
+    request = RunRequest(workload=chatty, workload_args=("--step-sleep-s", "0", "--chatter", "3"), gpus=1,
+                         strategy="ddp", precision="fp32", micro_batch=2)
+    assert follow_plan(request).planned is not None
+    out, err = capsys.readouterr()
+    assert "chatter" not in out and "chatter" not in err
+    # the workload did run here: profiled, and its steps timed (the prints were held, not skipped)
+    [timed] = (tmp_path / "steps").iterdir()
+    assert "failed" not in json.loads(timed.read_text())
