@@ -294,6 +294,16 @@ def load_workload(path: str | Path, args: Sequence[str] = ()) -> Workload:
                     units_per_sample=units)
 
 
+def batch_norms(model: Any) -> list[Any]:
+    """The batch-norm modules of a workload's model (BatchNorm1d/2d/3d, SyncBatchNorm, lazy
+    variants): FSDP with a low-precision policy makes each an fp32 unit of its own
+    (runtime.wrap), and the planner counts (plan.profile) and times (plan.step_probe) them so."""
+    # deferred: the CLI reads workload files without torch
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    return [m for m in model.modules() if isinstance(m, _BatchNorm)]
+
+
 @contextlib.contextmanager
 def workload_prints_held(what: str) -> Iterator[None]:
     """Run workload code in dlaunch's own process (the planner's profile and step probe) with

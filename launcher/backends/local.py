@@ -25,9 +25,10 @@ from typing import IO, Any
 
 import psutil
 
+from launcher.backends.keeper import keeper_argv, tie_to_parent
 from launcher.backends.monitor import Beat, Stall, Watcher, host_pids, read_heartbeats, record_owner, watch
 from launcher.backends.postmortem import STACK_WAIT_S, StackInfo, dump_stacks
-from launcher.backends.torchrun import rank_env, tie_to_parent, torchrun_argv
+from launcher.backends.torchrun import rank_env, torchrun_argv
 from launcher.errors import LaunchError
 from launcher.hardware.detect import usable_cores
 from launcher.rundir import RunPaths
@@ -123,7 +124,7 @@ def launch(rendered: Rendered, spec: LaunchSpec, *, console: IO[str] = sys.stdou
     The watcher (launcher.backends.monitor) ends the job when no rank advanced for
     `spec.hang_timeout_s` or a rank left without a summary while torchrun waits for it.
     Ctrl-C / SIGTERM stop the whole job the same way (torchrun and every rank) and come back
-    as `Outcome.interrupted`; torchrun dies with dlaunch (see `tie_to_parent`).
+    as `Outcome.interrupted`; torchrun dies with dlaunch (see `launcher.backends.keeper`).
     """
     env = {**os.environ, **rendered.env, **(extra_env or {})}
     paths = RunPaths(root=spec.run_dir)
@@ -144,10 +145,11 @@ def launch(rendered: Rendered, spec: LaunchSpec, *, console: IO[str] = sys.stdou
         tlog.flush()
         try:
             try:
-                proc = subprocess.Popen(list(rendered.argv), env=env, cwd=rendered.cwd,
+                # torchrun under a one-threaded keeper: dlaunch's death reaches it once
+                proc = subprocess.Popen(keeper_argv(sys.executable, rendered.argv), env=env, cwd=rendered.cwd,
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, start_new_session=True,
-                                        preexec_fn=tie_to_parent(), umask=umask | 0o002)
+                                        preexec_fn=tie_to_parent(signal.SIGKILL), umask=umask | 0o002)
             except OSError as e:
                 raise LaunchError(f"cannot start {rendered.argv[0]!r}: {e.strerror}") from None
             job["proc"] = proc
@@ -209,12 +211,16 @@ def stop_job(proc: subprocess.Popen[bytes], beats: Mapping[int, Beat] | None = N
     torchrun starts each rank in a session of its own, so signalling torchrun's process group
     does not reach them; and a rank blocked inside a collective never runs its Python SIGTERM
     handler. So every process of the job is signalled by pid: torchrun's descendants (found
-    through /proc) plus the ranks that wrote a heartbeat on this host.
+    through /proc) plus the ranks that wrote a heartbeat on this host. torchrun itself hears it
+    from its keeper (`proc`, which passes it on), never twice: a second SIGTERM inside torchrun's
+    shutdown can abandon it (see `launcher.backends.keeper`).
     """
     grace = STOP_GRACE_S if grace_s is None else grace_s
     victims: dict[int, psutil.Process] = {}
+    passed_on: set[int] = set()  # torchrun: its keeper (the root) passes the SIGTERM on, once
     try:
         root = psutil.Process(proc.pid)
+        passed_on = {p.pid for p in root.children()}
         for p in [root, *root.children(recursive=True)]:
             victims[p.pid] = p
     except psutil.NoSuchProcess:
@@ -224,7 +230,7 @@ def stop_job(proc: subprocess.Popen[bytes], beats: Mapping[int, Beat] | None = N
             victims.setdefault(pid, psutil.Process(pid))
         except psutil.NoSuchProcess:
             pass
-    _signal_all(victims.values(), signal.SIGTERM)
+    _signal_all([p for p in victims.values() if p.pid not in passed_on], signal.SIGTERM)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline and any(_running(p) for p in victims.values()):
         time.sleep(0.1)

@@ -8,11 +8,8 @@ entry is named as a string), jobs, cli or report.
 
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
-import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 from launcher.backends import RANK_ENTRY_MODULE
@@ -24,7 +21,6 @@ from launcher.specs import LaunchSpec
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # torchrun prefixes every rank's output lines with this; the local backend routes lines by it
 LINE_PREFIX = "[rank ${rank}] "
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def rank_env(spec: LaunchSpec, *, base_env: Mapping[str, str], cores: int) -> dict[str, str]:
@@ -72,27 +68,3 @@ def torchrun_argv(spec: LaunchSpec, *, python: str, rdzv_endpoint: str, node_ran
     else:
         argv += ["-m", RANK_ENTRY_MODULE, str(RunPaths(root=spec.run_dir).launch)]
     return argv
-
-
-def tie_to_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
-    """A `preexec_fn` after which the child gets `sig` when the calling thread's process dies.
-
-    torchrun runs in a session of its own (a Ctrl-C reaches dlaunch, which stops the job in
-    order), so nothing else would end it when dlaunch is SIGKILLed; on SIGTERM torchrun stops its
-    ranks. Linux's parent-death signal follows the thread that started the child, so start
-    torchrun from a thread that lives as long as the launch. None where there is no such signal.
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: never after fork
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-        if os.getppid() != parent:  # the parent died between fork and prctl
-            os.kill(os.getpid(), sig)
-
-    return preexec

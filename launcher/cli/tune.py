@@ -15,6 +15,7 @@ import dataclasses
 import json
 import logging
 import sys
+from pathlib import Path
 from typing import IO
 
 from launcher.backends import local
@@ -29,7 +30,6 @@ from launcher.jobs.tune import (
     RunFn,
     discard,
     finish,
-    format_tune,
     run_trials,
     select_trials,
     trial_name,
@@ -40,6 +40,7 @@ from launcher.jobs.tune import (
 )
 from launcher.plan.resolve import plan_workload, store_tune_trials
 from launcher.plan.types import Candidate
+from launcher.report.tune import read_tune, table_text
 from launcher.results.types import RunResult
 from launcher.rundir import RunPaths, new_run_id
 from launcher.specs import Goal, LaunchSpec
@@ -111,5 +112,9 @@ def cmd_tune(args: argparse.Namespace, workload_args: list[str]) -> int:
         whose = "this machine" if request.slurm is None else f"the partition's nodes ({planned.topology.name})"
         print(f"dlaunch tune: {len(records)} measured/predicted ratio(s) stored for {whose} in {stored}; "
               "`dlaunch plan` uses them (--no-calibration-cache ignores them)", file=sys.stderr)
-    print(json.dumps(tune.to_dict(), indent=2) if values["json"] else format_tune(tune))
+    if values["json"]:
+        print(json.dumps(tune.to_dict(), indent=2))
+    else:
+        summary, notes = read_tune(Path(tune.tune_dir))  # the table its report shows, from tune.json
+        print(table_text(summary, Path(tune.tune_dir)) if summary is not None else "\n".join(notes))
     return 0 if tune.tuned_plan else 1

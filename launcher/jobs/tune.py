@@ -44,9 +44,8 @@ from launcher.plan.corrections import TrialRecord, compute_ratio
 from launcher.plan.resolve import Planned
 from launcher.plan.search import label
 from launcher.plan.types import Candidate, Plan
-from launcher.results.table import format_table
 from launcher.results.types import RunResult
-from launcher.rundir import TUNE_RECORD, RunPaths, TunePaths
+from launcher.rundir import RunPaths, TunePaths
 from launcher.specs import LaunchSpec
 
 log = logging.getLogger(__name__)
@@ -290,34 +289,6 @@ def trial_records(tune: TuneResult, workload: str) -> list[TrialRecord]:
                         predicted_step_s=t.candidate.time.step_time_s, measured_step_s=t.measured_step_s,
                         workload=Path(workload).name, tune_dir=tune.tune_dir, at=at)
             for t in tune.trials if t.status == "ok" and t.measured_step_s]
-
-
-def _num(x: float | None, fmt: str) -> str:
-    return "-" if x is None else format(x, fmt)
-
-
-def format_tune(tune: TuneResult) -> str:
-    """The table: candidate, predicted, measured, ratio, chosen; then failures and the plan."""
-    best = tune.best
-    rows = []
-    for t in tune.trials:
-        c = t.candidate
-        pred = c.micro_batch * c.grad_accum_steps * tune.world_size / c.time.step_time_s
-        rows.append([t.name, t.status, f"{c.time.step_time_s:.3g}s",
-                     f"{t.measured_step_s:.3g}s" if t.measured_step_s else "-", f"{pred:,.1f}",
-                     _num(t.measured_samples_per_s, ",.1f"), _num(t.ratio, ".2f"), "<-" if t is best else ""])
-    header = ["candidate", "status", "pred step", "meas step", "pred samples/s", "meas samples/s",
-              "meas/pred", "chosen"]
-    out = [f"tune: {len(tune.trials)} trial(s) on {tune.world_size} rank(s), same seed and data; "
-           "meas/pred is measured over predicted step time (median after warm-up)",
-           format_table(header, rows)]
-    out += [f"{t.status.upper()} ({t.name}): {t.reason}" for t in tune.trials if t.status != "ok"]
-    if tune.tuned_plan:
-        out.append(f"tuned plan: {tune.tuned_plan} (dlaunch run WORKLOAD --plan {tune.tuned_plan})")
-    else:
-        out.append("no trial finished: no tuned plan written")
-    out.append(f"trials: {tune.tune_dir}/<n>-<candidate>/; {TUNE_RECORD} beside them")
-    return "\n".join(out)
 
 
 def read_plan_file(path: str) -> dict[str, Any]:

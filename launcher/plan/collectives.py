@@ -165,6 +165,14 @@ def ddp_comm(profile: ModelProfile, topology: Topology, hide_s: float) -> tuple[
     return total, max(ops["ar"](grad_bytes / buckets), total - hide_s)
 
 
+def fsdp_units(profile: ModelProfile, strategy: Strategy) -> int:
+    """FSDP units (`fully_shard` groups, one all-gather and one reduce-scatter each): one per
+    block, the root when parameters stay outside the blocks, and under bf16/fp16 one per batch
+    norm (kept in fp32, runtime.wrap); a model without blocks is one unit."""
+    units = max(1, profile.num_blocks) + (1 if unsharded_root_params(profile) > 0 and profile.num_blocks else 0)
+    return units + (profile.batch_norms if strategy.precision != "fp32" else 0)
+
+
 def fsdp_traffic(profile: ModelProfile, strategy: Strategy,
                   topology: Topology) -> dict[str, float]:
     """Seconds of one micro-batch's FSDP collectives: forward all-gathers ("ag_fwd", the first
@@ -175,7 +183,7 @@ def fsdp_traffic(profile: ModelProfile, strategy: Strategy,
     block = float(profile.largest_block_params)
     root = float(unsharded_root_params(profile))
     nb = max(1, profile.num_blocks)
-    units = nb + (1 if root > 0 else 0)
+    units = fsdp_units(profile, strategy)
     ops = group_collectives(topology, within_node=strategy.kind == "hybrid")
     grad_op = strategy.kind == "fsdp_grad_op"
     # fixed per-collective cost: cannot overlap (it sits on the compute stream / CPU thread)
@@ -213,5 +221,5 @@ def sharded_comm(profile: ModelProfile, strategy: Strategy, topology: Topology,
 
 __all__ = ["ring_allreduce_s", "tree_allreduce_s", "allgather_s", "reduce_scatter_s",
            "hierarchical_allreduce_s", "shared_link", "slowest_link", "group_collectives",
-           "replica_allreduce", "split", "Collective", "ddp_comm", "fsdp_traffic",
+           "replica_allreduce", "split", "Collective", "ddp_comm", "fsdp_traffic", "fsdp_units",
            "sharded_comm", "FSDP_COLLECTIVE_OVERHEAD_S", "REDUCE_DTYPE_BYTES"]

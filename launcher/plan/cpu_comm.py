@@ -33,9 +33,9 @@ import math
 from collections.abc import Callable
 
 from launcher.hardware.types import Topology
-from launcher.plan.collectives import group_collectives, replica_allreduce
+from launcher.plan.collectives import fsdp_units, group_collectives, replica_allreduce
 from launcher.plan.cpu_rates import gloo_of, rates_of, time_share
-from launcher.plan.memory import COMPUTE_DTYPE_BYTES, DDP_BUCKET_CAP_BYTES, GRAD_BYTES, unsharded_root_params
+from launcher.plan.memory import COMPUTE_DTYPE_BYTES, DDP_BUCKET_CAP_BYTES, GRAD_BYTES
 from launcher.specs import ModelProfile, Strategy
 
 log = logging.getLogger(__name__)
@@ -104,20 +104,10 @@ def cpu_ddp_comm(profile: ModelProfile, topology: Topology) -> float:
     return sum(ar(b) + handling for b in ddp_buckets(GRAD_BYTES * float(profile.num_params)))
 
 
-def fsdp_units(profile: ModelProfile, strategy: Strategy) -> tuple[int, float, float]:
-    """(units, parameters of the largest unit, of the root unit): one per block, the root, and
-    under bf16/fp16 one per batch norm."""
-    root = float(unsharded_root_params(profile))
-    units = max(1, profile.num_blocks) + (1 if root > 0 and profile.num_blocks else 0)
-    if strategy.precision != "fp32":
-        units += profile.batch_norms
-    return units, float(profile.largest_block_params), root
-
-
 def fsdp_overhead_s(profile: ModelProfile, strategy: Strategy, topology: Topology) -> float:
     """FSDP2's own work in one micro-batch's forward + backward on one rank: per unit and per
     parameter tensor, in the probe's per-op cost, on the rank's share of a core."""
-    units, _, _ = fsdp_units(profile, strategy)
+    units = fsdp_units(profile, strategy)
     rates = rates_of(topology.accelerator, topology)
     slow = time_share(topology)
     fixed = (FSDP_UNIT_OPS * units + FSDP_TENSOR_OPS * profile.param_tensors) * rates.op_s
@@ -129,7 +119,7 @@ def cpu_sharded_comm(profile: ModelProfile, strategy: Strategy, topology: Topolo
                      grad_accum: int) -> float:
     """Seconds of FSDP's (or hybrid shard's) collectives in one optimizer step."""
     ops = _ops(topology, within_node=strategy.kind == "hybrid")
-    units, _, _ = fsdp_units(profile, strategy)
+    units = fsdp_units(profile, strategy)
     p = float(profile.num_params)
     per_unit = p / units
     gathers = 1 if strategy.kind == "fsdp_grad_op" else 2
@@ -145,6 +135,6 @@ def cpu_sharded_comm(profile: ModelProfile, strategy: Strategy, topology: Topolo
     return total
 
 
-__all__ = ["gloo_topology", "cpu_ddp_comm", "cpu_sharded_comm", "fsdp_overhead_s", "fsdp_units", "ddp_buckets",
+__all__ = ["gloo_topology", "cpu_ddp_comm", "cpu_sharded_comm", "fsdp_overhead_s", "ddp_buckets",
            "DDP_FIRST_BUCKET_BYTES", "FSDP_UNIT_OPS", "FSDP_TENSOR_OPS", "FSDP_PARAM_BYTES",
            "FSDP_COLLECTIVE_OPS", "DDP_BUCKET_OPS"]

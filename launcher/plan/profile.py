@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 from launcher.errors import WorkloadError
 from launcher.plan.workload_probe import meta_error, optimizer_state
 from launcher.specs import ModelProfile
-from launcher.workload import Workload
+from launcher.workload import Workload, batch_norms
 
 log = logging.getLogger(__name__)
 
@@ -185,15 +185,6 @@ def _saved_bytes(workload: Workload, model: Any, micro_batch: int, param_keys: s
     return total, (block_in[0] if block_in else 0), flops, getattr(ops, "ops", 0)
 
 
-def batch_norm_count(model: Any) -> int:
-    """Batch-norm modules in `model`: under FSDP with a low-precision policy each is a unit of
-    its own (runtime.wrap)."""
-    # deferred: only a profile missing from the cache needs torch
-    from torch.nn.modules.batchnorm import _BatchNorm
-
-    return sum(isinstance(m, _BatchNorm) for m in model.modules())
-
-
 def _signature(module: Any) -> tuple[Any, ...]:
     """What makes two blocks interchangeable for profiling: module types and tensor shapes."""
     return (tuple(type(m).__qualname__ for m in module.modules()),
@@ -331,7 +322,7 @@ def profile_workload(workload: Workload, *, extrapolate: bool = True) -> ModelPr
         optimizer_state_bytes_per_param=state_bytes,
         forward_ops=int(counts.ops),
         param_tensors=len(params),
-        batch_norms=batch_norm_count(model),
+        batch_norms=len(batch_norms(model)),
     )
     log.debug("profiled %s in %.2f s", profile.name, time.perf_counter() - t0)
     return profile

@@ -34,7 +34,7 @@ from typing import Any
 
 from launcher.errors import PlanError
 from launcher.specs import check
-from launcher.workload import Workload
+from launcher.workload import Workload, batch_norms
 
 log = logging.getLogger(__name__)
 
@@ -157,10 +157,8 @@ def probe_micro_batches(step_s: Mapping[int, float], precisions: int) -> tuple[i
 def fp32_norm_switch(torch: Any, model: Any) -> list[bool]:
     """Hooks on `model`'s batch norms that, while the returned switch's one element is True, run
     them in fp32 and hand their output back in bf16 (as FSDP's fp32 units do, see FP32_NORMS)."""
-    from torch.nn.modules.batchnorm import _BatchNorm
-
     switch = [False]
-    for norm in (m for m in model.modules() if isinstance(m, _BatchNorm)):
+    for norm in batch_norms(model):
         norm.register_forward_pre_hook(
             lambda _m, args: tuple(a.float() for a in args) if switch[0] else None)
         norm.register_forward_hook(
@@ -262,10 +260,10 @@ def measure_steps(workload: Workload, *, threads: int, precisions: Sequence[str]
                                  f"each, torch {torch.__version__} ({elapsed:.2f} s)")
 
 
-def timing_key(precision: str, strategy_kind: str, batch_norms: int) -> str:
+def timing_key(precision: str, strategy_kind: str, norm_count: int) -> str:
     """The timing that measures `precision` as `strategy_kind` runs it: FSDP keeps a model's
     batch norms in fp32 under a low-precision policy (see FP32_NORMS)."""
-    if precision != "fp32" and strategy_kind != "ddp" and batch_norms > 0:
+    if precision != "fp32" and strategy_kind != "ddp" and norm_count > 0:
         return precision + FP32_NORMS
     return precision
 

@@ -18,12 +18,14 @@ from typing import Any
 from launcher.files import read_json
 from launcher.report.types import HTML_PAGE, TuneSummary, TuneTrial
 from launcher.results.schema import kind_of
+from launcher.results.table import format_table
 from launcher.rundir import TUNE_RECORD, TunePaths
 
 log = logging.getLogger(__name__)
 
 HEAD = ("candidate", "status", "predicted step", "predicted samples/s", "measured step",
         "measured samples/s", "measured/predicted", "chosen")
+CAPTION = "same seed and data; measured/predicted is the measured median step (after warm-up) over the predicted"
 
 
 def is_tune_dir(path: Path) -> bool:
@@ -105,13 +107,19 @@ def outcome_lines(summary: TuneSummary) -> list[str]:
 
 def markdown_lines(summary: TuneSummary, *, link_from: Path | None) -> list[str]:
     """The tune's section of report.md: the table, then the outcome lines."""
-    lines = ["## Tune", "", f"{len(summary.trials)} trial(s) on {summary.world_size} rank(s), same seed and "
-             "data; measured/predicted is the measured median step (after warm-up) over the predicted", "",
+    lines = ["## Tune", "", f"{len(summary.trials)} trial(s) on {summary.world_size} rank(s), {CAPTION}", "",
              "| " + " | ".join(HEAD) + " | trial report |", "|---|---|" + "---:|" * 5 + "---|---|"]
     for t in summary.trials:
         link = f"[report]({relative(t.report_html, link_from)})" if t.report_html else "-"
         lines.append("| " + " | ".join(cells(t)) + f" | {link} |")
     return [*lines, "", *(f"- {x}" for x in outcome_lines(summary)), ""]
+
+
+def table_text(summary: TuneSummary, tune_dir: Path) -> str:
+    """What `dlaunch tune` prints when it is done: the table, the outcome lines, where the trials are."""
+    return "\n".join([f"tune: {len(summary.trials)} trial(s) on {summary.world_size} rank(s), {CAPTION}",
+                      format_table(HEAD, [cells(t) for t in summary.trials]), *outcome_lines(summary),
+                      f"trials: {tune_dir}/<n>-<candidate>/; {TUNE_RECORD} beside them"])
 
 
 def terminal_lines(summary: TuneSummary) -> list[str]:

@@ -23,7 +23,7 @@ from launcher.runtime.compiling import compile_forward
 from launcher.runtime.context import RankContext
 from launcher.runtime.inject import comm_delay_ms, install_comm_delay
 from launcher.specs import Strategy
-from launcher.workload import Workload
+from launcher.workload import Workload, batch_norms
 
 log = logging.getLogger(__name__)
 
@@ -145,14 +145,6 @@ def wrap(model: Any, strategy: Strategy, ctx: RankContext, blocks: list[Any], *,
         return Wrapped(module=ddp, no_sync=_ddp_no_sync(ddp), accumulate=_ddp_no_sync(ddp),
                        compiled=strategy.compile)
     return _wrap_fsdp(model, strategy, ctx, blocks, shard_group_size)
-
-
-def batch_norms(model: Any) -> list[Any]:
-    """The batch-norm modules of `model` (BatchNorm1d/2d/3d, SyncBatchNorm, lazy variants)."""
-    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
-    from torch.nn.modules.batchnorm import _BatchNorm
-
-    return [m for m in model.modules() if isinstance(m, _BatchNorm)]
 
 
 def _wrap_fsdp(model: Any, strategy: Strategy, ctx: RankContext, blocks: list[Any],

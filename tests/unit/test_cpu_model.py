@@ -10,8 +10,9 @@ import pytest
 
 from launcher.hardware.types import Link, Topology
 from launcher.plan import step_probe
+from launcher.plan.collectives import fsdp_units
 from launcher.plan.cost import step_time
-from launcher.plan.cpu_comm import DDP_BUCKET_OPS, cpu_ddp_comm, cpu_sharded_comm, ddp_buckets, fsdp_units
+from launcher.plan.cpu_comm import DDP_BUCKET_OPS, cpu_ddp_comm, cpu_sharded_comm, ddp_buckets
 from launcher.plan.cpu_rates import CpuRates, GlooRates, ProbedCpu
 from launcher.plan.gloo_probe import measure_gloo
 from launcher.plan.profile import profile_workload
@@ -186,8 +187,8 @@ def test_gloo_collectives_cost_their_latency_and_bytes_and_nothing_hides():
 def test_fsdp_pays_per_unit_collective_and_batch_norm_units_under_bf16():
     fp32, bf16 = Strategy(kind="fsdp_full", precision="fp32"), Strategy(kind="fsdp_full", precision="bf16")
     bn = dataclasses.replace(PROFILE, batch_norms=10)
-    assert fsdp_units(bn, fp32)[0] == 4 + 1  # blocks and the root (200k parameters of its own)
-    assert fsdp_units(bn, bf16)[0] == 4 + 1 + 10  # and each batch norm under bf16
+    assert fsdp_units(bn, fp32) == 4 + 1  # blocks and the root (200k parameters of its own)
+    assert fsdp_units(bn, bf16) == 4 + 1 + 10  # and each batch norm under bf16
     top = topology(2, GLOO2)
     assert cpu_sharded_comm(bn, bf16, top, 1) > cpu_sharded_comm(bn, fp32, top, 1)
     grad_op = Strategy(kind="fsdp_grad_op", precision="fp32")
