@@ -49,7 +49,6 @@ from launcher.plan.gloo_probe import GLOO_PROBE_FORMAT, measure_gloo
 from launcher.plan.profile import profile_workload
 from launcher.plan.search import plan
 from launcher.plan.step_probe import (
-    FP32_NORMS,
     MAX_STATE_BYTES,
     MICRO_BATCHES,
     STEP_PROBE_FORMAT,
@@ -57,6 +56,7 @@ from launcher.plan.step_probe import (
     as_cached,
     measure_steps,
     probe_micro_batches,
+    probe_precisions,
 )
 from launcher.plan.types import Plan
 from launcher.specs import Goal, ModelProfile, Strategy
@@ -246,8 +246,7 @@ def cached_step_timing(workload: str, workload_args: Sequence[str], profile: Mod
         return WorkloadTiming.from_dict(stored)
     except (OSError, ValueError, TypeError, KeyError, PlanError):
         pass  # absent or stale: measure
-    precisions = (*PROBE_PRECISIONS, *(p + FP32_NORMS for p in PROBE_PRECISIONS
-                                       if p != "fp32" and profile.batch_norms))
+    precisions = probe_precisions(PROBE_PRECISIONS, profile.batch_norms)
     sizes = _probe_sizes(profile, topology, len(precisions))
     if not sizes:
         log.debug("step probe skipped for %s: too big or too slow to time here", profile.name)

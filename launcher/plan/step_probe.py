@@ -260,6 +260,12 @@ def measure_steps(workload: Workload, *, threads: int, precisions: Sequence[str]
                                  f"each, torch {torch.__version__} ({elapsed:.2f} s)")
 
 
+def probe_precisions(base: Sequence[str], norm_count: int) -> tuple[str, ...]:
+    """The timings the probe takes: each of `base`, and for a model with batch norms each low
+    precision again with them in fp32 (what `timing_key` reads for FSDP)."""
+    return (*base, *(p + FP32_NORMS for p in base if p != "fp32" and norm_count > 0))
+
+
 def timing_key(precision: str, strategy_kind: str, norm_count: int) -> str:
     """The timing that measures `precision` as `strategy_kind` runs it: FSDP keeps a model's
     batch norms in fp32 under a low-precision policy (see FP32_NORMS)."""
@@ -274,6 +280,6 @@ def as_cached(timing: WorkloadTiming) -> dict[str, Any]:
 
 
 __all__ = ["PassTimes", "StepTiming", "WorkloadTiming", "measure_steps", "probe_micro_batches",
-           "as_cached", "timing_key", "fp32_norm_switch", "FP32_NORMS", "STEP_PROBE_FORMAT",
+           "as_cached", "probe_precisions", "timing_key", "fp32_norm_switch", "FP32_NORMS", "STEP_PROBE_FORMAT",
            "REPEATS", "MAX_REPEATS", "WARMUP_ROUNDS", "WARMUP_S", "MAX_STATE_BYTES", "BUDGET_S",
            "MICRO_BATCHES"]

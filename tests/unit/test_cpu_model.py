@@ -82,6 +82,9 @@ def test_fsdp_with_low_precision_is_timed_with_its_batch_norms_in_fp32():
     assert key("bf16", "fsdp_full", 15) == "bf16" + step_probe.FP32_NORMS
     assert key("bf16", "ddp", 15) == key("bf16", "fsdp_full", 0) == "bf16"
     assert key("fp32", "fsdp_full", 15) == "fp32"
+    # and the probe takes exactly the timings those keys name
+    assert step_probe.probe_precisions(("fp32", "bf16"), 15) == ("fp32", "bf16", key("bf16", "fsdp_full", 15))
+    assert step_probe.probe_precisions(("fp32", "bf16"), 0) == ("fp32", "bf16")
     passes = lambda f: (PassTimes(micro_batch=1, data_s=0.0, forward_s=f, backward_s=2 * f),)  # noqa: E731
     timings = WorkloadTiming(threads=1, units_per_sample=1, load_average=0.0, precisions={
         "bf16": StepTiming(precision="bf16", passes=passes(0.01), optimizer_s=0.0),

@@ -11,11 +11,7 @@ import textwrap
 import time
 from pathlib import Path
 
-import pytest
-
 from launcher.backends.keeper import keeper_argv
-
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 
 # the kept child: counts the SIGTERMs it gets in a file, lives a second after the first one
 CHILD = textwrap.dedent("""
