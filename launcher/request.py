@@ -4,8 +4,9 @@ The CLI merges flags and dlaunch.yaml into one RunRequest (`launcher.cli.prepare
 left open (None) are filled by the plan for the hardware the ranks will run on (`follow_plan`),
 and only those: a decision the user made is passed to the planner as an override and kept.
 Whatever is still open when nothing was planned (a plain script, a SLURM run without a topology
-of its partition) takes `FALLBACKS`. Messages name fields in backticks (`micro_batch`); the CLI
-turns them into its flags.
+of its partition) takes `FALLBACKS`. Compile left open (None) is the plan's too: on for GPUs
+where Dynamo traces the workload whole (`plan.compile_choice`), off when nothing was planned.
+Messages name fields in backticks (`micro_batch`); the CLI turns them into its flags.
 
 Must never import argparse or launcher.cli (no argv here), torch, or the code that runs a job.
 """
@@ -53,7 +54,7 @@ class RunRequest:
     grad_accum: int | None = None
     checkpointing: bool | None = None
     global_batch: int | None = None  # a goal for the plan; None: the plan's choice
-    compile: bool = False
+    compile: bool | None = None  # None: the plan's (on for GPUs where Dynamo traces it whole)
     compile_mode: str = "default"
     compile_strict: bool = False
     shard_group_size: int = 0  # 0: the ranks of a node
@@ -120,8 +121,11 @@ class RunRequest:
                   "micro_batch": chosen.micro_batch, "grad_accum": chosen.grad_accum_steps,
                   "checkpointing": chosen.strategy.activation_checkpointing}
         filled = {k: v for k, v in choice.items() if getattr(self, k) is None}
+        if self.compile is None:
+            filled["compile"] = chosen.strategy.compile
         warnings = [r for r in planned.plan.reasons if r.startswith("warning:")]
-        note = (f"dlaunch: plan: {label(chosen)}, micro-batch {chosen.micro_batch} x "
+        compiled = " + torch.compile" if filled.get("compile") else ""
+        note = (f"dlaunch: plan: {label(chosen)}{compiled}, micro-batch {chosen.micro_batch} x "
                 f"{chosen.grad_accum_steps} accumulation, predicted {chosen.time.step_time_s:.3g} "
                 f"s/step and {chosen.memory.total_gib:.2f} GiB/rank (`dlaunch plan` says why)")
         return dataclasses.replace(self, **filled, planned=planned,
@@ -140,7 +144,7 @@ class RunRequest:
             startup_timeout_s=(self.startup_timeout_s if self.startup_timeout_s is not None
                                else max(900.0, self.hang_timeout_s)),
             strategy=Strategy(kind=d["strategy"], precision=d["precision"],
-                              activation_checkpointing=d["checkpointing"], compile=self.compile,
+                              activation_checkpointing=d["checkpointing"], compile=bool(self.compile),
                               compile_mode=self.compile_mode, compile_strict=self.compile_strict),
             loader=LoaderSpec(num_workers=self.num_workers), shard_group_size=self.shard_group_size,
             profile=self.profile, memory_snapshot=self.memory_snapshot,
@@ -167,10 +171,15 @@ def follow_plan(request: RunRequest, *, topology: str | None = None) -> RunReque
         # what the run will do: the fallbacks of grad_accum and checkpointing too
         given = dataclasses.replace(request, **request.decisions())
         try:
-            return dataclasses.replace(request, planned=_planned(given, topology))
+            planned = _planned(given, topology)
         except (PlanError, WorkloadError) as e:  # the run goes ahead; its summary says why not
             log.debug("no prediction for the given decisions: %s", e)
             return request
+        if request.compile is not None or not planned.plan.chosen.strategy.compile:
+            return dataclasses.replace(request, planned=planned)  # compile None runs eagerly
+        # the one decision left open was compile's, and the plan turns it on: say so
+        return dataclasses.replace(request, planned=planned, compile=True, plan_note=(
+            "dlaunch: plan: torch.compile on (`dlaunch plan` says why; --no-compile runs eagerly)"))
     return request.with_plan(_planned(request, topology))
 
 
@@ -184,6 +193,6 @@ def _planned(request: RunRequest, topology: str | None) -> Planned:
     if goal is None and request.micro_batch is not None and request.grad_accum is not None:
         goal = request.micro_batch * request.grad_accum * request.world_size
     overrides = {**{k: getattr(request, k) for k in PLANNED_DECISIONS if getattr(request, k) is not None},
-                 "activation_checkpointing": request.checkpointing, "compile": request.compile or None}
+                 "activation_checkpointing": request.checkpointing, "compile": request.compile}
     return plan_workload(request.workload, request.workload_args, topo, Goal(global_batch=goal),
                          overrides=overrides)

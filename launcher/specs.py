@@ -64,6 +64,10 @@ class ModelProfile:
     attention_flops_fwd_per_sample: float = 0.0
     conv_flops_fwd_per_sample: float = 0.0
     batch_norms: int = 0  # BatchNorm modules: FSDP units of their own under bf16/fp16
+    # the most bytes backward holds at once beyond the saved activations, per sample, at the
+    # profiled dtype (a language model's loss gradient over its vocabulary: two logits-sized
+    # tensors); 0 = none, or not profiled
+    backward_transient_bytes_per_sample: float = 0.0
 
     def __post_init__(self) -> None:
         check(self.num_params > 0, PlanError, f"model {self.name} has no parameters")
@@ -71,8 +75,8 @@ class ModelProfile:
                f"model {self.name}: negative op or parameter tensor count")
         check(self.optimizer_state_bytes_per_param >= 0, PlanError,
                f"model {self.name}: negative optimizer state bytes")
-        check(self.activation_bytes_per_sample >= 0, PlanError,
-               f"model {self.name}: negative activation bytes")
+        check(self.activation_bytes_per_sample >= 0 and self.backward_transient_bytes_per_sample >= 0,
+              PlanError, f"model {self.name}: negative activation bytes")
         check(self.units_per_sample >= 1, PlanError,
                f"model {self.name}: units_per_sample must be >= 1")
         check(0 <= self.attention_flops_fwd_per_sample + self.conv_flops_fwd_per_sample

@@ -63,6 +63,9 @@ class Beat:
     pid: int | None = None
     host: str | None = None
     stacks: bool = False  # the rank dumps its stacks on SIGUSR1
+    # beats of a long call with no steps (RankRecorder.busy: a memory snapshot's dump); a
+    # growing count is progress, so a rank writing its snapshot is not ended as hung
+    busy_beats: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,7 +87,8 @@ def read_heartbeats(run_dir: str | Path) -> dict[int, Beat]:
             data = json.loads(path.read_text(encoding="utf-8"))
             beats[rank] = Beat(rank=rank, step=int(data.get("step", 0)),
                                time=float(data.get("time", 0.0)), pid=data.get("pid"),
-                               host=data.get("host"), stacks=bool(data.get("stacks")))
+                               host=data.get("host"), stacks=bool(data.get("stacks")),
+                               busy_beats=int(data.get("busy_beats", 0)))
         except (OSError, ValueError, TypeError, AttributeError):
             continue
     return beats
@@ -108,6 +112,7 @@ class Watcher:
     _t0: float = field(init=False)
     _last_advance: float = field(init=False)
     _steps: dict[int, int] = field(init=False, default_factory=dict)
+    _busy: dict[int, int] = field(init=False, default_factory=dict)
     _done: set[int] = field(init=False, default_factory=set)
     _gone_since: dict[int, float] = field(init=False, default_factory=dict)
     beats: dict[int, Beat] = field(init=False, default_factory=dict)
@@ -124,6 +129,9 @@ class Watcher:
         for rank, beat in beats.items():
             if beat.step > self._steps.get(rank, -1):
                 self._steps[rank] = beat.step
+                self._last_advance = now
+            if beat.busy_beats > self._busy.get(rank, 0):
+                self._busy[rank] = beat.busy_beats
                 self._last_advance = now
         done = {r for r in range(self.world_size) if RunPaths(root=self.run_dir).summary(r).exists()}
         if done - self._done:

@@ -12,7 +12,9 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from launcher.alloc_conf import alloc_conf_env, installed_torch_version
 from launcher.backends import RANK_ENTRY_MODULE
+from launcher.hardware.gpu_probe import cuda_order_env
 from launcher.hardware.types import rank_threads
 from launcher.rundir import RunPaths
 from launcher.specs import LaunchSpec
@@ -36,8 +38,11 @@ def rank_env(spec: LaunchSpec, *, base_env: Mapping[str, str], cores: int) -> di
     }
     if "OMP_NUM_THREADS" not in base_env:
         env["OMP_NUM_THREADS"] = str(rank_threads(cores, spec.nproc_per_node))
-    if spec.device == "cuda" and "PYTORCH_CUDA_ALLOC_CONF" not in base_env:
-        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    if spec.device == "cuda":
+        # under the name the ranks' torch reads (this interpreter's: the backends start ranks
+        # with it); nothing when the user set either name, in the shell or in the spec's env
+        env.update(alloc_conf_env({**spec.env, **base_env}, installed_torch_version()))
+        env.update(cuda_order_env({**spec.env, **base_env}))  # cuda:i is NVML's GPU i
     if spec.max_restarts > 0 or spec.checkpoint_every > 0:
         # where the harness saves and, on a restart (DLAUNCH_RESUME=1), resumes from
         # (runtime.resume); the same variable the SLURM backend sets

@@ -26,13 +26,30 @@ from launcher.jobs.tune import TRIAL_STEPS, TRIAL_TIMED_S
 from launcher.specs import COMPILE_MODES, PRECISIONS, STRATEGIES
 
 RUN = ("run", "lab")  # the flags of one run apply to each of the lab's three
-_SLURM = ("run", "scale", "tune")  # the commands that submit SLURM jobs
+_SLURM = ("run", "scale", "tune", "doctor")  # the commands that submit SLURM jobs
 TUNE_TRIALS = 4  # candidates a tune measures at most
+# a doctor job takes about a minute; a short limit backfills sooner (submitit needs > 10 min)
+DOCTOR_TIME_MIN = 15.0
 SLURM_GROUP = "SLURM (with --slurm; defaults from dlaunch.yaml's slurm: section)"
 
 
 def _slurm_text(what: str) -> Yaml:
     return Yaml(section="slurm", types=(str,), what=what)
+
+
+def _fraction(flag: str) -> Parse:
+    """An argparse `type` accepting a fraction in (0, 1] (`--threshold 0.8`), naming the flag."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise UsageError(f"{flag} must be a fraction in (0, 1], e.g. 0.8, got {text!r}") from None
+        if not 0 < value <= 1:  # NaN fails too
+            raise UsageError(f"{flag} must be a fraction in (0, 1], e.g. 0.8, got {text}")
+        return value
+
+    return parse
 
 
 def _merge_slurm_opts(given: list[str] | None, configured: Mapping[str, str] | None) -> tuple[tuple[str, str], ...]:
@@ -48,12 +65,15 @@ OPTIONS: tuple[Option, ...] = (
            help="a run, sweep or tune directory"),
     Option("job", commands=("status", "logs", "cancel"), metavar="RUN_DIR_OR_JOB",
            help="run dir of a `dlaunch run --slurm`, or its SLURM job id"),
-    Option("--gpus", commands=(*RUN, "plan", "scale", "tune"), parse=at_least(1), default=1,
+    Option("--gpus", commands=(*RUN, "plan", "scale", "tune", "doctor"), parse=at_least(1), default=1,
            aliases=("nproc_per_node",),
            help="processes per node: GPUs, or CPU processes when there is no GPU",
            per={"plan": {"default": None, "help": "devices per node (default: all of the topology's)"},
                 "scale": {"parse": None, "default": None, "required": True, "metavar": "N,N,...",
-                          "help": "world sizes to run, comma-separated (e.g. 1,2,4,8)"}}),
+                          "help": "world sizes to run, comma-separated (e.g. 1,2,4,8)"},
+                "doctor": {"default": None, "help": "ranks per node: one per GPU (default: every GPU), "
+                                                    "or CPU processes with gloo when there is no GPU "
+                                                    "(default 2)"}}),
     Option("--mode", commands=("scale",), choices=MODES, default="weak",
            help="weak: keep --micro-batch per rank; strong: keep --global-batch"),
     Option("--steps", commands=(*RUN, "scale", "tune"), parse=at_least(1), default=20, help="optimizer steps",
@@ -79,10 +99,14 @@ OPTIONS: tuple[Option, ...] = (
     Option("--seq-len", commands=("plan",), parse=at_least(1),
            help="tokens per sample, for sequence models"),
     Option("--strategy", commands=(*RUN, "plan", "scale"), choices=STRATEGIES, help="default: the plan's"),
-    Option("--precision", commands=(*RUN, "plan", "scale"), choices=PRECISIONS, help="default: the plan's"),
+    Option("--precision", commands=(*RUN, "plan", "scale", "doctor"), choices=PRECISIONS, help="default: the plan's",
+           per={"doctor": {"help": "the GEMM's dtype (default: bf16 on GPUs of compute capability >= 8.0, "
+                                   "else fp32; fp32 on CPUs)"}}),
     Option("--checkpointing", commands=(*RUN, "plan", "scale"), kind="toggle",
            help="activation checkpointing per block (default: the plan's)"),
-    Option("--compile", commands=(*RUN, "plan", "scale"), kind="switch", help="torch.compile the model"),
+    Option("--compile", commands=(*RUN, "plan", "scale"), kind="toggle",
+           help="torch.compile the model (default: the plan's: on for GPUs where Dynamo traces the "
+                "workload without a graph break, off on CPUs)"),
     Option("--compile-mode", commands=RUN, choices=COMPILE_MODES,
            help="torch.compile mode (implies --compile; default: default)"),
     Option("--compile-strict", commands=RUN, kind="switch",
@@ -114,12 +138,13 @@ OPTIONS: tuple[Option, ...] = (
            help="DataLoader worker processes per rank"),
     Option("--script", commands=RUN, kind="switch",
            help="treat the file as a plain torchrun script even if it looks like a workload"),
-    Option("--run-dir", commands=RUN, help="where this run's files go (default runs/<id>)"),
+    Option("--run-dir", commands=(*RUN, "doctor"), help="where this run's files go (default runs/<id>)",
+           per={"doctor": {"help": "where the ranks' files and doctor.json go (default runs/doctor-<id>)"}}),
     Option("--repeat", commands=("scale",), parse=at_least(1), default=1, help="runs per world size"),
     Option("--sweep-dir", commands=("scale",),
            help="where the sweep goes (default runs/scale-<workload>-<mode>-<hash>: the same "
                 "command resumes the same sweep)"),
-    Option("--force", commands=(*RUN, "scale", "tune"), kind="switch",
+    Option("--force", commands=(*RUN, "scale", "tune", "doctor"), kind="switch",
            help=f"start more CPU processes than {CPU_PROCESSES_PER_CORE} per usable core",
            per={"scale": {"help": "re-run points that already finished"}}),
     Option("--plan", commands=("run", "scale"), metavar="FILE",
@@ -128,6 +153,9 @@ OPTIONS: tuple[Option, ...] = (
                 "given beside it win"),
     Option("--no-calibration-cache", commands=("plan",), kind="switch",
            help="ignore this machine's step-time corrections learnt by `dlaunch tune`"),
+    Option("--threshold", commands=("doctor",), parse=_fraction, default=0.8,
+           help="a rank (node) below this fraction of the median rank's (node's) rate is SLOW "
+                "(default 0.8)"),
     Option("--trials", commands=("tune",), parse=at_least(1), default=TUNE_TRIALS,
            help=f"at most this many candidates measured (default {TUNE_TRIALS})"),
     Option("--budget-min", commands=("tune",), parse=minutes,
@@ -141,10 +169,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("--no-predict", commands=("report",), kind="switch", help="skip the planner's prediction"),
     Option("--rank", commands=("logs",), parse=at_least(0), help="only this global rank"),
     Option("--follow", commands=("logs",), kind="switch", help="keep printing until the job is over"),
-    Option("--dry-run", commands=(*RUN, "scale", "tune"), kind="switch", help="print the command and start nothing",
+    Option("--dry-run", commands=(*RUN, "scale", "tune", "doctor"), kind="switch",
+           help="print the command and start nothing",
            per={"scale": {"help": "print the points and commands, run nothing"},
                 "tune": {"help": "print each trial's command (with --slurm its sbatch script) and start nothing"}}),
-    Option("--json", commands=(*RUN, "plan", "scale", "tune", "report", "inspect", "status"), kind="switch",
+    Option("--json", commands=(*RUN, "plan", "scale", "tune", "report", "inspect", "status", "doctor"),
+           kind="switch",
            help="print the result as JSON",
            per={"plan": {"help": "print the plan as JSON"},
                 "scale": {"help": "print the sweep and report as JSON"},
@@ -164,16 +194,18 @@ OPTIONS: tuple[Option, ...] = (
                 "optimizer steps (0: only on the preemption signal); restarts and SLURM requeues "
                 "resume from the newest with the same data order"),
     # -- SLURM: `run --slurm`, `scale --slurm` and `tune --slurm`
-    Option("--slurm", commands=("run", "scale", "tune"), kind="switch", slurm_in=("run", "scale", "tune"),
+    Option("--slurm", commands=_SLURM, kind="switch", slurm_in=_SLURM,
            help="submit to SLURM (submitit): one task per node, each running torchrun",
            per={"scale": {"help": "run each point as a SLURM job (one per world size and repeat)"},
+                "doctor": {"help": "check every node of a SLURM job: one torchrun per node, followed "
+                                   "like `run --slurm`"},
                 "tune": {"help": "run each trial as its own SLURM job, one after another, followed like "
                                  "`run --slurm` (needs --topology of the partition's nodes)"}}),
-    Option("--nodes", commands=("run", "plan", "tune"), parse=at_least(1), slurm_in=("run", "tune"),
+    Option("--nodes", commands=("run", "plan", "tune", "doctor"), parse=at_least(1),
+           slurm_in=("run", "tune", "doctor"),
            aliases=("num_nodes",),
            help="nodes (default 1)", per={"plan": {"help": "nodes to plan for (default: the topology's)"}}),
-    Option("--gpus-per-node", commands=("run", "scale", "tune"), parse=at_least(1),
-           slurm_in=("run", "scale", "tune"),
+    Option("--gpus-per-node", commands=_SLURM, parse=at_least(1), slurm_in=_SLURM,
            help="processes (GPUs) per node; same as --gpus",
            per={"scale": {"help": "processes (GPUs) per node: a point of N ranks runs on N / this "
                                   "many nodes (default: the partition's GPUs per node, or CPUs per "
@@ -187,7 +219,9 @@ OPTIONS: tuple[Option, ...] = (
            yaml=_slurm_text("a node feature expression"), help="node features, e.g. a100"),
     Option("--time-min", commands=_SLURM, parse=minutes, default=DEFAULT_TIME_MIN,
            slurm_in=_SLURM, yaml=Yaml(section="slurm", types=(int, float), what="minutes (a number > 0)"),
-           help=f"job time limit in minutes (default {DEFAULT_TIME_MIN:g})"),
+           help=f"job time limit in minutes (default {DEFAULT_TIME_MIN:g})",
+           per={"doctor": {"default": DOCTOR_TIME_MIN,
+                           "help": f"job time limit in minutes (default {DOCTOR_TIME_MIN:g})"}}),
     Option("--cpus-per-node", commands=_SLURM, parse=at_least(1), slurm_in=_SLURM,
            yaml=Yaml(section="slurm", types=(int,), what="an integer >= 1"),
            help="CPUs to request per node (default: the partition's CPUs per node)"),
@@ -199,7 +233,7 @@ OPTIONS: tuple[Option, ...] = (
            help="cancel the job if it is still pending after this many minutes"),
     Option("--detach", commands=("run",), kind="switch", slurm_in=("run",),
            help="print the job id and run dir and return (see dlaunch status/logs/cancel)"),
-    Option("--topology", commands=("run", "plan", "scale", "tune", "report"), metavar="FILE",
+    Option("--topology", commands=("run", "plan", "scale", "tune", "report", "doctor"), metavar="FILE",
            slurm_in=("run", "tune"),
            yaml=Yaml(section="slurm", types=(str,), what="a topology file describing the partition's nodes"),
            help="the partition's nodes (topologies/*.yaml) for the plan; without it a SLURM run is "
@@ -213,7 +247,11 @@ OPTIONS: tuple[Option, ...] = (
                                  "are planned for: needed with --slurm"},
                 "report": {"metavar": None,
                            "help": "topology file or name: link bandwidth and predictions (default: "
-                                   "the one the sweep recorded, or this machine when it ran the job)"}}),
+                                   "the one the sweep recorded, or this machine when it ran the job)"},
+                "doctor": {"metavar": None,
+                           "help": "judge against this topology's listed figures (default: this host: "
+                                   "detected GPUs, or the CPU's cached probe; with --slurm: none, the "
+                                   "ranks and nodes against each other only)"}}),
 )
 
 

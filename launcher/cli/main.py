@@ -1,7 +1,7 @@
 """The `dlaunch` command: the parser wired from the option table, dispatch, exit codes.
 
 Each subcommand's handler lives in its own module (launcher.cli.run, .lab, .scale, .tune, .plan,
-.inspect, .report, .jobs); their options in launcher.cli.args. A DlaunchError is one line on
+.inspect, .report, .jobs, .doctor); their options in launcher.cli.args. A DlaunchError is one line on
 stderr (field names put back as flags) and its exit code, 2 for bad input. Must never import
 torch or matplotlib at start-up (`dlaunch --help` stays fast): the commands that need them
 import them deep inside launcher.plan / launcher.report.
@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from launcher.cli.args import add_options, name_flags
+from launcher.cli.doctor import cmd_doctor
 from launcher.cli.inspect import cmd_inspect
 from launcher.cli.jobs import cmd_cancel, cmd_logs, cmd_status
 from launcher.cli.lab import cmd_lab
@@ -54,6 +55,12 @@ COMMANDS: tuple[tuple[str, Handler, str, str, dict[str, Any]], ...] = (
     ("logs", cmd_logs, "the logs of a SLURM run (every node, or one rank)",
      "Print a SLURM job's per-node logs; --rank R keeps rank R's lines.", {}),
     ("cancel", cmd_cancel, "cancel a SLURM run", "scancel a SLURM job and wait until it has left the queue.", {}),
+    ("doctor", cmd_doctor, "preflight: GEMM, memory and all-reduce per rank and node; name the slow ones",
+     "Run one rank per device (CPU: --gpus processes with gloo) on this host, or on every node of a "
+     "SLURM job with --slurm: each times a GEMM in the plan's precision, a large copy and "
+     "all-reduces. Prints measured / expected per rank and node, where each expected figure comes "
+     "from, and names every rank and node below --threshold of the median (exit 1) with a ready "
+     "--exclude list.", {}),
     ("lab", cmd_lab, "fp32 / mixed precision / mixed precision + compile, side by side",
      "Run WORKLOAD three times back to back (same seed, same data): fp32, the plan's mixed "
      "precision, and mixed precision + compile; print throughput, peak memory, the two speed-ups "

@@ -14,7 +14,8 @@ from typing import Any
 
 from launcher.errors import UsageError
 
-COMMANDS = ("run", "lab", "plan", "scale", "tune", "report", "inspect", "status", "logs", "cancel")
+COMMANDS = ("run", "lab", "plan", "scale", "tune", "report", "inspect", "status", "logs", "cancel",
+            "doctor")
 KINDS = ("value", "switch", "toggle", "list")  # --x V | --x | --x/--no-x | --x V (repeatable)
 
 Parse = Callable[[str], Any]

@@ -30,8 +30,8 @@ def cmd_plan(args: argparse.Namespace, workload_args: list[str]) -> int:
     overrides = {k: values[k] for k in ("strategy", "precision", "micro_batch") if values[k] is not None}
     if values["checkpointing"] is not None:
         overrides["activation_checkpointing"] = values["checkpointing"]
-    if values["compile"]:
-        overrides["compile"] = True
+    if values["compile"] is not None:  # --compile / --no-compile; else the plan decides
+        overrides["compile"] = values["compile"]
     planned = plan_workload(values["workload"], workload_args, topology, goal, overrides=overrides,
                             corrected=not values["no_calibration_cache"])
     if values["json"]:

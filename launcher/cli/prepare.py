@@ -58,19 +58,27 @@ def _from_plan_file(values: Mapping[str, Any]) -> dict[str, Any]:
     """`--plan FILE`'s decisions for those the flags left open (a flag given beside it wins)."""
     decided = read_plan_file(values["plan"])
     out = {k: v for k, v in decided.items() if k != "compile" and values.get(k) is None}
-    out["compile"] = bool(values.get("compile") or decided["compile"])
+    out["compile"] = bool(decided["compile"]) if values.get("compile") is None else values["compile"]
     return out
 
 
-def _wants_compile(values: Mapping[str, Any]) -> bool:
-    return bool(values.get("compile") or values.get("compile_mode") or values.get("compile_strict"))
+def _compile_choice(values: Mapping[str, Any]) -> bool | None:
+    """--compile (or --compile-mode / --compile-strict, which imply it): True; --no-compile:
+    False; neither: None, the plan's decision."""
+    implied = [flag for flag, dest in (("--compile-mode", "compile_mode"),
+                                       ("--compile-strict", "compile_strict")) if values.get(dest)]
+    if values.get("compile") is False and implied:
+        raise UsageError(f"--no-compile contradicts {implied[0]}, which implies --compile; drop one")
+    return True if implied else values.get("compile")
 
 
 def build_request(command: str, values: Mapping[str, Any], workload_args: Sequence[str]
                   ) -> tuple[RunRequest, Placement]:
     """The RunRequest of `run`, `lab` or `scale` (for a sweep: its largest point), planned."""
     if command == "lab":
-        for flag, given in (("--precision", values["precision"]), ("--compile", _wants_compile(values)),
+        compiled = _compile_choice(values)
+        for flag, given in (("--precision", values["precision"]),
+                            ("--no-compile" if compiled is False else "--compile", compiled is not None),
                             ("--script", values["script"])):
             if given:
                 raise UsageError(f"dlaunch lab chooses precision and compile itself; drop {flag}")
@@ -79,7 +87,7 @@ def build_request(command: str, values: Mapping[str, Any], workload_args: Sequen
         raise UsageError(_NEEDS_WORKLOAD[command].format(given=values["workload"]))
     place = slurm_placement(command, values) if values.get("slurm") else local_placement(command, values)
     fields: dict[str, Any] = {k: values[k] for k in _FROM_OPTIONS if values.get(k) is not None}
-    fields.update(compile=_wants_compile(values), calibrate=not values.get("no_calibrate"))
+    fields.update(compile=_compile_choice(values), calibrate=not values.get("no_calibrate"))
     if command == "tune" and "steps" not in fields and "warmup_steps" in fields:
         # a placeholder the warm-up fits in: cmd_tune sets the trial length from the candidates
         fields["steps"] = fields["warmup_steps"] + 1

@@ -1,9 +1,11 @@
 """Detect this machine's hardware as a `Topology`: GPUs and their links, NICs, cores, SLURM.
 
-Sources, best first: NVML (`pynvml`, package nvidia-ml-py) for GPUs and per-pair links;
-`nvidia-smi` (`--query-gpu`, `topo -m`, `topo -p2p r`) when NVML cannot be used; torch's
-`can_device_access_peer` only as a last resort for P2P. torch is never imported on the CPU path,
-so `dlaunch inspect` stays fast. This module only probes (NVML, subprocess, sysfs, psutil, the
+Sources, best first: NVML (`pynvml`, package nvidia-ml-py) for GPUs, MIG slices and per-pair
+links; `nvidia-smi` (`--query-gpu`, `topo -m`, `topo -p2p r`) when NVML cannot be used; torch in
+a child process where neither works but NVIDIA device nodes exist (a container given the compute
+capability but not NVML); torch's `can_device_access_peer` only as a last resort for P2P. torch
+is never imported on the CPU path, so `dlaunch inspect` stays fast, nor in this process on a GPU
+host where NVML works. This module only probes (NVML, subprocess, sysfs, psutil, the
 SLURM environment); turning what it finds into links and GPU specs is `launcher.hardware.nvtopo`'s job,
 and printing the result is `launcher.hardware.view`'s.
 """
@@ -23,7 +25,7 @@ from typing import Any
 import psutil
 
 from launcher.hardware.gpu_probe import probe_gpus
-from launcher.hardware.nvtopo import gpu_spec, inter_node_link, intra_node_link
+from launcher.hardware.nvtopo import gpu_spec, inter_node_link, intra_node_link, nvlink_gb_s
 from launcher.hardware.types import DeviceSpec, Link, Nic, Topology
 from launcher.specs import GIB
 
@@ -246,19 +248,25 @@ def detect_topology(*, env: Mapping[str, str] | None = None,
     gpus = None if device == "cpu" else probe_gpus(env)
     cores = cpu.usable_cores
     if gpus is not None:
-        n = len(gpus.names)
+        n, note = gpus.usable, ""
+        if n < len(gpus.names):  # MIG: one slice per CUDA process (see Gpus.usable)
+            note = (f"; {len(gpus.names)} MIG slices visible, a CUDA process enumerates only "
+                    "one: one rank, on the first")
+            log.warning("%d MIG slices visible, but a CUDA process can use only one (MIG user "
+                        "guide): planning one rank on %s; give each job one slice through "
+                        "CUDA_VISIBLE_DEVICES=MIG-...", len(gpus.names), gpus.names[0])
         if slurm and slurm.gpus_per_node and slurm.gpus_per_node < n:
             n = slurm.gpus_per_node  # SLURM without device cgroups: use only what was granted
         links = tuple(row[:n] for row in gpus.links[:n])
         nvlinks = tuple(row[:n] for row in gpus.nvlinks[:n]) if gpus.nvlinks else None
-        per_link = 14.0625 if gpus.cc == (8, 6) else 25.0  # GA10x bridges run slower lanes
-        intra = intra_node_link(links, nvlinks=nvlinks, nvlink_gb_s=per_link,
+        intra = intra_node_link(links, nvlinks=nvlinks, nvlink_gb_s=nvlink_gb_s(gpus.cc),
                                 pcie_gb_s=gpus.pcie_gb_s)
+        accel = gpu_spec(gpus.names[:n], gpus.mem_bytes[:n], cc=gpus.cc, how=gpus.how,
+                         sms=gpus.sms[:n], mig=any(gpus.mig[:n]))
         return Topology(name=f"detected-{host}", device="cuda", num_nodes=num_nodes,
-                        devices_per_node=n, intra_node=intra,
-                        accelerator=gpu_spec(gpus.names, gpus.mem_bytes, cc=gpus.cc, how=gpus.how),
+                        devices_per_node=n, intra_node=intra, accelerator=accel,
                         inter_node=inter, cpu_cores_per_node=cores, nics=nics,
-                        device_links=links, source=f"detected on {host} via {gpus.how}")
+                        device_links=links, source=f"detected on {host} via {gpus.how}{note}")
     mem_gib = psutil.virtual_memory().total / GIB
     host_peaks = cpu_peak_tflops(cpu.flags, cpu.ghz, cores)
     accel = DeviceSpec(

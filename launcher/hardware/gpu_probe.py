@@ -1,21 +1,30 @@
-"""The GPUs of this machine and the links between them, without importing torch on the way:
-NVML (nvidia-ml-py) first, `nvidia-smi topo -m` as the fallback, torch's peer-access query
-only when torch is already importable and CUDA present.
+"""The GPUs of this machine and the links between them, without importing torch here: NVML
+(nvidia-ml-py) first, `nvidia-smi` as the fallback, and where neither works (a container given
+the compute capability but not NVML) torch in a child process, which also answers peer access
+where nvidia-smi cannot.
 
-Never imports plan, backends, jobs, runtime, results or report; torch only inside its last-
-resort probe.
+What CUDA will hand the ranks is what is planned for: the devices `CUDA_VISIBLE_DEVICES`
+selects, read as CUDA reads it with `CUDA_DEVICE_ORDER=PCI_BUS_ID` (NVML's order, which dlaunch
+sets for the ranks: `cuda_order_env`), and a MIG slice as the slice it is (its memory, its
+share of the SMs), never as its whole GPU.
+
+Never imports plan, backends, jobs, runtime, results or report; never torch in this process
+(CUDA initialised in the launcher would break the ranks it forks).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 import re
 import shutil
 import subprocess
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from launcher.errors import TopologyError
@@ -24,12 +33,17 @@ from launcher.hardware.nvtopo import parse_nvidia_smi_nvlinks, parse_nvidia_smi_
 log = logging.getLogger(__name__)
 
 _SUBPROCESS_TIMEOUT_S = 10.0
+# importing torch takes 1.5-2 s, initialising CUDA on 8 GPUs several more
+_TORCH_PROBE_TIMEOUT_S = 60.0
 # GB/s per PCIe lane and direction, by generation (after encoding overhead)
 _PCIE_LANE_GB_S = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
+_NO_P2P_MIG = "pcie-nop2p"  # MIG slices have no peer access (MIG user guide): no NVLink, no P2P
 
 
 @dataclass(frozen=True, kw_only=True)
 class Gpus:
+    """The CUDA devices visible here, one entry per whole GPU or MIG slice, in CUDA's order."""
+
     names: tuple[str, ...]
     mem_bytes: tuple[int, ...]
     cc: tuple[int, int] | None
@@ -37,19 +51,98 @@ class Gpus:
     nvlinks: tuple[tuple[int, ...], ...] | None
     pcie_gb_s: float
     how: str
+    # streaming multiprocessors per device, where known (None: not reported)
+    sms: tuple[int | None, ...] = ()
+    # per device: is it a MIG slice (empty: none is)
+    mig: tuple[bool, ...] = ()
+
+    @property
+    def usable(self) -> int:
+        """How many of them one job's ranks can use: all, except that a CUDA process enumerates
+        only one MIG device whatever CUDA_VISIBLE_DEVICES lists (MIG user guide, "CUDA Device
+        Enumeration"; torch.cuda.device_count() is 1), and every rank inherits the same list."""
+        return 1 if any(self.mig) else len(self.names)
 
 
-def _visible(count: int, env: Mapping[str, str]) -> list[int]:
-    cvd = env.get("CUDA_VISIBLE_DEVICES")
+# -- CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER -------------------------------------------------
+
+def cuda_order_env(user_env: Mapping[str, str]) -> dict[str, str]:
+    """`CUDA_DEVICE_ORDER=PCI_BUS_ID` for CUDA ranks, unless `user_env` (the user's shell and
+    the spec's env) chose an order.
+
+    CUDA numbers devices fastest first by default, NVML (and so dlaunch's detection, its link
+    matrix and its reading of CUDA_VISIBLE_DEVICES indices) by PCI bus: on a host with mixed
+    GPUs cuda:0 would be another GPU than the one planned for.
+    """
+    return {} if "CUDA_DEVICE_ORDER" in user_env else {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class CudaDevice:
+    """One device CUDA can be handed: a whole GPU (NVML index `gpu`) or a MIG slice of it."""
+
+    gpu: int
+    gpu_uuid: str = ""  # the GPU's GPU-... UUID ("" when unknown)
+    uuid: str = ""  # this device's: the GPU's, or the slice's MIG-... ("" when unknown)
+    mig: bool = False
+
+
+def visible_devices(devices: Sequence[CudaDevice], cvd: str | None) -> list[int]:
+    """The positions in `devices` (in NVML order, a MIG-enabled GPU as its slices) that
+    CUDA_VISIBLE_DEVICES=`cvd` selects, in its order, as CUDA reads it in PCI bus order.
+
+    Unset: every device. Each entry is an index (leading digits, as strtoul reads them) of a
+    whole GPU, a GPU-... or MIG-... UUID or a unique prefix of one; a GPU's index or UUID
+    selects all its MIG slices. The list ends at the first entry that names no device (a
+    negative, out-of-range, unknown or ambiguous one), and a device named twice hides every
+    device (CUDA's rules, as torch.cuda._parse_visible_devices mirrors them).
+    """
     if cvd is None:
-        return list(range(count))
-    items = [x.strip() for x in cvd.split(",") if x.strip()]
-    if any(x.startswith("-") for x in items):  # CUDA stops at the first invalid index
-        items = items[:next(k for k, x in enumerate(items) if x.startswith("-"))]
-    if all(x.isdigit() for x in items):
-        return [int(x) for x in items if int(x) < count]
-    return list(range(min(count, len(items))))  # UUIDs: keep the count, not the mapping
+        return list(range(len(devices)))
+    gpus = sorted({d.gpu for d in devices})
+    out: list[int] = []
+    for raw in cvd.split(","):
+        token = raw.strip()
+        digits = re.match(r"\d+", token)
+        if digits:
+            index = int(digits.group())
+            if index >= len(gpus):
+                break
+            picked = [k for k, d in enumerate(devices) if d.gpu == gpus[index]]
+        elif token.startswith("GPU-"):
+            owners = {d.gpu for d in devices if d.gpu_uuid.lower().startswith(token.lower())}
+            if len(owners) != 1:
+                break
+            picked = [k for k, d in enumerate(devices) if d.gpu in owners]
+        elif token.startswith("MIG-"):
+            picked = [k for k, d in enumerate(devices)
+                      if d.mig and d.uuid.lower().startswith(token.lower())]
+            if len(picked) != 1:
+                if token.startswith("MIG-GPU-"):
+                    log.warning("CUDA_VISIBLE_DEVICES: %s is a CUDA 11.0 MIG name; name MIG "
+                                "devices by their MIG-... UUID (nvidia-smi -L)", token)
+                break
+        else:
+            break
+        if set(picked) & set(out):
+            return []
+        out += picked
+    return out
 
+
+def _visible(count: int, env: Mapping[str, str], uuids: Sequence[str] | None = None) -> list[int]:
+    """Which of `count` GPUs (NVML order, their `uuids` where known) CUDA_VISIBLE_DEVICES
+    selects; without UUIDs a list of UUIDs keeps its length, not its mapping."""
+    cvd = env.get("CUDA_VISIBLE_DEVICES")
+    if uuids is None and cvd is not None and any(
+            x.strip().startswith(("GPU-", "MIG-")) for x in cvd.split(",")):
+        return list(range(min(count, len([x for x in cvd.split(",") if x.strip()]))))
+    ids = list(uuids) if uuids is not None else [""] * count
+    return visible_devices([CudaDevice(gpu=i, gpu_uuid=u, uuid=u) for i, u in enumerate(ids)],
+                           cvd)
+
+
+# -- NVML --------------------------------------------------------------------------------------
 
 def _nvml() -> Any:
     try:
@@ -65,17 +158,10 @@ def _nvml() -> Any:
 
 
 def count_gpus(env: Mapping[str, str] | None = None) -> int:
-    """GPUs this process can use (NVML count, limited by CUDA_VISIBLE_DEVICES); 0 without NVML."""
-    nv = _nvml()
-    if nv is None:
-        return 0
-    try:
-        return len(_visible(nv.nvmlDeviceGetCount(), os.environ if env is None else env))
-    except nv.NVMLError as exc:
-        log.debug("NVML device count failed: %s", exc)
-        return 0
-    finally:
-        nv.nvmlShutdown()
+    """CUDA devices one job's ranks can use here (NVML, else nvidia-smi, else torch in a child
+    process; limited by CUDA_VISIBLE_DEVICES; one under MIG); 0 when there are none."""
+    gpus = probe_gpus(os.environ if env is None else env)
+    return gpus.usable if gpus else 0
 
 
 def _text(value: Any) -> str:
@@ -128,36 +214,116 @@ def _nvml_links(nv: Any, handles: list[Any], all_bus: list[str]) -> tuple[list[l
     return links, counts
 
 
+def _uuid(nv: Any, handle: Any) -> str:
+    try:
+        return _text(nv.nvmlDeviceGetUUID(handle))
+    except (nv.NVMLError, AttributeError):  # unknown: CUDA_VISIBLE_DEVICES UUIDs match nothing
+        return ""
+
+
+def _mig_enabled(nv: Any, handle: Any) -> bool:
+    try:
+        return bool(nv.nvmlDeviceGetMigMode(handle)[0] == nv.NVML_DEVICE_MIG_ENABLE)
+    except (nv.NVMLError, AttributeError):  # NotSupported before Ampere; old bindings
+        return False
+
+
+def _nvml_devices(nv: Any) -> tuple[list[CudaDevice], list[Any], list[Any]]:
+    """Every CUDA device NVML knows, in its order (a MIG-enabled GPU as its slices, none if it
+    has no instances yet), with each device's handle and the handles of all GPUs."""
+    gpu_handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(nv.nvmlDeviceGetCount())]
+    devices: list[CudaDevice] = []
+    handles: list[Any] = []
+    for i, h in enumerate(gpu_handles):
+        gpu_uuid = _uuid(nv, h)
+        if not _mig_enabled(nv, h):
+            devices.append(CudaDevice(gpu=i, gpu_uuid=gpu_uuid, uuid=gpu_uuid))
+            handles.append(h)
+            continue
+        for k in range(nv.nvmlDeviceGetMaxMigDeviceCount(h)):
+            try:
+                m = nv.nvmlDeviceGetMigDeviceHandleByIndex(h, k)
+            except nv.NVMLError:
+                continue  # NotFound: no compute instance at this index
+            devices.append(CudaDevice(gpu=i, gpu_uuid=gpu_uuid, uuid=_uuid(nv, m), mig=True))
+            handles.append(m)
+    return devices, handles, gpu_handles
+
+
+def _mig_name(nv: Any, handle: Any, parent_name: str) -> tuple[str, int | None]:
+    """A MIG slice's name (NVML's names it with its profile: "... MIG 1g.10gb") and SMs."""
+    try:
+        name = _text(nv.nvmlDeviceGetName(handle))
+    except nv.NVMLError:
+        name = ""
+    try:
+        attrs = nv.nvmlDeviceGetAttributes(handle)
+        sms, slices = int(attrs.multiprocessorCount), int(attrs.gpuInstanceSliceCount)
+    except (nv.NVMLError, AttributeError):
+        sms, slices = None, 0
+    if "MIG" not in name:
+        name = f"{parent_name} MIG {slices}g slice" if slices else f"{parent_name} MIG slice"
+    return name, sms or None
+
+
 def _probe_nvml(env: Mapping[str, str]) -> Gpus | None:
     nv = _nvml()
     if nv is None:
         return None
     try:
-        count = nv.nvmlDeviceGetCount()
-        all_handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-        handles = [all_handles[i] for i in _visible(count, env)]
-        if not handles:
+        all_devices, all_handles, gpu_handles = _nvml_devices(nv)
+        keep = visible_devices(all_devices, env.get("CUDA_VISIBLE_DEVICES"))
+        if not keep:
             return None
-        cc = nv.nvmlDeviceGetCudaComputeCapability(handles[0])
+        devices = [all_devices[k] for k in keep]
+        handles = [all_handles[k] for k in keep]
+        parents = [gpu_handles[d.gpu] for d in devices]
+        gpu_names = [_text(nv.nvmlDeviceGetName(h)) for h in parents]
+        names = list(gpu_names)
+        sms: list[int | None] = [None] * len(devices)
+        for k, d in enumerate(devices):
+            if d.mig:
+                names[k], sms[k] = _mig_name(nv, handles[k], gpu_names[k])
+        _warn_device_order(env, gpu_names)
+        cc = nv.nvmlDeviceGetCudaComputeCapability(parents[0])
         lanes = []
-        for h in handles:
+        for h in parents:
             try:
                 gen = nv.nvmlDeviceGetMaxPcieLinkGeneration(h)
                 lanes.append(_PCIE_LANE_GB_S.get(gen, 1.969) * nv.nvmlDeviceGetMaxPcieLinkWidth(h))
             except nv.NVMLError:
                 lanes.append(_PCIE_LANE_GB_S[4] * 16)
-        all_bus = [_bus(nv.nvmlDeviceGetPciInfo(h).busId) for h in all_handles]
-        links, counts = _nvml_links(nv, handles, all_bus)
-        return Gpus(names=tuple(_text(nv.nvmlDeviceGetName(h)) for h in handles),
-                     mem_bytes=tuple(int(nv.nvmlDeviceGetMemoryInfo(h).total) for h in handles),
-                     cc=(int(cc[0]), int(cc[1])), links=tuple(map(tuple, links)),
-                     nvlinks=tuple(map(tuple, counts)), pcie_gb_s=min(lanes), how="NVML")
+        mig = tuple(d.mig for d in devices)
+        n = len(devices)
+        if any(mig):
+            links = [["" if i == j else _NO_P2P_MIG for j in range(n)] for i in range(n)]
+            counts = [[0] * n for _ in range(n)]
+        else:
+            all_bus = [_bus(nv.nvmlDeviceGetPciInfo(h).busId) for h in gpu_handles]
+            links, counts = _nvml_links(nv, handles, all_bus)
+        return Gpus(names=tuple(names),
+                    mem_bytes=tuple(int(nv.nvmlDeviceGetMemoryInfo(h).total) for h in handles),
+                    cc=(int(cc[0]), int(cc[1])), links=tuple(map(tuple, links)),
+                    nvlinks=tuple(map(tuple, counts)), pcie_gb_s=min(lanes), how="NVML",
+                    sms=tuple(sms), mig=mig)
     except nv.NVMLError as exc:
         log.warning("NVML query failed (%s); trying nvidia-smi", exc)
         return None
     finally:
         nv.nvmlShutdown()
 
+
+def _warn_device_order(env: Mapping[str, str], names: Sequence[str]) -> None:
+    # dlaunch sets PCI_BUS_ID for its ranks unless the user chose an order; a chosen fastest-
+    # first order numbers a mixed host's GPUs differently from NVML
+    order = env.get("CUDA_DEVICE_ORDER", "PCI_BUS_ID").strip().upper()
+    if order != "PCI_BUS_ID" and len(set(names)) > 1:
+        log.warning("CUDA_DEVICE_ORDER=%s on a host with mixed GPUs (%s): CUDA's device numbers "
+                    "differ from NVML's, which dlaunch plans with; set CUDA_DEVICE_ORDER="
+                    "PCI_BUS_ID", order, ", ".join(sorted(set(names))))
+
+
+# -- nvidia-smi --------------------------------------------------------------------------------
 
 def _run(argv: list[str]) -> str | None:
     exe = shutil.which(argv[0])
@@ -172,16 +338,19 @@ def _run(argv: list[str]) -> str | None:
     return done.stdout if done.returncode == 0 else None
 
 
-def _torch_peer_access(n: int) -> list[list[bool | None]] | None:
-    # Last resort, and only where torch is installed and sees CUDA: importing it costs seconds.
-    if importlib.util.find_spec("torch") is None:
-        return None
-    import torch  # deferred: seconds to load, and only this last-resort probe needs it
+def _without_peer_access(links: tuple[tuple[str, ...], ...],
+                         cuda: Gpus | None) -> tuple[tuple[str, ...], ...]:
+    """`links` with the PCIe pairs CUDA reports no peer access between (`cuda`: the same
+    visible devices, as the torch probe saw them) marked pcie-nop2p."""
+    if cuda is None or len(cuda.links) != len(links):
+        return links
+    return tuple(tuple("pcie-nop2p" if kind == "pcie" and cuda.links[i][j] == "pcie-nop2p"
+                       else kind for j, kind in enumerate(row)) for i, row in enumerate(links))
 
-    if not torch.cuda.is_available() or torch.cuda.device_count() < n:
-        return None
-    return [[None if i == j else bool(torch.cuda.can_device_access_peer(i, j))
-             for j in range(n)] for i in range(n)]
+
+def _csv_column(argv: list[str]) -> list[str] | None:
+    out = _run(argv)
+    return [line.strip() for line in out.strip().splitlines()] if out and out.strip() else None
 
 
 def _probe_nvidia_smi(env: Mapping[str, str]) -> Gpus | None:
@@ -192,7 +361,20 @@ def _probe_nvidia_smi(env: Mapping[str, str]) -> Gpus | None:
     if not out or not out.strip():
         return None
     rows = [[c.strip() for c in line.split(",")] for line in out.strip().splitlines()]
-    keep = _visible(len(rows), env)
+    uuids = None
+    cvd = env.get("CUDA_VISIBLE_DEVICES")
+    if cvd and any(x.strip().startswith(("GPU-", "MIG-")) for x in cvd.split(",")):
+        uuids = _csv_column(["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader"])
+        if uuids is not None and len(uuids) != len(rows):
+            uuids = None
+    keep = _visible(len(rows), env, uuids)
+    mig_modes = _csv_column(["nvidia-smi", "--query-gpu=mig.mode.current",
+                             "--format=csv,noheader"]) or []
+    if any(mig_modes[i] == "Enabled" for i in keep if i < len(mig_modes)) or (
+            cvd and "MIG-" in cvd):
+        # --query-gpu describes whole GPUs: a MIG slice would be planned with its GPU's memory
+        log.info("nvidia-smi: MIG slices visible; sizing them through CUDA instead")
+        return None
     rows = [rows[i] for i in keep]
     if not rows:
         return None
@@ -204,24 +386,105 @@ def _probe_nvidia_smi(env: Mapping[str, str]) -> Gpus | None:
     try:
         if topo:
             p2p_text = _run(["nvidia-smi", "topo", "-p2p", "r"])
-            peer = parse_nvidia_smi_p2p(p2p_text) if p2p_text else _torch_peer_access(n)
-            full = parse_nvidia_smi_topo(topo, peer_access=peer)
+            full = parse_nvidia_smi_topo(
+                topo, peer_access=parse_nvidia_smi_p2p(p2p_text) if p2p_text else None)
             counts = parse_nvidia_smi_nvlinks(topo)
             links = tuple(tuple(full[i][j] for j in keep) for i in keep)
             nvlinks = tuple(tuple(counts[i][j] for j in keep) for i in keep)
+            if not p2p_text:  # older drivers: CUDA's peer access, asked in a child process
+                links = _without_peer_access(links, _probe_torch(env))
     except (TopologyError, IndexError) as exc:
         log.warning("could not read nvidia-smi topo output (%s); assuming PCIe", exc)
     cc = None
     if len(rows[0]) > 2 and re.fullmatch(r"\d+\.\d+", rows[0][2]):
         cc = (int(rows[0][2].split(".")[0]), int(rows[0][2].split(".")[1]))
+    _warn_device_order(env, [r[0] for r in rows])
     return Gpus(names=tuple(r[0] for r in rows),
-                 mem_bytes=tuple(int(float(r[1]) * 2**20) for r in rows),
-                 cc=cc, links=links, nvlinks=nvlinks, pcie_gb_s=_PCIE_LANE_GB_S[4] * 16,
-                 how="nvidia-smi")
+                mem_bytes=tuple(int(float(r[1]) * 2**20) for r in rows),
+                cc=cc, links=links, nvlinks=nvlinks, pcie_gb_s=_PCIE_LANE_GB_S[4] * 16,
+                how="nvidia-smi")
+
+
+# -- torch, in a child process -----------------------------------------------------------------
+
+# Run by `sys.executable -c` with the caller's CUDA_VISIBLE_DEVICES: CUDA itself applies it
+# (MIG UUIDs included) and names a MIG slice "<GPU> MIG 1g.10gb" with the slice's memory and SMs.
+_TORCH_PROBE = """
+import json, torch
+n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+props = [torch.cuda.get_device_properties(i) for i in range(n)]
+print(json.dumps({
+    "devices": [{"name": p.name, "total_memory": int(p.total_memory), "major": int(p.major),
+                 "minor": int(p.minor), "sms": int(getattr(p, "multi_processor_count", 0))}
+                for p in props],
+    "peer": [[None if i == j else bool(torch.cuda.can_device_access_peer(i, j))
+              for j in range(n)] for i in range(n)],
+}))
+"""
+# results by (CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER): the GPUs of a host do not change while
+# dlaunch runs, and each probe costs seconds
+_TORCH_CACHE: dict[tuple[str | None, str | None], Gpus | None] = {}
+
+
+def _nvidia_device_nodes(dev: Path = Path("/dev")) -> bool:
+    """Whether an NVIDIA GPU's device node is here (/dev/nvidia0 ...): a container given the
+    compute capability has them even without NVML; without them CUDA has nothing to open."""
+    return any(dev.glob("nvidia[0-9]*"))
+
+
+def _probe_torch(env: Mapping[str, str]) -> Gpus | None:
+    """The GPUs as CUDA sees them, from torch in a child process (this one must not initialise
+    CUDA); only where NVIDIA device nodes exist and torch is installed."""
+    cvd, order = env.get("CUDA_VISIBLE_DEVICES"), env.get("CUDA_DEVICE_ORDER")
+    if cvd is not None and not cvd.strip():
+        return None
+    if not _nvidia_device_nodes() or importlib.util.find_spec("torch") is None:
+        return None
+    key = (cvd, order)
+    if key not in _TORCH_CACHE:
+        _TORCH_CACHE[key] = _run_torch_probe(env)
+    return _TORCH_CACHE[key]
+
+
+def _run_torch_probe(env: Mapping[str, str]) -> Gpus | None:
+    child = {k: v for k, v in os.environ.items()
+             if k not in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")}
+    child.update({k: env[k] for k in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER") if k in env})
+    child.update(cuda_order_env(env))  # number the devices as the ranks will
+    try:
+        done = subprocess.run([sys.executable, "-c", _TORCH_PROBE], env=child, text=True,
+                              capture_output=True, check=False, timeout=_TORCH_PROBE_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.warning("probing the GPUs through torch failed: %s", exc)
+        return None
+    try:
+        found = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else None
+        devices, peer = (found["devices"], found["peer"]) if found else ([], [])
+    except (ValueError, IndexError, KeyError, TypeError) as exc:
+        log.warning("probing the GPUs through torch gave no answer (%s): %s", exc,
+                    done.stderr.strip()[-300:])
+        return None
+    if not devices:
+        if done.returncode != 0:
+            log.warning("probing the GPUs through torch failed: %s", done.stderr.strip()[-300:])
+        return None
+    n = len(devices)
+    links = tuple(tuple("" if i == j else "pcie-nop2p" if peer[i][j] is False else "pcie"
+                        for j in range(n)) for i in range(n))
+    mig = tuple("MIG" in d["name"] or (env.get("CUDA_VISIBLE_DEVICES") or "").strip()
+                .startswith("MIG-") for d in devices)
+    log.info("no NVML here: %d GPU(s) found through torch in a child process; NVLink unknown, "
+             "PCIe assumed", n)
+    return Gpus(names=tuple(d["name"] for d in devices),
+                mem_bytes=tuple(int(d["total_memory"]) for d in devices),
+                cc=(int(devices[0]["major"]), int(devices[0]["minor"])), links=links,
+                nvlinks=None, pcie_gb_s=_PCIE_LANE_GB_S[4] * 16, how="torch (no NVML)",
+                sms=tuple(int(d["sms"]) or None for d in devices), mig=mig)
 
 
 # -- the machine -------------------------------------------------------------------------------
 
 def probe_gpus(env: Mapping[str, str]) -> Gpus | None:
-    """The visible GPUs through NVML, else nvidia-smi; None when there are none."""
-    return _probe_nvml(env) or _probe_nvidia_smi(env)
+    """The visible CUDA devices through NVML, else nvidia-smi, else torch in a child process;
+    None when there are none."""
+    return _probe_nvml(env) or _probe_nvidia_smi(env) or _probe_torch(env)

@@ -34,23 +34,57 @@ _NVLINK_EFF, _PCIE_EFF, _NOP2P_EFF = 0.8, 0.65, 0.38
 _NET_EFF = {"infiniband": 0.93, "roce": 0.75, "ethernet": 0.6}
 _NET_LATENCY_US = {"infiniband": 5.0, "roce": 8.0, "ethernet": 30.0}
 
-# Dense peak TFLOP/s from the vendors' datasheets (with-sparsity numbers halved), with the
-# compute capability, for GPUs NVML names; first match wins, so specific names come first.
-_GPU_TABLE: tuple[tuple[str, dict[str, float], tuple[int, int]], ...] = (
-    (r"H100.*PCIe", {"fp32": 51, "tf32": 378, "bf16": 756, "fp16": 756}, (9, 0)),
-    (r"H100|H200|H800", {"fp32": 67, "tf32": 495, "bf16": 989, "fp16": 989}, (9, 0)),
-    (r"A100|A800", {"fp32": 19.5, "tf32": 156, "bf16": 312, "fp16": 312}, (8, 0)),
-    (r"L40S", {"fp32": 91.6, "tf32": 183, "bf16": 362, "fp16": 362}, (8, 9)),
-    (r"L40", {"fp32": 90.5, "tf32": 90.5, "bf16": 181, "fp16": 181}, (8, 9)),
-    (r"\bL4\b", {"fp32": 30.3, "tf32": 60, "bf16": 121, "fp16": 121}, (8, 9)),
-    (r"\bA10G?\b", {"fp32": 31.2, "tf32": 62.5, "bf16": 125, "fp16": 125}, (8, 6)),
-    (r"\bA40\b", {"fp32": 37.4, "tf32": 74.8, "bf16": 149.7, "fp16": 149.7}, (8, 6)),
-    (r"A6000", {"fp32": 38.7, "tf32": 77.4, "bf16": 154.8, "fp16": 154.8}, (8, 6)),
-    (r"4090", {"fp32": 82.6, "tf32": 82.6, "bf16": 165.2, "fp16": 165.2}, (8, 9)),
-    (r"3090", {"fp32": 35.6, "tf32": 35.6, "bf16": 71, "fp16": 71}, (8, 6)),
-    (r"V100", {"fp32": 15.7, "fp16": 125}, (7, 0)),
-    (r"\bT4\b", {"fp32": 8.1, "fp16": 65}, (7, 5)),
+# Dense peak TFLOP/s from the vendors' datasheets (with-sparsity numbers halved), the compute
+# capability and the full GPU's SM count (None: not needed, no MIG), for GPUs NVML names; first
+# match wins, so specific names come first. GeForce cards list FP16/BF16 with FP32 accumulate
+# (what training uses; their FP16-accumulate rate is twice that).
+_GPU_TABLE: tuple[tuple[str, dict[str, float], tuple[int, int], int | None], ...] = (
+    # GB200 NVL72 spec table, per GPU: FP32 80, TF32 2.5 PF and FP16/BF16 5 PF with sparsity;
+    # 186 GB HBM3e at 8 TB/s; NVLink 5 (nvidia.com/en-us/data-center/gb200-nvl72)
+    (r"GB200", {"fp32": 80, "tf32": 1250, "bf16": 2500, "fp16": 2500}, (10, 0), None),
+    # HGX B200 spec table, per GPU: FP32 75, TF32 2.2 PF and FP16/BF16 4.5 PF with sparsity;
+    # 180 GB HBM3e at 7.7 TB/s (8 TB/s in the first datasheet); 148 SMs (nvidia.com/en-us/
+    # data-center/hgx)
+    (r"B200", {"fp32": 75, "tf32": 1100, "bf16": 2250, "fp16": 2250}, (10, 0), 148),
+    # NVIDIA RTX Blackwell GPU Architecture whitepaper (GeForce RTX 5090): FP32 104.8, TF32
+    # 104.8, FP16/BF16 with FP32 accumulate 209.5 (419 with FP16 accumulate); 170 SMs; 32 GB
+    # GDDR7 at 1792 GB/s; no NVLink. The laptop part is a smaller chip (GB203).
+    (r"5090(?! Laptop)", {"fp32": 104.8, "tf32": 104.8, "bf16": 209.5, "fp16": 209.5}, (12, 0),
+     170),
+    (r"H100.*PCIe", {"fp32": 51, "tf32": 378, "bf16": 756, "fp16": 756}, (9, 0), 114),
+    # H100 NVL and H200 NVL datasheets: FP32 60, TF32 835 and FP16/BF16 1671 with sparsity
+    (r"H[12]00 NVL", {"fp32": 60, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5}, (9, 0), 132),
+    # H200 (SXM) datasheet: H100 SXM's compute (FP32 67, BF16 1979 with sparsity) with 141 GB
+    # HBM3e at 4.8 TB/s (H100 SXM: 80 GB HBM3 at 3.35 TB/s); GH200 the same GPU
+    (r"H100|H200|H800", {"fp32": 67, "tf32": 495, "bf16": 989, "fp16": 989}, (9, 0), 132),
+    (r"A100|A800", {"fp32": 19.5, "tf32": 156, "bf16": 312, "fp16": 312}, (8, 0), 108),
+    (r"L40S", {"fp32": 91.6, "tf32": 183, "bf16": 362, "fp16": 362}, (8, 9), None),
+    (r"L40", {"fp32": 90.5, "tf32": 90.5, "bf16": 181, "fp16": 181}, (8, 9), None),
+    (r"\bL4\b", {"fp32": 30.3, "tf32": 60, "bf16": 121, "fp16": 121}, (8, 9), None),
+    (r"\bA10G?\b", {"fp32": 31.2, "tf32": 62.5, "bf16": 125, "fp16": 125}, (8, 6), None),
+    (r"\bA40\b", {"fp32": 37.4, "tf32": 74.8, "bf16": 149.7, "fp16": 149.7}, (8, 6), None),
+    (r"A6000", {"fp32": 38.7, "tf32": 77.4, "bf16": 154.8, "fp16": 154.8}, (8, 6), None),
+    (r"4090", {"fp32": 82.6, "tf32": 82.6, "bf16": 165.2, "fp16": 165.2}, (8, 9), None),
+    (r"3090", {"fp32": 35.6, "tf32": 35.6, "bf16": 71, "fp16": 71}, (8, 6), None),
+    (r"V100", {"fp32": 15.7, "fp16": 125}, (7, 0), None),
+    (r"\bT4\b", {"fp32": 8.1, "fp16": 65}, (7, 5), None),
 )
+# MIG cuts a GPU into at most 7 compute slices (GPCs): a slice's share when its SM count or the
+# full GPU's is unknown (MIG user guide, "Supported MIG Profiles")
+_MIG_SLICES = 7
+_MIG_PROFILE = re.compile(r"\bMIG (?:(\d+)c\.)?(\d+)g\b")  # 1g.10gb, 1c.3g.40gb, "MIG 2g slice"
+
+
+def nvlink_gb_s(cc: tuple[int, int] | None) -> float:
+    """Line rate of one NVLink lane, GB/s per direction, by compute capability: NVLink 2-4
+    (V100, A100, H100/H200) 25 (H100: 18 links, 900 GB/s both ways); the GA10x bridges (8.6)
+    14.0625; NVLink 5 (Blackwell data-center GPUs, 10.x) 50 (18 links, 1.8 TB/s both ways,
+    900 GB/s each way: NVIDIA's NVLink page and the HGX B200 / GB200 NVL72 spec tables)."""
+    if cc == (8, 6):
+        return 14.0625
+    if cc is not None and cc[0] == 10:
+        return 50.0
+    return 25.0
 
 
 # -- between nodes ------------------------------------------------------------------------------
@@ -213,21 +247,34 @@ def intra_node_link(links: Sequence[Sequence[str]], *,
 
 # -- GPU models --------------------------------------------------------------------------------
 
+def _mig_share(name: str, sms: int | None, full_sms: int | None) -> tuple[float, str]:
+    """A MIG slice's share of its GPU's compute, and how it was found: its SMs over the full
+    GPU's (an A100 1g.10gb has 14 of 108), else its compute slices over 7 (from the profile in
+    the name), else one slice."""
+    if sms and full_sms:
+        return min(1.0, sms / full_sms), f"{sms} of {full_sms} SMs"
+    profile = _MIG_PROFILE.search(name)
+    slices = int(profile.group(1) or profile.group(2)) if profile else 1
+    return min(1.0, slices / _MIG_SLICES), f"{slices} of {_MIG_SLICES} compute slices"
+
+
 def gpu_spec(names: Sequence[str], mem_bytes: Sequence[int], *, cc: tuple[int, int] | None,
-             how: str) -> DeviceSpec:
+             how: str, sms: Sequence[int | None] = (), mig: bool = False) -> DeviceSpec:
     """The `DeviceSpec` to plan for: the first GPU's name, the smallest memory, datasheet peaks.
 
     `cc` is the compute capability the driver reported (None: take the table's); `how` names
-    the source (NVML, nvidia-smi) in the spec's `source`. Unknown names get placeholder peaks.
+    the source (NVML, nvidia-smi, torch) in the spec's `source`. Unknown names get placeholder
+    peaks. `mig`: the devices are MIG slices (their memory is the slice's): the peaks are the
+    full GPU's scaled by the smallest slice's share of its SMs (`sms`, per device).
     """
     name = names[0]
     if len(set(names)) > 1:
         log.warning("mixed GPUs %s; planning for %s with the smallest memory",
                     sorted(set(names)), name)
-    peaks, note = None, f"{how}: {name}"
-    for pattern, table_peaks, table_cc in _GPU_TABLE:
+    peaks, note, full_sms = None, f"{how}: {name}", None
+    for pattern, table_peaks, table_cc, table_sms in _GPU_TABLE:
         if re.search(pattern, name):
-            peaks, cc = dict(table_peaks), cc or table_cc
+            peaks, cc, full_sms = dict(table_peaks), cc or table_cc, table_sms
             note += "; peak TFLOP/s (dense) from dlaunch's datasheet table"
             break
     if peaks is None:
@@ -238,5 +285,11 @@ def gpu_spec(names: Sequence[str], mem_bytes: Sequence[int], *, cc: tuple[int, i
     assert cc is not None  # narrowing: the table or the placeholder set it
     if cc < (8, 0):  # no bf16/tf32 units before Ampere
         peaks = {k: v for k, v in peaks.items() if k not in ("bf16", "tf32")}
+    if mig:
+        known = [s for s in sms if s]
+        share, how_share = _mig_share(name, min(known) if known else None, full_sms)
+        peaks = {k: round(v * share, 2) for k, v in peaks.items()}
+        note += (f"; MIG slice: {how_share}, peaks scaled to {share:.0%} of the full GPU's, "
+                 "memory the slice's")
     return DeviceSpec(name=name, mem_gib=round(min(mem_bytes) / GIB, 2), peak_tflops=peaks,
                       compute_capability=cc, source=note)

@@ -14,10 +14,12 @@ from typing import Any
 
 from launcher.errors import PlanError
 from launcher.hardware.types import Topology
+from launcher.plan.compile_choice import compiles, worth_compiling
+from launcher.plan.compile_probe import CompileCheck
 from launcher.plan.cost import FULL_RECOMPUTE, attention_flops_fwd, shard_group_size, step_time
 from launcher.plan.memory import estimate_memory
 from launcher.plan.step_probe import WorkloadTiming
-from launcher.plan.types import Candidate
+from launcher.plan.types import Candidate, StepTimeEstimate
 from launcher.specs import Goal, ModelProfile, Strategy
 
 logger = logging.getLogger(__name__)
@@ -111,11 +113,28 @@ def _batches(goal: Goal, n: int, ov: Mapping[str, Any],
     return ok, [mb for mb in mbs if per_rank % mb]
 
 
+def _timed(profile: ModelProfile, strategy: Strategy, topology: Topology, mb: int, accum: int,
+           ov: Mapping[str, Any], timing: WorkloadTiming | None) -> tuple[Strategy, StepTimeEstimate]:
+    """`strategy` and its step time; a compile the plan proposed (not the user) is dropped when
+    not predicted worth its compile time (`compile_choice.worth_compiling`)."""
+    frac = ov.get("recompute_fraction", FULL_RECOMPUTE)
+    t = step_time(profile, strategy, topology, mb, accum, recompute_fraction=frac, timing=timing)
+    if strategy.compile and "compile" not in ov:
+        eager = dataclasses.replace(strategy, compile=False)
+        t_eager = step_time(profile, eager, topology, mb, accum, recompute_fraction=frac, timing=timing)
+        if not worth_compiling(t_eager.step_time_s, t.step_time_s):
+            return eager, t_eager
+    return strategy, t
+
+
 def candidates(profile: ModelProfile, topology: Topology, goal: Goal, ov: Mapping[str, Any],
-               usable: float, timing: WorkloadTiming | None = None) -> tuple[list[Candidate], list[int]]:
+               usable: float, timing: WorkloadTiming | None = None,
+               compile_check: CompileCheck | None = None) -> tuple[list[Candidate], list[int]]:
     """Every (strategy, precision, checkpointing, micro-batch) the overrides allow, with its
     memory and time (CPU: from the workload's timed steps, `timing`, when measured), and the
-    micro-batches skipped because they do not divide the batch."""
+    micro-batches skipped because they do not divide the batch. Each strategy compiles as the
+    `compile` override says, else where `compile_choice.compiles` proposes it (`compile_check`:
+    Dynamo's trace of the workload) and it is predicted worth its compile time."""
     n = topology.world_size
     kinds = [k for k in STRATEGY_ORDER if k != "hybrid" or topology.num_nodes > 1]
     if n == 1 and "strategy" not in ov:
@@ -124,19 +143,18 @@ def candidates(profile: ModelProfile, topology: Topology, goal: Goal, ov: Mappin
     out = []
     for kind in kinds:
         group = shard_group_size(kind, topology)
+        compiled = compiles(kind, topology, ov, compile_check)
         for precision in _precisions(topology, ov):
             for ckpt in (False, True):
                 strategy = Strategy(kind=kind, precision=precision, activation_checkpointing=ckpt,
-                                    compile=bool(ov.get("compile", False)),
+                                    compile=compiled,
                                     compile_mode=ov.get("compile_mode", "default"))
                 for mb, accum in batches:
                     mem = estimate_memory(profile, strategy, micro_batch=mb, world_size=n,
                                           shard_group_size=group, device=topology.device,
                                           optimizer=goal.optimizer)
-                    t = step_time(profile, strategy, topology, mb, accum,
-                                  recompute_fraction=ov.get("recompute_fraction", FULL_RECOMPUTE),
-                                  timing=timing)
-                    out.append(Candidate(strategy=strategy, micro_batch=mb, grad_accum_steps=accum,
+                    s, t = _timed(profile, strategy, topology, mb, accum, ov, timing)
+                    out.append(Candidate(strategy=s, micro_batch=mb, grad_accum_steps=accum,
                                          memory=mem, time=t, fits=mem.total_bytes <= usable))
     return out, skipped
 

@@ -29,6 +29,12 @@ The model, per rank (P = parameters, G = shard group size, c = compute-dtype byt
   fp16 scale it (0.6 under DDP's autocast, 0.5 under FSDP's bf16 parameters: see the factors).
   Per-block checkpointing keeps each block's input plus one block's activations during its
   recompute.
+- backward's transient: on top of the saved activations, the most bytes backward holds at once
+  (`profile.backward_transient_bytes_per_sample`, measured on meta: for a language model the
+  loss gradient over the vocabulary, two logits-sized tensors), at the loss's dtype: fp32 under
+  autocast's fp32 loss with a compute-dtype gradient back into the head (x0.75), the compute
+  dtype under FSDP's bf16 parameters (x0.5). One process reaches it before most gradients
+  exist, so there it counts only where it exceeds the half of the gradients already made.
 - overhead: CUDA context, NCCL buffers and allocator slack on CUDA; nothing on CPU.
 
 Pure: never imports torch, does no I/O, and never imports cli, backends, jobs, runtime, results
@@ -65,6 +71,13 @@ AUTOCAST_BLOCK_INPUT_FACTOR = 1.0
 # FSDP2 with MixedPrecisionPolicy(param_dtype=bf16) and no autocast (runtime/wrap.py): the
 # parameters and the cast inputs are bf16, so every saved tensor, block inputs included, is too.
 PARAM_DTYPE_ACTIVATION_FACTOR = 0.5
+
+# Backward's transient under mixed precision relative to the fp32 measurement. Autocast runs
+# cross_entropy / log_softmax / nll_loss in fp32 (torch.amp's fp32 op list), so of the two
+# logits-sized gradients one stays fp32 and the one into the head's matmul is bf16: (4+2)/(4+4).
+# Checked on one H100 (docs/benchmarks.md, GPU acceptance): gpt small, 64 x 1024 tokens, bf16
+# DDP peaked at 60.9 GiB allocated against 39.4 GiB of tensors predicted without this term.
+AUTOCAST_TRANSIENT_FACTOR = 0.75
 
 # The runtime must build DDP with this flag: the memory model relies on it (see module docstring).
 DDP_GRADIENT_AS_BUCKET_VIEW = True
@@ -120,6 +133,17 @@ def activation_bytes(profile: ModelProfile, strategy: Strategy, micro_batch: int
     return (kept + one_block) * micro_batch
 
 
+def transient_bytes(profile: ModelProfile, strategy: Strategy, micro_batch: int) -> float:
+    """Backward's peak bytes beyond the saved activations, for one micro-batch."""
+    if strategy.precision == "fp32":
+        factor = 1.0
+    elif strategy.kind == "ddp":
+        factor = AUTOCAST_TRANSIENT_FACTOR
+    else:
+        factor = PARAM_DTYPE_ACTIVATION_FACTOR
+    return profile.backward_transient_bytes_per_sample * factor * micro_batch
+
+
 def optimizer_state_bytes(profile: ModelProfile, optimizer: str) -> tuple[float, str]:
     """Optimizer state bytes per parameter and what they are: the workload's optimizer as
     profiled ("SGD (make_optimizer)"), else the goal's `optimizer` ("adamw (assumed)")."""
@@ -146,7 +170,8 @@ def estimate_memory(profile: ModelProfile, strategy: Strategy, *, micro_batch: i
     notes = [f"fp32 params {MASTER_PARAM_BYTES} + fp32 grads {GRAD_BYTES} + {opt_source} state "
              f"{opt_b:g} = {MASTER_PARAM_BYTES + GRAD_BYTES + opt_b:g} B/param"]
 
-    activations = activation_bytes(profile, strategy, micro_batch)
+    transient = transient_bytes(profile, strategy, micro_batch)
+    activations = activation_bytes(profile, strategy, micro_batch) + transient
     factor, input_factor = activation_factors(strategy)
     act_note = (f"activations x{factor:g} of the fp32 measurement "
                 + ("(autocast)" if strategy.kind == "ddp" else f"({strategy.precision} params)")
@@ -167,9 +192,12 @@ def estimate_memory(profile: ModelProfile, strategy: Strategy, *, micro_batch: i
             # an optimizer without state (plain SGD) updates in place: no temporaries
             temps = (FOREACH_ADAMW_TEMP_FACTOR * MASTER_PARAM_BYTES * p
                      if device == "cpu" and opt_b > 0 else 0.0)
-            grads = max(SINGLE_PROCESS_GRAD_OVERLAP * grads, grads + temps - activations)
+            # backward's transient (in `activations`) comes before most gradients exist
+            grads = max(SINGLE_PROCESS_GRAD_OVERLAP * grads - transient,
+                        grads + temps - activations, 0.0)
             notes.append("one process: grads freed each step, peak = max(activations + half the "
-                         "grads, grads + optimizer-step temporaries)")
+                         "grads, activations + backward transient, grads + optimizer-step "
+                         "temporaries)")
         if world_size > 1:
             if DDP_GRADIENT_AS_BUCKET_VIEW:
                 notes.append("DDP buckets 0 extra (gradient_as_bucket_view=True)")
@@ -191,6 +219,9 @@ def estimate_memory(profile: ModelProfile, strategy: Strategy, *, micro_batch: i
                          f"{c} B")
         units += GRAD_BYTES * block
         notes.append("one block's fp32 grads before reduce-scatter")
+    if transient > 0:
+        act_note += (f"; backward transient {fmt_gib(transient)} GiB (the loss gradient, measured "
+                     "on meta) in activations")
     notes.append(act_note)
 
     state = params + grads + opt + activations + units
@@ -218,7 +249,8 @@ def fmt_gib(nbytes: float) -> str:
     return f"{gib:.1f}" if gib >= 1 or gib == 0 else f"{gib:.2g}"
 
 
-__all__ = ["estimate_memory", "optimizer_state_bytes", "usable_mem_bytes", "activation_bytes", "unsharded_root_params",
+__all__ = ["estimate_memory", "optimizer_state_bytes", "transient_bytes", "AUTOCAST_TRANSIENT_FACTOR",
+           "usable_mem_bytes", "activation_bytes", "unsharded_root_params",
            "fmt_gib", "MASTER_PARAM_BYTES", "GRAD_BYTES", "OPTIMIZER_STATE_BYTES",
            "COMPUTE_DTYPE_BYTES", "AUTOCAST_ACTIVATION_FACTOR", "AUTOCAST_BLOCK_INPUT_FACTOR",
            "PARAM_DTYPE_ACTIVATION_FACTOR", "activation_factors",

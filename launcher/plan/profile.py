@@ -5,6 +5,11 @@
   bytes autograd saves for backward are summed, each storage once and parameters left out;
   the slope is bytes per sample (the intercept, mostly weights saved by reference, is dropped);
 - checkpointing keeps each block's input: a pre-hook on the first block, in the same pass;
+- the backward transient: the same passes run backward, and the most bytes backward holds at
+  once beyond what the forward saved is kept per sample (parameter gradients are dropped as
+  they land: the memory model counts them apart). For a language model it is the loss
+  gradient over the vocabulary, two logits-sized tensors: 25 GiB for GPT-2 small at 64 x 1024
+  tokens in fp32, which made an H100 run the plan said fits run out of memory;
 - FLOPs: `FlopCounterMode` over the micro-batch-1 forward, attention added analytically (that
   pass replaces SDPA to measure flash attention's memory); the attention and convolution
   shares are kept apart (they run at other rates than matmuls: see plan.cost, plan.cpu_cost);
@@ -38,6 +43,9 @@ from launcher.workload import Workload, batch_norms
 log = logging.getLogger(__name__)
 
 PROFILE_BATCHES = (1, 2)
+# backward's transient is measured apart, at micro-batches where what grows with the batch
+# outweighs the one-off gradient of a parameter (a wide embedding's) that backward also makes
+TRANSIENT_BATCHES = (8, 16)
 # FlopCounterMode's names of the forward convolution ops
 _CONV_OPS = ("convolution", "_convolution", "conv1d", "conv2d", "conv3d", "convolution_overrideable")
 
@@ -53,6 +61,8 @@ class Counts(NamedTuple):
     attention_flops: float  # of which scaled-dot-product attention (4 s^2 d per layer)
     conv_flops: float  # of which convolutions
     ops: float  # aten ops dispatched by that forward
+    transient1: float = 0.0  # backward's peak bytes beyond the saved, at TRANSIENT_BATCHES[0]
+    transient2: float = 0.0  # ... at TRANSIENT_BATCHES[1]
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -136,13 +146,81 @@ def _op_counter() -> Any:
     return OpCounter()
 
 
+class _NewBytes:
+    """Live and peak bytes of the storages created while entered (a TorchDispatchMode, built
+    on first use so that importing this module stays torch-free). Meta storages have sizes and
+    are freed like real ones, so this measures backward's transient memory with no memory."""
+
+    def __init__(self) -> None:
+        # deferred: only a profile missing from the cache needs torch
+        import weakref
+
+        import torch
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_flatten
+
+        outer = self
+        self.live = 0
+        self.peak = 0
+        tracked: set[int] = set()
+
+        def free(key: int, nbytes: int) -> None:
+            tracked.discard(key)
+            outer.live -= nbytes
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                                   kwargs: Any = None) -> Any:
+                out = func(*args, **(kwargs or {}))
+                for t in tree_flatten(out)[0]:
+                    if not isinstance(t, torch.Tensor):
+                        continue
+                    storage = t.untyped_storage()
+                    key = id(storage)
+                    if key in tracked:
+                        continue
+                    tracked.add(key)
+                    n = storage.nbytes()
+                    outer.live += n
+                    outer.peak = max(outer.peak, outer.live)
+                    weakref.finalize(storage, free, key, n)
+                return out
+
+        self.mode = Mode()
+
+
+def _backward_transient(loss: Any, params: Sequence[Any], tracker: _NewBytes) -> float:
+    """The most bytes `loss.backward()` holds at once beyond what the forward left live,
+    with each parameter's gradient dropped as it lands (the memory model counts gradients
+    apart); 0 when backward does not run on the meta device (the model then counts none).
+    `tracker` watched the forward, so the saved tensors backward frees are seen to go."""
+    def drop(p: Any) -> None:
+        p.grad = None
+
+    hooks = [p.register_post_accumulate_grad_hook(drop) for p in params if p.requires_grad]
+    start = tracker.live
+    tracker.peak = start
+    try:
+        with tracker.mode:
+            loss.backward()
+    except Exception as e:  # an op without a meta backward: the transient stays unmeasured
+        log.debug("backward on the meta device failed (%s: %s); no backward transient",
+                  type(e).__name__, e)
+        return 0.0
+    finally:
+        for h in hooks:
+            h.remove()
+    return float(tracker.peak - start)
+
+
 def _saved_bytes(workload: Workload, model: Any, micro_batch: int, param_keys: set[int],
-                 first_block: Any = None, *,
-                 count_flops: bool = False) -> tuple[int, int, tuple[float, float, float], int]:
+                 first_block: Any = None, *, count_flops: bool = False,
+                 backward: bool = False) -> tuple[int, int, tuple[float, float, float], int, float]:
     """Bytes autograd saves for backward in one forward (each storage once, no parameters),
-    the bytes of the first block's input (what checkpointing keeps per block), and, with
-    `count_flops`, the forward FLOPs (FlopCounterMode plus the attention it cannot see here;
-    all, attention, convolutions) and the number of aten ops the forward dispatched."""
+    the bytes of the first block's input (what checkpointing keeps per block), with
+    `count_flops` the forward FLOPs (FlopCounterMode plus the attention it cannot see here;
+    all, attention, convolutions) and the number of aten ops the forward dispatched, and with
+    `backward` backward's transient bytes (`_backward_transient`; else 0)."""
     # deferred: only a profile missing from the cache needs torch
     import torch
     from torch.utils.flop_counter import FlopCounterMode
@@ -169,12 +247,15 @@ def _saved_bytes(workload: Workload, model: Any, micro_batch: int, param_keys: s
     counter = FlopCounterMode(display=False) if count_flops else contextlib.nullcontext()
     ops = _op_counter() if count_flops else contextlib.nullcontext()
     sdpa = _flash_like_sdpa()
+    tracker = _NewBytes()
     try:
-        with counter, ops, sdpa, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with counter, ops, sdpa, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+                tracker.mode:
             loss = workload.loss_fn(model, batch)
     finally:
         if handle is not None:
             handle.remove()
+    transient = _backward_transient(loss, list(model.parameters()), tracker) if backward else 0.0
     del loss
     flops = (0.0, 0.0, 0.0)
     if isinstance(counter, FlopCounterMode):
@@ -182,7 +263,7 @@ def _saved_bytes(workload: Workload, model: Any, micro_batch: int, param_keys: s
         conv = sum(n for op, n in by_op.items() if getattr(op, "__name__", str(op)).split(".")[0] in _CONV_OPS)
         attention = float(sdpa.attention_flops)
         flops = (float(counter.get_total_flops()) + attention, attention, float(conv))
-    return total, (block_in[0] if block_in else 0), flops, getattr(ops, "ops", 0)
+    return total, (block_in[0] if block_in else 0), flops, getattr(ops, "ops", 0), transient
 
 
 def _signature(module: Any) -> tuple[Any, ...]:
@@ -228,10 +309,12 @@ def _first_blocks(container: Any, count: int) -> Any:
 def _passes(workload: Workload, model: Any, param_keys: set[int], first_block: Any) -> Counts:
     """Saved bytes at micro-batch 1 and 2, the first block's input bytes, and the FLOPs and
     aten ops at 1."""
-    saved1, block_in, (flops, attention, conv), ops = _saved_bytes(
+    saved1, block_in, (flops, attention, conv), ops, _ = _saved_bytes(
         workload, model, PROFILE_BATCHES[0], param_keys, first_block, count_flops=True)
-    saved2, _, _, _ = _saved_bytes(workload, model, PROFILE_BATCHES[1], param_keys)
-    return Counts(saved1, saved2, block_in, flops, attention, conv, ops)
+    saved2, _, _, _, _ = _saved_bytes(workload, model, PROFILE_BATCHES[1], param_keys)
+    transient1, transient2 = (_saved_bytes(workload, model, mb, param_keys, backward=True)[4]
+                              for mb in TRANSIENT_BATCHES)
+    return Counts(saved1, saved2, block_in, flops, attention, conv, ops, transient1, transient2)
 
 
 def _extrapolated(workload: Workload, model: Any, param_keys: set[int], blocks: Sequence[Any],
@@ -255,13 +338,18 @@ def _extrapolated(workload: Workload, model: Any, param_keys: set[int], blocks: 
         return None
     one, two, three = runs
     steps = [b - a for a, b in zip(one, two)]
+    additive = len(Counts._fields) - 2  # the two transients are taken from one block below
     if any(not math.isclose(c - b, step, rel_tol=1e-9, abs_tol=0.0)
-           for b, c, step in zip(two, three, steps)):
+           for b, c, step in list(zip(two, three, steps))[:additive]):
         log.debug("blocks do not add equal costs (%s, %s, %s); profiling every block", *runs)
         return None
     extra = len(blocks) - 1
     whole = Counts(*(a + extra * step for a, step in zip(one, steps)))
-    return whole._replace(block_input_bytes=one.block_input_bytes)
+    # a block's input and backward's peak transient do not add up over blocks: the block's, and
+    # the deepest truncation's (exact where the peak is at the loss, as in a language model;
+    # within a block's worth of gradients where it is inside the blocks)
+    return whole._replace(block_input_bytes=one.block_input_bytes, transient1=three.transient1,
+                          transient2=three.transient2)
 
 
 def profile_workload(workload: Workload, *, extrapolate: bool = True) -> ModelProfile:
@@ -323,6 +411,9 @@ def profile_workload(workload: Workload, *, extrapolate: bool = True) -> ModelPr
         forward_ops=int(counts.ops),
         param_tensors=len(params),
         batch_norms=len(batch_norms(model)),
+        backward_transient_bytes_per_sample=max(
+            (counts.transient2 - counts.transient1) / (TRANSIENT_BATCHES[1] - TRANSIENT_BATCHES[0]),
+            0.0),
     )
     log.debug("profiled %s in %.2f s", profile.name, time.perf_counter() - t0)
     return profile

@@ -3,7 +3,8 @@
 `resolve_topology` picks the hardware to plan for (a topology file, or this machine), reshaped
 to the requested GPUs and nodes, with a CPU's rates measured by `cpu_probe` and the gloo
 collectives between its ranks by `gloo_probe` (both cached per host);
-`plan_workload` profiles the workload on the meta device and plans it, its predicted compute
+`plan_workload` profiles the workload on the meta device (and, for a GPU plan, traces one
+forward with Dynamo: `compile_probe`) and plans it, its predicted compute
 corrected by this machine's `dlaunch tune` trials when there are any (`corrections`; the
 trials are stored with `store_tune_trials`). Profiles are cached by
 the workload file's contents, its arguments and the torch version, so `dlaunch run` after the
@@ -33,6 +34,7 @@ from launcher.files import atomic_write_json
 from launcher.hardware.detect import cpu_info, detect_topology
 from launcher.hardware.topology import load_topology
 from launcher.hardware.types import Topology
+from launcher.plan.compile_probe import COMPILE_PROBE_FORMAT, CompileCheck, check_compile
 from launcher.plan.corrections import (
     Correction,
     TrialRecord,
@@ -142,7 +144,7 @@ def _cache_key(workload: str, workload_args: Sequence[str]) -> str:
 
 
 # bump when profile.py measures differently, so old cache entries are ignored
-_PROFILE_FORMAT = 5
+_PROFILE_FORMAT = 6
 
 
 def _cached(path: Path, load: Callable[[dict[str, Any]], _T], make: Callable[[], _T]) -> _T:
@@ -156,24 +158,48 @@ def _cached(path: Path, load: Callable[[dict[str, Any]], _T], make: Callable[[],
     return value
 
 
-def _profile(workload: str, workload_args: Sequence[str]) -> ModelProfile:
-    # importing torch and torch._dynamo (meta kernels import it) allocates ~1M objects and the
-    # cyclic GC rescans them over and over: 0.5 s of a 2.5 s cold `dlaunch plan`. Nothing here
-    # builds garbage cycles worth collecting, so collection waits until the profile is done.
+def _measured_without_gc(what: str, measure: Callable[[], _T]) -> _T:
+    """`measure()` of the workload with its prints held and the cyclic GC off: importing torch
+    and torch._dynamo (meta kernels import it) allocates ~1M objects and the GC rescans them
+    over and over (0.5 s of a 2.5 s cold `dlaunch plan`). Nothing here builds garbage cycles
+    worth collecting, so collection waits until the measurement is done."""
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        with workload_prints_held("its profile"):
-            return profile_workload(load_workload(workload, workload_args))
+        with workload_prints_held(what):
+            return measure()
     finally:
         if gc_was_enabled:
             gc.enable()
+
+
+def _profile(workload: str, workload_args: Sequence[str]) -> ModelProfile:
+    return _measured_without_gc("its profile",
+                                lambda: profile_workload(load_workload(workload, workload_args)))
 
 
 def cached_profile(workload: str, workload_args: Sequence[str]) -> ModelProfile:
     """The workload's profile, from the cache when its file, arguments and torch are unchanged."""
     path = profile_cache_dir() / f"{_cache_key(workload, workload_args)}.json"
     return _cached(path, lambda d: ModelProfile(**d), lambda: _profile(workload, workload_args))
+
+
+def compile_cache_path(workload: str, workload_args: Sequence[str]) -> Path:
+    """Where the workload's Dynamo trace is cached: beside the profile, same key."""
+    return (profile_cache_dir() / f"{_cache_key(workload, workload_args)}"
+            f"-compile-v{COMPILE_PROBE_FORMAT}.json")
+
+
+def _compile_check(workload: str, workload_args: Sequence[str]) -> CompileCheck:
+    return _measured_without_gc("its compile check",
+                                lambda: check_compile(load_workload(workload, workload_args)))
+
+
+def cached_compile_check(workload: str, workload_args: Sequence[str]) -> CompileCheck:
+    """Dynamo's trace of one forward of the workload on the meta device (`compile_probe`), from
+    the cache when its file, arguments and torch are unchanged."""
+    return _cached(compile_cache_path(workload, workload_args), lambda d: CompileCheck(**d),
+                   lambda: _compile_check(workload, workload_args))
 
 
 def cached_cpu_rates(cache_dir: Path | None = None, *,
@@ -277,11 +303,15 @@ def _store(path: Path, data: Mapping[str, Any]) -> None:
 def plan_workload(workload: str, workload_args: Sequence[str], topology: Topology, goal: Goal, *,
                   overrides: Mapping[str, Any] | None = None, corrected: bool = True) -> Planned:
     """Profile `workload` on the meta device (or take the cached profile) and plan it, on a CPU
-    host from its own timed steps; unless `corrected` is False, with this machine's tune
+    host from its own timed steps, on GPUs with Dynamo's trace of one forward deciding compile
+    (unless the overrides decide it); unless `corrected` is False, with this machine's tune
     corrections (a forced plan keeps its choice)."""
     profile = cached_profile(workload, workload_args)
     timing = cached_step_timing(workload, workload_args, profile, topology)
-    result = plan(profile, topology, goal, overrides=overrides, timing=timing)
+    # compile is the plan's to decide on a GPU unless the user decided it
+    compile_open = (overrides or {}).get("compile") is None and topology.device == "cuda"
+    check = cached_compile_check(workload, workload_args) if compile_open else None
+    result = plan(profile, topology, goal, overrides=overrides, timing=timing, compile_check=check)
     correction = correction_of(load_trials(corrections_path(topology))) if corrected else None
     if correction is not None:
         forced = any(v is not None for v in (overrides or {}).values())

@@ -3,7 +3,9 @@
 Pure functions of the frozen specs (no torch, no I/O). The search space:
 strategy {ddp, fsdp_grad_op, fsdp_full, hybrid (multi-node only)} x precision (bf16 where the
 device has it, else fp16 + GradScaler on CUDA; fp32 and, where the CPU lists a bf16 peak, bf16 on
-CPU) x activation checkpointing {off, on} x micro-batch (powers of two). Nothing here encodes the
+CPU) x activation checkpointing {off, on} x micro-batch (powers of two); torch.compile where
+`compile_choice` proposes it (GPUs, a Dynamo trace without graph breaks, a gain worth the compile
+time), priced by the same cost model and explained in the reasons. Nothing here encodes the
 seed rule ("DDP when it fits, FSDP when it does not, DDP/hybrid on slow links"): it comes out of
 `memory.estimate_memory` and `cost.step_time`.
 
@@ -18,6 +20,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from launcher.alloc_conf import alloc_conf_env, installed_torch_version
 from launcher.errors import PlanError
 from launcher.hardware.types import Topology
 from launcher.plan.candidates import (
@@ -28,10 +31,12 @@ from launcher.plan.candidates import (
     check_overrides,
     profile_for_goal,
 )
-from launcher.plan.cost import COMPILE_MEMORY_FACTOR
+from launcher.plan.compile_choice import decide
+from launcher.plan.compile_probe import CompileCheck
+from launcher.plan.cost import FULL_RECOMPUTE
 from launcher.plan.memory import fmt_gib, usable_mem_bytes
 from launcher.plan.step_probe import WorkloadTiming
-from launcher.plan.types import Candidate, Plan
+from launcher.plan.types import Candidate, CompileDecision, Plan
 from launcher.specs import Goal, ModelProfile
 
 logger = logging.getLogger(__name__)
@@ -105,8 +110,9 @@ def _env(topology: Topology) -> dict[str, str]:
         # torchrun only sets OMP_NUM_THREADS=1 when nproc > 1; oversubscribed cores run 4x slower
         env["OMP_NUM_THREADS"] = str(topology.rank_threads)
         return env
-    # fewer fragmentation OOMs with changing shapes; the memory model assumes it
-    env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    # fewer fragmentation OOMs with changing shapes; the memory model assumes it. Named as the
+    # installed torch reads it (its version from the package metadata, read once: no torch)
+    env.update(alloc_conf_env({}, installed_torch_version()))
     if topology.intra_node.kind == "pcie-nop2p":
         # GeForce cards report P2P NCCL cannot use; without this NCCL can hang or corrupt data
         env["NCCL_P2P_DISABLE"] = "1"
@@ -118,9 +124,11 @@ def _env(topology: Topology) -> dict[str, str]:
 
 
 def _reasons(chosen: Candidate, cands: list[Candidate], profile: ModelProfile,
-             topology: Topology, goal: Goal, usable: float, skipped: list[int]) -> list[str]:
-    """Human sentences: why this strategy, what the others would do, precision, checkpointing.
-    `cands` are the candidates the overrides allow; the first sentence only when chosen fits."""
+             topology: Topology, goal: Goal, usable: float, skipped: list[int],
+             compiled: CompileDecision) -> list[str]:
+    """Human sentences: why this strategy, what the others would do, precision, checkpointing,
+    compile (`compiled`: the decision, and what its predicted gain rests on). `cands` are the
+    candidates the overrides allow; the first sentence only when chosen fits."""
     n, dev = topology.world_size, topology.accelerator
     fitting = [c for c in cands if c.fits] or [chosen]
     speed = lambda c: _speed(c, goal, n, profile)  # noqa: E731
@@ -184,11 +192,7 @@ def _reasons(chosen: Candidate, cands: list[Candidate], profile: ModelProfile,
     if prec == "fp16" and topology.device == "cpu":
         out.append("warning: fp16 autocast on CPU is slow and needs a GradScaler; "
                    "use bf16 or fp32")
-    if chosen.strategy.compile:
-        modelled = ("not modelled on CPU (the estimate is eager speed)" if topology.device == "cpu"
-                    else f"modelled as fused elementwise work (memory-bound traffic "
-                         f"x{COMPILE_MEMORY_FACTOR:g})")
-        out.append(f"torch.compile: {modelled}; the first step compiles for tens of seconds")
+    out += [compiled.reason, *([compiled.basis] if compiled.basis else [])]
     t = chosen.time
     out.append(f"communication: {t.comm_total_s:.3g} s per step, {t.comm_exposed_s:.3g} s of it "
                f"exposed ({t.comm_exposed_s / t.step_time_s:.0%} of the step)")
@@ -234,14 +238,16 @@ def _rejected(chosen: Candidate, cands: list[Candidate], goal: Goal, topology: T
 
 
 def plan(profile: ModelProfile, topology: Topology, goal: Goal, *,
-         overrides: Mapping[str, Any] | None = None, timing: WorkloadTiming | None = None) -> Plan:
+         overrides: Mapping[str, Any] | None = None, timing: WorkloadTiming | None = None,
+         compile_check: CompileCheck | None = None) -> Plan:
     """Recommend a strategy for training `profile` on `topology` towards `goal`, with reasons.
 
     `overrides` (keys in OVERRIDE_KEYS; None values are ignored) force those fields; a forced
     plan that does not fit is still returned, with a first reason starting "warning:".
     `timing`: the workload's own steps timed on this (CPU) host, the compute of every candidate
-    when they ran at the goal's sequence length. Raises PlanError when nothing fits, or when an
-    override is impossible.
+    when they ran at the goal's sequence length. `compile_check`: Dynamo's trace of the
+    workload; without it (or a `compile` override) a GPU plan does not propose torch.compile
+    (`compile_choice`). Raises PlanError when nothing fits, or when an override is impossible.
     """
     ov = check_overrides(overrides, topology)
     profile = profile_for_goal(profile, goal)
@@ -249,7 +255,7 @@ def plan(profile: ModelProfile, topology: Topology, goal: Goal, *,
         timing = None  # timed at another sequence length: the rates' model applies
     n = topology.world_size
     usable = usable_mem_bytes(topology.accelerator, goal.headroom)
-    cands, skipped = candidates(profile, topology, goal, ov, usable, timing)
+    cands, skipped = candidates(profile, topology, goal, ov, usable, timing, compile_check)
     allowed = [c for c in cands if _matches(c, ov)]
     fitting = [c for c in allowed if c.fits]
     warnings = []
@@ -274,7 +280,10 @@ def plan(profile: ModelProfile, topology: Topology, goal: Goal, *,
             f"{smallest.micro_batch}, needs {fmt_gib(smallest.memory.total_bytes)} GiB per "
             f"{per_device(topology)}; "
             f"{', '.join(fixes[:-1])} or {fixes[-1]}")
-    reasons = warnings + _reasons(chosen, allowed, profile, topology, goal, usable, skipped)
+    compiled = decide(chosen, profile, topology, ov, compile_check, timing=timing,
+                      recompute_fraction=ov.get("recompute_fraction", FULL_RECOMPUTE))
+    reasons = warnings + _reasons(chosen, allowed, profile, topology, goal, usable, skipped,
+                                  compiled)
     if timing is not None:
         reasons.append(f"step time: {timing.describe()}, plus the model's FSDP work and gloo "
                        "collectives")
@@ -290,7 +299,7 @@ def plan(profile: ModelProfile, topology: Topology, goal: Goal, *,
                   scaling_efficiency=t.compute_s / t.step_time_s if t.step_time_s else 1.0,
                   env=_env(topology), reasons=tuple(reasons),
                   rejected=tuple(_rejected(chosen, cands, goal, topology, profile, usable)),
-                  usable_mem_bytes=usable)
+                  usable_mem_bytes=usable, compile=compiled)
     logger.debug("plan %s on %s: %s (%d candidates)", profile.name, topology.name,
                  label(chosen), len(cands))
     return result

@@ -79,6 +79,34 @@ class Candidate:
     reason: str = ""
 
 
+# what settled the plan's torch.compile: Dynamo's trace of the workload (proposed or declined),
+# the user's flag, or a device the plan never proposes it on
+COMPILE_DECIDERS = ("dynamo trace", "--compile", "--no-compile", "not traced", "cpu", "gpu too old")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompileDecision:
+    """Whether the plan compiles the model, what decided it, and what it is predicted to gain."""
+
+    compile: bool
+    decided_by: str  # one of COMPILE_DECIDERS
+    reason: str
+    graph_breaks: int | None = None  # where the chosen strategy compiles; None: not traced
+    first_break: str = ""
+    eager_step_time_s: float | None = None
+    compiled_step_time_s: float | None = None  # None: not modelled (CPU)
+    basis: str = ""  # what the predicted gain rests on; empty when not priced
+
+    def __post_init__(self) -> None:
+        if self.decided_by not in COMPILE_DECIDERS:
+            raise PlanError(f"compile decided_by must be one of {', '.join(COMPILE_DECIDERS)}, "
+                            f"got {self.decided_by!r}")
+        for name in ("graph_breaks", "eager_step_time_s", "compiled_step_time_s"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise PlanError(f"compile decision {name} must be >= 0, got {value}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class Plan:
     """The planner's recommendation and why."""
@@ -93,6 +121,7 @@ class Plan:
     reasons: tuple[str, ...]
     rejected: tuple[Candidate, ...]
     usable_mem_bytes: float
+    compile: CompileDecision | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""

@@ -16,6 +16,8 @@ Throughput is wall-clock: global samples over the steady steps / the wall time f
 warm-up to the end of the last step (each step record's `end_time`), so what the loop does
 between steps counts. Rank files from before `end_time` was recorded fall back to summed step
 times. Step-time medians and percentiles always come from the steps' own `step_time_s`.
+A rank's `peak_mem_bytes` is its steady steps' peak (on CUDA the rank resets the allocator's
+peak at the first steady step: warm-up and compile autotuning are not what the plan predicts).
 """
 
 from __future__ import annotations
@@ -105,7 +107,10 @@ def _rank_result(run_dir: Path, rank: int, records: list[dict[str, Any]],
     node_rank, local_rank = int(start.get("node_rank", 0)), int(start.get("local_rank", rank))
     error = summary.get("error") if summary else None
     failed = status != "ok"
-    peaks = [r["peak_mem_bytes"] for r in steps if r.get("peak_mem_bytes") is not None]
+    # the steady steps' peak: a CUDA rank resets it at the first steady step (runtime.window),
+    # so warm-up records carry compile autotuning's; on CPU the resident peak only ever grows
+    peaks = [r["peak_mem_bytes"] for r in steady if r.get("peak_mem_bytes") is not None] or [
+        r["peak_mem_bytes"] for r in steps if r.get("peak_mem_bytes") is not None]
     live = max(((int(r["live_peak_bytes"]), int(r["step"])) for r in steps
                 if r.get("live_peak_bytes") is not None), default=None)
     step_sum = sum(r["step_time_s"] for r in steady)

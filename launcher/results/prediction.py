@@ -3,11 +3,17 @@
 The block lands in `result.json` (`RunResult.prediction`), one line of the run summary and the
 report. Without a plan it says so and carries no number: a prediction is never made up here.
 
-Memory is compared per rank: the plan's predicted peak of one rank against the largest
-measured peak over ranks, and the block names what was measured. Both devices count tensors
-only, as the plan does: on CUDA `torch.cuda.max_memory_allocated` (no CUDA context or allocator
-cache), on CPU the peak of live tensor storages over one sampled step (runtime.live_bytes),
-never the process's resident set (which includes the Python and torch runtime).
+Memory is compared per rank, like with like: tensors against tensors. The predicted side is
+the plan's tensor part (`plan_tensor_bytes`: parameters, gradients, optimizer state,
+activations and FSDP's unsharded units), never its total, which on CUDA adds the CUDA context,
+NCCL buffers and allocator slack that no tensor counter sees. The measured side is the largest
+peak over ranks, and the block names it: on CUDA `torch.cuda.max_memory_allocated` over the
+steady steps (the rank resets the peak at the first steady step, runtime.window, so compile
+autotuning and warm-up are left out), on CPU the peak of live tensor storages over one sampled
+step (runtime.live_bytes), never the process's resident set (which includes the Python and
+torch runtime). On CPU the plan counts no overhead, so its tensor part is its total.
+`mem_total_gib` is the plan's whole estimate, what nvidia-smi (the allocator's reserved bytes
+plus the context) would show.
 
 Never imports report, jobs, backends, cli or runtime.
 """
@@ -18,6 +24,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from launcher.plan.memory import CUDA_ALLOCATOR_SLACK, CUDA_CONTEXT_BYTES, NCCL_BUFFER_BYTES
 from launcher.plan.types import MemoryEstimate, StepTimeEstimate
 from launcher.results.types import RankResult
 from launcher.specs import GIB, LaunchSpec
@@ -26,7 +33,8 @@ log = logging.getLogger(__name__)
 
 NO_PLAN = "no plan"
 MEASURED_MEM = {
-    "cuda": "peak allocated by torch (torch.cuda.max_memory_allocated), largest rank",
+    "cuda": "peak allocated by torch over the steady steps (torch.cuda.max_memory_allocated), "
+            "largest rank",
     "cpu": "peak live tensor bytes of a sampled step (runtime.live_bytes), largest rank",
 }
 
@@ -46,8 +54,24 @@ def plan_step_time_s(plan: Mapping[str, Any]) -> float:
 
 
 def plan_mem_gib(plan: Mapping[str, Any]) -> float:
-    """The per-rank peak memory plan.json predicts for its chosen candidate."""
+    """The per-rank peak memory plan.json predicts for its chosen candidate, overhead included."""
     return MemoryEstimate(**plan["plan"]["chosen"]["memory"]).total_gib
+
+
+def plan_tensor_bytes(est: MemoryEstimate, *, device: str, world_size: int) -> float:
+    """The tensor part of a per-rank estimate: what `max_memory_allocated` (CUDA) or the live
+    tensor bytes (CPU) can be compared with.
+
+    plan.memory puts FSDP's unsharded units (tensors) into `overhead_bytes` beside, on CUDA
+    only, the context, NCCL buffers (more than one rank) and allocator slack (a fraction of the
+    tensors): total = (1 + slack) x tensors + context + NCCL, which this inverts. Never below
+    the named tensor terms.
+    """
+    named = est.params_bytes + est.grads_bytes + est.optimizer_bytes + est.activations_bytes
+    if device != "cuda":
+        return est.total_bytes  # no overhead counted off CUDA: every byte is a tensor's
+    fixed = CUDA_CONTEXT_BYTES + (NCCL_BUFFER_BYTES if world_size > 1 else 0.0)
+    return max(named, (est.total_bytes - fixed) / (1.0 + CUDA_ALLOCATOR_SLACK))
 
 
 def _mismatch(plan: Mapping[str, Any], spec: LaunchSpec) -> str | None:
@@ -68,13 +92,18 @@ def compare(plan: Mapping[str, Any] | None, spec: LaunchSpec, *, step_time_s: fl
     """The prediction block: predicted and measured step time and memory, and measured/predicted.
 
     `plan`: plan.json's content, None without one. `step_time_s`: the measured median step (None
-    when no step was measured); `peak_mem_bytes`: the largest peak over ranks.
+    when no step was measured); `peak_mem_bytes`: the largest tensor peak over ranks
+    (`measured_peak_bytes`). `mem_gib` is the plan's tensor part, the one compared
+    (`mem_ratio`); `mem_total_gib` its whole estimate (the same off CUDA).
     Returns {"available": False, "reason"} when there is nothing honest to compare.
     """
     if plan is None:
         return {"available": False, "reason": NO_PLAN}
     try:
-        predicted_s, predicted_gib = plan_step_time_s(plan), plan_mem_gib(plan)
+        predicted_s, total_gib = plan_step_time_s(plan), plan_mem_gib(plan)
+        predicted_gib = plan_tensor_bytes(MemoryEstimate(**plan["plan"]["chosen"]["memory"]),
+                                          device=device,
+                                          world_size=int(plan["plan"]["world_size"])) / GIB
         mismatch = _mismatch(plan, spec)
     except (KeyError, TypeError, ValueError) as e:
         log.debug("plan.json unusable", exc_info=True)
@@ -84,7 +113,7 @@ def compare(plan: Mapping[str, Any] | None, spec: LaunchSpec, *, step_time_s: fl
     measured_gib = peak_mem_bytes / GIB if peak_mem_bytes is not None else None
     return {
         "available": True, "source": "plan.json",
-        "step_time_s": predicted_s, "mem_gib": predicted_gib,
+        "step_time_s": predicted_s, "mem_gib": predicted_gib, "mem_total_gib": total_gib,
         "measured_step_time_s": step_time_s, "measured_mem_gib": measured_gib,
         "measured_mem_kind": MEASURED_MEM.get(device, f"peak memory on {device}, largest rank"),
         "step_time_ratio": step_time_s / predicted_s if step_time_s and predicted_s > 0 else None,
@@ -114,4 +143,14 @@ def prediction_line(block: Mapping[str, Any] | None) -> str:
             f"{_num(block['measured_step_time_s'], '{:.3f} s')} measured median "
             f"(measured/predicted {_num(block['step_time_ratio'], '{:.2f}')}); memory per rank "
             f"{block['mem_gib']:.2f} GiB predicted, {_num(block['measured_mem_gib'], '{:.2f} GiB')} "
-            f"measured as {block['measured_mem_kind']} (measured/predicted {_num(block['mem_ratio'], '{:.2f}')})")
+            f"measured as {block['measured_mem_kind']} (measured/predicted {_num(block['mem_ratio'], '{:.2f}')})"
+            + _total_note(block))
+
+
+def _total_note(block: Mapping[str, Any]) -> str:
+    """On CUDA: the plan's whole estimate beside the tensor part compared (older blocks: none)."""
+    total = block.get("mem_total_gib")
+    if total is None or abs(total - block["mem_gib"]) < 0.005:
+        return ""
+    return (f"; with the CUDA context, NCCL buffers and allocator slack the plan expects "
+            f"{total:.2f} GiB per rank (what nvidia-smi would show)")

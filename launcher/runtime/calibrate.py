@@ -10,9 +10,13 @@ Both are measured after the last training step, while the processes are warm:
   `set_requires_gradient_sync(False)`) and no optimizer step: `nosync_step_s`, the median of
   the passes. `exposed_comm_s` = sync_step_s - nosync_step_s. For FSDP2, sync-off still
   all-gathers parameters, so the number is the exposed gradient reduction alone.
-- Bandwidth: an all-reduce of the gradients' size (nccl-tests definitions): algbw = S / t,
+- Bandwidth: an all-reduce of the gradient bytes this rank holds (`grad_sizes`: the local
+  shard of an FSDP2 DTensor, the whole gradient under DDP; the largest over ranks, since an
+  all-reduce needs one size everywhere) with nccl-tests definitions: algbw = S / t,
   busbw = algbw x 2(n-1)/n, from the faster of `ALLREDUCE_REPEATS` all-reduces (the group is
-  warm after training, and a busy host only ever adds time).
+  warm after training, and a busy host only ever adds time). Sizing it by the global
+  parameter count (DTensor `numel()`) would allocate the whole model's fp32 bytes on every
+  rank, while FSDP2's sync-off pass still holds its unsharded gradients.
 
 Why after training: a calibration before step 1 (sync off / on pairs, then an all-reduce
 benchmark) held the first step back by 1.8-2.7 s on a 2-core CPU. Sync-off passes between
@@ -25,6 +29,20 @@ while they fit in one median step or in `CHEAP_S`: short steps get a steadier me
 all-reduces of the gradients' size.
 A preempted or failed run skips it.
 
+The calibration never fails a run: an error in it (an out-of-memory above all) leaves the
+`comm` record without the numbers it could not measure, with `error` (this rank's failure,
+"<part>: <Type>: <message>") and `skipped` (what is missing and why, the same on every rank).
+The run's status stays ok. Since it is full of collectives, every rank must take the same path
+through it: each part that can fail on one rank alone (the device-memory check, a sync-off
+pass, allocating the benchmark buffer) is followed by one small all-reduce that tells every
+rank whether any failed, and then all go on or all stop. On CUDA the check comes first, before
+any pass: the pass and the buffer must fit in what the allocator can still hand out (see
+`shortfall`), so a pass whose all-gathers one rank would leave by running out of memory is not
+started. What no agreement can catch is an error on one rank alone *inside* a collective of a
+pass (the others wait in it): the hang watcher then ends the job, as it would in training.
+On CUDA an out-of-memory error frees the allocator's cached blocks (`torch.cuda.empty_cache`)
+before anything else runs.
+
 Never imports cli, backends, jobs or report; torch only inside functions (see
 runtime/__init__).
 """
@@ -34,7 +52,8 @@ from __future__ import annotations
 import logging
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from launcher.runtime.context import RankContext
@@ -45,6 +64,58 @@ MAX_PASSES = 3
 # below this a step's worth of passes is too short to matter: take MAX_PASSES for a steadier median
 CHEAP_S = 0.05
 ALLREDUCE_REPEATS = 2
+GRAD_BYTES = 4  # the benchmark all-reduces fp32, as the gradients are reduced
+# of the memory the allocator could still hand out, what the calibration may plan to use: the
+# estimate of a pass is rough (fragmentation, a collective's own buffers)
+MEMORY_MARGIN = 0.9
+
+
+@dataclass(frozen=True, kw_only=True)
+class GradSizes:
+    """fp32 gradient bytes of this rank's trainable parameters."""
+
+    local_bytes: int  # what this rank holds and reduces: its shards (FSDP2), or all (DDP)
+    unsharded_bytes: int  # what a sync-off pass adds on top: the unsharded gradients (FSDP2)
+
+
+def grad_sizes(params: Iterable[Any]) -> GradSizes:
+    """This rank's gradient bytes: a DTensor (FSDP2) counts its local shard (`to_local()`),
+    whose `numel()` would be the global size; a plain tensor counts whole."""
+    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
+    from torch.distributed.tensor import DTensor
+
+    local = total = 0
+    for p in params:
+        n = p.numel()
+        total += n
+        local += p.to_local().numel() if isinstance(p, DTensor) else n
+    return GradSizes(local_bytes=local * GRAD_BYTES, unsharded_bytes=(total - local) * GRAD_BYTES)
+
+
+def shortfall(need_bytes: int, free_bytes: int | None) -> str | None:
+    """Why a calibration needing `need_bytes` must not start with `free_bytes` to hand out
+    (None on CPU: host memory is not checked), or None when it fits within MEMORY_MARGIN."""
+    if free_bytes is None or need_bytes <= free_bytes * MEMORY_MARGIN:
+        return None
+    return (f"needs about {need_bytes / 2**30:.2f} GiB of device memory, "
+            f"{free_bytes / 2**30:.2f} GiB free")
+
+
+def _need_and_free(sizes: GradSizes, device: Any) -> tuple[int, int | None]:
+    """(bytes the calibration needs, bytes the allocator can hand out) on CUDA; (0, None) else.
+
+    A sync-off pass needs what a training step needed beyond the model state (its activations
+    and transient buffers: the peak since the steady steps began, less what is allocated now)
+    plus FSDP2's unsharded gradients, which it keeps; the benchmark needs its buffer."""
+    if device.type != "cuda":
+        return 0, None
+    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
+    import torch
+
+    allocated = torch.cuda.memory_allocated(device)
+    transient = max(0, torch.cuda.max_memory_allocated(device) - allocated)
+    free = torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device) - allocated
+    return max(transient + sizes.unsharded_bytes, sizes.local_bytes), free
 
 
 def _timed(fn: Callable[[], object], cuda: bool) -> float:
@@ -60,15 +131,15 @@ def _timed(fn: Callable[[], object], cuda: bool) -> float:
     return time.perf_counter() - t
 
 
-def _max_over_ranks(value: float, device: Any) -> float:
-    """The largest `value` of any rank (one tiny all-reduce)."""
+def _max_over_ranks(values: list[float], device: Any) -> list[float]:
+    """Each of `values`' largest value over the ranks (one tiny all-reduce)."""
     # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
     import torch
     import torch.distributed as dist
 
-    t = torch.tensor([value], dtype=torch.float64, device=device)
+    t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
+    return [float(v) for v in t.tolist()]
 
 
 def passes_within(step_s: float, pass_s: float, limit: int = MAX_PASSES) -> int:
@@ -79,44 +150,115 @@ def passes_within(step_s: float, pass_s: float, limit: int = MAX_PASSES) -> int:
     return max(1, min(limit, int(max(step_s, CHEAP_S) / pass_s)))
 
 
-def exposed_comm(sync_step_s: list[float], sync_off_pass: Callable[[], None], *,
-                 ctx: RankContext) -> dict[str, float | int]:
-    """Exposed communication per step from the steps' sync-on times and sync-off passes.
-
-    `sync_step_s`: forward+backward seconds of the steady steps (sync on); `sync_off_pass`
-    runs the same micro-batches with sync off and drops the gradients. Every rank must call
-    this (the pass count is agreed in one all-reduce: FSDP's sync-off pass still all-gathers).
-    """
-    cuda = ctx.device_type == "cuda"
-    sync = statistics.median(sync_step_s)
-    off = [_timed(sync_off_pass, cuda)]
-    # the same count on every rank: from the slowest rank's first pass
-    more = passes_within(sync, _max_over_ranks(off[0], ctx.device())) - 1
-    off += [_timed(sync_off_pass, cuda) for _ in range(more)]
-    nosync = statistics.median(off)
-    return {"nosync_step_s": nosync, "sync_step_s": sync, "exposed_comm_s": max(0.0, sync - nosync),
-            "sync_steps": len(sync_step_s), "nosync_passes": len(off)}
-
-
-def allreduce_bandwidth(nbytes: int, device: Any, world_size: int,
-                        repeats: int = ALLREDUCE_REPEATS) -> dict[str, float]:
-    """Time an all-reduce of `nbytes` (fp32) and derive algbw / busbw in GB/s."""
+def allreduce_bandwidth(buf: Any, world_size: int, repeats: int = ALLREDUCE_REPEATS) -> dict[str, float]:
+    """Time an all-reduce of `buf` (fp32, allocated by the caller: see `measure`) and derive
+    algbw / busbw in GB/s."""
     # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
-    import torch
     import torch.distributed as dist
 
-    buf = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=device)
-    cuda = device.type == "cuda"
+    cuda = buf.device.type == "cuda"
     t = min(_timed(lambda: dist.all_reduce(buf), cuda) for _ in range(repeats))
-    algbw = buf.numel() * 4 / t / 1e9
-    return {"allreduce_bytes": buf.numel() * 4, "allreduce_s": t, "algbw_gb_s": algbw,
+    nbytes = buf.numel() * buf.element_size()
+    algbw = nbytes / t / 1e9
+    return {"allreduce_bytes": nbytes, "allreduce_s": t, "algbw_gb_s": algbw,
             "busbw_gb_s": algbw * 2 * (world_size - 1) / world_size}
 
 
+class _Calibration:
+    """One rank's way through `measure`: its record, and whether this rank has failed."""
+
+    def __init__(self, ctx: RankContext) -> None:
+        self.ctx = ctx
+        self.device = ctx.device()
+        self.cuda = ctx.device_type == "cuda"
+        self.record: dict[str, Any] = {"kind": "comm"}
+        self.failed = False
+
+    def fail(self, part: str, why: str) -> None:
+        """Record this rank's first failure: `error` is "<part>: <why>"."""
+        if not self.failed:
+            self.record["error"] = f"{part}: {why}"
+            log.warning("rank %d: communication calibration: %s", self.ctx.rank,
+                        self.record["error"])
+        self.failed = True
+
+    def attempt(self, part: str, fn: Callable[[], Any]) -> Any:
+        """`fn()`, or None once its error is recorded; on CUDA an out-of-memory error also
+        frees the allocator's cache (the error and its traceback's tensors are gone by then)."""
+        # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
+        import torch
+
+        oom = False
+        try:
+            return fn()
+        except Exception as e:  # any error: the run has trained; its status stays ok
+            self.fail(part, f"{type(e).__name__}: {e}".strip())
+            oom = isinstance(e, torch.OutOfMemoryError)
+        if oom and self.cuda:
+            torch.cuda.empty_cache()
+        return None
+
+    def agree(self, missing: str, *values: float) -> list[float] | None:
+        """One all-reduce (MAX) of this rank's failure flag and `values`: the values' maxima
+        over the ranks, or None on every rank when any has failed (`skipped` then says that
+        `missing` was not measured, and why)."""
+        failed, *out = _max_over_ranks([float(self.failed), *values], self.device)
+        if not failed:
+            return out
+        self.record["skipped"] = (f"{missing} not measured: "
+                                  + ("this rank failed (see error)" if self.failed
+                                     else "another rank failed"))
+        return None
+
+
 def measure(sync_step_s: list[float], sync_off_pass: Callable[[], None], *, ctx: RankContext,
-            grad_bytes: int) -> dict[str, Any]:
-    """The `comm` record: exposed communication and all-reduce bandwidth (every rank calls it)."""
-    record: dict[str, Any] = {"kind": "comm"}
-    record.update(exposed_comm(sync_step_s, sync_off_pass, ctx=ctx))
-    record.update(allreduce_bandwidth(grad_bytes, ctx.device(), ctx.world_size))
-    return record
+            sizes: GradSizes) -> dict[str, Any]:
+    """The `comm` record: exposed communication and all-reduce bandwidth (every rank calls it).
+
+    `sync_step_s`: forward+backward seconds of the steady steps (sync on); `sync_off_pass` runs
+    the same micro-batches with sync off and drops the gradients; `sizes`: `grad_sizes` of the
+    trainable parameters. Never raises an Exception: see the module docstring for what a
+    failure leaves in the record, and why every rank takes the same path (the same collectives
+    in the same order) whatever fails where.
+    """
+    cal = _Calibration(ctx)
+    need, free = _need_and_free(sizes, cal.device)
+    if (short := shortfall(need, free)) is not None:
+        cal.fail("device memory", short)
+    if cal.agree("exposed communication and all-reduce bandwidth") is None:
+        return cal.record
+    sync = statistics.median(sync_step_s)
+    first = cal.attempt("sync-off pass", lambda: _timed(sync_off_pass, cal.cuda))
+    # one all-reduce: the slowest rank's first pass sets the pass count on every rank (FSDP's
+    # sync-off pass all-gathers), and the largest shard the benchmark's size (one everywhere)
+    agreed = cal.agree("exposed communication and all-reduce bandwidth", first or 0.0,
+                       float(sizes.local_bytes))
+    if first is None or agreed is None:
+        return cal.record
+    slowest, nbytes = agreed
+    off = [first]
+    for _ in range(passes_within(sync, slowest) - 1):
+        if (t := cal.attempt("sync-off pass", lambda: _timed(sync_off_pass, cal.cuda))) is None:
+            break
+        off.append(t)
+    nosync = statistics.median(off)
+    cal.record.update({"nosync_step_s": nosync, "sync_step_s": sync,
+                       "exposed_comm_s": max(0.0, sync - nosync),
+                       "sync_steps": len(sync_step_s), "nosync_passes": len(off)})
+    buf = None if cal.failed else cal.attempt("all-reduce buffer",
+                                              lambda: _zeros(int(nbytes), cal.device))
+    if cal.agree("all-reduce bandwidth") is None:
+        return cal.record
+    bw = cal.attempt("all-reduce benchmark",
+                     lambda: allreduce_bandwidth(buf, ctx.world_size))
+    if bw is not None:
+        cal.record.update(bw)
+    return cal.record
+
+
+def _zeros(nbytes: int, device: Any) -> Any:
+    """The benchmark's buffer: `nbytes` of fp32 zeros (at least one element)."""
+    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
+    import torch
+
+    return torch.zeros(max(1, nbytes // GRAD_BYTES), dtype=torch.float32, device=device)

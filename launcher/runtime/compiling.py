@@ -52,7 +52,9 @@ def compile_forward(module: Any, strategy: Strategy) -> None:
     Under DDP the compiled frame runs inside DDP's forward, so Dynamo's DDP optimizer (on by
     default) splits the graph at bucket boundaries and all-reduces still overlap backward;
     compiling the DDP wrapper instead breaks the graph at DDP's own bookkeeping (3 breaks
-    measured) and cannot run under fullgraph=True.
+    measured) and cannot run under fullgraph=True. The planner traces these same forwards with
+    Dynamo on the meta device (plan/compile_probe.py) before it proposes compile, so keep them
+    in step.
     """
     # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
     import torch

@@ -70,21 +70,37 @@ def from_env(device_type: str, env: dict[str, str] | None = None) -> RankContext
     )
 
 
-def init_distributed(ctx: RankContext, *, timeout_s: float = 1800.0) -> None:
-    """Pick the device and start the process group: nccl on CUDA, gloo on CPU."""
+def process_group_kwargs(ctx: RankContext, *, timeout_s: float) -> dict[str, Any]:
+    """`init_process_group`'s arguments for this rank: nccl bound to its GPU on CUDA (device_id:
+    the communicator starts at once, on the right device), gloo on CPU; the collective timeout
+    either way (a hung collective must end long before the 30-minute default)."""
+    kwargs: dict[str, Any] = {"backend": "nccl" if ctx.device_type == "cuda" else "gloo",
+                              "timeout": timedelta(seconds=timeout_s)}
+    if ctx.device_type == "cuda":
+        kwargs["device_id"] = ctx.device()
+    return kwargs
+
+
+def needs_process_group(ctx: RankContext, *, mesh: bool) -> bool:
+    """Whether this rank starts a process group: with more than one rank, and with one when
+    its strategy builds a device mesh (FSDP): without a default group `init_device_mesh`
+    would start one itself, with neither the timeout nor the device id."""
+    return ctx.is_distributed or mesh
+
+
+def init_distributed(ctx: RankContext, *, timeout_s: float = 1800.0, mesh: bool = False) -> None:
+    """Pick the device and start the process group (`needs_process_group`;
+    `process_group_kwargs`). `mesh`: the strategy builds a device mesh (`wrap.uses_device_mesh`)."""
     # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
     import torch
     import torch.distributed as dist
 
     if ctx.device_type == "cuda":
         torch.cuda.set_device(ctx.local_rank)
-    if ctx.is_distributed and not dist.is_initialized():
-        backend = "nccl" if ctx.device_type == "cuda" else "gloo"
-        kwargs: dict[str, Any] = {"backend": backend, "timeout": timedelta(seconds=timeout_s)}
-        if ctx.device_type == "cuda":
-            kwargs["device_id"] = ctx.device()
+    if needs_process_group(ctx, mesh=mesh) and not dist.is_initialized():
+        kwargs = process_group_kwargs(ctx, timeout_s=timeout_s)
         dist.init_process_group(**kwargs)
-        log.debug("rank %d: process group %s up", ctx.rank, backend)
+        log.debug("rank %d: process group %s up", ctx.rank, kwargs["backend"])
 
 
 def shutdown_distributed() -> None:

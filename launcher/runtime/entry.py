@@ -24,6 +24,7 @@ from launcher.runtime.context import from_env, init_distributed, shutdown_distri
 from launcher.runtime.harness import train
 from launcher.runtime.recorder import RankRecorder
 from launcher.runtime.resume import stop_requested
+from launcher.runtime.wrap import uses_device_mesh
 from launcher.specs import LaunchSpec
 from launcher.workload import load_workload
 
@@ -79,8 +80,10 @@ def main(argv: list[str] | None = None) -> int:
         workload = load_workload(spec.workload, spec.workload_args)
         recorder.add({"kind": "workload", "sample_units": workload.sample_units,
                       "units_per_sample": workload.units_per_sample})
-        # a hung collective must end long before gloo/NCCL's 30-minute default
-        init_distributed(ctx, timeout_s=spec.collective_timeout_s)
+        # a hung collective must end long before gloo/NCCL's 30-minute default; FSDP's mesh
+        # needs the group on one rank too
+        init_distributed(ctx, timeout_s=spec.collective_timeout_s,
+                         mesh=uses_device_mesh(spec.strategy))
         outcome = train(workload, spec, ctx, recorder)
         # `preempted` also exits 0: the checkpoint is saved, a requeue or restart resumes it
         recorder.finish(outcome.status, extra=outcome.summary or None)

@@ -2,11 +2,15 @@
 
 Measurement never syncs the host with the device per step: on CUDA each step is bracketed by
 events that are read at the end of a logging window; losses stay tensors until then (see
-runtime.window). On CPU the step is synchronous anyway, so `perf_counter` is exact.
+runtime.window). On CPU the step is synchronous anyway, so `perf_counter` is exact. A step's
+`data_wait_s` is the host's time in the loader (not the copy to the device) that the step
+waited for: on CUDA 0 when the device was still busy with the previous step (runtime.window,
+`Clock.exposed_wait`); the device's peak memory is reset at the first steady step.
 
 Besides `step`, the harness writes these records to the rank file:
   comm             exposed communication and busbw, measured after the last step of a
-                   multi-rank run (runtime.calibrate)
+                   multi-rank run (runtime.calibrate; all-reduce of this rank's gradient
+                   shard); a failure there leaves `error` / `skipped` in it, never fails the run
   wrap             strategy, compiled, mesh_shape (FSDP's device mesh; [replicas, shards] for hybrid)
   compile          graphs, graph_breaks, break_reasons, recompiles, recompile_reasons, fallback
   profile          trace, top_ops [{name, self_s, per_step_ms, share, calls, calls_per_step}],
@@ -37,14 +41,14 @@ import gc
 import logging
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from launcher.runtime import calibrate, evaluation, profiling, resume
 from launcher.runtime.compiling import CompileGuard, compile_stats
 from launcher.runtime.context import RankContext
 from launcher.runtime.recorder import RankRecorder
-from launcher.runtime.window import FLUSH_INTERVAL_S, Clock, Window, window_steps
+from launcher.runtime.window import FLUSH_INTERVAL_S, Clock, Window, peak_reset_step, window_steps
 from launcher.runtime.wrap import Wrapped, make_optimizer, wrap
 from launcher.specs import LaunchSpec
 from launcher.workload import Workload
@@ -56,6 +60,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 __all__ = ["FLUSH_INTERVAL_S", "make_loader", "to_device", "train", "window_steps"]
+
+SNAPSHOT_BUSY = "writing the memory snapshot"  # what the heartbeat says while it is written
+
 
 def to_device(batch: object, device: torch.device) -> object:
     """Move a batch (tensor, or tuple / list / dict of them) to `device`."""
@@ -118,7 +125,7 @@ def train(workload: Workload, spec: LaunchSpec, ctx: RankContext,
     Resumes from the last checkpoint with DLAUNCH_RESUME=1 and stops early (status
     `preempted`) on the preemption signal; see runtime.resume. With `--memory-snapshot` the
     CUDA allocation history is dumped at the end, or when the rank runs out of memory (then the
-    error is raised again).
+    error is raised again); the heartbeat goes on while it is written (`recorder.busy`).
     """
     # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
     import torch
@@ -131,9 +138,11 @@ def train(workload: Workload, spec: LaunchSpec, ctx: RankContext,
     try:
         outcome = _train(workload, spec, ctx, recorder)
     except torch.OutOfMemoryError:
-        recorder.add(profiling.dump_memory_snapshot(spec.run_dir, ctx.rank, reason="out of memory"))
+        recorder.add(profiling.dump_memory_snapshot(spec.run_dir, ctx.rank, reason="out of memory",
+                                                    busy=recorder.busy(SNAPSHOT_BUSY)))
         raise
-    recorder.add(profiling.dump_memory_snapshot(spec.run_dir, ctx.rank, reason="end of run"))
+    recorder.add(profiling.dump_memory_snapshot(spec.run_dir, ctx.rank, reason="end of run",
+                                                busy=recorder.busy(SNAPSHOT_BUSY)))
     return outcome
 
 
@@ -202,7 +211,8 @@ def _train(workload: Workload, spec: LaunchSpec, ctx: RankContext,
                                    compiled=wrapped.compiled, start=start,
                                    warmup_steps=spec.warmup_steps, steps=spec.steps,
                                    module=wrapped.module, optimizer=optimizer)
-    window = Window(clock, ctx, recorder, scaler, device, spec.log_every)
+    window = Window(clock, ctx, recorder, scaler, device, spec.log_every,
+                    steady_from=peak_reset_step(start, spec.warmup_steps))
     stopped_at = 0  # the step after which a preemption request stopped training
     held: list[Any] = []  # the micro-batches of the latest step (the calibration replays them)
     nonfinite: dict[str, Any] | None = None  # the first step whose loss was NaN or inf
@@ -215,13 +225,12 @@ def _train(workload: Workload, spec: LaunchSpec, ctx: RankContext,
     with resume.Preemption(sigterm=resume.under_slurm()) as preemption:
         try:
             for step in range(start + 1, spec.steps + 1):
+                window.begin(step)
                 step_start = clock.start()
                 sampler.begin(step)
                 # the step's batches first: the forward+backward mark then times compute and
                 # gradient sync alone (runtime.calibrate); a compile failure re-runs them eagerly
-                fetch_start = time.perf_counter()
-                held = [to_device(next(batches), device) for _ in range(accum)]
-                data_wait = time.perf_counter() - fetch_start
+                held, data_wait = _fetch(batches, accum, device, clock)
                 fwd_bwd_start = clock.start()
                 if guard.watching:
                     step_loss = guard.run(lambda: forward_backward(held), zero_grad)
@@ -282,15 +291,9 @@ def _train(workload: Workload, spec: LaunchSpec, ctx: RankContext,
     if wrapped.compiled:
         recorder.add(compile_stats(guard.fallback))
     if ctx.is_distributed and spec.calibrate_comm and not stopped_at and window.fwd_bwd_times():
-
-        def sync_off_pass() -> None:
-            with wrapped.no_sync():
-                forward_backward(held)
-            zero_grad()
-
         # after the last step: training never waits for it and is unchanged by it
-        recorder.add(calibrate.measure(window.fwd_bwd_times(), sync_off_pass, ctx=ctx,
-                                       grad_bytes=sum(p.numel() * 4 for p in params)))
+        recorder.add(_calibrate(window, wrapped, lambda: forward_backward(held), zero_grad,
+                                params, ctx))
     recorder.flush()
     # stop the loader's workers now, not at interpreter exit (mypy: the names are done with)
     batches = loader = None  # type: ignore[assignment]
@@ -299,6 +302,33 @@ def _train(workload: Workload, spec: LaunchSpec, ctx: RankContext,
     if not extra:
         return outcome
     return dataclasses.replace(outcome, summary={**outcome.summary, **extra})
+
+
+def _fetch(batches: Iterator[Any], accum: int, device: torch.device,
+           clock: Clock) -> tuple[list[Any], float]:
+    """One step's micro-batches on the device, and the step's data wait: the host's time in
+    the loader alone (a copy to the device that blocks is the device's time, not the data's),
+    the part the step waited for (`Clock.exposed_wait`: on CUDA, 0 while the device is busy)."""
+    fetch_start = time.perf_counter()
+    fetched = [next(batches) for _ in range(accum)]
+    data_wait = clock.exposed_wait(time.perf_counter() - fetch_start)
+    return [to_device(b, device) for b in fetched], data_wait
+
+
+def _calibrate(window: Window, wrapped: Wrapped, replay: Callable[[], object],
+               zero_grad: Callable[[], None], params: list[Any], ctx: RankContext) -> dict[str, Any]:
+    """The `comm` record (runtime.calibrate): `replay` runs the last step's micro-batches again,
+    with gradient sync off; the all-reduce is sized by this rank's gradient shard."""
+
+    def sync_off_pass() -> None:
+        try:
+            with wrapped.no_sync():
+                replay()
+        finally:  # a failed pass's gradients go too (the calibration goes on without it)
+            zero_grad()
+
+    return calibrate.measure(window.fwd_bwd_times(), sync_off_pass, ctx=ctx,
+                             sizes=calibrate.grad_sizes(params))
 
 
 class NonFiniteLoss(RuntimeError):

@@ -8,12 +8,17 @@ then up to three recorded steps. It writes a Chrome / Perfetto trace per rank
 operators by self time: device time on CUDA, CPU time on CPU. Nothing here synchronises the
 host with the device per step; `prof.step()` only advances the schedule.
 
+The memory snapshot records Python stacks only (`stacks="python"`): with C++ frames too, the
+dump at the end took torchtitan 461 s against 4 s, long enough for the hang watcher to end the
+job. The dump runs inside `recorder.busy`, whose thread beats the heartbeat while it lasts.
+
 Never imports cli, backends, jobs or report; torch only inside functions (see
 runtime/__init__).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 from pathlib import Path
@@ -28,24 +33,79 @@ TOP_OPS = 10
 SNAPSHOT_ENTRIES = 100_000  # allocation events kept by the CUDA memory history
 
 
+# the device types whose rows are a device's own work (kernels, memcpy, memset): the ones
+# torch's `key_averages().table()` sums for its "Self CUDA time total"
+DEVICE_WORK = ("CUDA", "PrivateUse1", "MTIA", "XPU")
+
+
+def device_time_us(averages: Any) -> float:
+    """The device's busy time in `prof.key_averages()`: the sum of its kernel rows.
+
+    Every kernel is in the table twice: as a row of its own (device_type CUDA) and inside the
+    self device time of the CPU op that launched it; a `record_function` range (FSDP's, the
+    optimizer's, ProfilerStep#N) is also a device row spanning the kernels under it, flagged
+    `is_user_annotation`. So the sum is over the device rows that are not annotations, as
+    torch's own table sums them; a legacy-profiler CPU row carries its kernel's time itself.
+    Kernels of several streams that overlap (NCCL beside compute) each count in full.
+    """
+    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
+    from torch.autograd import DeviceType
+
+    kinds = tuple(getattr(DeviceType, name) for name in DEVICE_WORK)
+    total = 0.0
+    for evt in averages:
+        if evt.device_type == DeviceType.CPU:
+            if getattr(evt, "is_legacy", False):
+                total += evt.self_device_time_total
+        elif evt.device_type in kinds and not getattr(evt, "is_user_annotation", False):
+            total += evt.self_device_time_total
+    return total
+
+
+# CPU-side rows that are not operators: CUPTI's mark for a launch that waited because the
+# device's command queue was full (seen as the top "op" of a compiled gpt step on an H100, its
+# kernels attributed to it). Its kernels stay in the device total; it is not listed as an op.
+NOT_OPS = frozenset({"Command Buffer Full"})
+
+
 def top_ops(averages: Any, *, cuda: bool, steps: int, limit: int = TOP_OPS) -> list[dict[str, Any]]:
     """The operators with the most self time, from `prof.key_averages()`.
 
-    On CUDA the ranking is by self device time (what the GPU spent in the op's kernels), on
-    CPU by self CPU time. `ProfilerStep#N` entries are the schedule's own markers: left out.
+    On CUDA the ranking is by self device time over the CPU-side rows: an op's self device time
+    is the kernels it launched itself (each kernel is attributed to exactly one CPU row), and
+    the shares are of the device's busy time (`device_time_us`). The kernel rows and the
+    annotation ranges on the device are not ops: listed, they would count each kernel twice.
+    On CPU the ranking is by self CPU time. `ProfilerStep#N` entries are the schedule's own
+    markers and `NOT_OPS` are launch stalls: left out.
     """
+    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
+    from torch.autograd import DeviceType
+
     rows = []
     for evt in averages:
-        if evt.key.startswith("ProfilerStep"):
+        if (evt.key.startswith("ProfilerStep") or evt.key in NOT_OPS
+                or (cuda and evt.device_type != DeviceType.CPU)):
             continue
         self_us = evt.self_device_time_total if cuda else evt.self_cpu_time_total
         if self_us > 0:
             rows.append((self_us, evt))
-    total = sum(us for us, _ in rows) or 1.0
+    listed = sum(us for us, _ in rows)
+    # the ops' kernels are part of the device total; max() only guards odd tables (shares <= 1)
+    total = (max(device_time_us(averages), listed) if cuda else listed) or 1.0
     rows.sort(key=lambda r: r[0], reverse=True)
     return [{"name": evt.key, "self_s": us / 1e6, "per_step_ms": us / 1e3 / max(1, steps),
              "share": us / total, "calls": int(evt.count),
              "calls_per_step": evt.count / max(1, steps)} for us, evt in rows[:limit]]
+
+
+def profile_summary(averages: Any, *, cuda: bool, steps: int) -> dict[str, Any]:
+    """The `profile` record's numbers from `prof.key_averages()` over `steps` recorded steps:
+    `top_ops`, and on CUDA `device_time_s`, the kernels' time over the window (aggregate
+    divides it by the profiled steps' time: "GPU busy", the launch-bound verdict)."""
+    out: dict[str, Any] = {"top_ops": top_ops(averages, cuda=cuda, steps=steps)}
+    if cuda:
+        out["device_time_s"] = device_time_us(averages) / 1e6
+    return out
 
 
 class StepProfiler:
@@ -85,14 +145,9 @@ class StepProfiler:
     def _ready(self, prof: Any) -> None:
         # called once, when the recorded window closes: export, then summarise
         prof.export_chrome_trace(str(self.path))
-        averages = prof.key_averages()
         self.record["trace"] = str(self.path)
-        self.record["top_ops"] = top_ops(averages, cuda=self.cuda, steps=self.active)
+        self.record.update(profile_summary(prof.key_averages(), cuda=self.cuda, steps=self.active))
         self.record["profiled_steps"] = [self.warmup_steps + 2 + i for i in range(self.active)]
-        if self.cuda:
-            # kernel time over the window; aggregate divides by the profiled steps' time
-            self.record["device_time_s"] = sum(e.self_device_time_total for e in averages
-                                               if not e.key.startswith("ProfilerStep")) / 1e6
 
     def close(self) -> dict[str, Any]:
         """Stop profiling (exports if the window just closed) and return the `profile` record."""
@@ -104,25 +159,34 @@ class StepProfiler:
         return self.record
 
 
+# torch.cuda.memory._record_memory_history's arguments: every alloc/free event, Python stacks
+MEMORY_HISTORY: dict[str, Any] = {"enabled": "all", "stacks": "python",
+                                  "max_entries": SNAPSHOT_ENTRIES}
+
+
 def start_memory_history() -> None:
-    """Record CUDA allocations with stacks (torch.cuda.memory._record_memory_history)."""
+    """Record CUDA allocations with their Python stacks (torch.cuda.memory._record_memory_history;
+    C++ frames would make the dump take minutes: see the module docstring)."""
     # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
     import torch
 
-    torch.cuda.memory._record_memory_history(max_entries=SNAPSHOT_ENTRIES)
+    torch.cuda.memory._record_memory_history(**MEMORY_HISTORY)
 
 
-def dump_memory_snapshot(run_dir: str | Path, rank: int, *, reason: str) -> dict[str, Any]:
+def dump_memory_snapshot(run_dir: str | Path, rank: int, *, reason: str,
+                         busy: contextlib.AbstractContextManager[Any] | None = None) -> dict[str, Any]:
     """Write the allocation history to `memory-rank<r>.pickle`; returns the record for it.
 
-    The pickle opens at https://pytorch.org/memory_viz.
+    `busy` is entered around the dump (the recorder's `busy`: the heartbeat goes on while it
+    writes). The pickle opens at https://pytorch.org/memory_viz.
     """
     # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
     import torch
 
     path = RunPaths(root=run_dir).memory_snapshot(rank)
     try:
-        torch.cuda.memory._dump_snapshot(str(path))
+        with busy or contextlib.nullcontext():
+            torch.cuda.memory._dump_snapshot(str(path))
     except Exception as e:  # a failing dump must not hide the error that led here (an OOM)
         print(f"rank {rank}: cannot write the memory snapshot: {e}", file=sys.stderr)
         return {"kind": "memory_snapshot", "path": None, "reason": reason, "error": str(e)}

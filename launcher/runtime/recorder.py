@@ -24,6 +24,12 @@ file write a second at most and never a device sync. With `dump_stacks=True` the
 writes the Python stack of every thread to `rank-<r>.stacks` when it receives SIGUSR1, which is
 how the watcher tells the rank stuck in its own code from the ranks waiting for it.
 
+A rank doing one long thing that has no steps (writing the CUDA memory snapshot, which can
+take minutes) wraps it in `busy(what)`: a thread then beats every `BEAT_INTERVAL_S` until it
+ends, the heartbeat carrying `busy` (what) and `busy_beats` (a count that grows with every such
+beat, so a reader can tell a live rank from a stale file whose step does not move). The thread
+runs only inside that one call, so it can never hide a rank stuck in training.
+
 Never imports cli, backends, jobs or report, nor torch: plain scripts use it through `meter`.
 """
 
@@ -35,8 +41,11 @@ import logging
 import os
 import signal
 import socket
+import threading
 import time
 import traceback as tb
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
@@ -66,6 +75,9 @@ class RankRecorder:
         self._finished = False
         self._last_beat = 0.0
         self._host = socket.gethostname()
+        self._busy: str | None = None  # what `busy` is waiting for, while it is
+        self._busy_beats = 0
+        self._beat_lock = threading.Lock()  # `busy`'s thread beats beside the caller
         # before the first heartbeat: the watcher only signals ranks whose heartbeat says
         # they can take it (SIGUSR1's default action would kill the rank)
         self._stacks = dump_stacks and _enable_stack_dumps(self._paths.stacks(rank))
@@ -107,11 +119,44 @@ class RankRecorder:
 
     def heartbeat(self, step: int) -> None:
         """Record progress for the launcher's hang detection (small file, replaced atomically)."""
-        self._last_beat = time.monotonic()
-        beat = {"step": step, "time": time.time(), "pid": os.getpid(), "host": self._host,
-                "stacks": self._stacks}
-        # no fsync: this is rewritten every second; readers only need it whole, never durable
-        atomic_write_text(self._heartbeat, json.dumps(beat), fsync=False)
+        with self._beat_lock:
+            self._last_beat = time.monotonic()
+            beat: dict[str, Any] = {"step": step, "time": time.time(), "pid": os.getpid(),
+                                    "host": self._host, "stacks": self._stacks}
+            if self._busy is not None:
+                beat.update(busy=self._busy, busy_beats=self._busy_beats)
+            # no fsync: this is rewritten every second; readers only need it whole, never durable
+            atomic_write_text(self._heartbeat, json.dumps(beat), fsync=False)
+
+    @contextmanager
+    def busy(self, what: str, interval_s: float = BEAT_INTERVAL_S) -> Iterator[None]:
+        """Beat every `interval_s` from a thread while the caller does `what` (one long call with
+        no steps); the beats name it and count up in `busy_beats`. Ends with one plain beat."""
+        stop = threading.Event()
+
+        def beat() -> None:
+            with self._beat_lock:
+                self._busy_beats += 1
+            self.heartbeat(self.steps_done)
+
+        def loop() -> None:
+            while not stop.wait(interval_s):
+                try:
+                    beat()
+                except OSError as e:  # a full disk must not end the rank from this thread
+                    log.debug("busy heartbeat failed: %s", e)
+
+        self._busy = what
+        beat()
+        thread = threading.Thread(target=loop, name="dlaunch-busy-beat", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+            self._busy = None
+            self.heartbeat(self.steps_done)
 
     def finish(self, status: str, *, error: BaseException | None = None,
                extra: dict[str, Any] | None = None) -> None:

@@ -4,6 +4,17 @@ Measurement never syncs the host with the device per step: on CUDA each step is 
 events that are read at the end of a window; losses (and the fp16 loss scale) stay tensors
 until then. On CPU the step is synchronous anyway, so `perf_counter` is exact.
 
+Two measurements are made so that on CUDA they mean what they mean on CPU, without a sync:
+- data wait (`Clock.exposed_wait`): on CPU the host's time in the loader is the step's wait; on
+  CUDA the host fetches while the previous step's kernels still run, so a fetch the device
+  hid counts 0 (the previous step's end event had not completed when the fetch ended), and
+  one after the device drained counts whole: an upper bound, since the device may have
+  drained part-way through the fetch (telling when would take a sync).
+- peak memory (`peak_mem_bytes`): on CUDA the allocator's peak is reset at the attempt's first
+  steady step (`Window.begin`), so compile autotuning and warm-up are not counted; it counts
+  tensors (`max_memory_allocated`), as the plan's tensor part it is compared with does
+  (results.prediction).
+
 Closing a window is a collective (the losses are averaged over ranks in one all-reduce), so
 every rank must close at the same step: the length comes from the rank-averaged step time of
 the previous window (`window_steps`), and the harness adds steps all ranks know (the last
@@ -66,6 +77,7 @@ class Clock:
         self.cuda = device_type == "cuda"
         self._torch = torch
         self._synced_at = 0.0  # host wall clock right after the last `resolve`'s device sync
+        self._last_end: Any = None  # CUDA: the event `stop` recorded last (a step's end)
 
     def start(self) -> float | torch.cuda.Event:
         """A mark at the start of a step."""
@@ -80,8 +92,20 @@ class Clock:
         if self.cuda:
             ev = self._torch.cuda.Event(enable_timing=True)
             ev.record()
+            self._last_end = ev
             return (start, ev)
         return time.perf_counter() - start
+
+    def exposed_wait(self, fetch_s: float) -> float:
+        """The data wait of a fetch that took the host `fetch_s`, just ended (no sync).
+
+        On CUDA the last `stop` marked the previous step's end: if that event has not completed
+        (`query()`), the device was busy through the whole fetch and nothing waited.
+        """
+        busy = None
+        if self.cuda and self._last_end is not None:
+            busy = not self._last_end.query()
+        return exposed_wait(fetch_s, device_busy=busy)
 
     def resolve(self, marks: list[Any]) -> list[float]:
         """Seconds per step; on CUDA this is the one host sync of the window."""
@@ -107,8 +131,33 @@ class Clock:
                 for (_, end), host in zip(marks, host_ends)]
 
 
+def exposed_wait(fetch_s: float, *, device_busy: bool | None) -> float:
+    """What of a host fetch of `fetch_s` the step waited for: `device_busy` says whether the
+    device was still running the previous step when the fetch ended (None: no device queue,
+    i.e. CPU or the attempt's first step). Busy: the fetch was hidden, 0. Idle: the whole
+    fetch, an upper bound (the device may have drained part-way through it)."""
+    return 0.0 if device_busy else max(0.0, fetch_s)
+
+
+def peak_reset_step(start: int, warmup_steps: int) -> int:
+    """The step before which the device's peak memory is reset: the attempt's first steady
+    step (a resumed attempt warms up again, as its step records say)."""
+    return start + warmup_steps + 1
+
+
+def reset_peak_mem(device_type: str) -> None:
+    """Start the device's peak memory over from what is allocated now (CUDA; nothing on CPU,
+    whose resident-set peak cannot be reset and whose tensor peak is sampled, live_bytes)."""
+    if device_type == "cuda":
+        # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
+        import torch
+
+        torch.cuda.reset_peak_memory_stats()
+
+
 def peak_mem_bytes(device_type: str) -> int:
-    """Peak device memory (CUDA) or peak resident set of this process (CPU)."""
+    """Peak bytes allocated by torch since the last `reset_peak_mem` (CUDA: tensors only, no
+    context or allocator cache), or the peak resident set of this process (CPU)."""
     if device_type == "cuda":
         # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
         import torch
@@ -122,12 +171,13 @@ class Window:
     """The open logging window: step records waiting for their times, losses and skip flags."""
 
     def __init__(self, clock: Clock, ctx: RankContext, recorder: RankRecorder, scaler: Any,
-                 device: Any, log_every: int) -> None:
+                 device: Any, log_every: int, *, steady_from: int = 1) -> None:
         # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
         import torch
 
         self.clock, self.ctx, self.recorder, self.scaler = clock, ctx, recorder, scaler
         self.log_every = log_every
+        self.steady_from = steady_from  # the first steady step (`peak_reset_step`)
         self.length = 1  # the first window is the first step alone: it measures the step time
         self.records: list[dict[str, Any]] = []
         self._marks: list[Any] = []
@@ -138,6 +188,11 @@ class Window:
         # the scale tensor is created lazily by the first scale(); start from the initial value
         self._prev_scale = ([torch.tensor(scaler.get_scale(), device=device)]
                             if scaler.is_enabled() else [])
+
+    def begin(self, step: int) -> None:
+        """Before step `step` starts: at the first steady step, reset the device's peak memory."""
+        if step == self.steady_from:
+            reset_peak_mem(self.ctx.device_type)
 
     def add(self, record: dict[str, Any], mark: Any, loss: Any, fwd_bwd_mark: Any = None) -> None:
         """One finished step: its record, its clock mark and its loss tensor (no sync).

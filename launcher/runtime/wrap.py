@@ -120,6 +120,11 @@ def hybrid_mesh_shape(ctx: RankContext, shard_group_size: int = 0) -> tuple[int,
     return ctx.world_size // shards, shards
 
 
+def uses_device_mesh(strategy: Strategy) -> bool:
+    """Whether `wrap` builds a device mesh for `strategy`: every kind but DDP (FSDP2)."""
+    return strategy.kind != "ddp"
+
+
 def wrap(model: Any, strategy: Strategy, ctx: RankContext, blocks: list[Any], *,
          shard_group_size: int = 0) -> Wrapped:
     """Apply `strategy` to `model` (already on this rank's device) and return it ready to train."""
@@ -151,9 +156,15 @@ def _wrap_fsdp(model: Any, strategy: Strategy, ctx: RankContext, blocks: list[An
                shard_group_size: int) -> Wrapped:
     # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
     import torch
+    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    if not dist.is_initialized():
+        # init_device_mesh would start the default group itself, one rank included: without
+        # the collective timeout and the device id that context.init_distributed gives it
+        raise RuntimeError("FSDP needs the process group first: "
+                           "init_distributed(ctx, mesh=uses_device_mesh(strategy))")
     if strategy.kind == "hybrid":
         mesh = init_device_mesh(ctx.device_type, hybrid_mesh_shape(ctx, shard_group_size),
                                 mesh_dim_names=("replicate", "shard"))

@@ -91,6 +91,23 @@ def test_training_hang_is_reported_after_the_timeout_with_each_ranks_step(tmp_pa
     assert "no rank advanced for 11 s: rank 0 at step 5, rank 1 at step 3" == stall.message
 
 
+def test_a_rank_busy_writing_a_snapshot_is_not_hung(tmp_path):
+    # RankRecorder.busy beats with a growing busy_beats while the step stands still
+    clock = Clock()
+    w = watcher(tmp_path, clock)
+    beat(tmp_path, 0, 9), beat(tmp_path, 1, 9)
+    assert w.poll() is None
+    for count in (1, 2, 3):
+        clock.t += 9
+        for rank in (0, 1):
+            atomic_write_json(RunPaths(root=tmp_path).heartbeat(rank),
+                              {"step": 9, "time": 1.0e9, "busy": "memory snapshot",
+                               "busy_beats": count})
+        assert w.poll() is None, count
+    clock.t += 11  # the dump is over but nothing moves any more: a hang again
+    assert w.poll().kind == "hang"
+
+
 def test_startup_gets_its_own_allowance(tmp_path):
     clock = Clock()
     w = watcher(tmp_path, clock)

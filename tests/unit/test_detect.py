@@ -225,6 +225,9 @@ def test_missing_nvml_library_means_no_gpus(monkeypatch):
 
     m.nvmlInit = no_library
     monkeypatch.setitem(sys.modules, "pynvml", m)
+    # a machine without a driver: no nvidia-smi, no /dev/nvidia* (with them, torch is asked)
+    monkeypatch.setattr(gpu_probe, "_run", lambda argv: None)
+    monkeypatch.setattr(gpu_probe, "_nvidia_device_nodes", lambda dev=None: False)
     assert count_gpus(env={}) == 0
 
 

@@ -14,6 +14,7 @@ import re
 
 import pytest
 
+from launcher.alloc_conf import alloc_conf_name, installed_torch_version
 from launcher.errors import PlanError
 from launcher.hardware.topology import list_shipped, load_topology
 from launcher.hardware.types import DeviceSpec, Link, Topology
@@ -263,8 +264,9 @@ def test_overrides_force_fields_and_none_means_unset():
 
 
 def test_env_follows_the_hardware():
+    # the allocator variable under the name the installed torch reads (tests/unit/test_gpu_ready_launch)
     assert plan(GPT_125M, topology("h100-sxm-8x"), Goal(global_batch=256)).env == \
-        {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+        {alloc_conf_name(installed_torch_version()): "expandable_segments:True"}
     assert plan(GPT_125M, topology("rtx4090-4x"), Goal(global_batch=64)).env[
         "NCCL_P2P_DISABLE"] == "1"
     assert plan(GPT_TINY, topology("cpu-local"), Goal(global_batch=32)).env == \
@@ -285,7 +287,8 @@ def test_format_plan_shows_breakdown_reasons_and_candidates():
     for needle in ("Plan for llama3-8b on h100-sxm-8x", "params", "grads", "optimizer",
                    "activations", "overhead", "compute", "exposed communication",
                    "tokens/s", "scaling efficiency", "assumptions", "Why", "DDP does not fit",
-                   "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", "Other candidates"):
+                   f"{alloc_conf_name(installed_torch_version())}=expandable_segments:True",
+                   "Other candidates"):
         assert needle in text, needle
     assert len(text.splitlines()) >= 8 + len(p.reasons) + len(p.rejected)
 
