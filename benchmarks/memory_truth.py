@@ -7,7 +7,7 @@ One process, no wrapper (DDP on one rank adds nothing: its buckets are the gradi
 (fused on CUDA, foreach on CPU, as the runtime picks), two optimizer steps so the second starts
 with optimizer state. The peak is `torch.cuda.max_memory_allocated` on CUDA and the peak of live
 tensor storages (`launcher.runtime.live_bytes`) on CPU, which has no allocator statistics.
-`tests/test_memory_truth.py` runs the CPU half with a 10% bar.
+`tests/unit/test_memory_truth.py` runs the CPU half with a 10% bar.
 """
 
 from __future__ import annotations

@@ -20,11 +20,10 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from launcher.backends.slurm.submit import SlurmSpec
 from launcher.errors import PlanError, UsageError, WorkloadError
 from launcher.plan.resolve import Planned, plan_workload, resolve_topology
 from launcher.plan.search import label
-from launcher.specs import DEVICES, PRECISIONS, STRATEGIES, Goal, LaunchSpec, LoaderSpec, Strategy, check
+from launcher.specs import DEVICES, PRECISIONS, STRATEGIES, Goal, LaunchSpec, LoaderSpec, SlurmSpec, Strategy, check
 
 log = logging.getLogger(__name__)
 

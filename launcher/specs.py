@@ -13,6 +13,7 @@ bad value is caught where it is made, not deep in a rank. Messages name fields i
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +30,7 @@ MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week; also keeps inf/nan out of the collect
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 # modes that capture CUDA graphs: FSDP's collectives and hooks cannot live inside one
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+DEFAULT_TIME_MIN = 60.0  # SLURM time limit; > 10 min: below that, submitit takes every USR2 for a time-out
 
 
 def check(cond: bool, err: type[Exception], msg: str) -> None:
@@ -277,3 +279,37 @@ class Goal:
                f"unknown optimizer {self.optimizer!r}; use adamw or sgd")
         check(0 <= self.headroom < 1, UsageError,
                f"headroom must be in [0, 1), got {self.headroom}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlurmSpec:
+    """How to ask SLURM for the job (what `--partition`, `--slurm-opt`, ... and dlaunch.yaml say)."""
+
+    partition: str | None = None
+    time_min: float = DEFAULT_TIME_MIN
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    opts: tuple[tuple[str, str], ...] = ()  # extra sbatch options, sorted (key, value)
+    cpus_per_node: int | None = None  # None: not known (dry run away from SLURM); not requested
+    queue_timeout_min: float | None = None  # cancel when still pending after this long
+    detach: bool = False
+
+    def __post_init__(self) -> None:
+        if not (self.time_min > 0 and math.isfinite(self.time_min)):
+            raise UsageError(f"--time-min must be a number of minutes > 0, got {self.time_min}")
+        if self.queue_timeout_min is not None and not self.queue_timeout_min > 0:
+            raise UsageError(f"--queue-timeout-min must be > 0, got {self.queue_timeout_min}")
+        if self.cpus_per_node is not None and self.cpus_per_node < 1:
+            raise UsageError(f"--cpus-per-node must be >= 1, got {self.cpus_per_node}")
+        for name in ("partition", "account", "qos", "constraint"):
+            value = getattr(self, name)
+            if value is not None:
+                check_slurm_value(f"--{name}", value)
+
+
+def check_slurm_value(flag: str, value: str) -> None:
+    """A SLURM option's value: non-empty, no control characters (UsageError otherwise)."""
+    # a newline in a value would end the #SBATCH line and run the rest as shell in the job
+    if not value or any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise UsageError(f"{flag} must be a non-empty value without control characters, got {value!r}")

@@ -30,9 +30,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from launcher.errors import UsageError
-from launcher.jobs.sweepdir import acquire_lock, first_difference, read_manifest, refuse_foreign
+from launcher.jobs.sweepdir import acquire_lock, first_difference, refuse_foreign
 from launcher.jobs.sweeppoints import LaunchPoint, SweepResult, launch_local, run_points
 from launcher.specs import LaunchSpec
+from launcher.sweepmanifest import read_manifest
 
 log = logging.getLogger(__name__)
 

@@ -27,20 +27,6 @@ from launcher.rundir import RunPaths, SweepPaths
 log = logging.getLogger(__name__)
 
 
-def read_manifest(sweep_dir: str | Path) -> dict[str, Any] | None:
-    """The manifest of a sweep directory, or None when there is none."""
-    path = SweepPaths(root=sweep_dir).manifest
-    if not path.exists():
-        return None
-    try:
-        data = read_json(path)
-    except ValueError as e:
-        raise UsageError(f"{path} is not valid JSON ({e}); move it away to start a new sweep") from None
-    if not isinstance(data, dict) or data.get("kind") != "sweep":
-        raise UsageError(f"{path} is not a dlaunch sweep manifest")
-    return data
-
-
 def refuse_foreign(sweep_dir: Path) -> None:
     """UsageError unless `sweep_dir` is absent, empty, or a dlaunch sweep (its manifest, or only
     the lock of a sweep stopped before writing one): a sweep moves and rewrites what it finds."""

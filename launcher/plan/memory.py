@@ -94,7 +94,7 @@ NCCL_BUFFER_BYTES = 0.25 * GIB
 CUDA_ALLOCATOR_SLACK = 0.05
 # One process without DDP frees its gradients every step (zero_grad(set_to_none=True)), so
 # gradients and activations are never all live at once. Measured on CPU, torch 2.13, for the
-# shipped workloads (tests/test_memory_truth.py): while backward frees activations about half
+# shipped workloads (tests/unit/test_memory_truth.py): while backward frees activations about half
 # the gradients already exist; the optimizer step then peaks at all gradients plus foreach
 # AdamW's temporaries, 0.57 x the fp32 parameter bytes (fused AdamW on CUDA has none).
 SINGLE_PROCESS_GRAD_OVERLAP = 0.5

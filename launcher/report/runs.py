@@ -24,7 +24,6 @@ from launcher.errors import DlaunchError, RunDirError
 from launcher.files import read_json
 from launcher.hardware.topology import topology_from_dict
 from launcher.hardware.types import Topology
-from launcher.jobs.sweepdir import read_manifest
 from launcher.report.tune import is_tune_dir, read_tune
 from launcher.report.types import TuneSummary
 from launcher.results.aggregate import aggregate, percentile
@@ -33,6 +32,7 @@ from launcher.results.schema import kind_of
 from launcher.results.types import RunResult
 from launcher.rundir import RECORDS, RunPaths, SweepPaths
 from launcher.specs import LaunchSpec
+from launcher.sweepmanifest import read_manifest
 
 log = logging.getLogger(__name__)
 

@@ -47,7 +47,7 @@ def single_16(tmp_path_factory) -> list[float]:
                  global_batch=HYBRID_GLOBAL_BATCH)
 
 
-# DDP without accumulation is checked at 1e-5 in tests/test_run_local.py
+# DDP without accumulation is checked at 1e-5 in tests/integration/test_run_local.py
 CASES = [("ddp", 4), ("fsdp_full", 1), ("fsdp_full", 4), ("fsdp_grad_op", 1), ("fsdp_grad_op", 4)]
 
 

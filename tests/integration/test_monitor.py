@@ -1,5 +1,5 @@
 """The hang watcher and the post-mortem, on hand-written heartbeat files and a fake clock
-(no torch, no torchrun: the real processes are in tests/test_faults.py)."""
+(no torch, no torchrun: the real processes are in tests/integration/test_faults.py)."""
 
 from __future__ import annotations
 

@@ -101,6 +101,64 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+# The layer rules (README, "Layout"): which part of the package may import which. A part is a
+# subpackage (launcher/plan/) or a module at the package's root (launcher/specs.py); imports
+# inside a part are free. The data flows cli -> request -> hardware / plan -> backends -> jobs;
+# runtime runs inside the ranks; results read what ranks wrote; report reads results. No
+# exceptions: a new edge is a design decision, made here.
+FOUNDATION = {"errors", "specs", "files", "rundir", "procs", "secrets", "workload", "alloc_conf",
+              "sweepmanifest"}
+ALLOWED: dict[str, set[str]] = {
+    "cli": {"request", "hardware", "plan", "backends", "jobs", "results", "report"} | FOUNDATION,
+    "request": {"plan"} | FOUNDATION,
+    "jobs": {"backends", "hardware", "plan", "results"} | FOUNDATION,
+    "backends": {"hardware"} | FOUNDATION,
+    "plan": {"hardware"} | FOUNDATION,
+    "hardware": FOUNDATION,
+    "runtime": {"hardware"} | FOUNDATION,
+    "results": {"plan"} | FOUNDATION,
+    "report": {"results", "plan", "hardware"} | FOUNDATION,
+    # the foundation: standard library, and each other as listed
+    "errors": set(), "procs": set(), "secrets": set(), "alloc_conf": set(),
+    "specs": {"errors"}, "files": {"errors"}, "rundir": {"errors"}, "workload": {"errors"},
+    "sweepmanifest": {"errors", "files", "rundir"},
+    "launcher": set(),  # the package's __init__
+}
+
+
+def part(module: str) -> str:
+    """`launcher.plan.cost` -> `plan`; `launcher.specs` -> `specs`; `launcher` -> `launcher`."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def forbidden_edges(graph: dict[str, set[str]]) -> list[str]:
+    """`importer -> imported` for every import between parts that ALLOWED does not list (a
+    part missing from the table is an edge to add to it, not a free pass)."""
+    out = []
+    for importer, imported in sorted(graph.items()):
+        for target in sorted(imported):
+            a, b = part(importer), part(target)
+            if a != b and b not in ALLOWED.get(a, set()):
+                out.append(f"{importer} -> {target} ({a} -> {b})")
+    return out
+
+
+def test_only_allowed_edges_between_parts():
+    assert forbidden_edges(import_graph()) == []
+    # every part of the package has its row
+    assert {part(m) for m in all_modules()} <= set(ALLOWED)
+
+
+def test_the_edge_check_names_a_forbidden_edge():
+    graph = {"launcher.runtime.harness": {"launcher.report.html", "launcher.specs"},
+             "launcher.report.runs": {"launcher.jobs.sweep"}, "launcher.newpart.x": {"launcher.specs"}}
+    assert forbidden_edges(graph) == [
+        "launcher.newpart.x -> launcher.specs (newpart -> specs)",
+        "launcher.report.runs -> launcher.jobs.sweep (report -> jobs)",
+        "launcher.runtime.harness -> launcher.report.html (runtime -> report)"]
+
+
 def test_the_graph_sees_every_kind_of_import():
     modules = {"p", "p.a", "p.b", "p.c", "p.d", "p.e", "p.f"}
     source = """

@@ -35,11 +35,12 @@ from launcher.backends.torchrun import REPO_ROOT, rank_env
 from launcher.errors import LaunchError, UsageError
 from launcher.rundir import RunPaths
 from launcher.secrets import mask_env
-from launcher.specs import LaunchSpec
+
+# SlurmSpec is a description of the job like LaunchSpec (specs); re-exported for old imports
+from launcher.specs import DEFAULT_TIME_MIN, LaunchSpec, SlurmSpec, check_slurm_value  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TIME_MIN = 60.0  # > 10 min: below that, submitit takes every USR2 for a time-out
 SIGNAL_DELAY_S = 90  # preemption signal this long before the time limit
 SLURM_COMMANDS = ("sbatch", "squeue", "scancel", "scontrol", "srun")
 
@@ -51,39 +52,6 @@ _RESERVED_OPTS = {
     "gpus-per-node": "--gpus", "ntasks-per-node": "", "ntasks": "", "output": "", "error": "",
     "open-mode": "", "signal": "", "array": "", "wrap": "", "job-name": "",
 }
-
-
-@dataclass(frozen=True, kw_only=True)
-class SlurmSpec:
-    """How to ask SLURM for the job (what `--partition`, `--slurm-opt`, ... and dlaunch.yaml say)."""
-
-    partition: str | None = None
-    time_min: float = DEFAULT_TIME_MIN
-    account: str | None = None
-    qos: str | None = None
-    constraint: str | None = None
-    opts: tuple[tuple[str, str], ...] = ()  # extra sbatch options, sorted (key, value)
-    cpus_per_node: int | None = None  # None: not known (dry run away from SLURM); not requested
-    queue_timeout_min: float | None = None  # cancel when still pending after this long
-    detach: bool = False
-
-    def __post_init__(self) -> None:
-        if not (self.time_min > 0 and math.isfinite(self.time_min)):
-            raise UsageError(f"--time-min must be a number of minutes > 0, got {self.time_min}")
-        if self.queue_timeout_min is not None and not self.queue_timeout_min > 0:
-            raise UsageError(f"--queue-timeout-min must be > 0, got {self.queue_timeout_min}")
-        if self.cpus_per_node is not None and self.cpus_per_node < 1:
-            raise UsageError(f"--cpus-per-node must be >= 1, got {self.cpus_per_node}")
-        for name in ("partition", "account", "qos", "constraint"):
-            value = getattr(self, name)
-            if value is not None:
-                _check_value(f"--{name}", value)
-
-
-def _check_value(flag: str, value: str) -> None:
-    # a newline in a value would end the #SBATCH line and run the rest as shell in the job
-    if not value or any(ord(c) < 32 or ord(c) == 127 for c in value):
-        raise UsageError(f"{flag} must be a non-empty value without control characters, got {value!r}")
 
 
 def parse_slurm_opts(items: Sequence[str], defaults: Mapping[str, str] | None = None
@@ -102,7 +70,7 @@ def parse_slurm_opts(items: Sequence[str], defaults: Mapping[str, str] | None = 
         if not sep or not _OPT_KEY.match(key) or not value:
             raise UsageError(f"{where} is malformed: use KEY=VALUE with an sbatch long option "
                              "as KEY, e.g. --slurm-opt mem=32G")
-        _check_value(where, value)
+        check_slurm_value(where, value)
         if key in _RESERVED_OPTS:
             instead = _RESERVED_OPTS[key]
             hint = f"use {instead} instead" if instead else "dlaunch sets it itself"
