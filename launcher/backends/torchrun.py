@@ -36,7 +36,8 @@ def rank_env(spec: LaunchSpec, *, base_env: Mapping[str, str], cores: int) -> di
         # the package may be used from a checkout without being installed
         "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), base_env.get("PYTHONPATH", "")) if p),
     }
-    if "OMP_NUM_THREADS" not in base_env:
+    # set but empty is unset (as OpenMP reads it): each rank would otherwise take every core
+    if not base_env.get("OMP_NUM_THREADS", "").strip():
         env["OMP_NUM_THREADS"] = str(rank_threads(cores, spec.nproc_per_node))
     if spec.device == "cuda":
         # under the name the ranks' torch reads (this interpreter's: the backends start ranks

@@ -87,6 +87,14 @@ def test_the_plan_names_the_variable_for_the_installed_torch(monkeypatch):
 
 # --- the process group -------------------------------------------------------------------------
 
+def test_an_empty_omp_num_threads_is_unset(monkeypatch):
+    # `OMP_NUM_THREADS=` in the shell: each rank's OpenMP would take every core (2 ranks of mlp
+    # on 2 cores measured 0.139 s a step instead of 0.022 s); a real value stays the user's
+    spec = _spec(device="cpu")
+    assert _rank_env(monkeypatch, "2.13.0", spec, {"OMP_NUM_THREADS": ""})["OMP_NUM_THREADS"] == "2"
+    assert "OMP_NUM_THREADS" not in _rank_env(monkeypatch, "2.13.0", spec, {"OMP_NUM_THREADS": "3"})
+
+
 def _ctx(world_size: int = 1, device_type: str = "cpu", local_rank: int = 0) -> RankContext:
     return RankContext(rank=local_rank, local_rank=local_rank, world_size=world_size,
                        local_world_size=world_size, node_rank=0, host="h", device_type=device_type)
