@@ -30,6 +30,11 @@ MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week; also keeps inf/nan out of the collect
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 # modes that capture CUDA graphs: FSDP's collectives and hooks cannot live inside one
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+SWEEP_MODES = ("weak", "strong")  # `dlaunch scale --mode`
+# `dlaunch tune` trials without --steps: at least TRIAL_STEPS, or enough to time TRIAL_TIMED_S
+# of the fastest candidate's steps (launcher.jobs.tune says why)
+TRIAL_STEPS = 12
+TRIAL_TIMED_S = 2.0
 DEFAULT_TIME_MIN = 60.0  # SLURM time limit; > 10 min: below that, submitit takes every USR2 for a time-out
 
 

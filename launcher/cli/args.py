@@ -7,7 +7,12 @@ error lines in place of the field names the specs and the request use (`name_fla
 option is (`Option`, `Yaml`) and the argparse types are in launcher.cli.option.
 
 Only launcher.cli and launcher.cli.config import this module; it must never import launcher.cli.config
-(which imports it), a command module, the request, or anything that imports torch.
+(which imports it), a command module, the request, or anything that imports torch. Every command's
+parser is built from this table at start-up, `dlaunch --help` included, so at import time it loads
+only launcher.cli.option, launcher.errors and launcher.specs: the few values it shows that belong
+to heavier modules (the sweep's modes, the tune's trial length) are stated here, each beside its
+owner's name (tests/unit/test_cli_lazy.py checks that they agree), and the one function it needs
+from the SLURM backend is imported when it runs.
 """
 
 from __future__ import annotations
@@ -17,13 +22,17 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from launcher.backends.slurm.submit import DEFAULT_TIME_MIN, parse_slurm_opts
 from launcher.cli.option import Option, Parse, Yaml, at_least, minutes, real
-from launcher.cli.placement import CPU_PROCESSES_PER_CORE
 from launcher.errors import UsageError
-from launcher.jobs.sweep import MODES
-from launcher.jobs.tune import TRIAL_STEPS, TRIAL_TIMED_S
-from launcher.specs import COMPILE_MODES, PRECISIONS, STRATEGIES
+from launcher.specs import (
+    COMPILE_MODES,
+    DEFAULT_TIME_MIN,
+    PRECISIONS,
+    STRATEGIES,
+    SWEEP_MODES,
+    TRIAL_STEPS,
+    TRIAL_TIMED_S,
+)
 
 RUN = ("run", "lab")  # the flags of one run apply to each of the lab's three
 _SLURM = ("run", "scale", "tune", "doctor")  # the commands that submit SLURM jobs
@@ -31,6 +40,9 @@ TUNE_TRIALS = 4  # candidates a tune measures at most
 # a doctor job takes about a minute; a short limit backfills sooner (submitit needs > 10 min)
 DOCTOR_TIME_MIN = 15.0
 SLURM_GROUP = "SLURM (with --slurm; defaults from dlaunch.yaml's slurm: section)"
+# read by launcher.cli.placement, which refuses more CPU processes than this without --force
+CPU_PROCESSES_PER_CORE = 4  # beyond this a CPU run or sweep measures contention, not scaling
+MODES = SWEEP_MODES
 
 
 def _slurm_text(what: str) -> Yaml:
@@ -53,7 +65,11 @@ def _fraction(flag: str) -> Parse:
 
 
 def _merge_slurm_opts(given: list[str] | None, configured: Mapping[str, str] | None) -> tuple[tuple[str, str], ...]:
-    # `--slurm-opt` items are laid over dlaunch.yaml's `opts`, key by key
+    # `--slurm-opt` items are laid over dlaunch.yaml's `opts`, key by key. Imported here, when a
+    # command resolves its options: the submit module loads the SLURM backend (task, torchrun
+    # argv, run dir): a quarter of the old start-up time, which no parser needs
+    from launcher.backends.slurm.submit import parse_slurm_opts
+
     return parse_slurm_opts(given or [], configured or {})
 
 

@@ -1,77 +1,97 @@
 """The `dlaunch` command: the parser wired from the option table, dispatch, exit codes.
 
 Each subcommand's handler lives in its own module (launcher.cli.run, .lab, .scale, .tune, .plan,
-.inspect, .report, .jobs, .doctor); their options in launcher.cli.args. A DlaunchError is one line on
-stderr (field names put back as flags) and its exit code, 2 for bad input. Must never import
-torch or matplotlib at start-up (`dlaunch --help` stays fast): the commands that need them
-import them deep inside launcher.plan / launcher.report.
+.inspect, .report, .jobs, .doctor); their options in launcher.cli.args. `COMMANDS` names each
+handler as a "module:function" string and `_dispatch` imports it only when its command runs:
+building the parser (every `dlaunch ... --help`, every bad-usage error) loads the option table
+and nothing of a command's module tree (the planner, the backends, the job followers, the
+report), which tests/unit/test_cli_lazy.py checks and benchmarks/cli_start.py times. A
+DlaunchError is one line on stderr (field names put back as flags) and its exit code, 2 for bad
+input. Must never import torch or matplotlib at start-up: the commands that need them import
+them deep inside launcher.plan / launcher.report.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from launcher.cli.args import add_options, name_flags
-from launcher.cli.doctor import cmd_doctor
-from launcher.cli.inspect import cmd_inspect
-from launcher.cli.jobs import cmd_cancel, cmd_logs, cmd_status
-from launcher.cli.lab import cmd_lab
-from launcher.cli.plan import cmd_plan
-from launcher.cli.report import cmd_report
-from launcher.cli.run import cmd_run
-from launcher.cli.scale import cmd_scale
-from launcher.cli.tune import cmd_tune
 from launcher.errors import DlaunchError, UsageError
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[argparse.Namespace, list[str]], int]
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: its name, its handler as "module:function" (imported when the command
+    runs, never to build the parser), its line in `dlaunch --help`, its own --help's
+    description and its parser defaults. Its options come from launcher.cli.args.OPTIONS."""
+
+    name: str
+    handler: str
+    help: str
+    description: str
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+
+
 _AFTER = "Arguments after `--` go to the workload."
-# (name, handler, one-line help, description, parser defaults), in `dlaunch --help` order;
-# each command's options come from launcher.cli.args.OPTIONS
-COMMANDS: tuple[tuple[str, Handler, str, str, dict[str, Any]], ...] = (
-    ("run", cmd_run, "launch a workload with torchrun and summarise every rank",
-     f"Launch WORKLOAD with torchrun. {_AFTER}", {}),
-    ("inspect", cmd_inspect, "show this machine's hardware: devices, links, NICs, SLURM",
-     "Detect this machine (and its SLURM job, if any) and print what the planner will plan for.", {}),
+# in `dlaunch --help` order
+COMMANDS: tuple[Command, ...] = (
+    Command("run", "launcher.cli.run:cmd_run", "launch a workload with torchrun and summarise every rank",
+            f"Launch WORKLOAD with torchrun. {_AFTER}"),
+    Command("inspect", "launcher.cli.inspect:cmd_inspect", "show this machine's hardware: devices, links, NICs, SLURM",
+            "Detect this machine (and its SLURM job, if any) and print what the planner will plan for."),
     # plan leaves no child process, thread or open file behind: see `entry`
-    ("plan", cmd_plan, "recommend a strategy, precision and batch settings, and say why",
-     f"Profile WORKLOAD on the meta device and plan it for this machine or a --topology file. {_AFTER}",
-     {"hard_exit": True}),
-    ("scale", cmd_scale, "a scaling sweep: one run per world size, then a report",
-     "Run WORKLOAD at each world size in --gpus (weak or strong scaling), resumably, then write "
-     "the report. Without --strategy, --precision or --micro-batch the plan for the largest "
-     f"world size decides them, as in `run`. {_AFTER}", {}),
-    ("report", cmd_report, "HTML/Markdown/JSON/PNG report of a run or sweep directory",
-     "Scaling efficiency, step-time breakdown, stragglers, busbw and predicted vs measured, as a "
-     "self-contained HTML page plus PNG/JSON/Markdown.", {}),
-    ("status", cmd_status, "state, progress and result of a SLURM run",
-     "Show a SLURM job's state (pending reason), its progress, and the run summary once it is over.", {}),
-    ("logs", cmd_logs, "the logs of a SLURM run (every node, or one rank)",
-     "Print a SLURM job's per-node logs; --rank R keeps rank R's lines.", {}),
-    ("cancel", cmd_cancel, "cancel a SLURM run", "scancel a SLURM job and wait until it has left the queue.", {}),
-    ("doctor", cmd_doctor, "preflight: GEMM, memory and all-reduce per rank and node; name the slow ones",
-     "Run one rank per device (CPU: --gpus processes with gloo) on this host, or on every node of a "
-     "SLURM job with --slurm: each times a GEMM in the plan's precision, a large copy and "
-     "all-reduces. Prints measured / expected per rank and node, where each expected figure comes "
-     "from, and names every rank and node below --threshold of the median (exit 1) with a ready "
-     "--exclude list.", {}),
-    ("lab", cmd_lab, "fp32 / mixed precision / mixed precision + compile, side by side",
-     "Run WORKLOAD three times back to back (same seed, same data): fp32, the plan's mixed "
-     "precision, and mixed precision + compile; print throughput, peak memory, the two speed-ups "
-     "and what they say. Run flags (--gpus, --steps, --strategy, --micro-batch, ...) apply to all "
-     f"three. {_AFTER}", {}),
-    ("tune", cmd_tune, "measure the plan's near-best candidates, keep the fastest, learn",
-     "Plan WORKLOAD, run each candidate predicted within the model's uncertainty of the best "
-     "(at most --trials) for a short trial, write the fastest as tuned-plan.json (for `dlaunch "
-     "run --plan`) and store the measured/predicted ratios for later plans on this machine. "
-     f"{_AFTER}", {}),
+    Command("plan", "launcher.cli.plan:cmd_plan", "recommend a strategy, precision and batch settings, and say why",
+            f"Profile WORKLOAD on the meta device and plan it for this machine or a --topology file. {_AFTER}",
+            {"hard_exit": True}),
+    Command("scale", "launcher.cli.scale:cmd_scale", "a scaling sweep: one run per world size, then a report",
+            "Run WORKLOAD at each world size in --gpus (weak or strong scaling), resumably, then write "
+            "the report. Without --strategy, --precision or --micro-batch the plan for the largest "
+            f"world size decides them, as in `run`. {_AFTER}"),
+    Command("report", "launcher.cli.report:cmd_report", "HTML/Markdown/JSON/PNG report of a run or sweep directory",
+            "Scaling efficiency, step-time breakdown, stragglers, busbw and predicted vs measured, as a "
+            "self-contained HTML page plus PNG/JSON/Markdown."),
+    Command("status", "launcher.cli.jobs:cmd_status", "state, progress and result of a SLURM run",
+            "Show a SLURM job's state (pending reason), its progress, and the run summary once it is over."),
+    Command("logs", "launcher.cli.jobs:cmd_logs", "the logs of a SLURM run (every node, or one rank)",
+            "Print a SLURM job's per-node logs; --rank R keeps rank R's lines."),
+    Command("cancel", "launcher.cli.jobs:cmd_cancel", "cancel a SLURM run",
+            "scancel a SLURM job and wait until it has left the queue."),
+    Command("doctor", "launcher.cli.doctor:cmd_doctor",
+            "preflight: GEMM, memory and all-reduce per rank and node; name the slow ones",
+            "Run one rank per device (CPU: --gpus processes with gloo) on this host, or on every node of a "
+            "SLURM job with --slurm: each times a GEMM in the plan's precision, a large copy and "
+            "all-reduces. Prints measured / expected per rank and node, where each expected figure comes "
+            "from, and names every rank and node below --threshold of the median (exit 1) with a ready "
+            "--exclude list."),
+    Command("lab", "launcher.cli.lab:cmd_lab", "fp32 / mixed precision / mixed precision + compile, side by side",
+            "Run WORKLOAD three times back to back (same seed, same data): fp32, the plan's mixed "
+            "precision, and mixed precision + compile; print throughput, peak memory, the two speed-ups "
+            "and what they say. Run flags (--gpus, --steps, --strategy, --micro-batch, ...) apply to all "
+            f"three. {_AFTER}"),
+    Command("tune", "launcher.cli.tune:cmd_tune", "measure the plan's near-best candidates, keep the fastest, learn",
+            "Plan WORKLOAD, run each candidate predicted within the model's uncertainty of the best "
+            "(at most --trials) for a short trial, write the fastest as tuned-plan.json (for `dlaunch "
+            "run --plan`) and store the measured/predicted ratios for later plans on this machine. "
+            f"{_AFTER}"),
 )
+
+
+def load_handler(path: str) -> Handler:
+    """The handler a `Command` names ("launcher.cli.run:cmd_run"), importing its module now."""
+    module, _, name = path.partition(":")
+    handler: Handler = getattr(importlib.import_module(module), name)
+    return handler
 
 
 class _Parser(argparse.ArgumentParser):
@@ -86,11 +106,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="dlaunch", description="Plan, launch and measure distributed PyTorch training.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and torchrun's own log")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for name, handler, short, description, defaults in COMMANDS:
-        p = sub.add_parser(name, help=short, description=description)
+    for command in COMMANDS:
+        p = sub.add_parser(command.name, help=command.help, description=command.description)
         p.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)  # after the command too
-        p.set_defaults(handler=handler, **defaults)
-        add_options(p, name)
+        p.set_defaults(handler=command.handler, **command.defaults)  # the handler's name, not yet imported
+        add_options(p, command.name)
     return parser
 
 
@@ -117,7 +137,8 @@ def _dispatch(argv: Sequence[str] | None) -> tuple[int, bool]:
         if not getattr(args, "command", None):
             parser.print_help()
             return 2, False
-        return int(args.handler(args, workload_args)), bool(getattr(args, "hard_exit", False))
+        handler = load_handler(args.handler)  # only now: this command's module tree, no other's
+        return int(handler(args, workload_args)), bool(getattr(args, "hard_exit", False))
     except DlaunchError as e:
         if debug:
             raise

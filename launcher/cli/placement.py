@@ -18,14 +18,13 @@ from typing import Any
 
 from launcher.backends.slurm.jobs import partition_shape
 from launcher.backends.slurm.submit import SlurmSpec, check_slurm_available
+from launcher.cli.args import CPU_PROCESSES_PER_CORE
 from launcher.errors import UsageError
 from launcher.hardware.detect import usable_cores
 from launcher.hardware.gpu_probe import count_gpus
 from launcher.jobs.sweep import parse_world_sizes, point_shape
 
 log = logging.getLogger(__name__)
-
-CPU_PROCESSES_PER_CORE = 4  # beyond this a CPU run or sweep measures contention, not scaling
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -32,12 +32,12 @@ from typing import IO, Any
 from launcher.errors import UsageError
 from launcher.jobs.sweepdir import acquire_lock, first_difference, refuse_foreign
 from launcher.jobs.sweeppoints import LaunchPoint, SweepResult, launch_local, run_points
-from launcher.specs import LaunchSpec
+from launcher.specs import SWEEP_MODES, LaunchSpec
 from launcher.sweepmanifest import read_manifest
 
 log = logging.getLogger(__name__)
 
-MODES = ("weak", "strong")
+MODES = SWEEP_MODES
 
 
 # -- validation --------------------------------------------------------------------------------

@@ -46,7 +46,7 @@ from launcher.plan.search import label
 from launcher.plan.types import Candidate, Plan
 from launcher.results.types import RunResult
 from launcher.rundir import RunPaths, TunePaths
-from launcher.specs import LaunchSpec
+from launcher.specs import TRIAL_STEPS, TRIAL_TIMED_S, LaunchSpec
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +58,6 @@ UNCERTAINTY = {"cpu": 0.25, "cuda": 0.15}
 # stable median for steps of a tenth of a second and more), and enough timed steps to fill
 # TRIAL_TIMED_S at the fastest candidate's predicted step: nine 10 ms steps of a small model
 # span less than the jitter of one rank's start, and two trials of it differed by 15%.
-TRIAL_STEPS = 12
-TRIAL_TIMED_S = 2.0
 MAX_TRIAL_STEPS = 1000
 PLAN_FORMAT = "dlaunch-tuned-plan/1"
 DECISIONS = ("strategy", "precision", "micro_batch", "grad_accum", "checkpointing", "compile")
