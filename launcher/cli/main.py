@@ -94,11 +94,40 @@ def load_handler(path: str) -> Handler:
     return handler
 
 
+# torchrun's own flags, as users type them out of habit: what dlaunch says instead
+TORCHRUN_HABITS = {
+    "--nproc-per-node": "use --gpus N (processes per node)",
+    "--nproc_per_node": "use --gpus N (processes per node)",
+    "--nnodes": "use --slurm --nodes N (one torchrun per node)",
+    "--node-rank": "use --slurm --nodes N (each node's torchrun gets its rank)",
+    "--node_rank": "use --slurm --nodes N (each node's torchrun gets its rank)",
+    "--master-port": "not needed: dlaunch picks the rendezvous (loopback, or a port from the SLURM job)",
+    "--master_port": "not needed: dlaunch picks the rendezvous (loopback, or a port from the SLURM job)",
+    "--master-addr": "not needed: dlaunch picks the rendezvous (loopback, or the job's first node)",
+    "--master_addr": "not needed: dlaunch picks the rendezvous (loopback, or the job's first node)",
+    "--rdzv-endpoint": "not needed: dlaunch picks the rendezvous (loopback, or the job's first node)",
+    "--standalone": "not needed: a single-node run already rendezvouses on loopback",
+}
+
+
+def unrecognized(extra: Sequence[str], *, takes_workload: bool, prog: str) -> str:
+    """The one line for arguments no option takes: a torchrun flag's dlaunch spelling, or the
+    `--` that hands arguments to a workload."""
+    line = f"unrecognized arguments: {' '.join(extra)} ("
+    for arg in extra:
+        flag = arg.split("=", 1)[0]
+        if flag in TORCHRUN_HABITS:
+            return line + f"{flag} is torchrun's: {TORCHRUN_HABITS[flag]}; see {prog} --help)"
+    if takes_workload:
+        line += f"arguments for the workload go after `--`: {prog} WORKLOAD [options] -- {' '.join(extra)}; "
+    return line + f"see {prog} --help)"
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse that raises instead of printing usage, so every error is one line."""
 
     def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{self.prog}: {message} (see {self.prog} --help)")
+        raise UsageError(f"{message} (see {self.prog} --help)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -133,7 +162,11 @@ def _dispatch(argv: Sequence[str] | None) -> tuple[int, bool]:
         os.environ["DLAUNCH_DEBUG"] = "1"
     try:
         parser = build_parser()
-        args = parser.parse_args(own)
+        args, extra = parser.parse_known_args(own)
+        if extra:
+            command = getattr(args, "command", None)
+            raise UsageError(unrecognized(extra, takes_workload=hasattr(args, "workload"),
+                                          prog=f"dlaunch {command}" if command else "dlaunch"))
         if not getattr(args, "command", None):
             parser.print_help()
             return 2, False

@@ -60,6 +60,13 @@ CASES = [
     _c("run-strategy", ["run", MLP, "--strategy", "zero9"], "invalid choice", "zero9"),
     _c("run-precision", ["run", MLP, "--precision", "fp8"], "invalid choice", "fp8"),
     _c("run-unknown-flag", ["run", MLP, "--bogus"], "unrecognized arguments", "--bogus"),
+    # torchrun's flags get dlaunch's; workload arguments without `--` get the `--`
+    _c("run-torchrun-nproc", ["run", MLP, "--nproc-per-node", "2"], "--nproc-per-node is torchrun's",
+       "use --gpus N"),
+    _c("run-torchrun-master-port", ["run", MLP, "--master_port=29500"], "--master_port is torchrun's",
+       "not needed"),
+    _c("run-workload-args-without-dashes", ["run", MLP, "--size", "tiny"],
+       "arguments for the workload go after `--`", "-- --size tiny"),
     _c("run-max-grad-norm-abc", ["run", MLP, "--max-grad-norm", "abc"], "--max-grad-norm"),
     _c("run-hang-timeout-short", ["run", MLP, *FIXED, "--hang-timeout-s", "3"],
        "--hang-timeout-s must be 0 (off) or between 10"),
