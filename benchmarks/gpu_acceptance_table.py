@@ -127,7 +127,9 @@ def checks(rows: dict[str, dict[str, Any]], steps: dict[str, tuple[int, float]],
             continue
         out.append((f"run {name} ends ok", row["status"] == "ok" and row["exit"] == 0,
                     f"exit {row['exit']}, status {row['status']} {row['failure']}".strip()))
-        if row["step_ratio"] is not None:
+        # a GPU step is steady; the dry mode's 6 CPU steps on a shared host are not: there the
+        # ratio is in the table but checks nothing (the dry mode checks the plumbing)
+        if row["step_ratio"] is not None and mode == "gpu":
             r = row["step_ratio"]
             out.append((f"run {name}: step time measured/predicted in 0.5-2", 0.5 <= r <= 2,
                         f"{r:.2f}"))
