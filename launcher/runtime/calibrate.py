@@ -43,8 +43,7 @@ pass (the others wait in it): the hang watcher then ends the job, as it would in
 On CUDA an out-of-memory error frees the allocator's cached blocks (`torch.cuda.empty_cache`)
 before anything else runs.
 
-Never imports cli, backends, jobs or report; torch only inside functions (see
-runtime/__init__).
+Never imports cli, backends, jobs or report; torch at module level (see runtime/__init__).
 """
 
 from __future__ import annotations
@@ -54,11 +53,16 @@ import statistics
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
 
 from launcher.runtime.context import RankContext
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 MAX_PASSES = 3
 # below this a step's worth of passes is too short to matter: take MAX_PASSES for a steadier median
@@ -78,10 +82,11 @@ class GradSizes:
     unsharded_bytes: int  # what a sync-off pass adds on top: the unsharded gradients (FSDP2)
 
 
-def grad_sizes(params: Iterable[Any]) -> GradSizes:
+def grad_sizes(params: Iterable[torch.Tensor]) -> GradSizes:
     """This rank's gradient bytes: a DTensor (FSDP2) counts its local shard (`to_local()`),
     whose `numel()` would be the global size; a plain tensor counts whole."""
-    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
+    # deferred: 0.8 s of imports, which DDP and FSDP2 have made by now but a one-process run,
+    # which never calibrates, has not (see runtime/__init__)
     from torch.distributed.tensor import DTensor
 
     local = total = 0
@@ -101,7 +106,7 @@ def shortfall(need_bytes: int, free_bytes: int | None) -> str | None:
             f"{free_bytes / 2**30:.2f} GiB free")
 
 
-def _need_and_free(sizes: GradSizes, device: Any) -> tuple[int, int | None]:
+def _need_and_free(sizes: GradSizes, device: torch.device) -> tuple[int, int | None]:
     """(bytes the calibration needs, bytes the allocator can hand out) on CUDA; (0, None) else.
 
     A sync-off pass needs what a training step needed beyond the model state (its activations
@@ -109,9 +114,6 @@ def _need_and_free(sizes: GradSizes, device: Any) -> tuple[int, int | None]:
     plus FSDP2's unsharded gradients, which it keeps; the benchmark needs its buffer."""
     if device.type != "cuda":
         return 0, None
-    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
-    import torch
-
     allocated = torch.cuda.memory_allocated(device)
     transient = max(0, torch.cuda.max_memory_allocated(device) - allocated)
     free = torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device) - allocated
@@ -119,9 +121,6 @@ def _need_and_free(sizes: GradSizes, device: Any) -> tuple[int, int | None]:
 
 
 def _timed(fn: Callable[[], object], cuda: bool) -> float:
-    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
-    import torch
-
     if cuda:
         torch.cuda.synchronize()
     t = time.perf_counter()
@@ -131,12 +130,8 @@ def _timed(fn: Callable[[], object], cuda: bool) -> float:
     return time.perf_counter() - t
 
 
-def _max_over_ranks(values: list[float], device: Any) -> list[float]:
+def _max_over_ranks(values: list[float], device: torch.device) -> list[float]:
     """Each of `values`' largest value over the ranks (one tiny all-reduce)."""
-    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
-    import torch
-    import torch.distributed as dist
-
     t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return [float(v) for v in t.tolist()]
@@ -150,12 +145,9 @@ def passes_within(step_s: float, pass_s: float, limit: int = MAX_PASSES) -> int:
     return max(1, min(limit, int(max(step_s, CHEAP_S) / pass_s)))
 
 
-def allreduce_bandwidth(buf: Any, world_size: int, repeats: int = ALLREDUCE_REPEATS) -> dict[str, float]:
+def allreduce_bandwidth(buf: torch.Tensor, world_size: int, repeats: int = ALLREDUCE_REPEATS) -> dict[str, float]:
     """Time an all-reduce of `buf` (fp32, allocated by the caller: see `measure`) and derive
     algbw / busbw in GB/s."""
-    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
-    import torch.distributed as dist
-
     cuda = buf.device.type == "cuda"
     t = min(_timed(lambda: dist.all_reduce(buf), cuda) for _ in range(repeats))
     nbytes = buf.numel() * buf.element_size()
@@ -182,12 +174,9 @@ class _Calibration:
                         self.record["error"])
         self.failed = True
 
-    def attempt(self, part: str, fn: Callable[[], Any]) -> Any:
+    def attempt(self, part: str, fn: Callable[[], T]) -> T | None:
         """`fn()`, or None once its error is recorded; on CUDA an out-of-memory error also
         frees the allocator's cache (the error and its traceback's tensors are gone by then)."""
-        # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
-        import torch
-
         oom = False
         try:
             return fn()
@@ -247,7 +236,8 @@ def measure(sync_step_s: list[float], sync_off_pass: Callable[[], None], *, ctx:
                        "sync_steps": len(sync_step_s), "nosync_passes": len(off)})
     buf = None if cal.failed else cal.attempt("all-reduce buffer",
                                               lambda: _zeros(int(nbytes), cal.device))
-    if cal.agree("all-reduce bandwidth") is None:
+    # `agree` first, on every rank (a collective); past it no rank has failed: `buf` is there
+    if cal.agree("all-reduce bandwidth") is None or buf is None:
         return cal.record
     bw = cal.attempt("all-reduce benchmark",
                      lambda: allreduce_bandwidth(buf, ctx.world_size))
@@ -256,9 +246,6 @@ def measure(sync_step_s: list[float], sync_off_pass: Callable[[], None], *, ctx:
     return cal.record
 
 
-def _zeros(nbytes: int, device: Any) -> Any:
+def _zeros(nbytes: int, device: torch.device) -> torch.Tensor:
     """The benchmark's buffer: `nbytes` of fp32 zeros (at least one element)."""
-    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
-    import torch
-
     return torch.zeros(max(1, nbytes // GRAD_BYTES), dtype=torch.float32, device=device)

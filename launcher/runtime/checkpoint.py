@@ -21,8 +21,8 @@ for the next older one, and when none is usable `load` fails with one line namin
 Collective: every rank of the job must call `save` / `load` with the same arguments at the same
 point; works without a process group as well (one process).
 
-Never imports cli, backends, jobs or report; torch only inside functions (see
-runtime/__init__).
+Never imports cli, backends, jobs or report; torch at module level, DCP (0.9 s of imports) only
+when a checkpoint is saved or loaded (see runtime/__init__).
 """
 
 from __future__ import annotations
@@ -37,6 +37,10 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.optim.lr_scheduler import LRScheduler
 
 from launcher.files import atomic_write_json, read_json, shown
 
@@ -53,17 +57,11 @@ class CheckpointUnusable(RuntimeError):
 
 
 def _dist() -> tuple[int, int, bool]:
-    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
-    import torch.distributed as dist
-
     up = dist.is_available() and dist.is_initialized()
     return (dist.get_rank() if up else 0), (dist.get_world_size() if up else 1), up
 
 
 def _barrier() -> None:
-    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
 
@@ -80,19 +78,19 @@ def _quiet_single_process(up: bool) -> Iterator[None]:
 class _TrainState:
     """Model + optimizer as one DCP `Stateful` (get/set_state_dict handle DDP and FSDP2)."""
 
-    def __init__(self, model: Any, optimizer: Any) -> None:
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         self.model = model
         self.optimizer = optimizer
 
     def state_dict(self) -> dict[str, Any]:
-        # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
+        # deferred: part of DCP, loaded with it (see the module docstring)
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         return {"model": model_sd, "optim": optim_sd}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
+        # deferred: part of DCP, loaded with it (see the module docstring)
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
@@ -100,9 +98,6 @@ class _TrainState:
 
 
 def _rng_state() -> dict[str, Any]:
-    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
-    import torch
-
     state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state()
@@ -110,21 +105,15 @@ def _rng_state() -> dict[str, Any]:
 
 
 def _set_rng_state(state: dict[str, Any]) -> None:
-    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
-    import torch
-
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def _save_synced(path: Path, obj: Any) -> None:
+def _save_synced(path: Path, obj: object) -> None:
     """torch.save `obj` to `path` and fsync it: the marker vouches for its size, so it must be
     on disk before the marker is written."""
-    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
-    import torch
-
     with open(path, "wb") as f:
         torch.save(obj, f)
         f.flush()
@@ -136,8 +125,8 @@ def step_dir(directory: str | Path, step: int) -> Path:
     return Path(directory) / f"step-{step:06d}"
 
 
-def save(step: int, model: Any, optimizer: Any, directory: str | Path, *,
-         extra: dict[str, Any] | None = None, keep: int = 2, scheduler: Any = None) -> Path:
+def save(step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: str | Path, *,
+         extra: dict[str, Any] | None = None, keep: int = 2, scheduler: LRScheduler | None = None) -> Path:
     """Save model + optimizer (+ this rank's RNG state, + the LR scheduler's state when there
     is one) after optimizer step `step`.
 
@@ -145,7 +134,7 @@ def save(step: int, model: Any, optimizer: Any, directory: str | Path, *,
     if it is not simply `step`). Keeps the newest `keep` complete checkpoints. Returns the
     checkpoint's directory.
     """
-    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
+    # deferred: DCP is loaded only by a run that checkpoints (see the module docstring)
     import torch.distributed.checkpoint as dcp
 
     rank, world, up = _dist()
@@ -235,12 +224,9 @@ def pick(directory: str | Path, step: int | None = None) -> tuple[int | None, li
     return None, bad
 
 
-def _load_scheduler(scheduler: Any, path: Path, rank: int) -> None:
+def _load_scheduler(scheduler: LRScheduler, path: Path, rank: int) -> None:
     """The saved scheduler state into `scheduler`; a warning when the checkpoint has none (it
     was written by a run without a scheduler: the schedule restarts from its first step)."""
-    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
-    import torch
-
     saved = path / SCHEDULER
     if saved.is_file():
         scheduler.load_state_dict(torch.load(saved, weights_only=False))
@@ -254,8 +240,8 @@ def latest(directory: str | Path) -> int | None:
     return pick(directory)[0]
 
 
-def load(model: Any, optimizer: Any, directory: str | Path, *, step: int | None = None,
-         scheduler: Any = None) -> tuple[int, dict[str, Any]] | None:
+def load(model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: str | Path, *,
+         step: int | None = None, scheduler: LRScheduler | None = None) -> tuple[int, dict[str, Any]] | None:
     """Load the newest usable (or the given) checkpoint into model, optimizer and (when given
     and saved) the LR scheduler, in place.
 
@@ -265,9 +251,7 @@ def load(model: Any, optimizer: Any, directory: str | Path, *, step: int | None 
     All ranks must agree on the step: they read the same shared directory, and rank 0's choice
     is broadcast so a checkpoint completing between two ranks' listings cannot split them.
     """
-    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
-    import torch
-    import torch.distributed as dist
+    # deferred: DCP is loaded only by a run that checkpoints (see the module docstring)
     import torch.distributed.checkpoint as dcp
 
     rank, world, up = _dist()

@@ -8,8 +8,9 @@ a compile error switches Dynamo to eager (`torch.compiler.set_stance("force_eage
 keeps every wrapper in place) and the same micro-batches run again; under `--compile-strict`
 it is an error that fails the rank.
 
-Never imports cli, backends, jobs or report; torch only inside functions (see
-runtime/__init__).
+Never imports cli, backends, jobs or report; torch at module level, Dynamo's modules (1.4 s of
+imports, which `torch.compile` loads itself) only in the functions that run once something was
+compiled (see runtime/__init__).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import logging
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
+
+import torch
 
 from launcher.errors import DlaunchError
 from launcher.specs import Strategy
@@ -41,7 +44,7 @@ def compile_kwargs(strategy: Strategy) -> dict[str, Any]:
     return {"mode": strategy.compile_mode, "fullgraph": strategy.compile_strict}
 
 
-def compile_forward(module: Any, strategy: Strategy) -> None:
+def compile_forward(module: torch.nn.Module, strategy: Strategy) -> None:
     """Compile `module.forward` in place: the model of a DDP rank (before DDP wraps it), the bare
     model of one process, or one FSDP unit (before `fully_shard`).
 
@@ -56,9 +59,6 @@ def compile_forward(module: Any, strategy: Strategy) -> None:
     Dynamo on the meta device (plan/compile_probe.py) before it proposes compile, so keep them
     in step.
     """
-    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
-    import torch
-
     module.forward = torch.compile(module.forward, **compile_kwargs(strategy))
 
 
@@ -80,7 +80,7 @@ def one_line(e: BaseException) -> str:
 
 def is_compile_error(e: BaseException) -> bool:
     """True for errors raised by Dynamo / AOTAutograd / Inductor rather than by the model."""
-    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
+    # deferred: Dynamo is loaded only where something compiled (see runtime/__init__)
     import torch._dynamo.exc as dexc
 
     if isinstance(e, dexc.TorchDynamoException):
@@ -124,9 +124,6 @@ class CompileGuard:
         self.watching = False
 
     def _fall_back(self, reason: str) -> None:
-        # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
-        import torch
-
         self.fallback = reason
         self.watching = False
         torch.compiler.set_stance("force_eager")
@@ -143,7 +140,7 @@ def compile_stats(fallback: str | None = None) -> dict[str, Any]:
     counter (one entry per distinct break reason), and the compilation metrics (a bounded deque
     of 64 entries; each recompilation carries its guard-failure reason).
     """
-    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
+    # deferred: Dynamo is loaded only where something compiled (see runtime/__init__)
     from torch._dynamo.utils import counters, get_compilation_metrics
 
     breaks = counters["graph_break"]

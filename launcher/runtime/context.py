@@ -1,8 +1,10 @@
 """The rank's view of the job, read from the environment torchrun (or SLURM) sets, and its tie
 to the agent that started it (`watch_parent`: a rank never outlives torchrun).
 
-Never imports cli, backends, jobs or report; torch only inside functions (see
-runtime/__init__).
+Torch-free at module level: a rank reads who it is here before its recorder exists, and torch
+loads only after that (see runtime/__init__). The two functions that need torch (`device`,
+`init_distributed`) run once the rank's door has loaded it, so their imports find it loaded;
+`shutdown_distributed` never loads it. Never imports cli, backends, jobs or report.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -47,7 +50,7 @@ class RankContext:
 
     def device(self) -> torch.device:
         """The torch.device this rank computes on."""
-        # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
+        # torch is loaded by now (the rank's door): this module must not load it (see above)
         import torch
 
         return torch.device("cuda", self.local_rank) if self.device_type == "cuda" else torch.device("cpu")
@@ -91,7 +94,7 @@ def needs_process_group(ctx: RankContext, *, mesh: bool) -> bool:
 def init_distributed(ctx: RankContext, *, timeout_s: float = 1800.0, mesh: bool = False) -> None:
     """Pick the device and start the process group (`needs_process_group`;
     `process_group_kwargs`). `mesh`: the strategy builds a device mesh (`wrap.uses_device_mesh`)."""
-    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
+    # torch is loaded by now (the rank's door): this module must not load it (see above)
     import torch
     import torch.distributed as dist
 
@@ -104,11 +107,11 @@ def init_distributed(ctx: RankContext, *, timeout_s: float = 1800.0, mesh: bool 
 
 
 def shutdown_distributed() -> None:
-    """Destroy the process group if one is up."""
-    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
+    """Destroy the process group if one is up. Safe in every `finally`: a rank that ended before
+    torch loaded (a broken install, a bad workload) has no group, and loading torch only to
+    find none would cost it seconds."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
 

@@ -5,6 +5,10 @@ harness, and always leaves a summary file saying how the rank ended (ok, preempt
 checkpoint was saved on the preemption signal, exit 0 — failed or stopped). A failure is reported
 as one line on stderr (the traceback goes to the summary file; `DLAUNCH_DEBUG=1` prints it).
 
+This is the rank's door (see runtime/__init__): the recorder is created first, from torch-free
+modules, and only then are torch and the training machinery imported, inside the recorded
+part, so a slow, hung or broken torch import is one the heartbeat and the summary see.
+
 Never imports cli, backends, jobs or report, and no torch before the recorder exists.
 """
 
@@ -21,10 +25,8 @@ import traceback
 from types import FrameType
 
 from launcher.runtime.context import from_env, init_distributed, shutdown_distributed, watch_parent
-from launcher.runtime.harness import train
+from launcher.runtime.preemption import stop_requested
 from launcher.runtime.recorder import RankRecorder
-from launcher.runtime.resume import stop_requested
-from launcher.runtime.wrap import uses_device_mesh
 from launcher.specs import LaunchSpec
 from launcher.workload import load_workload
 
@@ -77,14 +79,18 @@ def main(argv: list[str] | None = None) -> int:
         "grad_accum_steps": spec.grad_accum_steps,
     }, dump_stacks=True)
     try:
+        # deferred, the one place: torch (1-2 s) and the training machinery load only now that
+        # the recorder beats and can say how the rank ended (see runtime/__init__)
+        from launcher.runtime import harness, wrap
+
         workload = load_workload(spec.workload, spec.workload_args)
         recorder.add({"kind": "workload", "sample_units": workload.sample_units,
                       "units_per_sample": workload.units_per_sample})
         # a hung collective must end long before gloo/NCCL's 30-minute default; FSDP's mesh
         # needs the group on one rank too
         init_distributed(ctx, timeout_s=spec.collective_timeout_s,
-                         mesh=uses_device_mesh(spec.strategy))
-        outcome = train(workload, spec, ctx, recorder)
+                         mesh=wrap.uses_device_mesh(spec.strategy))
+        outcome = harness.train(workload, spec, ctx, recorder)
         # `preempted` also exits 0: the checkpoint is saved, a requeue or restart resumes it
         recorder.finish(outcome.status, extra=outcome.summary or None)
         return 0

@@ -9,15 +9,16 @@ tensor collective), so every rank records the same numbers.
 Records: the step record of an evaluated step carries `eval` {name: value} and `eval_s`; the
 rank summary carries the last one as `eval` {step, name: value}.
 
-Never imports cli, backends, jobs or report; torch only inside functions (see
-runtime/__init__).
+Never imports cli, backends, jobs or report; torch at module level (see runtime/__init__).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+
+import torch
+import torch.distributed as dist
 
 from launcher.errors import WorkloadError
 from launcher.runtime.context import RankContext
@@ -39,12 +40,9 @@ def due(step: int, spec: LaunchSpec, workload: Workload) -> bool:
     return spec.eval_every > 0 and step % spec.eval_every == 0 and workload.has_evaluate
 
 
-def evaluate(workload: Workload, module: Any, ctx: RankContext) -> tuple[dict[str, float], float]:
+def evaluate(workload: Workload, module: torch.nn.Module,
+             ctx: RankContext) -> tuple[dict[str, float], float]:
     """Collective: the workload's metrics averaged over ranks, and the seconds it took."""
-    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
-    import torch
-    import torch.distributed as dist
-
     t0 = time.perf_counter()
     was_training = module.training
     module.eval()

@@ -29,8 +29,12 @@ records the steps it completed (with its own loss: `loss_scope: "rank"`). A NaN 
 loss is noticed when its window closes: a warning and `nonfinite_loss` {step, loss} in the rank
 summary, or with --stop-on-nan the rank fails with `NonFiniteLoss` at that window's end.
 
-Never imports cli, backends, jobs or report; torch only inside functions (see
-runtime/__init__).
+`train` runs in three parts: `_setup` builds what a run needs (the model, wrapped; its
+optimizer; a resumed checkpoint; the loader; the profiler, sampler and logging window) in an
+order that keeps runs reproducible, `_loop` trains, and `_finish` adds the records made after
+the last step (profile, compile, comm) and says how the run ended.
+
+Never imports cli, backends, jobs or report; torch at module level (see runtime/__init__).
 """
 
 from __future__ import annotations
@@ -41,21 +45,24 @@ import gc
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.optim.lr_scheduler import LRScheduler
+from torch.utils.data import DataLoader, DistributedSampler
 
 from launcher.runtime import calibrate, evaluation, profiling, resume
 from launcher.runtime.compiling import CompileGuard, compile_stats
 from launcher.runtime.context import RankContext
+from launcher.runtime.live_bytes import StepSampler
+from launcher.runtime.preemption import Preemption, under_slurm
 from launcher.runtime.recorder import RankRecorder
 from launcher.runtime.window import FLUSH_INTERVAL_S, Clock, Window, peak_reset_step, window_steps
 from launcher.runtime.wrap import Wrapped, make_optimizer, wrap
 from launcher.specs import LaunchSpec
 from launcher.workload import Workload
-
-if TYPE_CHECKING:
-    import torch
-    from torch.utils.data import DataLoader
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +73,6 @@ SNAPSHOT_BUSY = "writing the memory snapshot"  # what the heartbeat says while i
 
 def to_device(batch: object, device: torch.device) -> object:
     """Move a batch (tensor, or tuple / list / dict of them) to `device`."""
-    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
-    import torch
-
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=True)
     if isinstance(batch, tuple | list):
@@ -87,15 +91,13 @@ def make_loader(workload: Workload, spec: LaunchSpec, ctx: RankContext, *,
     process would see with world_size times the micro-batch (the equivalence the tests check).
     After a resume at `start_step` the index list starts where step start_step + 1 begins.
     """
-    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
-    import torch
-    from torch.utils.data import DataLoader, DistributedSampler
-
     dataset = workload.make_dataset(spec.steps * spec.global_batch)
-    sampler: Iterable[int] = DistributedSampler(dataset, num_replicas=ctx.world_size, rank=ctx.rank,
-                                 shuffle=spec.loader.shuffle, seed=spec.seed, drop_last=True)
+    ranks: DistributedSampler[int] = DistributedSampler(
+        dataset, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=spec.loader.shuffle,
+        seed=spec.seed, drop_last=True)
+    sampler: Iterable[int] = ranks
     if start_step:
-        sampler = resume.SkipSampler(sampler, start_step * spec.micro_batch * spec.grad_accum_steps)
+        sampler = resume.SkipSampler(ranks, start_step * spec.micro_batch * spec.grad_accum_steps)
     workers = spec.loader.num_workers
     return DataLoader(
         dataset, batch_size=spec.micro_batch, sampler=sampler, drop_last=True,
@@ -108,9 +110,6 @@ def make_loader(workload: Workload, spec: LaunchSpec, ctx: RankContext, *,
 
 
 def _autocast(spec: LaunchSpec, ctx: RankContext) -> contextlib.AbstractContextManager[Any]:
-    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
-    import torch
-
     # FSDP2's MixedPrecisionPolicy already computes in the low dtype; autocast is for DDP
     if spec.strategy.precision == "fp32" or spec.strategy.kind != "ddp":
         return contextlib.nullcontext()
@@ -127,9 +126,6 @@ def train(workload: Workload, spec: LaunchSpec, ctx: RankContext,
     CUDA allocation history is dumped at the end, or when the rank runs out of memory (then the
     error is raised again); the heartbeat goes on while it is written (`recorder.busy`).
     """
-    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
-    import torch
-
     if spec.detect_anomaly:
         profiling.enable_anomaly_detection(ctx.rank)
     if not spec.memory_snapshot:
@@ -148,15 +144,64 @@ def train(workload: Workload, spec: LaunchSpec, ctx: RankContext,
 
 def _train(workload: Workload, spec: LaunchSpec, ctx: RankContext,
            recorder: RankRecorder) -> resume.Outcome:
-    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
-    import torch
+    run = _setup(workload, spec, ctx, recorder)
+    end = _loop(run, workload, spec, ctx, recorder)
+    outcome = _finish(run, end, workload, spec, ctx, recorder)
+    # the loader's workers stop now (its iterator goes with `run`), not at interpreter exit
+    del run
+    return outcome
 
+
+@dataclass(frozen=True, kw_only=True)
+class _Setup:
+    """What `_setup` made for the loop and the finish."""
+
+    model: torch.nn.Module  # as the workload built it (inside DDP's wrapper): evaluated as is
+    wrapped: Wrapped
+    params: list[torch.nn.Parameter]  # the trainable ones: clipped, and sized by the calibration
+    optimizer: torch.optim.Optimizer
+    scheduler: LRScheduler | None
+    scaler: torch.amp.GradScaler
+    fp16: bool  # loss scaling is fp16's alone (the scaler is enabled)
+    start: int  # the last step a resumed checkpoint covers; 0 for a fresh start
+    device: torch.device
+    loader: DataLoader[Any]
+    batches: Iterator[Any]  # `loader`'s, from the step after `start` on
+    clock: Clock
+    guard: CompileGuard
+    profiler: profiling.StepProfiler | None
+    sampler: StepSampler
+    window: Window
+
+    def zero_grad(self) -> None:
+        """Drop the gradients (after a step, or a failed compiled pass's partial ones)."""
+        self.optimizer.zero_grad(set_to_none=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _LoopEnd:
+    """How the loop ended, for the finish."""
+
+    stopped_at: int  # the step after which a preemption request stopped training; 0 if none did
+    held: list[Any]  # the micro-batches of the latest step (the calibration replays them)
+    nonfinite: dict[str, Any] | None  # the first step whose loss was NaN or inf
+    last_eval: dict[str, Any] | None  # {step, metric: value} of the last evaluation
+
+
+def _setup(workload: Workload, spec: LaunchSpec, ctx: RankContext, recorder: RankRecorder) -> _Setup:
+    """Build the model, wrap it, make its optimizer, resume, open the loader and the step's
+    instruments; then freeze what was made for the garbage collector.
+
+    The order is part of the result: the seed before the model, the optimizer after wrapping,
+    the checkpoint after both and before the loader (it fixes the data position), and the
+    profiler, sampler and window last, around what they measure.
+    """
     evaluation.check(workload, spec)
     device = ctx.device()
     torch.manual_seed(spec.seed)
     model = workload.build_model().to(device)
     blocks = workload.blocks(model)
-    wrapped: Wrapped = wrap(model, spec.strategy, ctx, blocks, shard_group_size=spec.shard_group_size)
+    wrapped = wrap(model, spec.strategy, ctx, blocks, shard_group_size=spec.shard_group_size)
     recorder.add({"kind": "wrap", "strategy": spec.strategy.kind, "compiled": wrapped.compiled,
                   "mesh_shape": list(wrapped.mesh_shape) if wrapped.mesh_shape else None})
     params = [p for p in wrapped.module.parameters() if p.requires_grad]
@@ -168,104 +213,112 @@ def _train(workload: Workload, spec: LaunchSpec, ctx: RankContext,
     loader = make_loader(workload, spec, ctx, start_step=start)
     batches = iter(loader)
     clock = Clock(ctx.device_type)
-    accum = spec.grad_accum_steps
-    samples_per_step = spec.micro_batch * accum
-    units_per_step = samples_per_step * workload.units_per_sample
-    # compilation happens at the first calls: watch them through warm-up (at least one step)
     guard = CompileGuard(compiled=wrapped.compiled, strict=spec.strategy.compile_strict,
                          rank=ctx.rank)
-    watch_until = start + max(1, spec.warmup_steps)
-
-    def zero_grad() -> None:
-        optimizer.zero_grad(set_to_none=True)
-
-    fp16 = scaler.is_enabled()  # loss scaling is fp16's alone
-
-    def forward_backward(micro_batches: list[Any]) -> Any:
-        """One optimizer step's micro-batches; sync only on the last; the summed loss.
-
-        The hot path adds nothing to the workload's own forward and backward: no GradScaler
-        call unless fp16, no loss division or running sum without accumulation.
-        """
-        step_loss = None
-        for micro, batch in enumerate(micro_batches):
-            sync = contextlib.nullcontext() if micro == accum - 1 else wrapped.accumulate()
-            with sync:
-                with _autocast(spec, ctx):
-                    loss = workload.loss_fn(wrapped.module, batch)
-                if accum > 1:
-                    loss = loss / accum
-                (scaler.scale(loss) if fp16 else loss).backward()
-            step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
-        return step_loss
-
     profiler = None
     if spec.profile:
         # the profiler counts this attempt's steps (a resumed run starts after `start`)
         profiler = profiling.StepProfiler(run_dir=spec.run_dir, rank=ctx.rank, warmup_steps=spec.warmup_steps,
                                 steps=spec.steps - start, cuda=ctx.device_type == "cuda")
-
-    # CPU: peak live tensor bytes of the last warm-up step (deferred: it imports torch)
-    from launcher.runtime.live_bytes import StepSampler
+    # CPU: peak live tensor bytes of the last warm-up step
     sampler = StepSampler.for_rank(device_type=ctx.device_type, strategy=spec.strategy.kind,
                                    compiled=wrapped.compiled, start=start,
                                    warmup_steps=spec.warmup_steps, steps=spec.steps,
                                    module=wrapped.module, optimizer=optimizer)
     window = Window(clock, ctx, recorder, scaler, device, spec.log_every,
                     steady_from=peak_reset_step(start, spec.warmup_steps))
-    stopped_at = 0  # the step after which a preemption request stopped training
-    held: list[Any] = []  # the micro-batches of the latest step (the calibration replays them)
-    nonfinite: dict[str, Any] | None = None  # the first step whose loss was NaN or inf
-    last_eval: dict[str, Any] | None = None  # {step, metric: value} of the last evaluation
+    run = _Setup(model=model, wrapped=wrapped, params=params, optimizer=optimizer,
+                 scheduler=scheduler, scaler=scaler, fp16=scaler.is_enabled(), start=start,
+                 device=device, loader=loader, batches=batches, clock=clock, guard=guard,
+                 profiler=profiler, sampler=sampler, window=window)
     if not gc.isenabled():  # the rank's entry left it off for the setup
         # what setup made lives for the whole run: frozen, no collection during training
         # rescans it, and collections run as usual on what training itself makes
         gc.freeze()
         gc.enable()
-    with resume.Preemption(sigterm=resume.under_slurm()) as preemption:
+    return run
+
+
+def _forward_backward(run: _Setup, workload: Workload, spec: LaunchSpec, ctx: RankContext,
+                      micro_batches: list[Any]) -> torch.Tensor:
+    """One optimizer step's micro-batches; sync only on the last; the summed loss.
+
+    The hot path adds nothing to the workload's own forward and backward: no GradScaler
+    call unless fp16, no loss division or running sum without accumulation.
+    """
+    accum = spec.grad_accum_steps
+    step_loss: torch.Tensor | None = None
+    for micro, batch in enumerate(micro_batches):
+        sync = contextlib.nullcontext() if micro == accum - 1 else run.wrapped.accumulate()
+        with sync:
+            with _autocast(spec, ctx):
+                loss = workload.loss_fn(run.wrapped.module, batch)
+            if accum > 1:
+                loss = loss / accum
+            (run.scaler.scale(loss) if run.fp16 else loss).backward()
+        step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
+    assert step_loss is not None  # a step has at least one micro-batch (accumulation >= 1)
+    return step_loss
+
+
+def _loop(run: _Setup, workload: Workload, spec: LaunchSpec, ctx: RankContext,
+          recorder: RankRecorder) -> _LoopEnd:
+    """Train the steps after `run.start` up to `spec.steps`, or until a preemption request
+    stops every rank at a window's end (after saving a checkpoint there)."""
+    samples_per_step = spec.micro_batch * spec.grad_accum_steps
+    units_per_step = samples_per_step * workload.units_per_sample
+    # compilation happens at the first calls: watch them through warm-up (at least one step)
+    watch_until = run.start + max(1, spec.warmup_steps)
+    clock, window, sampler, guard, profiler = run.clock, run.window, run.sampler, run.guard, run.profiler
+    stopped_at = 0  # the step after which a preemption request stopped training
+    held: list[Any] = []  # the micro-batches of the latest step (the calibration replays them)
+    nonfinite: dict[str, Any] | None = None  # the first step whose loss was NaN or inf
+    last_eval: dict[str, Any] | None = None  # {step, metric: value} of the last evaluation
+    with Preemption(sigterm=under_slurm()) as preemption:
         try:
-            for step in range(start + 1, spec.steps + 1):
+            for step in range(run.start + 1, spec.steps + 1):
                 window.begin(step)
                 step_start = clock.start()
                 sampler.begin(step)
                 # the step's batches first: the forward+backward mark then times compute and
                 # gradient sync alone (runtime.calibrate); a compile failure re-runs them eagerly
-                held, data_wait = _fetch(batches, accum, device, clock)
+                held, data_wait = _fetch(run.batches, spec.grad_accum_steps, run.device, clock)
                 fwd_bwd_start = clock.start()
                 if guard.watching:
-                    step_loss = guard.run(lambda: forward_backward(held), zero_grad)
+                    step_loss = guard.run(lambda: _forward_backward(run, workload, spec, ctx, held),
+                                          run.zero_grad)
                     if step >= watch_until:
                         guard.stop()
                 else:
-                    step_loss = forward_backward(held)
+                    step_loss = _forward_backward(run, workload, spec, ctx, held)
                 fwd_bwd_mark = clock.stop(fwd_bwd_start)
                 if spec.max_grad_norm > 0:
                     # once per optimizer step, on true (unscaled) gradients
-                    scaler.unscale_(optimizer)
-                    torch.nn.utils.clip_grad_norm_(params, spec.max_grad_norm)
-                scaler.step(optimizer)
-                scaler.update()
-                if scheduler is not None:
-                    scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
+                    run.scaler.unscale_(run.optimizer)
+                    torch.nn.utils.clip_grad_norm_(run.params, spec.max_grad_norm)
+                run.scaler.step(run.optimizer)
+                run.scaler.update()
+                if run.scheduler is not None:
+                    run.scheduler.step()
+                run.optimizer.zero_grad(set_to_none=True)
                 mark = clock.stop(step_start)
                 end_time = time.time()
                 evaluated: dict[str, Any] = {}
                 if evaluation.due(step, spec, workload):
                     # outside the step's time; its wall time counts between steps (eval_s)
-                    metrics, eval_s = evaluation.evaluate(workload, model, ctx)
+                    metrics, eval_s = evaluation.evaluate(workload, run.model, ctx)
                     evaluated = {"eval": metrics, "eval_s": eval_s}
                     last_eval = {"step": step, **metrics}
                 # warm-up counts from this attempt's first step: a resumed rank is cold again
                 record = {"kind": "step", "step": step, "end_time": end_time,
                           "data_wait_s": data_wait, "samples": samples_per_step,
-                          "units": units_per_step, "warmup": step - start <= spec.warmup_steps,
+                          "units": units_per_step, "warmup": step - run.start <= spec.warmup_steps,
                           **evaluated}
                 sampler.end(step, record)
                 if profiler is not None:
                     profiler.step()
                     # profiled steps run slower: aggregate leaves them out of throughput
-                    record["profiled"] = profiler.profiled(step - start)
+                    record["profiled"] = profiler.profiled(step - run.start)
                 window.add(record, mark, step_loss, fwd_bwd_mark)
                 recorder.progress(step)  # hang watcher: every step, a small file a second at most
                 boundary = resume.window_boundary(step, spec)
@@ -275,30 +328,36 @@ def _train(workload: Workload, spec: LaunchSpec, ctx: RankContext,
                     nonfinite = nonfinite or _check_losses(closing, spec, ctx)
                     if stop_any:
                         # every rank learnt it from the same all-reduce: all save at this step
-                        resume.save_preempted(step, wrapped.module, optimizer, scaler, spec,
-                                              ctx, recorder, scheduler=scheduler)
+                        resume.save_preempted(step, run.wrapped.module, run.optimizer, run.scaler,
+                                              spec, ctx, recorder, scheduler=run.scheduler)
                         stopped_at = step
                         break
                     if boundary:
-                        resume.save(step, wrapped.module, optimizer, scaler, spec, recorder,
-                                    reason="periodic", scheduler=scheduler)
+                        resume.save(step, run.wrapped.module, run.optimizer, run.scaler, spec,
+                                    recorder, reason="periodic", scheduler=run.scheduler)
         except BaseException:
             sampler.abort()
             window.flush_open()
             raise
-    if profiler is not None:
-        recorder.add(profiler.close())
-    if wrapped.compiled:
-        recorder.add(compile_stats(guard.fallback))
-    if ctx.is_distributed and spec.calibrate_comm and not stopped_at and window.fwd_bwd_times():
+    return _LoopEnd(stopped_at=stopped_at, held=held, nonfinite=nonfinite, last_eval=last_eval)
+
+
+def _finish(run: _Setup, end: _LoopEnd, workload: Workload, spec: LaunchSpec, ctx: RankContext,
+            recorder: RankRecorder) -> resume.Outcome:
+    """After the last step: the profile, compile and comm records, flushed; how the run ended
+    (`resume.outcome`, with the first non-finite loss and the last evaluation in its summary)."""
+    if run.profiler is not None:
+        recorder.add(run.profiler.close())
+    if run.wrapped.compiled:
+        recorder.add(compile_stats(run.guard.fallback))
+    if ctx.is_distributed and spec.calibrate_comm and not end.stopped_at and run.window.fwd_bwd_times():
         # after the last step: training never waits for it and is unchanged by it
-        recorder.add(_calibrate(window, wrapped, lambda: forward_backward(held), zero_grad,
-                                params, ctx))
+        recorder.add(_calibrate(run.window, run.wrapped,
+                                lambda: _forward_backward(run, workload, spec, ctx, end.held),
+                                run.zero_grad, run.params, ctx))
     recorder.flush()
-    # stop the loader's workers now, not at interpreter exit (mypy: the names are done with)
-    batches = loader = None  # type: ignore[assignment]
-    outcome = resume.outcome(stopped_at, spec)
-    extra = {k: v for k, v in (("nonfinite_loss", nonfinite), ("eval", last_eval)) if v is not None}
+    outcome = resume.outcome(end.stopped_at, spec)
+    extra = {k: v for k, v in (("nonfinite_loss", end.nonfinite), ("eval", end.last_eval)) if v is not None}
     if not extra:
         return outcome
     return dataclasses.replace(outcome, summary={**outcome.summary, **extra})
@@ -316,7 +375,8 @@ def _fetch(batches: Iterator[Any], accum: int, device: torch.device,
 
 
 def _calibrate(window: Window, wrapped: Wrapped, replay: Callable[[], object],
-               zero_grad: Callable[[], None], params: list[Any], ctx: RankContext) -> dict[str, Any]:
+               zero_grad: Callable[[], None], params: Sequence[torch.Tensor],
+               ctx: RankContext) -> dict[str, Any]:
     """The `comm` record (runtime.calibrate): `replay` runs the last step's micro-batches again,
     with gradient sync off; the all-reduce is sized by this rank's gradient shard."""
 

@@ -3,8 +3,7 @@
 Set in the ranks' environment:
   DLAUNCH_INJECT_COMM_DELAY_MS=X   every DDP gradient all-reduce sleeps X ms before it starts
 
-Never imports cli, backends, jobs or report; torch only inside functions (see
-runtime/__init__).
+Never imports cli, backends, jobs or report; torch at module level (see runtime/__init__).
 """
 
 from __future__ import annotations
@@ -12,7 +11,9 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any
+
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.nn.parallel import DistributedDataParallel
 
 log = logging.getLogger(__name__)
 
@@ -23,11 +24,8 @@ def comm_delay_ms(env: dict[str, str] | None = None) -> float:
     return float(e.get("DLAUNCH_INJECT_COMM_DELAY_MS", "0") or 0)
 
 
-def install_comm_delay(ddp: Any, delay_ms: float) -> None:
+def install_comm_delay(ddp: DistributedDataParallel, delay_ms: float) -> None:
     """Register a DDP comm hook that sleeps, then does the default all-reduce."""
-    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
     # no annotations: DDP rejects a hook whose `bucket` annotation is not dist.GradBucket
     def delayed(state, bucket):  # type: ignore[no-untyped-def]
         time.sleep(delay_ms / 1000.0)

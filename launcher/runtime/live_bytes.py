@@ -12,8 +12,9 @@ measurement costs the run's results nothing (the tracked step itself runs slower
 goes through Python). It samples DDP runs (one rank or more) without torch.compile; FSDP's
 DTensor parameters and compiled graphs are not seen by the mode, so those are not sampled.
 
-Imports torch at module level: the CLI and the planner never import it, the harness only
-inside its training function. Never imports any other part of dlaunch.
+Imports torch at module level, as every module behind the rank's door does (see
+runtime/__init__); the CLI and the planner never import it (benchmarks do, for the memory check).
+Never imports any other part of dlaunch.
 """
 
 from __future__ import annotations

@@ -12,8 +12,7 @@ The memory snapshot records Python stacks only (`stacks="python"`): with C++ fra
 dump at the end took torchtitan 461 s against 4 s, long enough for the hang watcher to end the
 job. The dump runs inside `recorder.busy`, whose thread beats the heartbeat while it lasts.
 
-Never imports cli, backends, jobs or report; torch only inside functions (see
-runtime/__init__).
+Never imports cli, backends, jobs or report; torch at module level (see runtime/__init__).
 """
 
 from __future__ import annotations
@@ -21,8 +20,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import torch
+import torch.profiler as tp
+from torch.autograd import DeviceType
+from torch.autograd.profiler_util import FunctionEventAvg
 
 from launcher.rundir import RunPaths
 
@@ -38,7 +43,7 @@ SNAPSHOT_ENTRIES = 100_000  # allocation events kept by the CUDA memory history
 DEVICE_WORK = ("CUDA", "PrivateUse1", "MTIA", "XPU")
 
 
-def device_time_us(averages: Any) -> float:
+def device_time_us(averages: Sequence[FunctionEventAvg]) -> float:
     """The device's busy time in `prof.key_averages()`: the sum of its kernel rows.
 
     Every kernel is in the table twice: as a row of its own (device_type CUDA) and inside the
@@ -48,9 +53,6 @@ def device_time_us(averages: Any) -> float:
     torch's own table sums them; a legacy-profiler CPU row carries its kernel's time itself.
     Kernels of several streams that overlap (NCCL beside compute) each count in full.
     """
-    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
-    from torch.autograd import DeviceType
-
     kinds = tuple(getattr(DeviceType, name) for name in DEVICE_WORK)
     total = 0.0
     for evt in averages:
@@ -68,7 +70,8 @@ def device_time_us(averages: Any) -> float:
 NOT_OPS = frozenset({"Command Buffer Full"})
 
 
-def top_ops(averages: Any, *, cuda: bool, steps: int, limit: int = TOP_OPS) -> list[dict[str, Any]]:
+def top_ops(averages: Sequence[FunctionEventAvg], *, cuda: bool, steps: int,
+            limit: int = TOP_OPS) -> list[dict[str, Any]]:
     """The operators with the most self time, from `prof.key_averages()`.
 
     On CUDA the ranking is by self device time over the CPU-side rows: an op's self device time
@@ -78,12 +81,10 @@ def top_ops(averages: Any, *, cuda: bool, steps: int, limit: int = TOP_OPS) -> l
     On CPU the ranking is by self CPU time. `ProfilerStep#N` entries are the schedule's own
     markers and `NOT_OPS` are launch stalls: left out.
     """
-    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
-    from torch.autograd import DeviceType
-
     rows = []
     for evt in averages:
-        if (evt.key.startswith("ProfilerStep") or evt.key in NOT_OPS
+        # a key of None is typed, never seen (the rows are grouped by key)
+        if (evt.key is None or evt.key.startswith("ProfilerStep") or evt.key in NOT_OPS
                 or (cuda and evt.device_type != DeviceType.CPU)):
             continue
         self_us = evt.self_device_time_total if cuda else evt.self_cpu_time_total
@@ -98,7 +99,7 @@ def top_ops(averages: Any, *, cuda: bool, steps: int, limit: int = TOP_OPS) -> l
              "calls_per_step": evt.count / max(1, steps)} for us, evt in rows[:limit]]
 
 
-def profile_summary(averages: Any, *, cuda: bool, steps: int) -> dict[str, Any]:
+def profile_summary(averages: Sequence[FunctionEventAvg], *, cuda: bool, steps: int) -> dict[str, Any]:
     """The `profile` record's numbers from `prof.key_averages()` over `steps` recorded steps:
     `top_ops`, and on CUDA `device_time_s`, the kernels' time over the window (aggregate
     divides it by the profiled steps' time: "GPU busy", the launch-bound verdict)."""
@@ -113,9 +114,6 @@ class StepProfiler:
 
     def __init__(self, *, run_dir: str | Path, rank: int, warmup_steps: int, steps: int,
                  cuda: bool) -> None:
-        # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
-        import torch.profiler as tp
-
         self.rank = rank
         self.cuda = cuda
         self.path = RunPaths(root=run_dir).trace(rank)
@@ -142,7 +140,7 @@ class StepProfiler:
         """Advance the schedule (cheap: no device sync)."""
         self._prof.step()
 
-    def _ready(self, prof: Any) -> None:
+    def _ready(self, prof: tp.profile) -> None:
         # called once, when the recorded window closes: export, then summarise
         prof.export_chrome_trace(str(self.path))
         self.record["trace"] = str(self.path)
@@ -167,9 +165,6 @@ MEMORY_HISTORY: dict[str, Any] = {"enabled": "all", "stacks": "python",
 def start_memory_history() -> None:
     """Record CUDA allocations with their Python stacks (torch.cuda.memory._record_memory_history;
     C++ frames would make the dump take minutes: see the module docstring)."""
-    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
-    import torch
-
     torch.cuda.memory._record_memory_history(**MEMORY_HISTORY)
 
 
@@ -180,9 +175,6 @@ def dump_memory_snapshot(run_dir: str | Path, rank: int, *, reason: str,
     `busy` is entered around the dump (the recorder's `busy`: the heartbeat goes on while it
     writes). The pickle opens at https://pytorch.org/memory_viz.
     """
-    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
-    import torch
-
     path = RunPaths(root=run_dir).memory_snapshot(rank)
     try:
         with busy or contextlib.nullcontext():
@@ -197,9 +189,6 @@ def dump_memory_snapshot(run_dir: str | Path, rank: int, *, reason: str,
 
 def enable_anomaly_detection(rank: int) -> None:
     """Anomaly mode: backward names the forward op whose gradient became NaN (slow)."""
-    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
-    import torch
-
     torch.autograd.set_detect_anomaly(True, check_nan=True)
     if rank == 0:
         print("dlaunch: anomaly detection on: steps are slower; a NaN in backward raises with "

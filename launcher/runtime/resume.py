@@ -12,38 +12,35 @@ Saving (`save`): collective, at the end of a logging window (every rank at the s
 every `--checkpoint-every` steps (the harness closes a window on those steps) and when a
 preemption was requested.
 
-Preemption (`Preemption`): SIGUSR2 (SLURM's preemption / time-limit signal, `--signal USR2@90`)
-and, under SLURM, SIGTERM (what `scontrol requeue`, `scancel` and a preempting job send to every
-process of the step) only set a flag: a Python handler cannot save from inside a collective,
-and ranks stopping at different steps would leave the others waiting in the next all-reduce.
-The flag rides along in the window's loss all-reduce (no extra collective); when any rank set it,
-all save at that step and the rank ends with status `preempted` and exit code 0. Locally SIGTERM
-keeps meaning "torchrun is ending the job" (entry.Stopped): another rank failed, and a collective
-with it would never complete.
+Preemption (runtime.preemption): a stop request (SIGUSR2; SIGTERM under SLURM) ends training at
+the next window end, where every rank meets: all save there (`save_preempted`) and the rank ends
+with status `preempted` (`outcome`) and exit code 0.
 
 Records added to the rank file: `resume` {step, checkpoint, load_s, same_data_order, passed_over} and
 `checkpoint` {step, path, save_s, reason}.
 
-Never imports cli, backends, jobs or report; torch only inside functions (see
-runtime/__init__).
+Never imports cli, backends, jobs or report; torch at module level (see runtime/__init__).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import signal
 import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import Any
+
+import torch
+from torch.optim.lr_scheduler import LRScheduler
+from torch.utils.data import DistributedSampler
 
 from launcher.rundir import RunPaths
 from launcher.runtime import checkpoint
 from launcher.runtime.context import RankContext
+from launcher.runtime.preemption import stop_requested
 from launcher.runtime.recorder import RankRecorder
 from launcher.specs import LaunchSpec
 
@@ -52,20 +49,6 @@ log = logging.getLogger(__name__)
 # the meta.json keys that fix which sample each step sees: a checkpoint written under other
 # values resumes, but not with the data order of an uninterrupted run
 _DATA_KEYS = ("global_batch", "dataset_size", "seed", "shuffle")
-
-# set from a signal handler; module-level because handlers are process-wide
-_requested: dict[str, str | None] = {"signal": None}
-
-
-def stop_requested() -> str | None:
-    """The name of the signal that asked this rank to stop (SIGUSR2, SIGTERM), or None."""
-    return _requested["signal"]
-
-
-def under_slurm(env: dict[str, str] | None = None) -> bool:
-    """True in a rank the SLURM backend started (it sets DLAUNCH_SLURM_RESTART_COUNT)."""
-    e = os.environ if env is None else env
-    return "DLAUNCH_SLURM_RESTART_COUNT" in e
 
 
 def checkpoint_dir(spec: LaunchSpec, env: dict[str, str] | None = None) -> Path:
@@ -82,41 +65,6 @@ class Outcome:
     summary: dict[str, Any] = field(default_factory=dict)  # extra keys for the rank summary
 
 
-class Preemption:
-    """Signal handlers that turn SIGUSR2 (and SIGTERM under SLURM) into a stop flag.
-
-    Use as a context manager around the training loop; the previous handlers come back on exit
-    (entry's SIGTERM handler then again ends the rank at once).
-    """
-
-    def __init__(self, *, sigterm: bool) -> None:
-        self.signals = [signal.SIGUSR2] + ([signal.SIGTERM] if sigterm else [])
-        self._old: dict[int, Any] = {}
-
-    def __enter__(self) -> Preemption:
-        _requested["signal"] = None
-        for sig in self.signals:
-            self._old[sig] = signal.signal(sig, _on_signal)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
-
-    @property
-    def requested(self) -> bool:
-        """True once one of the signals arrived at this rank."""
-        return _requested["signal"] is not None
-
-
-def _on_signal(signum: int, frame: FrameType | None) -> None:
-    # only a flag: the harness acts on it at the next window end, where all ranks meet
-    # (no print here: a handler that writes while the main thread is writing raises
-    # "reentrant call"; the harness says what it does when it acts)
-    if _requested["signal"] is None:
-        _requested["signal"] = signal.Signals(signum).name
-
-
 def window_boundary(step: int, spec: LaunchSpec) -> bool:
     """A window must close after `step` so that a periodic checkpoint lands exactly on it."""
     return spec.checkpoint_every > 0 and step % spec.checkpoint_every == 0
@@ -128,8 +76,9 @@ def _data_meta(spec: LaunchSpec) -> dict[str, Any]:
             "micro_batch": spec.micro_batch, "grad_accum_steps": spec.grad_accum_steps}
 
 
-def save(step: int, module: Any, optimizer: Any, scaler: Any, spec: LaunchSpec,
-         recorder: RankRecorder, *, reason: str, scheduler: Any = None) -> Path:
+def save(step: int, module: torch.nn.Module, optimizer: torch.optim.Optimizer,
+         scaler: torch.amp.GradScaler, spec: LaunchSpec, recorder: RankRecorder, *, reason: str,
+         scheduler: LRScheduler | None = None) -> Path:
     """Collective: checkpoint the state after `step` (model, optimizer, LR scheduler, RNG,
     GradScaler)."""
     t0 = time.perf_counter()
@@ -145,8 +94,9 @@ def save(step: int, module: Any, optimizer: Any, scaler: Any, spec: LaunchSpec,
     return path
 
 
-def save_preempted(step: int, module: Any, optimizer: Any, scaler: Any, spec: LaunchSpec,
-                   ctx: RankContext, recorder: RankRecorder, *, scheduler: Any = None) -> Path:
+def save_preempted(step: int, module: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                   scaler: torch.amp.GradScaler, spec: LaunchSpec, ctx: RankContext,
+                   recorder: RankRecorder, *, scheduler: LRScheduler | None = None) -> Path:
     """The preemption checkpoint: the SLURM grace period is short, so say what happens."""
     why = stop_requested() or "another rank's preemption signal"
     print(f"dlaunch: rank {ctx.rank}: {why}: saving a checkpoint at step {step}, then stopping",
@@ -163,8 +113,9 @@ def outcome(stopped_at: int, spec: LaunchSpec) -> Outcome:
     return Outcome()
 
 
-def resume(module: Any, optimizer: Any, scaler: Any, spec: LaunchSpec, ctx: RankContext,
-           recorder: RankRecorder, *, scheduler: Any = None) -> int:
+def resume(module: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+           spec: LaunchSpec, ctx: RankContext, recorder: RankRecorder, *,
+           scheduler: LRScheduler | None = None) -> int:
     """With DLAUNCH_RESUME=1, load the newest usable checkpoint; the last step it covers.
 
     0 means start from scratch (not a resume, or no checkpoint yet). Collective when resuming:
@@ -209,7 +160,7 @@ class SkipSampler:
     Subclassing `torch.utils.data.Sampler` is not needed; DataLoader only iterates it.
     """
 
-    def __init__(self, sampler: Any, skip: int) -> None:
+    def __init__(self, sampler: DistributedSampler[int], skip: int) -> None:
         self.sampler = sampler
         self.skip = skip
 

@@ -20,8 +20,7 @@ every rank must close at the same step: the length comes from the rank-averaged 
 the previous window (`window_steps`), and the harness adds steps all ranks know (the last
 step, a checkpoint step). The same all-reduce carries each rank's stop flag (preemption).
 
-Never imports cli, backends, jobs or report; torch only inside functions (see
-runtime/__init__).
+Never imports cli, backends, jobs or report; torch at module level (see runtime/__init__).
 """
 
 from __future__ import annotations
@@ -31,13 +30,13 @@ import math
 import resource
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeAlias, cast
+
+import torch
+import torch.distributed as dist
 
 from launcher.runtime.context import RankContext
 from launcher.runtime.recorder import RankRecorder
-
-if TYPE_CHECKING:
-    import torch
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +48,12 @@ FLUSH_INTERVAL_S = 5.0
 # 10 ms step when paid every 10 steps, 0.5% every 0.5 s
 DEFAULT_WINDOW_STEPS = 10
 MIN_WINDOW_S = 0.5
+
+# a clock's marks: where a step started (perf_counter seconds, or a CUDA event recorded then),
+# and how long it took (seconds, or the event pair that `Clock.resolve` reads)
+Mark: TypeAlias = float | torch.cuda.Event
+EventPair: TypeAlias = tuple[torch.cuda.Event, torch.cuda.Event]
+Span: TypeAlias = float | EventPair
 
 
 def window_steps(mean_step_s: float, log_every: int) -> int:
@@ -71,30 +76,26 @@ class Clock:
     """Step timing: CUDA events read lazily, or perf_counter on CPU."""
 
     def __init__(self, device_type: str) -> None:
-        # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
-        import torch
-
         self.cuda = device_type == "cuda"
-        self._torch = torch
         self._synced_at = 0.0  # host wall clock right after the last `resolve`'s device sync
-        self._last_end: Any = None  # CUDA: the event `stop` recorded last (a step's end)
+        self._last_end: torch.cuda.Event | None = None  # CUDA: the last `stop`'s (a step's end)
 
-    def start(self) -> float | torch.cuda.Event:
+    def start(self) -> Mark:
         """A mark at the start of a step."""
         if self.cuda:
-            ev = self._torch.cuda.Event(enable_timing=True)
+            ev = torch.cuda.Event(enable_timing=True)
             ev.record()
             return ev
         return time.perf_counter()
 
-    def stop(self, start: Any) -> float | tuple[torch.cuda.Event, torch.cuda.Event]:
+    def stop(self, start: Mark) -> Span:
         """The step's duration: seconds on CPU, an event pair on CUDA (read in `resolve`)."""
         if self.cuda:
-            ev = self._torch.cuda.Event(enable_timing=True)
+            ev = torch.cuda.Event(enable_timing=True)
             ev.record()
             self._last_end = ev
-            return (start, ev)
-        return time.perf_counter() - start
+            return (cast(torch.cuda.Event, start), ev)
+        return time.perf_counter() - cast(float, start)
 
     def exposed_wait(self, fetch_s: float) -> float:
         """The data wait of a fetch that took the host `fetch_s`, just ended (no sync).
@@ -107,15 +108,15 @@ class Clock:
             busy = not self._last_end.query()
         return exposed_wait(fetch_s, device_busy=busy)
 
-    def resolve(self, marks: list[Any]) -> list[float]:
+    def resolve(self, marks: list[Span]) -> list[float]:
         """Seconds per step; on CUDA this is the one host sync of the window."""
         if not self.cuda:
-            return list(marks)
-        self._torch.cuda.synchronize()
+            return list(cast("list[float]", marks))
+        torch.cuda.synchronize()
         self._synced_at = time.time()
-        return [a.elapsed_time(b) / 1000.0 for a, b in marks]
+        return [a.elapsed_time(b) / 1000.0 for a, b in cast("list[EventPair]", marks)]
 
-    def end_times(self, marks: list[Any], host_ends: list[float]) -> list[float]:
+    def end_times(self, marks: list[Span], host_ends: list[float]) -> list[float]:
         """Wall-clock end of each step, for throughput over wall time (call after `resolve`).
 
         On CPU the host's `time.time()` at the step's end (`host_ends`) is exact. On CUDA the
@@ -126,9 +127,10 @@ class Clock:
         """
         if not self.cuda or not marks:
             return list(host_ends)
-        last = marks[-1][1]
+        pairs = cast("list[EventPair]", marks)
+        last = pairs[-1][1]
         return [max(host, self._synced_at - end.elapsed_time(last) / 1000.0)
-                for (_, end), host in zip(marks, host_ends)]
+                for (_, end), host in zip(pairs, host_ends)]
 
 
 def exposed_wait(fetch_s: float, *, device_busy: bool | None) -> float:
@@ -149,9 +151,6 @@ def reset_peak_mem(device_type: str) -> None:
     """Start the device's peak memory over from what is allocated now (CUDA; nothing on CPU,
     whose resident-set peak cannot be reset and whose tensor peak is sampled, live_bytes)."""
     if device_type == "cuda":
-        # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
-        import torch
-
         torch.cuda.reset_peak_memory_stats()
 
 
@@ -159,9 +158,6 @@ def peak_mem_bytes(device_type: str) -> int:
     """Peak bytes allocated by torch since the last `reset_peak_mem` (CUDA: tensors only, no
     context or allocator cache), or the peak resident set of this process (CPU)."""
     if device_type == "cuda":
-        # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
-        import torch
-
         return int(torch.cuda.max_memory_allocated())
     # CPU: peak resident set of this process (ru_maxrss is KiB on Linux)
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
@@ -170,21 +166,19 @@ def peak_mem_bytes(device_type: str) -> int:
 class Window:
     """The open logging window: step records waiting for their times, losses and skip flags."""
 
-    def __init__(self, clock: Clock, ctx: RankContext, recorder: RankRecorder, scaler: Any,
-                 device: Any, log_every: int, *, steady_from: int = 1) -> None:
-        # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
-        import torch
-
+    def __init__(self, clock: Clock, ctx: RankContext, recorder: RankRecorder,
+                 scaler: torch.amp.GradScaler, device: torch.device, log_every: int, *,
+                 steady_from: int = 1) -> None:
         self.clock, self.ctx, self.recorder, self.scaler = clock, ctx, recorder, scaler
         self.log_every = log_every
         self.steady_from = steady_from  # the first steady step (`peak_reset_step`)
         self.length = 1  # the first window is the first step alone: it measures the step time
         self.records: list[dict[str, Any]] = []
-        self._marks: list[Any] = []
-        self._fwd_bwd_marks: list[Any] = []
-        self._losses: list[Any] = []
+        self._marks: list[Span] = []
+        self._fwd_bwd_marks: list[Span | None] = []
+        self._losses: list[torch.Tensor] = []
         self._fwd_bwd_s: dict[bool, list[float]] = {True: [], False: []}  # by steadiness
-        self._scales: list[Any] = []
+        self._scales: list[torch.Tensor] = []
         # the scale tensor is created lazily by the first scale(); start from the initial value
         self._prev_scale = ([torch.tensor(scaler.get_scale(), device=device)]
                             if scaler.is_enabled() else [])
@@ -194,7 +188,8 @@ class Window:
         if step == self.steady_from:
             reset_peak_mem(self.ctx.device_type)
 
-    def add(self, record: dict[str, Any], mark: Any, loss: Any, fwd_bwd_mark: Any = None) -> None:
+    def add(self, record: dict[str, Any], mark: Span, loss: torch.Tensor,
+            fwd_bwd_mark: Span | None = None) -> None:
         """One finished step: its record, its clock mark and its loss tensor (no sync).
 
         `fwd_bwd_mark`: the clock mark of its forward and backward alone (gradient sync
@@ -206,8 +201,11 @@ class Window:
         self._losses.append(loss)
         if self.scaler.is_enabled():
             # the scale drops exactly when the step was skipped for inf/NaN gradients;
-            # keep a device copy and compare at the window's end (no sync here)
-            self._scales.append(self.scaler._scale.detach().clone())
+            # keep a device copy and compare at the window's end (no sync here); the step's
+            # scaler.scale() made the scale tensor
+            scale = self.scaler._scale
+            assert scale is not None
+            self._scales.append(scale.detach().clone())
 
     def fwd_bwd_times(self) -> list[float]:
         """Forward+backward seconds of the closed windows' steady steps (neither warm-up nor
@@ -225,13 +223,9 @@ class Window:
         `stop`: this rank was asked to stop. Returns True when any rank was (the flag rides in
         the loss all-reduce: a sum > 0 is an all-reduce MAX without a second collective).
         """
-        # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
-        import torch
-        import torch.distributed as dist
-
         fb_at = [i for i, m in enumerate(self._fwd_bwd_marks) if m is not None]
         # one resolve (on CUDA the window's one host sync) for the steps and their fwd+bwd parts
-        resolved = self.clock.resolve(self._marks + [self._fwd_bwd_marks[i] for i in fb_at])
+        resolved = self.clock.resolve(self._marks + [cast(Span, self._fwd_bwd_marks[i]) for i in fb_at])
         times = resolved[:len(self._marks)]
         for i, fb_s in zip(fb_at, resolved[len(self._marks):]):
             rec = self.records[i]
@@ -270,9 +264,6 @@ class Window:
         No collective (the other ranks may never reach the window end), so each loss is this
         rank's own (`loss_scope: "rank"`), not the mean over ranks. Never masks the error.
         """
-        # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
-        import torch
-
         pending = [rec for rec in self.records if "loss" not in rec]  # not written by close()
         if not pending:
             return

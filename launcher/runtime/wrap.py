@@ -6,8 +6,8 @@ under every strategy.
 The harness only sees `Wrapped`: the module to call and a context manager that turns
 gradient synchronisation off for the non-final micro-batches of an accumulation window.
 
-Never imports cli, backends, jobs or report; torch only inside functions (see
-runtime/__init__).
+Never imports cli, backends, jobs or report; torch at module level, FSDP2 (0.6 s of imports)
+only when a strategy shards (see runtime/__init__).
 """
 
 from __future__ import annotations
@@ -16,7 +16,14 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+from torch.distributed.device_mesh import init_device_mesh
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.optim.lr_scheduler import LRScheduler
 
 from launcher.errors import UsageError
 from launcher.runtime.compiling import compile_forward
@@ -24,6 +31,9 @@ from launcher.runtime.context import RankContext
 from launcher.runtime.inject import comm_delay_ms, install_comm_delay
 from launcher.specs import Strategy
 from launcher.workload import Workload, batch_norms
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FSDPModule
 
 log = logging.getLogger(__name__)
 
@@ -38,18 +48,18 @@ class Wrapped:
     `no_sync` turns all gradient communication off (the calibration's sync-off pass).
     """
 
-    module: Any
+    module: torch.nn.Module
     no_sync: Callable[[], contextlib.AbstractContextManager[None]]
     accumulate: Callable[[], contextlib.AbstractContextManager[None]]
     compiled: bool = False
     mesh_shape: tuple[int, ...] | None = None  # FSDP's device mesh; (replicas, shards) for hybrid
 
 
-def _ddp_no_sync(model: Any) -> Callable[[], contextlib.AbstractContextManager[None]]:
+def _ddp_no_sync(model: DDP) -> Callable[[], contextlib.AbstractContextManager[None]]:
     return model.no_sync
 
 
-def _fsdp_no_sync(model: Any) -> Callable[[], contextlib.AbstractContextManager[None]]:
+def _fsdp_no_sync(model: FSDPModule) -> Callable[[], contextlib.AbstractContextManager[None]]:
     @contextlib.contextmanager
     def off() -> Iterator[None]:
         model.set_requires_gradient_sync(False)
@@ -61,7 +71,7 @@ def _fsdp_no_sync(model: Any) -> Callable[[], contextlib.AbstractContextManager[
     return off
 
 
-def _hsdp_defer_allreduce(model: Any) -> Callable[[], contextlib.AbstractContextManager[None]]:
+def _hsdp_defer_allreduce(model: FSDPModule) -> Callable[[], contextlib.AbstractContextManager[None]]:
     @contextlib.contextmanager
     def defer() -> Iterator[None]:
         model.set_requires_all_reduce(False)
@@ -73,29 +83,27 @@ def _hsdp_defer_allreduce(model: Any) -> Callable[[], contextlib.AbstractContext
     return defer
 
 
-def _checkpoint_blocks(blocks: list[Any]) -> None:
-    # non-reentrant: works with FSDP2 and compile, and with inputs that need no grad
-    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-        CheckpointImpl,
-        checkpoint_wrapper,
-    )
-
+def _checkpoint_blocks(model: torch.nn.Module, blocks: list[torch.nn.Module]) -> list[torch.nn.Module]:
+    """Wrap each block in place, in its parent, for activation checkpointing; the wrapped blocks."""
+    parents = _parents(model, blocks)
+    wrapped = []
     for block in blocks:
-        parent, name = block._dlaunch_parent
+        parent, name = parents[id(block)]
+        # non-reentrant: works with FSDP2 and compile, and with inputs that need no grad
         setattr(parent, name, checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT))
+        wrapped.append(getattr(parent, name))
+    return wrapped
 
 
-def _locate(model: Any, blocks: list[Any]) -> None:
-    """Remember each block's parent so it can be replaced in place."""
-    ids = {id(b): b for b in blocks}
-    for parent in model.modules():
-        for name, child in parent.named_children():
-            if id(child) in ids:
-                child._dlaunch_parent = (parent, name)
+def _parents(model: torch.nn.Module, blocks: list[torch.nn.Module]) -> dict[int, tuple[torch.nn.Module, str]]:
+    """Each block's parent and its name there (by the block's id), so it can be replaced in place."""
+    ids = {id(b) for b in blocks}
+    return {id(child): (parent, name) for parent in model.modules()
+            for name, child in parent.named_children() if id(child) in ids}
 
 
-def make_optimizer(workload: Workload, model: Any, ctx: RankContext) -> tuple[Any, Any]:
+def make_optimizer(workload: Workload, model: torch.nn.Module,
+                   ctx: RankContext) -> tuple[torch.optim.Optimizer, LRScheduler | None]:
     """The workload's optimizer and LR scheduler (or None) for `model`, already wrapped.
 
     `model` is the module as the workload built it (for DDP the module inside the wrapper), so
@@ -125,13 +133,11 @@ def uses_device_mesh(strategy: Strategy) -> bool:
     return strategy.kind != "ddp"
 
 
-def wrap(model: Any, strategy: Strategy, ctx: RankContext, blocks: list[Any], *,
-         shard_group_size: int = 0) -> Wrapped:
+def wrap(model: torch.nn.Module, strategy: Strategy, ctx: RankContext, blocks: list[torch.nn.Module],
+         *, shard_group_size: int = 0) -> Wrapped:
     """Apply `strategy` to `model` (already on this rank's device) and return it ready to train."""
     if strategy.activation_checkpointing and blocks:
-        _locate(model, blocks)
-        _checkpoint_blocks(blocks)
-        blocks = [getattr(b._dlaunch_parent[0], b._dlaunch_parent[1]) for b in blocks]
+        blocks = _checkpoint_blocks(model, blocks)
     if strategy.kind == "ddp":
         if strategy.compile:
             # the whole model; under DDP Dynamo's DDP optimizer splits it at bucket boundaries
@@ -139,9 +145,6 @@ def wrap(model: Any, strategy: Strategy, ctx: RankContext, blocks: list[Any], *,
         if not ctx.is_distributed:
             return Wrapped(module=model, no_sync=contextlib.nullcontext,
                            accumulate=contextlib.nullcontext, compiled=strategy.compile)
-        # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
         device_ids = [ctx.local_rank] if ctx.device_type == "cuda" else None
         # grads as bucket views: no second copy of the gradients
         ddp = DDP(model, device_ids=device_ids, gradient_as_bucket_view=True)
@@ -152,12 +155,9 @@ def wrap(model: Any, strategy: Strategy, ctx: RankContext, blocks: list[Any], *,
     return _wrap_fsdp(model, strategy, ctx, blocks, shard_group_size)
 
 
-def _wrap_fsdp(model: Any, strategy: Strategy, ctx: RankContext, blocks: list[Any],
-               shard_group_size: int) -> Wrapped:
-    # deferred: torch loads only once the rank's recorder runs (see runtime/__init__)
-    import torch
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
+def _wrap_fsdp(model: torch.nn.Module, strategy: Strategy, ctx: RankContext,
+               blocks: list[torch.nn.Module], shard_group_size: int) -> Wrapped:
+    # deferred: 0.6 s of imports that only a sharded run needs (see runtime/__init__)
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     if not dist.is_initialized():
@@ -189,11 +189,11 @@ def _wrap_fsdp(model: Any, strategy: Strategy, ctx: RankContext, blocks: list[An
             compile_forward(block, strategy)
             compiled = True
         fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
-    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+    sharded = fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)  # `model`, as FSDPModule
     if strategy.compile and not blocks:
         # no units declared: the whole model is one FSDP unit, so compiling it breaks nothing
         compile_forward(model, strategy)
         compiled = True
-    accumulate = _hsdp_defer_allreduce(model) if strategy.kind == "hybrid" else contextlib.nullcontext
-    return Wrapped(module=model, no_sync=_fsdp_no_sync(model), accumulate=accumulate, compiled=compiled,
+    accumulate = _hsdp_defer_allreduce(sharded) if strategy.kind == "hybrid" else contextlib.nullcontext
+    return Wrapped(module=model, no_sync=_fsdp_no_sync(sharded), accumulate=accumulate, compiled=compiled,
                    mesh_shape=tuple(mesh.shape))

@@ -5,7 +5,7 @@ named and makes the exit code 1.
 CUDA_VISIBLE_DEVICES is emptied so a GPU host runs the CPU path too. The healthy run is judged
 at --threshold 0.5: on a shared 2-core host two healthy ranks' medians differed by up to ~25%
 (other processes take a core for a while), and this test checks the plumbing, not the host; the
-slowed rank measures 1/4 of its rates (`doctor_rank.SLOW_FACTOR`), 40% of the median, far below
+slowed rank measures 1/4 of its rates (`doctor_checks.SLOW_FACTOR`), 40% of the median, far below
 the default 0.8.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.runtime.doctor_rank import SLOW_RANK_ENV
+from launcher.runtime.doctor_checks import SLOW_RANK_ENV
 
 pytestmark = pytest.mark.distributed
 

@@ -184,7 +184,7 @@ class _Spy(RankRecorder):
         self.beats: list[int] = []
 
     def progress(self, step: int) -> None:
-        if sys._getframe(1).f_code.co_name == "_train":
+        if sys._getframe(1).f_code.co_name == "_loop":
             self.beats.append(step)
         super().progress(step)
 

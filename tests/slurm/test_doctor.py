@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.runtime.doctor_rank import SLOW_RANK_ENV
+from launcher.runtime.doctor_checks import SLOW_RANK_ENV
 
 from tests.helpers import Done, run_dlaunch
 

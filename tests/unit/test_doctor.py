@@ -20,7 +20,7 @@ from launcher.plan.cpu_rates import CpuRates, GlooRates, ProbedCpu
 from launcher.plan.expected import COPY_PEAK_FRACTION, cpu_expectations, gpu_expectations, no_expectations
 from launcher.results.doctor import RankReading, format_doctor, judge, read_readings, reading_from_summary
 from launcher.rundir import RunPaths
-from launcher.runtime.doctor_rank import SLOW_RANK_ENV, busbw, pick_precision, slowed_rank
+from launcher.runtime.doctor_checks import SLOW_RANK_ENV, busbw, pick_precision, slowed_rank
 
 from tests.helpers import assert_one_line_error, run_dlaunch
 

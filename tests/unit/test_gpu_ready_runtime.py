@@ -14,7 +14,6 @@ import time
 import traceback
 from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -390,10 +389,10 @@ def test_exposed_wait_counts_a_fetch_only_when_the_device_had_drained():
     assert exposed_wait(0.3, device_busy=False) == 0.3  # an upper bound: drained during it
 
 
-def test_a_fetch_hidden_behind_the_previous_steps_kernels_is_no_data_wait():
+def test_a_fetch_hidden_behind_the_previous_steps_kernels_is_no_data_wait(monkeypatch):
     clock = Clock("cpu")
     clock.cuda = True  # the CUDA branch, with fake events in torch.cuda.Event's place
-    clock._torch = SimpleNamespace(cuda=SimpleNamespace(Event=_Event))
+    monkeypatch.setattr(torch.cuda, "Event", _Event)
     assert clock.exposed_wait(0.2) == 0.2  # the first step: no previous step queued
     start = clock.start()
     _, end = clock.stop(start)  # the previous step's end event
