@@ -24,6 +24,7 @@ from launcher.hardware.nvtopo import (
 from launcher.hardware.topology import load_topology
 from launcher.hardware.types import LINK_KINDS, Nic, Topology
 from launcher.hardware.view import format_topology, inspect_report
+from launcher.hardware.visible import visible_gpus
 
 TOPO = Path(__file__).resolve().parents[1] / "data" / "nvidia-smi-topo"
 REPO = Path(__file__).resolve().parents[2]
@@ -386,8 +387,8 @@ def test_nvidia_smi_fallback_when_nvml_fails(monkeypatch):
 
 
 def test_cuda_visible_devices():
-    assert gpu_probe._visible(4, {}) == [0, 1, 2, 3]
-    assert gpu_probe._visible(4, {"CUDA_VISIBLE_DEVICES": "2,0"}) == [2, 0]
-    assert gpu_probe._visible(4, {"CUDA_VISIBLE_DEVICES": "0,-1,1"}) == [0]
-    assert gpu_probe._visible(4, {"CUDA_VISIBLE_DEVICES": "GPU-aaa,GPU-bbb"}) == [0, 1]
-    assert gpu_probe._visible(2, {"CUDA_VISIBLE_DEVICES": "0,5"}) == [0]
+    assert visible_gpus(4, {}) == [0, 1, 2, 3]
+    assert visible_gpus(4, {"CUDA_VISIBLE_DEVICES": "2,0"}) == [2, 0]
+    assert visible_gpus(4, {"CUDA_VISIBLE_DEVICES": "0,-1,1"}) == [0]
+    assert visible_gpus(4, {"CUDA_VISIBLE_DEVICES": "GPU-aaa,GPU-bbb"}) == [0, 1]
+    assert visible_gpus(2, {"CUDA_VISIBLE_DEVICES": "0,5"}) == [0]

@@ -20,6 +20,7 @@ from launcher.hardware.detect import detect_topology
 from launcher.hardware.gpu_probe import CudaDevice, count_gpus, cuda_order_env, probe_gpus, visible_devices
 from launcher.hardware.nvtopo import gpu_spec, nvlink_gb_s
 from launcher.hardware.view import format_topology
+from launcher.hardware.visible import visible_gpus
 from launcher.plan.cost import hbm_bytes_per_s, peak_flops
 from launcher.specs import GIB
 
@@ -221,8 +222,8 @@ def test_gpu_uuids_select_those_gpus_not_the_first_ones(monkeypatch, no_torch_pr
     assert t.accelerator.peak_tflops["bf16"] == 312
     assert count_gpus(env={"CUDA_VISIBLE_DEVICES": "GPU-nope"}) == 0
     # nvidia-smi without UUIDs to match against keeps the list's length (the old reading)
-    assert gpu_probe._visible(3, {"CUDA_VISIBLE_DEVICES": "GPU-x,GPU-y"}) == [0, 1]
-    assert gpu_probe._visible(3, {"CUDA_VISIBLE_DEVICES": "GPU-22"},
+    assert visible_gpus(3, {"CUDA_VISIBLE_DEVICES": "GPU-x,GPU-y"}) == [0, 1]
+    assert visible_gpus(3, {"CUDA_VISIBLE_DEVICES": "GPU-22"},
                               uuids=["GPU-11", "GPU-222", "GPU-333"]) == [1]
 
 
