@@ -14,8 +14,8 @@ from pathlib import Path
 
 from launcher.alloc_conf import alloc_conf_env, installed_torch_version
 from launcher.backends import RANK_ENTRY_MODULE
-from launcher.hardware.visible import cuda_order_env
 from launcher.hardware.types import rank_threads
+from launcher.hardware.visible import cuda_order_env
 from launcher.rundir import RunPaths
 from launcher.specs import LaunchSpec
 
