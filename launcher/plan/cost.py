@@ -173,11 +173,22 @@ def attention_flops_fwd(profile: ModelProfile) -> float:
     return min(4.0 * s * s * width * profile.num_blocks, 0.9 * profile.flops_fwd_per_sample)
 
 
-def gemm_efficiency(device: DeviceSpec, width: float | None, tokens: float) -> float:
-    """Fraction of the dense peak the matmuls of a micro-batch of `tokens` tokens run at."""
+def gemm_efficiency(device: DeviceSpec, width: float | None, tokens: float,
+                    precision: str = "bf16") -> float:
+    """Fraction of the dense peak the matmuls of a micro-batch of `tokens` tokens run at.
+
+    What a small GEMM loses (loading operand tiles, the epilogue, partial waves) costs in
+    proportion to how fast its arithmetic is, so the half-saturation width and tokens scale with
+    the precision's peak over the tensor cores' bf16 peak: fp32 matmuls on CUDA cores (67 of 989
+    TFLOP/s on an H100) saturate at 1/15 the size. Measured on one H100 (docs/benchmarks.md, GPU
+    acceptance run 3): GPT-2 small (768 wide) in fp32 stepped in 0.631 s against 0.94 s
+    predicted with bf16's half-widths; the fp32 MAMF fraction is bf16's (an assumption)."""
     eff = GEMM_PEAK_FRACTION.get(device.compute_capability or (0, 0), GEMM_PEAK_FRACTION_DEFAULT)
     if width is not None:
-        eff *= width / (width + GEMM_HALF_WIDTH) * tokens / (tokens + GEMM_HALF_TOKENS)
+        bf16 = device.peak_tflops.get("bf16") or device.peak_tflops["fp32"]
+        scale = min(1.0, (device.peak_tflops.get(precision) or device.peak_tflops["fp32"]) / bf16)
+        eff *= (width / (width + GEMM_HALF_WIDTH * scale)
+                * tokens / (tokens + GEMM_HALF_TOKENS * scale))
     return eff
 
 
@@ -209,7 +220,7 @@ def forward_pass(profile: ModelProfile, strategy: Strategy, micro_batch: int,
     attn = attention_flops_fwd(profile)
     tokens = micro_batch * profile.units_per_sample
     gemm = (profile.flops_fwd_per_sample - attn) * micro_batch / (
-        peak * gemm_efficiency(device, model_width(profile), tokens))
+        peak * gemm_efficiency(device, model_width(profile), tokens, strategy.precision))
     # causal flash attention skips the upper triangle: half the profiled FLOPs
     attention = 0.5 * attn * micro_batch / (
         peak * attention_efficiency(device, profile.units_per_sample))

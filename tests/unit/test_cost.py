@@ -183,6 +183,17 @@ def test_matmul_efficiency_rises_with_gemm_size():
     assert per_token[0] > 1.05 * per_token[1]
 
 
+def test_slow_dtypes_saturate_at_smaller_gemms():
+    # an H100's shape: fp32 on CUDA cores at 67 of the tensor cores' 989 TFLOP/s
+    h100 = DeviceSpec(name="h100", mem_gib=80, peak_tflops={"fp32": 67, "bf16": 989},
+                      compute_capability=(9, 0))
+    bf16, fp32 = (gemm_efficiency(h100, 768, 32768, p) for p in ("bf16", "fp32"))
+    assert bf16 == gemm_efficiency(h100, 768, 32768)  # bf16 as fitted on the published runs
+    assert bf16 < 0.6 < 0.75 < fp32 < 0.801
+    # a dtype the device does not list runs at its fp32 rate, and saturates like fp32
+    assert gemm_efficiency(h100, 768, 32768, "fp16") == fp32
+
+
 def test_width_and_attention_come_from_the_profile():
     d = transformer(4096, seq=4096)
     assert model_width(d) == 4096
