@@ -61,13 +61,15 @@ def measured_peak(workload: Any, micro_batch: int, *, device: str = "cpu", preci
 
 
 def predicted(profile: Any, micro_batch: int, *, device: str, precision: str) -> float:
-    """The plan's params + grads + optimizer + activations for one rank of DDP."""
+    """The tensor bytes the plan predicts for one rank of DDP (on CUDA the cuBLAS workspaces
+    too, which the caching allocator holds; not the context or the allocator's slack)."""
     from launcher.plan.memory import estimate_memory
+    from launcher.results.prediction import plan_tensor_bytes
     from launcher.specs import Strategy
 
     est = estimate_memory(profile, Strategy(kind="ddp", precision=precision), micro_batch=micro_batch,
                           world_size=1, shard_group_size=1, device=device)
-    return est.params_bytes + est.grads_bytes + est.optimizer_bytes + est.activations_bytes
+    return plan_tensor_bytes(est, device=device, world_size=1)
 
 
 def main() -> int:

@@ -83,9 +83,15 @@ AUTOCAST_TRANSIENT_FACTOR = 0.75
 DDP_GRADIENT_AS_BUCKET_VIEW = True
 DDP_BUCKET_CAP_BYTES = 25 * 1024**2  # torch DDP default bucket_cap_mb=25
 
-# A CUDA 12 context with lazy module loading plus cuBLAS/cuDNN workspaces: nvidia-smi shows
-# ~0.4-0.6 GiB for a rank that has allocated nothing (H100, torch 2.x).
+# A CUDA 12 context with lazy module loading: nvidia-smi shows ~0.4-0.6 GiB for a rank that has
+# allocated nothing (H100, torch 2.x).
 CUDA_CONTEXT_BYTES = 0.5 * GIB
+# cuBLAS and cuBLASLt each keep a workspace per handle and stream, which PyTorch allocates through
+# its caching allocator (so `max_memory_allocated` counts them): 32 MiB each on Hopper and later,
+# the size the cuBLAS documentation recommends there. Measured on an H100 (torch 2.11,
+# benchmarks/memory_truth.py --device cuda): 60-68 MB above the model's tensors for every
+# shipped workload. Older GPUs take less; counted the same (the estimate errs towards fitting).
+CUBLAS_WORKSPACE_BYTES = 2 * 32 * 1024**2
 # NCCL communicator buffers: NCCL_BUFFSIZE 4 MiB per channel and peer direction, up to 32
 # channels on NVSwitch systems -> ~0.25 GiB per process group that has run a collective.
 NCCL_BUFFER_BYTES = 0.25 * GIB
@@ -227,10 +233,12 @@ def estimate_memory(profile: ModelProfile, strategy: Strategy, *, micro_batch: i
     state = params + grads + opt + activations + units
     overhead = units
     if device == "cuda":
-        overhead += CUDA_CONTEXT_BYTES + CUDA_ALLOCATOR_SLACK * state
+        state += CUBLAS_WORKSPACE_BYTES
+        overhead += CUBLAS_WORKSPACE_BYTES + CUDA_CONTEXT_BYTES + CUDA_ALLOCATOR_SLACK * state
         if world_size > 1:
             overhead += NCCL_BUFFER_BYTES
-        notes.append(f"CUDA context {CUDA_CONTEXT_BYTES / GIB:.2g} GiB"
+        notes.append(f"cuBLAS workspaces {CUBLAS_WORKSPACE_BYTES / 1024**2:.0f} MiB"
+                     f" + CUDA context {CUDA_CONTEXT_BYTES / GIB:.2g} GiB"
                      + (f" + NCCL {NCCL_BUFFER_BYTES / GIB:.2g} GiB" if world_size > 1 else "")
                      + f" + allocator slack {CUDA_ALLOCATOR_SLACK:.0%}")
     else:
@@ -254,6 +262,6 @@ __all__ = ["estimate_memory", "optimizer_state_bytes", "transient_bytes", "AUTOC
            "fmt_gib", "MASTER_PARAM_BYTES", "GRAD_BYTES", "OPTIMIZER_STATE_BYTES",
            "COMPUTE_DTYPE_BYTES", "AUTOCAST_ACTIVATION_FACTOR", "AUTOCAST_BLOCK_INPUT_FACTOR",
            "PARAM_DTYPE_ACTIVATION_FACTOR", "activation_factors",
-           "DDP_GRADIENT_AS_BUCKET_VIEW", "DDP_BUCKET_CAP_BYTES", "CUDA_CONTEXT_BYTES",
+           "DDP_GRADIENT_AS_BUCKET_VIEW", "DDP_BUCKET_CAP_BYTES", "CUDA_CONTEXT_BYTES", "CUBLAS_WORKSPACE_BYTES",
            "NCCL_BUFFER_BYTES", "CUDA_ALLOCATOR_SLACK", "SINGLE_PROCESS_GRAD_OVERLAP",
            "FOREACH_ADAMW_TEMP_FACTOR"]

@@ -62,9 +62,10 @@ def plan_tensor_bytes(est: MemoryEstimate, *, device: str, world_size: int) -> f
     """The tensor part of a per-rank estimate: what `max_memory_allocated` (CUDA) or the live
     tensor bytes (CPU) can be compared with.
 
-    plan.memory puts FSDP's unsharded units (tensors) into `overhead_bytes` beside, on CUDA
-    only, the context, NCCL buffers (more than one rank) and allocator slack (a fraction of the
-    tensors): total = (1 + slack) x tensors + context + NCCL, which this inverts. Never below
+    plan.memory puts FSDP's unsharded units and the cuBLAS workspaces (tensors) into
+    `overhead_bytes` beside, on CUDA only, the context, NCCL buffers (more than one rank) and
+    allocator slack (a fraction of the tensors): total = (1 + slack) x tensors + context + NCCL,
+    which this inverts. Never below
     the named tensor terms.
     """
     named = est.params_bytes + est.grads_bytes + est.optimizer_bytes + est.activations_bytes

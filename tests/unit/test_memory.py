@@ -7,6 +7,7 @@ import pytest
 from launcher.hardware.types import DeviceSpec
 from launcher.plan.memory import (
     AUTOCAST_ACTIVATION_FACTOR,
+    CUBLAS_WORKSPACE_BYTES,
     CUDA_ALLOCATOR_SLACK,
     CUDA_CONTEXT_BYTES,
     NCCL_BUFFER_BYTES,
@@ -54,9 +55,10 @@ def test_ddp_bf16_on_cuda_counts_autocast_cache_context_and_slack():
     # activations: 0.6 x 2e9 x 2 samples + autocast's bf16 weight copies 2 B x 1e9
     assert AUTOCAST_ACTIVATION_FACTOR == 0.6
     assert m.activations_bytes == pytest.approx(2.4e9 + 2e9)
-    state = 16e9 + 4.4e9
-    assert m.overhead_bytes == pytest.approx(CUDA_CONTEXT_BYTES + NCCL_BUFFER_BYTES
-                                             + CUDA_ALLOCATOR_SLACK * state)
+    state = 16e9 + 4.4e9 + CUBLAS_WORKSPACE_BYTES
+    assert m.overhead_bytes == pytest.approx(CUBLAS_WORKSPACE_BYTES + CUDA_CONTEXT_BYTES
+                                             + NCCL_BUFFER_BYTES + CUDA_ALLOCATOR_SLACK * state)
+    assert "cuBLAS workspaces 64 MiB" in m.assumptions
     assert "autocast weight cache 2 B/param" in m.assumptions
 
 
