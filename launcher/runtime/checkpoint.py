@@ -6,7 +6,8 @@ nodes):
     step-000040/            one complete checkpoint: DCP shards + .metadata (every rank wrote
                             its part), meta.json (step, world size), rng-<rank>.pt (RNG states),
                             scheduler.pt (the LR scheduler's state, when the workload has one),
-                            complete.json (the completion marker: every file with its size)
+                            complete.json (the completion marker: every file with its size
+                            and CRC-32)
     step-000080.partial/    being written (or the job died while writing): never loaded
 
 A checkpoint becomes visible atomically: all ranks write into `step-N.partial/`, meet at a
@@ -14,9 +15,13 @@ barrier, then rank 0 writes the completion marker and renames the dir to `step-N
 sharded state (FSDP2) and replicated state (DDP: rank 0 writes the one copy) alike, and loads
 into a different world size too.
 
-A checkpoint is trusted only when every file its marker lists has the listed size: a disk that
-filled up, a copy cut short or a file truncated later is passed over (with a warning naming it)
-for the next older one, and when none is usable `load` fails with one line naming each.
+A checkpoint is trusted only when every file its marker lists has the listed size and CRC-32: a
+disk that filled up, a copy cut short, a file truncated or overwritten in place later (bit rot, a
+bad copy, a stray writer) is passed over (with a warning naming it) for the next older one, and
+when none is usable `load` fails with one line naming each. The ranks share the checksumming:
+each reads every world-size-th file, at save and before a resume, so a large checkpoint costs
+each rank its own share of the reading (zlib's CRC-32 streams at GB/s; it guards against
+accidents, not against tampering). Markers written before checksums (sizes only) still load.
 
 Collective: every rank of the job must call `save` / `load` with the same arguments at the same
 point; works without a process group as well (one process).
@@ -34,6 +39,7 @@ import random
 import re
 import shutil
 import warnings
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -48,7 +54,8 @@ log = logging.getLogger(__name__)
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 META = "meta.json"
-MARKER = "complete.json"  # written last by rank 0: {step, files: {name: size}}
+MARKER = "complete.json"  # written last by rank 0: {step, files: {name: [size, crc32]}}
+_CHUNK_BYTES = 8 * 1024**2
 SCHEDULER = "scheduler.pt"  # the LR scheduler's state_dict (the same on every rank: rank 0's)
 
 
@@ -152,8 +159,9 @@ def save(step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, di
     if rank == 0:
         atomic_write_json(partial / META, {"step": step, "world_size": world, **(extra or {})})
     _barrier()  # every rank's shard and RNG file is in place
+    files = _marker_files(partial, rank, world, up)
     if rank == 0:
-        _write_marker(partial, step)
+        atomic_write_json(partial / MARKER, {"step": step, "files": files})
         shutil.rmtree(final, ignore_errors=True)
         os.replace(partial, final)
         _prune(Path(directory), keep)
@@ -168,11 +176,40 @@ def _prune(directory: Path, keep: int) -> None:
         shutil.rmtree(step_dir(directory, s), ignore_errors=True)
 
 
-def _write_marker(path: Path, step: int) -> None:
-    """The completion marker, written last: every file of the checkpoint with its size."""
-    files = {str(f.relative_to(path)): f.stat().st_size for f in sorted(path.rglob("*"))
-             if f.is_file() and f.name != MARKER}
-    atomic_write_json(path / MARKER, {"step": step, "files": files})
+def crc32(path: Path) -> int:
+    """The CRC-32 of a file's bytes, read in chunks."""
+    value = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK_BYTES):
+            value = zlib.crc32(chunk, value)
+    return value
+
+
+def _shared(items: list[str], rank: int, world: int) -> list[str]:
+    """This rank's share of the files to read: every world-th, from its rank on."""
+    return items[rank::world]
+
+
+def _gather(part: dict[str, Any], up: bool) -> dict[str, Any]:
+    """Every rank's `part` merged (a collective when there is a process group)."""
+    if not up:
+        return part
+    parts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, part)
+    return {k: v for p in parts for k, v in p.items()}
+
+
+def _marker_files(path: Path, rank: int, world: int, up: bool) -> dict[str, list[int]]:
+    """Collective: every file of the checkpoint with its size and CRC-32, each rank checksumming
+    its share (rank 0 lists the files: the shared directory is complete after the barrier)."""
+    box: list[Any] = [sorted(str(f.relative_to(path)) for f in path.rglob("*")
+                             if f.is_file() and f.name != MARKER) if rank == 0 else None]
+    if up:
+        dist.broadcast_object_list(box, src=0)
+    names: list[str] = box[0]
+    mine = {name: [(path / name).stat().st_size, crc32(path / name)]
+            for name in _shared(names, rank, world)}
+    return _gather(mine, up)
 
 
 def _step_dirs(directory: str | Path) -> list[int]:
@@ -188,9 +225,11 @@ def complete_steps(directory: str | Path) -> list[int]:
     return [s for s in _step_dirs(directory) if (step_dir(directory, s) / MARKER).is_file()]
 
 
-def problem(path: str | Path) -> str | None:
+def problem(path: str | Path, *, share: tuple[int, int] = (0, 1)) -> str | None:
     """Why the checkpoint in `path` cannot be trusted, or None when every file the completion
-    marker lists is there with the size it lists (a cut-off file, a lost file, no marker)."""
+    marker lists is there with the size and CRC-32 it lists (a cut-off file, a lost file, one
+    overwritten in place, no marker). `share` = (rank, world): check the checksums of this
+    rank's share of the files only (sizes are checked for all: a stat is cheap)."""
     p = Path(path)
     try:
         marker = read_json(p / MARKER)
@@ -201,26 +240,47 @@ def problem(path: str | Path) -> str | None:
     files = marker.get("files") if isinstance(marker, dict) else None
     if not isinstance(files, dict) or META not in files:
         return "completion marker lists no files"
-    for name, size in files.items():
+    for name, listed in files.items():
+        size = listed[0] if isinstance(listed, list) else listed  # sizes only: an older marker
         try:
             actual = (p / name).stat().st_size
         except OSError:
             return f"{shown(name)} is missing"
         if actual != size:
             return f"{shown(name)} is {actual} bytes, {size} when saved (cut off or overwritten)"
+    for name in _shared(sorted(files), *share):
+        listed = files[name]
+        if not isinstance(listed, list) or len(listed) < 2:
+            continue
+        try:
+            actual_crc = crc32(p / name)
+        except OSError as e:
+            return f"{shown(name)} is unreadable ({type(e).__name__})"
+        if actual_crc != listed[1]:
+            return (f"{shown(name)} fails its checksum (CRC-32 {actual_crc:08x}, {listed[1]:08x} "
+                    "when saved): overwritten or damaged in place")
     return None
 
 
 def pick(directory: str | Path, step: int | None = None) -> tuple[int | None, list[str]]:
     """The newest checkpoint that passes `problem` (or `step`, if that one passes), and a
-    line for each newer one passed over: `step-N: why`."""
+    line for each newer one passed over: `step-N: why`.
+
+    Collective when there is a process group: rank 0 lists the candidates, every rank checks
+    its share of the checksums, and all agree on the verdict (a checkpoint completing between
+    two ranks' listings cannot split them)."""
+    rank, world, up = _dist()
+    box: list[Any] = [[step] if step is not None else list(reversed(_step_dirs(directory)))]
+    if up:
+        dist.broadcast_object_list(box, src=0)
     bad: list[str] = []
-    candidates = [step] if step is not None else reversed(_step_dirs(directory))
-    for s in candidates:
-        why = problem(step_dir(directory, s))
+    for s in box[0]:
+        path = step_dir(directory, s)
+        whys = _gather({str(rank): problem(path, share=(rank, world))}, up)
+        why = next((whys[str(r)] for r in range(world) if whys.get(str(r))), None)
         if why is None:
             return s, bad
-        bad.append(f"{step_dir(directory, s).name}: {why}")
+        bad.append(f"{path.name}: {why}")
     return None, bad
 
 
@@ -255,13 +315,7 @@ def load(model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: st
     import torch.distributed.checkpoint as dcp
 
     rank, world, up = _dist()
-    # rank 0 checks the sizes once for everyone: ranks that judged a file being written
-    # differently would load different checkpoints
-    chosen, bad = pick(directory, step) if rank == 0 else (None, [])
-    if up:
-        box: list[Any] = [chosen, bad]
-        dist.broadcast_object_list(box, src=0)
-        chosen, bad = box
+    chosen, bad = pick(directory, step)  # every rank reaches the same verdict (collective)
     if chosen is None:
         if bad:
             raise CheckpointUnusable(f"no usable checkpoint in {directory}: {'; '.join(bad)}")

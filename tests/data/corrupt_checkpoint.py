@@ -2,7 +2,9 @@
 
 With `--corrupt shards`, rank 0 of every relaunch (DLAUNCH_ATTEMPT >= 1) cuts the DCP shard
 files of the newest checkpoint in DLAUNCH_CHECKPOINT_DIR to half their size before the model is
-built, as a disk that filled up or a copy cut short would; `--corrupt rng` cuts rank 1's RNG
+built, as a disk that filled up or a copy cut short would; `--corrupt overwrite` overwrites 64
+bytes in the middle of each of those shards instead (the size unchanged, as bit rot or a stray
+writer would leave them); `--corrupt rng` cuts rank 1's RNG
 file in every checkpoint, so none is usable. The ranks resume only after building and wrapping
 the model (a collective), so the damage is done before any rank looks at the checkpoints.
 """
@@ -24,11 +26,20 @@ def _halve(path):
         f.truncate(path.stat().st_size // 2)
 
 
+def _overwrite(path):
+    with open(path, "r+b") as f:
+        f.seek(path.stat().st_size // 2)
+        f.write(bytes(range(64)))
+
+
 def _corrupt(kind):
     steps = sorted(Path(os.environ["DLAUNCH_CHECKPOINT_DIR"]).glob("step-*[0-9]"))
     if kind == "shards":
         for shard in steps[-1].glob("*.distcp"):
             _halve(shard)
+    elif kind == "overwrite":
+        for shard in steps[-1].glob("*.distcp"):
+            _overwrite(shard)
     elif kind == "rng":
         for step in steps:
             _halve(step / "rng-1.pt")

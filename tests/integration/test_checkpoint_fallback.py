@@ -3,7 +3,7 @@
 Real torchrun, 2 CPU ranks, tests/data/corrupt_checkpoint.py: rank 1 raises in step 10 of
 attempt 0 (checkpoints at steps 4 and 8), and the relaunch (`--max-restarts 1`) damages the
 checkpoints before it resumes. A checkpoint is trusted only when every file its completion
-marker lists has the listed size (launcher.runtime.checkpoint).
+marker lists has the listed size and CRC-32 (launcher.runtime.checkpoint).
 """
 
 from __future__ import annotations
@@ -51,10 +51,12 @@ def _run(tmp_path: Path, corrupt: str) -> tuple[Path, int, str]:
 
 
 @pytest.mark.distributed
-def test_truncated_newest_checkpoint_falls_back_to_the_previous_one(tmp_path: Path):
-    run_dir, code, text = _run(tmp_path, "shards")
+@pytest.mark.parametrize(("corrupt", "why"), [("shards", "bytes"), ("overwrite", "fails its checksum")])
+def test_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path: Path, corrupt: str, why: str):
+    # cut to half its size, or 64 bytes overwritten in place (the size unchanged)
+    run_dir, code, text = _run(tmp_path, corrupt)
     assert code == 0, text
-    assert "step-000008 passed over" in text and "bytes" in text, text
+    assert "step-000008 passed over" in text and why in text, text
     first = RunPaths(root=run_dir).attempt(0).root
     for rank in (0, 1):
         resume = next(r for r in rank_records(run_dir, rank) if r["kind"] == "resume")
@@ -98,7 +100,32 @@ def test_problem_names_the_cut_off_file_and_a_missing_marker(tmp_path: Path):
     why = checkpoint.problem(checkpoint.step_dir(tmp_path, 2))
     assert why is not None and why.startswith("'rng-0.pt' is 10 bytes")
     assert checkpoint.pick(tmp_path) == (1, [f"step-000002: {why}"])
+    # the same size, other bytes: the checksum tells
+    shard = next(checkpoint.step_dir(tmp_path, 1).glob("*.distcp"))
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    why1 = checkpoint.problem(checkpoint.step_dir(tmp_path, 1))
+    assert why1 is not None and "fails its checksum" in why1, why1
+    assert checkpoint.pick(tmp_path) == (None, [f"step-000002: {why}", f"step-000001: {why1}"])
     (checkpoint.step_dir(tmp_path, 1) / checkpoint.MARKER).unlink()
     assert checkpoint.latest(tmp_path) is None
     with pytest.raises(checkpoint.CheckpointUnusable, match="step-000002: .*step-000001: no completion"):
         checkpoint.load(model, opt, tmp_path)
+
+
+def test_a_marker_from_before_checksums_is_checked_by_size(tmp_path: Path):
+    import json
+
+    import torch
+
+    model = torch.nn.Linear(4, 2)
+    checkpoint.save(1, model, torch.optim.AdamW(model.parameters()), tmp_path)
+    marker = checkpoint.step_dir(tmp_path, 1) / checkpoint.MARKER
+    saved = json.loads(marker.read_text())
+    assert all(len(v) == 2 for v in saved["files"].values())  # [size, crc32]
+    marker.write_text(json.dumps({**saved, "files": {k: v[0] for k, v in saved["files"].items()}}))
+    assert checkpoint.problem(marker.parent) is None
+    rng = marker.parent / "rng-0.pt"
+    rng.write_bytes(rng.read_bytes()[:10])
+    assert "is 10 bytes" in (checkpoint.problem(marker.parent) or "")
