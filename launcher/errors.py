@@ -46,5 +46,9 @@ class JobFailed(DlaunchError):
     exit_code = 1
 
 
+class StorageError(DlaunchError):
+    """A file dlaunch writes cannot be written: the disk is full, over quota or read-only."""
+
+
 class RunDirError(DlaunchError):
     """A run directory's launch.json or result.json is not what dlaunch writes."""

@@ -8,11 +8,15 @@ strict JSON (a NaN loss is written as null): other tools' parsers refuse bare `N
 Reads of user-supplied YAML (topology files, dlaunch.yaml) go through `read_yaml_capped`, which
 refuses what would make a small file expensive (size, nesting, alias expansion, giant numbers)
 before `yaml.safe_load` builds anything; `shown` bounds any value echoed back in an error.
+A write that fails because the file system is full, over quota or read-only raises
+`StorageError`: one line naming the path and what to do, never a traceback.
 Imports nothing from launcher but `errors`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
 import math
@@ -20,13 +24,13 @@ import os
 import re
 import reprlib
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
 import yaml
 
-from launcher.errors import DlaunchError
+from launcher.errors import DlaunchError, StorageError
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +45,29 @@ SHOWN_CHARS = 80  # the most of a value an error message echoes
 _NUMBER_LIKE = re.compile(r"[-+]?[0-9][0-9_,.:]*([eE][-+]?[0-9]+)?")
 
 
+# what each storage failure means for the user: the file system, not dlaunch, refused the write
+_STORAGE_HINTS = {
+    errno.ENOSPC: "no space left on the device: free space there or point dlaunch at another "
+                  "directory (--run-dir, --sweep-dir, --out)",
+    errno.EDQUOT: "disk quota exceeded: free space there or point dlaunch at another directory "
+                  "(--run-dir, --sweep-dir, --out)",
+    errno.EROFS: "the file system is read-only: point dlaunch at a writable directory "
+                 "(--run-dir, --sweep-dir, --out)",
+}
+
+
+@contextlib.contextmanager
+def storage(path: str | Path) -> Iterator[None]:
+    """Turn a full, over-quota or read-only file system under `path` into a `StorageError`."""
+    try:
+        yield
+    except OSError as e:
+        hint = _STORAGE_HINTS.get(e.errno or 0)
+        if hint is None:
+            raise
+        raise StorageError(f"cannot write {shown(str(path), 200)}: {hint}") from e
+
+
 def atomic_write_text(path: str | Path, text: str, *, fsync: bool = True) -> None:
     """Write `text` to `path` through a temp file in the same directory and a rename.
 
@@ -49,17 +76,18 @@ def atomic_write_text(path: str | Path, text: str, *, fsync: bool = True) -> Non
     machine may lose the last version, but a reader never sees a partial one.
     """
     p = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            if fsync:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with storage(p):
+        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+                if fsync:
+                    f.flush()
+                    os.fsync(f.fileno())
+            os.replace(tmp, p)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
 
 def _finite(data: Any) -> Any:
@@ -93,7 +121,8 @@ def open_log_stream(path: str | Path) -> IO[str]:
     A log stream is the one file written in place rather than atomically: a reader
     following a live run wants every line as it is printed, not the whole at the end.
     """
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
+    with storage(path):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
     return open(fd, "w", encoding="utf-8")
 
 
@@ -103,16 +132,17 @@ def append_lines(path: str | Path, records: Iterable[dict[str, Any]]) -> None:
     if not payload:
         return
     data = payload.encode("utf-8")
-    # O_APPEND makes each write land at the end even with several writers
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        # one write() almost always takes it all; a short write (signal, full disk) must not
-        # leave half a line that the next record would be glued to, so finish the job
-        while data:
-            written = os.write(fd, data)
-            data = data[written:]
-    finally:
-        os.close(fd)
+    with storage(path):
+        # O_APPEND makes each write land at the end even with several writers
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            # one write() almost always takes it all; a short write (signal, full disk) must
+            # not leave half a line that the next record would be glued to, so finish the job
+            while data:
+                written = os.write(fd, data)
+                data = data[written:]
+        finally:
+            os.close(fd)
 
 
 def read_jsonl(path: str | Path) -> tuple[list[dict[str, Any]], str | None]:

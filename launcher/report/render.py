@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from launcher.errors import UsageError
-from launcher.files import atomic_write_json, atomic_write_text
+from launcher.files import atomic_write_json, atomic_write_text, storage
 from launcher.hardware.types import Topology
 from launcher.report.html import page
 from launcher.report.plots import build_plots
@@ -131,7 +131,8 @@ def render_report(path: str | Path, formats: Iterable[str] = FORMATS, *,
                           with_prediction=with_prediction)
     t_build = time.perf_counter() - t0
     out = Path(out_dir) if out_dir is not None else Path(path) / REPORT_DIR
-    out.mkdir(parents=True, exist_ok=True)
+    with storage(out):
+        out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     plots = []
     if fmts & {"html", "png"}:

@@ -1,0 +1,94 @@
+"""Full and read-only file systems: one line naming the path and what to do, never a traceback.
+
+Real file systems: a tmpfs of a few KiB mounted for the test (full after a few writes) and a
+read-only tmpfs, so the kernel itself returns ENOSPC and EROFS. Mounting needs root: CI runs
+as root (CI=true fails the test where it cannot mount; elsewhere it skips, saying why).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from launcher.errors import StorageError
+from launcher.files import append_lines, atomic_write_json, open_log_stream
+
+from tests.helpers import REPO
+from tests.synthetic import write_run
+
+
+def _mount(where: Path, options: str) -> None:
+    where.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        reason = f"cannot mount a tmpfs (euid {os.geteuid()}): {proc.stderr.strip()}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason)
+
+
+@pytest.fixture
+def mounts(tmp_path: Path) -> Iterator[list[Path]]:
+    made: list[Path] = []
+    yield made
+    for where in reversed(made):
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def _full(tmp_path: Path, mounts: list[Path]) -> Path:
+    where = tmp_path / "full"
+    _mount(where, "size=16k")
+    mounts.append(where)
+    return where
+
+
+def _read_only_copy(src: Path, tmp_path: Path, mounts: list[Path]) -> Path:
+    where = tmp_path / "ro"
+    _mount(where, "size=4m")
+    mounts.append(where)
+    shutil.copytree(src, where / src.name)
+    subprocess.run(["mount", "-o", "remount,ro", str(where)], check=True)
+    return where / src.name
+
+
+def test_a_full_disk_is_one_error_naming_the_path(tmp_path: Path, mounts: list[Path]):
+    full = _full(tmp_path, mounts)
+    with pytest.raises(StorageError, match=r"cannot write .*big\.json.*no space left.*--run-dir"):
+        atomic_write_json(full / "big.json", {"x": "y" * 64 * 1024})
+    assert not list(full.iterdir())  # no temp file left behind
+    with pytest.raises(StorageError, match=r"cannot write .*rank-0\.jsonl.*no space left"):
+        append_lines(full / "rank-0.jsonl", [{"pad": "z" * 64 * 1024}])
+
+
+def test_a_read_only_disk_is_one_error_naming_the_path(tmp_path: Path, mounts: list[Path]):
+    where = tmp_path / "plain"
+    where.mkdir()
+    ro = _read_only_copy(where, tmp_path, mounts)
+    with pytest.raises(StorageError, match=r"cannot write .*read-only.*--out"):
+        atomic_write_json(ro / "result.json", {})
+    with pytest.raises(StorageError, match="read-only"):
+        open_log_stream(ro / "console.log")
+
+
+def test_report_of_a_run_on_a_read_only_mount_says_use_out(tmp_path: Path, mounts: list[Path]):
+    run = tmp_path / "run"
+    write_run(run, world_size=2)
+    ro = _read_only_copy(run, tmp_path, mounts)
+    cmd = [sys.executable, "-m", "launcher.cli.main", "report", str(ro)]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "read-only" in lines[0] and "--out" in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+    out = tmp_path / "report-elsewhere"
+    proc = subprocess.run([*cmd, "--out", str(out)], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "report.html").is_file()
