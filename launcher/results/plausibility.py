@@ -106,11 +106,21 @@ def superlinear_warning(world_size: int, efficiency: float | None, baseline: int
             "host, too many threads per rank) before believing it")
 
 
+def nonfinite_loss_warnings(ranks: Sequence[RankResult]) -> list[str]:
+    """The first step whose loss was NaN or infinite, and on which ranks."""
+    bad = sorted((r.nonfinite_loss_step, r.rank) for r in ranks if r.nonfinite_loss_step is not None)
+    if not bad:
+        return []
+    return [f"the loss was NaN or infinite at step {bad[0][0]} (rank(s) "
+            f"{', '.join(str(rank) for _, rank in bad)}); --detect-anomaly finds the op that "
+            "makes it, --stop-on-nan ends a run at the first one"]
+
+
 def run_warnings(ranks: Sequence[RankResult], hosts: Sequence[Mapping[str, Any]],
                  prediction: Mapping[str, Any] | None) -> tuple[str, ...]:
-    """Every warning one run earns: noisy steps, a missed prediction, a busy host."""
-    return tuple([*noisy_step_warnings(ranks), *prediction_warnings(prediction),
-                  *busy_host_warnings(hosts)])
+    """Every warning one run earns: a NaN loss, noisy steps, a missed prediction, a busy host."""
+    return tuple([*nonfinite_loss_warnings(ranks), *noisy_step_warnings(ranks),
+                  *prediction_warnings(prediction), *busy_host_warnings(hosts)])
 
 
 def _opt(x: float | None) -> str:

@@ -48,8 +48,14 @@ def no_steps(result: RunResult) -> bool:
 
 def status_text(result: RunResult) -> str:
     """The run's status as people read it: "ok, no steps reported" for a run that exited 0
-    without recording a step (a script that gave up before training)."""
-    return "ok, no steps reported" if result.status == "ok" and no_steps(result) else result.status
+    without recording a step (a script that gave up before training), "ok, loss NaN from step
+    N" for one whose loss went NaN or infinite (it trained to the end, on garbage)."""
+    if result.status != "ok":
+        return result.status
+    if no_steps(result):
+        return "ok, no steps reported"
+    bad = [r.nonfinite_loss_step for r in result.ranks if r.nonfinite_loss_step is not None]
+    return f"ok, loss NaN from step {min(bad)}" if bad else "ok"
 
 
 def _rank_status(status: str, steps: int) -> str:
@@ -171,12 +177,6 @@ def straggler_lines(result: RunResult) -> list[str]:
     """One line per straggler with the numbers of the rule that flagged it."""
     evidence = {int(e["rank"]): e for e in result.straggler_evidence}
     out = []
-    nonfinite = sorted((r.nonfinite_loss_step, r.rank) for r in result.ranks
-                       if r.nonfinite_loss_step is not None)
-    if nonfinite:
-        out.append(f"WARNING: the loss was NaN or infinite at step {nonfinite[0][0]} (rank(s) "
-                   f"{', '.join(str(rank) for _, rank in nonfinite)}); --detect-anomaly finds the "
-                   "op that makes it, --stop-on-nan ends a run at the first one")
     for rank in result.stragglers:
         r = result.ranks[rank]
         where = f"STRAGGLER: rank {r.rank} on {r.host} (local rank {r.local_rank})"

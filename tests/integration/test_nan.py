@@ -54,6 +54,9 @@ def test_nan_loss_warns_and_writes_strict_json(tmp_path: Path):
     assert f"WARNING: the loss was NaN or infinite at step {NAN_STEP} (rank(s) 0, 1)" in text, text
     result = _every_json_is_strict(run_dir)
     assert result["status"] == "ok"
+    assert f"OK, LOSS NAN FROM STEP {NAN_STEP} (exit 0" in text, text  # the summary's status
+    assert any(w.startswith(f"the loss was NaN or infinite at step {NAN_STEP}") for w in result["warnings"])
+    assert text.count("the loss was NaN or infinite") == 1, text
     assert [r["nonfinite_loss_step"] for r in result["ranks"]] == [NAN_STEP, NAN_STEP]
     losses = [loss for _, loss in rank_steps(run_dir)]
     assert len(losses) == STEPS and None not in losses[:NAN_STEP - 1]
