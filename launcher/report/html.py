@@ -226,8 +226,8 @@ def page(report: ScalingReport, plots: Sequence[Plot], *, out_dir: Path | None =
     what = {"sweep": "scaling sweep", "runs": "runs", "run": "run", "tune": "tune"}[report.kind]
     title = f"dlaunch report: {what} {report.source.rstrip('/').split('/')[-1]}"
     worlds = ", ".join(str(r.world_size) for r in report.rows)
-    meta = (f"{_e(report.mode)} scaling &middot; world sizes\n{_e(worlds)}" if report.tune is None else
-            f"{len(report.tune.trials)} candidate(s) on {report.tune.world_size} rank(s)")
+    meta = (f"{_e(report.headline())} &middot; world sizes\n{_e(worlds)}" if report.tune is None
+            else f"{len(report.tune.trials)} candidate(s) on {report.tune.world_size} rank(s)")
     strag = [(p.name, s) for p in report.points for s in p.stragglers]
     warn = "".join(f'<div class="warn">STRAGGLER in {_e(n)}: rank {s["rank"]} on {_e(s["host"])} '
                    f'(local rank {s["local_rank"]}), median step {1000 * s["median_s"]:.1f} ms; '

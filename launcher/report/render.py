@@ -58,8 +58,7 @@ def markdown(report: ScalingReport, plots: Iterable[str] = (), *, out_dir: Path 
     stragglers, notes. `out_dir`: where the file goes, for relative links."""
     units = report.sample_units
     lines = [f"# dlaunch report: {Path(report.source).name}", "",
-             f"{report.kind}, {report.mode} scaling, source `{report.source}`" if report.tune is None
-             else f"tune of {len(report.tune.trials)} candidate(s), source `{report.source}`", ""]
+             f"{report.headline()}, source `{report.source}`", ""]
     if report.tune is not None:
         lines += markdown_lines(report.tune, link_from=out_dir)
     if report.kind not in ("run", "tune"):

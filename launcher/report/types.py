@@ -155,6 +155,23 @@ class ScalingReport:
         """A JSON-ready dict."""
         return dataclasses.asdict(self)
 
+    @property
+    def live(self) -> bool:
+        """A run in it is still going: its numbers are the steps so far."""
+        return any(p.status == "running" for p in self.points)
+
+    def headline(self) -> str:
+        """What the report is about, in words: one run is not a scaling study."""
+        if self.tune is not None:
+            return f"tune of {len(self.tune.trials)} candidate(s)"
+        if self.kind == "run":
+            point = self.points[0] if self.points else None
+            what = f"one run on {point.world_size} rank(s)" if point else "one run"
+        else:
+            what = f"{self.mode} scaling"
+        return what + (", live: a run is still in progress, numbers are its steps so far"
+                       if self.live else "")
+
 
 def efficiency(mode: str, *, n0: int, n: int, throughput_n0: float, throughput_n: float,
                step_n0: float | None, step_n: float | None) -> float | None:

@@ -206,15 +206,19 @@ def aggregate(run_dir: str | Path, *, exit_code: int | None = None,
                           peak_mem_bytes=measured_peak_bytes(ranks, spec.device), device=spec.device)
                   if unusable is None else {"available": False, "reason": unusable})
     slowest = max(measured, key=lambda r: r.step_time_median_s).rank if measured else None
+    # read after the fact with no result: the launcher still runs, or died before writing it
+    owner = (owner_state(rd) if exit_code is None and not RunPaths(root=rd).result.exists()
+             else None)
+    if owner == "running":
+        # a rank without its summary is still training, not failed: a live report says so
+        ranks = tuple(dataclasses.replace(r, status="running") if r.status == "incomplete" else r
+                      for r in ranks)
     failures = _failures(ranks, summaries)
     if (unlisted_line := missing_note(spec.world_size, len(present), unlisted)) is not None:
         failures += (unlisted_line,)
     all_ok = all(r.status == "ok" for r in ranks) and unlisted <= 0
     code = exit_code if exit_code is not None else (0 if all_ok else 1)
-    status = "ok" if code == 0 and all_ok else "failed"
-    if exit_code is None and not RunPaths(root=rd).result.exists():
-        # read after the fact with no result: the launcher still runs, or died before writing it
-        status = owner_state(rd) or status
+    status = owner or ("ok" if code == 0 and all_ok else "failed")
     if spec.is_script and not measured:
         notes.append("the script reported no steps (call launcher.runtime.meter.StepMeter.step() "
                      "once per step to see its throughput)")
@@ -277,7 +281,7 @@ def _read_plan(run_dir: Path) -> tuple[dict[str, Any] | None, str | None]:
 
 def _failures(ranks: tuple[RankResult, ...], summaries: dict[int, dict[str, Any]]) -> tuple[str, ...]:
     """One line per failed rank, the earliest failure (the likely cause) first."""
-    failed = [r for r in ranks if r.status not in ("ok",)]
+    failed = [r for r in ranks if r.status not in ("ok", "running")]
     order = sorted(failed, key=lambda r: summaries.get(r.rank, {}).get("time", float("inf")))
     out = []
     told: set[str] = set()  # a misfit's fix is said once, on the first rank that shows it
