@@ -21,7 +21,9 @@ class RankResult:
     local_rank: int
     node_rank: int
     host: str
-    status: str  # ok | failed | hung | killed | exited | stopped | incomplete | missing | running (a live rank, read while its run goes on)
+    # ok | failed | hung | killed | exited | stopped | incomplete | missing | running (a live
+    # rank, read while its run goes on)
+    status: str
     steps: int  # optimizer steps recorded
     steady_steps: int  # steps after warm-up
     samples_per_s: float
