@@ -101,8 +101,14 @@ def build_point(data: RunData, *, name: str, world_size: int, repeat: int,
     point.shares = {k: v / step for k, v in parts.items()} if step else {}
     point.exposed_comm_s, point.busbw_gb_s = r.exposed_comm_s, r.busbw_gb_s
     point.link_kind, point.link_bw_gb_s = kind, bw
-    if bw and r.busbw_gb_s is not None:
+    if bw and r.busbw_gb_s is not None and r.busbw_gb_s <= bw:
         point.busbw_of_link = r.busbw_gb_s / bw
+    elif bw and r.busbw_gb_s is not None:
+        # more than the link carries: the topology's figure (a datasheet value or an assumption)
+        # is wrong for this machine, so a share of it would mislead
+        point.warnings.append(f"measured busbw {r.busbw_gb_s:.3g} GB/s exceeds the topology's "
+                              f"{kind} figure of {bw:g} GB/s (an assumption, not a measurement): "
+                              "no share of it is shown")
     point.stragglers = stragglers(data, r)
     point.verdict = _verdict(data, r, point.shares)
     if point.stragglers and point.verdict.get("name") == "communication bound":
@@ -112,7 +118,7 @@ def build_point(data: RunData, *, name: str, world_size: int, repeat: int,
     point.failures = list(r.failures)
     point.unreadable = list(dict.fromkeys([*r.unreadable, *data.notes]))
     point.prediction = dict(r.prediction) if r.prediction else _prediction(data, r)
-    point.warnings = list(r.warnings)
+    point.warnings = [*r.warnings, *point.warnings]
     return point
 
 

@@ -87,6 +87,16 @@ def test_breakdown_busbw_and_link_by_hand(tmp_path):
     assert p.busbw_of_link == pytest.approx(1.0)
 
 
+def test_busbw_above_the_links_figure_is_no_share_of_it(tmp_path):
+    # 0.83 GB/s measured against cpu-local's assumed 0.5 GB/s: 166% would say the link is faster
+    # than the physics allows; the report says the figure is wrong instead
+    topo = load_topology(str(REPO / "topologies" / "cpu-local.yaml"))
+    write_sweep(tmp_path / "s", {2: dict(exposed_comm_s=0.01, busbw_gb_s=0.83)})
+    p = build_report(tmp_path / "s", topology=topo, with_prediction=False).points[0]
+    assert p.busbw_gb_s == pytest.approx(0.83) and p.busbw_of_link is None
+    assert any("exceeds the topology's shm figure of 0.5 GB/s" in w for w in p.warnings), p.warnings
+
+
 def test_link_is_the_slowest_the_ring_crosses(tmp_path):
     topo = load_topology(str(REPO / "topologies" / "h100-sxm-8x4node-ib.yaml"))
     write_sweep(tmp_path / "s", {8: dict(exposed_comm_s=0.01, busbw_gb_s=400.0),
