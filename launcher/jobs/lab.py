@@ -46,9 +46,22 @@ NOISE = 0.30
 class Precisions:
     """What this device can compute in, and the mixed precision the lab measures."""
 
-    mixed: str  # bf16 | fp16: the second and third rows
+    mixed: str  # bf16 | fp16: the second row
     usable: tuple[str, ...]  # precisions with hardware support here
     note: str  # one line for the user
+    # the third row: compile of the precision the plan trains in (fp32 where the plan keeps fp32,
+    # on a CPU without a bf16 unit), so its gain is the one a user of the plan would get
+    compiled: str = ""
+
+    @property
+    def compile_precision(self) -> str:
+        """The precision the compiled row runs in."""
+        return self.compiled or self.mixed
+
+
+def _plans(plan_precision: str | None, mixed: str) -> str:
+    """The compiled row's precision: the plan's when it is one the lab runs, else the mixed."""
+    return plan_precision if plan_precision in ("fp32", mixed) else mixed
 
 
 def cpu_precisions(flags: frozenset[str] | set[str], plan_precision: str | None = None) -> Precisions:
@@ -66,8 +79,11 @@ def cpu_precisions(flags: frozenset[str] | set[str], plan_precision: str | None 
                 f"mixed precision here is {mixed}")
     else:
         note = ("this CPU has no bf16 unit (no amx_bf16 / avx512_bf16): the plan keeps fp32, and "
-                "the bf16 rows show what emulated bf16 costs")
-    return Precisions(mixed=mixed, usable=usable, note=note)
+                "the bf16 row shows what emulated bf16 costs")
+    compiled = _plans(plan_precision, mixed)
+    if compiled != mixed:
+        note += f"; the compiled row runs the plan's {compiled}"
+    return Precisions(mixed=mixed, usable=usable, note=note, compiled=compiled)
 
 
 def cuda_precisions(capability: tuple[int, int] | None, plan_precision: str | None = None) -> Precisions:
@@ -76,9 +92,12 @@ def cuda_precisions(capability: tuple[int, int] | None, plan_precision: str | No
     usable = ("fp32", "tf32", "bf16", "fp16") if has_bf16 else ("fp32", "fp16")
     mixed = plan_precision if plan_precision in ("bf16", "fp16") else ("bf16" if has_bf16 else "fp16")
     cc = f"compute capability {capability[0]}.{capability[1]}" if capability else "unknown capability"
-    return Precisions(mixed=mixed, usable=usable,
+    compiled = _plans(plan_precision, mixed)
+    return Precisions(mixed=mixed, usable=usable, compiled=compiled,
                       note=f"this GPU ({cc}) computes in {', '.join(usable)}; mixed precision "
-                           f"here is {mixed}" + ("" if mixed == "bf16" else " with a GradScaler"))
+                           f"here is {mixed}" + ("" if mixed == "bf16" else " with a GradScaler")
+                           + ("" if compiled == mixed else
+                              f"; the compiled row runs the plan's {compiled}"))
 
 
 def detect_precisions(device: str, plan_precision: str | None = None) -> Precisions:
@@ -123,13 +142,15 @@ class LabResult:
                 "reading": list(self.reading), "ok": self.ok}
 
 
-def lab_specs(base: LaunchSpec, mixed: str) -> list[tuple[str, LaunchSpec]]:
-    """The three runs' specs: same everything, each in its own sub-directory of the lab dir."""
+def lab_specs(base: LaunchSpec, mixed: str, compiled: str | None = None) -> list[tuple[str, LaunchSpec]]:
+    """The three runs' specs: same everything, each in its own sub-directory of the lab dir.
+    The third compiles `compiled` (default: the mixed precision)."""
     out = []
-    for name, precision, compiled in (("fp32", "fp32", False), (mixed, mixed, False),
-                                      (f"{mixed}+compile", mixed, True)):
+    third = compiled or mixed
+    for name, precision, compiled_row in (("fp32", "fp32", False), (mixed, mixed, False),
+                                          (f"{third}+compile", third, True)):
         slug = name.replace("+", "-")
-        strategy = dataclasses.replace(base.strategy, precision=precision, compile=compiled)
+        strategy = dataclasses.replace(base.strategy, precision=precision, compile=compiled_row)
         out.append((name, dataclasses.replace(base, run_id=f"{base.run_id}-{slug}",
                                               run_dir=str(Path(base.run_dir) / slug),
                                               strategy=strategy)))
@@ -192,7 +213,7 @@ def run_lab(base: LaunchSpec, precisions: Precisions, *, run: RunFn | None = Non
     if run is None:
         run = run_local
     rows: list[LabRow] = []
-    specs = lab_specs(base, precisions.mixed)
+    specs = lab_specs(base, precisions.mixed, precisions.compile_precision)
     for i, (name, spec) in enumerate(specs, 1):
         Path(spec.run_dir).mkdir(mode=0o750, parents=True, exist_ok=True)
         progress.write(f"dlaunch lab: [{i}/{len(specs)}] {name} ...\n")
@@ -209,12 +230,18 @@ def run_lab(base: LaunchSpec, precisions: Precisions, *, run: RunFn | None = Non
             break
     frozen = tuple(rows)
     p_gain = _speedup(frozen[1].result, frozen[0].result) if len(frozen) > 1 else None
-    c_gain = _speedup(frozen[2].result, frozen[1].result) if len(frozen) > 2 else None
+    c_gain = (_speedup(frozen[2].result, frozen[_eager_twin(frozen)].result)
+              if len(frozen) > 2 else None)
     lab = LabResult(lab_dir=base.run_dir, precisions=precisions, rows=frozen,
                     precision_speedup=p_gain, compile_speedup=c_gain,
                     reading=reading(frozen, p_gain, c_gain))
     atomic_write_json(RunPaths(root=base.run_dir).lab, lab.to_dict())
     return lab
+
+
+def _eager_twin(rows: tuple[LabRow, ...]) -> int:
+    """The row the compiled (third) row is measured against: the eager run of its precision."""
+    return 0 if rows[2].precision == rows[0].precision else 1
 
 
 def _fmt_rate(x: float) -> str:
@@ -227,9 +254,10 @@ def format_lab(lab: LabResult) -> str:
     header = ["run", "status", "samples/s", *([f"{units}/s"] if units != "samples" else []),
               "step med", "peak mem", "speed-up", "loss", "compile"]
     rows = []
-    prev: RunResult | None = None
     for i, row in enumerate(lab.rows):
         r = row.result
+        # each row against the eager row before it of the same precision (or fp32's)
+        prev = lab.rows[_eager_twin(lab.rows) if i == 2 else 0].result if i else None
         gain = "1.00x" if i == 0 else (f"{s:.2f}x" if prev and (s := _speedup(r, prev)) else "-")
         r0 = r.ranks[0] if r.ranks else None
         comp = "-"
@@ -242,12 +270,12 @@ def format_lab(lab: LabResult) -> str:
                      f"{r.step_time_median_s:.3f}s", "-" if peak is None else f"{peak / GIB:.2f} GiB",
                      gain, "-" if r0 is None or r0.final_loss is None else f"{r0.final_loss:.4f}",
                      comp])
-        prev = r
     first = lab.rows[0].result if lab.rows else None
     head = "lab"
     if first is not None:
         head = (f"lab: {first.world_size} rank(s), {first.device}, {first.strategy}, same seed and "
-                f"data; speed-up is each row against the row above")
+                f"data; speed-up: mixed precision against fp32, compile against the eager run of "
+                f"its precision")
     out = [head, f"precisions: {lab.precisions.note}", format_table(header, rows)]
     if first is not None and first.device == "cpu":
         out.append("peak mem on CPU is each rank's peak resident set (ru_maxrss), not tensor bytes")

@@ -61,6 +61,27 @@ def test_cpu_precisions_follow_the_bf16_unit():
     assert cuda_precisions((7, 0)).mixed == "fp16" and cuda_precisions((9, 0)).mixed == "bf16"
 
 
+def test_where_the_plan_keeps_fp32_the_compiled_row_is_fp32(tmp_path):
+    # a CPU without a bf16 unit: the plan trains in fp32, so compile's gain is measured there
+    # (compiling emulated bf16 answers a question nobody asked)
+    precisions = cpu_precisions({"avx2", "fma"}, "fp32")
+    assert precisions.compile_precision == "fp32" and "compiled row runs the plan's fp32" in precisions.note
+    speeds = iter([100.0, 60.0, 126.0])  # bf16 emulated: slower; fp32 + compile: +26%
+    seen = []
+
+    def run(spec, *, out):
+        seen.append((spec.strategy.precision, spec.strategy.compile))
+        return fake_result(spec, next(speeds))
+
+    lab = run_lab(base_spec(tmp_path), precisions, run=run, progress=io.StringIO())
+    assert seen == [("fp32", False), ("bf16", False), ("fp32", True)]
+    assert [r.name for r in lab.rows] == ["fp32", "bf16", "fp32+compile"]
+    assert round(lab.compile_speedup, 2) == 1.26  # against the fp32 row, not the bf16 one
+    row = next(line for line in format_lab(lab).splitlines() if line.startswith("fp32+compile "))
+    assert "1.26x" in row
+    assert cpu_precisions({"avx512_bf16"}, "bf16").compile_precision == "bf16"
+
+
 def test_run_lab_table_speedups_and_reading(tmp_path):
     speeds = iter([100.0, 110.0, 112.0])  # +10% from bf16, +2% from compile
 
