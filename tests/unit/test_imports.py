@@ -101,7 +101,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-# The layer rules (README, "Layout"): which part of the package may import which. A part is a
+# The layer rules (docs/layout.md): which part of the package may import which. A part is a
 # subpackage (launcher/plan/) or a module at the package's root (launcher/specs.py); imports
 # inside a part are free. The data flows cli -> request -> hardware / plan -> backends -> jobs;
 # runtime runs inside the ranks; results read what ranks wrote; report reads results. No
