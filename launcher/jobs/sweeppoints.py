@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
+import signal
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -36,9 +38,19 @@ LaunchPoint = Callable[[LaunchSpec, IO[str]], RunResult]
 
 
 class SweepInterrupted(DlaunchError):
-    """The sweep was stopped (Ctrl-C, SIGTERM); re-running the same command resumes it."""
+    """The sweep was stopped (Ctrl-C, SIGTERM); re-running the same command resumes it.
+
+    Exits 128 + the signal, as `dlaunch run` does (130 for Ctrl-C, 143 for SIGTERM)."""
 
     exit_code = 130
+
+    def __init__(self, message: str, *, signum: int = signal.SIGINT) -> None:
+        super().__init__(message)
+        self.exit_code = 128 + int(signum)
+
+
+# torchrun's own line when a signal from elsewhere stopped it
+_GOT_SIGNAL = re.compile(r"got signal: (\d+)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,9 +109,12 @@ def launch_local(spec: LaunchSpec, console: IO[str]) -> RunResult:
     result = run_local(spec, out=console)
     tlog = RunPaths(root=spec.run_dir).torchrun_log
     text = tlog.read_text(errors="replace") if result.status != "ok" and tlog.exists() else ""
-    if result.status == "interrupted" or ("SignalException" in text and "got signal" in text):
+    got = _GOT_SIGNAL.search(text) if "SignalException" in text else None
+    if result.status == "interrupted" or got is not None:
+        signum = (int(got.group(1)) if got is not None
+                  else result.exit_code - 128 if result.exit_code > 128 else signal.SIGINT)
         raise SweepInterrupted(f"sweep interrupted: point {Path(spec.run_dir).name} was stopped "
-                               "by a signal; run the same command again to resume")
+                               "by a signal; run the same command again to resume", signum=signum)
     return result
 
 

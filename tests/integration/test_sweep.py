@@ -204,8 +204,9 @@ def test_signal_stopped_point_interrupts_the_sweep(tmp_path, monkeypatch):
                          step_time_median_s=0.0, slowest_rank=None, data_wait_share=0.0, ranks=())
 
     monkeypatch.setattr(launcher.jobs.sweeppoints, "run_local", stopped)
-    with pytest.raises(SweepInterrupted, match="run the same command again"):
+    with pytest.raises(SweepInterrupted, match="run the same command again") as stopped_by:
         sweep(tmp_path, launch_local, sizes=(1,))
+    assert stopped_by.value.exit_code == 143  # 128 + SIGTERM, as `dlaunch run` exits
     assert read_json(SweepPaths(root=tmp_path / "sw").manifest)["points"][0]["status"] == "pending"
 
 
@@ -227,3 +228,33 @@ def test_dry_run_lists_points_and_runs_nothing(dlaunch, tmp_path):
     assert done.code == 0, done.err
     assert "ws4-r0: 4 rank(s) = 1 node(s) x 4, micro-batch 8, global batch 32" in done.out
     assert not (tmp_path / "sw").exists()
+
+
+@pytest.mark.distributed
+def test_sigterm_to_scale_exits_143_like_run_and_leaves_the_point_pending(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.helpers import REPO, assert_processes_gone, rank_pids
+
+    sweep = tmp_path / "sweep"
+    point = SweepPaths(root=sweep).point("ws1-r0")
+    env = {**os.environ, "TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "launcher.cli.main", "scale", MLP, "--gpus", "1", "--steps", "100000",
+         "--sweep-dir", str(sweep), "--no-report", "--", *TINY],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    records = point.rank_file(0, ".jsonl")
+    while time.monotonic() < deadline and not records.exists():
+        time.sleep(0.5)
+    assert records.exists(), "the point never started"
+    time.sleep(2)  # a few steps in
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err[-3000:]
+    assert "run the same command again to resume" in err and "Traceback" not in err
+    assert read_json(SweepPaths(root=sweep).manifest)["points"][0]["status"] == "pending"
+    assert_processes_gone(rank_pids(point.root))
