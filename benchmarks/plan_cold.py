@@ -1,5 +1,5 @@
-"""Wall time of `dlaunch plan` for Llama-3 70B on 1,024 H100s (target: <= 2.5 s cold median,
-torch import included, without --global-batch) and of `dlaunch --help` (< 0.3 s).
+"""Wall time of `dlaunch plan` for Llama-3 70B on 1,024 H100s (target, issue 22: <= 1.5 s cold
+median of 7, torch import included, without --global-batch) and of `dlaunch --help` (<= 0.10 s).
 
     .venv/bin/python benchmarks/plan_cold.py [--repeats 7]
 

@@ -16,7 +16,8 @@
 - operations: the aten ops that micro-batch-1 forward dispatches (what per-op overhead, the
   dominant cost of a tiny model on CPU, scales with), and the number of parameter tensors;
 - a model of identical blocks (a transformer) runs through its first 1, 2 and 3 blocks only and
-  is scaled to all of them, after checking the increments are equal: 70B in well under a second;
+  is scaled to all of them, after checking the increments are equal: 70B in well under a second
+  (backward, for its transient, runs through the 3 blocks only: the one truncation kept);
 - the optimizer's state per parameter: built on the meta model, probed on CPU (plan.workload_probe).
 
 A profile that fails on the meta device is tried once more on a tiny real CPU batch
@@ -247,15 +248,18 @@ def _saved_bytes(workload: Workload, model: Any, micro_batch: int, param_keys: s
     counter = FlopCounterMode(display=False) if count_flops else contextlib.nullcontext()
     ops = _op_counter() if count_flops else contextlib.nullcontext()
     sdpa = _flash_like_sdpa()
-    tracker = _NewBytes()
+    # only backward's transient reads the tracker: a forward-only pass skips its per-op
+    # bookkeeping (a weakref finalizer per new storage)
+    tracker = _NewBytes() if backward else None
     try:
         with counter, ops, sdpa, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
-                tracker.mode:
+                tracker.mode if tracker is not None else contextlib.nullcontext():
             loss = workload.loss_fn(model, batch)
     finally:
         if handle is not None:
             handle.remove()
-    transient = _backward_transient(loss, list(model.parameters()), tracker) if backward else 0.0
+    transient = (_backward_transient(loss, list(model.parameters()), tracker)
+                 if tracker is not None else 0.0)
     del loss
     flops = (0.0, 0.0, 0.0)
     if isinstance(counter, FlopCounterMode):
@@ -306,14 +310,16 @@ def _first_blocks(container: Any, count: int) -> Any:
         container._modules.update(items)
 
 
-def _passes(workload: Workload, model: Any, param_keys: set[int], first_block: Any) -> Counts:
+def _passes(workload: Workload, model: Any, param_keys: set[int], first_block: Any, *,
+            transients: bool = True) -> Counts:
     """Saved bytes at micro-batch 1 and 2, the first block's input bytes, and the FLOPs and
-    aten ops at 1."""
+    aten ops at 1; with `transients`, backward's transient at TRANSIENT_BATCHES (else 0: the
+    two backward passes are a third of a profile's time, skipped where nobody reads them)."""
     saved1, block_in, (flops, attention, conv), ops, _ = _saved_bytes(
         workload, model, PROFILE_BATCHES[0], param_keys, first_block, count_flops=True)
     saved2, _, _, _, _ = _saved_bytes(workload, model, PROFILE_BATCHES[1], param_keys)
-    transient1, transient2 = (_saved_bytes(workload, model, mb, param_keys, backward=True)[4]
-                              for mb in TRANSIENT_BATCHES)
+    transient1, transient2 = ((_saved_bytes(workload, model, mb, param_keys, backward=True)[4]
+                               for mb in TRANSIENT_BATCHES) if transients else (0.0, 0.0))
     return Counts(saved1, saved2, block_in, flops, attention, conv, ops, transient1, transient2)
 
 
@@ -331,7 +337,10 @@ def _extrapolated(workload: Workload, model: Any, param_keys: set[int], blocks: 
         runs = []
         for count in (1, 2, 3):
             with _first_blocks(container, count):
-                runs.append(_passes(workload, model, param_keys, blocks[0]))
+                # only the deepest truncation's transients are kept (below): backward runs
+                # there alone
+                runs.append(_passes(workload, model, param_keys, blocks[0],
+                                    transients=count == 3))
     except Exception as e:  # e.g. a forward that indexes layers by a configured count
         log.debug("block extrapolation not possible (%s: %s); profiling every block",
                   type(e).__name__, e)
