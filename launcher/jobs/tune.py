@@ -278,14 +278,16 @@ def finish(base: LaunchSpec, trials: Sequence[Trial], *, workload: str, workload
     return tune
 
 
-def trial_records(tune: TuneResult, workload: str) -> list[TrialRecord]:
+def trial_records(tune: TuneResult, workload: str,
+                  workload_args: Sequence[str] = ()) -> list[TrialRecord]:
     """The finished trials as the correction cache stores them."""
     at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     return [TrialRecord(precision=t.candidate.strategy.precision,
                         compute_ratio=compute_ratio(t.candidate.time, t.measured_step_s),
                         step_ratio=t.measured_step_s / t.candidate.time.step_time_s,
                         predicted_step_s=t.candidate.time.step_time_s, measured_step_s=t.measured_step_s,
-                        workload=Path(workload).name, tune_dir=tune.tune_dir, at=at)
+                        workload=Path(workload).name, workload_args=tuple(workload_args),
+                        tune_dir=tune.tune_dir, at=at)
             for t in tune.trials if t.status == "ok" and t.measured_step_s]
 
 

@@ -5,11 +5,16 @@ have had to be for the prediction to match, over what the model said:
 (measured - predicted non-compute terms) / predicted compute. The communication, contention and
 sync terms are taken as predicted because the trials time whole steps, not their parts, and
 compute is the term the probe-derived rates get most wrong on a shared or throttled machine.
-The stored trials of one machine (`fingerprint`: device, accelerator, shape and torch version,
-never the workload) give one correction per precision, the median compute ratio of its trials;
-`correct_plan` scales every candidate's predicted compute by it; a precision no trial measured
-takes the median over all trials (the machine is slower or faster than its probe for every
-dtype), so an unmeasured precision never wins on the model's uncorrected optimism alone.
+The stored trials of one machine (`fingerprint`: device, accelerator, shape and torch version)
+and one workload (its file name and arguments: the step probe already times each workload
+itself, so a ratio learnt on one model says nothing about another) give one correction per
+precision, the median compute ratio of its trials; `correct_plan` scales every candidate's
+predicted compute by it; a precision no trial measured takes the median over all that workload's
+trials (the machine is slower or faster than its probe for every dtype), so an unmeasured
+precision never wins on the model's uncorrected optimism alone. A trial whose measured step is
+more than TRUSTED_STEP_RATIO off the prediction is not stored: a model that good elsewhere is
+not that wrong here, the probe (or the host during the trial) was: a probe cached on a busy host
+once made a tune store 0.31 for an idle one.
 
 Pure values and JSON files given by path: never imports torch, cli, backends, jobs, runtime or
 report; the cache directory is launcher.plan.resolve's.
@@ -37,12 +42,14 @@ log = logging.getLogger(__name__)
 
 # bump when the meaning of a stored trial changes, so old files are ignored: a stored ratio is
 # measured / predicted, so any change to the CPU or GPU cost model changes its meaning too
-CORRECTIONS_FORMAT = 3
+CORRECTIONS_FORMAT = 4
 # the newest trials kept per precision: old ones describe a machine that may have changed
 MAX_TRIALS_PER_PRECISION = 20
 # a measured step shorter than the predicted non-compute terms would give a ratio <= 0: the
 # communication was overpredicted, not the compute free; the ratio is kept at least this
 MIN_COMPUTE_RATIO = 0.1
+# measured / predicted step times outside this range are not learnt from (see the docstring)
+TRUSTED_STEP_RATIO = (0.5, 2.0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,9 +61,16 @@ class TrialRecord:
     step_ratio: float  # measured / predicted step time
     predicted_step_s: float
     measured_step_s: float
-    workload: str
+    workload: str  # the workload file's name
     tune_dir: str
     at: str  # ISO date of the trial
+    workload_args: tuple[str, ...] = ()  # its arguments (after `--`)
+
+    @property
+    def trusted(self) -> bool:
+        """Close enough to the prediction to be a correction, not a symptom (see the docstring)."""
+        low, high = TRUSTED_STEP_RATIO
+        return low <= self.step_ratio <= high
 
     def __post_init__(self) -> None:
         for name in ("compute_ratio", "step_ratio", "predicted_step_s", "measured_step_s"):
@@ -107,28 +121,43 @@ def load_trials(path: Path) -> list[TrialRecord]:
         data = json.loads(path.read_text(encoding="utf-8"))
         if data.get("format") != CORRECTIONS_FORMAT:
             return []
-        return [TrialRecord(**t) for t in data["trials"]]
+        return [TrialRecord(**{**t, "workload_args": tuple(t.get("workload_args", ()))})
+                for t in data["trials"]]
     except (OSError, ValueError, TypeError, KeyError, AttributeError, PlanError) as e:
         log.debug("corrections %s not used: %s", path, e)
         return []
 
 
-def store_trials(path: Path, new: Sequence[TrialRecord]) -> None:
-    """Add `new` to the trials at `path`, keeping the newest MAX_TRIALS_PER_PRECISION of each."""
+def store_trials(path: Path, new: Sequence[TrialRecord]) -> list[TrialRecord]:
+    """Add the trusted ones of `new` to the trials at `path`, keeping the newest
+    MAX_TRIALS_PER_PRECISION of each workload and precision; returns those not stored."""
+    refused = [t for t in new if not t.trusted]
+    for t in refused:
+        log.warning("tune trial in %s not learnt from: measured/predicted %.2f is outside %g-%g; "
+                    "the probe or the host was off (re-plan on an idle host with "
+                    "--no-calibration-cache, then tune again)", t.tune_dir, t.step_ratio,
+                    *TRUSTED_STEP_RATIO)
     kept: list[TrialRecord] = []
-    trials = [*load_trials(path), *new]
-    for precision in sorted({t.precision for t in trials}):
-        kept += [t for t in trials if t.precision == precision][-MAX_TRIALS_PER_PRECISION:]
+    trials = [*load_trials(path), *(t for t in new if t.trusted)]
+    for key in sorted({(t.workload, t.workload_args, t.precision) for t in trials}):
+        kept += [t for t in trials
+                 if (t.workload, t.workload_args, t.precision) == key][-MAX_TRIALS_PER_PRECISION:]
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(path, {"format": CORRECTIONS_FORMAT,
                                  "trials": [dataclasses.asdict(t) for t in kept]})
     except OSError as e:  # a read-only cache must not fail the tune that measured them
         log.warning("tune trials not stored in %s: %s", path, e)
+    return refused
 
 
-def correction_of(trials: Sequence[TrialRecord]) -> Correction | None:
-    """The median compute ratio per precision of `trials`; None without trials."""
+def correction_of(trials: Sequence[TrialRecord], *, workload: str | None = None,
+                  workload_args: Sequence[str] = ()) -> Correction | None:
+    """The median compute ratio per precision of `trials` (those of `workload`, its file name,
+    with `workload_args`, when given); None without trials."""
+    if workload is not None:
+        trials = [t for t in trials
+                  if t.workload == workload and t.workload_args == tuple(workload_args)]
     if not trials:
         return None
     factors = {p: statistics.median(t.compute_ratio for t in trials if t.precision == p)

@@ -131,7 +131,8 @@ def corrections_path(topology: Topology) -> Path:
 
 
 def store_tune_trials(topology: Topology, trials: Sequence[TrialRecord]) -> Path:
-    """Add measured tune trials to this machine's corrections; returns the file."""
+    """Add measured tune trials to this machine's corrections (the trusted ones: see
+    plan.corrections); returns the file."""
     path = corrections_path(topology)
     store_trials(path, trials)
     return path
@@ -312,7 +313,8 @@ def plan_workload(workload: str, workload_args: Sequence[str], topology: Topolog
     compile_open = (overrides or {}).get("compile") is None and topology.device == "cuda"
     check = cached_compile_check(workload, workload_args) if compile_open else None
     result = plan(profile, topology, goal, overrides=overrides, timing=timing, compile_check=check)
-    correction = correction_of(load_trials(corrections_path(topology))) if corrected else None
+    correction = (correction_of(load_trials(corrections_path(topology)), workload=Path(workload).name,
+                                workload_args=workload_args) if corrected else None)
     if correction is not None:
         forced = any(v is not None for v in (overrides or {}).values())
         result = correct_plan(result, correction, may_switch=not forced)

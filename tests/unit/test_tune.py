@@ -127,23 +127,47 @@ def test_plan_files_tuned_or_from_a_run_dir_and_bad_ones(tmp_path: Path):
         read_plan_file(str(tmp_path / "missing.json"))
 
 
-def record(precision: str, ratio: float, at: str = "2025-01-02T00:00:00") -> TrialRecord:
+def record(precision: str, ratio: float, at: str = "2025-01-02T00:00:00", *, workload: str = "mlp.py",
+           args: tuple[str, ...] = ()) -> TrialRecord:
     return TrialRecord(precision=precision, compute_ratio=ratio, step_ratio=ratio, predicted_step_s=0.01,
-                       measured_step_s=0.01 * ratio, workload="mlp.py", tune_dir="runs/t", at=at)
+                       measured_step_s=0.01 * ratio, workload=workload, workload_args=args,
+                       tune_dir="runs/t", at=at)
 
 
 def test_corrections_are_stored_trimmed_and_reduced_to_medians(tmp_path: Path):
     path = tmp_path / "c.json"
-    store_trials(path, [record("fp32", 2.0), record("fp32", 4.0), record("fp32", 3.0)])
+    store_trials(path, [record("fp32", 1.2), record("fp32", 1.8), record("fp32", 1.5)])
     store_trials(path, [record("bf16", 1.0, "2025-02-03T00:00:00")])
     correction = correction_of(load_trials(path))
-    assert correction is not None and correction.factors == {"fp32": 3.0, "bf16": 1.0}
-    assert correction.overall == 2.5 and correction.factor("fp16") == 2.5
+    assert correction is not None and correction.factors == {"fp32": 1.5, "bf16": 1.0}
+    assert correction.overall == 1.35 and correction.factor("fp16") == 1.35
     assert correction.describe().startswith("corrected by 4 tune trials (2025-02-03)")
     store_trials(path, [record("fp32", 1.0)] * (MAX_TRIALS_PER_PRECISION + 5))
     assert len([t for t in load_trials(path) if t.precision == "fp32"]) == MAX_TRIALS_PER_PRECISION
     path.write_text('{"format": 0, "trials": []}')
     assert load_trials(path) == [] and correction_of([]) is None
+
+
+def test_a_trial_far_off_the_prediction_is_not_learnt(tmp_path: Path, caplog):
+    # 0.31: a probe cached while the host was busy, measured against an idle tune
+    path = tmp_path / "c.json"
+    refused = store_trials(path, [record("fp32", 0.31), record("fp32", 1.1)])
+    assert [t.step_ratio for t in refused] == [0.31]
+    assert [t.step_ratio for t in load_trials(path)] == [1.1]
+    assert "measured/predicted 0.31 is outside 0.5-2" in caplog.text
+
+
+def test_a_tune_of_one_workload_leaves_another_workloads_plan_alone(tmp_path: Path):
+    path = tmp_path / "c.json"
+    store_trials(path, [record("fp32", 1.8, workload="mlp.py"),
+                        record("fp32", 0.6, workload="gpt.py", args=("--size", "small"))])
+    trials = load_trials(path)
+    assert correction_of(trials, workload="resnet.py") is None
+    assert correction_of(trials, workload="gpt.py") is None  # other arguments: another model
+    gpt = correction_of(trials, workload="gpt.py", workload_args=["--size", "small"])
+    mlp = correction_of(trials, workload="mlp.py")
+    assert gpt is not None and gpt.factor("fp32") == 0.6
+    assert mlp is not None and mlp.factor("fp32") == 1.8
 
 
 def test_correct_plan_scales_compute_and_may_switch_the_choice():
