@@ -48,6 +48,7 @@ from launcher.plan.cpu_cost import cpu_step_time
 from launcher.plan.cpu_probe import cache_key, measure, probed_topology, torch_version
 from launcher.plan.cpu_rates import CpuRates, GlooRates
 from launcher.plan.gloo_probe import GLOO_PROBE_FORMAT, measure_gloo
+from launcher.plan.host_quiet import Quiet, cacheable, watch
 from launcher.plan.profile import profile_workload
 from launcher.plan.search import plan
 from launcher.plan.step_probe import (
@@ -159,6 +160,27 @@ def _cached(path: Path, load: Callable[[dict[str, Any]], _T], make: Callable[[],
     return value
 
 
+def _cached_probe(path: Path, load: Callable[[dict[str, Any]], _T], make: Callable[[], _T],
+                  what: str, wanted_cores: float) -> _T:
+    """`_cached` for a measurement of this host: stored only when the host was quiet while it
+    ran (`host_quiet`); a busy host's measurement serves this plan alone, and a line says so."""
+    try:
+        return load(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError):
+        pass  # absent or stale: measure
+    value, quiet = watch(make, cpu_info().usable_cores, wanted_cores)
+    if cacheable(quiet):
+        _store(path, dataclasses.asdict(value))  # type: ignore[call-overload]
+    else:
+        _say_busy(what, quiet)
+    return value
+
+
+def _say_busy(what: str, quiet: Quiet) -> None:
+    log.warning("the host was busy while dlaunch measured %s (%s): used for this plan only, not "
+                "cached; plan again on an idle host to keep a measurement", what, quiet.describe())
+
+
 def _measured_without_gc(what: str, measure: Callable[[], _T]) -> _T:
     """`measure()` of the workload with its prints held and the cyclic GC off: importing torch
     and torch._dynamo (meta kernels import it) allocates ~1M objects and the GC rescans them
@@ -210,7 +232,8 @@ def cached_cpu_rates(cache_dir: Path | None = None, *,
     info = cpu_info()
     key = cache_key(info.model, info.usable_cores, torch_version())
     path = (cache_dir or probe_cache_dir()) / f"{key}.json"
-    return _cached(path, lambda d: CpuRates(**d), measure_fn)
+    return _cached_probe(path, lambda d: CpuRates(**d), measure_fn, "its CPU rates",
+                         info.usable_cores)
 
 
 def cached_gloo_rates(ranks: int, cache_dir: Path | None = None, *,
@@ -220,7 +243,8 @@ def cached_gloo_rates(ranks: int, cache_dir: Path | None = None, *,
     info = cpu_info()
     key = cache_key(info.model, info.usable_cores, torch_version())
     path = (cache_dir or probe_cache_dir()) / f"gloo-{key}-{ranks}-v{GLOO_PROBE_FORMAT}.json"
-    return _cached(path, lambda d: GlooRates(**d), lambda: measure_fn(ranks))
+    return _cached_probe(path, lambda d: GlooRates(**d), lambda: measure_fn(ranks),
+                         "its gloo collectives", ranks)
 
 
 def _gloo_or_none(ranks: int) -> GlooRates | None:
@@ -280,8 +304,9 @@ def cached_step_timing(workload: str, workload_args: Sequence[str], profile: Mod
         return None
     try:
         with workload_prints_held("the step probe"):
-            timing = measure_steps(load_workload(workload, workload_args), threads=threads,
-                                   precisions=precisions, micro_batches=sizes)
+            timing, quiet = watch(lambda: measure_steps(
+                load_workload(workload, workload_args), threads=threads, precisions=precisions,
+                micro_batches=sizes), info.usable_cores, threads)
     except Exception as e:  # noqa: BLE001 - a workload bug surfaces in the run, with its traceback
         log.debug("step probe of %s failed (%s: %s); planning from the CPU rates", profile.name,
                   type(e).__name__, e)
@@ -289,7 +314,10 @@ def cached_step_timing(workload: str, workload_args: Sequence[str], profile: Mod
         # is timed again, an unchanged one does not re-import torch and fail at every plan
         _store(path, {"failed": f"{type(e).__name__}: {e}"})
         return None
-    _store(path, as_cached(timing))
+    if cacheable(quiet):
+        _store(path, as_cached(timing))
+    else:
+        _say_busy(f"{profile.name}'s steps", quiet)
     return timing
 
 
