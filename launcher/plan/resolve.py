@@ -51,13 +51,13 @@ from launcher.plan.gloo_probe import GLOO_PROBE_FORMAT, measure_gloo
 from launcher.plan.host_quiet import Quiet, cacheable, watch
 from launcher.plan.profile import profile_workload
 from launcher.plan.search import plan
+from launcher.plan.step_child import StepProbeFailed, probe_in_child
 from launcher.plan.step_probe import (
     MAX_STATE_BYTES,
     MICRO_BATCHES,
     STEP_PROBE_FORMAT,
     WorkloadTiming,
     as_cached,
-    measure_steps,
     probe_micro_batches,
     probe_precisions,
 )
@@ -303,13 +303,14 @@ def cached_step_timing(workload: str, workload_args: Sequence[str], profile: Mod
         log.debug("step probe skipped for %s: too big or too slow to time here", profile.name)
         return None
     try:
-        with workload_prints_held("the step probe"):
-            timing, quiet = watch(lambda: measure_steps(
-                load_workload(workload, workload_args), threads=threads, precisions=precisions,
-                micro_batches=sizes), info.usable_cores, threads)
+        # in a child process: the workload's code may hang, exit or flood its streams there
+        timing, quiet = watch(lambda: probe_in_child(
+            workload, workload_args, threads=threads, precisions=precisions,
+            micro_batches=sizes), info.usable_cores, threads)
     except Exception as e:  # noqa: BLE001 - a workload bug surfaces in the run, with its traceback
-        log.debug("step probe of %s failed (%s: %s); planning from the CPU rates", profile.name,
-                  type(e).__name__, e)
+        why = str(e) if isinstance(e, StepProbeFailed) else f"{type(e).__name__}: {e}"
+        log.warning("timing %s's steps failed (%s); planning from the CPU rates without them",
+                    profile.name, why)
         # remembered like a timing (the key holds the workload file's hash): an edited workload
         # is timed again, an unchanged one does not re-import torch and fail at every plan
         _store(path, {"failed": f"{type(e).__name__}: {e}"})

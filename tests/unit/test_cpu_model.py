@@ -126,7 +126,7 @@ def test_step_timing_is_cached_per_workload_and_threads_and_never_for_gpus(
     one = topology(1)
     first = cached_step_timing(path, args, profile, one)
     assert first is not None and first.threads == 2  # one rank takes both cores
-    monkeypatch.setattr("launcher.plan.resolve.measure_steps",
+    monkeypatch.setattr("launcher.plan.resolve.probe_in_child",
                         lambda *a, **k: pytest.fail("a cached step timing was measured again"))
     assert cached_step_timing(path, args, profile, one) == first
     # two ranks on two cores: one thread each, another measurement (skipped here: too big)
@@ -139,7 +139,7 @@ def test_step_timing_is_cached_per_workload_and_threads_and_never_for_gpus(
         calls.append(1)
         raise RuntimeError("the workload broke")
 
-    monkeypatch.setattr("launcher.plan.resolve.measure_steps", broken)
+    monkeypatch.setattr("launcher.plan.resolve.probe_in_child", broken)
     other = ["--hidden", "32", "--depth", "2"]
     small = profile_workload(load_workload(path, other))
     assert cached_step_timing(path, other, small, one) is None

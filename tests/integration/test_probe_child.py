@@ -1,0 +1,51 @@
+"""Workload code the planner runs to time its steps runs in a child process: a workload that
+hangs, exits or floods its stderr there costs a warning line, never dlaunch itself.
+
+Real `dlaunch plan` processes, every decision given (the step probe still times the steps),
+a fresh cache each, tests/data/probe_hostile.py.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import DATA, REPO
+
+WORKLOAD = str(DATA / "probe_hostile.py")
+DECIDED = ("--gpus", "1", "--strategy", "ddp", "--precision", "fp32", "--micro-batch", "4",
+           "--no-checkpointing")
+PROBE_LIMIT_S = 15
+
+
+def _plan(tmp_path: Path, hostile: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    env = {**os.environ, "DLAUNCH_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1",
+           "DLAUNCH_STEP_PROBE_TIMEOUT_S": str(PROBE_LIMIT_S)}
+    t0 = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "launcher.cli.main", "plan", WORKLOAD, *DECIDED,
+                           "--json", "--", "--hostile", hostile],
+                          cwd=REPO, env=env, capture_output=True, timeout=120)
+    text = subprocess.CompletedProcess(done.args, done.returncode,
+                                       done.stdout.decode("utf-8", "replace"),
+                                       done.stderr.decode("utf-8", "replace"))
+    return text, time.monotonic() - t0
+
+
+@pytest.mark.parametrize(("hostile", "why"), [
+    ("sleep", f"did not finish in {PROBE_LIMIT_S} s"),
+    ("exit", "exited before its steps were timed"),
+    ("flood", "RuntimeError: the workload flooded its stderr and gave up"),
+])
+def test_a_hostile_step_probe_costs_one_warning_not_dlaunch(tmp_path: Path, hostile: str, why: str):
+    done, took_s = _plan(tmp_path, hostile)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert '"chosen"' in done.stdout  # the plan, from the CPU rates
+    warnings = [line for line in done.stderr.splitlines() if "steps failed" in line]
+    assert len(warnings) == 1 and why in warnings[0], done.stderr[-2000:]
+    assert len(done.stderr) < 5000  # the 2 MiB stayed in the child's own file
+    assert took_s < PROBE_LIMIT_S + 60
