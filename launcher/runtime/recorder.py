@@ -77,6 +77,7 @@ class RankRecorder:
         self._host = socket.gethostname()
         self._busy: str | None = None  # what `busy` is waiting for, while it is
         self._busy_beats = 0
+        self._stepped = False  # a step record was added in this process
         self._beat_lock = threading.Lock()  # `busy`'s thread beats beside the caller
         # before the first heartbeat: the watcher only signals ranks whose heartbeat says
         # they can take it (SIGUSR1's default action would kill the rank)
@@ -103,7 +104,14 @@ class RankRecorder:
         if kind in ("step", "resume"):
             self.steps_done = max(self.steps_done, int(record["step"]))
         if kind == "step":
-            self.progress(self.steps_done)
+            if not self._stepped:
+                # the first step of this process ends its start-up: say so at once, or a hang
+                # a few fast steps later is judged by the start-up timeout (minutes), not the
+                # hang timeout (a resume record alone must not: the rank has not stepped yet)
+                self._stepped = True
+                self.heartbeat(self.steps_done)
+            else:
+                self.progress(self.steps_done)
 
     def progress(self, step: int) -> None:
         """Cheap liveness mark, callable once per step: beats when >= BEAT_INTERVAL_S passed."""

@@ -136,3 +136,20 @@ def test_dry_run_prints_command_and_starts_nothing(dlaunch, tmp_path):
     assert done.code == 0
     assert "torch.distributed.run" in done.out and "OMP_NUM_THREADS=1" in done.out
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.distributed
+def test_a_meter_script_hanging_after_its_first_steps_is_caught_by_the_hang_timeout(dlaunch, tmp_path):
+    # fast steps 1-5 then a hang: the first step ends the start-up phase (15 min), so the
+    # 20 s hang timeout applies and names how far each rank got
+    import time
+
+    t0 = time.monotonic()
+    done = dlaunch("run", str(DATA / "meter_hang.py"), "--gpus", "2", "--hang-timeout-s", "20",
+                   "--run-dir", str(tmp_path / "run"), timeout=150)
+    took = time.monotonic() - t0
+    assert done.code == 124, done.err[-3000:]
+    assert took < 60, took  # 20 s of silence, the stop, the summary
+    text = done.out + done.err
+    assert "no rank advanced for" in text and "still starting up" not in text, text[-3000:]
+    assert "rank 0 at step " in text and "rank 0 at step 0" not in text, text[-3000:]
