@@ -139,7 +139,8 @@ def launch(rendered: Rendered, spec: LaunchSpec, *, console: IO[str] = sys.stdou
                       expect_heartbeats=not spec.is_script)
     # from before torchrun exists: a Ctrl-C while it starts must stop it too
     restore = _catch_interrupts(job, watcher)
-    with os.fdopen(fd, "a", encoding="utf-8") as tlog:
+    # backslashreplace: a run dir or argument may hold any bytes the OS allows (not UTF-8)
+    with os.fdopen(fd, "a", encoding="utf-8", errors="backslashreplace") as tlog:
         offset = tlog.tell()
         tlog.write(f"=== dlaunch attempt {attempt}: {shlex.join(rendered.argv)}\n")
         tlog.flush()

@@ -153,3 +153,16 @@ def test_a_meter_script_hanging_after_its_first_steps_is_caught_by_the_hang_time
     text = done.out + done.err
     assert "no rank advanced for" in text and "still starting up" not in text, text[-3000:]
     assert "rank 0 at step " in text and "rank 0 at step 0" not in text, text[-3000:]
+
+
+def test_a_run_dir_with_bytes_that_are_not_utf8_runs(tmp_path):
+    # Linux allows any bytes but / and NUL in a name; Python hands them on as surrogates
+    run_dir = os.fsdecode(os.fsencode(str(tmp_path)) + b"/run-\xff")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "launcher.cli.main", "run", str(REPO / "workloads" / "mlp.py"),
+                           "--gpus", "1", "--steps", "3", "--no-calibrate", "--run-dir", run_dir],
+                          cwd=REPO, env=env, capture_output=True, timeout=180)
+    err = done.stderr.decode("utf-8", "replace")
+    assert done.returncode == 0, err[-3000:]
+    assert "Traceback" not in err
+    assert run_result(Path(run_dir))["status"] == "ok"
