@@ -145,6 +145,20 @@ def append_lines(path: str | Path, records: Iterable[dict[str, Any]]) -> None:
             os.close(fd)
 
 
+def read_new(path: Path, offsets: dict[Path, int], *, whole_lines: bool) -> str:
+    """The text appended to `path` since the last call (`offsets[path]` remembers where it
+    stopped); with `whole_lines`, only up to the last newline: a line being written waits for
+    the next call (`logs --follow`)."""
+    with open(path, "rb") as f:
+        f.seek(offsets.get(path, 0))
+        data = f.read()
+    end = data.rfind(b"\n") if whole_lines else len(data) - 1
+    if end < 0:
+        return ""
+    offsets[path] = offsets.get(path, 0) + end + 1
+    return data[:end + 1].decode("utf-8", errors="replace")
+
+
 def read_jsonl(path: str | Path) -> tuple[list[dict[str, Any]], str | None]:
     """Every whole record of a JSON-lines file, and a note when a cut-off tail was dropped."""
     records: list[dict[str, Any]] = []

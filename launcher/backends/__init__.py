@@ -1,4 +1,5 @@
-"""Backends start processes: `local` (torchrun on this host) and `slurm` (submitit).
+"""Backends start processes: `local` (torchrun on this host) and `slurm` (submitit), behind
+one interface (`base.Backend`: render, start, follow; status, logs, cancel of a run).
 
 Each renders the exact command before it runs it, so `--dry-run` shows what would run and
 tests compare renderings with golden files. Backends never import `launcher.runtime`: they

@@ -6,18 +6,21 @@ default" (`resolve`), the flags that mean nothing without --slurm, and the flag 
 error lines in place of the field names the specs and the request use (`name_flags`). What an
 option is (`Option`, `Yaml`) and the argparse types are in launcher.cli.option.
 
-Only launcher.cli and launcher.cli.config import this module; it must never import launcher.cli.config
-(which imports it), a command module, the request, or anything that imports torch. Every command's
-parser is built from this table at start-up, `dlaunch --help` included, so at import time it loads
-only launcher.cli.option, launcher.errors and launcher.specs: the few values it shows that belong
-to heavier modules (the sweep's modes, the tune's trial length) are stated here, each beside its
-owner's name (tests/unit/test_cli_lazy.py checks that they agree), and the one function it needs
-from the SLURM backend is imported when it runs.
+The merged dict `resolve` returns is read only by launcher.cli.options, which types it (one
+frozen dataclass per command); command modules read those, never the dict. This module must
+never import launcher.cli.config or launcher.cli.options (which import it), a command module,
+the request, or anything that imports torch. Every command's parser is built from this table
+at start-up, `dlaunch --help` included, so at import time it loads only launcher.cli.option,
+launcher.errors and launcher.specs: the few values it shows that belong to heavier modules (the
+sweep's modes, the tune's trial length) are stated here, each beside its owner's name
+(tests/unit/test_cli_lazy.py checks that they agree), and the one function it needs from the
+SLURM backend is imported when it runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -62,6 +65,30 @@ def _fraction(flag: str) -> Parse:
         return value
 
     return parse
+
+
+def _number(flag: str, *, minimum: float, inclusive: bool) -> Parse:
+    """An argparse `type` accepting a finite number above `minimum` (or at it, `inclusive`)."""
+    bound = f">= {minimum:g}" if inclusive else f"> {minimum:g}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise UsageError(f"{flag} must be a number {bound}, got {text!r}") from None
+        if not math.isfinite(value) or value < minimum or (value == minimum and not inclusive):
+            raise UsageError(f"{flag} must be a finite number {bound}, got {text}")
+        return value
+
+    return parse
+
+
+def _non_negative(flag: str) -> Parse:
+    return _number(flag, minimum=0.0, inclusive=True)
+
+
+def _positive(flag: str) -> Parse:
+    return _number(flag, minimum=0.0, inclusive=False)
 
 
 def _merge_slurm_opts(given: list[str] | None, configured: Mapping[str, str] | None) -> tuple[tuple[str, str], ...]:
@@ -146,7 +173,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("--log-every", commands=RUN, parse=at_least(1), default=0,
            help="steps per logging window (one host sync and one all-reduce of the losses per "
                 "window; default: 10, or as many as take 0.5 s when 10 steps take less)"),
-    Option("--max-grad-norm", commands=RUN, parse=real, default=0.0,
+    Option("--max-grad-norm", commands=RUN, parse=_non_negative, default=0.0,
            help="clip the global gradient norm once per optimizer step (0: off)"),
     Option("--no-calibrate", commands=RUN, kind="switch",
            help="skip the window that measures exposed communication and busbw"),
@@ -169,6 +196,19 @@ OPTIONS: tuple[Option, ...] = (
                 "given beside it win"),
     Option("--no-calibration-cache", commands=("plan",), kind="switch",
            help="ignore this machine's step-time corrections learnt by `dlaunch tune`"),
+    Option("--tokens", commands=("plan",), parse=_positive, metavar="N",
+           help="a training goal in tokens (e.g. 2e12): the plan adds time to train, GPU-hours, "
+                "goodput and (with a price) cost"),
+    Option("--samples", commands=("plan",), parse=_positive, metavar="N",
+           help="a training goal in samples (instead of --tokens)"),
+    Option("--train-steps", commands=("plan",), parse=_positive, metavar="N",
+           help="a training goal in optimizer steps (instead of --tokens)"),
+    Option("--gpu-hour-price", commands=("plan",), parse=_non_negative, metavar="PRICE",
+           help="price of one GPU-hour, for the cost of a training goal"),
+    Option("--mtbf-gpu-hours", commands=("plan",), parse=_positive, metavar="H",
+           help="GPU-hours between interruptions (default: Llama 3's published rate, ~50,700)"),
+    Option("--ckpt-write-gb-s", commands=("plan",), parse=_positive, metavar="GB_S",
+           help="checkpoint storage write bandwidth per node in GB/s (default 2, an assumption)"),
     Option("--threshold", commands=("doctor",), parse=_fraction, default=0.8,
            help="a rank (node) below this fraction of the median rank's (node's) rate is SLOW "
                 "(default 0.8)"),

@@ -10,7 +10,7 @@ import json
 import logging
 
 from launcher.cli.args import no_extra_args
-from launcher.cli.prepare import options
+from launcher.cli.options import InspectOptions, load
 from launcher.hardware.detect import detect_topology
 from launcher.hardware.view import format_topology, inspect_report
 
@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 def cmd_inspect(args: argparse.Namespace, workload_args: list[str]) -> int:
     """`dlaunch inspect`: this machine as a Topology, as text or as JSON."""
     no_extra_args("inspect", workload_args)
-    values = options("inspect", args)
+    opts = load(InspectOptions, args)
     topology = detect_topology()
-    print(json.dumps(inspect_report(topology), indent=2) if values["json"] else format_topology(topology))
+    print(json.dumps(inspect_report(topology), indent=2) if opts.json else format_topology(topology))
     return 0

@@ -12,7 +12,8 @@ import logging
 import sys
 
 from launcher.backends import local
-from launcher.cli.prepare import build_request, open_run, options
+from launcher.cli.options import LabOptions, load
+from launcher.cli.prepare import build_request, open_run
 from launcher.cli.run import note
 from launcher.jobs.lab import detect_precisions, format_lab, lab_specs, run_lab
 from launcher.rundir import new_run_id
@@ -22,17 +23,17 @@ log = logging.getLogger(__name__)
 
 def cmd_lab(args: argparse.Namespace, workload_args: list[str]) -> int:
     """`dlaunch lab`: the three runs back to back, then the table and what it says."""
-    values = options("lab", args)
-    request, _ = build_request("lab", values, workload_args)  # precision is never given: planned
+    opts = load(LabOptions, args)
+    request, _ = build_request(opts, workload_args)  # precision is never given: planned
     precisions = detect_precisions(request.device, request.precision)
-    base = open_run(request, run_id="lab-" + new_run_id(values["workload"]), run_dir=values["run_dir"],
-                    dry_run=values["dry_run"], keep_plan=False)
-    if values["dry_run"]:
-        for name, spec in lab_specs(base, precisions.mixed):
+    base = open_run(request, run_id="lab-" + new_run_id(opts.workload), run_dir=opts.run_dir,
+                    dry_run=opts.dry_run, keep_plan=False)
+    if opts.dry_run:
+        for name, spec in lab_specs(base, precisions.mixed, precisions.compile_precision):
             print(f"# {name}\n{local.render(spec).shell_line()}")
         return 0
     note(request.plan_note)
     print(f"dlaunch lab: {precisions.note}", file=sys.stderr)
     lab = run_lab(base, precisions)
-    print(json.dumps(lab.to_dict(), indent=2) if values["json"] else format_lab(lab))
+    print(json.dumps(lab.to_dict(), indent=2) if opts.json else format_lab(lab))
     return 0 if lab.ok else 1

@@ -61,12 +61,15 @@ COMMANDS: tuple[Command, ...] = (
     Command("report", "launcher.cli.report:cmd_report", "HTML/Markdown/JSON/PNG report of a run or sweep directory",
             "Scaling efficiency, step-time breakdown, stragglers, busbw and predicted vs measured, as a "
             "self-contained HTML page plus PNG/JSON/Markdown."),
-    Command("status", "launcher.cli.jobs:cmd_status", "state, progress and result of a SLURM run",
-            "Show a SLURM job's state (pending reason), its progress, and the run summary once it is over."),
-    Command("logs", "launcher.cli.jobs:cmd_logs", "the logs of a SLURM run (every node, or one rank)",
-            "Print a SLURM job's per-node logs; --rank R keeps rank R's lines."),
-    Command("cancel", "launcher.cli.jobs:cmd_cancel", "cancel a SLURM run",
-            "scancel a SLURM job and wait until it has left the queue."),
+    Command("status", "launcher.cli.jobs:cmd_status", "state, progress and result of a run (local or SLURM)",
+            "Show a run's state (a local run's owner and heartbeats, a SLURM job's queue state and "
+            "pending reason), its progress, and the run summary once it is over."),
+    Command("logs", "launcher.cli.jobs:cmd_logs", "the logs of a run, local or SLURM (every rank, or one)",
+            "Print a run's logs (a local run's rank logs, a SLURM job's per-node logs); --rank R "
+            "keeps rank R's lines."),
+    Command("cancel", "launcher.cli.jobs:cmd_cancel", "stop a running run (local or SLURM)",
+            "Stop a run: SIGTERM to a local run's dlaunch (which stops the ranks and writes the "
+            "result), scancel for a SLURM job; waits until it has ended."),
     Command("doctor", "launcher.cli.doctor:cmd_doctor",
             "preflight: GEMM, memory and all-reduce per rank and node; name the slow ones",
             "Run one rank per device (CPU: --gpus processes with gloo) on this host, or on every node of a "

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from launcher.backends.slurm.jobs import partition_shape
 from launcher.backends.slurm.submit import SlurmSpec, check_slurm_available
 from launcher.cli.args import CPU_PROCESSES_PER_CORE
+from launcher.cli.options import SlurmOptions
 from launcher.errors import UsageError
 from launcher.hardware.detect import usable_cores
 from launcher.hardware.gpu_probe import count_gpus
@@ -61,31 +60,34 @@ def _host_offer() -> tuple[str, int, str]:
                                                    f"usable core, {cores} cores)")
 
 
-def local_placement(command: str, values: Mapping[str, Any]) -> Placement:
-    """This host: `--gpus` processes, or for `scale` every world size it can hold."""
-    if command == "scale":
-        device, available, what = _host_offer()
-        sizes = parse_world_sizes(values["gpus"], available=available, what=what)
-        return Placement(device=device, gpus=max(sizes), world_sizes=tuple(sizes))
-    device = local_device(values["gpus"])
-    if device == "cpu" and not values.get("force"):
+def local_sweep_placement(sizes: str) -> Placement:
+    """This host, for `scale`: every world size of `sizes` ("1,2,4"), if it can hold them."""
+    device, available, what = _host_offer()
+    parsed = parse_world_sizes(sizes, available=available, what=what)
+    return Placement(device=device, gpus=max(parsed), world_sizes=tuple(parsed))
+
+
+def local_placement(*, gpus: int, force: bool) -> Placement:
+    """This host: `gpus` processes (more CPU processes than the cores hold only with `force`)."""
+    device = local_device(gpus)
+    if device == "cpu" and not force:
         cores = usable_cores()
-        if values["gpus"] > CPU_PROCESSES_PER_CORE * cores:
-            raise UsageError(f"--gpus {values['gpus']}: no GPU here, and {values['gpus']} CPU processes "
+        if gpus > CPU_PROCESSES_PER_CORE * cores:
+            raise UsageError(f"--gpus {gpus}: no GPU here, and {gpus} CPU processes "
                              f"on {cores} usable core(s) would measure contention (at most "
                              f"{CPU_PROCESSES_PER_CORE * cores}); use fewer, or --force")
-    return Placement(device=device, gpus=values["gpus"])
+    return Placement(device=device, gpus=gpus)
 
 
-def slurm_spec(values: Mapping[str, Any]) -> SlurmSpec:
+def slurm_spec(slurm: SlurmOptions, *, detach: bool = False) -> SlurmSpec:
     """The SlurmSpec of the merged options; CPUs per node from sinfo when nobody set them."""
-    cpus = values["cpus_per_node"]
+    cpus = slurm.cpus_per_node
     if cpus is None and shutil.which("sinfo"):
-        cpus = partition_shape(values["partition"])[0]
-    return SlurmSpec(partition=values["partition"], account=values["account"], qos=values["qos"],
-                     constraint=values["constraint"], time_min=values["time_min"],
-                     opts=values["slurm_opt"], cpus_per_node=cpus,
-                     queue_timeout_min=values["queue_timeout_min"], detach=bool(values.get("detach")))
+        cpus = partition_shape(slurm.partition)[0]
+    return SlurmSpec(partition=slurm.partition, account=slurm.account, qos=slurm.qos,
+                     constraint=slurm.constraint, time_min=slurm.time_min,
+                     opts=slurm.slurm_opt, cpus_per_node=cpus,
+                     queue_timeout_min=slurm.queue_timeout_min, detach=detach)
 
 
 def _partition_device(partition: str | None, gpus_per_node: int | None) -> str:
@@ -95,25 +97,40 @@ def _partition_device(partition: str | None, gpus_per_node: int | None) -> str:
     return "cuda" if gpus_per_node else "cpu"
 
 
-def slurm_placement(command: str, values: Mapping[str, Any]) -> Placement:
-    """Nodes of a SLURM partition; the SLURM commands must exist unless this is a dry run."""
-    gpus, per_node = values["gpus"], values["gpus_per_node"]
+def _submittable(slurm: SlurmOptions, *, dry_run: bool, detach: bool) -> tuple[SlurmSpec, str]:
+    """(the SlurmSpec, the partition's device); the SLURM commands must exist unless this is a
+    dry run. Bad flags or dlaunch.yaml fail here, before anything runs."""
+    spec = slurm_spec(slurm, detach=detach)
+    if not dry_run:
+        check_slurm_available()
+    return spec, _partition_device(spec.partition, slurm.gpus_per_node)
+
+
+def slurm_placement(command: str, slurm: SlurmOptions, *, gpus: int | None, nodes: int | None,
+                    topology: str | None, dry_run: bool, detach: bool = False) -> Placement:
+    """Nodes of a SLURM partition for `run`, `tune` or `doctor`: `nodes` x (--gpus-per-node or
+    `gpus`) processes."""
+    per_node = slurm.gpus_per_node
     if command in ("run", "tune") and per_node and gpus not in (1, per_node):
         raise UsageError(f"--gpus {gpus} and --gpus-per-node {per_node} disagree; give one")
-    slurm = slurm_spec(values)  # bad flags or dlaunch.yaml fail before anything runs
-    if not values["dry_run"]:
-        check_slurm_available()
-    device = _partition_device(slurm.partition, per_node)
-    if command != "scale":
-        return Placement(device=device, nodes=values["nodes"] or 1, gpus=per_node or gpus, slurm=slurm,
-                         topology=values["topology"])
+    spec, device = _submittable(slurm, dry_run=dry_run, detach=detach)
+    return Placement(device=device, nodes=nodes or 1, gpus=per_node or gpus or 1, slurm=spec,
+                     topology=topology)
+
+
+def slurm_sweep_placement(slurm: SlurmOptions, *, sizes: str, topology: str | None,
+                          dry_run: bool) -> Placement:
+    """Nodes of a SLURM partition for `scale`: its largest world size of `sizes` ("1,2,4"), on
+    --gpus-per-node (else the partition's) processes per node."""
+    spec, device = _submittable(slurm, dry_run=dry_run, detach=False)
+    per_node = slurm.gpus_per_node
     if per_node is None and shutil.which("sinfo"):
-        cpus, gpus_here = partition_shape(slurm.partition)
-        per_node = gpus_here if device == "cuda" else (slurm.cpus_per_node or cpus)
+        cpus, gpus_here = partition_shape(spec.partition)
+        per_node = gpus_here if device == "cuda" else (spec.cpus_per_node or cpus)
     if not per_node:
         raise UsageError("dlaunch scale --slurm: give --gpus-per-node (processes per node); "
                          "sinfo could not tell how many the partition's nodes have")
-    sizes = parse_world_sizes(values["gpus"])
-    nodes, largest = point_shape(max(sizes), per_node)
-    return Placement(device=device, nodes=nodes, gpus=largest, slurm=slurm, topology=values["topology"],
-                     world_sizes=tuple(sizes), per_node=per_node)
+    parsed = parse_world_sizes(sizes)
+    nodes, largest = point_shape(max(parsed), per_node)
+    return Placement(device=device, nodes=nodes, gpus=largest, slurm=spec, topology=topology,
+                     world_sizes=tuple(parsed), per_node=per_node)

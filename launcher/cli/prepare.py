@@ -1,9 +1,10 @@
 """The preamble every launching command shares: parsed flags -> RunRequest -> a run dir.
 
-`options` merges flags > dlaunch.yaml > defaults (the yaml only for SLURM runs, whose defaults
-it holds); `build_request` checks the workload, places the ranks, builds the RunRequest and
-lets the plan fill what the user left open; `open_run` turns it into the LaunchSpec (every
-check passes before anything is written) and creates the run dir with the plan beside it.
+The options arrive typed (`launcher.cli.options`: flags > dlaunch.yaml > defaults, the yaml
+only for SLURM runs, whose defaults it holds); `build_request` checks the workload, places the
+ranks, builds the RunRequest and lets the plan fill what the user left open; `open_run` turns
+it into the LaunchSpec (every check passes before anything is written) and creates the run dir
+with the plan beside it.
 `run`, `run --slurm`, `lab`, `scale` and `tune` all go through here; `--plan FILE` fills the
 decisions its flags left open from a plan file.
 
@@ -12,20 +13,23 @@ Must never import a command module (they import this one) or torch.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from launcher.cli.args import resolve
-from launcher.cli.config import load_config
-from launcher.cli.placement import Placement, local_placement, slurm_placement
+from launcher.cli.options import LabOptions, RunOptions, ScaleOptions, TuneOptions
+from launcher.cli.placement import (
+    Placement,
+    local_placement,
+    local_sweep_placement,
+    slurm_placement,
+    slurm_sweep_placement,
+)
 from launcher.errors import UsageError
 from launcher.files import atomic_write_json
 from launcher.jobs.sweep import check_plan
-from launcher.jobs.tune import read_plan_file
 from launcher.plan.resolve import Planned
 from launcher.request import FALLBACKS, RunRequest, follow_plan
 from launcher.rundir import RunPaths, create_run_dir
@@ -45,57 +49,69 @@ _PLACED = ("workload", "gpus", "nodes", "slurm")
 _FROM_OPTIONS = tuple(f.name for f in dataclasses.fields(RunRequest) if f.name not in _PLACED)
 
 
-def options(command: str, args: argparse.Namespace) -> dict[str, Any]:
-    """`command`'s options: flag > dlaunch.yaml (read for --slurm only) > default."""
-    configured = load_config().values if getattr(args, "slurm", None) else {}
-    values = resolve(command, args, configured)
-    if values.get("plan"):
-        values.update(_from_plan_file(values))
-    return values
+# the commands whose options build a RunRequest; `run` is a LabOptions with more
+RequestOptions = LabOptions | ScaleOptions | TuneOptions
 
 
-def _from_plan_file(values: Mapping[str, Any]) -> dict[str, Any]:
-    """`--plan FILE`'s decisions for those the flags left open (a flag given beside it wins)."""
-    decided = read_plan_file(values["plan"])
-    out = {k: v for k, v in decided.items() if k != "compile" and values.get(k) is None}
-    out["compile"] = bool(decided["compile"]) if values.get("compile") is None else values["compile"]
-    return out
-
-
-def _compile_choice(values: Mapping[str, Any]) -> bool | None:
+def _compile_choice(opts: RequestOptions) -> bool | None:
     """--compile (or --compile-mode / --compile-strict, which imply it): True; --no-compile:
     False; neither: None, the plan's decision."""
-    implied = [flag for flag, dest in (("--compile-mode", "compile_mode"),
-                                       ("--compile-strict", "compile_strict")) if values.get(dest)]
-    if values.get("compile") is False and implied:
+    if isinstance(opts, TuneOptions):
+        return None  # tune has no compile flags: each trial's candidate says
+    implied: list[str] = []
+    if isinstance(opts, LabOptions):  # scale has --compile but not the flags that imply it
+        implied = [flag for flag, given in (("--compile-mode", opts.compile_mode),
+                                            ("--compile-strict", opts.compile_strict)) if given]
+    if opts.compile is False and implied:
         raise UsageError(f"--no-compile contradicts {implied[0]}, which implies --compile; drop one")
-    return True if implied else values.get("compile")
+    return True if implied else opts.compile
 
 
-def build_request(command: str, values: Mapping[str, Any], workload_args: Sequence[str]
-                  ) -> tuple[RunRequest, Placement]:
-    """The RunRequest of `run`, `lab` or `scale` (for a sweep: its largest point), planned."""
-    if command == "lab":
-        compiled = _compile_choice(values)
-        for flag, given in (("--precision", values["precision"]),
+def _place(opts: RequestOptions) -> Placement:
+    """Where the request's ranks run: SLURM nodes with --slurm, else this host."""
+    if isinstance(opts, ScaleOptions):
+        if opts.slurm is not None:
+            return slurm_sweep_placement(opts.slurm, sizes=opts.gpus, topology=opts.topology,
+                                         dry_run=opts.dry_run)
+        return local_sweep_placement(opts.gpus)
+    if isinstance(opts, (RunOptions, TuneOptions)) and opts.slurm is not None:
+        return slurm_placement(opts.command, opts.slurm, gpus=opts.gpus, nodes=opts.nodes, topology=opts.topology,
+                               dry_run=opts.dry_run, detach=isinstance(opts, RunOptions) and opts.detach)
+    return local_placement(gpus=opts.gpus, force=opts.force)
+
+
+def _request_fields(opts: RequestOptions) -> dict[str, Any]:
+    """The options that are RunRequest fields of the same name, where given (or defaulted)."""
+    declared = {f.name for f in dataclasses.fields(opts)}
+    return {k: getattr(opts, k) for k in _FROM_OPTIONS if k in declared and getattr(opts, k) is not None}
+
+
+def build_request(opts: RequestOptions, workload_args: Sequence[str]) -> tuple[RunRequest, Placement]:
+    """The RunRequest of `run`, `lab`, `scale` or `tune` (for a sweep: its largest point), planned."""
+    command = opts.command
+    script = isinstance(opts, LabOptions) and opts.script
+    if command == "lab" and isinstance(opts, LabOptions):
+        compiled = _compile_choice(opts)
+        for flag, given in (("--precision", opts.precision),
                             ("--no-compile" if compiled is False else "--compile", compiled is not None),
-                            ("--script", values["script"])):
+                            ("--script", opts.script)):
             if given:
                 raise UsageError(f"dlaunch lab chooses precision and compile itself; drop {flag}")
-    kind = inspect_file(values["workload"], force_script=bool(values.get("script")))
+    kind = inspect_file(opts.workload, force_script=script)
     if kind.is_script and command in _NEEDS_WORKLOAD:
-        raise UsageError(_NEEDS_WORKLOAD[command].format(given=values["workload"]))
-    place = slurm_placement(command, values) if values.get("slurm") else local_placement(command, values)
-    fields: dict[str, Any] = {k: values[k] for k in _FROM_OPTIONS if values.get(k) is not None}
-    fields.update(compile=_compile_choice(values), calibrate=not values.get("no_calibrate"))
+        raise UsageError(_NEEDS_WORKLOAD[command].format(given=opts.workload))
+    place = _place(opts)
+    fields = _request_fields(opts)
+    fields.update(compile=_compile_choice(opts),
+                  calibrate=not (isinstance(opts, LabOptions) and opts.no_calibrate))
     if command == "tune" and "steps" not in fields and "warmup_steps" in fields:
         # a placeholder the warm-up fits in: cmd_tune sets the trial length from the candidates
         fields["steps"] = fields["warmup_steps"] + 1
-    if command == "scale":
-        if values["mode"] == "strong" and values["grad_accum"] is None:
+    if isinstance(opts, ScaleOptions):
+        if opts.mode == "strong" and opts.grad_accum is None:
             fields["grad_accum"] = 1  # strong scaling splits --global-batch over the ranks only
-        check_plan(values["mode"], place.world_sizes, global_batch=values["global_batch"],
-                   micro_batch=values["micro_batch"] or FALLBACKS["micro_batch"],
+        check_plan(opts.mode, place.world_sizes, global_batch=opts.global_batch,
+                   micro_batch=opts.micro_batch or FALLBACKS["micro_batch"],
                    grad_accum=fields.get("grad_accum", 1))
     request = RunRequest(workload=str(kind.path), workload_args=tuple(workload_args),
                          is_script=kind.is_script, device=place.device, nodes=place.nodes,

@@ -14,7 +14,7 @@ import socket
 from pathlib import Path
 
 from launcher.cli.args import no_extra_args
-from launcher.cli.prepare import options
+from launcher.cli.options import ReportOptions, load
 from launcher.hardware.detect import detect_topology
 from launcher.hardware.topology import load_topology
 from launcher.hardware.types import Topology
@@ -53,21 +53,21 @@ def _run_host(path: Path) -> str | None:
 def cmd_report(args: argparse.Namespace, workload_args: list[str]) -> int:
     """`dlaunch report`: HTML / Markdown / JSON / PNG of a run, sweep or tune directory."""
     no_extra_args("report", workload_args)
-    values = options("report", args)
-    formats = parse_formats(values["format"])
-    path = Path(values["path"])
+    opts = load(ReportOptions, args)
+    formats = parse_formats(opts.format)
+    path = Path(opts.path)
     topology: Topology | None = None
     fallback: Topology | None = None
-    if values["topology"]:
-        topology = load_topology(values["topology"])
+    if opts.topology:
+        topology = load_topology(opts.topology)
     elif path.is_dir() and _run_host(path) == socket.gethostname().split(".")[0]:
         try:
             fallback = detect_topology()
         except Exception as e:  # only the link column and the prediction need it
             log.warning("could not detect this machine's topology: %s", e)
-    files, report = render_report(path, formats, out_dir=values["out"], topology=topology,
-                                  default_topology=fallback, with_prediction=not values["no_predict"])
-    if values["json"]:
+    files, report = render_report(path, formats, out_dir=opts.out, topology=topology,
+                                  default_topology=fallback, with_prediction=not opts.no_predict)
+    if opts.json:
         print(json.dumps({**report.to_dict(), "files": [str(f) for f in files]}, indent=2))
     else:
         print_report(path, report, files)

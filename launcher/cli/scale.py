@@ -15,8 +15,9 @@ import sys
 from pathlib import Path
 from typing import IO, Any
 
+from launcher.cli.options import ScaleOptions, load
 from launcher.cli.placement import Placement
-from launcher.cli.prepare import build_request, options
+from launcher.cli.prepare import build_request
 from launcher.cli.report import print_report
 from launcher.cli.run import note
 from launcher.hardware.detect import detect_topology
@@ -63,46 +64,46 @@ def _slurm_points(place: Placement) -> LaunchPoint | None:
 
 def cmd_scale(args: argparse.Namespace, workload_args: list[str]) -> int:
     """`dlaunch scale`: run (or resume) the sweep, then write its report."""
-    values = options("scale", args)
-    request, place = build_request("scale", values, workload_args)
-    mode, sizes = values["mode"], place.world_sizes
+    opts = load(ScaleOptions, args)
+    request, place = build_request(opts, workload_args)
+    mode, sizes = opts.mode, place.world_sizes
     shapes = {n: point_shape(n, place.per_node) for n in sizes}
     chosen = request.decisions()
-    batches = check_plan(mode, sizes, micro_batch=chosen["micro_batch"], global_batch=values["global_batch"],
+    batches = check_plan(mode, sizes, micro_batch=chosen["micro_batch"], global_batch=opts.global_batch,
                          grad_accum=chosen["grad_accum"])
     base = {k: v for k, v in request.spec_fields().items() if k not in _PER_POINT}
     config = sweep_config(workload=request.workload, workload_args=request.workload_args, mode=mode,
-                          global_batch=values["global_batch"], micro_batch=chosen["micro_batch"],
+                          global_batch=opts.global_batch, micro_batch=chosen["micro_batch"],
                           steps=request.steps, warmup_steps=request.warmup, base_spec_kwargs=base,
                           processes_per_node=place.per_node)
-    sweep_dir = Path(values["sweep_dir"]) if values["sweep_dir"] else default_sweep_dir(config)
+    sweep_dir = Path(opts.sweep_dir) if opts.sweep_dir else default_sweep_dir(config)
     refuse_foreign(sweep_dir.absolute())  # before the plan's note: a refusal is one line
     note(request.plan_note)
-    if values["dry_run"]:
+    if opts.dry_run:
         where = "SLURM jobs" if place.slurm else "this host"
         print(f"# sweep {sweep_dir.absolute()}: {mode} scaling on {request.device} ({where}), "
               f"strategy {chosen['strategy']}, precision {chosen['precision']}"
               + (", activation checkpointing" if chosen["checkpointing"] else ""))
         for n in sizes:
             nodes, procs = shapes[n]
-            for k in range(values["repeat"]):
+            for k in range(opts.repeat):
                 print(f"ws{n}-r{k}: {n} rank(s) = {nodes} node(s) x {procs}, micro-batch {batches[n]}, "
                       f"global batch {batches[n] * chosen['grad_accum'] * n}, {request.steps} steps")
         return 0
     # a SLURM sweep describes its nodes only through --topology (or slurm.topology in
     # dlaunch.yaml): never by detecting the login node it is started from
-    topology = _topology_dict(values["topology"], request.device) if values["topology"] or not place.slurm else None
+    topology = _topology_dict(opts.topology, request.device) if opts.topology or not place.slurm else None
     result = run_sweep(workload=request.workload, workload_args=request.workload_args, world_sizes=sizes,
-                       mode=mode, global_batch=values["global_batch"], micro_batch=chosen["micro_batch"],
-                       steps=request.steps, warmup_steps=request.warmup, repeats=values["repeat"],
-                       sweep_dir=sweep_dir, force=values["force"], base_spec_kwargs=base,
+                       mode=mode, global_batch=opts.global_batch, micro_batch=chosen["micro_batch"],
+                       steps=request.steps, warmup_steps=request.warmup, repeats=opts.repeat,
+                       sweep_dir=sweep_dir, force=opts.force, base_spec_kwargs=base,
                        topology=topology, processes_per_node=place.per_node,
                        launch_point=_slurm_points(place), progress=sys.stderr)
     files: list[Path] = []
     report: ScalingReport | None = None
-    if not values["no_report"] and any(p.status == "ok" for p in result.points):
+    if not opts.no_report and any(p.status == "ok" for p in result.points):
         files, report = render_report(result.sweep_dir)
-    if values["json"]:
+    if opts.json:
         print(json.dumps({"sweep_dir": str(result.sweep_dir), "ran": result.ran,
                           "skipped": result.skipped,
                           "points": [p.__dict__ for p in result.points],

@@ -21,7 +21,8 @@ from typing import IO
 from launcher.backends import local
 from launcher.backends.slurm import submit
 from launcher.backends.slurm.submit import SlurmSpec
-from launcher.cli.prepare import build_request, open_run, options, write_plan
+from launcher.cli.options import TuneOptions, load
+from launcher.cli.prepare import build_request, open_run, write_plan
 from launcher.errors import LaunchError, UsageError
 from launcher.jobs.local import dry_run_text
 from launcher.jobs.slurm import run_slurm
@@ -76,28 +77,28 @@ def _dry_run(base: LaunchSpec, candidates: list[Candidate], slurm: SlurmSpec | N
 
 def cmd_tune(args: argparse.Namespace, workload_args: list[str]) -> int:
     """`dlaunch tune`: the trials, the table, tuned-plan.json and the correction cache."""
-    values = options("tune", args)
-    request, _ = build_request("tune", values, workload_args)
+    opts = load(TuneOptions, args)
+    request, _ = build_request(opts, workload_args)
     if request.is_script:
-        raise UsageError(f"dlaunch tune needs a workload file, and {values['workload']!r} is a plain script")
+        raise UsageError(f"dlaunch tune needs a workload file, and {opts.workload!r} is a plain script")
     if request.planned is None:  # SLURM without a topology of the partition's nodes
         raise UsageError("dlaunch tune --slurm needs --topology FILE (or slurm.topology in dlaunch.yaml) "
                          "describing the partition's nodes: the trials are the plan's candidates for them")
     # the model itself, not corrected by earlier tunes: the ratios stored must be against it
     planned = plan_workload(request.workload, request.workload_args, request.planned.topology,
                             Goal(global_batch=request.global_batch), corrected=False)
-    candidates = select_trials(planned.plan, request.device, values["trials"])
-    if values["steps"] is None:
-        request = dataclasses.replace(request, steps=trial_steps(candidates, values["warmup_steps"]))
-    base = open_run(request, run_id="tune-" + new_run_id(values["workload"]), run_dir=values["tune_dir"],
-                    dry_run=values["dry_run"], keep_plan=False)
-    if values["dry_run"]:
+    candidates = select_trials(planned.plan, request.device, opts.trials)
+    if opts.steps is None:
+        request = dataclasses.replace(request, steps=trial_steps(candidates, opts.warmup_steps))
+    base = open_run(request, run_id="tune-" + new_run_id(opts.workload), run_dir=opts.tune_dir,
+                    dry_run=opts.dry_run, keep_plan=False)
+    if opts.dry_run:
         _dry_run(base, candidates, request.slurm)
         return 0
     where = "one SLURM job each" if request.slurm is not None else "one after another"
     print(f"dlaunch tune: {len(candidates)} candidate(s) within the model's uncertainty of the best, "
           f"{base.steps} steps each ({base.warmup_steps} warm-up), {where}, in {base.run_dir}", file=sys.stderr)
-    budget_s = values["budget_min"] * 60 if values["budget_min"] else None
+    budget_s = opts.budget_min * 60 if opts.budget_min else None
     try:
         trials = run_trials(base, candidates, budget_s=budget_s,
                             run=_on_slurm(request.slurm) if request.slurm is not None else None,
@@ -106,13 +107,13 @@ def cmd_tune(args: argparse.Namespace, workload_args: list[str]) -> int:
         discard(base.run_dir)  # nothing ran: bad input leaves nothing behind
         raise
     tune = finish(base, trials, workload=request.workload, workload_args=request.workload_args)
-    records = trial_records(tune, request.workload)
+    records = trial_records(tune, request.workload, request.workload_args)
     if records:
         stored = store_tune_trials(planned.topology, records)
         whose = "this machine" if request.slurm is None else f"the partition's nodes ({planned.topology.name})"
         print(f"dlaunch tune: {len(records)} measured/predicted ratio(s) stored for {whose} in {stored}; "
               "`dlaunch plan` uses them (--no-calibration-cache ignores them)", file=sys.stderr)
-    if values["json"]:
+    if opts.json:
         print(json.dumps(tune.to_dict(), indent=2))
     else:
         summary, notes = read_tune(Path(tune.tune_dir))  # the table its report shows, from tune.json

@@ -8,6 +8,10 @@ top level always describes the latest attempt and re-aggregating it gives the sa
 The ranks see DLAUNCH_ATTEMPT=<n> and DLAUNCH_RESUME=1 on a relaunch; resuming from a
 checkpoint (rather than starting over) needs a checkpointing harness (runtime.checkpoint).
 
+`LocalBackend` (at the end) is the local implementation of `launcher.backends.base.Backend`:
+render, start and follow wrap the functions here; status, logs and cancel of a local run dir
+are in `launcher.backends.localrun`.
+
 Never imports cli or runtime (the ranks are reached through files only).
 """
 
@@ -21,12 +25,16 @@ import shutil
 import signal
 import sys
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
-from launcher.backends import local
+from launcher.backends import local, localrun
+from launcher.backends.base import Cancelled, JobStatus, Rendered
 from launcher.backends.monitor import Stall
 from launcher.backends.postmortem import write_missing_summaries
+from launcher.errors import StorageError
 from launcher.files import atomic_write_json
 from launcher.results.aggregate import aggregate
 from launcher.results.table import format_run
@@ -35,8 +43,10 @@ from launcher.rundir import RunPaths
 from launcher.secrets import mask_env, masked_spec_dict
 from launcher.specs import LaunchSpec
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:  # a type only: jobs never imports the request code
+    from launcher.request import RunRequest
 
+log = logging.getLogger(__name__)
 
 
 def dry_run_text(spec: LaunchSpec, rendered: local.Rendered) -> str:
@@ -53,13 +63,14 @@ def dry_run_text(spec: LaunchSpec, rendered: local.Rendered) -> str:
 
 
 def run_local(spec: LaunchSpec, *, as_json: bool = False, debug: bool = False,
-              out: IO[str] = sys.stdout) -> RunResult:
+              out: IO[str] = sys.stdout, rendered: local.Rendered | None = None) -> RunResult:
     """Launch `spec` with torchrun on this host and return the aggregated result.
 
     Writes `launch.json` before and `result.json` after; rank output streams to `out`
-    (to stderr when `as_json`, so stdout carries only the JSON).
+    (to stderr when `as_json`, so stdout carries only the JSON). `rendered`: the command
+    already rendered for `spec` (rendered here when not given).
     """
-    rendered = local.render(spec)
+    rendered = rendered or local.render(spec)
     run_dir = Path(spec.run_dir)
     paths = RunPaths(root=run_dir)
     atomic_write_json(paths.launch, masked_spec_dict(spec))
@@ -76,9 +87,12 @@ def run_local(spec: LaunchSpec, *, as_json: bool = False, debug: bool = False,
         if outcome.interrupted is not None:
             stall = Stall(kind="interrupted", steps={}, ranks=(),
                           message=f"{signal.Signals(outcome.interrupted).name} to dlaunch")
-        write_missing_summaries(run_dir, spec.world_size, expected_steps=spec.steps,
-                                beats=dict(outcome.beats), stall=stall,
-                                stacks=dict(outcome.stacks), torchrun_log=outcome.torchrun_log)
+        try:
+            write_missing_summaries(run_dir, spec.world_size, expected_steps=spec.steps,
+                                    beats=dict(outcome.beats), stall=stall,
+                                    stacks=dict(outcome.stacks), torchrun_log=outcome.torchrun_log)
+        except StorageError as e:  # a full disk must not cost the summary of what was recorded
+            local.say(console, f"dlaunch: the summaries of ranks that died were not written: {e}\n")
         result = aggregate(run_dir, exit_code=outcome.exit_code, wall_time_s=time.monotonic() - t0)
         if outcome.interrupted is not None:
             result, stopped = interrupted(result, outcome.interrupted, steps=spec.steps)
@@ -95,7 +109,13 @@ def run_local(spec: LaunchSpec, *, as_json: bool = False, debug: bool = False,
         history.append({"attempt": attempt, "exit_code": result.exit_code,
                         "failure": result.failures[0] if result.failures else None})
         atomic_write_json(paths.attempts_record, {"attempts": history})
-    atomic_write_json(paths.result, result.to_dict())
+    try:
+        atomic_write_json(paths.result, result.to_dict())
+    except StorageError as e:
+        # the job started: a run that could not be recorded failed (exit 1), said in one line
+        why = f"result.json not written: {e}; the rank files keep every record already written"
+        result = dataclasses.replace(result, status="failed", exit_code=result.exit_code or 1,
+                                     failures=(*result.failures, why))
     if as_json:
         out.write(json.dumps(result.to_dict(), indent=2) + "\n")
     else:
@@ -128,3 +148,96 @@ def _archive_attempt(run_dir: Path, attempt: int, result: RunResult) -> None:
     for path in paths.attempt_files():
         shutil.move(str(path), str(dest.root / path.name))
     log.debug("attempt %d archived in %s", attempt, dest.root)
+
+
+# --- the local Backend (launcher.backends.base): adapters around render / run_local above ---
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocalRendered:
+    """A local run rendered: its spec and the torchrun command."""
+
+    spec: LaunchSpec
+    command: local.Rendered
+
+    @property
+    def dry_run_text(self) -> str:
+        """What `dlaunch run --dry-run` prints."""
+        return dry_run_text(self.spec, self.command)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocalHandle:
+    """A local run about to run: `follow` runs it to the end (dlaunch is its owner)."""
+
+    rendered: LocalRendered
+    as_json: bool = False
+    debug: bool = False
+
+    def follow(self, out: IO[str]) -> RunResult:
+        """Run torchrun to the end (restarts included) and print the summary on `out`."""
+        return run_local(self.rendered.spec, as_json=self.as_json, debug=self.debug, out=out,
+                         rendered=self.rendered.command)
+
+
+class LocalBackend:
+    """torchrun on this host; a run is its run dir (owner.json names the dlaunch running it)."""
+
+    name = "local"
+
+    def claims(self, ref: str) -> bool:
+        """Any directory: the SLURM backend, asked first, claims those with slurm.json."""
+        return Path(ref).expanduser().is_dir()
+
+    def render(self, spec: LaunchSpec, request: RunRequest | None = None) -> LocalRendered:
+        """The torchrun command for `spec` (the request adds nothing a local run needs)."""
+        return LocalRendered(spec=spec, command=local.render(spec))
+
+    def start(self, rendered: Rendered, *, as_json: bool = False, debug: bool = False,
+              note: str | None = None) -> LocalHandle:
+        """Nothing to submit: the run starts, in this process, when it is followed."""
+        if not isinstance(rendered, LocalRendered):
+            raise TypeError(f"the local backend cannot start {type(rendered).__name__}")
+        spec = rendered.spec
+        if spec.device == "cpu":
+            print(f"dlaunch: no CUDA GPU on this machine; running {spec.nproc_per_node} CPU "
+                  "process(es) with gloo", file=sys.stderr)
+        if note:
+            print(note, file=sys.stderr)
+        return LocalHandle(rendered=rendered, as_json=as_json, debug=debug)
+
+    def status(self, ref: str) -> JobStatus:
+        """From the run dir's files: see launcher.backends.localrun."""
+        st = localrun.read_state(localrun.run_dir_of(ref))
+        lines = [f"run {st.run_dir}: {st.state.value}" + (f" ({st.reason})" if st.reason else "")]
+        result = _result_of(st.result)
+        if result is not None:
+            lines.append(format_run(result))
+        else:
+            lines.append(localrun.progress_line(st))
+        data = {"run_dir": str(st.run_dir), "state": st.state.value, "reason": st.reason,
+                "pid": st.pid, "host": st.host, "steps": {str(r): s for r, s in st.steps.items()},
+                "total_steps": st.total_steps, "last_heartbeat_s": st.beat_age_s,
+                "result": result.to_dict() if result is not None else None}
+        return JobStatus(state=st.state, reason=st.reason, run_dir=str(st.run_dir),
+                         steps=st.steps, total_steps=st.total_steps,
+                         text="\n".join(ln for ln in lines if ln), data=data)
+
+    def logs(self, ref: str, *, out: IO[str], rank: int | None = None,
+             follow: bool = False) -> None:
+        """torchrun's per-rank log files (logs/node-0/...)."""
+        localrun.logs(localrun.run_dir_of(ref), out=out, rank=rank, follow=follow)
+
+    def cancel(self, ref: str) -> Cancelled:
+        """SIGTERM to the owning dlaunch, which stops the job and writes its result."""
+        return localrun.cancel(localrun.run_dir_of(ref))
+
+
+def _result_of(data: Mapping[str, Any] | None) -> RunResult | None:
+    """result.json's content as a RunResult; None when absent or not one (hand-edited)."""
+    if not data:
+        return None
+    try:
+        return RunResult.from_dict(data)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None

@@ -1,8 +1,12 @@
 """`dlaunch run --slurm` without argv: submit, follow the queue and the ranks, summarise.
 
-The SLURM counterpart of `runner.run_local`. The job is the source of truth for when a run is
+The SLURM counterpart of `jobs.local.run_local`. The job is the source of truth for when a run is
 over (scontrol/sacct state), the rank files on the shared filesystem for how far it got: a
 rank summary alone proves nothing under SLURM (a requeued job leaves the previous attempt's).
+
+`SlurmBackend` (at the end) is the SLURM implementation of `launcher.backends.base.Backend`:
+render, start and follow wrap the functions here; logs and cancel are in
+`launcher.backends.slurm.runs`.
 
 Never imports cli or runtime (the ranks are reached through files only).
 """
@@ -15,9 +19,12 @@ import logging
 import shutil
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
+from launcher.backends.base import Cancelled, JobStatus, Rendered
+from launcher.backends.slurm import runs
 from launcher.backends.slurm import submit as backend
 from launcher.backends.slurm.jobs import JobInfo, cancel_job, in_queue, query_job, read_slurm_file
 from launcher.backends.slurm.progress import Progress, first_step_time
@@ -29,6 +36,9 @@ from launcher.results.types import RunResult
 from launcher.rundir import RunPaths
 from launcher.secrets import masked_spec_dict
 from launcher.specs import LaunchSpec
+
+if TYPE_CHECKING:  # a type only: jobs never imports the request code
+    from launcher.request import RunRequest
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +53,11 @@ class QueueTimeout(JobFailed):
     """The job was still pending after --queue-timeout-min; dlaunch cancelled it."""
 
 
-def submit_run(spec: LaunchSpec, slurm: backend.SlurmSpec) -> dict[str, Any]:
-    """Write the launch spec, sbatch the job, persist RUN_DIR/slurm.json; returns its content."""
-    rendered = backend.render(spec, slurm)
+def submit_run(spec: LaunchSpec, slurm: backend.SlurmSpec,
+               rendered: backend.RenderedSlurm | None = None) -> dict[str, Any]:
+    """Write the launch spec, sbatch the job, persist RUN_DIR/slurm.json; returns its content.
+    `rendered`: the job already rendered for `spec` (rendered here when not given)."""
+    rendered = rendered or backend.render(spec, slurm)
     run_dir = Path(spec.run_dir)
     # secrets in the environment never land on disk in the clear
     atomic_write_json(RunPaths(root=run_dir).launch, masked_spec_dict(spec))
@@ -87,6 +99,13 @@ def run_slurm(spec: LaunchSpec, slurm: backend.SlurmSpec, *, as_json: bool = Fal
     submission stays a single error line.
     """
     record = submit_run(spec, slurm)
+    return follow_submitted(spec, slurm, record, as_json=as_json, out=out, note=note)
+
+
+def follow_submitted(spec: LaunchSpec, slurm: backend.SlurmSpec, record: dict[str, Any], *,
+                     as_json: bool = False, out: IO[str] = sys.stdout,
+                     note: str | None = None) -> RunResult | None:
+    """`run_slurm` once the job was accepted (`record`: what `submit_run` returned)."""
     job_id = record["job_id"]
     if note:
         print(note, file=sys.stderr if slurm.detach or as_json else out)
@@ -262,3 +281,108 @@ def existing_result(run_dir: Path) -> RunResult | None:
     """result.json of a finished run, if written."""
     path = RunPaths(root=run_dir).result
     return RunResult.from_dict(read_json(path)) if path.is_file() else None
+
+
+# --- the SLURM Backend (launcher.backends.base): adapters around submit / follow above ---
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlurmRendered:
+    """A SLURM run rendered: its spec, the job's SLURM side and the sbatch script."""
+
+    spec: LaunchSpec
+    slurm: backend.SlurmSpec
+    job: backend.RenderedSlurm
+
+    @property
+    def dry_run_text(self) -> str:
+        """What `dlaunch run --slurm --dry-run` prints."""
+        return backend.dry_run_text(self.spec, self.slurm, self.job)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlurmHandle:
+    """A submitted job: `follow` waits for it (unless detached) and summarises."""
+
+    rendered: SlurmRendered
+    record: dict[str, Any]  # RUN_DIR/slurm.json as written at submission
+    as_json: bool = False
+    note: str | None = None
+
+    @property
+    def job_id(self) -> str:
+        """SLURM's id of the job."""
+        return str(self.record["job_id"])
+
+    def follow(self, out: IO[str]) -> RunResult | None:
+        """Print the note; then the job id (detached, None) or follow it to its result."""
+        return follow_submitted(self.rendered.spec, self.rendered.slurm, self.record,
+                                as_json=self.as_json, out=out, note=self.note)
+
+
+class SlurmBackend:
+    """Jobs submitted with sbatch (submitit); a run is its run dir (slurm.json) or job id."""
+
+    name = "slurm"
+
+    def claims(self, ref: str) -> bool:
+        """A run dir with slurm.json, or a bare job id."""
+        return runs.claims(ref)
+
+    def render(self, spec: LaunchSpec, request: RunRequest) -> SlurmRendered:
+        """The sbatch script and per-node commands for the request's SLURM side."""
+        if request.slurm is None:
+            raise LaunchError("internal: the SLURM backend was chosen for a run without --slurm")
+        return SlurmRendered(spec=spec, slurm=request.slurm, job=backend.render(spec, request.slurm))
+
+    def start(self, rendered: Rendered, *, as_json: bool = False, debug: bool = False,
+              note: str | None = None) -> SlurmHandle:
+        """sbatch the job (a refusal is one error line; the note waits for `follow`)."""
+        if not isinstance(rendered, SlurmRendered):
+            raise TypeError(f"the SLURM backend cannot start {type(rendered).__name__}")
+        record = submit_run(rendered.spec, rendered.slurm, rendered.job)
+        return SlurmHandle(rendered=rendered, record=record, as_json=as_json, note=note)
+
+    def status(self, ref: str) -> JobStatus:
+        """The job's state, its progress and, once it is over, the run summary (written to
+        result.json the first time a detached run is seen over)."""
+        run_dir, job_id, info = runs.job(ref)
+        data: dict[str, Any] = {"job_id": job_id, "state": info.state, "reason": info.reason,
+                                "nodes": info.nodes, "exit_code": info.exit_code,
+                                "restarts": info.restarts,
+                                "run_dir": str(run_dir) if run_dir else None,
+                                "progress": None, "result": None}
+        lines = [f"job {job_id}: {info.state}" + (f" ({info.reason_text()})" if info.reason_text()
+                                                   and info.state != "COMPLETED" else "")
+                 + (f" on {info.nodes}" if info.nodes else "")
+                 + (f", restarts {info.restarts}" if info.restarts else "")]
+        steps: dict[int, int] = {}
+        total: int | None = None
+        if run_dir is not None:
+            lines.append(f"run dir: {run_dir}")
+            spec = runs.launch_spec(run_dir)
+            progress = Progress(run_dir, spec.world_size, spec.steps)
+            snap = progress.snapshot()
+            steps, total = dict(snap["steps"]), spec.steps
+            data["progress"] = {**snap, "steps": {str(k): v for k, v in snap["steps"].items()}}
+            result = existing_result(run_dir)
+            if info.final and result is None:
+                result = finish(run_dir, info, read_slurm_file(run_dir))
+            if result is not None and info.final:
+                data["result"] = result.to_dict()
+                lines.append(format_run(result))
+            elif info.state == "RUNNING":
+                lines.append(progress.line() or "")
+        return JobStatus(state=runs.state_of(info), reason=info.reason_text(),
+                         backend_state=info.state, run_dir=str(run_dir) if run_dir else None,
+                         steps=steps, total_steps=total,
+                         text="\n".join(ln for ln in lines if ln), data=data)
+
+    def logs(self, ref: str, *, out: IO[str], rank: int | None = None,
+             follow: bool = False) -> None:
+        """The per-node task logs, or one rank's lines of them."""
+        runs.logs(ref, rank=rank, follow=follow, out=out)
+
+    def cancel(self, ref: str) -> Cancelled:
+        """scancel, and wait until the job has left the queue."""
+        return runs.cancel(ref)

@@ -20,6 +20,7 @@ Pure: no torch, no I/O; never imports cli, backends, jobs, runtime, results or r
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -176,5 +177,26 @@ def format_duration(seconds: float) -> str:
     return f"{seconds:.0f} s"
 
 
-__all__ = ["TrainGoal", "GoodputModel", "PlanRate", "TimeToTrain", "time_to_train", "goal_steps",
+def describe(t: TimeToTrain, *, world_size: int) -> list[str]:
+    """The time to train as the plan prints it: the answer, then each term, then assumptions."""
+    lines = [f"time to train: {format_duration(t.wall_s)} on {world_size} GPU(s), "
+             f"{t.gpu_hours:,.0f} GPU-hours"
+             + (f", cost {t.cost:,.0f} at the given GPU-hour price" if t.cost is not None else "")
+             + f"; goodput {t.goodput:.1%}",
+             f"  training: {t.steps:,} steps x the predicted step = {format_duration(t.ideal_s)}",
+             f"  checkpoints: one save takes {t.checkpoint_save_s:.0f} s, every "
+             f"{format_duration(t.checkpoint_interval_s)} (Young/Daly), "
+             f"{format_duration(t.checkpoint_loss_s)} in all",
+             f"  failures: {t.expected_failures:.1f} expected, each losing half an interval plus the "
+             f"restart: {format_duration(t.failure_loss_s)} in all"]
+    lines += [f"  assumption: {a}" for a in t.assumptions]
+    return lines
+
+
+def to_dict(t: TimeToTrain) -> dict[str, object]:
+    """JSON-ready, with the days."""
+    return {**dataclasses.asdict(t), "days": t.days}
+
+
+__all__ = ["describe", "to_dict", "TrainGoal", "GoodputModel", "PlanRate", "TimeToTrain", "time_to_train", "goal_steps",
            "format_duration", "MTBF_GPU_HOURS", "CKPT_WRITE_GB_S_PER_NODE", "RESTART_S"]

@@ -138,7 +138,8 @@ def format_run(result: RunResult) -> str:
             out.extend(f"  | {line}" for line in r.log_tail[-6:])
     for note in result.unreadable:
         out.append(f"note: {note}")
-    out.append(f"result: {RunPaths(root=result.run_dir).result}")
+    if not any(f.startswith("result.json not written") for f in result.failures):
+        out.append(f"result: {RunPaths(root=result.run_dir).result}")
     return "\n".join(out)
 
 

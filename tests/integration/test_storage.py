@@ -92,3 +92,21 @@ def test_report_of_a_run_on_a_read_only_mount_says_use_out(tmp_path: Path, mount
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert (out / "report.html").is_file()
+
+
+@pytest.mark.distributed
+def test_a_disk_that_fills_during_a_run_ends_it_with_a_summary(tmp_path: Path, mounts: list[Path]):
+    where = tmp_path / "small"
+    _mount(where, "size=192k")  # a few hundred steps of two ranks' records fill it
+    mounts.append(where)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "launcher.cli.main", "run", str(REPO / "workloads" / "mlp.py"),
+                           "--gpus", "2", "--steps", "100000", "--no-calibrate", "--run-dir", str(where / "run")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    text = done.stdout + done.stderr
+    assert done.returncode == 1, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    assert "FAILED: result.json not written: cannot write" in done.stdout and "no space left" in done.stdout
+    assert "result: " not in done.stdout.splitlines()[-1]
+    records = (where / "run" / "rank-0.jsonl").read_text(errors="replace").splitlines()
+    assert len(records) > 10  # what was recorded before the disk filled stays

@@ -58,6 +58,12 @@ CASES = [
     _c("run-log-every-0", ["run", MLP, "--log-every", "0"], "--log-every must be an integer"),
     _c("run-num-workers-negative", ["run", MLP, "--num-workers", "-1"], "--num-workers"),
     _c("run-strategy", ["run", MLP, "--strategy", "zero9"], "invalid choice", "zero9"),
+    _c("run-max-grad-norm-nan", ["run", MLP, "--max-grad-norm", "nan"],
+       "--max-grad-norm must be a finite number >= 0, got nan"),
+    _c("run-max-grad-norm-negative", ["run", MLP, "--max-grad-norm", "-1"],
+       "--max-grad-norm must be a finite number >= 0, got -1"),
+    _c("plan-tokens-zero", ["plan", GPT, "--tokens", "0"], "--tokens must be a finite number > 0, got 0"),
+    _c("plan-two-goals", ["plan", GPT, "--tokens", "1e9", "--samples", "5"], "give one training goal"),
     _c("run-precision", ["run", MLP, "--precision", "fp8"], "invalid choice", "fp8"),
     _c("run-unknown-flag", ["run", MLP, "--bogus"], "unrecognized arguments", "--bogus"),
     # torchrun's flags get dlaunch's; workload arguments without `--` get the `--`

@@ -73,3 +73,29 @@ def test_bad_goals_and_a_job_that_cannot_finish_are_one_line_errors():
 
 def test_durations_read_as_people_say_them():
     assert [format_duration(s) for s in (40, 720, 5 * 3600, 3 * 86400)] == ["40 s", "12 min", "5.0 h", "3.0 days"]
+
+
+def test_plan_with_a_token_goal_reports_time_gpu_hours_and_goodput(capsys):
+    import json
+
+    from launcher.cli.main import main
+
+    code = main(["plan", "workloads/gpt.py", "--topology", "h100-sxm-8x128node-ib", "--tokens", "1e12",
+                 "--json", "--", "--size", "llama3-70b"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    plan, ttt = out["plan"], out["time_to_train"]
+    ideal_s = 1e12 / plan["units_per_s"]  # tokens over the plan's predicted tokens/s
+    assert ttt["ideal_s"] == pytest.approx(ideal_s, rel=0.01)
+    assert ttt["wall_s"] == pytest.approx(ttt["ideal_s"] + ttt["checkpoint_loss_s"] + ttt["failure_loss_s"],
+                                          rel=1e-9)
+    assert ttt["gpu_hours"] == pytest.approx(ttt["wall_s"] * plan["world_size"] / 3600)
+    assert 0.9 < ttt["goodput"] < 1 and ttt["cost"] is None
+
+
+def test_two_goals_are_one_line_exit_2(capsys):
+    from launcher.cli.main import main
+
+    assert main(["plan", "workloads/gpt.py", "--tokens", "1e9", "--train-steps", "10"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "give one training goal" in err[0]
