@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from launcher.files import atomic_write_json
+from launcher.files import atomic_write_json, storage
 from launcher.hardware.detect import cpu_info, detect_topology
 from launcher.jobs.local import run_local
 from launcher.results.table import format_table
@@ -215,7 +215,8 @@ def run_lab(base: LaunchSpec, precisions: Precisions, *, run: RunFn | None = Non
     rows: list[LabRow] = []
     specs = lab_specs(base, precisions.mixed, precisions.compile_precision)
     for i, (name, spec) in enumerate(specs, 1):
-        Path(spec.run_dir).mkdir(mode=0o750, parents=True, exist_ok=True)
+        with storage(Path(spec.run_dir)):
+            Path(spec.run_dir).mkdir(mode=0o750, parents=True, exist_ok=True)
         progress.write(f"dlaunch lab: [{i}/{len(specs)}] {name} ...\n")
         progress.flush()
         t0 = time.monotonic()

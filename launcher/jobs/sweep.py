@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from launcher.errors import UsageError
+from launcher.files import storage
 from launcher.jobs.sweepdir import acquire_lock, first_difference, refuse_foreign
 from launcher.jobs.sweeppoints import LaunchPoint, SweepResult, launch_local, run_points
 from launcher.specs import SWEEP_MODES, LaunchSpec
@@ -192,7 +193,8 @@ def run_sweep(*, workload: str, workload_args: Sequence[str] = (), world_sizes: 
         raise UsageError(f"{sdir} holds a sweep with another configuration "
                          f"({first_difference(old.get('config'), config)}); give a new "
                          "--sweep-dir, or --force to re-run every point with the new one")
-    sdir.mkdir(parents=True, exist_ok=True)
+    with storage(sdir):
+        sdir.mkdir(parents=True, exist_ok=True)
     lock = acquire_lock(sdir)
     spec_kwargs = {**base, "workload": str(Path(workload).resolve()),
                    "workload_args": tuple(workload_args), "steps": steps,

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from launcher.errors import DlaunchError, UsageError
-from launcher.files import atomic_write_json, open_log_stream
+from launcher.files import atomic_write_json, open_log_stream, storage
 from launcher.jobs.local import run_local
 from launcher.plan.corrections import TrialRecord, compute_ratio
 from launcher.plan.resolve import Planned
@@ -214,7 +214,8 @@ def run_trials(base: LaunchSpec, candidates: Sequence[Candidate], *, budget_s: f
         progress.write(f"dlaunch tune: [{i}/{k}] {name} (predicted {c.time.step_time_s:.3g} s/step) ...\n")
         progress.flush()
         paths = RunPaths(root=spec.run_dir)
-        paths.root.mkdir(mode=0o750, parents=True, exist_ok=True)
+        with storage(paths.root):
+            paths.root.mkdir(mode=0o750, parents=True, exist_ok=True)
         if keep_plan is not None:
             keep_plan(spec, c)
         try:

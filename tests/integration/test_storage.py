@@ -110,3 +110,17 @@ def test_a_disk_that_fills_during_a_run_ends_it_with_a_summary(tmp_path: Path, m
     assert "result: " not in done.stdout.splitlines()[-1]
     records = (where / "run" / "rank-0.jsonl").read_text(errors="replace").splitlines()
     assert len(records) > 10  # what was recorded before the disk filled stays
+
+
+def test_scale_into_a_read_only_sweep_dir_is_one_line_exit_2(tmp_path: Path, mounts: list[Path]):
+    where = tmp_path / "ro"
+    _mount(where, "ro,size=64k")
+    mounts.append(where)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "launcher.cli.main", "scale", str(REPO / "workloads" / "mlp.py"),
+                           "--gpus", "1,2", "--steps", "5", "--sweep-dir", str(where / "sweep")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 2, done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("dlaunch: error:")]
+    assert len(errors) == 1 and "read-only" in errors[0] and "--sweep-dir" in errors[0], done.stderr
+    assert "Traceback" not in done.stderr
