@@ -218,15 +218,16 @@ def measure(sync_step_s: list[float], sync_off_pass: Callable[[], None], *, ctx:
         return cal.record
     sync = statistics.median(sync_step_s)
     first = cal.attempt("sync-off pass", lambda: _timed(sync_off_pass, cal.cuda))
-    # one all-reduce: the slowest rank's first pass sets the pass count on every rank (FSDP's
-    # sync-off pass all-gathers), and the largest shard the benchmark's size (one everywhere)
+    # one all-reduce: the pass count must be the same on every rank (FSDP's sync-off pass
+    # all-gathers: ranks running different counts hang), so it comes from maxima over the ranks
+    # (the longest step, the slowest first pass), and the largest shard is the benchmark's size
     agreed = cal.agree("exposed communication and all-reduce bandwidth", first or 0.0,
-                       float(sizes.local_bytes))
+                       float(sizes.local_bytes), sync)
     if first is None or agreed is None:
         return cal.record
-    slowest, nbytes = agreed
+    slowest, nbytes, longest_step = agreed
     off = [first]
-    for _ in range(passes_within(sync, slowest) - 1):
+    for _ in range(passes_within(longest_step, slowest) - 1):
         if (t := cal.attempt("sync-off pass", lambda: _timed(sync_off_pass, cal.cuda))) is None:
             break
         off.append(t)

@@ -1,0 +1,151 @@
+"""workloads/hf_causal_lm.py: a Hugging Face causal LM built from a config.json (never
+downloaded) trains under FSDP (one unit per decoder layer) and under DDP with bf16 and
+checkpointing on a token file, plans a Llama-2-7B config on the meta device, and without
+transformers installed says how to install it in one line.
+
+Sizes: tests/data/llama-tiny is a 2-layer Llama of 107k parameters (hidden 64, vocab 256: the
+byte-level tokens of scripts/make_tokens.py fit it), so a step takes a fraction of a second on
+one CPU thread per rank.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher.workload import load_workload
+
+from tests.helpers import (
+    DATA,
+    REPO,
+    WORKLOADS,
+    Done,
+    assert_one_line_error,
+    log_tails,
+    rank_losses,
+    rank_records,
+    run_result,
+)
+
+HF = str(WORKLOADS / "hf_causal_lm.py")
+TINY = str(DATA / "llama-tiny")
+LLAMA_7B = str(DATA / "llama-7b" / "config.json")
+TINY_LAYERS = json.loads((DATA / "llama-tiny" / "config.json").read_text())["num_hidden_layers"]
+CPU = {"OMP_NUM_THREADS": "1"}
+
+
+def _finite_and_learning(losses: list[float]) -> None:
+    assert losses and all(math.isfinite(x) for x in losses), losses
+    assert losses[-1] < losses[0], losses  # the synthetic sequences and README bytes are learnable
+
+
+def _fsdp_units(trace: Path) -> set[str]:
+    """The modules FSDP ran as units of their own in a profiled step: FSDP2 names each unit's
+    pre-forward `FSDP::pre_forward (<module path>)` in the trace (the root's has no path)."""
+    events = json.loads(trace.read_text())
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    prefix = "FSDP::pre_forward ("
+    return {e["name"][len(prefix):-1] for e in events if str(e.get("name", "")).startswith(prefix)}
+
+
+@pytest.mark.distributed
+def test_fsdp_trains_a_llama_config_with_one_unit_per_decoder_layer(dlaunch, tmp_path):
+    pytest.importorskip("transformers")
+    run = tmp_path / "run"
+    done = dlaunch("run", HF, "--gpus", "2", "--strategy", "fsdp_full", "--steps", "8", "--profile",
+                   "--hang-timeout-s", "120", "--run-dir", str(run), "--", "--config", TINY, env=CPU)
+    assert done.code == 0, done.out + done.err + log_tails(run)
+    result = run_result(run)
+    assert result["status"] == "ok" and result["sample_units"] == "tokens"
+    for rank in (0, 1):
+        _finite_and_learning(rank_losses(run, rank))
+    wrap = next(r for r in rank_records(run) if r["kind"] == "wrap")
+    assert wrap["strategy"] == "fsdp_full" and wrap["mesh_shape"] == [2]
+    # the rank records do not list the units; the profiler's trace of a wrapped step does
+    units = _fsdp_units(run / "trace-rank0.json")
+    assert units == {f"model.layers.{i}" for i in range(TINY_LAYERS)}, units
+    plan = json.loads((run / "plan.json").read_text())
+    assert plan["profile"]["num_blocks"] == TINY_LAYERS
+    assert plan["profile"]["units_per_sample"] == 256  # the config's context length
+
+
+@pytest.mark.distributed
+def test_ddp_bf16_with_checkpointing_trains_on_a_token_file(dlaunch, tmp_path):
+    pytest.importorskip("transformers")
+    tokens = tmp_path / "train.bin"
+    made = subprocess.run([sys.executable, str(REPO / "scripts" / "make_tokens.py"), str(REPO / "README.md"),
+                           "-o", str(tokens)], capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    run = tmp_path / "run"
+    done = dlaunch("run", HF, "--gpus", "2", "--strategy", "ddp", "--precision", "bf16", "--checkpointing",
+                   "--steps", "8", "--run-dir", str(run), "--",
+                   "--config", TINY, "--tokens", str(tokens), "--seq-len", "128", env=CPU)
+    assert done.code == 0, done.out + done.err + log_tails(run)
+    assert run_result(run)["status"] == "ok"
+    strategy = json.loads((run / "launch.json").read_text())["strategy"]
+    assert strategy["kind"] == "ddp" and strategy["precision"] == "bf16"
+    assert strategy["activation_checkpointing"] is True
+    _finite_and_learning(rank_losses(run))
+
+
+def test_a_7b_llama_config_plans_on_the_meta_device(dlaunch):
+    pytest.importorskip("transformers")
+    done = dlaunch("plan", HF, "--topology", str(REPO / "topologies" / "h100-sxm-8x.yaml"), "--json",
+                   "--", "--config", LLAMA_7B)
+    assert done.code == 0, done.err
+    profile = done.json()["profile"]
+    assert profile["num_params"] == 6_738_415_616  # Llama 2 7B, exactly
+    assert profile["bytes_by_dtype"] == {"float32": 4 * 6_738_415_616}  # not the config's float16
+    assert profile["num_blocks"] == 32 and profile["units_per_sample"] == 4096
+
+
+def test_named_shapes_find_their_decoder_layers():
+    pytest.importorskip("transformers")
+    import torch
+
+    for name, layer in (("tiny-llama", "LlamaDecoderLayer"), ("tiny-gpt2", "GPT2Block")):
+        w = load_workload(HF, ["--config", name])
+        with torch.device("meta"):
+            model = w.build_model()
+        blocks = w.blocks(model)
+        assert [type(b).__name__ for b in blocks] == [layer] * 4, name
+        assert w.units_per_sample == 128 and len(w.make_dataset(3)) == 3
+
+
+def test_a_config_that_is_not_a_local_file_is_one_line(dlaunch, tmp_path):
+    pytest.importorskip("transformers")
+    done = dlaunch("plan", HF, "--topology", str(REPO / "topologies" / "h100-sxm-8x.yaml"),
+                   "--", "--config", "meta-llama/Llama-2-7b-hf",
+                   env={"DLAUNCH_CACHE_DIR": str(tmp_path / "cache")})
+    assert_one_line_error(done, "--config 'meta-llama/Llama-2-7b-hf'", "downloads nothing")
+
+
+# imports of transformers fail in this interpreter as if it were not installed, then dlaunch runs
+_WITHOUT_TRANSFORMERS = """
+import sys
+class NoTransformers:
+    def find_spec(self, name, path=None, target=None):
+        if name == "transformers" or name.startswith("transformers."):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+sys.meta_path.insert(0, NoTransformers())
+from launcher.cli.main import entry
+sys.argv = ["dlaunch", *sys.argv[1:]]
+entry()
+"""
+
+
+def test_without_transformers_the_error_says_how_to_install_it(tmp_path):
+    # a cache of its own: a cached profile would not import the workload at all
+    env = {**os.environ, "DLAUNCH_CACHE_DIR": str(tmp_path / "cache"), "TMPDIR": str(tmp_path)}
+    env.pop("DLAUNCH_DEBUG", None)
+    proc = subprocess.run([sys.executable, "-c", _WITHOUT_TRANSFORMERS, "plan", HF,
+                           "--topology", str(REPO / "topologies" / "h100-sxm-8x.yaml"), "--", "--config", TINY],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert_one_line_error(Done(proc.returncode, proc.stdout, proc.stderr),
+                          "workloads/hf_causal_lm.py needs transformers: pip install 'dlaunch[hf]'")
