@@ -286,7 +286,12 @@ def load_workload(path: str | Path, args: Sequence[str] = ()) -> Workload:
     cfg_dict = parse_options(defaults, args, source=f"workload {p.name}")
     cfg = types.SimpleNamespace(**cfg_dict)
     units_fn = getattr(module, "units_per_sample", None)
-    units = int(units_fn(cfg)) if callable(units_fn) else 1
+    try:
+        units = int(units_fn(cfg)) if callable(units_fn) else 1
+    except WorkloadError:
+        raise
+    except Exception as e:  # the workload's own check of its options (an unknown --size)
+        raise WorkloadError(f"workload {p.name}: {type(e).__name__}: {e}") from e
     if units < 1:
         raise WorkloadError(f"workload {p.name}: units_per_sample() returned {units}; must be >= 1")
     return Workload(path=p, module=module, cfg=cfg, defaults=defaults,

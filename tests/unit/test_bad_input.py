@@ -62,6 +62,8 @@ CASES = [
        "--max-grad-norm must be a finite number >= 0, got nan"),
     _c("run-max-grad-norm-negative", ["run", MLP, "--max-grad-norm", "-1"],
        "--max-grad-norm must be a finite number >= 0, got -1"),
+    _c("plan-unknown-size", ["plan", GPT, "--gpus", "1", "--", "--size", "nope"],
+       "workload gpt.py: ValueError: unknown --size 'nope'; choose from tiny"),
     _c("plan-tokens-zero", ["plan", GPT, "--tokens", "0"], "--tokens must be a finite number > 0, got 0"),
     _c("plan-two-goals", ["plan", GPT, "--tokens", "1e9", "--samples", "5"], "give one training goal"),
     _c("run-precision", ["run", MLP, "--precision", "fp8"], "invalid choice", "fp8"),
