@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from launcher.errors import PlanError
+from launcher.files import atomic_write_json
 from launcher.plan.step_probe import WorkloadTiming, as_cached, measure_steps
 
 # the probe's own budget is seconds (step_probe.BUDGET_S); importing torch and building the model
@@ -55,9 +56,9 @@ def probe_in_child(workload: str, workload_args: Sequence[str], *, threads: int,
         timeout_s = float(os.environ.get(TIMEOUT_ENV) or STEP_PROBE_TIMEOUT_S)
     with tempfile.TemporaryDirectory(prefix="dlaunch-step-probe-") as tmp:
         request, result, output = Path(tmp, "request.json"), Path(tmp, "result.json"), Path(tmp, "output.log")
-        request.write_text(json.dumps({"workload": str(workload), "args": list(workload_args),
-                                       "threads": threads, "precisions": list(precisions),
-                                       "micro_batches": list(micro_batches)}))
+        atomic_write_json(request, {"workload": str(workload), "args": list(workload_args),
+                                    "threads": threads, "precisions": list(precisions),
+                                    "micro_batches": list(micro_batches)})
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
         with open(output, "wb") as out:
             proc = subprocess.Popen([sys.executable, "-m", "launcher.plan.step_child", str(request),
@@ -95,7 +96,7 @@ def main(argv: Sequence[str]) -> int:
                            threads=int(request["threads"]), precisions=request["precisions"],
                            micro_batches=[int(mb) for mb in request["micro_batches"]])
     # the workload may have replaced sys.stdout: the result goes to its own file
-    Path(argv[1]).write_text(json.dumps(as_cached(timing)), encoding="utf-8")
+    atomic_write_json(argv[1], as_cached(timing))
     return 0
 
 

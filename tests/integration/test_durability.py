@@ -15,6 +15,7 @@ import pytest
 
 import launcher.files as files
 from launcher.backends import local
+from launcher.errors import StorageError
 from launcher.files import append_lines, atomic_write_text, read_jsonl
 from launcher.jobs.local import dry_run_text
 from launcher.results.aggregate import aggregate
@@ -68,7 +69,7 @@ def test_atomic_write_leaves_nothing_half_written(tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(files.os, "replace", boom)
-    with pytest.raises(OSError):
+    with pytest.raises(StorageError, match="no space left on the device"):  # one line, not OSError
         atomic_write_text(target, "new\n")
     assert target.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == [target.name]
     assert stat.S_IMODE(target.stat().st_mode) == 0o600
@@ -93,11 +94,13 @@ def test_heartbeat_beats_on_a_step_at_most_once_a_second(tmp_path):
     heartbeat = RunPaths(root=tmp_path).heartbeat(3)
     beat = json.loads(heartbeat.read_text())
     assert beat["step"] == 0 and beat["pid"] == os.getpid() and beat["stacks"] is False
-    rec.add({"kind": "step", "step": 1})  # within a second of the first beat: no new write
-    assert json.loads(heartbeat.read_text())["step"] == 0
+    rec.add({"kind": "step", "step": 1})  # the first step ends start-up: it beats at once
+    assert json.loads(heartbeat.read_text())["step"] == 1
+    rec.add({"kind": "step", "step": 2})  # within a second of that beat: no new write
+    assert json.loads(heartbeat.read_text())["step"] == 1
     rec._last_beat -= 2
-    rec.add({"kind": "step", "step": 2})
-    assert json.loads(heartbeat.read_text())["step"] == 2
+    rec.add({"kind": "step", "step": 3})
+    assert json.loads(heartbeat.read_text())["step"] == 3
     assert not list(tmp_path.glob(".*tmp"))
 
 
