@@ -111,8 +111,9 @@ def launch_local(spec: LaunchSpec, console: IO[str]) -> RunResult:
     text = tlog.read_text(errors="replace") if result.status != "ok" and tlog.exists() else ""
     got = _GOT_SIGNAL.search(text) if "SignalException" in text else None
     if result.status == "interrupted" or got is not None:
-        signum = (int(got.group(1)) if got is not None
-                  else result.exit_code - 128 if result.exit_code > 128 else signal.SIGINT)
+        # dlaunch's own signal first: stopping the job, it sent torchrun a SIGTERM of its own
+        signum = (result.exit_code - 128 if result.status == "interrupted" and result.exit_code > 128
+                  else int(got.group(1)) if got is not None else signal.SIGINT)
         raise SweepInterrupted(f"sweep interrupted: point {Path(spec.run_dir).name} was stopped "
                                "by a signal; run the same command again to resume", signum=signum)
     return result
