@@ -39,6 +39,10 @@ def rank_env(spec: LaunchSpec, *, base_env: Mapping[str, str], cores: int) -> di
     # set but empty is unset (as OpenMP reads it): each rank would otherwise take every core
     if not base_env.get("OMP_NUM_THREADS", "").strip():
         env["OMP_NUM_THREADS"] = str(rank_threads(cores, spec.nproc_per_node))
+    if spec.device == "cpu" and "ACCELERATE_USE_CPU" not in base_env:
+        # Hugging Face Accelerate forms a (gloo) process group on CPU only when told: without
+        # it, `Accelerator()` in each CPU rank trains its own unsynchronised copy
+        env["ACCELERATE_USE_CPU"] = "1"
     if spec.device == "cuda":
         # under the name the ranks' torch reads (this interpreter's: the backends start ranks
         # with it); nothing when the user set either name, in the shell or in the spec's env

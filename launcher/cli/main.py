@@ -133,10 +133,30 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see {self.prog} --help)")
 
 
+class _Version(argparse.Action):
+    """`dlaunch --version`: the installed package's version, looked up only when asked (the
+    metadata machinery is not on the start-up path of every command)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="print dlaunch's version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        import importlib.metadata
+
+        try:
+            version = importlib.metadata.version("dlaunch")
+        except importlib.metadata.PackageNotFoundError:
+            version = "(not installed: run from a checkout)"
+        print(f"dlaunch {version}")
+        parser.exit(0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full `dlaunch` parser."""
     parser = _Parser(prog="dlaunch", description="Plan, launch and measure distributed PyTorch training.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and torchrun's own log")
+    parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for command in COMMANDS:
         p = sub.add_parser(command.name, help=command.help, description=command.description)

@@ -83,3 +83,12 @@ def test_the_parsed_namespace_names_the_handler_and_dispatch_imports_it():
     from launcher.cli.jobs import cmd_status
 
     assert load_handler(args.handler) is cmd_status
+
+
+def test_version_prints_the_package_version():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "launcher.cli.main", "--version"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.startswith("dlaunch ") and not done.stderr

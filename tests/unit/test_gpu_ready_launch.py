@@ -95,6 +95,16 @@ def test_an_empty_omp_num_threads_is_unset(monkeypatch):
     assert "OMP_NUM_THREADS" not in _rank_env(monkeypatch, "2.13.0", spec, {"OMP_NUM_THREADS": "3"})
 
 
+def test_cpu_ranks_tell_accelerate_to_form_a_cpu_group(monkeypatch):
+    # Accelerate's Accelerator() joins a gloo group on CPU only when told; otherwise each rank
+    # trains an unsynchronised copy and the run looks fine
+    cpu = _rank_env(monkeypatch, "2.13.0", _spec(device="cpu"), {})
+    assert cpu["ACCELERATE_USE_CPU"] == "1"
+    assert "ACCELERATE_USE_CPU" not in _rank_env(monkeypatch, "2.13.0", _spec(device="cpu"),
+                                                 {"ACCELERATE_USE_CPU": "0"})  # the user's wins
+    assert "ACCELERATE_USE_CPU" not in _rank_env(monkeypatch, "2.13.0", _spec(device="cuda"), {})
+
+
 def _ctx(world_size: int = 1, device_type: str = "cpu", local_rank: int = 0) -> RankContext:
     return RankContext(rank=local_rank, local_rank=local_rank, world_size=world_size,
                        local_world_size=world_size, node_rank=0, host="h", device_type=device_type)
