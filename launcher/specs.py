@@ -75,6 +75,9 @@ class ModelProfile:
     # profiled dtype (a language model's loss gradient over its vocabulary: two logits-sized
     # tensors); 0 = none, or not profiled
     backward_transient_bytes_per_sample: float = 0.0
+    # tensor-parallel degrees above 1 the workload's `tp_plan(model, tp)` accepts (those that
+    # divide its heads); () = no tp_plan, or not profiled: the plan never proposes TP
+    tp_degrees: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         check(self.num_params > 0, PlanError, f"model {self.name} has no parameters")
@@ -107,8 +110,16 @@ class Strategy:
     compile: bool = False
     compile_mode: str = "default"
     compile_strict: bool = False  # fullgraph=True, and a compile failure fails the run
+    # tensor-parallel degree: ranks of one node that split every block's matmuls (DTensor, with
+    # sequence parallelism), the FSDP kind sharding over the rest (a 2-D mesh ("dp", "tp"))
+    tp: int = 1
 
     def __post_init__(self) -> None:
+        check(isinstance(self.tp, int) and self.tp >= 1, UsageError,
+              f"`tp` (the tensor-parallel degree) must be an integer >= 1, got {self.tp!r}")
+        check(self.tp == 1 or self.kind != "ddp", UsageError,
+              f"`tp` {self.tp} composes tensor parallelism with FSDP on the data-parallel "
+              "dimension; DDP does not: use `strategy` fsdp_full, fsdp_grad_op or hybrid")
         check(self.kind in STRATEGIES, UsageError,
                f"unknown strategy {self.kind!r}; use one of {', '.join(STRATEGIES)}")
         check(self.precision in PRECISIONS, UsageError,
@@ -197,6 +208,9 @@ class LaunchSpec:
         check(self.grad_accum_steps >= 1, UsageError,
                f"`grad_accum_steps` must be >= 1, got {self.grad_accum_steps}")
         check(self.log_every >= 0, UsageError, f"`log_every` must be >= 0 (0: auto), got {self.log_every}")
+        check(self.nproc_per_node % self.strategy.tp == 0, UsageError,
+              f"`tp` {self.strategy.tp} must divide the processes per node "
+              f"({self.nproc_per_node}): tensor parallelism stays inside a node")
         check(self.shard_group_size == 0 or self.strategy.kind == "hybrid", UsageError,
                f"`shard_group_size` applies to `strategy` hybrid only, got `strategy` "
                f"{self.strategy.kind}")
@@ -248,9 +262,15 @@ class LaunchSpec:
         return self.num_nodes * self.nproc_per_node
 
     @property
+    def dp_size(self) -> int:
+        """Data-parallel ranks: the world over the tensor-parallel degree (the ranks of one TP
+        group read the same micro-batch)."""
+        return self.world_size // self.strategy.tp
+
+    @property
     def global_batch(self) -> int:
-        """Samples per optimizer step across all ranks."""
-        return self.micro_batch * self.grad_accum_steps * self.world_size
+        """Samples per optimizer step across all data-parallel ranks."""
+        return self.micro_batch * self.grad_accum_steps * self.dp_size
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (what ranks read back with `from_dict`)."""

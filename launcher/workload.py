@@ -13,6 +13,11 @@ the loop, so every plan (wrapping, precision, compile, accumulation) is applied 
     def make_optimizer(cfg, model) -> Optimizer  # optional: default AdamW(lr=1e-3)
     def make_scheduler(cfg, optimizer) -> LRScheduler | None  # optional: default none
     def evaluate(model, cfg) -> dict[str, float] # optional: run every --eval-every steps
+    def tp_plan(model, tp) -> dict[str, ParallelStyle] | None
+                                                 # optional: tensor parallelism of degree tp
+                                                 # (DTensor styles by module name, as
+                                                 # parallelize_module takes them); None: tp
+                                                 # does not divide the model (its heads)
 
 A file that defines none of these names but has an `if __name__ == "__main__":` block is a
 plain torchrun script: dlaunch launches it unchanged.
@@ -60,6 +65,7 @@ class FileKind:
 
     path: Path
     is_script: bool
+    has_tp_plan: bool = False  # defines `tp_plan` at top level: may be given tensor parallelism
 
 
 def _resolve(path: str | Path) -> Path:
@@ -119,7 +125,7 @@ def inspect_file(path: str | Path, *, force_script: bool = False) -> FileKind:
         raise WorkloadError(f"workload {str(path)!r} defines {', '.join(present)} but not "
                             f"{missing}; a workload needs all of {', '.join(REQUIRED)}")
     if present:
-        return FileKind(path=p, is_script=False)
+        return FileKind(path=p, is_script=False, has_tp_plan="tp_plan" in names)
     if _has_main_guard(tree):
         return FileKind(path=p, is_script=True)
     raise WorkloadError(f"{str(path)!r} is neither a workload (it defines none of "
@@ -182,6 +188,26 @@ class Workload:
                                 f"{type(scheduler).__name__}; it must return a "
                                 "torch.optim.lr_scheduler.LRScheduler or None")
         return cast("torch.optim.lr_scheduler.LRScheduler | None", scheduler)
+
+    @property
+    def has_tp_plan(self) -> bool:
+        """The workload declares `tp_plan(model, tp)`: it can be given tensor parallelism."""
+        return callable(getattr(self.module, "tp_plan", None))
+
+    def tp_plan(self, model: torch.nn.Module, tp: int) -> dict[str, Any] | None:
+        """The workload's `tp_plan(model, tp)`: {module name or pattern: ParallelStyle}, or None
+        where `tp` does not divide the model. WorkloadError without the hook or for another
+        return type. The hook may also adapt the model to its shard (e.g. local head counts)."""
+        if not self.has_tp_plan:
+            raise WorkloadError(f"workload {self.path.name} defines no tp_plan(model, tp): "
+                                "tensor parallelism needs one (see docs/workloads.md); drop --tp")
+        plan = self._call("tp_plan", model, tp)
+        if plan is not None and not (isinstance(plan, Mapping)
+                                     and all(isinstance(k, str) for k in plan)):
+            raise WorkloadError(f"workload {self.path.name}: tp_plan() returned "
+                                f"{type(plan).__name__}; it must return a dict of module name -> "
+                                "ParallelStyle, or None")
+        return None if plan is None else dict(plan)
 
     @property
     def has_evaluate(self) -> bool:
