@@ -29,7 +29,8 @@ log = logging.getLogger(__name__)
 
 # what nobody decided and nothing planned: a plain script, or a SLURM partition of unknown shape
 FALLBACKS: Mapping[str, Any] = MappingProxyType(
-    {"strategy": "ddp", "precision": "fp32", "micro_batch": 8, "grad_accum": 1, "checkpointing": False})
+    {"strategy": "ddp", "precision": "fp32", "micro_batch": 8, "grad_accum": 1, "checkpointing": False,
+     "tp": 1})
 # when the user gave all three there is nothing left to plan (the plan is made for its prediction)
 PLANNED_DECISIONS = ("strategy", "precision", "micro_batch")
 
@@ -52,6 +53,7 @@ class RunRequest:
     micro_batch: int | None = None
     grad_accum: int | None = None
     checkpointing: bool | None = None
+    tp: int | None = None  # tensor-parallel degree inside a node; None: the plan's (1 unplanned)
     global_batch: int | None = None  # a goal for the plan; None: the plan's choice
     compile: bool | None = None  # None: the plan's (on for GPUs where Dynamo traces it whole)
     compile_mode: str = "default"
@@ -89,6 +91,11 @@ class RunRequest:
               f"unknown strategy {self.strategy!r}; use one of {', '.join(STRATEGIES)}")
         check(self.precision is None or self.precision in PRECISIONS, UsageError,
               f"unknown precision {self.precision!r}; use one of {', '.join(PRECISIONS)}")
+        check(self.tp is None or self.tp == 1 or (not self.is_script and self.strategy != "ddp"
+                                                   and self.gpus % self.tp == 0), UsageError,
+              f"`tp` {self.tp} splits each block over ranks of one node under FSDP: it needs a "
+              f"workload (not a plain script), a strategy other than ddp and a divisor of the "
+              f"processes per node ({self.gpus})")
         check(self.planned is None or not self.open_decisions, PlanError,
               f"a planned request leaves no decision open, got {', '.join(self.open_decisions)}")
 
@@ -108,7 +115,7 @@ class RunRequest:
         return self.warmup_steps if self.warmup_steps is not None else min(3, self.steps - 1)
 
     def decisions(self) -> dict[str, Any]:
-        """strategy, precision, micro_batch, grad_accum, checkpointing: as decided or planned,
+        """strategy, precision, micro_batch, grad_accum, checkpointing, tp: as decided or planned,
         else `FALLBACKS`."""
         return {k: fallback if getattr(self, k) is None else getattr(self, k)
                 for k, fallback in FALLBACKS.items()}
@@ -118,7 +125,7 @@ class RunRequest:
         chosen = planned.plan.chosen
         choice: dict[str, Any] = {"strategy": chosen.strategy.kind, "precision": chosen.strategy.precision,
                   "micro_batch": chosen.micro_batch, "grad_accum": chosen.grad_accum_steps,
-                  "checkpointing": chosen.strategy.activation_checkpointing}
+                  "checkpointing": chosen.strategy.activation_checkpointing, "tp": chosen.strategy.tp}
         filled = {k: v for k, v in choice.items() if getattr(self, k) is None}
         if self.compile is None:
             filled["compile"] = chosen.strategy.compile
@@ -144,7 +151,8 @@ class RunRequest:
                                else max(900.0, self.hang_timeout_s)),
             strategy=Strategy(kind=d["strategy"], precision=d["precision"],
                               activation_checkpointing=d["checkpointing"], compile=bool(self.compile),
-                              compile_mode=self.compile_mode, compile_strict=self.compile_strict),
+                              compile_mode=self.compile_mode, compile_strict=self.compile_strict,
+                              tp=d["tp"]),
             loader=LoaderSpec(num_workers=self.num_workers), shard_group_size=self.shard_group_size,
             profile=self.profile, memory_snapshot=self.memory_snapshot,
             detect_anomaly=self.detect_anomaly, stop_on_nan=self.stop_on_nan,
@@ -192,6 +200,7 @@ def _planned(request: RunRequest, topology: str | None) -> Planned:
     if goal is None and request.micro_batch is not None and request.grad_accum is not None:
         goal = request.micro_batch * request.grad_accum * request.world_size
     overrides = {**{k: getattr(request, k) for k in PLANNED_DECISIONS if getattr(request, k) is not None},
-                 "activation_checkpointing": request.checkpointing, "compile": request.compile}
+                 "activation_checkpointing": request.checkpointing, "compile": request.compile,
+                 "tp": request.tp}
     return plan_workload(request.workload, request.workload_args, topo, Goal(global_batch=goal),
                          overrides=overrides)

@@ -67,6 +67,15 @@ class FileKind:
     is_script: bool
     has_tp_plan: bool = False  # defines `tp_plan` at top level: may be given tensor parallelism
 
+    def require_tp_plan(self, tp: int | None) -> None:
+        """WorkloadError unless a tensor-parallel degree `tp` (None or 1: none) can apply here:
+        checked from the file alone, before anything is profiled or started."""
+        if tp is None or tp == 1 or self.has_tp_plan:
+            return
+        what = "a plain script" if self.is_script else f"workload {self.path.name} defines no tp_plan(model, tp)"
+        raise WorkloadError(f"--tp {tp}: {what}, and tensor parallelism needs one to know which "
+                            "modules to split (see docs/workloads.md); drop --tp or add tp_plan")
+
 
 def _resolve(path: str | Path) -> Path:
     p = Path(path).expanduser()

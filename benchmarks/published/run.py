@@ -29,6 +29,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from launcher.errors import PlanError  # noqa: E402
 from launcher.plan.resolve import plan_workload, resolve_topology  # noqa: E402
 from launcher.specs import Goal  # noqa: E402
 
@@ -106,6 +107,8 @@ def overrides(row: Mapping[str, Any]) -> dict[str, Any]:
                           "activation_checkpointing": ac in RECOMPUTE}
     if ac in RECOMPUTE:
         ov["recompute_fraction"] = RECOMPUTE[ac]
+    if row.get("tp", 1) > 1:
+        ov["tp"] = row["tp"]  # 2-D rows: tensor parallel inside a node (optional key, 1 = none)
     return ov
 
 
@@ -130,8 +133,9 @@ def predict(row: Mapping[str, Any], *, nodes: int | None = None) -> Result:
     nodes = nodes or row["nodes"]
     topo = resolve_topology(topology=topology_name(row), gpus=row["gpus"] // row["nodes"],
                             nodes=nodes)
-    goal = Goal(global_batch=row["micro_batch"] * row["grad_accum"] * topo.world_size,
-                seq_len=row["seq_len"])
+    # with TP, tp GPUs share each sample: the global batch counts data-parallel ranks
+    goal = Goal(global_batch=row["micro_batch"] * row["grad_accum"] * topo.world_size
+                // row.get("tp", 1), seq_len=row["seq_len"])
     planned = plan_workload(WORKLOAD, workload_args(row), topo, goal, overrides=overrides(row))
     p, t = planned.plan, planned.plan.chosen.time
     return Result(row=row, predicted=p.units_per_s / p.world_size,
@@ -280,7 +284,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     t0 = time.perf_counter()
     rows = [r for r in load_rows()
             if not args.only or any(r["id"].startswith(p) for p in args.only)]
-    results = [predict(r) for r in rows]
+    results = []
+    for r in rows:
+        try:
+            results.append(predict(r))
+        except PlanError as e:
+            if r.get("tp", 1) == 1:
+                raise
+            # a 2-D row needs the workload's tp_plan: say why it was not planned
+            print(f"{r['id']}: not planned: {e}")
     lines, summary = report(results)
     print("\n".join(lines))
     if args.cli:

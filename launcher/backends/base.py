@@ -112,9 +112,9 @@ class Backend(Protocol):
         ...
 
     def start(self, rendered: Rendered, *, as_json: bool = False, debug: bool = False,
-              note: str | None = None) -> Handle:
+              note: str | None = None, quiet: bool = False) -> Handle:
         """Start (or submit) the run. `note` (the plan's) is printed once the run is accepted,
-        so a refusal stays a single error line."""
+        so a refusal stays a single error line. `quiet`: no live progress line."""
         ...
 
     def status(self, ref: str) -> JobStatus:

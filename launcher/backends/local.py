@@ -28,6 +28,7 @@ import psutil
 from launcher.backends.keeper import keeper_argv, tie_to_parent
 from launcher.backends.monitor import Beat, Stall, Watcher, host_pids, read_heartbeats, record_owner, watch
 from launcher.backends.postmortem import STACK_WAIT_S, StackInfo, dump_stacks
+from launcher.backends.progress import LiveLine, Progress, ProgressSpec
 from launcher.backends.torchrun import rank_env, torchrun_argv
 from launcher.errors import LaunchError
 from launcher.hardware.detect import usable_cores
@@ -82,9 +83,10 @@ def say(console: IO[str], text: str) -> bool:
         return False
 
 
-def _pump(stream: IO[bytes], console: IO[str], torchrun_log: IO[str], debug: bool,
+def _pump(stream: IO[bytes], emit: Callable[[str], bool], torchrun_log: IO[str], debug: bool,
           stopping: threading.Event | None = None) -> None:
-    """Send rank lines to the console; torchrun's own lines to its log (and console if debug).
+    """Send rank lines to the console (`emit`: False once it has gone); torchrun's own lines to
+    its log (and the console if debug).
 
     `stopping` is set when torchrun says it is stopping the ranks (one of them failed). Reads
     to the end even once the console has gone: torchrun would block on a full pipe otherwise
@@ -94,14 +96,14 @@ def _pump(stream: IO[bytes], console: IO[str], torchrun_log: IO[str], debug: boo
     for raw in iter(stream.readline, b""):
         line = raw.decode("utf-8", errors="replace")
         if line.startswith("[rank "):
-            shown = shown and say(console, line)
+            shown = shown and emit(line)
             continue
         if stopping is not None and "closing signal" in line:
             stopping.set()
         torchrun_log.write(line)
         torchrun_log.flush()
         if debug:
-            shown = shown and say(console, line)
+            shown = shown and emit(line)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,17 +116,19 @@ class Outcome:
     beats: Mapping[int, Beat] = field(default_factory=dict)  # the last heartbeats seen
     torchrun_log: str = ""  # what torchrun said during this attempt
     interrupted: int | None = None  # the signal (SIGINT, SIGTERM) the user stopped dlaunch with
+    warnings: tuple[str, ...] = ()  # what the live progress line warned of (drift from the plan)
 
 
 def launch(rendered: Rendered, spec: LaunchSpec, *, console: IO[str] = sys.stdout,
            debug: bool = False, extra_env: Mapping[str, str] | None = None,
-           attempt: int = 0) -> Outcome:
+           attempt: int = 0, progress: ProgressSpec | None = None) -> Outcome:
     """Run the rendered command to completion while watching the ranks' heartbeats.
 
     The watcher (launcher.backends.monitor) ends the job when no rank advanced for
     `spec.hang_timeout_s` or a rank left without a summary while torchrun waits for it.
     Ctrl-C / SIGTERM stop the whole job the same way (torchrun and every rank) and come back
     as `Outcome.interrupted`; torchrun dies with dlaunch (see `launcher.backends.keeper`).
+    `progress`: draw the live progress line (launcher.backends.progress) against it.
     """
     env = {**os.environ, **rendered.env, **(extra_env or {})}
     paths = RunPaths(root=spec.run_dir)
@@ -157,7 +161,7 @@ def launch(rendered: Rendered, spec: LaunchSpec, *, console: IO[str] = sys.stdou
             record_owner(paths, torchrun_pid=proc.pid)
             if "interrupted" in job:
                 stop_job(proc, watcher.beats)
-            code = _follow(proc, spec, console, tlog, debug, watcher, job)
+            code = _follow(proc, spec, console, tlog, debug, watcher, job, progress)
         finally:
             restore()
     beats = read_heartbeats(spec.run_dir) or watcher.beats
@@ -171,17 +175,25 @@ def launch(rendered: Rendered, spec: LaunchSpec, *, console: IO[str] = sys.stdou
         f.seek(offset)
         text = f.read()
     return Outcome(exit_code=code, stall=stall, stacks=job.get("stacks", {}), beats=beats,
-                   torchrun_log=text, interrupted=job.get("interrupted"))
+                   torchrun_log=text, interrupted=job.get("interrupted"),
+                   warnings=tuple(job.get("warnings", ())))
 
 
 def _follow(proc: subprocess.Popen[bytes], spec: LaunchSpec, console: IO[str], tlog: IO[str],
-            debug: bool, watcher: Watcher, job: dict[str, Any]) -> int:
+            debug: bool, watcher: Watcher, job: dict[str, Any],
+            progress: ProgressSpec | None = None) -> int:
     """Pump torchrun's output and watch the ranks until torchrun exits; its exit code."""
     stopping = threading.Event()
     watcher.torchrun_stopping = stopping.is_set
-    pump = threading.Thread(target=_pump, args=(proc.stdout, console, tlog, debug, stopping),
+    live = None if progress is None else LiveLine(
+        Progress(spec=progress, start_s=time.monotonic()), console,
+        beats=lambda: dict(watcher.beats), write=say)
+    emit: Callable[[str], bool] = (lambda text: say(console, text)) if live is None else live.above
+    pump = threading.Thread(target=_pump, args=(proc.stdout, emit, tlog, debug, stopping),
                             daemon=True)
     pump.start()
+    if live is not None:
+        live.start()
 
     def on_stall(stall: Stall) -> None:
         job["stall"] = stall
@@ -203,6 +215,9 @@ def _follow(proc: subprocess.Popen[bytes], spec: LaunchSpec, console: IO[str], t
         exited.set()
         watch_thread.join(timeout=STOP_GRACE_S + STACK_WAIT_S + 5)
         pump.join(timeout=5)
+        if live is not None:
+            live.stop()
+            job["warnings"] = live.progress.warnings
 
 
 def stop_job(proc: subprocess.Popen[bytes], beats: Mapping[int, Beat] | None = None, *,

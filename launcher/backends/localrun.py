@@ -27,8 +27,9 @@ from typing import IO, Any
 
 from launcher.backends.base import Cancelled, State
 from launcher.backends.monitor import read_heartbeats
+from launcher.backends.progress import clock
 from launcher.errors import LaunchError, UsageError
-from launcher.files import read_json, read_new
+from launcher.files import read_json, read_jsonl, read_new
 from launcher.procs import pid_alive
 from launcher.rundir import LAUNCH_FILE, SLURM_FILE, RunPaths
 
@@ -54,6 +55,8 @@ class LocalState:
     total_steps: int | None = None
     world_size: int | None = None
     result: Mapping[str, Any] | None = None  # result.json, when written
+    # rank 0's seconds per step after warm-up, from its step records (None: too few written)
+    step_s: float | None = None
 
 
 def run_dir_of(ref: str) -> Path:
@@ -81,6 +84,22 @@ def _read(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def _step_s(paths: RunPaths, warmup: object) -> float | None:
+    """Rank 0's seconds per step after warm-up from the end times its step records carry (the
+    rank appends them at each logging window's end: they lag the heartbeat a little)."""
+    try:
+        records, _ = read_jsonl(paths.records(0))
+    except OSError:
+        return None
+    w = warmup if isinstance(warmup, int) else 0
+    ends = [(r["step"], r["end_time"]) for r in records
+            if r.get("kind") == "step" and isinstance(r.get("end_time"), (int, float))
+            and isinstance(r.get("step"), int) and r["step"] > w]
+    if len(ends) < 2 or ends[-1][0] <= ends[0][0] or ends[-1][1] <= ends[0][1]:
+        return None
+    return (ends[-1][1] - ends[0][1]) / (ends[-1][0] - ends[0][0])
+
+
 def read_state(run_dir: Path, *, now: Callable[[], float] = time.time) -> LocalState:
     """Where the local run in `run_dir` stands (see the module docstring)."""
     paths = RunPaths(root=run_dir)
@@ -93,7 +112,8 @@ def read_state(run_dir: Path, *, now: Callable[[], float] = time.time) -> LocalS
         "run_dir": run_dir, "pid": pid if isinstance(pid, int) else None,
         "host": host if isinstance(host, str) else None, "steps": steps, "beat_age_s": age,
         "total_steps": launch.get("steps") if isinstance(launch.get("steps"), int) else None,
-        "world_size": world_size(launch)}
+        "world_size": world_size(launch),
+        "step_s": _step_s(paths, launch.get("warmup_steps"))}
     result = _read(paths.result) if paths.result.is_file() else None
     if result:
         status = str(result.get("status", "?"))
@@ -124,13 +144,17 @@ def read_state(run_dir: Path, *, now: Callable[[], float] = time.time) -> LocalS
 
 
 def progress_line(st: LocalState) -> str:
-    """`step 37/200 (per rank: 37 38)`, or '' before any rank beat."""
+    """`step 37/200 (per rank: 37 38), 0.21 s/step, ETA 0:34` (rate and ETA once rank 0 has
+    written step records after warm-up), or '' before any rank beat."""
     if not st.steps:
         return ""
     ranks = range(st.world_size) if st.world_size else sorted(st.steps)
     done = min(st.steps.get(r, 0) for r in ranks)
     total = f"/{st.total_steps}" if st.total_steps is not None else ""
-    return f"step {done}{total} (per rank: {' '.join(str(st.steps.get(r, 0)) for r in ranks)})"
+    line = f"step {done}{total} (per rank: {' '.join(str(st.steps.get(r, 0)) for r in ranks)})"
+    if st.step_s is not None and st.total_steps is not None and st.state is State.RUNNING:
+        line += f", {st.step_s:.3g} s/step, ETA {clock(st.step_s * max(0, st.total_steps - done))}"
+    return line
 
 
 def cancel(run_dir: Path, *, wait_s: float = CANCEL_WAIT_S) -> Cancelled:

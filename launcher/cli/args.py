@@ -155,6 +155,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("--compile-strict", commands=RUN, kind="switch",
            help="fullgraph=True, and a compile failure fails the run instead of falling back to "
                 "eager (implies --compile)"),
+    Option("--quiet", commands=("run",), kind="switch",
+           help="no live progress line (step, throughput, ETA, measured vs planned step time)"),
+    Option("--tp", commands=(*RUN, "plan", "scale"), parse=at_least(1),
+           help="tensor-parallel degree: ranks of one node that split every block's matmuls "
+                "(DTensor, sequence parallel), FSDP sharding over the rest; needs the workload's "
+                "tp_plan(model, tp) (default: the plan's; 1 on CPUs)"),
     Option("--shard-group-size", commands=RUN, parse=at_least(1),
            help="hybrid shard: ranks per shard group (default: the ranks of a node)"),
     Option("--profile", commands=RUN, kind="switch",
@@ -205,6 +211,15 @@ OPTIONS: tuple[Option, ...] = (
            help="a training goal in optimizer steps (instead of --tokens)"),
     Option("--gpu-hour-price", commands=("plan",), parse=_non_negative, metavar="PRICE",
            help="price of one GPU-hour, for the cost of a training goal"),
+    Option("--world-sizes", commands=("plan",), metavar="N,N,...",
+           help="plan at each of these GPU counts (nodes = N / GPUs per node) and print one "
+                "table: strategy, step time, throughput, efficiency, and with a goal days, "
+                "GPU-hours, cost, goodput"),
+    Option("--deadline", commands=("plan",), metavar="DURATION",
+           help="with --world-sizes and a goal: the cheapest size that trains within it (30d, 12h)"),
+    Option("--budget", commands=("plan",), parse=_positive, metavar="AMOUNT",
+           help="with --world-sizes and a goal: the fastest size within it (the price's currency "
+                "with --gpu-hour-price, else GPU-hours)"),
     Option("--mtbf-gpu-hours", commands=("plan",), parse=_positive, metavar="H",
            help="GPU-hours between interruptions (default: Llama 3's published rate, ~50,700)"),
     Option("--ckpt-write-gb-s", commands=("plan",), parse=_positive, metavar="GB_S",

@@ -71,6 +71,7 @@ class LabOptions(Options):
     compile: bool | None  # --compile / --no-compile; None: the plan's
     compile_mode: str | None  # torch.compile mode (implies --compile); None: default
     compile_strict: bool  # fullgraph, and no eager fallback (implies --compile)
+    tp: int | None  # tensor-parallel degree inside a node; None: the plan's
     shard_group_size: int | None  # hybrid shard ranks per group; None: the ranks of a node
     profile: bool  # torch.profiler over 3 steps after warm-up
     memory_snapshot: bool  # CUDA allocation history, dumped at the end or on out-of-memory
@@ -101,6 +102,7 @@ class RunOptions(LabOptions):
     plan: str | None  # a plan file whose decisions fill those the flags left open
     nodes: int | None  # SLURM nodes; None: 1
     detach: bool  # submit, print the job id and return
+    quiet: bool  # no live progress line
     topology: str | None  # a topology file of the partition's nodes, for the plan
     slurm: SlurmOptions | None  # None: this host
 
@@ -121,6 +123,7 @@ class PlanOptions(Options):
     precision: str | None  # None: the planner's
     checkpointing: bool | None  # activation checkpointing; None: the planner's
     compile: bool | None  # None: the planner's
+    tp: int | None  # tensor-parallel degree inside a node; None: the planner's
     no_calibration_cache: bool  # ignore the step-time corrections learnt by `dlaunch tune`
     json: bool  # print the plan as JSON
     tokens: float | None  # a training goal in tokens; None: no time to train
@@ -129,6 +132,9 @@ class PlanOptions(Options):
     gpu_hour_price: float | None  # per GPU-hour; None: no cost
     mtbf_gpu_hours: float | None  # None: Llama 3's published interruption rate
     ckpt_write_gb_s: float | None  # per node; None: the assumed 2 GB/s
+    world_sizes: str | None  # GPU counts to plan side by side, as given ("64,128"); None: one plan
+    deadline: str | None  # a duration as given ("30d"); None: no deadline
+    budget: float | None  # cost (with a price) or GPU-hours; None: no budget
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,6 +157,7 @@ class ScaleOptions(Options):
     precision: str | None  # None: the plan's
     checkpointing: bool | None  # None: the plan's
     compile: bool | None  # None: the plan's
+    tp: int | None  # tensor-parallel degree inside a node; None: the plan's
     seed: int  # the one seed of every run
     num_workers: int  # DataLoader worker processes per rank
     plan: str | None  # a plan file whose decisions fill those the flags left open

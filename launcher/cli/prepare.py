@@ -102,6 +102,7 @@ def build_request(opts: RequestOptions, workload_args: Sequence[str]) -> tuple[R
         raise UsageError(_NEEDS_WORKLOAD[command].format(given=opts.workload))
     place = _place(opts)
     fields = _request_fields(opts)
+    kind.require_tp_plan(fields.get("tp"))
     fields.update(compile=_compile_choice(opts),
                   calibrate=not (isinstance(opts, LabOptions) and opts.no_calibrate))
     if command == "tune" and "steps" not in fields and "warmup_steps" in fields:

@@ -42,6 +42,7 @@ def cmd_run(args: argparse.Namespace, workload_args: list[str]) -> int:
         note(request.plan_note)
         print(rendered.dry_run_text, end="")
         return 0
-    handle = backend.start(rendered, as_json=opts.json, debug=bool(args.debug), note=request.plan_note)
+    handle = backend.start(rendered, as_json=opts.json, debug=bool(args.debug), note=request.plan_note,
+                           quiet=opts.quiet)
     result = handle.follow(sys.stdout)
     return 0 if result is None else exit_status(result)  # None: a detached SLURM job

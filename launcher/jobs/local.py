@@ -34,9 +34,11 @@ from launcher.backends import local, localrun
 from launcher.backends.base import Cancelled, JobStatus, Rendered
 from launcher.backends.monitor import Stall
 from launcher.backends.postmortem import write_missing_summaries
+from launcher.backends.progress import ProgressSpec
 from launcher.errors import StorageError
-from launcher.files import atomic_write_json
+from launcher.files import atomic_write_json, read_json
 from launcher.results.aggregate import aggregate
+from launcher.results.prediction import plan_step_time_s
 from launcher.results.table import format_run
 from launcher.results.types import RunResult
 from launcher.rundir import RunPaths
@@ -62,13 +64,35 @@ def dry_run_text(spec: LaunchSpec, rendered: local.Rendered) -> str:
             f"{json.dumps(masked_spec_dict(spec), indent=2)}\n")
 
 
+def progress_spec(spec: LaunchSpec) -> ProgressSpec:
+    """What the live line measures `spec` against: its steps and batch, and from the plan
+    beside the run (if any) the predicted step time and the tokens per sample."""
+    path = RunPaths(root=spec.run_dir).plan
+    predicted = units = None
+    unit = "samples"
+    try:
+        plan = read_json(path) if path.exists() else None
+        if isinstance(plan, dict):
+            predicted = plan_step_time_s(plan)
+            profile = plan.get("profile") or {}
+            if profile.get("sample_units") == "tokens":
+                units, unit = int(profile["units_per_sample"]), "tokens"
+    except (OSError, KeyError, TypeError, ValueError) as e:  # an older plan file: no comparison
+        log.debug("plan.json gives no prediction for the progress line: %s", e)
+    return ProgressSpec(total_steps=spec.steps, warmup_steps=spec.warmup_steps,
+                        samples_per_step=spec.global_batch, units_per_sample=units or 1, unit=unit,
+                        predicted_step_s=predicted)
+
+
 def run_local(spec: LaunchSpec, *, as_json: bool = False, debug: bool = False,
-              out: IO[str] = sys.stdout, rendered: local.Rendered | None = None) -> RunResult:
+              out: IO[str] = sys.stdout, rendered: local.Rendered | None = None,
+              progress: bool = False) -> RunResult:
     """Launch `spec` with torchrun on this host and return the aggregated result.
 
     Writes `launch.json` before and `result.json` after; rank output streams to `out`
     (to stderr when `as_json`, so stdout carries only the JSON). `rendered`: the command
-    already rendered for `spec` (rendered here when not given).
+    already rendered for `spec` (rendered here when not given). `progress`: a live progress line
+    (launcher.backends.progress) with the plan's step time when the run dir holds plan.json.
     """
     rendered = rendered or local.render(spec)
     run_dir = Path(spec.run_dir)
@@ -82,7 +106,8 @@ def run_local(spec: LaunchSpec, *, as_json: bool = False, debug: bool = False,
     while True:
         extra = {"DLAUNCH_ATTEMPT": str(attempt), "DLAUNCH_RESUME": "1"} if attempt else {}
         outcome = local.launch(rendered, spec, console=console, debug=debug, extra_env=extra,
-                               attempt=attempt)
+                               attempt=attempt,
+                               progress=progress_spec(spec) if progress and not spec.is_script else None)
         stall = outcome.stall
         if outcome.interrupted is not None:
             stall = Stall(kind="interrupted", steps={}, ranks=(),
@@ -94,6 +119,8 @@ def run_local(spec: LaunchSpec, *, as_json: bool = False, debug: bool = False,
         except StorageError as e:  # a full disk must not cost the summary of what was recorded
             local.say(console, f"dlaunch: the summaries of ranks that died were not written: {e}\n")
         result = aggregate(run_dir, exit_code=outcome.exit_code, wall_time_s=time.monotonic() - t0)
+        if outcome.warnings:
+            result = dataclasses.replace(result, warnings=(*result.warnings, *outcome.warnings))
         if outcome.interrupted is not None:
             result, stopped = interrupted(result, outcome.interrupted, steps=spec.steps)
             break
@@ -173,11 +200,12 @@ class LocalHandle:
     rendered: LocalRendered
     as_json: bool = False
     debug: bool = False
+    quiet: bool = False  # no live progress line
 
     def follow(self, out: IO[str]) -> RunResult:
         """Run torchrun to the end (restarts included) and print the summary on `out`."""
         return run_local(self.rendered.spec, as_json=self.as_json, debug=self.debug, out=out,
-                         rendered=self.rendered.command)
+                         rendered=self.rendered.command, progress=not self.quiet)
 
 
 class LocalBackend:
@@ -194,7 +222,7 @@ class LocalBackend:
         return LocalRendered(spec=spec, command=local.render(spec))
 
     def start(self, rendered: Rendered, *, as_json: bool = False, debug: bool = False,
-              note: str | None = None) -> LocalHandle:
+              note: str | None = None, quiet: bool = False) -> LocalHandle:
         """Nothing to submit: the run starts, in this process, when it is followed."""
         if not isinstance(rendered, LocalRendered):
             raise TypeError(f"the local backend cannot start {type(rendered).__name__}")
@@ -204,7 +232,7 @@ class LocalBackend:
                   "process(es) with gloo", file=sys.stderr)
         if note:
             print(note, file=sys.stderr)
-        return LocalHandle(rendered=rendered, as_json=as_json, debug=debug)
+        return LocalHandle(rendered=rendered, as_json=as_json, debug=debug, quiet=quiet)
 
     def status(self, ref: str) -> JobStatus:
         """From the run dir's files: see launcher.backends.localrun."""
@@ -218,6 +246,7 @@ class LocalBackend:
         data = {"run_dir": str(st.run_dir), "state": st.state.value, "reason": st.reason,
                 "pid": st.pid, "host": st.host, "steps": {str(r): s for r, s in st.steps.items()},
                 "total_steps": st.total_steps, "last_heartbeat_s": st.beat_age_s,
+                "step_s": st.step_s,
                 "result": result.to_dict() if result is not None else None}
         return JobStatus(state=st.state, reason=st.reason, run_dir=str(st.run_dir),
                          steps=st.steps, total_steps=st.total_steps,

@@ -336,8 +336,9 @@ class SlurmBackend:
         return SlurmRendered(spec=spec, slurm=request.slurm, job=backend.render(spec, request.slurm))
 
     def start(self, rendered: Rendered, *, as_json: bool = False, debug: bool = False,
-              note: str | None = None) -> SlurmHandle:
-        """sbatch the job (a refusal is one error line; the note waits for `follow`)."""
+              note: str | None = None, quiet: bool = False) -> SlurmHandle:
+        """sbatch the job (a refusal is one error line; the note waits for `follow`). The
+        SLURM follow draws no live progress line (yet): `quiet` changes nothing."""
         if not isinstance(rendered, SlurmRendered):
             raise TypeError(f"the SLURM backend cannot start {type(rendered).__name__}")
         record = submit_run(rendered.spec, rendered.slurm, rendered.job)

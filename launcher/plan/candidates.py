@@ -36,7 +36,10 @@ STRATEGY_ORDER = ("ddp", "fsdp_full", "fsdp_grad_op", "hybrid")
 # longer.
 DEFAULT_MAX_MICRO_BATCH = {"cuda": 64, "cpu": 16}
 OVERRIDE_KEYS = ("strategy", "precision", "micro_batch", "compile", "compile_mode",
-                 "activation_checkpointing", "recompute_fraction")
+                 "activation_checkpointing", "recompute_fraction", "tp")
+# the strategies tensor parallelism composes with on a GPU plan's own initiative (the runtime
+# builds a 2-D mesh ("dp", "tp") with FSDP on "dp"); a forced tp may also pair with grad-op
+TP_KINDS = ("fsdp_full", "hybrid")
 
 
 def profile_for_goal(profile: ModelProfile, goal: Goal) -> ModelProfile:
@@ -69,6 +72,14 @@ def check_overrides(overrides: Mapping[str, Any] | None, topology: Topology) -> 
     if ov.get("strategy") == "hybrid" and topology.num_nodes <= 1:
         raise PlanError("strategy hybrid shards inside a node and replicates across nodes: it "
                         "needs more than one node; on one node use fsdp_full")
+    if "tp" in ov and (not isinstance(ov["tp"], int) or isinstance(ov["tp"], bool)
+                       or ov["tp"] < 1):
+        raise PlanError(f"--tp (the tensor-parallel degree) must be an integer >= 1, "
+                        f"got {ov['tp']!r}")
+    if ov.get("tp", 1) > 1 and ov.get("strategy") == "ddp":
+        raise PlanError(f"--tp {ov['tp']} composes tensor parallelism with FSDP on the "
+                        "data-parallel dimension; DDP does not: use --strategy fsdp_full or "
+                        "hybrid, or drop --tp")
     if "micro_batch" in ov and (not isinstance(ov["micro_batch"], int) or ov["micro_batch"] < 1):
         raise PlanError(f"--micro-batch must be an integer >= 1, got {ov['micro_batch']!r}")
     frac = ov.get("recompute_fraction", FULL_RECOMPUTE)
@@ -79,6 +90,38 @@ def check_overrides(overrides: Mapping[str, Any] | None, topology: Topology) -> 
     Strategy(kind=ov.get("strategy", "ddp"), precision=ov.get("precision", "fp32"),
              compile_mode=ov.get("compile_mode", "default"))
     return ov
+
+
+def check_tp(ov: Mapping[str, Any], profile: ModelProfile, topology: Topology) -> None:
+    """PlanError, in one line, for a forced tp > 1 the workload or the topology cannot take."""
+    tp = ov.get("tp", 1)
+    if tp <= 1:
+        return
+    if not profile.tp_degrees:
+        raise PlanError(f"--tp {tp}: workload {profile.name.split()[0]} defines no "
+                        "tp_plan(model, tp), so tensor parallelism has no modules to split "
+                        "(see docs/workloads.md); drop --tp or add tp_plan")
+    if tp not in profile.tp_degrees:
+        raise PlanError(f"--tp {tp}: {profile.name.split()[0]}'s tp_plan accepts tp "
+                        f"{', '.join(map(str, profile.tp_degrees))} (the degrees that divide "
+                        f"its heads); use one of them or drop --tp")
+    if topology.devices_per_node % tp:
+        raise PlanError(f"--tp {tp} must divide the {topology.devices_per_node} "
+                        f"{'GPUs' if topology.device == 'cuda' else 'ranks'} per node "
+                        "(tensor parallelism stays inside a node); use a divisor or drop --tp")
+
+
+def tp_degrees(kind: str, profile: ModelProfile, topology: Topology,
+               ov: Mapping[str, Any]) -> list[int]:
+    """The TP degrees to try with strategy `kind`: the forced one; else on GPUs 1 and, for
+    TP_KINDS, each of the workload's degrees that divides the GPUs per node (tensor parallelism
+    over NVLink only); CPU plans try TP only when forced."""
+    if "tp" in ov:
+        return [ov["tp"]] if ov["tp"] == 1 or kind != "ddp" else []
+    if topology.device != "cuda" or kind not in TP_KINDS:
+        return [1]
+    return [1] + [d for d in profile.tp_degrees
+                  if d > 1 and topology.devices_per_node % d == 0]
 
 
 def _precisions(topology: Topology, ov: Mapping[str, Any]) -> list[str]:
@@ -139,25 +182,42 @@ def candidates(profile: ModelProfile, topology: Topology, goal: Goal, ov: Mappin
     kinds = [k for k in STRATEGY_ORDER if k != "hybrid" or topology.num_nodes > 1]
     if n == 1 and "strategy" not in ov:
         kinds = ["ddp"]  # one device: nothing to shard over; the runtime runs it unwrapped
-    batches, skipped = _batches(goal, n, ov, topology.device)
+    if ov.get("tp", 1) > 1 and "strategy" not in ov:
+        kinds = [k for k in kinds if k != "ddp"] or ["fsdp_full"]
+    batches, skipped = _batches(goal, n, ov, topology.device) if ov.get("tp", 1) == 1 else ([], [])
     out = []
     for kind in kinds:
-        group = shard_group_size(kind, topology)
         compiled = compiles(kind, topology, ov, compile_check)
-        for precision in _precisions(topology, ov):
-            for ckpt in (False, True):
-                strategy = Strategy(kind=kind, precision=precision, activation_checkpointing=ckpt,
-                                    compile=compiled,
-                                    compile_mode=ov.get("compile_mode", "default"))
-                for mb, accum in batches:
-                    mem = estimate_memory(profile, strategy, micro_batch=mb, world_size=n,
-                                          shard_group_size=group, device=topology.device,
-                                          optimizer=goal.optimizer)
-                    s, t = _timed(profile, strategy, topology, mb, accum, ov, timing)
-                    out.append(Candidate(strategy=s, micro_batch=mb, grad_accum_steps=accum,
-                                         memory=mem, time=t, fits=mem.total_bytes <= usable))
+        for tp in tp_degrees(kind, profile, topology, ov):
+            group = shard_group_size(kind, topology, tp)
+            if tp == 1:
+                tp_batches = batches
+            else:
+                # with TP, world / tp ranks take samples: a batch that does not split over them
+                # rules this degree out (said by the error when the degree was forced)
+                try:
+                    tp_batches, tp_skipped = _batches(goal, n // tp, ov, topology.device)
+                except PlanError:
+                    if "tp" in ov:
+                        raise
+                    continue
+                if "tp" in ov:
+                    skipped = tp_skipped
+            for precision in _precisions(topology, ov):
+                for ckpt in (False, True):
+                    strategy = Strategy(kind=kind, precision=precision,
+                                        activation_checkpointing=ckpt, compile=compiled,
+                                        compile_mode=ov.get("compile_mode", "default"), tp=tp)
+                    for mb, accum in tp_batches:
+                        mem = estimate_memory(profile, strategy, micro_batch=mb, world_size=n,
+                                              shard_group_size=group, device=topology.device,
+                                              optimizer=goal.optimizer)
+                        s, t = _timed(profile, strategy, topology, mb, accum, ov, timing)
+                        out.append(Candidate(strategy=s, micro_batch=mb, grad_accum_steps=accum,
+                                             memory=mem, time=t, fits=mem.total_bytes <= usable))
     return out, skipped
 
 
-__all__ = ["candidates", "check_overrides", "profile_for_goal", "STRATEGY_ORDER",
+__all__ = ["candidates", "check_overrides", "check_tp", "tp_degrees", "TP_KINDS",
+           "profile_for_goal", "STRATEGY_ORDER",
            "DEFAULT_MAX_MICRO_BATCH", "OVERRIDE_KEYS"]

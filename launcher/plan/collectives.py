@@ -25,6 +25,19 @@ all-reduce) share it: each gets bw / G.
   inter-node all-reduce of 1/G of the data (G of them at once on the shared network; a ring, or
   a tree with 2 log2(M) latencies as NCCL's double binary tree has), intra-node all-gather. Its
   phases are summed, not pipelined, which errs slightly on the slow side.
+
+Tensor parallelism of degree t (`Strategy.tp`) inside a node, FSDP over the rest:
+- FSDP's collectives run over the data-parallel group (`dp_topology`): world / t ranks,
+  devices_per_node / t of them per node, each moving its 1/t slice of the parameters. The t
+  groups run at once and share the node's network: each sees the inter-node bus bandwidth / t
+  (the same convention as hybrid's replica groups); NVLink is not shared in this model (each
+  rank has its own NVLink ports).
+- TP + sequence parallelism (`tp_comm_s`): per block, the forward all-gathers the sequence-split
+  activations before attention and before the MLP and reduce-scatters their outputs (2 + 2 of
+  b x s x h elements at the compute dtype), backward the same (Korthikanti et al. 2022, s4.2.2),
+  plus the embedding's reduce-scatter and the head's all-gather; over the intra-node link with
+  the ring's (t-1)/t. None of it is hidden: without async TP each collective sits between the
+  matmul that makes its input and the one that needs its output.
 """
 
 from __future__ import annotations
@@ -155,6 +168,42 @@ def split(op: Collective, total: float, count: int) -> float:
     return count * op(total / count)
 
 
+def dp_topology(topology: Topology, tp: int) -> Topology:
+    """The data-parallel group of one TP rank as a topology of its own: devices_per_node / tp
+    ranks per node, the node's network shared by the tp groups that run at once. tp = 1:
+    `topology` itself."""
+    if tp <= 1:
+        return topology
+    dp = topology.with_shape(num_nodes=topology.num_nodes,
+                             devices_per_node=topology.devices_per_node // tp)
+    if topology.inter_node is None:
+        return dp
+    return dataclasses.replace(dp, inter_node=shared_link(topology.inter_node, tp))
+
+
+# the collectives TP + SP adds per block and pass: all-gather before attention and before the
+# MLP, reduce-scatter after each (Korthikanti et al. 2022, Figure 6: g and g-bar)
+TP_COLLECTIVES_PER_BLOCK = 4
+# outside the blocks: the embedding's output reduce-scatter, the head's input all-gather
+TP_COLLECTIVES_OUTSIDE = 2
+
+
+def tp_comm_s(profile: ModelProfile, strategy: Strategy, topology: Topology, micro_batch: int,
+              *, recompute: float = 0.0) -> float:
+    """Seconds of one micro-batch's TP + SP activation collectives on one rank: forward,
+    backward and the `recompute` share of the forward that checkpointing runs again; each moves
+    the micro-batch's full activation (b x s x h at the compute dtype; `block_input_bytes` was
+    profiled in fp32) over the intra-node link among `strategy.tp` ranks."""
+    t = strategy.tp
+    if t <= 1:
+        return 0.0
+    nbytes = (micro_batch * profile.block_input_bytes_per_sample
+              * COMPUTE_DTYPE_BYTES[strategy.precision] / 4)
+    per_pass = TP_COLLECTIVES_PER_BLOCK * max(1, profile.num_blocks) + TP_COLLECTIVES_OUTSIDE
+    # all-gather and reduce-scatter cost the same: (t-1)/t * S/B + (t-1) * alpha
+    return (2 + recompute) * per_pass * allgather_s(nbytes, t, topology.intra_node)
+
+
 def ddp_comm(profile: ModelProfile, topology: Topology, hide_s: float) -> tuple[float, float]:
     """(total, exposed) seconds of DDP's one all-reduce of the fp32 grads per step, in 25 MiB
     buckets, behind `hide_s` of the last micro-batch's backward; the last bucket is exposed."""
@@ -178,10 +227,12 @@ def fsdp_traffic(profile: ModelProfile, strategy: Strategy,
     """Seconds of one micro-batch's FSDP collectives: forward all-gathers ("ag_fwd", the first
     of which, "first_ag", nothing can hide), backward all-gathers ("ag_bwd"), reduce-scatters
     ("rs", the last unit's "last_rs" after all compute) and the fixed per-collective cost."""
-    p = float(profile.num_params)
+    # with TP each rank holds (and FSDP moves) its 1/tp slice; x / 1 is exact
+    tp = strategy.tp
+    p = float(profile.num_params) / tp
     c = COMPUTE_DTYPE_BYTES[strategy.precision]
-    block = float(profile.largest_block_params)
-    root = float(unsharded_root_params(profile))
+    block = float(profile.largest_block_params) / tp
+    root = float(unsharded_root_params(profile)) / tp
     nb = max(1, profile.num_blocks)
     units = fsdp_units(profile, strategy)
     ops = group_collectives(topology, within_node=strategy.kind == "hybrid")
@@ -199,7 +250,8 @@ def fsdp_traffic(profile: ModelProfile, strategy: Strategy,
 
 def sharded_comm(profile: ModelProfile, strategy: Strategy, topology: Topology,
                   hide_fwd: float, hide_bwd: float, grad_accum: int) -> tuple[float, float]:
-    """(total, exposed) communication of one step of FSDP or hybrid shard."""
+    """(total, exposed) communication of one step of FSDP or hybrid shard over `topology` (with
+    TP: the data-parallel group, `dp_topology`)."""
     t = fsdp_traffic(profile, strategy, topology)
     exposed_fwd = max(t["first_ag"], t["ag_fwd"] - hide_fwd)
     exposed_bwd = max(t["last_rs"], t["ag_bwd"] + t["rs"] - hide_bwd)
@@ -210,7 +262,8 @@ def sharded_comm(profile: ModelProfile, strategy: Strategy, topology: Topology,
         # across the replicas; its last unit's all-reduce follows all compute
         g = topology.devices_per_node
         across = replica_allreduce(topology)
-        ar = split(across, GRAD_BYTES * float(profile.num_params) / g, int(t["units"]))
+        ar = split(across, GRAD_BYTES * float(profile.num_params) / strategy.tp / g,
+                   int(t["units"]))
         last_ar = across(REDUCE_DTYPE_BYTES * t["last_unit"] / g)
         last_bwd = max(t["last_rs"] + last_ar, t["ag_bwd"] + t["rs"] + ar - hide_bwd)
         fixed = t["units"] * FSDP_COLLECTIVE_OVERHEAD_S
@@ -222,4 +275,5 @@ def sharded_comm(profile: ModelProfile, strategy: Strategy, topology: Topology,
 __all__ = ["ring_allreduce_s", "tree_allreduce_s", "allgather_s", "reduce_scatter_s",
            "hierarchical_allreduce_s", "shared_link", "slowest_link", "group_collectives",
            "replica_allreduce", "split", "Collective", "ddp_comm", "fsdp_traffic", "fsdp_units",
-           "sharded_comm", "FSDP_COLLECTIVE_OVERHEAD_S", "REDUCE_DTYPE_BYTES"]
+           "sharded_comm", "FSDP_COLLECTIVE_OVERHEAD_S", "REDUCE_DTYPE_BYTES", "dp_topology",
+           "tp_comm_s", "TP_COLLECTIVES_PER_BLOCK", "TP_COLLECTIVES_OUTSIDE"]

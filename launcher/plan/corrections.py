@@ -34,7 +34,7 @@ from pathlib import Path
 from launcher.errors import PlanError
 from launcher.files import atomic_write_json
 from launcher.hardware.types import Topology
-from launcher.plan.search import TIE_TOLERANCE, label
+from launcher.plan.search import TIE_TOLERANCE, dp_ranks, label
 from launcher.plan.types import Candidate, Plan, StepTimeEstimate
 from launcher.specs import check
 
@@ -199,12 +199,11 @@ def correct_plan(plan: Plan, correction: Correction, *, may_switch: bool = True)
         chosen = dataclasses.replace(best, reason=why)
     old = plan.chosen
     units_per_sample = plan.units_per_s * old.time.step_time_s / (
-        old.micro_batch * old.grad_accum_steps * plan.world_size)
+        old.micro_batch * old.grad_accum_steps * dp_ranks(old, plan.world_size))
     t = chosen.time
+    samples = chosen.micro_batch * chosen.grad_accum_steps * dp_ranks(chosen, plan.world_size)
     return dataclasses.replace(
         plan, chosen=chosen, reasons=tuple(reasons), rejected=tuple(rejected),
-        global_batch=chosen.micro_batch * chosen.grad_accum_steps * plan.world_size,
-        units_per_s=(chosen.micro_batch * chosen.grad_accum_steps * plan.world_size
-                     * units_per_sample / t.step_time_s),
+        global_batch=samples, units_per_s=samples * units_per_sample / t.step_time_s,
         scaling_efficiency=t.compute_s / t.step_time_s if t.step_time_s else 1.0)
 

@@ -40,7 +40,7 @@ import re
 from dataclasses import dataclass
 
 from launcher.hardware.types import DeviceSpec, Topology
-from launcher.plan.collectives import ddp_comm, sharded_comm
+from launcher.plan.collectives import ddp_comm, dp_topology, sharded_comm, tp_comm_s
 from launcher.plan.cpu_cost import cpu_step_time
 from launcher.plan.memory import COMPUTE_DTYPE_BYTES
 from launcher.plan.step_probe import WorkloadTiming, timing_key
@@ -215,19 +215,28 @@ def hbm_bytes_per_s(device: DeviceSpec) -> float:
 
 def forward_pass(profile: ModelProfile, strategy: Strategy, micro_batch: int,
                  device: DeviceSpec) -> ForwardPass:
-    """One micro-batch's forward on GPU `device`, by kind of work (see the module docstring)."""
+    """One micro-batch's forward on GPU `device`, by kind of work (see the module docstring).
+
+    Tensor parallelism of degree t = `strategy.tp` (with sequence parallelism) narrows each
+    rank's matmuls to width / t (priced by `gemm_efficiency` at that width) and gives it 1/t of
+    the matmul FLOPs, 1/t of the attention heads and 1/t of the memory-bound work (the norms,
+    residuals and activations run on 1/t of the sequence). x / 1 is exact: tp = 1 is unchanged."""
+    tp = strategy.tp
     peak = peak_flops(device, strategy.precision)
     attn = attention_flops_fwd(profile)
     tokens = micro_batch * profile.units_per_sample
-    gemm = (profile.flops_fwd_per_sample - attn) * micro_batch / (
-        peak * gemm_efficiency(device, model_width(profile), tokens, strategy.precision))
+    width = model_width(profile)
+    if width is not None:
+        width = width / tp
+    gemm = (profile.flops_fwd_per_sample - attn) / tp * micro_batch / (
+        peak * gemm_efficiency(device, width, tokens, strategy.precision))
     # causal flash attention skips the upper triangle: half the profiled FLOPs
-    attention = 0.5 * attn * micro_batch / (
+    attention = 0.5 * attn / tp * micro_batch / (
         peak * attention_efficiency(device, profile.units_per_sample))
     passes = MEMORY_PASSES * (COMPILE_MEMORY_FACTOR if strategy.compile else 1.0)
     # the profile measured fp32 tensors; the traffic moves at the compute dtype (whatever
     # autocast keeps in fp32 is small next to the matmul inputs and outputs)
-    saved = (profile.activation_bytes_per_sample * micro_batch
+    saved = (profile.activation_bytes_per_sample / tp * micro_batch
              * COMPUTE_DTYPE_BYTES[strategy.precision] / COMPUTE_DTYPE_BYTES["fp32"])
     return ForwardPass(gemm_s=gemm, attention_s=attention,
                        memory_s=passes * saved / hbm_bytes_per_s(device))
@@ -254,9 +263,11 @@ def optimizer_s(profile: ModelProfile, group_size: int, device: DeviceSpec) -> f
     return OPTIMIZER_BYTES_PER_PARAM * local / hbm_bytes_per_s(device)
 
 
-def shard_group_size(kind: str, topology: Topology) -> int:
-    """Ranks that share one copy of the model state: 1 (DDP), a node (hybrid), all (FSDP)."""
-    return {"ddp": 1, "hybrid": topology.devices_per_node}.get(kind, topology.world_size)
+def shard_group_size(kind: str, topology: Topology, tp: int = 1) -> int:
+    """Ranks that share one copy of the model state (of one TP slice, with tensor parallelism
+    of degree `tp`): 1 (DDP), a node's ranks / tp (hybrid), all ranks / tp (FSDP)."""
+    return {"ddp": 1, "hybrid": topology.devices_per_node // tp}.get(
+        kind, topology.world_size // tp)
 
 
 def step_time(profile: ModelProfile, strategy: Strategy, topology: Topology, micro_batch: int,
@@ -273,6 +284,12 @@ def step_time(profile: ModelProfile, strategy: Strategy, topology: Topology, mic
       reduce-scatter in backward.
     - hybrid: fsdp_full's traffic inside a node, plus one all-reduce of each rank's 1/G grad
       shard across nodes per step (the runtime disables it on all but the last micro-batch).
+    - tensor parallelism (`strategy.tp` = t > 1, FSDP kinds only): compute per rank as
+      `forward_pass` narrows it; FSDP's traffic is that of the data-parallel group
+      (`dp_topology`: world / t ranks, each moving its 1/t slice of the parameters); and each
+      micro-batch adds TP + SP's activation all-gathers and reduce-scatters over NVLink
+      (`collectives.tp_comm_s`), all exposed: without async TP each one sits between the
+      matmuls that produce and consume it. The optimizer steps params / (t x shard group).
     Hidden communication costs CONTENTION of its time in compute; the whole step is stretched by
     the expected wait for the slowest of the ranks (STEP_JITTER), and beyond LEAF_NODES nodes
     by SCALE_TAX per doubling of nodes (the fabric's spine).
@@ -285,12 +302,14 @@ def step_time(profile: ModelProfile, strategy: Strategy, topology: Topology, mic
         measured = None if timing is None else (timing.precisions.get(key)
                                                 or timing.precisions.get(strategy.precision))
         return cpu_step_time(profile, strategy, topology, micro_batch, grad_accum,
-                             group_size=shard_group_size(strategy.kind, topology),
+                             group_size=shard_group_size(strategy.kind, topology, strategy.tp),
                              recompute=_recompute(strategy, recompute_fraction), timing=measured)
     fwd = forward_pass(profile, strategy, micro_batch, device)
     fwd_s = fwd.total_s
     bwd_s = fwd.backward_s + _recompute(strategy, recompute_fraction) * fwd_s
-    opt = optimizer_s(profile, shard_group_size(strategy.kind, topology), device)
+    # the optimizer steps this rank's shard of its TP slice: params / (tp x shard group)
+    opt = optimizer_s(profile, strategy.tp * shard_group_size(strategy.kind, topology,
+                                                              strategy.tp), device)
     compute = grad_accum * (fwd_s + bwd_s) + opt
     scale = grad_accum * (fwd_s + bwd_s) / fwd_s if fwd_s else 0.0
     parts = (("matmul", fwd.gemm_s * scale), ("attention", fwd.attention_s * scale),
@@ -302,8 +321,13 @@ def step_time(profile: ModelProfile, strategy: Strategy, topology: Topology, mic
     if strategy.kind == "ddp":
         total, exposed = ddp_comm(profile, topology, bwd_s * ovl)
     else:
-        total, exposed = sharded_comm(profile, strategy, topology, fwd_s * ovl, bwd_s * ovl,
-                                       grad_accum)
+        total, exposed = sharded_comm(profile, strategy, dp_topology(topology, strategy.tp),
+                                       fwd_s * ovl, bwd_s * ovl, grad_accum)
+    if strategy.tp > 1:
+        # TP's activation collectives wait on the matmuls they feed: exposed (no async TP)
+        tp_s = grad_accum * tp_comm_s(profile, strategy, topology, micro_batch,
+                                      recompute=_recompute(strategy, recompute_fraction))
+        total, exposed = total + tp_s, exposed + tp_s
     hidden = max(0.0, total - exposed)
     contention = CONTENTION[kind] * hidden
     busy = compute + exposed + contention
@@ -321,4 +345,4 @@ __all__ = ["step_time", "compute_s", "forward_pass", "optimizer_s", "peak_flops"
            "MEMORY_PASSES", "COMPILE_MEMORY_FACTOR",
            "OPTIMIZER_BYTES_PER_PARAM", "OVERLAP_EFFICIENCY",
            "CONTENTION", "STEP_JITTER",
-           "FULL_RECOMPUTE"]
+           "FULL_RECOMPUTE", "dp_topology"]

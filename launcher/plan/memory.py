@@ -25,6 +25,16 @@ The model, per rank (P = parameters, G = shard group size, c = compute-dtype byt
 - FSDP shard-grad-op (ZeRO-2, reshard_after_forward=False): the whole model stays unsharded at
   the compute dtype from forward to backward; fp32 params, grads and optimizer are sharded.
 - hybrid: full shard inside the shard group (one node), replicated across nodes.
+- tensor parallelism (`Strategy.tp` = t, with sequence parallelism, FSDP over the t-th of the
+  ranks that share one TP slice): every block's matmul weights are split by t, and the usual
+  Llama plan row-splits the embedding and column-splits the head, so params, grads and optimizer
+  state are / (t x G), the unsharded units (root + 2 blocks, one block's fp32 grads) / t. What
+  stays replicated on the t ranks, the norms' weights, is a few thousand parameters per block:
+  not counted apart. Activations are / t: with TP + SP every saved activation is split
+  (Korthikanti et al. 2022, "Reducing Activation Recomputation", Table 2), and backward's
+  transient (the loss gradient over the vocabulary) is / t when the head's output stays split
+  over the vocabulary (loss parallel, as torchtitan runs it); the caller's G is the FSDP group
+  (world/t ranks, or devices per node / t under hybrid).
 - activations: `profile.activation_bytes_per_sample` is measured on fp32 saved tensors; bf16 and
   fp16 scale it (0.6 under DDP's autocast, 0.5 under FSDP's bf16 parameters: see the factors).
   Per-block checkpointing keeps each block's input plus one block's activations during its
@@ -172,12 +182,14 @@ def estimate_memory(profile: ModelProfile, strategy: Strategy, *, micro_batch: i
     c = COMPUTE_DTYPE_BYTES[strategy.precision]
     opt_b, opt_source = optimizer_state_bytes(profile, optimizer)
     g = max(1, shard_group_size if strategy.kind != "ddp" else 1)
+    tp = strategy.tp  # 1 for DDP (Strategy refuses DDP with tp > 1)
     mixed = strategy.precision != "fp32"
     notes = [f"fp32 params {MASTER_PARAM_BYTES} + fp32 grads {GRAD_BYTES} + {opt_source} state "
              f"{opt_b:g} = {MASTER_PARAM_BYTES + GRAD_BYTES + opt_b:g} B/param"]
 
-    transient = transient_bytes(profile, strategy, micro_batch)
-    activations = activation_bytes(profile, strategy, micro_batch) + transient
+    # x / 1 is exact: tp = 1 keeps every term bit-for-bit what it was before TP existed
+    transient = transient_bytes(profile, strategy, micro_batch) / tp
+    activations = activation_bytes(profile, strategy, micro_batch) / tp + transient
     factor, input_factor = activation_factors(strategy)
     act_note = (f"activations x{factor:g} of the fp32 measurement "
                 + ("(autocast)" if strategy.kind == "ddp" else f"({strategy.precision} params)")
@@ -211,20 +223,27 @@ def estimate_memory(profile: ModelProfile, strategy: Strategy, *, micro_batch: i
                 units += GRAD_BYTES * p
                 notes.append(f"DDP bucket copy {GRAD_BYTES} B/param")
     else:
-        params, grads, opt = MASTER_PARAM_BYTES * p / g, GRAD_BYTES * p / g, opt_b * p / g
-        notes[0] += f" / {g} (sharded)"
-        block = float(profile.largest_block_params)
-        root = float(unsharded_root_params(profile))
+        # TP splits every weight t ways, then FSDP shards each slice over its G ranks
+        params = MASTER_PARAM_BYTES * p / tp / g
+        grads, opt = GRAD_BYTES * p / tp / g, opt_b * p / tp / g
+        notes[0] += f" / {g} (sharded)" if tp == 1 else f" / (TP {tp} x FSDP {g})"
+        block = float(profile.largest_block_params) / tp
+        root = float(unsharded_root_params(profile)) / tp
         if strategy.kind == "fsdp_grad_op":
             # reshard_after_forward=False: every unit stays unsharded from forward to backward
-            units += c * p
+            units += c * p / tp
             notes.append(f"unsharded {strategy.precision} params {c} B/param (grad-op keeps them)")
         else:
             units += c * (root + 2 * block)
             notes.append(f"unsharded root ({root / 1e6:.0f}M params) + 2 blocks (prefetch) at "
-                         f"{c} B")
+                         f"{c} B" + (f", each its TP 1/{tp} (embedding row-, head column-split)"
+                                     if tp > 1 else ""))
         units += GRAD_BYTES * block
         notes.append("one block's fp32 grads before reduce-scatter")
+        if tp > 1:
+            notes.append(f"TP {tp} + sequence parallelism: activations and the loss gradient / "
+                         f"{tp} (every activation split, Korthikanti et al. 2022; head output "
+                         "kept split: loss parallel); norm weights replicated (negligible)")
     if transient > 0:
         act_note += (f"; backward transient {fmt_gib(transient)} GiB (the loss gradient, measured "
                      "on meta) in activations")

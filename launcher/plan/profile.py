@@ -18,7 +18,10 @@
 - a model of identical blocks (a transformer) runs through its first 1, 2 and 3 blocks only and
   is scaled to all of them, after checking the increments are equal: 70B in well under a second
   (backward, for its transient, runs through the 3 blocks only: the one truncation kept);
-- the optimizer's state per parameter: built on the meta model, probed on CPU (plan.workload_probe).
+- the optimizer's state per parameter: built on the meta model, probed on CPU (plan.workload_probe);
+- the tensor-parallel degrees the workload accepts: its `tp_plan(model, d)` called for d in
+  TP_PROBE_DEGREES on a fresh meta model each (the hook may mutate the model), keeping those
+  that return a plan (None: d does not divide the heads).
 
 A profile that fails on the meta device is tried once more on a tiny real CPU batch
 (plan.workload_probe), so the error says whether the workload has a bug or is only not meta-safe.
@@ -44,6 +47,8 @@ from launcher.workload import Workload, batch_norms
 log = logging.getLogger(__name__)
 
 PROFILE_BATCHES = (1, 2)
+# tensor-parallel degrees the plan may propose: inside one node of up to 8 GPUs
+TP_PROBE_DEGREES = (2, 4, 8)
 # backward's transient is measured apart, at micro-batches where what grows with the batch
 # outweighs the one-off gradient of a parameter (a wide embedding's) that backward also makes
 TRANSIENT_BATCHES = (8, 16)
@@ -361,6 +366,30 @@ def _extrapolated(workload: Workload, model: Any, param_keys: set[int], blocks: 
                           transient2=three.transient2)
 
 
+def tp_degrees(workload: Workload) -> tuple[int, ...]:
+    """The degrees in TP_PROBE_DEGREES whose `tp_plan(model, d)` returns a plan, each asked of
+    a fresh meta model; () without the hook. A degree whose call raises is dropped with a
+    warning: the plan must not die of it (a forced --tp then says the degree is not accepted,
+    and the run shows the hook's traceback)."""
+    if not workload.has_tp_plan:
+        return ()
+    import torch
+
+    out = []
+    for d in TP_PROBE_DEGREES:
+        try:
+            with torch.device("meta"):
+                model = workload.build_model()
+            plan = workload.tp_plan(model, d)
+        except Exception as e:  # noqa: BLE001 - the workload's hook: report, never crash the plan
+            log.warning("%s: tp_plan(model, %d) failed (%s: %s); TP %d left out of the plan",
+                        workload.path.name, d, type(e).__name__, e, d)
+            continue
+        if isinstance(plan, dict):
+            out.append(d)
+    return tuple(out)
+
+
 def profile_workload(workload: Workload, *, extrapolate: bool = True) -> ModelProfile:
     """Measure a workload's model on the meta device; WorkloadError if it is not meta-safe.
 
@@ -423,6 +452,7 @@ def profile_workload(workload: Workload, *, extrapolate: bool = True) -> ModelPr
         backward_transient_bytes_per_sample=max(
             (counts.transient2 - counts.transient1) / (TRANSIENT_BATCHES[1] - TRANSIENT_BATCHES[0]),
             0.0),
+        tp_degrees=tp_degrees(workload),
     )
     log.debug("profiled %s in %.2f s", profile.name, time.perf_counter() - t0)
     return profile

@@ -146,7 +146,7 @@ def _cache_key(workload: str, workload_args: Sequence[str]) -> str:
 
 
 # bump when profile.py measures differently, so old cache entries are ignored
-_PROFILE_FORMAT = 6
+_PROFILE_FORMAT = 7  # 7: tp_degrees
 
 
 def _cached(path: Path, load: Callable[[dict[str, Any]], _T], make: Callable[[], _T]) -> _T:
@@ -204,7 +204,12 @@ def _profile(workload: str, workload_args: Sequence[str]) -> ModelProfile:
 def cached_profile(workload: str, workload_args: Sequence[str]) -> ModelProfile:
     """The workload's profile, from the cache when its file, arguments and torch are unchanged."""
     path = profile_cache_dir() / f"{_cache_key(workload, workload_args)}.json"
-    return _cached(path, lambda d: ModelProfile(**d), lambda: _profile(workload, workload_args))
+    return _cached(path, _profile_from_json, lambda: _profile(workload, workload_args))
+
+
+def _profile_from_json(d: dict[str, Any]) -> ModelProfile:
+    """A cached profile: JSON has no tuples, and ModelProfile's tp_degrees is one."""
+    return ModelProfile(**{**d, "tp_degrees": tuple(d.get("tp_degrees", ()))})
 
 
 def compile_cache_path(workload: str, workload_args: Sequence[str]) -> Path:

@@ -29,6 +29,7 @@ from launcher.plan.candidates import (
     STRATEGY_ORDER,
     candidates,
     check_overrides,
+    check_tp,
     profile_for_goal,
 )
 from launcher.plan.compile_choice import decide
@@ -54,15 +55,23 @@ def _matches(c: Candidate, ov: Mapping[str, Any]) -> bool:
             == s.activation_checkpointing)
 
 
+def dp_ranks(c: Candidate, n: int) -> int:
+    """Ranks that take their own samples: all `n`, or n / tp under tensor parallelism."""
+    return n // c.strategy.tp
+
+
 def _per_sample(c: Candidate) -> float:
-    return c.time.step_time_s / (c.micro_batch * c.grad_accum_steps)
+    # per sample of the whole job: a TP candidate's tp ranks share each sample
+    return c.time.step_time_s * c.strategy.tp / (c.micro_batch * c.grad_accum_steps)
 
 
-def _preference(c: Candidate) -> tuple[int, bool, int, float]:
-    """Among near-ties: STRATEGY_ORDER, no checkpointing, then the larger micro-batch (the
-    model does not see the better kernel efficiency of larger batches), then speed."""
+def _preference(c: Candidate) -> tuple[int, int, bool, int, float]:
+    """Among near-ties: STRATEGY_ORDER, the smaller TP degree (fewer moving parts, more data
+    parallelism), no checkpointing, then the larger micro-batch (the model does not see the
+    better kernel efficiency of larger batches), then speed."""
     s = c.strategy
-    return STRATEGY_ORDER.index(s.kind), s.activation_checkpointing, -c.micro_batch, _per_sample(c)
+    return (STRATEGY_ORDER.index(s.kind), s.tp, s.activation_checkpointing, -c.micro_batch,
+            _per_sample(c))
 
 
 def _choose(fitting: list[Candidate]) -> Candidate:
@@ -72,14 +81,21 @@ def _choose(fitting: list[Candidate]) -> Candidate:
     return min(near, key=_preference)
 
 
-def label(c: Candidate) -> str:
-    """Short human name: `FSDP full bf16 + ckpt`."""
+def kind_label(c: Candidate) -> str:
+    """The strategy with its TP degree: `FSDP full`, `FSDP full+tp8`."""
     s = c.strategy
-    return f"{LABELS[s.kind]} {s.precision}" + (" + ckpt" if s.activation_checkpointing else "")
+    return LABELS[s.kind] + (f"+tp{s.tp}" if s.tp > 1 else "")
+
+
+def label(c: Candidate) -> str:
+    """Short human name: `FSDP full bf16 + ckpt`, `FSDP full+tp8 bf16`."""
+    s = c.strategy
+    return f"{kind_label(c)} {s.precision}" + (" + ckpt" if s.activation_checkpointing else "")
 
 
 def _units_per_s(c: Candidate, n: int, profile: ModelProfile) -> float:
-    return c.micro_batch * c.grad_accum_steps * n * profile.units_per_sample / c.time.step_time_s
+    return (c.micro_batch * c.grad_accum_steps * dp_ranks(c, n) * profile.units_per_sample
+            / c.time.step_time_s)
 
 
 def _speed(c: Candidate, goal: Goal, n: int, profile: ModelProfile) -> str:
@@ -133,40 +149,45 @@ def _reasons(chosen: Candidate, cands: list[Candidate], profile: ModelProfile,
     fitting = [c for c in cands if c.fits] or [chosen]
     speed = lambda c: _speed(c, goal, n, profile)  # noqa: E731
     mem = f"{fmt_gib(chosen.memory.total_bytes)} GiB of {fmt_gib(usable)} usable"
+    # the best fitting candidate of each strategy and TP degree
+    keyed = lambda c: (c.strategy.kind, c.strategy.tp)  # noqa: E731
+    order = sorted({keyed(c) for c in cands} | {keyed(chosen)},
+                   key=lambda k: (STRATEGY_ORDER.index(k[0]), k[1]))
     best_by_kind = {}
-    for kind in STRATEGY_ORDER:
-        fit = [c for c in fitting if c.strategy.kind == kind]
+    for key in order:
+        fit = [c for c in fitting if keyed(c) == key]
         if fit:
-            best_by_kind[kind] = _choose(fit)
-    others = [c for k, c in best_by_kind.items() if k != chosen.strategy.kind]
-    name = LABELS[chosen.strategy.kind]
+            best_by_kind[key] = _choose(fit)
+    others = [c for k, c in best_by_kind.items() if k != keyed(chosen)]
+    name = kind_label(chosen)
     if n == 1:
         head = f"one device: a plain process, nothing to shard ({mem}): {speed(chosen)}"
     elif not others:
         head = f"{name} fits ({mem}) and is the only strategy that fits: {speed(chosen)}"
     else:
         runner = min(others, key=_per_sample)
-        rname = LABELS[runner.strategy.kind]
+        rname = kind_label(runner)
         if _per_sample(runner) < _per_sample(chosen) * (1 + TIE_TOLERANCE):
             head = (f"{name} fits ({mem}) and ties with {rname}: {speed(chosen)} vs "
                     f"{speed(runner)} (within {TIE_TOLERANCE:.0%}; ties go to DDP, then to "
-                    f"the strategy that keeps less in memory)")
+                    f"the strategy that keeps less in memory, then to less TP)")
         else:
             head = (f"{name} fits ({mem}) and is fastest: {speed(chosen)} vs {rname} "
                     f"{speed(runner)}")
     out = [head] if chosen.fits else []
-    for kind in STRATEGY_ORDER:
-        if kind == chosen.strategy.kind or not any(c.strategy.kind == kind for c in cands):
+    out += _tp_reasons(chosen, cands, best_by_kind, topology, goal, profile, usable)
+    for key in order:
+        if key == keyed(chosen):
             continue
-        if kind in best_by_kind:
-            c = best_by_kind[kind]
-            out.append(f"{LABELS[kind]}: {speed(c)} (micro-batch {c.micro_batch} x "
+        mine = [c for c in cands if keyed(c) == key]
+        if key in best_by_kind:
+            c = best_by_kind[key]
+            out.append(f"{kind_label(c)}: {speed(c)} (micro-batch {c.micro_batch} x "
                        f"{c.grad_accum_steps} accumulation"
                        + (", checkpointing" if c.strategy.activation_checkpointing else "") + ")")
-        else:
-            smallest = min((c for c in cands if c.strategy.kind == kind),
-                           key=lambda c: c.memory.total_bytes)
-            out.append(f"{LABELS[kind]} does not fit: "
+        elif mine:
+            smallest = min(mine, key=lambda c: c.memory.total_bytes)
+            out.append(f"{kind_label(smallest)} does not fit: "
                        + _too_big(smallest, usable, profile, topology))
     prec = chosen.strategy.precision
     if topology.device == "cuda":
@@ -185,7 +206,7 @@ def _reasons(chosen: Candidate, cands: list[Candidate], profile: ModelProfile,
                  and not c.strategy.activation_checkpointing]
         out.append("activation checkpointing on: " + (
             "it allows a larger micro-batch and is faster despite 1/3 more compute" if plain
-            else f"without it {LABELS[chosen.strategy.kind]} does not fit"))
+            else f"without it {kind_label(chosen)} does not fit"))
     if prec == "bf16" and not dev.supports_bf16:
         out.append(f"warning: {dev.name} has no bf16 units: bf16 autocast will fail or run "
                    f"emulated and slow; use fp16 (with GradScaler) or fp32")
@@ -196,14 +217,61 @@ def _reasons(chosen: Candidate, cands: list[Candidate], profile: ModelProfile,
     t = chosen.time
     out.append(f"communication: {t.comm_total_s:.3g} s per step, {t.comm_exposed_s:.3g} s of it "
                f"exposed ({t.comm_exposed_s / t.step_time_s:.0%} of the step)")
+    dp = dp_ranks(chosen, n)
     if goal.global_batch is None:
         out.append(f"no global batch given: micro-batch {chosen.micro_batch} (the power of two up "
-                   f"to {DEFAULT_MAX_MICRO_BATCH[topology.device]} with the best throughput that fits) x {n} ranks, "
-                   f"no accumulation")
+                   f"to {DEFAULT_MAX_MICRO_BATCH[topology.device]} with the best throughput that fits) x {dp} "
+                   f"{'data-parallel ' if dp != n else ''}ranks, no accumulation")
     if skipped:
         out.append(f"micro-batches {', '.join(map(str, skipped))} skipped: "
-                   f"{goal.global_batch} samples over {n} ranks do not split into them evenly")
+                   f"{goal.global_batch} samples over {dp} ranks do not split into them evenly")
     return out
+
+
+def _tp_reasons(chosen: Candidate, cands: list[Candidate],
+                best: Mapping[tuple[str, int], Candidate], topology: Topology, goal: Goal,
+                profile: ModelProfile, usable: float) -> list[str]:
+    """Why the plan uses tensor parallelism, or why not (where TP candidates were priced)."""
+    n, t = topology.world_size, chosen.strategy.tp
+    tried = sorted({c.strategy.tp for c in cands if c.strategy.tp > 1})
+    if t > 1:
+        plain = [c for k, c in best.items() if k[1] == 1]
+        smallest = min((c for c in cands if c.strategy.tp == 1),
+                       key=lambda c: c.memory.total_bytes, default=None)
+        tp_s = chosen.time.comm_total_s  # TP's share is in the total; say the step's layout
+        why = (f"TP {t}: tensor parallelism inside each node splits every block's matmuls "
+               f"{t} ways (DP {n // t} x TP {t}; a sample is shared by {t} GPUs)")
+        if not plain and smallest is not None:
+            why += (f"; without TP nothing fits at micro-batch {smallest.micro_batch}: "
+                    f"{_too_big(smallest, usable, profile, topology)}")
+        elif plain:
+            rival = min(plain, key=_per_sample)
+            why += (f"; {_gain(rival, chosen)} than the best without TP, {kind_label(rival)} "
+                    f"at micro-batch {rival.micro_batch}")
+        exposed = chosen.time.comm_exposed_s
+        return [why + f"; its activation all-gathers/reduce-scatters over "
+                f"{topology.intra_node.kind} are exposed (no async TP): {exposed:.3g} s of "
+                f"{chosen.time.step_time_s:.3g} s exposed communication per step "
+                f"(of {tp_s:.3g} s in all)"]
+    out = []
+    for d in tried:
+        fit = [c for k, c in best.items() if k[1] == d]
+        if fit:
+            c = fit[0] if len(fit) == 1 else min(fit, key=_per_sample)
+            if chosen.fits:
+                out.append(f"TP {d} ({kind_label(c)}) predicted {_gain(c, chosen)} than "
+                           f"the chosen plan: its activation all-gathers and reduce-scatters "
+                           f"over {topology.intra_node.kind} are exposed (no async TP) and "
+                           f"its matmuls {d}x narrower")
+        else:
+            out.append(f"TP {d} does not fit either")
+    return out
+
+
+def _gain(c: Candidate, ref: Candidate) -> str:
+    """'12% faster' / '8% slower': `c` per sample against `ref`."""
+    r = _per_sample(ref) / _per_sample(c) - 1
+    return f"{abs(r):.0%} {'faster' if r >= 0 else 'slower'}"
 
 
 def _rejected(chosen: Candidate, cands: list[Candidate], goal: Goal, topology: Topology,
@@ -211,9 +279,9 @@ def _rejected(chosen: Candidate, cands: list[Candidate], goal: Goal, topology: T
     """Best candidate of each (strategy, precision, checkpointing) group but the chosen one's,
     each with the reason it lost: slower, a tie the preferred plan won, or too big."""
     n = topology.world_size
-    key = lambda c: (c.strategy.kind, c.strategy.precision,  # noqa: E731
+    key = lambda c: (c.strategy.kind, c.strategy.tp, c.strategy.precision,  # noqa: E731
                      c.strategy.activation_checkpointing)
-    groups: dict[tuple[str, str, bool], list[Candidate]] = {}
+    groups: dict[tuple[str, int, str, bool], list[Candidate]] = {}
     for c in cands:
         groups.setdefault(key(c), []).append(c)
     groups.pop(key(chosen), None)
@@ -250,6 +318,7 @@ def plan(profile: ModelProfile, topology: Topology, goal: Goal, *,
     (`compile_choice`). Raises PlanError when nothing fits, or when an override is impossible.
     """
     ov = check_overrides(overrides, topology)
+    check_tp(ov, profile, topology)
     profile = profile_for_goal(profile, goal)
     if timing is not None and timing.units_per_sample != profile.units_per_sample:
         timing = None  # timed at another sequence length: the rates' model applies
@@ -291,7 +360,8 @@ def plan(profile: ModelProfile, topology: Topology, goal: Goal, *,
         forced = ", ".join(f"{k}={v}" for k, v in sorted(ov.items()))
         reasons.append(f"forced by overrides: {forced}")
     chosen = dataclasses.replace(chosen, reason=reasons[0])
-    global_batch = chosen.micro_batch * chosen.grad_accum_steps * n
+    # with TP, tp ranks share each sample: samples per step = mb x accum x world / tp
+    global_batch = chosen.micro_batch * chosen.grad_accum_steps * dp_ranks(chosen, n)
     t = chosen.time
     result = Plan(chosen=chosen, world_size=n, num_nodes=topology.num_nodes,
                   global_batch=global_batch, units_per_s=_units_per_s(chosen, n, profile),
@@ -305,5 +375,5 @@ def plan(profile: ModelProfile, topology: Topology, goal: Goal, *,
     return result
 
 
-__all__ = ["plan", "profile_for_goal", "label", "LABELS", "per_device", "STRATEGY_ORDER",
+__all__ = ["plan", "profile_for_goal", "label", "kind_label", "dp_ranks", "LABELS", "per_device", "STRATEGY_ORDER",
            "TIE_TOLERANCE", "DEFAULT_MAX_MICRO_BATCH", "OVERRIDE_KEYS"]

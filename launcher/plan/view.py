@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from launcher.hardware.types import Topology
 from launcher.plan.memory import fmt_gib
-from launcher.plan.search import LABELS, per_device
+from launcher.plan.search import dp_ranks, kind_label, per_device
 from launcher.plan.types import Plan
 from launcher.specs import ModelProfile
 
@@ -27,10 +27,12 @@ def format_plan(plan: Plan, profile: ModelProfile, topology: Topology) -> str:
     lines = [
         f"Plan for {profile.name} on {topology.name}: {plan.world_size} x {dev.name} "
         f"({topology.num_nodes} node{'s' if topology.num_nodes > 1 else ''}, {intra})",
-        f"  strategy     {LABELS[s.kind]}, {', '.join(flags)}",
+        f"  strategy     {kind_label(c)}, {', '.join(flags)}"
+        + (f" (TP {s.tp} inside each node x DP {dp_ranks(c, plan.world_size)})"
+           if s.tp > 1 else ""),
         f"  batch        global {plan.global_batch} = micro-batch {c.micro_batch} x "
-        f"{plan.world_size} ranks x {c.grad_accum_steps} accumulation step"
-        f"{'s' if c.grad_accum_steps > 1 else ''}",
+        f"{dp_ranks(c, plan.world_size)} {'data-parallel ' if s.tp > 1 else ''}ranks x "
+        f"{c.grad_accum_steps} accumulation step{'s' if c.grad_accum_steps > 1 else ''}",
         f"  memory/{per_device(topology):<6}{fmt_gib(m.total_bytes)} GiB of "
         f"{fmt_gib(plan.usable_mem_bytes)} usable "
         f"({dev.mem_gib:g} GiB total){'' if c.fits else '  DOES NOT FIT'}",
@@ -52,13 +54,15 @@ def format_plan(plan: Plan, profile: ModelProfile, topology: Topology) -> str:
     if plan.env:
         lines += ["Environment", *(f"  {k}={v}" for k, v in sorted(plan.env.items()))]
     if plan.rejected:
+        # as wide as the longest label ("FSDP grad-op+tp8"); 14 without TP, as before
+        w = max(14, *(len(kind_label(r)) + 2 for r in plan.rejected))
         lines += ["Other candidates",
-                  f"  {'strategy':<14}{'prec':<6}{'ckpt':<6}{'mb x acc':<10}"
+                  f"  {'strategy':<{w}}{'prec':<6}{'ckpt':<6}{'mb x acc':<10}"
                   f"{'GiB/' + per_device(topology):>9}"
                   f"{'step s':>9}  why not"]
         for r in plan.rejected:
             rs = r.strategy
-            lines.append(f"  {LABELS[rs.kind]:<14}{rs.precision:<6}"
+            lines.append(f"  {kind_label(r):<{w}}{rs.precision:<6}"
                          f"{'on' if rs.activation_checkpointing else 'off':<6}"
                          f"{f'{r.micro_batch} x {r.grad_accum_steps}':<10}"
                          f"{fmt_gib(r.memory.total_bytes):>9}{r.time.step_time_s:>9.3g}  "

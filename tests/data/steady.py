@@ -3,8 +3,11 @@ still running when a test kills, interrupts or stops reading dlaunch.
 
   --step-sleep-s S   every micro-batch sleeps S seconds (default 0.2)
   --chatter N        every micro-batch prints N long lines to stdout (default 0)
+  --slow-rank R      rank R (-1: none) sleeps --slow-sleep-s instead, from its call number
+  --slow-from N      N of loss_fn on (a straggler appearing mid-run)
 """
 
+import os
 import sys
 import time
 
@@ -12,8 +15,9 @@ import torch.nn.functional as F
 from fault import make_dataset  # noqa: F401 - the same 8-feature data as fault.py (a sibling file)
 from torch import nn
 
-DEFAULTS = {"step_sleep_s": 0.2, "chatter": 0}
+DEFAULTS = {"step_sleep_s": 0.2, "chatter": 0, "slow_rank": -1, "slow_from": 0, "slow_sleep_s": 0.0}
 _cfg = {}
+_calls = [0]
 _LINE = "chatter " + "x" * 200 + "\n"
 
 
@@ -23,7 +27,10 @@ def build_model(cfg):
 
 
 def loss_fn(model, batch):
-    time.sleep(float(_cfg["step_sleep_s"]))
+    _calls[0] += 1
+    slow = (int(_cfg["slow_rank"]) == int(os.environ.get("RANK", "0"))
+            and _calls[0] >= int(_cfg["slow_from"]))
+    time.sleep(float(_cfg["slow_sleep_s"] if slow else _cfg["step_sleep_s"]))
     if _cfg["chatter"]:
         sys.stdout.write(_LINE * int(_cfg["chatter"]))
     x, y = batch

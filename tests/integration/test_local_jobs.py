@@ -41,18 +41,21 @@ def test_status_logs_and_cancel_of_a_running_local_run(tmp_path: Path):
                                 cwd=REPO, env=_env(tmp_path), stdout=out, stderr=err)
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
-        while not any(b.step >= 2 for b in read_heartbeats(run_dir).values()):
+        # past warm-up (3 steps) by two logged steps: the status has a rate and an ETA
+        while not any(b.step >= 6 for b in read_heartbeats(run_dir).values()):
             assert proc.poll() is None, (tmp_path / "dlaunch.err").read_text()
-            assert time.monotonic() < deadline, "the rank never reached step 2"
+            assert time.monotonic() < deadline, "the rank never reached step 6"
             time.sleep(0.2)
 
         status = run_dlaunch("status", str(run_dir), "--json", env=_env(tmp_path))
         assert status.code == 0, status.err
         data = status.json()
         assert data["state"] == "RUNNING" and data["pid"] == proc.pid, data
-        assert data["steps"]["0"] >= 2 and data["total_steps"] == 1000 and data["result"] is None
+        assert data["steps"]["0"] >= 6 and data["total_steps"] == 1000 and data["result"] is None
+        assert 0.15 < data["step_s"] < 0.6, data  # steady.py sleeps 0.2 s a step
         text = run_dlaunch("status", str(run_dir), env=_env(tmp_path))
         assert f": RUNNING (dlaunch pid {proc.pid}" in text.out and "/1000 (per rank:" in text.out
+        assert " s/step, ETA " in text.out, text.out
 
         t0 = time.monotonic()
         cancel = run_dlaunch("cancel", str(run_dir), env=_env(tmp_path))

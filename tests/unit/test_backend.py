@@ -67,7 +67,7 @@ class JobSetBackend:
         return JobSetRendered(spec=spec)
 
     def start(self, rendered: JobSetRendered, *, as_json: bool = False, debug: bool = False,
-              note: str | None = None) -> JobSetHandle:
+              note: str | None = None, quiet: bool = False) -> JobSetHandle:
         return JobSetHandle(rendered=rendered)
 
     def status(self, ref: str) -> JobStatus:

@@ -87,7 +87,7 @@ def test_a_run_with_every_decision_given_is_planned_for_its_prediction_only():
 def test_what_nothing_decided_takes_the_fallbacks():
     spec = RunRequest(workload=MLP, steps=2, hang_timeout_s=1000.0).launch_spec(run_id="r", run_dir="/RUN")
     assert (spec.strategy.kind, spec.strategy.precision, spec.micro_batch, spec.grad_accum_steps,
-            spec.strategy.activation_checkpointing) == tuple(FALLBACKS.values())
+            spec.strategy.activation_checkpointing, spec.strategy.tp) == tuple(FALLBACKS.values())
     assert spec.warmup_steps == 1 and spec.startup_timeout_s == 1000.0  # min(3, steps - 1); max(900, hang)
 
 

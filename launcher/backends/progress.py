@@ -1,0 +1,222 @@
+"""The live progress line of a running job: step k of N, throughput, elapsed, ETA, and the
+measured step time against the plan's, with a drift warning when they part for long.
+
+Everything comes from the heartbeat files the ranks replace while they advance (see
+launcher.backends.monitor): each carries the step the rank had finished and the rank's wall
+clock at that moment. A rank's rate is the steps between two of its own beats over the time
+between them on its own clock (never another host's), measured from its first beat after
+warm-up, so compile and the first steps do not count. The job goes as fast as its slowest
+rank (every step synchronises the ranks), so the line reports the slowest rank's rate.
+
+`Progress` is pure (beats in, text out); `LiveLine` draws it: redrawn in place on a terminal
+(rank output scrolls above it), one line every `PIPE_INTERVAL_S` into a pipe or file, so logs
+stay clean. Never imports runtime, jobs, cli or report.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import IO
+
+from launcher.backends.monitor import Beat
+
+# a line every this often when the console is not a terminal (CI logs, `| tee`)
+PIPE_INTERVAL_S = float(os.environ.get("DLAUNCH_PROGRESS_INTERVAL_S", "10"))
+TTY_INTERVAL_S = 1.0
+# The drift warning: the measured step time outside this band around the plan's prediction...
+# (the band the GPU cost model meets on 96% of the published runs it is checked on,
+# docs/benchmarks.md; CPU predictions on a quiet host meet it on most cells): an assumption
+DRIFT_BAND = 0.25
+# ... for this long of measured time after warm-up, and over at least this many steps
+DRIFT_SUSTAIN_S = 20.0
+DRIFT_MIN_STEPS = 10
+# the pace the warning reports: the last few seconds
+DRIFT_NOW_S = 5.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProgressSpec:
+    """What a run's progress is measured against."""
+
+    total_steps: int
+    warmup_steps: int
+    samples_per_step: int  # the global batch
+    units_per_sample: int = 1  # tokens per sample for sequence models
+    unit: str = "samples"  # what throughput counts
+    predicted_step_s: float | None = None  # the plan's; None: no plan, no comparison
+
+
+@dataclass
+class Progress:
+    """Folds heartbeats into a progress line and, once, a drift warning."""
+
+    spec: ProgressSpec
+    start_s: float  # the caller's monotonic clock at launch
+    _first: dict[int, Beat] = field(default_factory=dict)  # each rank's first beat after warm-up
+    _last: dict[int, Beat] = field(default_factory=dict)
+    # each rank's beats after warm-up within the last DRIFT_SUSTAIN_S of its clock
+    _recent: dict[int, deque[Beat]] = field(default_factory=dict)
+    drift_warned: bool = False
+    warnings: list[str] = field(default_factory=list)  # what drift() said, for result.json
+
+    def observe(self, beats: Mapping[int, Beat]) -> None:
+        """Take the newest beats (every rank's, as read from the run dir)."""
+        for rank, beat in beats.items():
+            if beat.step >= max(1, self.spec.warmup_steps):
+                self._first.setdefault(rank, beat)
+                recent = self._recent.setdefault(rank, deque())
+                if not recent or beat.step > recent[-1].step:
+                    recent.append(beat)
+                # keep one beat at or before the window's start, so the window spans it all
+                while len(recent) > 2 and recent[1].time <= beat.time - DRIFT_SUSTAIN_S:
+                    recent.popleft()
+            self._last[rank] = beat
+
+    def step(self) -> int:
+        """Steps every rank has finished."""
+        return min((b.step for b in self._last.values()), default=0)
+
+    def step_time_s(self) -> tuple[float, float] | None:
+        """(seconds per step of the slowest rank since warm-up, seconds measured), or None
+        before any rank has two beats a step apart after warm-up."""
+        rates = []
+        for rank, first in self._first.items():
+            last = self._last[rank]
+            if last.step > first.step and last.time > first.time:
+                rates.append(((last.time - first.time) / (last.step - first.step),
+                              last.time - first.time))
+        return max(rates) if rates else None
+
+    def line(self, now_s: float, wall_s: float | None = None) -> str:
+        """`step 57/200 (28%)  1,234 tokens/s  0.21 s/step (plan 0.19, x1.11)  elapsed 0:42
+        ETA 0:30`; before the rate is known: `step 3/200  elapsed 0:05  warming up`. `wall_s`:
+        this host's wall clock, to count the time since the slowest rank's last beat as spent
+        (ranks on other hosts: their clocks may differ, so leave it None)."""
+        s = self.spec
+        done = self.step()
+        head = f"step {done}/{s.total_steps} ({100 * done // max(1, s.total_steps)}%)"
+        elapsed = f"elapsed {clock(now_s - self.start_s)}"
+        measured = self.step_time_s()
+        if measured is None:
+            return f"{head}  {elapsed}  warming up"
+        step_s = measured[0]
+        rate = s.samples_per_step * s.units_per_sample / step_s
+        parts = [head, f"{rate:,.0f} {s.unit}/s", f"{step_s:.3g} s/step"]
+        if s.predicted_step_s:
+            parts[-1] += f" (plan {s.predicted_step_s:.3g}, x{step_s / s.predicted_step_s:.2f})"
+        left_s = step_s * max(0, s.total_steps - done)
+        slowest = min(self._last.values(), key=lambda b: b.step)
+        if wall_s is not None:
+            left_s -= min(step_s, max(0.0, wall_s - slowest.time))  # within the step under way
+        parts += [elapsed, f"ETA {clock(left_s)}"]
+        return "  ".join(parts)
+
+    def recent_step_time_s(self, span_s: float = DRIFT_SUSTAIN_S) -> tuple[float, float, int] | None:
+        """(seconds per step, seconds, steps) of the slowest rank over its last `span_s` (at
+        most DRIFT_SUSTAIN_S) after warm-up; None before any rank has two beats a step apart."""
+        windows = []
+        for recent in self._recent.values():
+            last = recent[-1]
+            first = next((b for b in reversed(recent) if b.time <= last.time - span_s), recent[0])
+            if last.step > first.step and last.time > first.time:
+                windows.append(((last.time - first.time) / (last.step - first.step),
+                                last.time - first.time, last.step - first.step))
+        return max(windows) if windows else None
+
+    def drift(self) -> str | None:
+        """The drift warning, once: over a whole window of DRIFT_SUSTAIN_S (and at least
+        DRIFT_MIN_STEPS steps) after warm-up the measured step time stayed outside DRIFT_BAND of
+        the plan's; None otherwise (and ever after)."""
+        s = self.spec
+        window = self.recent_step_time_s()
+        if self.drift_warned or not s.predicted_step_s or window is None:
+            return None
+        mean_s, span_s, steps = window
+        mean = mean_s / s.predicted_step_s
+        if abs(mean - 1) <= DRIFT_BAND or span_s < DRIFT_SUSTAIN_S or steps < DRIFT_MIN_STEPS:
+            return None
+        self.drift_warned = True
+        now = self.recent_step_time_s(DRIFT_NOW_S) or window
+        way = "slower" if mean > 1 else "faster"
+        self.warnings.append(
+            f"step time left the plan's +-{DRIFT_BAND:.0%} band during the run: "
+            f"{now[0]:.3g} s a step ({now[0] / s.predicted_step_s:.2f}x the plan's "
+            f"{s.predicted_step_s:.3g} s) at step {self.step()}")
+        return (f"warning: steps take {now[0]:.3g} s now, {now[0] / s.predicted_step_s:.2f}x the plan's "
+                f"{s.predicted_step_s:.3g} s ({mean:.2f}x over the last {span_s:.0f} s: {way} than "
+                f"its +-{DRIFT_BAND:.0%} band); "
+                "`dlaunch report` on the run dir says which part (compute, communication, data "
+                "wait, a straggler rank) moved")
+
+
+def clock(seconds: float) -> str:
+    """`1:02:03` / `2:03`."""
+    total = max(0, round(seconds))
+    h, rest = divmod(total, 3600)
+    m, sec = divmod(rest, 60)
+    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
+
+
+class LiveLine:
+    """Draws a `Progress` on a console from a thread; rank output goes through `above`."""
+
+    def __init__(self, progress: Progress, console: IO[str], *,
+                 beats: Callable[[], Mapping[int, Beat]], now: Callable[[], float] = time.monotonic,
+                 write: Callable[[IO[str], str], bool]) -> None:
+        self.progress, self.console, self.beats, self.now, self._write = progress, console, beats, now, write
+        self.tty = bool(getattr(console, "isatty", lambda: False)())
+        self._lock = threading.Lock()
+        self._drawn = ""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="dlaunch-progress")
+
+    def start(self) -> None:
+        """Begin drawing."""
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop drawing and leave the console on a fresh line."""
+        self._stop.set()
+        if self._thread.ident is not None:  # started
+            self._thread.join(timeout=5)
+        with self._lock:
+            if self._drawn:
+                self._write(self.console, "\r\x1b[2K")
+                self._drawn = ""
+
+    def above(self, text: str) -> bool:
+        """Write `text` (whole lines) above the progress line; False when the console is gone."""
+        with self._lock:
+            if not self._drawn:
+                return self._write(self.console, text)
+            ok = self._write(self.console, "\r\x1b[2K" + text + self._drawn)
+            return ok
+
+    def _run(self) -> None:
+        interval = TTY_INTERVAL_S if self.tty else PIPE_INTERVAL_S
+        last = 0.0
+        while not self._stop.wait(TTY_INTERVAL_S):
+            self.progress.observe(self.beats())
+            warning = self.progress.drift()
+            now = self.now()
+            if warning is not None:
+                self.above(f"dlaunch: {warning}\n")
+            if now - last < interval:
+                continue
+            last = now
+            text = "dlaunch: " + self.progress.line(now, time.time())
+            with self._lock:
+                if self.tty:
+                    self._drawn = text
+                    self._write(self.console, "\r\x1b[2K" + text)
+                else:
+                    self._write(self.console, text + "\n")
+
+
+__all__ = ["Progress", "ProgressSpec", "LiveLine", "clock", "PIPE_INTERVAL_S", "DRIFT_BAND",
+           "DRIFT_SUSTAIN_S"]

@@ -1,0 +1,99 @@
+"""`dlaunch run`'s live progress line, in a pipe and in a pseudo-terminal, and its ETA against
+the time the run really took (the rank's own step records)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import DATA, REPO, rank_records
+
+pytestmark = pytest.mark.distributed
+
+STEADY = str(DATA / "steady.py")
+FIXED = ["--no-calibrate", "--strategy", "ddp", "--precision", "fp32", "--micro-batch", "4"]
+LINE = re.compile(r"dlaunch: step (\d+)/(\d+) \(\d+%\)  ([\d,]+) samples/s  .*ETA (\d+):(\d\d)")
+
+
+def _env(tmp: Path, **extra: str) -> dict[str, str]:
+    env = {**os.environ, "TMPDIR": str(tmp), "OMP_NUM_THREADS": "1",
+           "DLAUNCH_CACHE_DIR": str(tmp / "cache"), **extra}
+    env.pop("DLAUNCH_DEBUG", None)
+    return env
+
+
+def test_in_a_pipe_a_line_per_interval_and_the_eta_holds(tmp_path: Path):
+    run_dir = tmp_path / "run"
+    argv = [sys.executable, "-m", "launcher.cli.main", "run", STEADY, "--gpus", "1", "--steps", "200",
+            *FIXED, "--run-dir", str(run_dir), "--", "--step-sleep-s", "0.1"]
+    proc = subprocess.Popen(argv, cwd=REPO, env=_env(tmp_path, DLAUNCH_PROGRESS_INTERVAL_S="1"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen: list[tuple[float, str]] = []  # (wall clock when read, line)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        seen.append((time.time(), line))
+    assert proc.wait(timeout=300) == 0, "".join(x for _, x in seen)
+    lines = [(t, m) for t, x in seen if (m := LINE.search(x))]
+    assert len(lines) >= 5, "".join(x for _, x in seen)
+    # no terminal: whole lines, no cursor movement
+    assert not any("\r" in x or "\x1b" in x for _, x in seen)
+    # the ETA of the first line past step 50 against when step 200 really ended
+    t_line, m = next((t, m) for t, m in lines if int(m.group(1)) >= 50)
+    eta_s = 60 * int(m.group(4)) + int(m.group(5))
+    ends = {r["step"]: r["end_time"] for r in rank_records(run_dir) if r["kind"] == "step"}
+    real_s = ends[200] - t_line
+    assert real_s > 5, (real_s, m.group(0))
+    assert abs(eta_s - real_s) <= 0.15 * real_s + 0.5, (eta_s, real_s, m.group(0))  # 0.5: m:ss rounding
+
+
+def test_on_a_terminal_one_line_is_redrawn_and_quiet_turns_it_off(tmp_path: Path):
+    def run(*extra: str) -> str:
+        primary, secondary = pty.openpty()
+        argv = [sys.executable, "-m", "launcher.cli.main", "run", STEADY, "--gpus", "1", "--steps", "40",
+                *FIXED, "--run-dir", str(tmp_path / f"run{len(extra)}"), *extra,
+                "--", "--step-sleep-s", "0.1"]
+        proc = subprocess.Popen(argv, cwd=REPO, env=_env(tmp_path), stdout=secondary,
+                                stderr=secondary, stdin=subprocess.DEVNULL)
+        os.close(secondary)
+        chunks = []
+        while True:
+            try:
+                data = os.read(primary, 65536)
+            except OSError:  # the child closed the terminal
+                break
+            if not data:
+                break
+            chunks.append(data)
+        os.close(primary)
+        assert proc.wait(timeout=300) == 0, b"".join(chunks).decode(errors="replace")
+        return b"".join(chunks).decode(errors="replace")
+
+    text = run()
+    assert "\r\x1b[2Kdlaunch: step " in text and "ETA " in text, text
+    assert "run steady-" in text  # the summary follows on a clean line
+    quiet = run("--quiet")
+    assert "dlaunch: step " not in quiet and "run steady-" in quiet
+
+
+def test_a_rank_slowed_after_warm_up_raises_the_drift_warning(tmp_path: Path):
+    run_dir = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "launcher.cli.main", "run", STEADY, "--gpus", "2", "--steps", "130",
+         *FIXED, "--run-dir", str(run_dir), "--json", "--",
+         "--step-sleep-s", "0.1", "--slow-rank", "1", "--slow-from", "40", "--slow-sleep-s", "0.3"],
+        cwd=REPO, env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    warned = [x for x in done.stderr.splitlines() if "warning: steps take" in x]
+    assert len(warned) == 1, done.stderr
+    ratio = float(re.search(r"now, ([\d.]+)x the plan's", warned[0]).group(1))
+    assert 2.0 <= ratio <= 3.5, warned[0]  # 0.3 s against a plan of the 0.1 s steps timed
+    result = json.loads(done.stdout)
+    assert any("left the plan's" in w for w in result["warnings"]), result["warnings"]
