@@ -31,10 +31,12 @@ The model, per rank (P = parameters, G = shard group size, c = compute-dtype byt
   state are / (t x G), the unsharded units (root + 2 blocks, one block's fp32 grads) / t. What
   stays replicated on the t ranks, the norms' weights, is a few thousand parameters per block:
   not counted apart. Activations are / t: with TP + SP every saved activation is split
-  (Korthikanti et al. 2022, "Reducing Activation Recomputation", Table 2), and backward's
-  transient (the loss gradient over the vocabulary) is / t when the head's output stays split
-  over the vocabulary (loss parallel, as torchtitan runs it); the caller's G is the FSDP group
-  (world/t ranks, or devices per node / t under hybrid).
+  (Korthikanti et al. 2022, "Reducing Activation Recomputation", Table 2). Backward's transient
+  (the loss gradient over the vocabulary) is NOT split: the runtime's plans (workloads/gpt.py
+  `tp_plan`) all-gather the head's logits so the workload's own loss runs unchanged on every
+  rank; loss parallel (torchtitan's, logits kept split over the vocabulary) would divide it by
+  t and is not applied. The caller's G is the FSDP group (world/t ranks, or devices per node / t
+  under hybrid).
 - activations: `profile.activation_bytes_per_sample` is measured on fp32 saved tensors; bf16 and
   fp16 scale it (0.6 under DDP's autocast, 0.5 under FSDP's bf16 parameters: see the factors).
   Per-block checkpointing keeps each block's input plus one block's activations during its
@@ -188,7 +190,8 @@ def estimate_memory(profile: ModelProfile, strategy: Strategy, *, micro_batch: i
              f"{opt_b:g} = {MASTER_PARAM_BYTES + GRAD_BYTES + opt_b:g} B/param"]
 
     # x / 1 is exact: tp = 1 keeps every term bit-for-bit what it was before TP existed
-    transient = transient_bytes(profile, strategy, micro_batch) / tp
+    # the logits are gathered on every TP rank (no loss parallel): the transient stays whole
+    transient = transient_bytes(profile, strategy, micro_batch)
     activations = activation_bytes(profile, strategy, micro_batch) / tp + transient
     factor, input_factor = activation_factors(strategy)
     act_note = (f"activations x{factor:g} of the fp32 measurement "
@@ -241,9 +244,9 @@ def estimate_memory(profile: ModelProfile, strategy: Strategy, *, micro_batch: i
         units += GRAD_BYTES * block
         notes.append("one block's fp32 grads before reduce-scatter")
         if tp > 1:
-            notes.append(f"TP {tp} + sequence parallelism: activations and the loss gradient / "
-                         f"{tp} (every activation split, Korthikanti et al. 2022; head output "
-                         "kept split: loss parallel); norm weights replicated (negligible)")
+            notes.append(f"TP {tp} + sequence parallelism: activations / {tp} (every activation "
+                         "split, Korthikanti et al. 2022); the loss gradient whole (logits "
+                         "gathered, no loss parallel); norm weights replicated (negligible)")
     if transient > 0:
         act_note += (f"; backward transient {fmt_gib(transient)} GiB (the loss gradient, measured "
                      "on meta) in activations")
