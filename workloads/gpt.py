@@ -116,13 +116,15 @@ class Attention(nn.Module):
 
     def forward(self, x):
         b, t, _ = x.shape
-        q = self.wq(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
-        k = self.wk(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.wv(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        # -1 heads: under tensor parallelism (tp_plan) this rank's projections hold its heads
+        # alone (heads / tp of them), over the whole sequence, so rotary positions are global
+        q = self.wq(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(b, t, -1, self.head_dim).transpose(1, 2)
         if self.rope:
             q, k = _rotary(q), _rotary(k)
         if self.kv_heads != self.heads:
-            rep = self.heads // self.kv_heads
+            rep = self.heads // self.kv_heads  # the same locally: tp divides both head counts
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.wo(y.transpose(1, 2).reshape(b, t, -1))
@@ -161,6 +163,7 @@ class GPT(nn.Module):
     def forward(self, tokens):
         x = self.embed(tokens)
         if self.pos is not None:
+            # under sequence parallelism both are this rank's slice of the sequence (tp_plan)
             x = x + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
         for layer in self.layers:
             x = layer(x)
@@ -173,6 +176,63 @@ def build_model(cfg):
 
 def blocks(model):
     return list(model.layers)
+
+
+def _gathered_sequence_parallel():
+    """SequenceParallel (the norm on this rank's rows of the sequence) whose output is then
+    all-gathered once (Replicate) for the MLP's input projections: w1 and w3 would each gather
+    it again from Shard(1) otherwise."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import SequenceParallel
+
+    class GatheredSequenceParallel(SequenceParallel):
+        def _apply(self, module, device_mesh):
+            module = super()._apply(module, device_mesh)
+            module.register_forward_hook(lambda _m, _i, out: out.redistribute(placements=[Replicate()]))
+            return module
+
+    return GatheredSequenceParallel()
+
+
+def tp_plan(model, tp):
+    """Tensor parallelism of degree `tp` with sequence parallelism (Megatron-style, as torchtitan
+    splits Llama): attention heads and MLP hidden units split over the tp ranks, the residual
+    stream, norms and embeddings' outputs split along the sequence (dim 1) between blocks.
+
+    Each block all-gathers its input's sequence before attention and before the MLP and
+    reduce-scatters their outputs back onto it; the head all-gathers the logits (replicated:
+    the loss is the plain cross entropy on every rank). Learned positions are split like the
+    sequence (vocabulary-parallel lookup, reduce-scattered onto the rows). None where `tp` does
+    not divide the heads, the kv heads, the MLP's hidden size or the vocabulary.
+    """
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
+
+    attn, block = model.layers[0].attn, model.layers[0]
+    sizes = (attn.heads, attn.kv_heads, block.w1.out_features, model.head.out_features)
+    if tp < 1 or any(n % tp for n in sizes):
+        return None
+    plan = {
+        "embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "norm": SequenceParallel(),
+        "head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+        "layers.*.attn_norm": SequenceParallel(),
+        "layers.*.attn": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "layers.*.attn.wq": ColwiseParallel(),
+        "layers.*.attn.wk": ColwiseParallel(),
+        "layers.*.attn.wv": ColwiseParallel(),
+        "layers.*.attn.wo": RowwiseParallel(output_layouts=Shard(1)),
+        # the MLP is no module of its own: its norm hands w1 (and w3) the gathered sequence
+        "layers.*.ffn_norm": _gathered_sequence_parallel(),
+        "layers.*.w1": ColwiseParallel(),
+        "layers.*.w2": RowwiseParallel(output_layouts=Shard(1)),
+    }
+    if block.swiglu:
+        plan["layers.*.w3"] = ColwiseParallel()
+    if model.pos is not None:
+        # positions 0..t-1 (replicated) -> this rank's rows of the sequence, as `embed` gives
+        plan["pos"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(0))
+    return plan
 
 
 class Sequences(torch.utils.data.Dataset):

@@ -84,17 +84,30 @@ class GradSizes:
 
 def grad_sizes(params: Iterable[torch.Tensor]) -> GradSizes:
     """This rank's gradient bytes: a DTensor (FSDP2) counts its local shard (`to_local()`),
-    whose `numel()` would be the global size; a plain tensor counts whole."""
+    whose `numel()` would be the global size; a plain tensor counts whole. Unsharded: FSDP's
+    gathered gradients, of this rank's tensor-parallel part where a "tp" dimension splits it."""
     # deferred: 0.8 s of imports, which DDP and FSDP2 have made by now but a one-process run,
     # which never calibrates, has not (see runtime/__init__)
     from torch.distributed.tensor import DTensor
 
-    local = total = 0
+    local = unsharded = 0
     for p in params:
         n = p.numel()
-        total += n
-        local += p.to_local().numel() if isinstance(p, DTensor) else n
-    return GradSizes(local_bytes=local * GRAD_BYTES, unsharded_bytes=(total - local) * GRAD_BYTES)
+        if isinstance(p, DTensor):
+            here = p.to_local().numel()
+            local += here
+            # what FSDP unshards: its data-parallel shards, gathered; a tensor-parallel split
+            # ("tp" mesh dimension) stays split in the sync-off pass
+            mesh, tp = p.device_mesh, 1
+            names = mesh.mesh_dim_names or ()
+            if "tp" in names:
+                tp_dim = names.index("tp")
+                if not p.placements[tp_dim].is_replicate():
+                    tp = mesh.size(tp_dim)
+            unsharded += max(0, n // tp - here)
+        else:
+            local += n
+    return GradSizes(local_bytes=local * GRAD_BYTES, unsharded_bytes=unsharded * GRAD_BYTES)
 
 
 def shortfall(need_bytes: int, free_bytes: int | None) -> str | None:

@@ -10,8 +10,12 @@ waited for: on CUDA 0 when the device was still busy with the previous step (run
 Besides `step`, the harness writes these records to the rank file:
   comm             exposed communication and busbw, measured after the last step of a
                    multi-rank run (runtime.calibrate; all-reduce of this rank's gradient
-                   shard); a failure there leaves `error` / `skipped` in it, never fails the run
-  wrap             strategy, compiled, mesh_shape (FSDP's device mesh; [replicas, shards] for hybrid)
+                   shard); a failure there leaves `error` / `skipped` in it, never fails the run;
+                   with tensor parallelism also tp, dp and exposed_comm_dims ["dp"]: the
+                   tensor-parallel collectives run in both passes, so they are not in it
+  wrap             strategy, compiled, mesh_shape (FSDP's device mesh; [replicas, shards] for hybrid;
+                   with tensor parallelism [dp, tp] or [replicas, shards, tp]), mesh_dims (their
+                   names), tp, dp (the tensor- and data-parallel degrees)
   compile          graphs, graph_breaks, break_reasons, recompiles, recompile_reasons, fallback
   profile          trace, top_ops [{name, self_s, per_step_ms, share, calls, calls_per_step}],
                    profiled_steps, by, device_time_s (CUDA); profiled steps carry profiled=true
@@ -60,7 +64,7 @@ from launcher.runtime.live_bytes import StepSampler
 from launcher.runtime.preemption import Preemption, under_slurm
 from launcher.runtime.recorder import RankRecorder
 from launcher.runtime.window import FLUSH_INTERVAL_S, Clock, Window, peak_reset_step, window_steps
-from launcher.runtime.wrap import Wrapped, make_optimizer, wrap
+from launcher.runtime.wrap import Wrapped, dp_rank, make_optimizer, wrap
 from launcher.specs import LaunchSpec
 from launcher.workload import Workload
 
@@ -86,15 +90,19 @@ def make_loader(workload: Workload, spec: LaunchSpec, ctx: RankContext, *,
                 start_step: int = 0) -> DataLoader[Any]:
     """A DataLoader over exactly the samples this rank trains on, in a fixed order.
 
-    The dataset holds steps x global batch samples; DistributedSampler hands rank r every
-    world_size-th index, so the union of all ranks' micro-batches at a step is the batch one
-    process would see with world_size times the micro-batch (the equivalence the tests check).
-    After a resume at `start_step` the index list starts where step start_step + 1 begins.
+    The dataset holds steps x global batch samples; DistributedSampler hands data-parallel
+    rank d every dp_size-th index, so the union of the dp ranks' micro-batches at a step is the
+    batch one process would see with dp_size times the micro-batch (the equivalence the tests
+    check). With tensor parallelism (tp > 1) dp_size is world_size / tp and the tp ranks of one
+    group (consecutive ranks, `wrap.dp_rank`) read the same samples; without, every rank is its
+    own dp rank. After a resume at `start_step` the index list starts where step
+    start_step + 1 begins.
     """
     dataset = workload.make_dataset(spec.steps * spec.global_batch)
+    tp = spec.strategy.tp
     ranks: DistributedSampler[int] = DistributedSampler(
-        dataset, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=spec.loader.shuffle,
-        seed=spec.seed, drop_last=True)
+        dataset, num_replicas=ctx.world_size // tp, rank=dp_rank(ctx.rank, tp),
+        shuffle=spec.loader.shuffle, seed=spec.seed, drop_last=True)
     sampler: Iterable[int] = ranks
     if start_step:
         sampler = resume.SkipSampler(ranks, start_step * spec.micro_batch * spec.grad_accum_steps)
@@ -201,9 +209,15 @@ def _setup(workload: Workload, spec: LaunchSpec, ctx: RankContext, recorder: Ran
     torch.manual_seed(spec.seed)
     model = workload.build_model().to(device)
     blocks = workload.blocks(model)
-    wrapped = wrap(model, spec.strategy, ctx, blocks, shard_group_size=spec.shard_group_size)
+    tp = spec.strategy.tp
+    # the workload's plan for its model as built (module names before any wrapper)
+    plan = workload.tp_plan(model, tp) if tp > 1 else None
+    wrapped = wrap(model, spec.strategy, ctx, blocks, shard_group_size=spec.shard_group_size,
+                   tp_plan=plan)
     recorder.add({"kind": "wrap", "strategy": spec.strategy.kind, "compiled": wrapped.compiled,
-                  "mesh_shape": list(wrapped.mesh_shape) if wrapped.mesh_shape else None})
+                  "mesh_shape": list(wrapped.mesh_shape) if wrapped.mesh_shape else None,
+                  "mesh_dims": list(wrapped.mesh_dims) if wrapped.mesh_dims else None,
+                  "tp": tp, "dp": ctx.world_size // tp})
     params = [p for p in wrapped.module.parameters() if p.requires_grad]
     optimizer, scheduler = make_optimizer(workload, model, ctx)
     scaler = torch.amp.GradScaler(ctx.device_type, enabled=spec.strategy.uses_grad_scaler)
@@ -352,9 +366,15 @@ def _finish(run: _Setup, end: _LoopEnd, workload: Workload, spec: LaunchSpec, ct
         recorder.add(compile_stats(run.guard.fallback))
     if ctx.is_distributed and spec.calibrate_comm and not end.stopped_at and run.window.fwd_bwd_times():
         # after the last step: training never waits for it and is unchanged by it
-        recorder.add(_calibrate(run.window, run.wrapped,
-                                lambda: _forward_backward(run, workload, spec, ctx, end.held),
-                                run.zero_grad, run.params, ctx))
+        comm = _calibrate(run.window, run.wrapped,
+                          lambda: _forward_backward(run, workload, spec, ctx, end.held),
+                          run.zero_grad, run.params, ctx)
+        if spec.strategy.tp > 1:
+            # the sync-off pass turns FSDP's gradient reduction off, not the tensor-parallel
+            # collectives inside forward and backward: exposed_comm_s is the dp dimension's
+            comm.update(tp=spec.strategy.tp, dp=ctx.world_size // spec.strategy.tp,
+                        exposed_comm_dims=["dp"])
+        recorder.add(comm)
     recorder.flush()
     outcome = resume.outcome(end.stopped_at, spec)
     extra = {k: v for k, v in (("nonfinite_loss", end.nonfinite), ("eval", end.last_eval)) if v is not None}

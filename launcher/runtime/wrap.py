@@ -1,5 +1,6 @@
 """The one place a model is wrapped for a strategy: DDP, FSDP2 (full / grad-op shard),
-hybrid shard on a 2-D mesh, activation checkpointing per block, torch.compile; and the one
+hybrid shard on a 2-D mesh, tensor parallelism (`strategy.tp` > 1, the workload's `tp_plan`)
+under FSDP, activation checkpointing per block, torch.compile; and the one
 place its optimizer and LR scheduler are made (`make_optimizer`), after wrapping, the same way
 under every strategy.
 
@@ -14,9 +15,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -33,6 +35,7 @@ from launcher.specs import Strategy
 from launcher.workload import Workload, batch_norms
 
 if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import FSDPModule
 
 log = logging.getLogger(__name__)
@@ -53,6 +56,7 @@ class Wrapped:
     accumulate: Callable[[], contextlib.AbstractContextManager[None]]
     compiled: bool = False
     mesh_shape: tuple[int, ...] | None = None  # FSDP's device mesh; (replicas, shards) for hybrid
+    mesh_dims: tuple[str, ...] | None = None  # its dimensions' names: ("dp", "tp") with tp > 1
 
 
 def _ddp_no_sync(model: DDP) -> Callable[[], contextlib.AbstractContextManager[None]]:
@@ -128,35 +132,101 @@ def hybrid_mesh_shape(ctx: RankContext, shard_group_size: int = 0) -> tuple[int,
     return ctx.world_size // shards, shards
 
 
+def tp_mesh_shape(ctx: RankContext, strategy: Strategy,
+                  shard_group_size: int = 0) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """The device mesh of tensor parallelism (`strategy.tp` > 1) under FSDP, tp innermost (the
+    ranks of one tensor-parallel group are consecutive: one node's): (dp, tp), or for hybrid
+    (replicas, shards, tp) where a node's (or shard group's) ranks hold shards x tp."""
+    tp = strategy.tp
+    if ctx.world_size % tp:
+        raise UsageError(f"--tp {tp} must divide the world size ({ctx.world_size})")
+    if strategy.kind != "hybrid":
+        return (ctx.world_size // tp, tp), ("dp", "tp")
+    replicas, group = hybrid_mesh_shape(ctx, shard_group_size)
+    if group % tp:
+        raise UsageError(f"--tp {tp} must divide the ranks of a shard group ({group})")
+    return (replicas, group // tp, tp), ("dp_replicate", "dp_shard", "tp")
+
+
+def dp_rank(rank: int, tp: int) -> int:
+    """The data-parallel rank of global `rank`: its tensor-parallel group's index (tp innermost),
+    the same for all `tp` ranks of that group, which read the same micro-batches."""
+    return rank // tp
+
+
+def _tied(model: torch.nn.Module) -> list[list[tuple[torch.nn.Module, str]]]:
+    """Groups of (module, attribute) that share one parameter (a head tied to the embedding)."""
+    by_id: dict[int, list[tuple[torch.nn.Module, str]]] = {}
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            by_id.setdefault(id(param), []).append((module, name))
+    return [group for group in by_id.values() if len(group) > 1]
+
+
+def _parallelize(model: torch.nn.Module, plan: dict[str, Any], tp_mesh: DeviceMesh) -> None:
+    """Apply the workload's tensor-parallel plan; parameters tied before are tied again after.
+
+    parallelize_module replaces each module's parameters with DTensors one module at a time, so
+    a parameter two modules share becomes two; where both came out with the same placements
+    (an embedding split by rows and a head split by columns: both Shard(0)) they are one again.
+    """
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    tied = _tied(model)
+    parallelize_module(model, tp_mesh, plan)
+    for group in tied:
+        first = getattr(*group[0])
+        for module, name in group[1:]:
+            other = getattr(module, name)
+            if getattr(other, "placements", None) != getattr(first, "placements", None):
+                raise UsageError(f"tp_plan splits the tied parameter {name!r} two ways "
+                                 f"({getattr(first, 'placements', None)} and "
+                                 f"{getattr(other, 'placements', None)}); split both alike")
+            setattr(module, name, first)
+
+
 def uses_device_mesh(strategy: Strategy) -> bool:
     """Whether `wrap` builds a device mesh for `strategy`: every kind but DDP (FSDP2)."""
     return strategy.kind != "ddp"
 
 
 def wrap(model: torch.nn.Module, strategy: Strategy, ctx: RankContext, blocks: list[torch.nn.Module],
-         *, shard_group_size: int = 0) -> Wrapped:
-    """Apply `strategy` to `model` (already on this rank's device) and return it ready to train."""
+         *, shard_group_size: int = 0, tp_plan: dict[str, Any] | None = None) -> Wrapped:
+    """Apply `strategy` to `model` (already on this rank's device) and return it ready to train.
+
+    With `strategy.tp` > 1 (FSDP kinds only) `tp_plan` is the workload's plan for that degree:
+    torchtitan's order, tensor parallelism first (module names as the workload built them),
+    then activation checkpointing, compile and FSDP per block on the data-parallel mesh.
+    """
+    if strategy.tp > 1 and strategy.kind == "ddp":
+        raise UsageError(f"--tp {strategy.tp} composes with FSDP (fsdp_full, fsdp_grad_op, "
+                         "hybrid), not DDP")
+    if strategy.tp > 1 and tp_plan is None:
+        raise UsageError(f"--tp {strategy.tp}: the workload's tp_plan does not split this model "
+                         f"{strategy.tp} ways (heads, hidden sizes)")
+    if strategy.kind != "ddp":
+        # the mesh first: tensor parallelism needs it before checkpointing renames the blocks
+        return _wrap_fsdp(model, strategy, ctx, blocks, shard_group_size, tp_plan)
     if strategy.activation_checkpointing and blocks:
         blocks = _checkpoint_blocks(model, blocks)
-    if strategy.kind == "ddp":
-        if strategy.compile:
-            # the whole model; under DDP Dynamo's DDP optimizer splits it at bucket boundaries
-            compile_forward(model, strategy)
-        if not ctx.is_distributed:
-            return Wrapped(module=model, no_sync=contextlib.nullcontext,
-                           accumulate=contextlib.nullcontext, compiled=strategy.compile)
-        device_ids = [ctx.local_rank] if ctx.device_type == "cuda" else None
-        # grads as bucket views: no second copy of the gradients
-        ddp = DDP(model, device_ids=device_ids, gradient_as_bucket_view=True)
-        if comm_delay_ms() > 0:
-            install_comm_delay(ddp, comm_delay_ms())
-        return Wrapped(module=ddp, no_sync=_ddp_no_sync(ddp), accumulate=_ddp_no_sync(ddp),
-                       compiled=strategy.compile)
-    return _wrap_fsdp(model, strategy, ctx, blocks, shard_group_size)
+    if strategy.compile:
+        # the whole model; under DDP Dynamo's DDP optimizer splits it at bucket boundaries
+        compile_forward(model, strategy)
+    if not ctx.is_distributed:
+        return Wrapped(module=model, no_sync=contextlib.nullcontext,
+                       accumulate=contextlib.nullcontext, compiled=strategy.compile)
+    device_ids = [ctx.local_rank] if ctx.device_type == "cuda" else None
+    # grads as bucket views: no second copy of the gradients
+    ddp = DDP(model, device_ids=device_ids, gradient_as_bucket_view=True)
+    if comm_delay_ms() > 0:
+        install_comm_delay(ddp, comm_delay_ms())
+    return Wrapped(module=ddp, no_sync=_ddp_no_sync(ddp), accumulate=_ddp_no_sync(ddp),
+                   compiled=strategy.compile)
 
 
 def _wrap_fsdp(model: torch.nn.Module, strategy: Strategy, ctx: RankContext,
-               blocks: list[torch.nn.Module], shard_group_size: int) -> Wrapped:
+               blocks: list[torch.nn.Module], shard_group_size: int,
+               tp_plan: dict[str, Any] | None) -> Wrapped:
     # deferred: 0.6 s of imports that only a sharded run needs (see runtime/__init__)
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -165,11 +235,25 @@ def _wrap_fsdp(model: torch.nn.Module, strategy: Strategy, ctx: RankContext,
         # the collective timeout and the device id that context.init_distributed gives it
         raise RuntimeError("FSDP needs the process group first: "
                            "init_distributed(ctx, mesh=uses_device_mesh(strategy))")
-    if strategy.kind == "hybrid":
+    if strategy.tp > 1:
+        assert tp_plan is not None  # wrap() checked it
+        shape, names = tp_mesh_shape(ctx, strategy, shard_group_size)
+        world_mesh = init_device_mesh(ctx.device_type, shape, mesh_dim_names=names)
+        _parallelize(model, tp_plan, world_mesh["tp"])
+        # a plan's replicated output (ColwiseParallel's `to_local()`, the logits) is a view:
+        # FSDP2 warns on every step that an in-place op on it would skip its backward hook
+        warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
+        mesh = world_mesh[names[:-1]] if len(names) > 2 else world_mesh["dp"]
+        mesh_shape, mesh_dims = shape, names
+    elif strategy.kind == "hybrid":
         mesh = init_device_mesh(ctx.device_type, hybrid_mesh_shape(ctx, shard_group_size),
                                 mesh_dim_names=("replicate", "shard"))
+        mesh_shape, mesh_dims = tuple(mesh.shape), ("replicate", "shard")
     else:
         mesh = init_device_mesh(ctx.device_type, (ctx.world_size,))
+        mesh_shape, mesh_dims = tuple(mesh.shape), ("shard",)
+    if strategy.activation_checkpointing and blocks:
+        blocks = _checkpoint_blocks(model, blocks)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(strategy.precision)
     # params gathered at the compute dtype, gradients reduced in fp32
     mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else MixedPrecisionPolicy()
@@ -196,4 +280,4 @@ def _wrap_fsdp(model: torch.nn.Module, strategy: Strategy, ctx: RankContext,
         compiled = True
     accumulate = _hsdp_defer_allreduce(sharded) if strategy.kind == "hybrid" else contextlib.nullcontext
     return Wrapped(module=model, no_sync=_fsdp_no_sync(sharded), accumulate=accumulate, compiled=compiled,
-                   mesh_shape=tuple(mesh.shape))
+                   mesh_shape=mesh_shape, mesh_dims=mesh_dims)
