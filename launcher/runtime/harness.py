@@ -279,7 +279,10 @@ def _loop(run: _Setup, workload: Workload, spec: LaunchSpec, ctx: RankContext,
           recorder: RankRecorder) -> _LoopEnd:
     """Train the steps after `run.start` up to `spec.steps`, or until a preemption request
     stops every rank at a window's end (after saving a checkpoint there)."""
-    samples_per_step = spec.micro_batch * spec.grad_accum_steps
+    # this rank's share: the tp ranks of one group train on the same samples, so each counts
+    # 1/tp of them and the sum over ranks is the job's throughput
+    samples: int = spec.micro_batch * spec.grad_accum_steps
+    samples_per_step = samples / spec.strategy.tp if spec.strategy.tp > 1 else samples
     units_per_step = samples_per_step * workload.units_per_sample
     # compilation happens at the first calls: watch them through warm-up (at least one step)
     watch_until = run.start + max(1, spec.warmup_steps)
