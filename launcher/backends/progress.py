@@ -26,7 +26,9 @@ from typing import IO
 from launcher.backends.monitor import Beat
 
 # a line every this often when the console is not a terminal (CI logs, `| tee`)
-PIPE_INTERVAL_S = float(os.environ.get("DLAUNCH_PROGRESS_INTERVAL_S", "10"))
+# into a pipe or file only when asked (DLAUNCH_PROGRESS_INTERVAL_S): scripts parse dlaunch's
+# stdout; 0 = no progress lines there (the drift warning still prints)
+PIPE_INTERVAL_S = float(os.environ.get("DLAUNCH_PROGRESS_INTERVAL_S", "0") or 0)
 TTY_INTERVAL_S = 1.0
 # The drift warning: the measured step time outside this band around the plan's prediction...
 # (the band the GPU cost model meets on 96% of the published runs it is checked on,
@@ -199,14 +201,14 @@ class LiveLine:
 
     def _run(self) -> None:
         interval = TTY_INTERVAL_S if self.tty else PIPE_INTERVAL_S
-        last = 0.0
+        last = self.now()  # the first line after one interval
         while not self._stop.wait(TTY_INTERVAL_S):
             self.progress.observe(self.beats())
             warning = self.progress.drift()
             now = self.now()
             if warning is not None:
                 self.above(f"dlaunch: {warning}\n")
-            if now - last < interval:
+            if interval <= 0 or now - last < interval:
                 continue
             last = now
             text = "dlaunch: " + self.progress.line(now, time.time())
