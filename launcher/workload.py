@@ -59,6 +59,13 @@ REQUIRED = ("build_model", "make_dataset", "loss_fn")
 DEFAULT_LR = 1e-3  # the default optimizer's (AdamW) learning rate
 
 
+def no_tp_plan(tp: int, what: str) -> str:
+    """The one line for tensor parallelism asked of `what` (e.g. "workload gpt.py"), which has
+    no `tp_plan`: checked from the file, by the planner and by the loaded workload alike."""
+    return (f"--tp {tp}: {what} defines no tp_plan(model, tp), and tensor parallelism needs one to "
+            "know which modules to split (see docs/workloads.md); drop --tp or add tp_plan")
+
+
 @dataclass(frozen=True, kw_only=True)
 class FileKind:
     """What a file is, decided from its syntax tree alone."""
@@ -72,9 +79,8 @@ class FileKind:
         checked from the file alone, before anything is profiled or started."""
         if tp is None or tp == 1 or self.has_tp_plan:
             return
-        what = "a plain script" if self.is_script else f"workload {self.path.name} defines no tp_plan(model, tp)"
-        raise WorkloadError(f"--tp {tp}: {what}, and tensor parallelism needs one to know which "
-                            "modules to split (see docs/workloads.md); drop --tp or add tp_plan")
+        raise WorkloadError(no_tp_plan(tp, "a plain script" if self.is_script
+                                       else f"workload {self.path.name}"))
 
 
 def _resolve(path: str | Path) -> Path:
@@ -208,8 +214,7 @@ class Workload:
         where `tp` does not divide the model. WorkloadError without the hook or for another
         return type. The hook may also adapt the model to its shard (e.g. local head counts)."""
         if not self.has_tp_plan:
-            raise WorkloadError(f"workload {self.path.name} defines no tp_plan(model, tp): "
-                                "tensor parallelism needs one (see docs/workloads.md); drop --tp")
+            raise WorkloadError(no_tp_plan(tp, f"workload {self.path.name}"))
         plan = self._call("tp_plan", model, tp)
         if plan is not None and not (isinstance(plan, Mapping)
                                      and all(isinstance(k, str) for k in plan)):

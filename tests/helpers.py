@@ -46,6 +46,41 @@ def run_dlaunch(*args: str, cwd: Path | None = None, env: dict[str, str] | None 
     return Done(proc.returncode, proc.stdout, proc.stderr)
 
 
+def dlaunch_env(tmp: Path, *, own_cache: bool = False, **extra: str) -> dict[str, str]:
+    """This process's environment for a dlaunch subprocess: TMPDIR `tmp`, one thread per rank,
+    no DLAUNCH_DEBUG; `own_cache`: a fresh profile cache under `tmp`; `extra` on top."""
+    env = {**os.environ, "TMPDIR": str(tmp), "OMP_NUM_THREADS": "1", **extra}
+    if own_cache:
+        env["DLAUNCH_CACHE_DIR"] = str(tmp / "cache")
+    env.pop("DLAUNCH_DEBUG", None)
+    return env
+
+
+def start_dlaunch(argv: list[str], tmp: Path) -> subprocess.Popen[str]:
+    """Start `python -m launcher.cli.main ARGV` (`dlaunch_env(tmp)`), stdout and stderr together
+    in one text pipe."""
+    env = dlaunch_env(tmp)
+    return subprocess.Popen([sys.executable, "-m", "launcher.cli.main", *argv], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def run_dlaunch_together(runs: dict[str, tuple[list[str], Path]], tmp: Path,
+                         timeout: float) -> dict[str, tuple[Path, int, str]]:
+    """Start `dlaunch ARGV --run-dir DIR` for every name -> (argv, DIR) at once (one thread per
+    rank, TMPDIR `tmp`; the workload's arguments after `--` stay last), wait for all, and return
+    name -> (DIR, exit code, stdout + stderr)."""
+    def argv_of(argv: list[str], run_dir: Path) -> list[str]:
+        cut = argv.index("--") if "--" in argv else len(argv)
+        return [*argv[:cut], "--run-dir", str(run_dir), *argv[cut:]]
+
+    procs = {name: start_dlaunch(argv_of(*run), tmp) for name, run in runs.items()}
+    out = {}
+    for name, proc in procs.items():
+        text, _ = proc.communicate(timeout=timeout)
+        out[name] = (runs[name][1], proc.returncode, text)
+    return out
+
+
 def assert_one_line_error(done: Done, *needles: str) -> None:
     """Bad input: exit 2, one line on stderr, no traceback, every needle in the line."""
     assert done.code == 2, (done.code, done.out, done.err)

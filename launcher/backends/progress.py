@@ -63,7 +63,6 @@ class Progress:
     _last: dict[int, Beat] = field(default_factory=dict)
     # each rank's beats after warm-up within the last DRIFT_SUSTAIN_S of its clock
     _recent: dict[int, deque[Beat]] = field(default_factory=dict)
-    drift_warned: bool = False
     warnings: list[str] = field(default_factory=list)  # what drift() said, for result.json
 
     def observe(self, beats: Mapping[int, Beat]) -> None:
@@ -136,13 +135,12 @@ class Progress:
         the plan's; None otherwise (and ever after)."""
         s = self.spec
         window = self.recent_step_time_s()
-        if self.drift_warned or not s.predicted_step_s or window is None:
+        if self.warnings or not s.predicted_step_s or window is None:
             return None
         mean_s, span_s, steps = window
         mean = mean_s / s.predicted_step_s
         if abs(mean - 1) <= DRIFT_BAND or span_s < DRIFT_SUSTAIN_S or steps < DRIFT_MIN_STEPS:
             return None
-        self.drift_warned = True
         now = self.recent_step_time_s(DRIFT_NOW_S) or window
         way = "slower" if mean > 1 else "faster"
         self.warnings.append(

@@ -21,6 +21,7 @@ from launcher.plan.memory import estimate_memory
 from launcher.plan.step_probe import WorkloadTiming
 from launcher.plan.types import Candidate, StepTimeEstimate
 from launcher.specs import Goal, ModelProfile, Strategy
+from launcher.workload import no_tp_plan
 
 logger = logging.getLogger(__name__)
 
@@ -98,9 +99,7 @@ def check_tp(ov: Mapping[str, Any], profile: ModelProfile, topology: Topology) -
     if tp <= 1:
         return
     if not profile.tp_degrees:
-        raise PlanError(f"--tp {tp}: workload {profile.name.split()[0]} defines no "
-                        "tp_plan(model, tp), so tensor parallelism has no modules to split "
-                        "(see docs/workloads.md); drop --tp or add tp_plan")
+        raise PlanError(no_tp_plan(tp, f"workload {profile.name.split()[0]}"))
     if tp not in profile.tp_degrees:
         raise PlanError(f"--tp {tp}: {profile.name.split()[0]}'s tp_plan accepts tp "
                         f"{', '.join(map(str, profile.tp_degrees))} (the degrees that divide "

@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from launcher.errors import PlanError, WorkloadError
-from launcher.plan.profile import _first_blocks, _repeated_container, _signature, meta_batch
+from launcher.plan.blocks import first_blocks, repeated_container, signature
+from launcher.plan.profile import meta_batch
 from launcher.specs import check
 from launcher.workload import Workload
 
@@ -175,10 +176,10 @@ def check_compile(workload: Workload) -> CompileCheck:
             model = workload.build_model()
         blocks = workload.blocks(model)
         for b in blocks:
-            distinct.setdefault(_signature(b), b)
-        container = _repeated_container(model, blocks)
+            distinct.setdefault(signature(b), b)
+        container = repeated_container(model, blocks)
         targets = [model, *distinct.values()]
-        shorter = _first_blocks(container, 1) if container is not None else contextlib.nullcontext()
+        shorter = first_blocks(container, 1) if container is not None else contextlib.nullcontext()
         with shorter:
             calls = _inputs(workload, model, targets)
             if id(model) not in calls:

@@ -40,6 +40,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from launcher.errors import WorkloadError
+from launcher.plan.blocks import first_blocks, repeated_container
 from launcher.plan.workload_probe import meta_error, optimizer_state
 from launcher.specs import ModelProfile
 from launcher.workload import Workload, batch_norms
@@ -275,46 +276,6 @@ def _saved_bytes(workload: Workload, model: Any, micro_batch: int, param_keys: s
     return total, (block_in[0] if block_in else 0), flops, getattr(ops, "ops", 0), transient
 
 
-def _signature(module: Any) -> tuple[Any, ...]:
-    """What makes two blocks interchangeable for profiling: module types and tensor shapes."""
-    return (tuple(type(m).__qualname__ for m in module.modules()),
-            tuple((n, tuple(t.shape), t.dtype) for n, t in module.named_parameters()),
-            tuple((n, tuple(t.shape), t.dtype) for n, t in module.named_buffers()))
-
-
-def _repeated_container(model: Any, blocks: Sequence[Any]) -> Any:
-    """The ModuleList/Sequential/ModuleDict holding exactly `blocks`, in order, when every block
-    has the same structure (a transformer's layers); None otherwise."""
-    # deferred: only a profile missing from the cache needs torch
-    from torch import nn
-
-    if len(blocks) < 4:  # too few to gain from extrapolating
-        return None
-    first = _signature(blocks[0])
-    if any(_signature(b) != first for b in blocks[1:]):
-        return None
-    for module in model.modules():
-        if isinstance(module, nn.ModuleList | nn.Sequential | nn.ModuleDict):
-            children = list(module._modules.values())
-            if len(children) == len(blocks) and all(c is b for c, b in zip(children, blocks)):
-                return module
-    return None
-
-
-@contextlib.contextmanager
-def _first_blocks(container: Any, count: int) -> Any:
-    """Temporarily keep only the first `count` children of `container` (in place: a forward
-    that iterates the container sees the shorter model)."""
-    items = list(container._modules.items())
-    for name, _ in items[count:]:
-        del container._modules[name]
-    try:
-        yield
-    finally:
-        container._modules.clear()
-        container._modules.update(items)
-
-
 def _passes(workload: Workload, model: Any, param_keys: set[int], first_block: Any, *,
             transients: bool = True) -> Counts:
     """Saved bytes at micro-batch 1 and 2, the first block's input bytes, and the FLOPs and
@@ -341,7 +302,7 @@ def _extrapolated(workload: Workload, model: Any, param_keys: set[int], blocks: 
     try:
         runs = []
         for count in (1, 2, 3):
-            with _first_blocks(container, count):
+            with first_blocks(container, count):
                 # only the deepest truncation's transients are kept (below): backward runs
                 # there alone
                 runs.append(_passes(workload, model, param_keys, blocks[0],
@@ -412,7 +373,7 @@ def profile_workload(workload: Workload, *, extrapolate: bool = True) -> ModelPr
         optimizer, state_bytes = optimizer_state(workload, model, sum(p.numel() for p in params))
         blocks = workload.blocks(model)
         param_keys = {p.untyped_storage()._cdata for p in params}
-        container = _repeated_container(model, blocks) if extrapolate else None
+        container = repeated_container(model, blocks) if extrapolate else None
         measured = (_extrapolated(workload, model, param_keys, blocks, container)
                     if container is not None else None)
         if measured is None:

@@ -5,7 +5,6 @@ its summary, and status then says CANCELLED with the steps the rank made."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ import pytest
 
 from launcher.backends.monitor import read_heartbeats
 
-from tests.helpers import DATA, REPO, rank_records, run_dlaunch
+from tests.helpers import DATA, REPO, dlaunch_env, rank_records, run_dlaunch
 
 pytestmark = pytest.mark.distributed
 
@@ -26,19 +25,12 @@ START_TIMEOUT_S = 120  # imports, planning and rendezvous on a busy 2-core machi
 ENDED_WITHIN_S = 30  # dlaunch's stop takes STOP_GRACE_S (5 s) plus aggregating
 
 
-def _env(tmp: Path) -> dict[str, str]:
-    env = {**os.environ, "TMPDIR": str(tmp), "OMP_NUM_THREADS": "1",
-           "DLAUNCH_CACHE_DIR": str(tmp / "cache")}
-    env.pop("DLAUNCH_DEBUG", None)
-    return env
-
-
 def test_status_logs_and_cancel_of_a_running_local_run(tmp_path: Path):
     run_dir = tmp_path / "run"
     with open(tmp_path / "dlaunch.out", "w") as out, open(tmp_path / "dlaunch.err", "w") as err:
         proc = subprocess.Popen([sys.executable, "-m", "launcher.cli.main", "run", STEADY, "--gpus", "1",
                                  "--steps", "1000", *FIXED, "--log-every", "1", "--run-dir", str(run_dir)],
-                                cwd=REPO, env=_env(tmp_path), stdout=out, stderr=err)
+                                cwd=REPO, env=dlaunch_env(tmp_path, own_cache=True), stdout=out, stderr=err)
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
         # past warm-up (3 steps) by two logged steps: the status has a rate and an ETA
@@ -47,18 +39,18 @@ def test_status_logs_and_cancel_of_a_running_local_run(tmp_path: Path):
             assert time.monotonic() < deadline, "the rank never reached step 6"
             time.sleep(0.2)
 
-        status = run_dlaunch("status", str(run_dir), "--json", env=_env(tmp_path))
+        status = run_dlaunch("status", str(run_dir), "--json", env=dlaunch_env(tmp_path, own_cache=True))
         assert status.code == 0, status.err
         data = status.json()
         assert data["state"] == "RUNNING" and data["pid"] == proc.pid, data
         assert data["steps"]["0"] >= 6 and data["total_steps"] == 1000 and data["result"] is None
         assert 0.15 < data["step_s"] < 0.6, data  # steady.py sleeps 0.2 s a step
-        text = run_dlaunch("status", str(run_dir), env=_env(tmp_path))
+        text = run_dlaunch("status", str(run_dir), env=dlaunch_env(tmp_path, own_cache=True))
         assert f": RUNNING (dlaunch pid {proc.pid}" in text.out and "/1000 (per rank:" in text.out
         assert " s/step, ETA " in text.out, text.out
 
         t0 = time.monotonic()
-        cancel = run_dlaunch("cancel", str(run_dir), env=_env(tmp_path))
+        cancel = run_dlaunch("cancel", str(run_dir), env=dlaunch_env(tmp_path, own_cache=True))
         assert cancel.code == 0, cancel.err
         assert f"sent SIGTERM to dlaunch (pid {proc.pid})" in cancel.out
         assert "now CANCELLED" in cancel.out, cancel.out
@@ -77,13 +69,13 @@ def test_status_logs_and_cancel_of_a_running_local_run(tmp_path: Path):
     steps = [r["step"] for r in rank_records(run_dir, 0) if r["kind"] == "step"]
     assert len(steps) >= 2 and steps == list(range(1, len(steps) + 1))  # the metrics are kept
 
-    after = run_dlaunch("status", str(run_dir), env=_env(tmp_path))
+    after = run_dlaunch("status", str(run_dir), env=dlaunch_env(tmp_path, own_cache=True))
     assert after.code == 0 and f"run {run_dir}: CANCELLED (interrupted, exit 143)" in after.out, after.out
     assert "INTERRUPTED" in after.out  # the run's summary table
-    again = run_dlaunch("cancel", str(run_dir), env=_env(tmp_path))
+    again = run_dlaunch("cancel", str(run_dir), env=dlaunch_env(tmp_path, own_cache=True))
     assert again.code == 0 and "already ended (CANCELLED" in again.out and "nothing to cancel" in again.out
 
-    logs = run_dlaunch("logs", str(run_dir), "--rank", "0", env=_env(tmp_path))
+    logs = run_dlaunch("logs", str(run_dir), "--rank", "0", env=dlaunch_env(tmp_path, own_cache=True))
     assert logs.code == 0 and "stopped by SIGTERM" in logs.out, logs.out + logs.err
-    bad = run_dlaunch("logs", str(run_dir), "--rank", "1", env=_env(tmp_path))
+    bad = run_dlaunch("logs", str(run_dir), "--rank", "1", env=dlaunch_env(tmp_path, own_cache=True))
     assert bad.code == 2 and "--rank 1 is out of range" in bad.err

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import DATA, REPO, rank_records
+from tests.helpers import DATA, REPO, dlaunch_env, rank_records
 
 pytestmark = pytest.mark.distributed
 
@@ -23,18 +23,11 @@ FIXED = ["--no-calibrate", "--strategy", "ddp", "--precision", "fp32", "--micro-
 LINE = re.compile(r"dlaunch: step (\d+)/(\d+) \(\d+%\)  ([\d,]+) samples/s  .*ETA (\d+):(\d\d)")
 
 
-def _env(tmp: Path, **extra: str) -> dict[str, str]:
-    env = {**os.environ, "TMPDIR": str(tmp), "OMP_NUM_THREADS": "1",
-           "DLAUNCH_CACHE_DIR": str(tmp / "cache"), **extra}
-    env.pop("DLAUNCH_DEBUG", None)
-    return env
-
-
 def test_in_a_pipe_a_line_per_interval_and_the_eta_holds(tmp_path: Path):
     run_dir = tmp_path / "run"
     argv = [sys.executable, "-m", "launcher.cli.main", "run", STEADY, "--gpus", "1", "--steps", "200",
             *FIXED, "--run-dir", str(run_dir), "--", "--step-sleep-s", "0.1"]
-    proc = subprocess.Popen(argv, cwd=REPO, env=_env(tmp_path, DLAUNCH_PROGRESS_INTERVAL_S="1"),
+    proc = subprocess.Popen(argv, cwd=REPO, env=dlaunch_env(tmp_path, own_cache=True, DLAUNCH_PROGRESS_INTERVAL_S="1"),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen: list[tuple[float, str]] = []  # (wall clock when read, line)
     assert proc.stdout is not None
@@ -60,7 +53,7 @@ def test_on_a_terminal_one_line_is_redrawn_and_quiet_turns_it_off(tmp_path: Path
         argv = [sys.executable, "-m", "launcher.cli.main", "run", STEADY, "--gpus", "1", "--steps", "40",
                 *FIXED, "--run-dir", str(tmp_path / f"run{len(extra)}"), *extra,
                 "--", "--step-sleep-s", "0.1"]
-        proc = subprocess.Popen(argv, cwd=REPO, env=_env(tmp_path), stdout=secondary,
+        proc = subprocess.Popen(argv, cwd=REPO, env=dlaunch_env(tmp_path, own_cache=True), stdout=secondary,
                                 stderr=secondary, stdin=subprocess.DEVNULL)
         os.close(secondary)
         chunks = []
@@ -89,7 +82,7 @@ def test_a_rank_slowed_after_warm_up_raises_the_drift_warning(tmp_path: Path):
         [sys.executable, "-m", "launcher.cli.main", "run", STEADY, "--gpus", "2", "--steps", "130",
          *FIXED, "--run-dir", str(run_dir), "--json", "--",
          "--step-sleep-s", "0.1", "--slow-rank", "1", "--slow-from", "40", "--slow-sleep-s", "0.3"],
-        cwd=REPO, env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+        cwd=REPO, env=dlaunch_env(tmp_path, own_cache=True), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     warned = [x for x in done.stderr.splitlines() if "warning: steps take" in x]
     assert len(warned) == 1, done.stderr

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,13 +26,14 @@ from launcher.runtime.recorder import RankRecorder
 
 from tests.helpers import (
     DATA,
-    REPO,
     WORKLOADS,
     assert_one_line_error,
     rank_records,
     rank_steps,
     run_dlaunch,
+    run_dlaunch_together,
     run_result,
+    start_dlaunch,
 )
 
 STEPS, EVERY, FAULT_STEP = 12, 4, 10  # checkpoints at 4 and 8; rank 1 raises in step 10
@@ -44,30 +44,17 @@ FAULT = str(DATA / "gpt_fault.py")
 SEQ = ("--seq-len", "32")  # workload option (after `--`): cheaper steps, the same model
 
 
-def _start(argv: list[str], tmp: Path) -> subprocess.Popen[str]:
-    env = {**os.environ, "TMPDIR": str(tmp), "OMP_NUM_THREADS": "1"}
-    env.pop("DLAUNCH_DEBUG", None)
-    return subprocess.Popen([sys.executable, "-m", "launcher.cli.main", *argv], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
 @pytest.fixture(scope="module")
 def restarted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, int, str]]:
     """An uninterrupted run of workloads/gpt.py and the faulty one with a restart, at once."""
     root = tmp_path_factory.mktemp("resume")
     (root / "tmp").mkdir()
-    procs = {
-        "ref": _start(["run", str(WORKLOADS / "gpt.py"), *PLAN, "--run-dir", str(root / "ref"),
-                       "--", *SEQ], root / "tmp"),
-        "fault": _start(["run", FAULT, *PLAN, "--checkpoint-every", str(EVERY), "--max-restarts",
-                         "1", "--run-dir", str(root / "fault"), "--", *SEQ, "--fault", "raise",
-                         "--fault-step", str(FAULT_STEP), "--fault-attempt", "0"], root / "tmp"),
-    }
-    out = {}
-    for name, proc in procs.items():
-        text, _ = proc.communicate(timeout=150)
-        out[name] = (root / name, proc.returncode, text)
-    return out
+    return run_dlaunch_together({
+        "ref": (["run", str(WORKLOADS / "gpt.py"), *PLAN, "--", *SEQ], root / "ref"),
+        "fault": (["run", FAULT, *PLAN, "--checkpoint-every", str(EVERY), "--max-restarts", "1",
+                   "--", *SEQ, "--fault", "raise", "--fault-step", str(FAULT_STEP),
+                   "--fault-attempt", "0"], root / "fault"),
+    }, root / "tmp", timeout=150)
 
 
 @pytest.mark.distributed
@@ -111,7 +98,7 @@ def test_usr2_saves_on_every_rank_at_one_step_and_the_restart_resumes_there(rest
     assert code == 0
     (tmp_path / "tmp").mkdir()
     run_dir = tmp_path / "run"
-    proc = _start(["run", FAULT, *PLAN, "--log-every", "2", "--max-restarts", "1",
+    proc = start_dlaunch(["run", FAULT, *PLAN, "--log-every", "2", "--max-restarts", "1",
                    "--run-dir", str(run_dir), "--", *SEQ, "--step-sleep-ms", "200"], tmp_path / "tmp")
     try:
         beat = RunPaths(root=run_dir).heartbeat(1)

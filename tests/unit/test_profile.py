@@ -98,11 +98,11 @@ def test_gpt_profile_extrapolates_exactly(size):
 def test_blocks_are_restored_after_truncation():
     from torch import nn
 
-    from launcher.plan.profile import _first_blocks
+    from launcher.plan.blocks import first_blocks
 
     layers = nn.ModuleList(nn.Linear(2, 2) for _ in range(5))
     before = list(layers)
-    with pytest.raises(RuntimeError), _first_blocks(layers, 2):
+    with pytest.raises(RuntimeError), first_blocks(layers, 2):
         assert list(layers) == before[:2]
         raise RuntimeError("a forward that fails mid-profile")
     assert list(layers) == before and [name for name, _ in layers.named_children()] == list("01234")
