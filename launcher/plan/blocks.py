@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 def signature(module: Any) -> tuple[Any, ...]:
@@ -21,7 +24,7 @@ def signature(module: Any) -> tuple[Any, ...]:
             tuple((n, tuple(t.shape), t.dtype) for n, t in module.named_buffers()))
 
 
-def repeated_container(model: Any, blocks: Sequence[Any]) -> Any:
+def repeated_container(model: Any, blocks: Sequence[Any]) -> nn.Module | None:
     """The ModuleList/Sequential/ModuleDict holding exactly `blocks`, in order, when every block
     has the same structure (a transformer's layers); None otherwise."""
     # deferred: only a profile missing from the cache needs torch
