@@ -335,9 +335,15 @@ def test_the_heartbeat_goes_on_while_the_snapshot_is_written(tmp_path, monkeypat
     seen: list[dict[str, Any]] = []
 
     def slow_dump(path: str) -> None:
-        for _ in range(6):  # a slow dump: the caller's thread does nothing else meanwhile
-            time.sleep(0.05)
+        # a slow dump: the caller's thread does nothing else meanwhile. It lasts until three more
+        # beats were seen (or 20 s): on a loaded host one beat's file replace can stall for a while,
+        # so a fixed length would test the host's scheduler rather than the thread
+        deadline = time.monotonic() + 20.0
+        while time.monotonic() < deadline:
+            time.sleep(0.02)
             seen.append(_beat(tmp_path))
+            if seen[-1]["busy_beats"] >= seen[0]["busy_beats"] + 3:
+                break
         Path(path).write_bytes(b"snapshot")
 
     monkeypatch.setattr(torch.cuda.memory, "_dump_snapshot", slow_dump)
@@ -419,11 +425,11 @@ def test_the_harness_times_the_loader_not_the_copy(monkeypatch):
 
     def slow_copy(batch: Any, device: Any) -> Any:
         copies.append(batch)
-        time.sleep(0.1)
+        time.sleep(0.3)  # long beside the loader's, so a loaded host cannot blur the two
         return batch
 
     monkeypatch.setattr(harness, "to_device", slow_copy)
     held, wait = harness._fetch(slow_batches(), 2, torch.device("cpu"), clock)
     assert len(held) == 2 == len(copies) and wait == 0.0
     [fetch_s] = waits
-    assert 0.04 <= fetch_s < 0.1  # two loader calls; the blocking copies left out
+    assert 0.04 <= fetch_s < 0.3  # two loader calls; the blocking copies (0.3 s each) left out
