@@ -15,6 +15,7 @@ import re
 import secrets
 import socket
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, overload
@@ -31,6 +32,7 @@ RESULT_FILE = "result.json"  # the aggregated result, written once the ranks are
 PLAN_FILE = "plan.json"  # the plan a run followed, beside its results (predicted vs measured)
 SLURM_FILE = "slurm.json"  # the SLURM job a `run --slurm` submitted
 ATTEMPTS_FILE = "attempts.json"  # why each attempt of a restarted run ended
+LAUNCHER_WARNINGS_FILE = "launcher-warnings.json"  # what the launcher saw while the ranks ran
 ATTEMPTS_DIR = "attempts"  # attempts/<n>/: the rank files and logs of attempt n
 LAB_FILE = "lab.json"  # `dlaunch lab`'s comparison, beside the base run
 TORCHRUN_LOG = "torchrun.log"  # torchrun's own output (rank lines go to the console)
@@ -38,6 +40,7 @@ CONSOLE_LOG = "console.log"  # a sweep point's or a tune trial's console output
 LOGS_DIR = "logs"  # logs/node-<n>/: torchrun's per-rank stdout/stderr files
 NODE_FILE = "node.json"  # in each node's log dir: which host had which SLURM node id
 CHECKPOINT_SUBDIR = "checkpoints"  # unless DLAUNCH_CHECKPOINT_DIR says otherwise
+CHECKPOINT_DIR_ENV = "DLAUNCH_CHECKPOINT_DIR"  # the user's checkpoint folder, and the ranks'
 SUBMITIT_SUBDIR = "slurm"  # submitit's pickles and per-task logs
 REPORT_SUBDIR = "report"  # where `dlaunch report DIR` writes by default (run, sweep or tune dir)
 
@@ -95,6 +98,8 @@ class RunPaths(_Dir):
     slurm = _In(SLURM_FILE, "The SLURM job record.")
     submitit = _In(SUBMITIT_SUBDIR, "submitit's folder.")
     attempts_record = _In(ATTEMPTS_FILE, "Why each attempt of a restarted run ended.")
+    launcher_warnings = _In(LAUNCHER_WARNINGS_FILE, "What the launcher warned of while the ranks ran "
+                            "(drift from the plan, processes the job left): a JSON list.")
     attempts = _In(ATTEMPTS_DIR, "The folder of the earlier attempts.")
     lab = _In(LAB_FILE, "`dlaunch lab`'s comparison.")
     torchrun_log = _In(TORCHRUN_LOG, "torchrun's own output.")
@@ -193,6 +198,28 @@ def new_run_id(workload: str) -> str:
     """`<stem>-<UTC time>-<random>`: sortable, and unique across concurrent launches."""
     stem = _SAFE.sub("-", Path(workload).stem)[:40] or "run"
     return f"{stem}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(3)}"
+
+
+def checkpoint_dir(run_dir: str | Path, env: Mapping[str, str]) -> Path:
+    """Where a run's checkpoints go: DLAUNCH_CHECKPOINT_DIR of `env` (made absolute) when set,
+    else RUN_DIR/checkpoints. The launcher hands the ranks the answer under the same name."""
+    given = env.get(CHECKPOINT_DIR_ENV)
+    return Path(given).expanduser().absolute() if given else RunPaths(root=run_dir).checkpoints
+
+
+def check_checkpoint_dir(path: Path) -> None:
+    """LaunchError (one line, what to do) when checkpoints could not be written under `path`:
+    judged on the nearest folder that exists, before anything of the run is written."""
+    existing = next((a for a in (path, *path.parents) if a.exists()), Path("/"))
+    fix = f"set {CHECKPOINT_DIR_ENV} to a writable folder, or drop --checkpoint-every and --max-restarts"
+    if not existing.is_dir():
+        raise LaunchError(f"cannot write checkpoints to {str(path)!r}: {str(existing)!r} is a file, "
+                          f"not a directory; {fix}")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        read_only = bool(os.statvfs(existing).f_flag & os.ST_RDONLY)
+        raise LaunchError(f"cannot write checkpoints to {str(path)!r}: "
+                          f"{'read-only file system' if read_only else 'permission denied'} at "
+                          f"{str(existing)!r}; {fix}")
 
 
 def create_run_dir(path: str | Path | None, run_id: str, *, root: str | Path = "runs") -> Path:

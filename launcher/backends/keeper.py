@@ -15,6 +15,11 @@ by the same signal). A SIGTERM, SIGINT or SIGHUP it gets (`local.stop_job` endin
 passes on to torchrun, once each, and waits for torchrun's exit; one that comes before torchrun
 started means torchrun never starts.
 
+It is also the job's child subreaper: a process a rank started that outlives its rank (a helper
+that ignores SIGTERM, say) is handed to the keeper instead of init, so when torchrun has exited
+the keeper ends what is left of the job (SIGTERM, SIGKILL after LEFTOVER_GRACE_S) and says so
+in one line starting with LEFTOVER_PREFIX: no process of a finished job is left running.
+
 A leaf module (standard library only): it starts before torch is needed anywhere.
 """
 
@@ -25,23 +30,35 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 
 KEEPER_MODULE = "launcher.backends.keeper"
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_PR_SET_CHILD_SUBREAPER = 36
+# a leftover is a process torchrun no longer knows of: a short grace, the job has ended already
+LEFTOVER_GRACE_S = 3.0
+LEFTOVER_PREFIX = "dlaunch: the job left "
 # signals that end the job: passed on to torchrun, which stops its ranks; the keeper waits on
 _PASSED_ON = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def _prctl() -> Callable[..., int] | None:
+    """libc's prctl, or None where there is none (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
 
 
 def tie_to_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
     """A `preexec_fn` after which the child gets `sig` when the calling thread's process dies
     (once per thread of it that exits: see the module docstring). None where Linux's
     parent-death signal does not exist."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: never after fork
-    except (OSError, AttributeError):
+    prctl = _prctl()  # looked up here: never after fork
+    if prctl is None:
         return None
     parent = os.getpid()
 
@@ -56,6 +73,82 @@ def tie_to_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
 def keeper_argv(python: str, argv: Sequence[str]) -> list[str]:
     """The command that runs `argv` (torchrun's) under a keeper."""
     return [python, "-m", KEEPER_MODULE, *argv]
+
+
+def _children() -> dict[int, str]:
+    """This process's living (not zombie) children: pid -> command line, from /proc."""
+    me, out = os.getpid(), {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                # the command name is in parentheses and may hold spaces: fields follow the last ')'
+                state, ppid = f.read().rsplit(b")", 1)[1].split()[:2]
+            if int(ppid) != me or state == b"Z":
+                continue
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                out[int(entry)] = f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+        except (OSError, ValueError):  # gone meanwhile
+            continue
+    return out
+
+
+def _reap() -> None:
+    """Collect every child that has exited (the leftovers handed to this subreaper)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _signal(pids: Sequence[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def end_leftovers(grace_s: float = LEFTOVER_GRACE_S) -> dict[int, str]:
+    """End the processes handed to this subreaper once torchrun exited: SIGTERM, then SIGKILL
+    to any still there after `grace_s`; the ones found (pid -> command line)."""
+    found = _children()
+    if not found:
+        return {}
+    _signal(list(found), signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        _reap()
+        left = _children()
+        found.update(left)  # a leftover's own children come to this subreaper as it dies
+        if not left:
+            return found
+        time.sleep(0.05)
+    for _ in range(100):  # SIGKILL until none is left (each may hand on children as it dies)
+        left = _children()
+        if not left:
+            break
+        found.update(left)
+        _signal(list(left), signal.SIGKILL)
+        time.sleep(0.02)
+        _reap()
+    return found
+
+
+def _say_leftovers(found: dict[int, str]) -> None:
+    """One line on stderr (torchrun's stream, which dlaunch shows) naming what was ended."""
+    if not found:
+        return
+    shown = "; ".join(f"pid {pid}: {' '.join(cmd.split())[:120] or '?'}"
+                      for pid, cmd in sorted(found.items())[:5])
+    more = f" and {len(found) - 5} more" if len(found) > 5 else ""
+    print(f"{LEFTOVER_PREFIX}{len(found)} process(es) running after torchrun exited ({shown}{more}); "
+          "dlaunch ended them (SIGTERM, then SIGKILL): a process a rank starts should end with it",
+          file=sys.stderr, flush=True)
 
 
 def main(argv: Sequence[str]) -> int:
@@ -75,10 +168,15 @@ def main(argv: Sequence[str]) -> int:
         signal.signal(sig, pass_on)
     if pending:
         return -pending[0]
+    prctl = _prctl()
+    if prctl is not None:
+        prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     child.append(subprocess.Popen(list(argv), preexec_fn=tie_to_parent(signal.SIGTERM)))
     for signum in pending:  # came while it was being started
         child[0].send_signal(signum)
-    return child[0].wait()
+    code = child[0].wait()
+    _say_leftovers(end_leftovers())
+    return code
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from typing import IO, Any
 
 import psutil
 
-from launcher.backends.keeper import keeper_argv, tie_to_parent
+from launcher.backends.keeper import LEFTOVER_PREFIX, keeper_argv, tie_to_parent
 from launcher.backends.monitor import Beat, Stall, Watcher, host_pids, read_heartbeats, record_owner, watch
 from launcher.backends.postmortem import STACK_WAIT_S, StackInfo, dump_stacks
 from launcher.backends.progress import LiveLine, Progress, ProgressSpec
@@ -84,9 +84,10 @@ def say(console: IO[str], text: str) -> bool:
 
 
 def _pump(stream: IO[bytes], emit: Callable[[str], bool], torchrun_log: IO[str], debug: bool,
-          stopping: threading.Event | None = None) -> None:
+          stopping: threading.Event | None = None, leftovers: list[str] | None = None) -> None:
     """Send rank lines to the console (`emit`: False once it has gone); torchrun's own lines to
-    its log (and the console if debug).
+    its log (and the console if debug). The keeper's line on processes the job left running
+    goes to both, and into `leftovers`.
 
     `stopping` is set when torchrun says it is stopping the ranks (one of them failed). Reads
     to the end even once the console has gone: torchrun would block on a full pipe otherwise
@@ -102,7 +103,9 @@ def _pump(stream: IO[bytes], emit: Callable[[str], bool], torchrun_log: IO[str],
             stopping.set()
         torchrun_log.write(line)
         torchrun_log.flush()
-        if debug:
+        if line.startswith(LEFTOVER_PREFIX) and leftovers is not None:
+            leftovers.append(line.strip().removeprefix("dlaunch: "))
+        if debug or line.startswith(LEFTOVER_PREFIX):
             shown = shown and emit(line)
 
 
@@ -116,7 +119,8 @@ class Outcome:
     beats: Mapping[int, Beat] = field(default_factory=dict)  # the last heartbeats seen
     torchrun_log: str = ""  # what torchrun said during this attempt
     interrupted: int | None = None  # the signal (SIGINT, SIGTERM) the user stopped dlaunch with
-    warnings: tuple[str, ...] = ()  # what the live progress line warned of (drift from the plan)
+    # what the live progress line warned of (drift from the plan), processes the job left running
+    warnings: tuple[str, ...] = ()
 
 
 def launch(rendered: Rendered, spec: LaunchSpec, *, console: IO[str] = sys.stdout,
@@ -189,7 +193,8 @@ def _follow(proc: subprocess.Popen[bytes], spec: LaunchSpec, console: IO[str], t
         Progress(spec=progress, start_s=time.monotonic()), console,
         beats=lambda: dict(watcher.beats), write=say)
     emit: Callable[[str], bool] = (lambda text: say(console, text)) if live is None else live.above
-    pump = threading.Thread(target=_pump, args=(proc.stdout, emit, tlog, debug, stopping),
+    leftovers: list[str] = []
+    pump = threading.Thread(target=_pump, args=(proc.stdout, emit, tlog, debug, stopping, leftovers),
                             daemon=True)
     pump.start()
     if live is not None:
@@ -217,7 +222,7 @@ def _follow(proc: subprocess.Popen[bytes], spec: LaunchSpec, console: IO[str], t
         pump.join(timeout=5)
         if live is not None:
             live.stop()
-            job["warnings"] = live.progress.warnings
+        job["warnings"] = (*(live.progress.warnings if live is not None else ()), *leftovers)
 
 
 def stop_job(proc: subprocess.Popen[bytes], beats: Mapping[int, Beat] | None = None, *,

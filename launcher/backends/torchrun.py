@@ -16,7 +16,7 @@ from launcher.alloc_conf import alloc_conf_env, installed_torch_version
 from launcher.backends import RANK_ENTRY_MODULE
 from launcher.hardware.types import rank_threads
 from launcher.hardware.visible import cuda_order_env
-from launcher.rundir import RunPaths
+from launcher.rundir import CHECKPOINT_DIR_ENV, RunPaths, checkpoint_dir
 from launcher.specs import LaunchSpec
 
 # the checkout this package runs from: ranks import it from there even when it is not installed
@@ -51,7 +51,7 @@ def rank_env(spec: LaunchSpec, *, base_env: Mapping[str, str], cores: int) -> di
     if spec.max_restarts > 0 or spec.checkpoint_every > 0:
         # where the harness saves and, on a restart (DLAUNCH_RESUME=1), resumes from
         # (runtime.resume); the same variable the SLURM backend sets
-        env["DLAUNCH_CHECKPOINT_DIR"] = str(RunPaths(root=spec.run_dir).checkpoints)
+        env[CHECKPOINT_DIR_ENV] = str(checkpoint_dir(spec.run_dir, base_env))
     for k, v in spec.env.items():
         env.setdefault(k, v)
     return env

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from launcher.files import atomic_write_json
 from launcher.jobs.sweep import check_plan
 from launcher.plan.resolve import Planned
 from launcher.request import FALLBACKS, RunRequest, follow_plan
-from launcher.rundir import RunPaths, create_run_dir
+from launcher.rundir import RunPaths, check_checkpoint_dir, checkpoint_dir, create_run_dir
 from launcher.specs import LaunchSpec
 from launcher.workload import inspect_file
 
@@ -146,6 +147,8 @@ def open_run(request: RunRequest, *, run_id: str, run_dir: str | None, dry_run: 
     a dry run, the run dir is created then, with the plan beside it when `keep_plan`."""
     path = Path(run_dir if run_dir is not None else Path("runs") / run_id).expanduser().absolute()
     spec = request.launch_spec(run_id=run_id, run_dir=str(path))  # bad input writes nothing
+    if spec.checkpoint_every > 0 or spec.max_restarts > 0:
+        check_checkpoint_dir(checkpoint_dir(path, os.environ))
     if not dry_run:
         create_run_dir(run_dir, run_id)
         if keep_plan and request.planned is not None:

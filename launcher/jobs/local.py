@@ -102,6 +102,7 @@ def run_local(spec: LaunchSpec, *, as_json: bool = False, debug: bool = False,
     t0 = time.monotonic()
     stopped = ""  # how far an interrupted run got
     history: list[dict[str, Any]] = []
+    warned: list[str] = []  # the launcher's warnings over every attempt
     attempt = 0
     while True:
         extra = {"DLAUNCH_ATTEMPT": str(attempt), "DLAUNCH_RESUME": "1"} if attempt else {}
@@ -112,6 +113,9 @@ def run_local(spec: LaunchSpec, *, as_json: bool = False, debug: bool = False,
         if outcome.interrupted is not None:
             stall = Stall(kind="interrupted", steps={}, ranks=(),
                           message=f"{signal.Signals(outcome.interrupted).name} to dlaunch")
+        if outcome.warnings:
+            warned = [*warned, *(w for w in outcome.warnings if w not in warned)]
+            _keep_warnings(paths, warned, console)
         try:
             write_missing_summaries(run_dir, spec.world_size, expected_steps=spec.steps,
                                     beats=dict(outcome.beats), stall=stall,
@@ -119,8 +123,6 @@ def run_local(spec: LaunchSpec, *, as_json: bool = False, debug: bool = False,
         except StorageError as e:  # a full disk must not cost the summary of what was recorded
             local.say(console, f"dlaunch: the summaries of ranks that died were not written: {e}\n")
         result = aggregate(run_dir, exit_code=outcome.exit_code, wall_time_s=time.monotonic() - t0)
-        if outcome.warnings:
-            result = dataclasses.replace(result, warnings=(*result.warnings, *outcome.warnings))
         if outcome.interrupted is not None:
             result, stopped = interrupted(result, outcome.interrupted, steps=spec.steps)
             break
@@ -153,6 +155,14 @@ def run_local(spec: LaunchSpec, *, as_json: bool = False, debug: bool = False,
             out.write(f"restarts: {len(history) - 1} (earlier attempts in "
                       f"{paths.attempts}/, see {paths.attempts_record.name})\n")
     return result
+
+
+def _keep_warnings(paths: RunPaths, warned: list[str], console: IO[str]) -> None:
+    """Keep the launcher's warnings in the run dir, where `aggregate` reads them."""
+    try:
+        atomic_write_json(paths.launcher_warnings, warned)
+    except StorageError as e:  # the warnings were printed; the result must still be written
+        local.say(console, f"dlaunch: the launcher's warnings were not kept: {e}\n")
 
 
 def interrupted(result: RunResult, signum: int, *, steps: int) -> tuple[RunResult, str]:

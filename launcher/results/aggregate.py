@@ -23,6 +23,7 @@ peak at the first steady step: warm-up and compile autotuning are not what the p
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import statistics
 from collections.abc import Sequence
@@ -170,6 +171,20 @@ def measured_wall_s(steps: Sequence[dict[str, Any]], steady: Sequence[dict[str, 
     return total if total > 0 else None
 
 
+def _launcher_warnings(rd: Path) -> tuple[str, ...]:
+    """What the launcher warned of while the ranks ran (kept in the run dir so that reading it
+    again gives the same result); () when it warned of nothing or the file is unreadable."""
+    path = RunPaths(root=rd).launcher_warnings
+    if not path.exists():
+        return ()
+    try:
+        said = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        log.warning("%s unreadable (%s); its warnings left out", path, e)
+        return ()
+    return tuple(str(w) for w in said) if isinstance(said, list) else ()
+
+
 def aggregate(run_dir: str | Path, *, exit_code: int | None = None,
               wall_time_s: float | None = None) -> RunResult:
     """Aggregate a run directory (written by `dlaunch run`) into a RunResult."""
@@ -243,7 +258,7 @@ def aggregate(run_dir: str | Path, *, exit_code: int | None = None,
         verdict=run_verdict(ranks, measured, nosync_s=busy, accum=spec.grad_accum_steps,
                             script=spec.is_script, world_size=spec.world_size),
         attempts=attempts, throughput_basis=basis, prediction=prediction,
-        host_load=hosts, warnings=run_warnings(ranks, hosts, prediction),
+        host_load=hosts, warnings=(*run_warnings(ranks, hosts, prediction), *_launcher_warnings(rd)),
         last_eval=next((r.last_eval for r in ranks if r.last_eval), None),
     )
 

@@ -37,7 +37,7 @@ import torch
 from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.data import DistributedSampler
 
-from launcher.rundir import RunPaths
+from launcher.rundir import checkpoint_dir as checkpoint_root
 from launcher.runtime import checkpoint
 from launcher.runtime.context import RankContext
 from launcher.runtime.preemption import stop_requested
@@ -53,8 +53,7 @@ _DATA_KEYS = ("global_batch", "dataset_size", "seed", "shuffle")
 
 def checkpoint_dir(spec: LaunchSpec, env: dict[str, str] | None = None) -> Path:
     """DLAUNCH_CHECKPOINT_DIR, or RUN_DIR/checkpoints."""
-    e = os.environ if env is None else env
-    return Path(e.get("DLAUNCH_CHECKPOINT_DIR") or RunPaths(root=spec.run_dir).checkpoints)
+    return checkpoint_root(spec.run_dir, os.environ if env is None else env)
 
 
 @dataclass(frozen=True)

@@ -5,12 +5,17 @@ loss_fn (run with --no-calibrate so that call is the training step of that numbe
   --fault sigkill   the rank SIGKILLs itself (no summary, file possibly cut mid-line)
   --fault hang      the rank sleeps forever (the other ranks wait in the gradient all-reduce)
   --fault exit0     the rank exits with code 0 at once (os._exit: no summary, no teardown)
+  --fault stubborn  the rank starts a child that ignores SIGTERM (its pid in TMPDIR/stubborn.pid,
+                    holding the rank's output open), then raises ValueError
 
 `--fault-attempt N` injects only in attempt N of a `--max-restarts` run (-1: every attempt).
 """
 
 import os
 import signal
+import subprocess
+import sys
+import tempfile
 import time
 
 import torch
@@ -53,6 +58,12 @@ def _inject(kind):
             time.sleep(3600)
     if kind == "exit0":
         os._exit(0)
+    if kind == "stubborn":
+        child = subprocess.Popen([sys.executable, "-c", "import signal, time; "
+                                  "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
+        with open(os.path.join(tempfile.gettempdir(), "stubborn.pid"), "w") as f:
+            f.write(str(child.pid))
+        raise ValueError(f"injected failure at step {_calls['n']}, a stubborn child left running")
     raise ValueError(f"unknown --fault {kind!r}")
 
 

@@ -1,8 +1,9 @@
 """Fault injection with real processes (torchrun, gloo, 2 CPU ranks): a rank that raises, is
-SIGKILLed, hangs inside a collective, or exits 0 early; and a restart after a failed attempt.
+SIGKILLed, hangs inside a collective, exits 0 early, or raises leaving a child that ignores
+SIGTERM; and a restart after a failed attempt.
 
 Each job must end within (hang timeout +) 15 s of the fault, exit non-zero, name the right
-rank first, and keep every metric written before the fault readable. The five jobs run at
+rank first, and keep every metric written before the fault readable. The six jobs run at
 the same time (one module fixture) to keep the suite short; that they do not disturb each
 other is part of what is tested.
 """
@@ -23,7 +24,7 @@ from launcher.results.aggregate import aggregate
 from launcher.results.types import RunResult
 from launcher.rundir import RunPaths
 
-from tests.helpers import DATA, REPO, rank_records, run_result
+from tests.helpers import DATA, REPO, assert_processes_gone, rank_records, run_result
 
 pytestmark = pytest.mark.distributed
 
@@ -36,6 +37,7 @@ JOBS = {
     "sigkill": ["--", "--fault", "sigkill"],
     "hang": ["--hang-timeout-s", str(HANG_TIMEOUT_S), "--", "--fault", "hang"],
     "exit0": ["--", "--fault", "exit0"],
+    "stubborn": ["--", "--fault", "stubborn"],
     "restart": ["--max-restarts", "1", "--", "--fault", "sigkill", "--fault-attempt", "0"],
 }
 
@@ -139,6 +141,21 @@ def test_rank_exiting_0_early_ends_the_job(jobs):
     first = job.failures()[0]
     assert first.startswith("FAILED: rank 1 (host ") and "exited after 2 steps" in first
     assert "exit code 0 before finishing its 8 steps" in first
+
+
+def test_a_rank_raising_with_a_child_that_ignores_sigterm_ends_as_its_failure(jobs):
+    job = jobs["stubborn"]
+    _check_common(job, within_s=15)
+    assert job.code == 1
+    first = job.failures()[0]
+    assert first.startswith("FAILED: rank 1 (host ") and "failed after 2 steps" in first
+    assert "ValueError: injected failure at step 3, a stubborn child left running" in first
+    # the keeper ended the child the job left, said so, and kept it in the result's warnings
+    stubborn = int((job.run_dir.parent / "stubborn.pid").read_text())
+    assert_processes_gone({stubborn}, within_s=1.0)
+    said = [line for line in job.out.splitlines() if "the job left 1 process(es) running" in line]
+    assert said and f"pid {stubborn}: " in said[0], job.out[-3000:]
+    assert any(w.startswith("the job left 1 process(es)") for w in run_result(job.run_dir)["warnings"])
 
 
 def test_max_restarts_relaunches_with_a_fresh_rendezvous(jobs):

@@ -124,3 +124,28 @@ def test_scale_into_a_read_only_sweep_dir_is_one_line_exit_2(tmp_path: Path, mou
     errors = [line for line in done.stderr.splitlines() if line.startswith("dlaunch: error:")]
     assert len(errors) == 1 and "read-only" in errors[0] and "--sweep-dir" in errors[0], done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.distributed
+def test_a_read_only_checkpoint_dir_is_one_line_exit_2_and_a_writable_one_is_used(tmp_path: Path,
+                                                                                mounts: list[Path]):
+    where = tmp_path / "ro"
+    _mount(where, "ro,size=64k")
+    mounts.append(where)
+    argv = [sys.executable, "-m", "launcher.cli.main", "run", str(REPO / "workloads" / "mlp.py"),
+            "--gpus", "2", "--steps", "4", "--checkpoint-every", "2", "--no-calibrate",
+            "--run-dir", str(tmp_path / "run")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path),
+           "DLAUNCH_CHECKPOINT_DIR": str(where / "ckpt")}
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 2, done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("dlaunch: error:")]
+    assert len(errors) == 1 and "read-only" in errors[0] and "DLAUNCH_CHECKPOINT_DIR" in errors[0], done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "run").exists()  # refused before anything was written
+    # a writable folder elsewhere is where the ranks save
+    env["DLAUNCH_CHECKPOINT_DIR"] = str(tmp_path / "elsewhere")
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert (tmp_path / "elsewhere" / "step-000004" / "complete.json").is_file()
+    assert not (tmp_path / "run" / "checkpoints").exists()

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.backends.torchrun import rank_env, torchrun_argv
 from launcher.files import atomic_write_json
-from launcher.rundir import NODE_FILE, RunPaths
+from launcher.rundir import CHECKPOINT_DIR_ENV, NODE_FILE, RunPaths, checkpoint_dir
 from launcher.specs import LaunchSpec
 
 if TYPE_CHECKING:
@@ -62,7 +62,7 @@ def node_argv(spec: LaunchSpec, *, python: str, head: str, port: int | str,
 def slurm_run_env(spec: LaunchSpec, *, restart_count: int, resume: bool) -> dict[str, str]:
     """Variables the ranks get on top of `rank_env` under SLURM (what the harness reads)."""
     env = {
-        "DLAUNCH_CHECKPOINT_DIR": str(RunPaths(root=spec.run_dir).checkpoints),
+        CHECKPOINT_DIR_ENV: str(checkpoint_dir(spec.run_dir, os.environ)),
         "DLAUNCH_SLURM_RESTART_COUNT": str(restart_count),
     }
     if resume or restart_count > 0:
