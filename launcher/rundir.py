@@ -234,10 +234,12 @@ def create_run_dir(path: str | Path | None, run_id: str, *, root: str | Path = "
     if blocker is not None:
         raise LaunchError(f"cannot create run dir {str(p)!r}: {str(blocker)!r} is a file, not a "
                           "directory; give a writable --run-dir")
+    made = False  # this call made the dir: a failure removes it again (nothing half-made)
     try:
         _make_parents(p)
         try:
             p.mkdir(mode=0o750)
+            made = True
         except FileExistsError:
             if not p.is_dir():
                 raise LaunchError(f"--run-dir {str(path)!r} exists and is not a directory; "
@@ -248,12 +250,25 @@ def create_run_dir(path: str | Path | None, run_id: str, *, root: str | Path = "
         _claim(p, path, run_id)
         os.chmod(p, 0o750)  # an existing empty --run-dir too: never world-writable
     except PermissionError:
+        _unmake(p, made)
         raise LaunchError(f"cannot write to run dir {str(p)!r} (permission denied); "
                           "give a writable --run-dir") from None
     except OSError as e:
+        _unmake(p, made)
         raise LaunchError(f"cannot create run dir {str(p)!r}: {e.strerror}; "
                           "give a writable --run-dir") from None
     return p
+
+
+def _unmake(p: Path, made: bool) -> None:
+    """Remove a run dir this launch made before failing to claim it (e.g. a full disk)."""
+    if not made:
+        return
+    try:
+        RunPaths(root=p).owner.unlink(missing_ok=True)
+        p.rmdir()
+    except OSError as e:  # the error being raised says what went wrong; this is tidying
+        log.debug("could not remove the half-made run dir %s: %s", p, e)
 
 
 def _claim(p: Path, given: str | Path | None, run_id: str) -> None:

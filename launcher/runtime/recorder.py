@@ -20,7 +20,11 @@ SLURM's restart count of a requeued job); runtime.resume adds `resume` and `chec
 The heartbeat file `rank-<r>.heartbeat` ({step, time, pid, host, stacks}) is what the launcher's
 hang watcher (launcher.backends.monitor) reads: it is replaced atomically at every flush and whenever a
 step record is added at least `BEAT_INTERVAL_S` after the last beat, so beating costs one small
-file write a second at most and never a device sync. With `dump_stacks=True` the rank also
+file write a second at most and never a device sync. Steps added within that second are not
+lost if the rank stops right after them: one trailing flush (records and beat) follows
+`BEAT_INTERVAL_S` after the last beat, from a timer thread, so a rank that hangs after a few fast
+steps is on disk at its last step (the timer fires once per burst: it never beats for a rank that
+makes no progress). With `dump_stacks=True` the rank also
 writes the Python stack of every thread to `rank-<r>.stacks` when it receives SIGUSR1, which is
 how the watcher tells the rank stuck in its own code from the ranks waiting for it.
 
@@ -79,6 +83,8 @@ class RankRecorder:
         self._busy_beats = 0
         self._stepped = False  # a step record was added in this process
         self._beat_lock = threading.Lock()  # `busy`'s thread beats beside the caller
+        self._records_lock = threading.Lock()  # the trailing flush writes beside the caller
+        self._trailing: threading.Timer | None = None
         # before the first heartbeat: the watcher only signals ranks whose heartbeat says
         # they can take it (SIGUSR1's default action would kill the rank)
         self._stacks = dump_stacks and _enable_stack_dumps(self._paths.stacks(rank))
@@ -98,7 +104,8 @@ class RankRecorder:
 
     def add(self, record: dict[str, Any]) -> None:
         """Queue a record (written at the next flush); a step record may beat the heartbeat."""
-        self._buffer.append(record)
+        with self._records_lock:
+            self._buffer.append(record)
         kind = record.get("kind")
         # a resume counts the steps its checkpoint covers: the summary says how far the run got
         if kind in ("step", "resume"):
@@ -117,12 +124,29 @@ class RankRecorder:
         """Cheap liveness mark, callable once per step: beats when >= BEAT_INTERVAL_S passed."""
         if time.monotonic() - self._last_beat >= BEAT_INTERVAL_S:
             self.heartbeat(step)
+        elif self._trailing is None and not self._finished:
+            delay = max(self._last_beat + BEAT_INTERVAL_S - time.monotonic(), 0.0)
+            self._trailing = threading.Timer(delay, self._trailing_flush)
+            self._trailing.daemon = True
+            self._trailing.start()
+
+    def _trailing_flush(self) -> None:
+        """The timer's flush, unless a beat came meanwhile; a failure is left to the caller's
+        next flush (the records stay queued)."""
+        self._trailing = None
+        if self._finished or time.monotonic() - self._last_beat < BEAT_INTERVAL_S:
+            return
+        try:
+            self.flush()
+        except Exception as e:  # noqa: BLE001 - a thread: the rank's own flush reports it
+            log.debug("trailing flush failed: %s", e)
 
     def flush(self) -> None:
         """Append every queued record in one write, then beat the heartbeat."""
-        if self._buffer:
-            append_lines(self.path, [{**r, **self._run_id} for r in self._buffer])
-            self._buffer = []
+        with self._records_lock:
+            if self._buffer:
+                append_lines(self.path, [{**r, **self._run_id} for r in self._buffer])
+                self._buffer = []  # only once written: a failed write leaves them queued
         self.heartbeat(self.steps_done)
 
     def heartbeat(self, step: int) -> None:

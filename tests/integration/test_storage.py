@@ -94,6 +94,25 @@ def test_report_of_a_run_on_a_read_only_mount_says_use_out(tmp_path: Path, mount
     assert (out / "report.html").is_file()
 
 
+def test_a_run_dir_on_a_full_disk_is_one_line_exit_2_and_nothing_is_left(tmp_path: Path, mounts: list[Path]):
+    full = _full(tmp_path, mounts)
+    with open(full / "filler", "wb", buffering=0) as f:  # every block taken
+        try:
+            while True:
+                f.write(b"\0" * 1024)
+        except OSError:
+            pass
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "launcher.cli.main", "run", str(REPO / "workloads" / "mlp.py"),
+                           "--gpus", "1", "--steps", "3", "--no-calibrate", "--run-dir", str(full / "run")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 2, done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("dlaunch: error:")]
+    assert len(errors) == 1 and "No space left" in errors[0] and "--run-dir" in errors[0], done.stderr
+    assert "Traceback" not in done.stderr
+    assert sorted(p.name for p in full.iterdir()) == ["filler"]  # no half-made run dir
+
+
 @pytest.mark.distributed
 def test_a_disk_that_fills_during_a_run_ends_it_with_a_summary(tmp_path: Path, mounts: list[Path]):
     where = tmp_path / "small"
