@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.helpers import DATA, REPO
@@ -49,3 +50,16 @@ def test_a_hostile_step_probe_costs_one_warning_not_dlaunch(tmp_path: Path, host
     assert len(warnings) == 1 and why in warnings[0], done.stderr[-2000:]
     assert len(done.stderr) < 5000  # the 2 MiB stayed in the child's own file
     assert took_s < PROBE_LIMIT_S + 60
+    assert not _left(tmp_path / "cache"), "the probe's child outlived dlaunch plan"
+
+
+def _left(cache: Path) -> list[int]:
+    """Processes still running with this test's cache dir in their environment."""
+    left = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("DLAUNCH_CACHE_DIR") == str(cache):
+                left.append(proc.pid)
+        except psutil.Error:
+            continue
+    return left
