@@ -31,6 +31,7 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 # modes that capture CUDA graphs: FSDP's collectives and hooks cannot live inside one
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 SWEEP_MODES = ("weak", "strong")  # `dlaunch scale --mode`
+TRACKERS = ("tensorboard", "mlflow", "wandb")  # `dlaunch run --log-to` (launcher.results.trackers)
 # `dlaunch tune` trials without --steps: at least TRIAL_STEPS, or enough to time TRIAL_TIMED_S
 # of the fastest candidate's steps (launcher.jobs.tune says why)
 TRIAL_STEPS = 12

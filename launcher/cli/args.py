@@ -33,6 +33,7 @@ from launcher.specs import (
     PRECISIONS,
     STRATEGIES,
     SWEEP_MODES,
+    TRACKERS,
     TRIAL_STEPS,
     TRIAL_TIMED_S,
 )
@@ -79,6 +80,19 @@ def _number(flag: str, *, minimum: float, inclusive: bool) -> Parse:
         if not math.isfinite(value) or value < minimum or (value == minimum and not inclusive):
             raise UsageError(f"{flag} must be a finite number {bound}, got {text}")
         return value
+
+    return parse
+
+
+def _trackers(flag: str) -> Parse:
+    """An argparse `type` accepting a comma-separated subset of TRACKERS."""
+
+    def parse(text: str) -> tuple[str, ...]:
+        names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+        unknown = [n for n in names if n not in TRACKERS]
+        if unknown or not names:
+            raise UsageError(f"{flag} takes a comma-separated list of {', '.join(TRACKERS)}, got {text!r}")
+        return names
 
     return parse
 
@@ -157,6 +171,10 @@ OPTIONS: tuple[Option, ...] = (
                 "eager (implies --compile)"),
     Option("--quiet", commands=("run",), kind="switch",
            help="no live progress line (step, throughput, ETA, measured vs planned step time)"),
+    Option("--log-to", commands=("run",), parse=_trackers, default=(), metavar="TRACKERS",
+           help="also log the run's metrics (rank 0's loss, step time, throughput per step; "
+                "result.json's summary) to these trackers, comma-separated: "
+                f"{', '.join(TRACKERS)} (needs the tracker's package; see docs/commands.md)"),
     Option("--tp", commands=(*RUN, "plan", "scale"), parse=at_least(1),
            help="tensor-parallel degree: ranks of one node that split every block's matmuls "
                 "(DTensor, sequence parallel), FSDP sharding over the rest; needs the workload's "

@@ -103,6 +103,7 @@ class RunOptions(LabOptions):
     nodes: int | None  # SLURM nodes; None: 1
     detach: bool  # submit, print the job id and return
     quiet: bool  # no live progress line
+    log_to: tuple[str, ...]  # trackers the launcher logs the run's metrics to (results.trackers)
     topology: str | None  # a topology file of the partition's nodes, for the plan
     slurm: SlurmOptions | None  # None: this host
 

@@ -13,6 +13,8 @@ import sys
 from launcher.cli.jobs import backend_for_run
 from launcher.cli.options import RunOptions, load
 from launcher.cli.prepare import build_request, open_run
+from launcher.errors import UsageError
+from launcher.results.trackers import TrackerFeed, check_trackers, tracker_params
 from launcher.results.types import RunResult
 from launcher.rundir import new_run_id
 
@@ -34,6 +36,11 @@ def cmd_run(args: argparse.Namespace, workload_args: list[str]) -> int:
     """`dlaunch run`: render, then start and follow, on the backend the flags pick (one place:
     `cli.jobs.backend_for_run`); `--dry-run` prints what would start and starts nothing."""
     opts = load(RunOptions, args)
+    if opts.log_to:
+        if opts.detach:
+            raise UsageError(f"--log-to {','.join(opts.log_to)} with --detach: the trackers are fed "
+                             "while dlaunch follows the job; drop --detach or --log-to")
+        check_trackers(opts.log_to)
     request, _ = build_request(opts, workload_args)
     spec = open_run(request, run_id=new_run_id(opts.workload), run_dir=opts.run_dir, dry_run=opts.dry_run)
     backend = backend_for_run(slurm=request.slurm is not None)
@@ -44,5 +51,14 @@ def cmd_run(args: argparse.Namespace, workload_args: list[str]) -> int:
         return 0
     handle = backend.start(rendered, as_json=opts.json, debug=bool(args.debug), note=request.plan_note,
                            quiet=opts.quiet)
-    result = handle.follow(sys.stdout)
+    feed = None
+    if opts.log_to:
+        feed = TrackerFeed(opts.log_to, spec.run_dir, tracker_params(spec))
+        feed.start()
+    result = None
+    try:
+        result = handle.follow(sys.stdout)
+    finally:
+        if feed is not None:
+            feed.finish(result)
     return 0 if result is None else exit_status(result)  # None: a detached SLURM job

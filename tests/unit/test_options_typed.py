@@ -45,6 +45,8 @@ def _declared_type(opt: Option) -> set[Any]:
         return {bool, type(None)}
     if opt.kind == "list":
         base: type[Any] = tuple if opt.merge is not None else list
+    elif opt.parse and isinstance(opt.default, tuple):  # a list in one value (--log-to a,b)
+        base = tuple
     else:
         base = type(opt.parse(opt.flag)("1")) if opt.parse else str
     optional = opt.default is None and not opt.required and opt.merge is None
