@@ -5,7 +5,9 @@ the loop, so every plan (wrapping, precision, compile, accumulation) is applied 
 
     DEFAULTS = {"size": "tiny"}                  # optional: options settable with `-- --size small`
     def build_model(cfg) -> nn.Module            # must also work under `with torch.device("meta")`
-    def make_dataset(cfg, num_samples) -> Dataset   # map-style; item i is deterministic
+    def make_dataset(cfg, num_samples) -> Dataset   # map-style (item i deterministic) or an
+                                                 # IterableDataset (a deterministic stream;
+                                                 # see launcher/runtime/stream.py)
     def loss_fn(model, batch) -> Tensor
     def blocks(model) -> list[nn.Module]         # optional: units for FSDP wrapping / checkpointing
     SAMPLE_UNITS = "tokens"                      # optional: what throughput counts
@@ -166,6 +168,24 @@ class Workload:
     def make_dataset(self, num_samples: int) -> torch.utils.data.Dataset[Any]:
         """The map-style dataset the harness wraps in a DataLoader."""
         return self._call("make_dataset", self.cfg, num_samples)
+
+    def first_samples(self, n: int) -> list[Any]:
+        """The first `n` samples of `make_dataset(n)`, map-style or a stream alike (what the
+        planner's probes collate); WorkloadError when it holds fewer."""
+        # deferred: the launcher reads workloads without torch (see the module docstring)
+        import itertools
+
+        from torch.utils.data import IterableDataset
+
+        dataset = self.make_dataset(n)
+        if isinstance(dataset, IterableDataset):
+            samples = list(itertools.islice(iter(dataset), n))
+        else:
+            samples = [dataset[i] for i in range(min(n, len(dataset)))]  # type: ignore[arg-type]
+        if len(samples) < n:
+            raise WorkloadError(f"workload {self.path.name}: make_dataset({n}) gave {len(samples)} "
+                                f"sample(s); it must hold at least the number asked for")
+        return samples
 
     def loss_fn(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
         """The loss of one micro-batch (hot path: no wrapping of exceptions here)."""

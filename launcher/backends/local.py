@@ -27,7 +27,7 @@ import psutil
 
 from launcher.backends.keeper import LEFTOVER_PREFIX, keeper_argv, tie_to_parent
 from launcher.backends.monitor import Beat, Stall, Watcher, host_pids, read_heartbeats, record_owner, watch
-from launcher.backends.postmortem import STACK_WAIT_S, StackInfo, dump_stacks
+from launcher.backends.postmortem import STACK_WAIT_S, StackInfo, dump_stacks, name_straggler
 from launcher.backends.progress import LiveLine, Progress, ProgressSpec
 from launcher.backends.torchrun import rank_env, torchrun_argv
 from launcher.errors import LaunchError
@@ -191,7 +191,8 @@ def _follow(proc: subprocess.Popen[bytes], spec: LaunchSpec, console: IO[str], t
     watcher.torchrun_stopping = stopping.is_set
     live = None if progress is None else LiveLine(
         Progress(spec=progress, start_s=time.monotonic()), console,
-        beats=lambda: dict(watcher.beats), write=say)
+        beats=lambda: dict(watcher.beats), write=say,
+        locate=lambda: name_straggler(spec.run_dir, dict(watcher.beats)))
     emit: Callable[[str], bool] = (lambda text: say(console, text)) if live is None else live.above
     leftovers: list[str] = []
     pump = threading.Thread(target=_pump, args=(proc.stdout, emit, tlog, debug, stopping, leftovers),

@@ -167,8 +167,10 @@ class LiveLine:
 
     def __init__(self, progress: Progress, console: IO[str], *,
                  beats: Callable[[], Mapping[int, Beat]], now: Callable[[], float] = time.monotonic,
-                 write: Callable[[IO[str], str], bool]) -> None:
+                 write: Callable[[IO[str], str], bool],
+                 locate: Callable[[], str | None] | None = None) -> None:
         self.progress, self.console, self.beats, self.now, self._write = progress, console, beats, now, write
+        self.locate = locate  # after a drift warning: which rank holds the others up, if one does
         self.tty = bool(getattr(console, "isatty", lambda: False)())
         self._lock = threading.Lock()
         self._drawn = ""
@@ -206,6 +208,10 @@ class LiveLine:
             now = self.now()
             if warning is not None:
                 self.above(f"dlaunch: {warning}\n")
+                where = self.locate() if self.locate is not None else None
+                if where:
+                    self.progress.warnings[-1] += f"; {where}"
+                    self.above(f"dlaunch: {where}\n")
             if interval <= 0 or now - last < interval:
                 continue
             last = now

@@ -82,8 +82,7 @@ def meta_batch(workload: Workload, micro_batch: int) -> object:
     import torch
     from torch.utils.data import default_collate
 
-    dataset = workload.make_dataset(micro_batch)
-    real = default_collate([dataset[0]] * micro_batch)
+    real = default_collate(workload.first_samples(1) * micro_batch)
 
     def to_meta(x: Any) -> Any:
         if isinstance(x, torch.Tensor):

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import gc
+import itertools
 import logging
 import os
 import statistics
@@ -176,6 +177,7 @@ def _session(torch: Any, workload: Workload, max_micro_batch: int,
     model = workload.build_model()
     optimizer = workload.make_optimizer(model)
     dataset = workload.make_dataset(max_micro_batch)
+    stream = isinstance(dataset, torch.utils.data.IterableDataset)
     # hooks only when a timing needs them: every other timing's batch norms run without
     fp32_norms = (fp32_norm_switch(torch, model) if any(p.endswith(FP32_NORMS) for p in precisions)
                   else [False])
@@ -183,7 +185,8 @@ def _session(torch: Any, workload: Workload, max_micro_batch: int,
     def step(precision: str, mb: int) -> tuple[float, ...]:
         t0 = time.perf_counter()
         # what DataLoader(num_workers=0) does per batch: fetch and collate the samples
-        batch = default_collate([dataset[i] for i in range(mb)])
+        batch = default_collate(list(itertools.islice(iter(dataset), mb)) if stream
+                                else [dataset[i] for i in range(mb)])
         t1 = time.perf_counter()
         fp32_norms[0] = precision.endswith(FP32_NORMS)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision != "fp32"):

@@ -89,8 +89,7 @@ def _cpu_failure(workload: Workload, meta_model: Any) -> BaseException | None:
     try:
         with torch.device("cpu"):
             model = workload.build_model()
-        dataset = workload.make_dataset(CPU_BATCH)
-        batch = default_collate([dataset[i] for i in range(CPU_BATCH)])
+        batch = default_collate(workload.first_samples(CPU_BATCH))
         workload.loss_fn(model, batch)
     except Exception as e:
         return e

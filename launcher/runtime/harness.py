@@ -55,7 +55,7 @@ from typing import Any
 
 import torch
 from torch.optim.lr_scheduler import LRScheduler
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
 from launcher.runtime import calibrate, evaluation, profiling, resume
 from launcher.runtime.compiling import CompileGuard, compile_stats
@@ -63,6 +63,7 @@ from launcher.runtime.context import RankContext
 from launcher.runtime.live_bytes import StepSampler
 from launcher.runtime.preemption import Preemption, under_slurm
 from launcher.runtime.recorder import RankRecorder
+from launcher.runtime.stream import RankStream
 from launcher.runtime.window import FLUSH_INTERVAL_S, Clock, Window, peak_reset_step, window_steps
 from launcher.runtime.wrap import Wrapped, dp_rank, make_optimizer, wrap
 from launcher.specs import LaunchSpec
@@ -100,13 +101,20 @@ def make_loader(workload: Workload, spec: LaunchSpec, ctx: RankContext, *,
     """
     dataset = workload.make_dataset(spec.steps * spec.global_batch)
     tp = spec.strategy.tp
+    workers = spec.loader.num_workers
+    if isinstance(dataset, IterableDataset):  # split and resumed as a stream (runtime.stream)
+        stream = RankStream(dataset, dp_size=ctx.world_size // tp, dp_rank=dp_rank(ctx.rank, tp),
+                            micro_batch=spec.micro_batch, skip_batches=start_step * spec.grad_accum_steps)
+        return DataLoader(stream, batch_size=spec.micro_batch, drop_last=True, num_workers=workers,
+                          pin_memory=spec.loader.pin_memory and ctx.device_type == "cuda",
+                          persistent_workers=spec.loader.persistent_workers and workers > 0,
+                          prefetch_factor=spec.loader.prefetch_factor if workers > 0 else None)
     ranks: DistributedSampler[int] = DistributedSampler(
         dataset, num_replicas=ctx.world_size // tp, rank=dp_rank(ctx.rank, tp),
         shuffle=spec.loader.shuffle, seed=spec.seed, drop_last=True)
     sampler: Iterable[int] = ranks
     if start_step:
         sampler = resume.SkipSampler(ranks, start_step * spec.micro_batch * spec.grad_accum_steps)
-    workers = spec.loader.num_workers
     return DataLoader(
         dataset, batch_size=spec.micro_batch, sampler=sampler, drop_last=True,
         num_workers=workers,

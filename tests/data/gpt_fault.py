@@ -4,7 +4,8 @@ Rank `fault_rank` raises ValueError in its `fault_step`-th call of loss_fn (with
 and no accumulation: training step `fault_step`) in attempt `fault_attempt` of a
 `--max-restarts` run (DLAUNCH_ATTEMPT), as tests/data/fault.py does. `--fault none` (default)
 trains like workloads/gpt.py. `--step-sleep-ms X` pauses every loss_fn call, so a test can
-signal or requeue a run while it is in the middle.
+signal or requeue a run while it is in the middle. `--stream` gives the same samples, in
+order, as an IterableDataset (launcher/runtime/stream.py splits and resumes it).
 """
 
 import importlib.util
@@ -18,7 +19,7 @@ _gpt = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_gpt)
 
 DEFAULTS = {**_gpt.DEFAULTS, "fault": "none", "fault_rank": 1, "fault_step": 10,
-            "fault_attempt": 0, "step_sleep_ms": 0.0}
+            "fault_attempt": 0, "step_sleep_ms": 0.0, "stream": False}
 SAMPLE_UNITS = _gpt.SAMPLE_UNITS
 _calls = {"n": 0}
 _cfg = {}
@@ -37,8 +38,19 @@ def units_per_sample(cfg):
     return _gpt.units_per_sample(cfg)
 
 
+class Stream(_gpt.torch.utils.data.IterableDataset):
+    """The map-style dataset's items 0, 1, 2, ... as a stream."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __iter__(self):
+        return (self.dataset[i] for i in range(len(self.dataset)))
+
+
 def make_dataset(cfg, num_samples):
-    return _gpt.make_dataset(cfg, num_samples)
+    dataset = _gpt.make_dataset(cfg, num_samples)
+    return Stream(dataset) if cfg.stream else dataset
 
 
 def loss_fn(model, batch):

@@ -149,3 +149,16 @@ def test_without_transformers_the_error_says_how_to_install_it(tmp_path):
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert_one_line_error(Done(proc.returncode, proc.stdout, proc.stderr),
                           "workloads/hf_causal_lm.py needs transformers: pip install 'dlaunch[hf]'")
+
+
+@pytest.mark.distributed
+def test_an_accelerate_script_forms_one_group_of_2_cpu_processes(dlaunch, tmp_path):
+    # a plain script: dlaunch launches it unchanged under torchrun, and tells Accelerate to form
+    # its (gloo) group on CPU; without that each process would train alone
+    done = dlaunch("run", str(DATA / "accelerate_train.py"), "--gpus", "2", "--run-dir", str(tmp_path / "run"),
+                   env=CPU)
+    assert done.code == 0, done.err[-3000:]
+    for rank in (0, 1):
+        assert f"[rank {rank}] accelerate: process {rank} of 2, group [0, 1], device cpu" in done.out, done.out
+        assert f"[rank {rank}] accelerate: process {rank} weights equal across the group: True" in done.out
+    assert run_result(tmp_path / "run")["world_size"] == 2

@@ -79,7 +79,7 @@ def test_on_a_terminal_one_line_is_redrawn_and_quiet_turns_it_off(tmp_path: Path
 def test_a_rank_slowed_after_warm_up_raises_the_drift_warning(tmp_path: Path):
     run_dir = tmp_path / "run"
     done = subprocess.run(
-        [sys.executable, "-m", "launcher.cli.main", "run", STEADY, "--gpus", "2", "--steps", "130",
+        [sys.executable, "-m", "launcher.cli.main", "run", STEADY, "--gpus", "2", "--steps", "160",
          *FIXED, "--run-dir", str(run_dir), "--json", "--",
          "--step-sleep-s", "0.1", "--slow-rank", "1", "--slow-from", "40", "--slow-sleep-s", "0.3"],
         cwd=REPO, env=dlaunch_env(tmp_path, own_cache=True), capture_output=True, text=True, timeout=300)
@@ -88,5 +88,10 @@ def test_a_rank_slowed_after_warm_up_raises_the_drift_warning(tmp_path: Path):
     assert len(warned) == 1, done.stderr
     ratio = float(re.search(r"now, ([\d.]+)x the plan's", warned[0]).group(1))
     assert 2.0 <= ratio <= 3.5, warned[0]  # 0.3 s against a plan of the 0.1 s steps timed
+    # stack samples name the rank the others wait for
+    named = [x for x in done.stderr.splitlines() if "most likely the straggler" in x]
+    assert len(named) == 1 and "rank 1 was in its own code in " in named[0], done.stderr[-3000:]
+    assert "steady.py" in named[0], named[0]
     result = json.loads(done.stdout)
-    assert any("left the plan's" in w for w in result["warnings"]), result["warnings"]
+    assert any("left the plan's" in w and "rank 1 was in its own code" in w for w in result["warnings"]), \
+        result["warnings"]

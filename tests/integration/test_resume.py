@@ -2,7 +2,9 @@
 aggregation of several attempts.
 
 * `--max-restarts 1` after a rank raised: the relaunch resumes from the last checkpoint, with
-  the data order and therefore exactly the losses (fp32) of an uninterrupted run.
+  the data order and therefore exactly the losses (fp32) of an uninterrupted run; the same with
+  the samples given as an IterableDataset read by two DataLoader workers per rank (the split
+  itself is checked against DistributedSampler's in tests/unit/test_stream.py).
 * SIGUSR2 to one rank: every rank saves at the same step, stops with status `preempted` and
   exit code 0; the relaunch resumes from that checkpoint, again with the uninterrupted losses.
 * In one process (fast): resume with fp16's GradScaler state, every step beats the heartbeat,
@@ -54,16 +56,29 @@ def restarted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path,
         "fault": (["run", FAULT, *PLAN, "--checkpoint-every", str(EVERY), "--max-restarts", "1",
                    "--", *SEQ, "--fault", "raise", "--fault-step", str(FAULT_STEP),
                    "--fault-attempt", "0"], root / "fault"),
-    }, root / "tmp", timeout=150)
+        # the same samples as a stream, read by 2 DataLoader workers per rank (not shuffled: the
+        # stream's order), uninterrupted and with the restart
+        "stream-ref": (["run", FAULT, *PLAN, "--num-workers", "2", "--", *SEQ, "--stream"], root / "stream-ref"),
+        "stream": (["run", FAULT, *PLAN, "--checkpoint-every", str(EVERY), "--max-restarts", "1",
+                    "--num-workers", "2", "--", *SEQ, "--stream", "--fault", "raise",
+                    "--fault-step", str(FAULT_STEP), "--fault-attempt", "0"], root / "stream"),
+    }, root / "tmp", timeout=240)
+
+
+def _restarted_ok(restarted: dict[str, tuple[Path, int, str]], ref: str, run: str) -> tuple[Path, Path, str]:
+    """The reference's and the restarted run's dirs (both exited 0; the latter after one
+    failed attempt) and the latter's output."""
+    ref_dir, code, text = restarted[ref]
+    assert code == 0, text
+    run_dir, code, text = restarted[run]
+    assert code == 0, text
+    assert "attempt 0 failed (rank 1 " in text and "restarting" in text
+    return ref_dir, run_dir, text
 
 
 @pytest.mark.distributed
 def test_restart_resumes_from_the_last_checkpoint_with_uninterrupted_losses(restarted):
-    ref_dir, code, text = restarted["ref"]
-    assert code == 0, text
-    run_dir, code, text = restarted["fault"]
-    assert code == 0, text
-    assert "attempt 0 failed (rank 1 " in text and "restarting" in text
+    ref_dir, run_dir, text = _restarted_ok(restarted, "ref", "fault")
     # the failed attempt: rank 1 recorded step 9, completed inside the window it failed in
     first = RunPaths(root=run_dir).attempt(0).root
     assert [s for s, _ in rank_steps(first, 1)] == list(range(1, FAULT_STEP))
@@ -90,6 +105,21 @@ def test_restart_resumes_from_the_last_checkpoint_with_uninterrupted_losses(rest
     assert "attempts: 2; the last resumed from the checkpoint of step 8" in text
     kept = sorted(p.name for p in RunPaths(root=run_dir).checkpoints.iterdir())
     assert kept == ["step-000008", "step-000012"]  # the newest two; 12 = the end of the run
+
+
+@pytest.mark.distributed
+def test_an_iterable_dataset_trains_and_resumes_with_the_uninterrupted_losses(restarted):
+    ref_dir, run_dir, _ = _restarted_ok(restarted, "stream-ref", "stream")
+    reference = rank_steps(ref_dir)
+    assert len(reference) == STEPS and reference != rank_steps(restarted["ref"][0])  # not shuffled
+    first = RunPaths(root=run_dir).attempt(0).root
+    assert rank_steps(first)[:8] == reference[:8]
+    for rank in (0, 1):
+        resume = next(r for r in rank_records(run_dir, rank) if r["kind"] == "resume")
+        assert resume["step"] == 8
+        # resumed by reading past the 8 trained steps: the uninterrupted losses, bit for bit
+        assert rank_steps(run_dir, rank) == reference[8:]
+    assert run_result(run_dir)["status"] == "ok"
 
 
 @pytest.mark.distributed

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import io
 
+from launcher.backends import postmortem
 from launcher.backends.monitor import Beat
+from launcher.backends.postmortem import StackInfo
 from launcher.backends.progress import DRIFT_SUSTAIN_S, LiveLine, Progress, ProgressSpec, clock
 
 
@@ -98,3 +100,23 @@ def test_a_terminal_keeps_the_line_below_rank_output():
     assert out.getvalue() == "\r\x1b[2K[rank 0] hello\ndlaunch: step 1/200"
     live.stop()
     assert out.getvalue().endswith("\r\x1b[2K")
+
+
+def _stacks(own: set[int]) -> dict[int, StackInfo]:
+    return {r: StackInfo(file="w.py" if r in own else "torch/autograd/graph.py", line=7,
+                         func="loss_fn" if r in own else "backward", in_torch=r not in own) for r in (0, 1, 2)}
+
+
+def test_the_straggler_is_the_rank_found_in_its_own_code(monkeypatch):
+    samples = iter([{1}, {1, 2}, {1}, {1}, {0, 1}, {1}, {1}, {1}, {1}, {1}])
+    monkeypatch.setattr(postmortem, "dump_stacks", lambda *a, **k: _stacks(next(samples)))
+    said = postmortem.name_straggler("unused", {}, samples=10, gap_s=0)
+    assert said is not None and said.startswith("rank 1 was in its own code in 10 of 10 stack samples (in loss_fn (")
+
+
+def test_ranks_slowed_alike_name_no_one(monkeypatch):
+    monkeypatch.setattr(postmortem, "dump_stacks", lambda *a, **k: _stacks({0, 1, 2}))
+    said = postmortem.name_straggler("unused", {}, samples=4, gap_s=0)
+    assert said is not None and said.startswith("no rank stood out") and "rank 0 100%" in said
+    monkeypatch.setattr(postmortem, "dump_stacks", lambda *a, **k: {0: _stacks(set())[0]})
+    assert postmortem.name_straggler("unused", {}, samples=2, gap_s=0) is None  # one rank: nothing to compare
