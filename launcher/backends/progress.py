@@ -9,13 +9,16 @@ warm-up, so compile and the first steps do not count. The job goes as fast as it
 rank (every step synchronises the ranks), so the line reports the slowest rank's rate.
 
 `Progress` is pure (beats in, text out); `LiveLine` draws it: redrawn in place on a terminal
-(rank output scrolls above it), one line every `PIPE_INTERVAL_S` into a pipe or file, so logs
-stay clean. Never imports runtime, jobs, cli or report.
+(rank output scrolls above it); when the console is a pipe or file, one line every
+`PIPE_INTERVAL_S` on stderr, so logs stay readable and scripts that parse stdout see only what
+they did before (progress on stderr, as pip and git do). Never imports runtime, jobs, cli or
+report.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from collections import deque
@@ -25,10 +28,9 @@ from typing import IO
 
 from launcher.backends.monitor import Beat
 
-# a line every this often when the console is not a terminal (CI logs, `| tee`)
-# into a pipe or file only when asked (DLAUNCH_PROGRESS_INTERVAL_S): scripts parse dlaunch's
-# stdout; 0 = no progress lines there (the drift warning still prints)
-PIPE_INTERVAL_S = float(os.environ.get("DLAUNCH_PROGRESS_INTERVAL_S", "0") or 0)
+# a line on stderr every this often when the console is not a terminal (CI logs, `| tee`);
+# DLAUNCH_PROGRESS_INTERVAL_S sets it, 0 = none (the drift warning still prints)
+PIPE_INTERVAL_S = float(os.environ.get("DLAUNCH_PROGRESS_INTERVAL_S", "10") or 0)
 TTY_INTERVAL_S = 1.0
 # The drift warning: the measured step time outside this band around the plan's prediction...
 # (the band the GPU cost model meets on 96% of the published runs it is checked on,
@@ -168,9 +170,10 @@ class LiveLine:
     def __init__(self, progress: Progress, console: IO[str], *,
                  beats: Callable[[], Mapping[int, Beat]], now: Callable[[], float] = time.monotonic,
                  write: Callable[[IO[str], str], bool],
-                 locate: Callable[[], str | None] | None = None) -> None:
+                 locate: Callable[[], str | None] | None = None, pipe: IO[str] | None = None) -> None:
         self.progress, self.console, self.beats, self.now, self._write = progress, console, beats, now, write
         self.locate = locate  # after a drift warning: which rank holds the others up, if one does
+        self.pipe = pipe if pipe is not None else sys.stderr  # where the lines go without a terminal
         self.tty = bool(getattr(console, "isatty", lambda: False)())
         self._lock = threading.Lock()
         self._drawn = ""
@@ -221,7 +224,7 @@ class LiveLine:
                     self._drawn = text
                     self._write(self.console, "\r\x1b[2K" + text)
                 else:
-                    self._write(self.console, text + "\n")
+                    self._write(self.pipe, text + "\n")
 
 
 __all__ = ["Progress", "ProgressSpec", "LiveLine", "clock", "PIPE_INTERVAL_S", "DRIFT_BAND",

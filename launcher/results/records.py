@@ -43,7 +43,7 @@ _KINDS: dict[str, dict[str, Any]] = {
              "live_peak_bytes": int | None, "warmup": bool, "profiled": bool, "skipped": bool},
     "resume": {"step": int},
     "workload": {"sample_units": str},
-    "comm": {"exposed_comm_s": _NUM, "busbw_gb_s": _NUM, "nosync_step_s": _NUM},
+    "comm": {"exposed_comm_s": _NUM, "busbw_gb_s": _NUM, "nosync_step_s": _NUM, "tp_comm_s": _NUM},
     "compile": {"graphs": int | None, "graph_breaks": int | None, "recompiles": int | None,
                 "fallback": str | None},
     "profile": {"trace": str | None, "top_ops": list[dict[str, Any]], "device_time_s": _NUM},

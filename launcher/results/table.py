@@ -108,8 +108,14 @@ def format_run(result: RunResult) -> str:
     if result.exposed_comm_s is not None:
         share = result.exposed_comm_s / result.step_time_median_s if result.step_time_median_s else 0.0
         bw = f", all-reduce busbw {result.busbw_gb_s:.2f} GB/s" if result.busbw_gb_s is not None else ""
-        out.append(f"communication: {1000 * result.exposed_comm_s:.1f} ms exposed per step "
+        dp = " by data parallelism (sync-off calibration)" if result.tp_comm_s is not None else ""
+        out.append(f"communication: {1000 * result.exposed_comm_s:.1f} ms exposed per step{dp} "
                    f"({100 * share:.0f}% of the median step){bw}")
+    if result.tp_comm_s is not None:
+        share = result.tp_comm_s / result.step_time_median_s if result.step_time_median_s else 0.0
+        out.append(f"communication: {1000 * result.tp_comm_s:.1f} ms per step in tensor parallelism's "
+                   f"collectives ({100 * share:.0f}% of the median step; timed in one pass, none "
+                   "overlapped)")
     out.extend(compile_lines(result))
     out.extend(profile_lines(result))
     if result.verdict:

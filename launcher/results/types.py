@@ -38,6 +38,7 @@ class RankResult:
     log_tail: tuple[str, ...] = ()
     exposed_comm_s: float | None = None  # per step, from the sync-off/on calibration
     busbw_gb_s: float | None = None  # all-reduce of the gradient size
+    tp_comm_s: float | None = None  # per step in tensor parallelism's collectives (runtime.tp_comm)
     straggler: bool = False
     skipped_steps: int = 0  # optimizer steps the fp16 GradScaler skipped (inf/NaN gradients)
     # the first step whose loss was NaN or infinite (written as null: strict JSON)
@@ -94,6 +95,7 @@ class RunResult:
     failures: tuple[str, ...] = ()
     unreadable: tuple[str, ...] = ()  # rank files that could not be read, and why
     exposed_comm_s: float | None = None  # median over ranks, per step
+    tp_comm_s: float | None = None  # median over ranks, per step: tensor parallelism's collectives
     busbw_gb_s: float | None = None
     stragglers: tuple[int, ...] = ()  # slow ranks (results.verdict.detect_stragglers)
     # one per straggler: {"rank", "rule", "rank_s", "median_s", "evidence", ...}, the numbers

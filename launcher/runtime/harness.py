@@ -57,7 +57,7 @@ import torch
 from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
-from launcher.runtime import calibrate, evaluation, profiling, resume
+from launcher.runtime import calibrate, evaluation, profiling, resume, tp_comm
 from launcher.runtime.compiling import CompileGuard, compile_stats
 from launcher.runtime.context import RankContext
 from launcher.runtime.live_bytes import StepSampler
@@ -382,9 +382,10 @@ def _finish(run: _Setup, end: _LoopEnd, workload: Workload, spec: LaunchSpec, ct
                           run.zero_grad, run.params, ctx)
         if spec.strategy.tp > 1:
             # the sync-off pass turns FSDP's gradient reduction off, not the tensor-parallel
-            # collectives inside forward and backward: exposed_comm_s is the dp dimension's
+            # collectives inside forward and backward: exposed_comm_s is the dp dimension's,
+            # and on CPU one more pass times TP's own (runtime.tp_comm)
             comm.update(tp=spec.strategy.tp, dp=ctx.world_size // spec.strategy.tp,
-                        exposed_comm_dims=["dp"])
+                        exposed_comm_dims=["dp"], **_tp_comm(run, workload, spec, ctx, end.held))
         recorder.add(comm)
     recorder.flush()
     outcome = resume.outcome(end.stopped_at, spec)
@@ -420,6 +421,25 @@ def _calibrate(window: Window, wrapped: Wrapped, replay: Callable[[], object],
 
     return calibrate.measure(window.fwd_bwd_times(), sync_off_pass, ctx=ctx,
                              sizes=calibrate.grad_sizes(params))
+
+
+def _tp_comm(run: _Setup, workload: Workload, spec: LaunchSpec, ctx: RankContext,
+             held: list[Any]) -> dict[str, Any]:
+    """`tp_comm_s` of one pass of the last step's micro-batches (gradient sync off: only TP's
+    collectives run), on CPU; on CUDA why it is not measured."""
+    group = run.wrapped.tp_group
+    if ctx.device_type != "cpu" or group is None:
+        return {"tp_comm_skipped": "not measured on CUDA: NCCL collectives run asynchronously "
+                                   "(a --profile trace shows them)"}
+
+    def tp_pass() -> None:
+        try:
+            with run.wrapped.no_sync():
+                _forward_backward(run, workload, spec, ctx, held)
+        finally:
+            run.zero_grad()
+
+    return tp_comm.tp_comm_s(tp_pass, group)
 
 
 class NonFiniteLoss(RuntimeError):

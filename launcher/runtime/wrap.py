@@ -57,6 +57,7 @@ class Wrapped:
     compiled: bool = False
     mesh_shape: tuple[int, ...] | None = None  # FSDP's device mesh; (replicas, shards) for hybrid
     mesh_dims: tuple[str, ...] | None = None  # its dimensions' names: ("dp", "tp") with tp > 1
+    tp_group: str | None = None  # the tensor-parallel process group's name (runtime.tp_comm)
 
 
 def _ddp_no_sync(model: DDP) -> Callable[[], contextlib.AbstractContextManager[None]]:
@@ -245,6 +246,7 @@ def _wrap_fsdp(model: torch.nn.Module, strategy: Strategy, ctx: RankContext,
         warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
         mesh = world_mesh[names[:-1]] if len(names) > 2 else world_mesh["dp"]
         mesh_shape, mesh_dims = shape, names
+        tp_group: str | None = str(world_mesh["tp"].get_group().group_name)
     elif strategy.kind == "hybrid":
         mesh = init_device_mesh(ctx.device_type, hybrid_mesh_shape(ctx, shard_group_size),
                                 mesh_dim_names=("replicate", "shard"))
@@ -252,6 +254,8 @@ def _wrap_fsdp(model: torch.nn.Module, strategy: Strategy, ctx: RankContext,
     else:
         mesh = init_device_mesh(ctx.device_type, (ctx.world_size,))
         mesh_shape, mesh_dims = tuple(mesh.shape), ("shard",)
+    if strategy.tp == 1:
+        tp_group = None
     if strategy.activation_checkpointing and blocks:
         blocks = _checkpoint_blocks(model, blocks)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(strategy.precision)
@@ -280,4 +284,4 @@ def _wrap_fsdp(model: torch.nn.Module, strategy: Strategy, ctx: RankContext,
         compiled = True
     accumulate = _hsdp_defer_allreduce(sharded) if strategy.kind == "hybrid" else contextlib.nullcontext
     return Wrapped(module=model, no_sync=_fsdp_no_sync(sharded), accumulate=accumulate, compiled=compiled,
-                   mesh_shape=mesh_shape, mesh_dims=mesh_dims)
+                   mesh_shape=mesh_shape, mesh_dims=mesh_dims, tp_group=tp_group)

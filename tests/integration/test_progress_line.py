@@ -27,13 +27,17 @@ def test_in_a_pipe_a_line_per_interval_and_the_eta_holds(tmp_path: Path):
     run_dir = tmp_path / "run"
     argv = [sys.executable, "-m", "launcher.cli.main", "run", STEADY, "--gpus", "1", "--steps", "200",
             *FIXED, "--run-dir", str(run_dir), "--", "--step-sleep-s", "0.1"]
-    proc = subprocess.Popen(argv, cwd=REPO, env=dlaunch_env(tmp_path, own_cache=True, DLAUNCH_PROGRESS_INTERVAL_S="1"),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    seen: list[tuple[float, str]] = []  # (wall clock when read, line)
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        seen.append((time.time(), line))
-    assert proc.wait(timeout=300) == 0, "".join(x for _, x in seen)
+    out = tmp_path / "stdout"
+    with open(out, "w") as stdout:
+        env = dlaunch_env(tmp_path, own_cache=True, DLAUNCH_PROGRESS_INTERVAL_S="1")
+        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=stdout, stderr=subprocess.PIPE, text=True)
+        seen: list[tuple[float, str]] = []  # (wall clock when read, line)
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            seen.append((time.time(), line))
+        assert proc.wait(timeout=300) == 0, "".join(x for _, x in seen)
+    # the lines go to stderr: stdout holds what it did before (rank lines, the summary)
+    assert "dlaunch: step " not in out.read_text() and "result: " in out.read_text()
     lines = [(t, m) for t, x in seen if (m := LINE.search(x))]
     assert len(lines) >= 5, "".join(x for _, x in seen)
     # no terminal: whole lines, no cursor movement

@@ -8,9 +8,18 @@ from pathlib import Path
 
 import pytest
 
+from launcher.backends.monitor import read_heartbeats
 from launcher.rundir import RunPaths
 
-from tests.helpers import DATA, REPO, assert_one_line_error, rank_losses, rank_records, run_result
+from tests.helpers import (
+    DATA,
+    REPO,
+    assert_one_line_error,
+    assert_processes_gone,
+    rank_losses,
+    rank_records,
+    run_result,
+)
 
 pytestmark = pytest.mark.distributed
 
@@ -157,6 +166,9 @@ def test_a_meter_script_hanging_after_its_first_steps_is_caught_by_the_hang_time
     assert "no rank advanced for" in text and "still starting up" not in text, text[-3000:]
     assert "rank 0 at step 5, rank 1 at step 5" in text, text[-3000:]
     assert "hung after 5 steps" in text, text[-3000:]
+    pids = {b.pid for b in read_heartbeats(tmp_path / "run").values()}
+    assert len(pids) == 2 and None not in pids
+    assert_processes_gone(pids, within_s=5)  # type: ignore[arg-type]
 
 
 def test_a_run_dir_with_bytes_that_are_not_utf8_runs(tmp_path):

@@ -11,12 +11,13 @@ The three runs start at once (one fixture).
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.helpers import DATA, WORKLOADS, rank_records, rank_steps, run_dlaunch_together
+from tests.helpers import DATA, WORKLOADS, rank_records, rank_steps, run_dlaunch_together, run_result
 
 STEPS, EVERY, FAULT_STEP = 20, 8, 12
 COMMON = ("--steps", str(STEPS), "--precision", "fp32", "--micro-batch", "2", "--warmup-steps", "0",
@@ -59,6 +60,14 @@ def test_tp2_x_dp2_matches_ddp_on_the_same_global_batch(runs):
     comm = next(r for r in records if r["kind"] == "comm")
     assert "error" not in comm and comm["exposed_comm_dims"] == ["dp"], comm
     assert comm["exposed_comm_s"] >= 0 and comm["busbw_gb_s"] > 0, comm
+    # TP's own collectives, timed apart: sequence parallel's all-gather and reduce-scatter around
+    # attention and the MLP in each of the 2 blocks, forward and backward, plus the head's gather
+    assert comm["tp_comm_s"] > 0 and comm["tp_collectives"] >= 2 * 4 * 2, comm
+    per_rank = [next(r for r in rank_records(tp_dir, k) if r["kind"] == "comm")["tp_comm_s"] for k in range(4)]
+    assert run_result(tp_dir)["tp_comm_s"] == pytest.approx(statistics.median(per_rank))
+    # the summary prints the two dimensions' communication apart
+    assert "ms exposed per step by data parallelism (sync-off calibration)" in text, text[-3000:]
+    assert "ms per step in tensor parallelism's collectives" in text, text[-3000:]
 
 
 @pytest.mark.distributed
