@@ -79,6 +79,9 @@ class ModelProfile:
     # tensor-parallel degrees above 1 the workload's `tp_plan(model, tp)` accepts (those that
     # divide its heads); () = no tp_plan, or not profiled: the plan never proposes TP
     tp_degrees: tuple[int, ...] = ()
+    # how the model was profiled where that is not as it trains (the workload's word, e.g. an
+    # MoE's routing stood in for on the meta device); "" = as it trains
+    profile_note: str = ""
 
     def __post_init__(self) -> None:
         check(self.num_params > 0, PlanError, f"model {self.name} has no parameters")

@@ -18,6 +18,14 @@ What it owns:
   or else its largest layer list (`model.layers`, `transformer.h`);
 - the loss: next-token cross-entropy over the logits, as gpt.py's.
 
+Mixture-of-experts configs (Mixtral, ...): they train with transformers' own experts kernel.
+On the meta device that kernel cannot run (`torch._grouped_mm`'s meta function takes bf16 only;
+the eager path's `nonzero` has a data-dependent shape), so `dlaunch plan` profiles the experts
+through a stand-in registered here (`_balanced_experts`): every expert gets an equal share of
+the tokens x top-k token-expert pairs, through batched matmuls of the same FLOPs and saved
+activations. Real routing is uneven, and the busiest expert sets the step: the plan says how the
+model was profiled.
+
 `transformers` is an optional dependency (`pip install 'dlaunch[hf]'`) imported only here, and
 only when a model or config is needed, so a missing package is one line, not a traceback.
 The model builds and runs under `with torch.device("meta")`, so `dlaunch plan` profiles a 7B
@@ -44,6 +52,7 @@ from launcher.errors import WorkloadError
 DEFAULTS = {"config": "tiny-llama", "seq_len": 0, "tokens": ""}
 SAMPLE_UNITS = "tokens"
 ATTENTION = "dlaunch_causal_sdpa"  # the name our attention function is registered under
+BALANCED_EXPERTS = "dlaunch_balanced"  # the meta-device stand-in for an MoE's experts kernel
 
 INSTALL_HINT = "workloads/hf_causal_lm.py needs transformers: pip install 'dlaunch[hf]'"
 # the longest default sequence: a config's context may be 128k tokens (Llama 3.1), which no one
@@ -122,6 +131,29 @@ def _causal_sdpa(module: nn.Module, query: torch.Tensor, key: torch.Tensor, valu
     return sdpa_attention_forward(module, query, key, value, None, **kwargs)
 
 
+def _balanced_experts(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                      top_k_weights: torch.Tensor) -> torch.Tensor:
+    """An experts forward with no data-dependent shape, for the meta device: the S = tokens x
+    top-k token-expert pairs split evenly over the experts (the last padded), each expert's
+    share through its gate-up and down projections as one batched matmul. The FLOPs and saved
+    activations are those of the grouped kernel under balanced routing."""
+    tokens, hidden = hidden_states.shape
+    top_k, experts = top_k_index.size(-1), self.num_experts
+    pairs = tokens * top_k
+    share = -(-pairs // experts)
+    x = hidden_states.repeat_interleave(top_k, dim=0)
+    x = F.pad(x, (0, 0, 0, experts * share - pairs)).view(experts, share, hidden)
+    gate, up = torch.bmm(x, self.gate_up_proj.transpose(1, 2)).chunk(2, dim=-1)
+    out = torch.bmm(self.act_fn(gate) * up, self.down_proj.transpose(1, 2))
+    out = out.reshape(experts * share, hidden)[:pairs] * top_k_weights.reshape(-1, 1).to(out.dtype)
+    return out.view(tokens, top_k, hidden).sum(dim=1).to(hidden_states.dtype)
+
+
+def _moe_experts(config: Any) -> int:
+    """The experts per layer of an MoE config (Mixtral's `num_local_experts`), 0 otherwise."""
+    return int(getattr(config, "num_local_experts", 0) or 0)
+
+
 def build_model(cfg: SimpleNamespace) -> nn.Module:
     transformers = _transformers()
     config = _config(cfg)
@@ -139,7 +171,20 @@ def build_model(cfg: SimpleNamespace) -> nn.Module:
     # its `sdpa` path checks the positions for packed sequences with a host sync each forward,
     # which fails on the meta device (`dlaunch plan`) and stalls a GPU's queue.
     transformers.AttentionInterface.register(ATTENTION, _causal_sdpa)
-    return transformers.AutoModelForCausalLM.from_config(config, attn_implementation=ATTENTION)
+    experts = _moe_experts(config)
+    if not (experts and torch.get_default_device().type == "meta"):
+        return transformers.AutoModelForCausalLM.from_config(config, attn_implementation=ATTENTION)
+    from transformers.integrations.moe import ExpertsInterface
+
+    ExpertsInterface.register(BALANCED_EXPERTS, _balanced_experts)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=ATTENTION,
+                                                          experts_implementation=BALANCED_EXPERTS)
+    top_k = int(getattr(config, "num_experts_per_tok", 1) or 1)
+    model.dlaunch_profile_note = (  # launcher.plan.profile.PROFILE_NOTE_ATTR
+        f"MoE ({experts} experts, top-{top_k}) profiled on the meta device with even routing: each "
+        f"expert takes 1/{experts} of the tokens x {top_k} pairs (transformers' grouped kernel has no "
+        "meta form); uneven routing makes the busiest expert's share, and the step, larger")
+    return model
 
 
 def blocks(model: nn.Module) -> list[nn.Module]:

@@ -326,6 +326,11 @@ def _extrapolated(workload: Workload, model: Any, param_keys: set[int], blocks: 
                           transient2=three.transient2)
 
 
+# a model built on the meta device may say, in this attribute, how its profile differs from how
+# it trains (workloads/hf_causal_lm.py: an MoE's experts evenly routed); the plan prints it
+PROFILE_NOTE_ATTR = "dlaunch_profile_note"
+
+
 def tp_degrees(workload: Workload) -> tuple[int, ...]:
     """The degrees in TP_PROBE_DEGREES whose `tp_plan(model, d)` returns a plan, each asked of
     a fresh meta model; () without the hook. A degree whose call raises is dropped with a
@@ -413,6 +418,7 @@ def profile_workload(workload: Workload, *, extrapolate: bool = True) -> ModelPr
             (counts.transient2 - counts.transient1) / (TRANSIENT_BATCHES[1] - TRANSIENT_BATCHES[0]),
             0.0),
         tp_degrees=tp_degrees(workload),
+        profile_note=str(getattr(model, PROFILE_NOTE_ATTR, "") or ""),
     )
     log.debug("profiled %s in %.2f s", profile.name, time.perf_counter() - t0)
     return profile

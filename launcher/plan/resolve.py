@@ -146,7 +146,7 @@ def _cache_key(workload: str, workload_args: Sequence[str]) -> str:
 
 
 # bump when profile.py measures differently, so old cache entries are ignored
-_PROFILE_FORMAT = 7  # 7: tp_degrees
+_PROFILE_FORMAT = 8  # 7: tp_degrees; 8: profile_note
 
 
 def _cached(path: Path, load: Callable[[dict[str, Any]], _T], make: Callable[[], _T]) -> _T:

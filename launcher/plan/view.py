@@ -48,6 +48,7 @@ def format_plan(plan: Plan, profile: ModelProfile, topology: Topology) -> str:
         f"  throughput   {plan.units_per_s:,.0f} {profile.sample_units}/s ({per_gpu:,.0f} per "
         f"device), scaling efficiency {plan.scaling_efficiency:.0%}",
         f"  assumptions  {m.assumptions}",
+        *([f"  profile      {profile.profile_note}"] if profile.profile_note else []),
         "Why",
         *(f"  - {r}" for r in plan.reasons),
     ]

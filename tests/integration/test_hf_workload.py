@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+import torch.nn.functional as F
 
 from launcher.workload import load_workload
 
@@ -162,3 +164,46 @@ def test_an_accelerate_script_forms_one_group_of_2_cpu_processes(dlaunch, tmp_pa
         assert f"[rank {rank}] accelerate: process {rank} of 2, group [0, 1], device cpu" in done.out, done.out
         assert f"[rank {rank}] accelerate: process {rank} weights equal across the group: True" in done.out
     assert run_result(tmp_path / "run")["world_size"] == 2
+
+
+MIXTRAL = str(DATA / "mixtral-tiny")
+
+
+@pytest.mark.distributed
+def test_a_mixtral_config_plans_with_a_note_on_its_experts_and_runs(dlaunch, tmp_path):
+    planned = dlaunch("plan", HF, "--gpus", "2", "--json", "--", "--config", MIXTRAL, env=CPU)
+    assert planned.code == 0, planned.err[-3000:]
+    note = json.loads(planned.out)["profile"]["profile_note"]
+    assert note.startswith("MoE (4 experts, top-2) profiled on the meta device with even routing"), note
+    done = dlaunch("run", HF, "--gpus", "2", "--steps", "6", "--run-dir", str(tmp_path / "run"), "--",
+                   "--config", MIXTRAL, "--seq-len", "32", env=CPU)
+    assert done.code == 0, done.err[-3000:]
+    losses = rank_losses(tmp_path / "run")
+    assert len(losses) == 6 and all(math.isfinite(x) for x in losses)
+
+
+def test_the_meta_experts_stand_in_computes_what_the_experts_do_when_routing_is_even():
+    # the stand-in assigns pair p to expert p // share: with that routing it must give what the
+    # experts compute by definition (the same matmuls: the same FLOPs and saved activations)
+    workload = load_workload(HF, ["--config", MIXTRAL])
+    model = workload.build_model()
+    experts = next(m for m in model.modules() if type(m).__name__ == "MixtralExperts")
+    tokens, top_k, n = 6, 2, experts.num_experts
+    hidden = torch.randn(tokens, experts.hidden_dim, generator=torch.Generator().manual_seed(0))
+    index = (torch.arange(tokens * top_k) // (tokens * top_k // n)).view(tokens, top_k)
+    weights = torch.rand(tokens, top_k, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        stand_in = workload.module._balanced_experts(experts, hidden, index, weights)
+        reference = _eager_experts(experts, hidden, index, weights)
+    assert torch.allclose(stand_in, reference, atol=1e-5), (stand_in - reference).abs().max()
+
+
+def _eager_experts(experts, hidden, index, weights):
+    """Each token through each of its top-k experts, weighted and summed: the MoE's definition."""
+    out = torch.zeros_like(hidden)
+    for t in range(hidden.size(0)):
+        for j in range(index.size(1)):
+            e = int(index[t, j])
+            gate, up = F.linear(hidden[t], experts.gate_up_proj[e]).chunk(2, dim=-1)
+            out[t] += weights[t, j] * F.linear(experts.act_fn(gate) * up, experts.down_proj[e])
+    return out
