@@ -1,6 +1,6 @@
 """`dlaunch run --log-to`: a real 2-rank CPU run logged to TensorBoard, MLflow (a file store in
-the test's folder) and W&B (offline); what each tracker holds is read back and set against the
-rank files and result.json."""
+the test's folder) and W&B (offline); what each tracker holds is read back (W&B's offline log by
+a reader of its format here) and set against the rank files and result.json."""
 
 from __future__ import annotations
 
@@ -76,9 +76,54 @@ def test_mlflow_holds_a_finished_run_matching_result_json(logged, monkeypatch):
         assert math.isclose(found.data.metrics[key], value, rel_tol=1e-12), key
 
 
-def test_wandb_keeps_an_offline_run_with_the_metrics(logged):
+def test_wandb_keeps_an_offline_run_matching_result_json(logged):
     run, _, _ = logged
+    steps, losses, summary = _expected(run)
     [log] = (run / "wandb").glob("offline-run-*/run-*.wandb")
-    data = log.read_bytes()
-    # wandb 0.31 has no public reader of its offline log: the metrics' names must be in it
-    assert b"train/loss" in data and b"summary/samples_per_s" in data
+    history = _wandb_history(log.read_bytes())
+    logged_losses = {row["_step"]: row["train/loss"] for row in history if "train/loss" in row}
+    assert logged_losses == dict(zip(steps, losses))
+    [last] = [row for row in history if "summary/samples_per_s" in row]
+    assert last["_step"] == STEPS
+    for key, value in summary.items():
+        assert math.isclose(last[key], value, rel_tol=1e-12), key
+
+
+def _wandb_history(data: bytes) -> list[dict[str, object]]:
+    """The history rows of a W&B offline log (wandb has no public reader of it): a 7-byte file
+    header, then LevelDB's log format (32 KiB blocks of records, each a 7-byte header of CRC,
+    length and type: full, or first / middle / last of a record split over blocks), each record
+    a wandb `Record` protobuf."""
+    import json
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    block, pos, records, pending = 32768, 7, [], b""
+    assert data[:4] == b":W&B", data[:7]
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7:  # a block's tail too short for a header is padding
+            pos += left
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if kind == 0:  # zero padding to the block's end
+            pos += left
+            continue
+        payload, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        if kind == 1:
+            records.append(payload)
+        elif kind == 2:
+            pending = payload
+        elif kind == 3:
+            pending += payload
+        elif kind == 4:
+            records.append(pending + payload)
+    rows = []
+    for payload in records:
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(payload)
+        if record.WhichOneof("record_type") == "history":
+            rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                         for item in record.history.item})
+    return rows
