@@ -1,11 +1,12 @@
 """The CPU step-time model against real runs: predicted vs measured median step time per cell.
 
     .venv/bin/python benchmarks/cpu_truth.py [--workloads mlp gpt resnet] [--strategies ddp
-        fsdp_full] [--precisions fp32 bf16] [--ranks 1 2 4] [--steps 20] [--min-train-s 2]
-        [--repeats 3] [--json FILE]
+        fsdp_full] [--precisions fp32 bf16] [--ranks 1 2 4] [--micro-batches 1 4 16] [--steps 20]
+        [--min-train-s 2] [--repeats 3] [--json FILE]
 
 Each cell is a real `dlaunch run` on this machine (torchrun, gloo) with the strategy and
-precision forced, checkpointing off and the micro-batch left to the plan, for `--steps` or as
+precision forced, checkpointing off and the micro-batch left to the plan (or forced to each of
+`--micro-batches`: how the prediction holds as the micro-batch grows), for `--steps` or as
 many more as the plan predicts to take `--min-train-s` (the model predicts the steady state: a
 tiny model's first steps run slower and 20 of them are over in 0.1 s); the run plans first
 (its plan.json holds the predicted step time, the CPU probe's rates included) and its
@@ -15,7 +16,8 @@ before and after every cell: step times measured on a busy host are slow and noi
 cells taken at a load below the usable core count. The runs share one cache directory of their
 own: the CPU probes run in the first cell that needs them, and no correction stored by an earlier
 `dlaunch tune` on this host reaches the predictions. A full grid takes about 10 minutes on an
-idle 2-core host.
+idle 2-core host. At the end: how many cells are within TARGET, and the 10th and 90th
+percentiles of measured/predicted (what plan.interval's CPU_RESIDUALS take).
 """
 
 from __future__ import annotations
@@ -48,14 +50,32 @@ def _env(root: Path) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO), "DLAUNCH_CACHE_DIR": str(root.parent / "cache")}
 
 
-def cell_steps(workload: str, strategy: str, precision: str, ranks: int, steps: int,
-               min_train_s: float, root: Path) -> int:
+def _forced(micro_batch: int | None) -> list[str]:
+    return [] if micro_batch is None else ["--micro-batch", str(micro_batch)]
+
+
+def percentiles(values: list[float], at: tuple[float, ...]) -> tuple[float, ...]:
+    """The `at` percentiles (0-100) of `values`, linear between order statistics (numpy's
+    default)."""
+    xs = sorted(values)
+    out = []
+    for q in at:
+        pos = (len(xs) - 1) * q / 100
+        lo = int(pos)
+        hi = min(lo + 1, len(xs) - 1)
+        out.append(xs[lo] + (pos - lo) * (xs[hi] - xs[lo]))
+    return tuple(out)
+
+
+def cell_steps(workload: str, strategy: str, precision: str, ranks: int, micro_batch: int | None,
+               steps: int, min_train_s: float, root: Path) -> int:
     """`steps`, or more where the plan predicts they would train for under `min_train_s`: the
     model predicts the steady state, which a few milliseconds of a tiny model's training have
     not reached (its first steps run 1.3-1.8x slower)."""
     proc = subprocess.run([*DLAUNCH, "plan", str(REPO / "workloads" / f"{workload}.py"), "--gpus",
                            str(ranks), "--strategy", strategy, "--precision", precision,
-                           "--no-checkpointing", "--json"], cwd=REPO, capture_output=True,
+                           "--checkpointing", "none", *_forced(micro_batch), "--json"], cwd=REPO,
+                          capture_output=True,
                           text=True, check=False, env=_env(root))
     try:
         t = json.loads(proc.stdout)["plan"]["chosen"]["time"]
@@ -65,14 +85,15 @@ def cell_steps(workload: str, strategy: str, precision: str, ranks: int, steps: 
     return max(steps, math.ceil(min_train_s / step_s)) if step_s > 0 else steps
 
 
-def run_cell(workload: str, strategy: str, precision: str, ranks: int, steps: int,
-             root: Path) -> dict[str, Any]:
+def run_cell(workload: str, strategy: str, precision: str, ranks: int, micro_batch: int | None,
+             steps: int, root: Path) -> dict[str, Any]:
     """One `dlaunch run` of the cell; its predicted and measured step times, or why not."""
-    run_dir = root / f"{workload}-{strategy}-{precision}-{ranks}"
+    run_dir = root / f"{workload}-{strategy}-{precision}-{ranks}-{micro_batch or 'plan'}"
     root.mkdir(parents=True, exist_ok=True)
     cmd = [*DLAUNCH, "run", str(REPO / "workloads" / f"{workload}.py"), "--gpus", str(ranks),
-           "--strategy", strategy, "--precision", precision, "--no-checkpointing",
-           "--steps", str(steps), "--no-calibrate", "--run-dir", str(run_dir), "--force"]
+           "--strategy", strategy, "--precision", precision, "--checkpointing", "none",
+           *_forced(micro_batch), "--steps", str(steps), "--no-calibrate", "--run-dir",
+           str(run_dir), "--force"]
     cell: dict[str, Any] = {"workload": workload, "strategy": strategy, "precision": precision,
                             "ranks": ranks, "steps": steps, "load_before": load_average()}
     started = time.monotonic()
@@ -140,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--strategies", nargs="+", default=["ddp", "fsdp_full"])
     ap.add_argument("--precisions", nargs="+", default=["fp32", "bf16"])
     ap.add_argument("--ranks", nargs="+", type=int, default=[1, 2, 4])
+    ap.add_argument("--micro-batches", nargs="+", type=int, default=[None],
+                    help="force each of these micro-batches (default: the plan's choice)")
     ap.add_argument("--steps", type=int, default=20, help="steps per run, at least")
     ap.add_argument("--min-train-s", type=float, default=2.0,
                     help="more steps where the plan predicts the run would train for less")
@@ -149,11 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     start_load = Path("/proc/loadavg").read_text(encoding="utf-8").strip()
     print(f"load average before: {start_load}  ({os.cpu_count()} CPUs)", flush=True)
-    grid = [(w, s, p, r) for w in args.workloads for s in args.strategies for p in args.precisions
-            for r in args.ranks]
-    runs: dict[tuple[str, str, str, int], list[dict[str, Any]]] = {key: [] for key in grid}
+    grid = [(w, s, p, r, mb) for w in args.workloads for s in args.strategies
+            for p in args.precisions for r in args.ranks for mb in args.micro_batches]
+    runs: dict[tuple[str, str, str, int, int | None], list[dict[str, Any]]] = {k: [] for k in grid}
     with tempfile.TemporaryDirectory(prefix="cpu-truth-") as tmp:
-        steps: dict[tuple[str, str, str, int], int] = {}
+        steps: dict[tuple[str, str, str, int, int | None], int] = {}
         for rep in range(args.repeats):
             # alternate passes: drift in the host's speed hits every cell alike
             for key in grid if rep % 2 == 0 else reversed(grid):
@@ -172,8 +195,10 @@ def main(argv: list[str] | None = None) -> int:
     ratios = [c["ratio"] for c in cells if "ratio" in c]
     within = sum(abs(r - 1) <= TARGET for r in ratios)
     if ratios:
+        p10, p90 = percentiles(ratios, (10, 90))
         print(f"{within} of {len(ratios)} cells within {TARGET:.0%}; median measured/predicted "
-              f"{statistics.median(ratios):.2f}; {len(cells) - len(ratios)} cell(s) not run")
+              f"{statistics.median(ratios):.2f} (10th-90th percentile {p10:.2f}-{p90:.2f}); "
+              f"{len(cells) - len(ratios)} cell(s) not run")
     if args.json:
         Path(args.json).write_text(json.dumps({"load_before": start_load, "load_after": end_load,
                                                "cells": cells}, indent=2) + "\n",

@@ -33,6 +33,10 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from launcher.specs import checkpointing_mode  # noqa: E402
+
 DLAUNCH = [sys.executable, "-m", "launcher.cli.main"]
 STRATEGIES = ("ddp", "fsdp_full", "fsdp_grad_op")
 PRECISIONS = ("fp32", "bf16")
@@ -56,12 +60,12 @@ def dlaunch(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]
 def config_flags(c: dict[str, Any]) -> list[str]:
     """The run flags of configuration `c`."""
     return ["--strategy", c["strategy"], "--precision", c["precision"], "--micro-batch",
-            str(c["micro_batch"]), "--checkpointing" if c["checkpointing"] else "--no-checkpointing"]
+            str(c["micro_batch"]), "--checkpointing", c["checkpointing"]]
 
 
 def key(c: dict[str, Any]) -> tuple[Any, ...]:
     """A configuration's identity."""
-    return c["strategy"], c["precision"], int(c["micro_batch"]), bool(c["checkpointing"])
+    return c["strategy"], c["precision"], int(c["micro_batch"]), checkpointing_mode(c["checkpointing"])
 
 
 def fits(workload: Path, gpus: int, c: dict[str, Any], env: dict[str, str]) -> bool:
@@ -90,7 +94,7 @@ def sweep(workload: Path, args: argparse.Namespace, root: Path,
           env: dict[str, str]) -> dict[tuple[Any, ...], dict[str, Any]]:
     """Every fitting configuration, `args.repeats` runs each; the median samples/s."""
     configs = [{"strategy": s, "precision": p, "micro_batch": mb, "checkpointing": ck}
-               for s, p, mb, ck in itertools.product(STRATEGIES, PRECISIONS, MICRO_BATCHES, (False, True))]
+               for s, p, mb, ck in itertools.product(STRATEGIES, PRECISIONS, MICRO_BATCHES, ("none", "full"))]
     configs = [c for c in configs if fits(workload, args.gpus, c, env)]
     steps = args.steps or SWEEP_STEPS.get(workload.stem, 12)
     runs: dict[tuple[Any, ...], list[float]] = {key(c): [] for c in configs}

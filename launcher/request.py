@@ -23,13 +23,24 @@ from typing import Any
 from launcher.errors import PlanError, UsageError, WorkloadError
 from launcher.plan.resolve import Planned, plan_workload, resolve_topology
 from launcher.plan.search import label
-from launcher.specs import DEVICES, PRECISIONS, STRATEGIES, Goal, LaunchSpec, LoaderSpec, SlurmSpec, Strategy, check
+from launcher.specs import (
+    CHECKPOINTING,
+    DEVICES,
+    PRECISIONS,
+    STRATEGIES,
+    Goal,
+    LaunchSpec,
+    LoaderSpec,
+    SlurmSpec,
+    Strategy,
+    check,
+)
 
 log = logging.getLogger(__name__)
 
 # what nobody decided and nothing planned: a plain script, or a SLURM partition of unknown shape
 FALLBACKS: Mapping[str, Any] = MappingProxyType(
-    {"strategy": "ddp", "precision": "fp32", "micro_batch": 8, "grad_accum": 1, "checkpointing": False,
+    {"strategy": "ddp", "precision": "fp32", "micro_batch": 8, "grad_accum": 1, "checkpointing": "none",
      "tp": 1})
 # when the user gave all three there is nothing left to plan (the plan is made for its prediction)
 PLANNED_DECISIONS = ("strategy", "precision", "micro_batch")
@@ -52,7 +63,7 @@ class RunRequest:
     precision: str | None = None
     micro_batch: int | None = None
     grad_accum: int | None = None
-    checkpointing: bool | None = None
+    checkpointing: str | None = None  # one of launcher.specs.CHECKPOINTING; None: the plan's
     tp: int | None = None  # tensor-parallel degree inside a node; None: the plan's (1 unplanned)
     global_batch: int | None = None  # a goal for the plan; None: the plan's choice
     compile: bool | None = None  # None: the plan's (on for GPUs where Dynamo traces it whole)
@@ -91,6 +102,8 @@ class RunRequest:
               f"unknown strategy {self.strategy!r}; use one of {', '.join(STRATEGIES)}")
         check(self.precision is None or self.precision in PRECISIONS, UsageError,
               f"unknown precision {self.precision!r}; use one of {', '.join(PRECISIONS)}")
+        check(self.checkpointing is None or self.checkpointing in CHECKPOINTING, UsageError,
+              f"unknown checkpointing {self.checkpointing!r}; use one of {', '.join(CHECKPOINTING)}")
         check(self.tp is None or self.tp == 1 or (not self.is_script and self.strategy != "ddp"
                                                    and self.gpus % self.tp == 0), UsageError,
               f"`tp` {self.tp} splits each block over ranks of one node under FSDP: it needs a "
@@ -125,7 +138,7 @@ class RunRequest:
         chosen = planned.plan.chosen
         choice: dict[str, Any] = {"strategy": chosen.strategy.kind, "precision": chosen.strategy.precision,
                   "micro_batch": chosen.micro_batch, "grad_accum": chosen.grad_accum_steps,
-                  "checkpointing": chosen.strategy.activation_checkpointing, "tp": chosen.strategy.tp}
+                  "checkpointing": chosen.strategy.checkpointing, "tp": chosen.strategy.tp}
         filled = {k: v for k, v in choice.items() if getattr(self, k) is None}
         if self.compile is None:
             filled["compile"] = chosen.strategy.compile
@@ -150,7 +163,7 @@ class RunRequest:
             startup_timeout_s=(self.startup_timeout_s if self.startup_timeout_s is not None
                                else max(900.0, self.hang_timeout_s)),
             strategy=Strategy(kind=d["strategy"], precision=d["precision"],
-                              activation_checkpointing=d["checkpointing"], compile=bool(self.compile),
+                              checkpointing=d["checkpointing"], compile=bool(self.compile),
                               compile_mode=self.compile_mode, compile_strict=self.compile_strict,
                               tp=d["tp"]),
             loader=LoaderSpec(num_workers=self.num_workers), shard_group_size=self.shard_group_size,
@@ -200,7 +213,7 @@ def _planned(request: RunRequest, topology: str | None) -> Planned:
     if goal is None and request.micro_batch is not None and request.grad_accum is not None:
         goal = request.micro_batch * request.grad_accum * request.world_size
     overrides = {**{k: getattr(request, k) for k in PLANNED_DECISIONS if getattr(request, k) is not None},
-                 "activation_checkpointing": request.checkpointing, "compile": request.compile,
+                 "checkpointing": request.checkpointing, "compile": request.compile,
                  "tp": request.tp}
     return plan_workload(request.workload, request.workload_args, topo, Goal(global_batch=goal),
                          overrides=overrides)

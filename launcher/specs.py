@@ -31,7 +31,20 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 # modes that capture CUDA graphs: FSDP's collectives and hooks cannot live inside one
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 SWEEP_MODES = ("weak", "strong")  # `dlaunch scale --mode`
+# activation checkpointing of the workload's repeated blocks: none; selective (torchtitan's per-op
+# policy on every block); every-other (every second block whole); full (every block whole).
+# launcher.plan.checkpointing prices each, launcher.runtime.wrap applies it
+CHECKPOINTING = ("none", "selective", "every-other", "full")
 TRACKERS = ("tensorboard", "mlflow", "wandb")  # `dlaunch run --log-to` (launcher.results.trackers)
+# kernels a run calls where the meta-device profile cannot tell (it records the op, not its
+# implementation): attention (PyTorch SDPA; flash-attn 2; Triton FlashAttention, flash_attn_triton),
+# the loss (cross entropy as eager aten ops; flash-attn's fused cross entropy) and the norms (as
+# autocast runs them, in fp32; in the compute dtype, llm-foundry's low_precision_layernorm). The
+# cost model prices each (launcher.plan.cost: ATTENTION_CURVES, FUSED_LOSS_PASSES,
+# NORM_AUTOCAST_BYTES).
+ATTENTION_KERNELS = ("sdpa", "fa2", "triton-fa")
+LOSS_KERNELS = ("eager", "fused")
+NORM_KERNELS = ("eager", "low-precision")
 # `dlaunch tune` trials without --steps: at least TRIAL_STEPS, or enough to time TRIAL_TIMED_S
 # of the fastest candidate's steps (launcher.jobs.tune says why)
 TRIAL_STEPS = 12
@@ -43,6 +56,16 @@ def check(cond: bool, err: type[Exception], msg: str) -> None:
     """Raise `err(msg)` unless `cond`: the one-line validation every spec's __post_init__ uses."""
     if not cond:
         raise err(msg)
+
+
+def checkpointing_mode(value: object) -> str:
+    """One of CHECKPOINTING from a mode name, or from the bool that files written before the
+    modes hold (true: every block, "full"; false: "none"); UsageError for anything else."""
+    if isinstance(value, bool):
+        return "full" if value else "none"
+    check(isinstance(value, str) and value in CHECKPOINTING, UsageError,
+          f"unknown `checkpointing` {value!r}; use one of {', '.join(CHECKPOINTING)}")
+    return str(value)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,15 +99,31 @@ class ModelProfile:
     # profiled dtype (a language model's loss gradient over its vocabulary: two logits-sized
     # tensors); 0 = none, or not profiled
     backward_transient_bytes_per_sample: float = 0.0
+    # what SDPA saves beyond flash attention's where it runs its math path, per sample at the
+    # profiled dtype: attention with dropout on CPU (PyTorch's CPU flash kernel takes no dropout;
+    # CUDA's flash does); 0 = no dropout in attention, or not profiled
+    math_attention_bytes_per_sample: float = 0.0
     # tensor-parallel degrees above 1 the workload's `tp_plan(model, tp)` accepts (those that
     # divide its heads); () = no tp_plan, or not profiled: the plan never proposes TP
     tp_degrees: tuple[int, ...] = ()
     # how the model was profiled where that is not as it trains (the workload's word, e.g. an
     # MoE's routing stood in for on the meta device); "" = as it trains
     profile_note: str = ""
+    # the run's attention, loss and norm kernels (ATTENTION_KERNELS, LOSS_KERNELS, NORM_KERNELS):
+    # inputs of the plan, not measured; the defaults are what dlaunch's workloads call
+    # (F.scaled_dot_product_attention, F.cross_entropy, nn.LayerNorm / nn.RMSNorm under autocast)
+    attention_kernel: str = "sdpa"
+    loss_kernel: str = "eager"
+    norm_kernel: str = "eager"
 
     def __post_init__(self) -> None:
         check(self.num_params > 0, PlanError, f"model {self.name} has no parameters")
+        check(self.attention_kernel in ATTENTION_KERNELS and self.loss_kernel in LOSS_KERNELS
+              and self.norm_kernel in NORM_KERNELS, PlanError,
+              f"model {self.name}: attention kernel {self.attention_kernel!r} (one of "
+              f"{', '.join(ATTENTION_KERNELS)}), loss kernel {self.loss_kernel!r} (one of "
+              f"{', '.join(LOSS_KERNELS)}), norm kernel {self.norm_kernel!r} (one of "
+              f"{', '.join(NORM_KERNELS)})")
         check(self.forward_ops >= 0 and self.param_tensors >= 0, PlanError,
                f"model {self.name}: negative op or parameter tensor count")
         check(self.optimizer_state_bytes_per_param >= 0, PlanError,
@@ -110,7 +149,7 @@ class Strategy:
 
     kind: str = "ddp"
     precision: str = "fp32"
-    activation_checkpointing: bool = False
+    checkpointing: str = "none"  # one of CHECKPOINTING
     compile: bool = False
     compile_mode: str = "default"
     compile_strict: bool = False  # fullgraph=True, and a compile failure fails the run
@@ -130,10 +169,17 @@ class Strategy:
                f"unknown precision {self.precision!r}; use one of {', '.join(PRECISIONS)}")
         check(self.compile_mode in COMPILE_MODES, UsageError,
                f"unknown compile mode {self.compile_mode!r}; use one of {', '.join(COMPILE_MODES)}")
+        check(self.checkpointing in CHECKPOINTING, UsageError,
+              f"unknown `checkpointing` {self.checkpointing!r}; use one of {', '.join(CHECKPOINTING)}")
         check(not (self.compile and self.kind != "ddp" and self.compile_mode in CUDA_GRAPH_MODES),
                UsageError, f"`compile_mode` {self.compile_mode} captures CUDA graphs, which FSDP "
                            f"({self.kind}) does not support; use `compile_mode` default or "
                            "max-autotune-no-cudagraphs")
+
+    @property
+    def activation_checkpointing(self) -> bool:
+        """Whether any block recomputes its forward in backward (every mode but none)."""
+        return self.checkpointing != "none"
 
     @property
     def uses_grad_scaler(self) -> bool:
@@ -284,7 +330,10 @@ class LaunchSpec:
     def from_dict(cls, data: Mapping[str, Any]) -> LaunchSpec:
         """Rebuild a spec written by `to_dict`."""
         d = dict(data)
-        d["strategy"] = Strategy(**d.get("strategy", {}))
+        strategy = dict(d.get("strategy", {}))
+        if "activation_checkpointing" in strategy:  # a spec written before the modes: a bool
+            strategy["checkpointing"] = checkpointing_mode(strategy.pop("activation_checkpointing"))
+        d["strategy"] = Strategy(**strategy)
         d["loader"] = LoaderSpec(**d.get("loader", {}))
         d["workload_args"] = tuple(d.get("workload_args", ()))
         return cls(**d)

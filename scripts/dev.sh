@@ -44,8 +44,9 @@ case "${1:-}" in
     else
       # unit tests start no torchrun and time nothing: two workers halve their minutes; the
       # torchrun and SLURM tests run one at a time (they share 2 cores and time their steps)
-      "$VENV/bin/python" -m pytest -q -rs -n 2 tests/unit
-      "$VENV/bin/python" -m pytest -q -rs tests/integration tests/slurm
+      # --durations: the slowest tests in the log, where the suite's 25-minute budget goes
+      "$VENV/bin/python" -m pytest -q -rs -n 2 --durations=10 tests/unit
+      "$VENV/bin/python" -m pytest -q -rs --durations=25 tests/integration tests/slurm
     fi
     ;;
   *)

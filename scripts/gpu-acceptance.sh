@@ -103,14 +103,14 @@ step plan-text 120 - "${DL[@]}" plan "${WL[@]}" --gpus 1 "${WL_ARGS[@]}"
 # name: flags (every decision given, so each run is the same on any host)
 # (compile is the plan's choice on a GPU: every run but one says which it wants)
 RUNS=(
-  "fp32|--strategy ddp --precision fp32 --no-checkpointing --no-compile"
-  "bf16|--strategy ddp --precision bf16 --no-checkpointing --no-compile"
-  "bf16-compile|--strategy ddp --precision bf16 --no-checkpointing --compile"
-  "fsdp-1gpu|--strategy fsdp_full --precision bf16 --no-checkpointing --no-compile"
-  "profile|--strategy ddp --precision bf16 --no-checkpointing --no-compile --profile"
+  "fp32|--strategy ddp --precision fp32 --checkpointing none --no-compile"
+  "bf16|--strategy ddp --precision bf16 --checkpointing none --no-compile"
+  "bf16-compile|--strategy ddp --precision bf16 --checkpointing none --compile"
+  "fsdp-1gpu|--strategy fsdp_full --precision bf16 --checkpointing none --no-compile"
+  "profile|--strategy ddp --precision bf16 --checkpointing none --no-compile --profile"
   # on a GPU: out of memory, the snapshot written; on CPU (no CUDA allocator) the option is
   # refused in one line with exit 2, which the table checks
-  "oom-snapshot|--strategy ddp --precision bf16 --no-checkpointing --no-compile --micro-batch $OOM_MB --memory-snapshot"
+  "oom-snapshot|--strategy ddp --precision bf16 --checkpointing none --no-compile --micro-batch $OOM_MB --memory-snapshot"
 )
 for entry in "${RUNS[@]}"; do
   name=${entry%%|*}

@@ -28,6 +28,7 @@ from typing import Any
 from launcher.cli.option import Option, Parse, Yaml, at_least, minutes, real
 from launcher.errors import UsageError
 from launcher.specs import (
+    CHECKPOINTING,
     COMPILE_MODES,
     DEFAULT_TIME_MIN,
     PRECISIONS,
@@ -159,8 +160,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("--precision", commands=(*RUN, "plan", "scale", "doctor"), choices=PRECISIONS, help="default: the plan's",
            per={"doctor": {"help": "the GEMM's dtype (default: bf16 on GPUs of compute capability >= 8.0, "
                                    "else fp32; fp32 on CPUs)"}}),
-    Option("--checkpointing", commands=(*RUN, "plan", "scale"), kind="toggle",
-           help="activation checkpointing per block (default: the plan's)"),
+    Option("--checkpointing", commands=(*RUN, "plan", "scale"), choices=CHECKPOINTING,
+           help="activation checkpointing of the workload's blocks: none; selective (per op: "
+                "matmul and attention outputs saved, the rest recomputed); every-other (every "
+                "second block recomputed whole); full (every block) (default: the plan's)"),
     Option("--compile", commands=(*RUN, "plan", "scale"), kind="toggle",
            help="torch.compile the model (default: the plan's: on for GPUs where Dynamo traces the "
                 "workload without a graph break, off on CPUs)"),

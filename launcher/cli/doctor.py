@@ -21,7 +21,7 @@ from launcher.cli.placement import local_placement, slurm_placement
 from launcher.errors import UsageError
 from launcher.hardware.gpu_probe import count_gpus
 from launcher.jobs.doctor import DoctorRequest, dry_run, expectation_topology, run_doctor, topology_file
-from launcher.results.doctor import format_doctor
+from launcher.results.doctor_view import format_doctor
 from launcher.rundir import new_run_id
 
 # CPU ranks when --gpus is not given: the fewest that can be compared with each other

@@ -67,7 +67,7 @@ class LabOptions(Options):
     global_batch: int | None  # samples per optimizer step, a goal for the plan; None: its choice
     strategy: str | None  # one of launcher.specs.STRATEGIES; None: the plan's
     precision: str | None  # one of launcher.specs.PRECISIONS; None: the plan's
-    checkpointing: bool | None  # activation checkpointing; None: the plan's
+    checkpointing: str | None  # activation checkpointing mode (specs.CHECKPOINTING); None: the plan's
     compile: bool | None  # --compile / --no-compile; None: the plan's
     compile_mode: str | None  # torch.compile mode (implies --compile); None: default
     compile_strict: bool  # fullgraph, and no eager fallback (implies --compile)
@@ -122,7 +122,7 @@ class PlanOptions(Options):
     seq_len: int | None  # tokens per sample, for sequence models
     strategy: str | None  # None: the planner's
     precision: str | None  # None: the planner's
-    checkpointing: bool | None  # activation checkpointing; None: the planner's
+    checkpointing: str | None  # activation checkpointing mode (specs.CHECKPOINTING); None: the planner's
     compile: bool | None  # None: the planner's
     tp: int | None  # tensor-parallel degree inside a node; None: the planner's
     no_calibration_cache: bool  # ignore the step-time corrections learnt by `dlaunch tune`
@@ -156,7 +156,7 @@ class ScaleOptions(Options):
     global_batch: int | None  # strong scaling's samples per optimizer step
     strategy: str | None  # None: the plan's
     precision: str | None  # None: the plan's
-    checkpointing: bool | None  # None: the plan's
+    checkpointing: str | None  # activation checkpointing mode; None: the plan's
     compile: bool | None  # None: the plan's
     tp: int | None  # tensor-parallel degree inside a node; None: the plan's
     seed: int  # the one seed of every run

@@ -124,7 +124,7 @@ def cmd_plan(args: argparse.Namespace, workload_args: list[str]) -> int:
     topology = resolve_topology(topology=opts.topology, gpus=opts.gpus, nodes=opts.nodes)
     goal = Goal(global_batch=opts.global_batch, seq_len=opts.seq_len)
     given: dict[str, object] = {"strategy": opts.strategy, "precision": opts.precision,
-                                "micro_batch": opts.micro_batch, "activation_checkpointing": opts.checkpointing,
+                                "micro_batch": opts.micro_batch, "checkpointing": opts.checkpointing,
                                 "compile": opts.compile, "tp": opts.tp}  # compile: --compile / --no-compile
     overrides = {k: v for k, v in given.items() if v is not None}  # None: the plan decides
     train_goal = _train_goal(opts)  # checked before the (slow) profile

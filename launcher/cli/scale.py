@@ -83,7 +83,7 @@ def cmd_scale(args: argparse.Namespace, workload_args: list[str]) -> int:
         where = "SLURM jobs" if place.slurm else "this host"
         print(f"# sweep {sweep_dir.absolute()}: {mode} scaling on {request.device} ({where}), "
               f"strategy {chosen['strategy']}, precision {chosen['precision']}"
-              + (", activation checkpointing" if chosen["checkpointing"] else ""))
+              + (f", checkpointing {chosen['checkpointing']}" if chosen["checkpointing"] != "none" else ""))
         for n in sizes:
             nodes, procs = shapes[n]
             for k in range(opts.repeat):

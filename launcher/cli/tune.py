@@ -106,7 +106,8 @@ def cmd_tune(args: argparse.Namespace, workload_args: list[str]) -> int:
     except Refused:
         discard(base.run_dir)  # nothing ran: bad input leaves nothing behind
         raise
-    tune = finish(base, trials, workload=request.workload, workload_args=request.workload_args)
+    tune = finish(base, trials, workload=request.workload, workload_args=request.workload_args,
+                  interval=planned.plan.step_interval)
     records = trial_records(tune, request.workload, request.workload_args)
     if records:
         stored = store_tune_trials(planned.topology, records)

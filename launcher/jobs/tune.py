@@ -43,10 +43,10 @@ from launcher.jobs.local import run_local
 from launcher.plan.corrections import TrialRecord, compute_ratio
 from launcher.plan.resolve import Planned
 from launcher.plan.search import label
-from launcher.plan.types import Candidate, Plan
+from launcher.plan.types import Candidate, Plan, StepInterval
 from launcher.results.types import RunResult
 from launcher.rundir import RunPaths, TunePaths
-from launcher.specs import TRIAL_STEPS, TRIAL_TIMED_S, LaunchSpec
+from launcher.specs import TRIAL_STEPS, TRIAL_TIMED_S, LaunchSpec, checkpointing_mode
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ def decisions_of(c: Candidate) -> dict[str, Any]:
     """What a run needs to repeat candidate `c`."""
     s = c.strategy
     return {"strategy": s.kind, "precision": s.precision, "micro_batch": c.micro_batch,
-            "grad_accum": c.grad_accum_steps, "checkpointing": s.activation_checkpointing,
+            "grad_accum": c.grad_accum_steps, "checkpointing": s.checkpointing,
             "compile": s.compile}
 
 
@@ -105,9 +105,10 @@ def trial_spec(base: LaunchSpec, c: Candidate, index: int) -> LaunchSpec:
     """`base` with candidate `c`'s decisions, in `<tune dir>/<index>-<slug>`; no calibration
     window (the trials compare whole steps)."""
     s = c.strategy
-    slug = f"{index}-{s.kind}-{s.precision}{'-ckpt' if s.activation_checkpointing else ''}-mb{c.micro_batch}"
+    ckpt = {"none": "", "full": "-ckpt"}.get(s.checkpointing, f"-{s.checkpointing}")
+    slug = f"{index}-{s.kind}-{s.precision}{ckpt}-mb{c.micro_batch}"
     strategy = dataclasses.replace(base.strategy, kind=s.kind, precision=s.precision,
-                                   activation_checkpointing=s.activation_checkpointing,
+                                   checkpointing=s.checkpointing,
                                    compile=s.compile or base.strategy.compile)
     return dataclasses.replace(base, run_id=f"{base.run_id}-{slug}", run_dir=str(Path(base.run_dir) / slug),
                                micro_batch=c.micro_batch, grad_accum_steps=c.grad_accum_steps,
@@ -124,7 +125,8 @@ def trial_planned(planned: Planned, c: Candidate) -> Planned:
         p, chosen=dataclasses.replace(c, reason=why), reasons=(why,),
         rejected=tuple(x for x in (p.chosen, *p.rejected) if x is not c), global_batch=samples,
         units_per_s=samples * planned.profile.units_per_sample / t.step_time_s,
-        scaling_efficiency=t.compute_s / t.step_time_s if t.step_time_s else 1.0)
+        scaling_efficiency=t.compute_s / t.step_time_s if t.step_time_s else 1.0,
+        step_interval=p.step_interval and p.step_interval.around(t.step_time_s))
     return dataclasses.replace(planned, plan=plan)
 
 
@@ -152,10 +154,12 @@ class Trial:
             return None
         return self.measured_step_s / self.candidate.time.step_time_s
 
-    def to_dict(self, world_size: int, chosen: bool) -> dict[str, Any]:
-        """JSON-ready row of the table."""
+    def to_dict(self, world_size: int, chosen: bool, interval: StepInterval | None = None) -> dict[str, Any]:
+        """JSON-ready row of the table (with the plan's `interval` around this trial's prediction)."""
         c = self.candidate
+        around = interval.around(c.time.step_time_s) if interval else None
         return {"name": self.name, **decisions_of(c), "predicted_step_s": c.time.step_time_s,
+                "predicted_interval_s": [around.low_s, around.high_s] if around else None,
                 "predicted_samples_per_s": c.micro_batch * c.grad_accum_steps * world_size / c.time.step_time_s,
                 "measured_step_s": self.measured_step_s,
                 "measured_samples_per_s": self.measured_samples_per_s, "ratio": self.ratio,
@@ -170,6 +174,7 @@ class TuneResult:
     world_size: int
     trials: tuple[Trial, ...]
     tuned_plan: str | None  # None: no trial finished
+    interval: StepInterval | None = None  # the plan's interval around its chosen step time
 
     @property
     def best(self) -> Trial | None:
@@ -182,7 +187,7 @@ class TuneResult:
         best = self.best
         return {"tune_dir": self.tune_dir, "world_size": self.world_size, "tuned_plan": self.tuned_plan,
                 "chosen": best.name if best else None,
-                "trials": [t.to_dict(self.world_size, t is best) for t in self.trials]}
+                "trials": [t.to_dict(self.world_size, t is best, self.interval) for t in self.trials]}
 
 
 RunFn = Callable[..., RunResult]
@@ -261,9 +266,11 @@ def discard(tune_dir: str) -> None:
         tune.root.rmdir()
 
 
-def finish(base: LaunchSpec, trials: Sequence[Trial], *, workload: str, workload_args: Sequence[str]) -> TuneResult:
+def finish(base: LaunchSpec, trials: Sequence[Trial], *, workload: str, workload_args: Sequence[str],
+           interval: StepInterval | None = None) -> TuneResult:
     """Write tuned-plan.json (when a trial finished) and tune.json in the tune dir."""
-    tune = TuneResult(tune_dir=base.run_dir, world_size=base.world_size, trials=tuple(trials), tuned_plan=None)
+    tune = TuneResult(tune_dir=base.run_dir, world_size=base.world_size, trials=tuple(trials), tuned_plan=None,
+                      interval=interval)
     best = tune.best
     if best is not None:
         path = TunePaths(root=base.run_dir).tuned_plan
@@ -303,11 +310,13 @@ def read_plan_file(path: str) -> dict[str, Any]:
     elif isinstance(data, Mapping) and isinstance(data.get("plan"), Mapping) and "chosen" in data["plan"]:
         c, s = data["plan"]["chosen"], data["plan"]["chosen"].get("strategy", {})
         found = {"strategy": s.get("kind"), "precision": s.get("precision"), "micro_batch": c.get("micro_batch"),
-                 "grad_accum": c.get("grad_accum_steps"), "checkpointing": s.get("activation_checkpointing"),
+                 "grad_accum": c.get("grad_accum_steps"),
+                 "checkpointing": s.get("checkpointing", s.get("activation_checkpointing")),
                  "compile": s.get("compile")}
     else:
         raise UsageError(f"--plan {path}: neither a tuned-plan.json nor a run dir's plan.json")
     missing = [k for k in DECISIONS if found.get(k) is None]
     if missing:
         raise UsageError(f"--plan {path}: no {', '.join(missing)} in it")
-    return {k: found[k] for k in DECISIONS}
+    # a plan file written before the checkpointing modes holds a bool (true: every block)
+    return {k: checkpointing_mode(found[k]) if k == "checkpointing" else found[k] for k in DECISIONS}

@@ -16,11 +16,11 @@ from launcher.errors import PlanError
 from launcher.hardware.types import Topology
 from launcher.plan.compile_choice import compiles, worth_compiling
 from launcher.plan.compile_probe import CompileCheck
-from launcher.plan.cost import FULL_RECOMPUTE, attention_flops_fwd, shard_group_size, step_time
+from launcher.plan.cost import attention_flops_fwd, shard_group_size, step_time
 from launcher.plan.memory import estimate_memory
 from launcher.plan.step_probe import WorkloadTiming
 from launcher.plan.types import Candidate, StepTimeEstimate
-from launcher.specs import Goal, ModelProfile, Strategy
+from launcher.specs import CHECKPOINTING, Goal, ModelProfile, Strategy, checkpointing_mode
 from launcher.workload import no_tp_plan
 
 logger = logging.getLogger(__name__)
@@ -36,8 +36,11 @@ STRATEGY_ORDER = ("ddp", "fsdp_full", "fsdp_grad_op", "hybrid")
 # workloads/mlp.py: 1.4x the samples/s at 16 as at 8, gpt tiny 1.03x); beyond, steps only get
 # longer.
 DEFAULT_MAX_MICRO_BATCH = {"cuda": 64, "cpu": 16}
+# `checkpointing` forces a mode (launcher.specs.CHECKPOINTING). `activation_checkpointing` (a
+# bool: true is "full") and `recompute_fraction` (the share of the forward recomputed, instead
+# of the mode's own price) are what benchmarks/published/run.py passes for published rows.
 OVERRIDE_KEYS = ("strategy", "precision", "micro_batch", "compile", "compile_mode",
-                 "activation_checkpointing", "recompute_fraction", "tp")
+                 "checkpointing", "activation_checkpointing", "recompute_fraction", "tp")
 # the strategies tensor parallelism composes with on a GPU plan's own initiative (the runtime
 # builds a 2-D mesh ("dp", "tp") with FSDP on "dp"); a forced tp may also pair with grad-op
 TP_KINDS = ("fsdp_full", "hybrid")
@@ -83,10 +86,17 @@ def check_overrides(overrides: Mapping[str, Any] | None, topology: Topology) -> 
                         "hybrid, or drop --tp")
     if "micro_batch" in ov and (not isinstance(ov["micro_batch"], int) or ov["micro_batch"] < 1):
         raise PlanError(f"--micro-batch must be an integer >= 1, got {ov['micro_batch']!r}")
-    frac = ov.get("recompute_fraction", FULL_RECOMPUTE)
+    frac = ov.get("recompute_fraction", 1.0)
     if not isinstance(frac, int | float) or not 0 < frac <= 1:
         raise PlanError(f"recompute_fraction is the share of the forward that checkpointing "
                         f"recomputes, in (0, 1]; got {frac!r}")
+    if "activation_checkpointing" in ov:
+        legacy = checkpointing_mode(ov.pop("activation_checkpointing"))
+        if ov.setdefault("checkpointing", legacy) != legacy:
+            raise PlanError(f"checkpointing {ov['checkpointing']} and activation_checkpointing "
+                            f"({legacy}) disagree; give one")
+    if "checkpointing" in ov:
+        ov["checkpointing"] = checkpointing_mode(ov["checkpointing"])
     # Strategy validates kind/precision/compile_mode with an actionable message
     Strategy(kind=ov.get("strategy", "ddp"), precision=ov.get("precision", "fp32"),
              compile_mode=ov.get("compile_mode", "default"))
@@ -155,11 +165,19 @@ def _batches(goal: Goal, n: int, ov: Mapping[str, Any],
     return ok, [mb for mb in mbs if per_rank % mb]
 
 
+def _modes(profile: ModelProfile, ov: Mapping[str, Any]) -> tuple[str, ...]:
+    """The checkpointing modes to price: every one (`search` keeps the forced one), or none
+    alone for a model without repeated blocks (nothing to wrap: every mode is none)."""
+    if profile.num_blocks < 1 and "checkpointing" not in ov:
+        return ("none",)
+    return CHECKPOINTING
+
+
 def _timed(profile: ModelProfile, strategy: Strategy, topology: Topology, mb: int, accum: int,
            ov: Mapping[str, Any], timing: WorkloadTiming | None) -> tuple[Strategy, StepTimeEstimate]:
     """`strategy` and its step time; a compile the plan proposed (not the user) is dropped when
     not predicted worth its compile time (`compile_choice.worth_compiling`)."""
-    frac = ov.get("recompute_fraction", FULL_RECOMPUTE)
+    frac = ov.get("recompute_fraction")
     t = step_time(profile, strategy, topology, mb, accum, recompute_fraction=frac, timing=timing)
     if strategy.compile and "compile" not in ov:
         eager = dataclasses.replace(strategy, compile=False)
@@ -172,7 +190,7 @@ def _timed(profile: ModelProfile, strategy: Strategy, topology: Topology, mb: in
 def candidates(profile: ModelProfile, topology: Topology, goal: Goal, ov: Mapping[str, Any],
                usable: float, timing: WorkloadTiming | None = None,
                compile_check: CompileCheck | None = None) -> tuple[list[Candidate], list[int]]:
-    """Every (strategy, precision, checkpointing, micro-batch) the overrides allow, with its
+    """Every (strategy, precision, checkpointing mode, micro-batch) the overrides allow, with its
     memory and time (CPU: from the workload's timed steps, `timing`, when measured), and the
     micro-batches skipped because they do not divide the batch. Each strategy compiles as the
     `compile` override says, else where `compile_choice.compiles` proposes it (`compile_check`:
@@ -203,9 +221,9 @@ def candidates(profile: ModelProfile, topology: Topology, goal: Goal, ov: Mappin
                 if "tp" in ov:
                     skipped = tp_skipped
             for precision in _precisions(topology, ov):
-                for ckpt in (False, True):
+                for ckpt in _modes(profile, ov):
                     strategy = Strategy(kind=kind, precision=precision,
-                                        activation_checkpointing=ckpt, compile=compiled,
+                                        checkpointing=ckpt, compile=compiled,
                                         compile_mode=ov.get("compile_mode", "default"), tp=tp)
                     for mb, accum in tp_batches:
                         mem = estimate_memory(profile, strategy, micro_batch=mb, world_size=n,

@@ -31,7 +31,7 @@ from typing import Any
 
 from launcher.hardware.types import Topology
 from launcher.plan.compile_probe import CompileCheck
-from launcher.plan.cost import COMPILE_MEMORY_FACTOR, FULL_RECOMPUTE, step_time
+from launcher.plan.cost import COMPILE_MEMORY_FACTOR, step_time
 from launcher.plan.step_probe import WorkloadTiming
 from launcher.plan.types import Candidate, CompileDecision, StepTimeEstimate
 from launcher.specs import ModelProfile
@@ -77,7 +77,7 @@ def compiles(kind: str, topology: Topology, ov: Mapping[str, Any], check: Compil
 
 
 def _priced(c: Candidate, flag: bool, profile: ModelProfile, topology: Topology,
-            recompute_fraction: float, timing: WorkloadTiming | None) -> StepTimeEstimate:
+            recompute_fraction: float | None, timing: WorkloadTiming | None) -> StepTimeEstimate:
     """`c`'s step time with compile `flag` (the other terms as `c`'s)."""
     strategy = dataclasses.replace(c.strategy, compile=flag)
     return step_time(profile, strategy, topology, c.micro_batch, c.grad_accum_steps,
@@ -94,10 +94,11 @@ def _where(c: Candidate, topology: Topology) -> str:
 
 
 def decide(chosen: Candidate, profile: ModelProfile, topology: Topology, ov: Mapping[str, Any],
-           check: CompileCheck | None, *, recompute_fraction: float = FULL_RECOMPUTE,
-           timing: WorkloadTiming | None = None) -> CompileDecision:
+           check: CompileCheck | None, *, recompute_fraction: float | None = None,
+           timing: WorkloadTiming | None = None, compute_factor: float = 1.0) -> CompileDecision:
     """The plan's compile decision for `chosen` (its strategy's flag comes from `compiles`),
-    with the predicted step time eager and compiled, and the reason the plan prints."""
+    with the predicted step time eager and compiled (compute times this machine's tune
+    correction, `compute_factor`), and the reason the plan prints."""
     on = chosen.strategy.compile
     if topology.device != "cuda":
         if "compile" in ov:
@@ -106,9 +107,11 @@ def decide(chosen: Candidate, profile: ModelProfile, topology: Topology, ov: Map
             return CompileDecision(compile=on, decided_by="--compile" if on else "--no-compile",
                                    reason=reason)
         return CompileDecision(compile=False, decided_by="cpu", reason=CPU_REASON)
-    plain = _priced(chosen, False, profile, topology, recompute_fraction, timing)
+    plain = _priced(chosen, False, profile, topology, recompute_fraction, timing).with_compute_scaled(
+        compute_factor)
     eager = plain.step_time_s
-    fused = _priced(chosen, True, profile, topology, recompute_fraction, timing).step_time_s
+    fused = _priced(chosen, True, profile, topology, recompute_fraction, timing).with_compute_scaled(
+        compute_factor).step_time_s
     memory_s = dict(plain.compute_parts).get("memory-bound", 0.0)
     price = f"{eager:.3g} -> {fused:.3g} s/step predicted ({eager / fused - 1:+.0%} throughput)"
     priced: dict[str, Any] = dict(eager_step_time_s=eager, compiled_step_time_s=fused, basis=(

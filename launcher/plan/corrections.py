@@ -8,7 +8,7 @@ compute is the term the probe-derived rates get most wrong on a shared or thrott
 The stored trials of one machine (`fingerprint`: device, accelerator, shape and torch version)
 and one workload (its file name and arguments: the step probe already times each workload
 itself, so a ratio learnt on one model says nothing about another) give one correction per
-precision, the median compute ratio of its trials; `correct_plan` scales every candidate's
+precision, the median compute ratio of its trials; the planner (`search.plan`) scales every candidate's
 predicted compute by it; a precision no trial measured takes the median over all that workload's
 trials (the machine is slower or faster than its probe for every dtype), so an unmeasured
 precision never wins on the model's uncorrected optimism alone. A trial whose measured step is
@@ -34,8 +34,7 @@ from pathlib import Path
 from launcher.errors import PlanError
 from launcher.files import atomic_write_json
 from launcher.hardware.types import Topology
-from launcher.plan.search import TIE_TOLERANCE, dp_ranks, label
-from launcher.plan.types import Candidate, Plan, StepTimeEstimate
+from launcher.plan.types import StepTimeEstimate
 from launcher.specs import check
 
 log = logging.getLogger(__name__)
@@ -166,44 +165,3 @@ def correction_of(trials: Sequence[TrialRecord], *, workload: str | None = None,
     return Correction(factors=factors, overall=statistics.median(t.compute_ratio for t in trials),
                       trials=len(trials), latest=max(t.at for t in trials)[:10],
                       tune_dirs=dirs)
-
-
-def _scaled(c: Candidate, factor: float) -> Candidate:
-    t = c.time
-    time = dataclasses.replace(t, compute_s=t.compute_s * factor,
-                               compute_parts=tuple((n, s * factor) for n, s in t.compute_parts))
-    return dataclasses.replace(c, time=time)
-
-
-def _per_sample(c: Candidate) -> float:
-    return c.time.step_time_s / (c.micro_batch * c.grad_accum_steps)
-
-
-def correct_plan(plan: Plan, correction: Correction, *, may_switch: bool = True) -> Plan:
-    """`plan` with every candidate's compute scaled by its precision's factor (precisions no
-    trial measured keep the model's). When `may_switch` and a fitting alternative is now faster
-    per sample than the chosen one by more than TIE_TOLERANCE, it becomes the choice."""
-    def fix(c: Candidate) -> Candidate:
-        return _scaled(c, correction.factor(c.strategy.precision))
-
-    chosen, rejected = fix(plan.chosen), [fix(c) for c in plan.rejected]
-    reasons = [correction.describe(), *plan.reasons]
-    fitting = [c for c in rejected if c.fits]
-    best = min(fitting, key=_per_sample, default=None)
-    if may_switch and best is not None and _per_sample(best) * (1 + TIE_TOLERANCE) < _per_sample(chosen):
-        why = (f"{label(best)} is fastest once corrected ({_per_sample(best) * 1e3:.3g} vs "
-               f"{_per_sample(chosen) * 1e3:.3g} ms/sample for {label(chosen)})")
-        rejected = [c for c in rejected if c is not best] + [
-            dataclasses.replace(chosen, reason=f"{label(chosen)}: slower once corrected")]
-        reasons = [why, correction.describe(), *(r for r in plan.reasons if r.startswith("warning:"))]
-        chosen = dataclasses.replace(best, reason=why)
-    old = plan.chosen
-    units_per_sample = plan.units_per_s * old.time.step_time_s / (
-        old.micro_batch * old.grad_accum_steps * dp_ranks(old, plan.world_size))
-    t = chosen.time
-    samples = chosen.micro_batch * chosen.grad_accum_steps * dp_ranks(chosen, plan.world_size)
-    return dataclasses.replace(
-        plan, chosen=chosen, reasons=tuple(reasons), rejected=tuple(rejected),
-        global_batch=samples, units_per_s=samples * units_per_sample / t.step_time_s,
-        scaling_efficiency=t.compute_s / t.step_time_s if t.step_time_s else 1.0)
-

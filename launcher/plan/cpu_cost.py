@@ -6,7 +6,10 @@ this module only uses them).
 
 Each rank runs max(1, cores // ranks) OpenMP threads (the launcher's OMP_NUM_THREADS); with more
 ranks than cores the ranks time-share the cores, so a rank gets cores/ranks of one. Its rates
-are the probe's single-thread rates times that share (`cpu_rates.core_share`). One
+are the probe's single-thread rates times the speedup the probe measured on this host at the
+rank's threads for that kind of work (`cpu_rates.core_share`: the large GEMM's for matmuls,
+attention and convolutions, the in-cache streaming add's for memory-bound work and casts; a
+2-core host without SMT reads ~2x and ~1.6x where one with SMT siblings reads less). One
 micro-batch's forward is the sum of:
 - matmuls: the profile's FLOPs less attention and convolutions, at the dtype's large-GEMM
   rate x rows/(rows + half_rows), rows being how often each weight is reused per micro-batch
@@ -25,9 +28,11 @@ measured factors), plus writing (or accumulating) the fp32 gradient of every par
 optimizer streams OPTIMIZER_BYTES_PER_PARAM per local parameter. On top comes the fixed cost of
 every operation (Python, the dispatcher, autograd), which dominates a tiny model: the profile's
 forward ops at the probe's per-op cost, the backward as a multiple of that, the AdamW step per
-parameter tensor and the harness's per-step work; one thread runs it, so only time-sharing a
-core slows it. Communication and FSDP's own work: `cpu_comm`, added to the step (gloo's threads
-need the cores compute uses: nothing hides).
+parameter tensor and the harness's per-step work; one thread runs it, so more threads do not
+speed it up: time-sharing a core slows it, and so does the rank's OpenMP team where the probe
+measured its chain of tiny ops slower on the rank's threads (`cpu_rates.op_share`).
+Communication and FSDP's own work: `cpu_comm`, added to the step (gloo's threads need the cores
+compute uses: nothing hides).
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from dataclasses import dataclass
 
 from launcher.hardware.types import Topology
 from launcher.plan.cpu_comm import cpu_ddp_comm, cpu_sharded_comm, fsdp_overhead_s
-from launcher.plan.cpu_rates import core_share, gloo_of, rates_of, time_share
+from launcher.plan.cpu_rates import core_share, gloo_of, op_share, rates_of, time_share
 from launcher.plan.memory import COMPUTE_DTYPE_BYTES, GRAD_BYTES
 from launcher.plan.step_probe import StepTiming
 from launcher.plan.types import StepTimeEstimate
@@ -105,7 +110,7 @@ def stream_s(nbytes: float, working_set: float, topology: Topology, *,
     rate for that size (`CpuRates.stream_gb_s`): alone when it is the host's only streaming
     thread, the all-core rate when every core streams (in between, in proportion to the cores
     busy); ranks that time-share the cores take turns in one cache, so each sees all of theirs."""
-    rates, share = rates_of(topology.accelerator, topology), core_share(topology)
+    rates, share = rates_of(topology.accelerator, topology), core_share(topology, "stream")
     n = max(1, topology.devices_per_node if ranks is None else ranks)
     cores = max(1, topology.cpu_cores_per_node)
     running = min(n, cores)
@@ -158,7 +163,7 @@ class CpuForward:
 def cpu_forward(profile: ModelProfile, strategy: Strategy, micro_batch: int,
                 topology: Topology) -> CpuForward:
     """One micro-batch on one CPU rank (see the module docstring)."""
-    rates, share = rates_of(topology.accelerator, topology), core_share(topology)
+    rates, share = rates_of(topology.accelerator, topology), core_share(topology, "gemm")
     prec = rates.dtype(strategy.precision)
     attn_flops = profile.attention_flops_fwd_per_sample * micro_batch
     conv_flops = profile.conv_flops_fwd_per_sample * micro_batch
@@ -174,7 +179,7 @@ def cpu_forward(profile: ModelProfile, strategy: Strategy, micro_batch: int,
             gathers = 1 if strategy.kind == "fsdp_grad_op" else 2
             cast_fwd = CAST_BYTES_PER_PARAM * p * gathers / max(1, topology.world_size)
             cast_bwd = CAST_BYTES_PER_PARAM * p
-    cast_rate = rates.cast_gb_s * 1e9 * share
+    cast_rate = rates.cast_gb_s * 1e9 * core_share(topology, "stream")
     grads = GRAD_TRAFFIC_BYTES * p
     memory = sum(stream_s(b, ws, topology) for b, ws in _streams(profile, prec, micro_batch, topology))
     return CpuForward(
@@ -229,11 +234,12 @@ class CpuOverhead:
 
 def cpu_overhead(profile: ModelProfile, topology: Topology) -> CpuOverhead:
     """Per-op overhead of the profile's ops and parameter tensors (none for a profile without
-    an op count). One thread runs it: more threads do not help, time-sharing a core slows it."""
+    an op count). One thread runs it: more threads do not help; time-sharing a core, or an
+    OpenMP team the probe measured slowing tiny ops, slows it (`cpu_rates.op_share`)."""
     if profile.forward_ops == 0:
         return CpuOverhead(forward_s=0.0, backward_s=0.0, optimizer_s=0.0, harness_s=0.0)
     rates = rates_of(topology.accelerator, topology)
-    slow = time_share(topology)
+    slow = 1 / op_share(topology)
     forward = OP_COST_SCALE * profile.forward_ops * rates.graph_op_s * slow
     # every rank steps every parameter tensor (FSDP's are shards of each)
     optimizer = (ADAMW_OPS_PER_TENSOR * profile.param_tensors + ADAMW_FIXED_OPS) * rates.op_s

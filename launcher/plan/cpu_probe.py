@@ -9,9 +9,18 @@ rate there, fp32 ones all of it), streaming bandwidth by working set, alone and 
 streaming at once (what a rank keeps of the shared cache and memory bus), and the fp32 -> bf16
 cast rate; and the fixed cost of one tiny op (Python, dispatcher, autograd) with and without building the
 autograd graph, and of one backward() call. Each is the best of a few repeats with one thread,
-so a busy host disturbs it less.
+so a busy host disturbs it less. Then how a rank's work scales with its threads on this host
+(`_thread_scaling`): the large GEMM, a streaming add within the caches and the chain of tiny ops
+at 1, 2, 4, ... up to every usable core, the thread counts interleaved repeat by repeat, as
+speedups over one thread (SMT siblings, turbo that drops with busy cores, OpenMP's fork and
+join: whatever this host does). A one-rank process of a 2-core host runs both cores: its GEMMs
+reached 2.0x on a 2-core EPYC VM, its in-cache add 1.6x, its tiny ops 1.0x.
 `resolve.cached_cpu_rates` caches the result next to the profiles, under `cache_key` (CPU model,
-usable cores, torch version); `probed_topology` swaps a CPU topology's listed figures for it.
+usable cores, torch version: a host that differs in any is probed afresh); `probed_topology`
+swaps a CPU topology's listed figures for it. A cached probe older than REVALIDATE_AFTER_S, or
+taken on a CPU with other ISA flags behind the same model name, is re-validated by re-measuring
+one rate (`revalidate`: the large fp32 GEMM, ~10 ms after torch's import) and re-probed when it
+moved by more than REVALIDATE_TOLERANCE.
 
 Never imports cli, backends, jobs, runtime or report; torch only inside `measure`.
 """
@@ -52,8 +61,22 @@ CONV_SHAPE = (8, 64, 16)
 REPEATS = 5
 # ops in the chain of 1-element adds that times per-op overhead: ~2 ms per repeat
 OP_CHAIN = 200
-# bump when `measure` measures differently, so old cache entries are ignored
-PROBE_FORMAT = 6
+# elements of the streaming add whose speedup with threads the probe measures: 4 MiB read and
+# written (each thread's part fits its L2 from 2 threads on; the bandwidth beyond the caches
+# and its sharing are the stream curve's): the scaling of memory-bound work
+SCALING_STREAM_NUMEL = 1 << 19
+# thread counts the scaling is measured at: 1, 2, 4, ... and every usable core, at most this many
+MAX_SCALING_POINTS = 6
+# batches of REPEATS rounds the scaling takes at most (a second and third only while a GEMM or
+# streaming speedup reads below 1)
+SCALING_BATCHES = 3
+# a cached probe is re-validated when older than this (a day), or taken on other CPU flags
+REVALIDATE_AFTER_S = 86400.0
+# ... and re-probed when the re-measured fp32 GEMM moved by more than this from the cached one:
+# an assumption, twice the best-of-5 GEMM's run-to-run spread on the idle 2-core EPYC VM (~10%)
+REVALIDATE_TOLERANCE = 0.2
+# bump when `measure` measures differently, so old cache entries are ignored (7: thread scaling)
+PROBE_FORMAT = 7
 
 
 def _best_s(fn: Callable[[], Any], repeats: int) -> float:
@@ -136,6 +159,60 @@ def _op_overheads(torch: Any) -> tuple[float, float, float]:
     return round(op_s, 9), round(graph_op_s, 9), round(max(backward_s, op_s), 9)
 
 
+def scaling_threads(cores: int) -> tuple[int, ...]:
+    """The thread counts the scaling is measured at: 1, 2, 4, ... below `cores`, and `cores`,
+    at most MAX_SCALING_POINTS of them (1, 2 and the largest: a rank's threads are cores //
+    ranks)."""
+    counts = sorted({*(2**i for i in range(max(1, cores).bit_length()) if 2**i < cores), max(1, cores)})
+    if len(counts) <= MAX_SCALING_POINTS:
+        return tuple(counts)
+    return (*counts[:2], *counts[-(MAX_SCALING_POINTS - 2):])
+
+
+def _thread_scaling(torch: Any, cores: int) -> dict[str, tuple[tuple[float, float], ...]]:
+    """Speedup over one thread of a large GEMM, an in-cache streaming add and a chain of tiny
+    ops at each of `scaling_threads(cores)`: the best of REPEATS (or up to SCALING_BATCHES x
+    REPEATS) per thread count, the counts taken in turn within each repeat so that drift in the
+    host's speed hits all of them alike."""
+    a, b = torch.randn(*LARGE_GEMM[:2]), torch.randn(*LARGE_GEMM[1:])
+    x = torch.ones(SCALING_STREAM_NUMEL)
+    out, one = torch.empty_like(x), torch.ones(1)
+
+    def chain() -> None:
+        y = one
+        for _ in range(OP_CHAIN):
+            y = torch.add(y, 1.0)
+
+    work = {"gemm": lambda: torch.mm(a, b), "stream": lambda: torch.add(x, 1.0, out=out),
+            "op": chain}
+    counts = scaling_threads(cores)
+    best = {(kind, n): float("inf") for kind in work for n in counts}
+    for n in counts:  # warm each thread count's OpenMP team and kernels
+        torch.set_num_threads(n)
+        for fn in work.values():
+            fn()
+    for batch in range(SCALING_BATCHES):
+        # more repeats only while a speedup reads below 1: another process held a core the
+        # extra threads wanted for a moment (an OpenMP team then waits on it: 10x slower)
+        if batch and min(best[k, 1] / best[k, n] for k in ("gemm", "stream") for n in counts) >= 1:
+            break
+        for _ in range(REPEATS):
+            for n in counts:
+                torch.set_num_threads(n)
+                for kind, fn in work.items():
+                    t = time.perf_counter()
+                    fn()
+                    best[kind, n] = min(best[kind, n], time.perf_counter() - t)
+    torch.set_num_threads(1)
+    return {kind: tuple((float(n), round(best[kind, 1] / max(best[kind, n], 1e-9), 3))
+                        for n in counts) for kind in work}
+
+
+def flags_digest(flags: frozenset[str]) -> str:
+    """A short digest of the CPU's ISA flags: a generic model name ("AMD EPYC") names no core."""
+    return hashlib.sha256(" ".join(sorted(flags)).encode()).hexdigest()[:12]
+
+
 def llc_bytes(root: Path = LLC_SYSFS) -> float:
     """The largest cache sysfs lists for cpu0 (the last level), in bytes; 0 when unknown."""
     best = 0.0
@@ -183,6 +260,7 @@ def measure() -> CpuRates:
         half_x = torch.empty(CAST_NUMEL, dtype=torch.bfloat16)
         cast = 6 * CAST_NUMEL / _best_s(lambda: half_x.copy_(src), REPEATS) / 1e9
         op_s, graph_op_s, backward_s = _op_overheads(torch)
+        scaling = _thread_scaling(torch, info.usable_cores)
     finally:
         torch.set_num_threads(threads)
     elapsed = time.perf_counter() - started
@@ -190,11 +268,53 @@ def measure() -> CpuRates:
                     cache_gb_s=max(p[1] for p in curve), cast_gb_s=round(cast, 2),
                     stream_curve=curve, llc_bytes=llc_bytes(), op_s=op_s, graph_op_s=graph_op_s,
                     backward_call_s=backward_s, attention_gflops=attn, attention_bwd_factor=attn_bwd,
-                    conv_gflops=conv, conv_bwd_factor=conv_bwd, cpu_model=info.model,
+                    conv_gflops=conv, conv_bwd_factor=conv_bwd, thread_speedup=scaling,
+                    cpu_model=info.model, cpu_flags=flags_digest(info.flags),
                     cores=info.usable_cores,
                     measured_at=datetime.datetime.now().isoformat(timespec="seconds"),
-                    source=f"CPU probe, torch {torch.__version__}, one thread, best of "
-                           f"{REPEATS} ({elapsed:.2f} s)")
+                    source=f"CPU probe, torch {torch.__version__}, one thread (and 1-"
+                           f"{info.usable_cores} for the scaling), best of {REPEATS} "
+                           f"({elapsed:.2f} s)")
+
+
+def quick_gemm_gflops() -> float:
+    """The large fp32 GEMM's rate on one thread, measured as `measure` does: the one rate a
+    cached probe is re-validated by."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _gemm_gflops(torch, LARGE_GEMM, torch.float32)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def needs_revalidation(rates: CpuRates, now: datetime.datetime, flags: str) -> str:
+    """Why the cached `rates` must be re-validated before use ("" when not): older than
+    REVALIDATE_AFTER_S since measured or last validated, or taken on other CPU flags."""
+    if rates.cpu_flags and rates.cpu_flags != flags:
+        return "taken on a CPU with other ISA flags"
+    stamp = rates.validated_at or rates.measured_at
+    try:
+        age_s = (now - datetime.datetime.fromisoformat(stamp)).total_seconds()
+    except ValueError:
+        return "of unknown age"
+    return f"{age_s / 3600:.0f} h old" if age_s > REVALIDATE_AFTER_S else ""
+
+
+def revalidate(rates: CpuRates, gemm_gflops: float, now: datetime.datetime,
+               flags: str) -> CpuRates | None:
+    """`rates` stamped valid at `now` when the re-measured fp32 GEMM (`gemm_gflops`) is within
+    REVALIDATE_TOLERANCE of the cached one (and the flags are this CPU's), else None: probe
+    again."""
+    cached = rates.gemm_gflops["fp32"]
+    if abs(gemm_gflops / cached - 1) > REVALIDATE_TOLERANCE:
+        log.info("the cached CPU probe's fp32 GEMM (%.1f GFLOP/s) is %.1f now: probing again",
+                 cached, gemm_gflops)
+        return None
+    return dataclasses.replace(rates, cpu_flags=flags,
+                               validated_at=now.isoformat(timespec="seconds"))
 
 
 def torch_version() -> str:
@@ -231,4 +351,6 @@ def probed_topology(topology: Topology, rates: CpuRates, gloo: GlooRates | None 
 
 
 __all__ = ["measure", "torch_version", "cache_key", "probed_topology", "half_rows", "llc_bytes",
-           "LARGE_GEMM", "SKINNY_GEMM", "PROBE_FORMAT"]
+           "scaling_threads", "flags_digest", "quick_gemm_gflops", "needs_revalidation",
+           "revalidate", "LARGE_GEMM", "SKINNY_GEMM", "PROBE_FORMAT", "REVALIDATE_AFTER_S",
+           "REVALIDATE_TOLERANCE"]

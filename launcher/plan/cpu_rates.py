@@ -1,7 +1,9 @@
 """What the CPU probes measured on this host, as frozen values: compute rates per core
 (`CpuRates`, from `cpu_probe`) and the cost of gloo collectives between ranks that share the host
 (`GlooRates`, from `gloo_probe`); the CPU "device" that carries them (`ProbedCpu`) and each
-rank's share of the cores.
+rank's share of the cores: how much faster a rank's work runs on its threads than on one, as the
+probe measured it on this host per kind of work (`CpuRates.thread_speedup`: a GEMM, a streaming
+add, a chain of tiny ops), not assumed.
 
 Pure values: no torch, no I/O; never imports cli, backends, jobs, runtime, results or report.
 """
@@ -19,11 +21,13 @@ from launcher.specs import check
 
 log = logging.getLogger(__name__)
 
-# Share of a core the second and later OpenMP threads of one rank add: small GEMMs and the
-# single-threaded elementwise ops below torch's 32k-element grain do not split. Measured: gpt tiny
-# (micro-batch 8) takes 324 ms per step on one thread and 197 ms on two (2-core EPYC VM, torch
-# 2.13): 1.64x, i.e. 0.64 of a core from the second thread.
+# Used only when the probe did not measure how a rank's threads scale (a cache from before probe
+# format 7, a topology file planned elsewhere): the share of a core the second and later OpenMP
+# threads of one rank add. Measured: gpt tiny (micro-batch 8) takes 324 ms per step on one thread
+# and 197 ms on two (2-core EPYC VM, torch 2.13): 1.64x, i.e. 0.64 of a core from the second thread.
 PARALLEL_EFFICIENCY = 0.6
+# the kinds of work whose thread scaling the probe measures (`CpuRates.thread_speedup`)
+THREAD_KINDS = ("gemm", "stream", "op")
 # A 1-element add without and with autograd graph building, and a backward() call through one,
 # as the probe measured them on a 2-core 2.8 GHz Ice Lake VM with torch 2.13 (best of several,
 # loaded host): used when no probe ran.
@@ -79,9 +83,15 @@ class CpuRates:
     # 3x3 convolutions: forward FLOP rate and backward time over forward time, by dtype
     conv_gflops: Mapping[str, float] = field(default_factory=dict)
     conv_bwd_factor: Mapping[str, float] = field(default_factory=dict)
+    # how much faster one rank's work runs on n threads than on one, by kind (THREAD_KINDS: the
+    # large GEMM, a streaming add whose working set fits the caches, a chain of 1-element ops):
+    # (threads, speedup) ascending from (1, 1.0); empty = not measured (PARALLEL_EFFICIENCY)
+    thread_speedup: Mapping[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
     cpu_model: str = ""
+    cpu_flags: str = ""  # digest of the CPU's ISA flags (a generic model name hides the core)
     cores: int = 1
     measured_at: str = ""  # ISO time of the measurement
+    validated_at: str = ""  # ISO time a quick re-measure last agreed with it ("" = never since)
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -101,6 +111,25 @@ class CpuRates:
               PlanError, "CPU backward factors must be > 0")
         check(min(self.op_s, self.graph_op_s, self.backward_call_s) >= 0, PlanError,
               "CPU op overheads must be >= 0")
+        object.__setattr__(self, "thread_speedup", {
+            kind: tuple(sorted((float(n), float(x)) for n, x in points))
+            for kind, points in self.thread_speedup.items()})
+        check(all(kind in THREAD_KINDS and points and all(n >= 1 and x > 0 for n, x in points)
+                  for kind, points in self.thread_speedup.items()), PlanError,
+              f"CPU thread speedups need kinds among {THREAD_KINDS} and (threads >= 1, speedup > 0)")
+
+    def speedup(self, kind: str, threads: int) -> float | None:
+        """How much faster `kind` work runs on `threads` threads than on one: the measured
+        points, linear in threads between them and flat beyond the last; None unmeasured."""
+        points = self.thread_speedup.get(kind)
+        if not points:
+            return None
+        if threads <= points[0][0]:
+            return points[0][1]
+        for (n0, x0), (n1, x1) in zip(points, points[1:]):
+            if threads <= n1:
+                return x0 + (threads - n0) / (n1 - n0) * (x1 - x0)
+        return points[-1][1]
 
     def dtype(self, precision: str) -> str:
         """The rates' key for `precision`: itself when measured, else fp32."""
@@ -198,24 +227,48 @@ def gloo_of(topology: Topology) -> GlooRates | None:
     return None
 
 
-def core_share(topology: Topology) -> float:
-    """Cores' worth of compute one rank gets: its threads (cores // ranks, at least 1; the
-    extra ones at PARALLEL_EFFICIENCY), or cores/ranks when ranks outnumber the cores."""
+def core_share(topology: Topology, kind: str = "gemm") -> float:
+    """Cores' worth of `kind` work (THREAD_KINDS) one rank gets: the speedup the probe measured
+    on this host at the rank's threads (cores // ranks, at least 1), or without a measurement
+    its first thread whole and each further one at PARALLEL_EFFICIENCY; cores/ranks when ranks
+    outnumber the cores (one thread each, time-sharing them)."""
     cores, ranks = max(1, topology.cpu_cores_per_node), topology.devices_per_node
     threads = topology.rank_threads
     if ranks > cores:
         return cores / ranks
+    device = topology.accelerator
+    measured = device.rates.speedup(kind, threads) if isinstance(device, ProbedCpu) else None
+    # below 1 only when other processes held the cores the extra threads wanted (a busy host:
+    # such a probe serves one plan and is not cached, host_quiet); the run gets the cores
+    if measured is not None and measured >= 1:
+        return measured
     return 1 + (threads - 1) * PARALLEL_EFFICIENCY
 
 
 def time_share(topology: Topology) -> float:
     """How much longer one thread's work takes on a rank: ranks / cores when the ranks outnumber
     the cores (they time-share them), else 1 (extra threads do not speed up serial work)."""
-    return 1 / min(1.0, core_share(topology))
+    cores, ranks = max(1, topology.cpu_cores_per_node), topology.devices_per_node
+    return ranks / cores if ranks > cores else 1.0
+
+
+def op_share(topology: Topology) -> float:
+    """How much slower (< 1) a rank's per-op overhead runs than one thread's alone on the
+    host: the probe's measured "op" speedup at the rank's threads, at most 1 (a tiny op runs on
+    the calling thread: more threads cannot speed it up, an OpenMP team may slow it; 1
+    unmeasured), or the time-sharing when ranks outnumber the cores."""
+    cores, ranks = max(1, topology.cpu_cores_per_node), topology.devices_per_node
+    if ranks > cores:
+        return cores / ranks
+    device = topology.accelerator
+    measured = (device.rates.speedup("op", topology.rank_threads)
+                if isinstance(device, ProbedCpu) else None)
+    return 1.0 if measured is None else min(1.0, measured)
 
 
 __all__ = ["CpuRates", "GlooRates", "ProbedCpu", "COLLECTIVES", "rates_of", "gloo_of",
-           "core_share", "time_share", "PARALLEL_EFFICIENCY", "DEFAULT_OP_S", "DEFAULT_GRAPH_OP_S",
+           "core_share", "time_share", "op_share", "PARALLEL_EFFICIENCY", "THREAD_KINDS",
+           "DEFAULT_OP_S", "DEFAULT_GRAPH_OP_S",
            "DEFAULT_BACKWARD_CALL_S", "DEFAULT_LLC_BYTES", "DEFAULT_HALF_ROWS", "DEFAULT_MEM_GB_S",
            "DEFAULT_CACHE_GB_S", "DEFAULT_CAST_GB_S", "DEFAULT_ATTENTION_FRACTION",
            "DEFAULT_ATTENTION_BWD", "DEFAULT_CONV_BWD"]

@@ -10,8 +10,9 @@ against, the same way the planner reads its peaks:
         ~0.8 of the datasheet); copy: the HBM bandwidth (cost.hbm_bytes_per_s, datasheets) x
         COPY_PEAK_FRACTION; all-reduce: the topology's links, which are achievable busbw already.
   CPU   with this host's probes (`cpu_rates.ProbedCpu`, what plan.resolve attaches): the CPU
-        probe's one-thread GEMM rate x each rank's cores' worth as the planner counts it (further
-        threads at cpu_rates.PARALLEL_EFFICIENCY), its streaming rate at the copy's
+        probe's one-thread GEMM rate x each rank's cores' worth as the planner counts it (the
+        probe's measured GEMM speedup at the rank's threads; without one, further threads at
+        cpu_rates.PARALLEL_EFFICIENCY), its streaming rate at the copy's
         working set with every rank streaming at once, and the gloo probe's all-reduce cost;
         measurements, so taken whole (fraction 1). From a topology file without a probe (SLURM
         nodes): the listed peak shared between the node's ranks, its link; no memory figure.
@@ -63,13 +64,15 @@ def _link_busbw(link: Link, what: str) -> Expected:
     return Expected(value=link.bw_gb_s * 1e9, peak=link.bw_gb_s * 1e9, fraction=1.0, source=source)
 
 
-def _share_text(share: float, threads: int, cores: int, ranks: int) -> str:
+def _share_text(share: float, threads: int, cores: int, ranks: int, measured: bool) -> str:
     if ranks > cores:
         return f"{share:.2g} of a core per rank ({ranks} ranks on {cores} cores)"
     if threads <= 1:
         return "1 thread per rank"
+    if measured:
+        return f"{share:.3g} cores' worth per rank ({threads} threads: the probe's measured GEMM speedup)"
     return (f"{share:.3g} cores' worth per rank ({threads} threads, each beyond the first at "
-            f"{PARALLEL_EFFICIENCY:g} as the planner counts them)")
+            f"{PARALLEL_EFFICIENCY:g} as the planner counts them without a measurement)")
 
 
 def _world_link(topology: Topology) -> Link | None:
@@ -113,9 +116,13 @@ def cpu_expectations(topology: Topology, *, precision: str, ranks_per_node: int,
     dev = topology.accelerator
     cores = max(1, topology.cpu_cores_per_node)
     ranks = max(1, ranks_per_node)
-    # cores' worth of compute one rank has, as the planner counts it (cpu_rates.core_share): its
-    # first thread whole, each further one at PARALLEL_EFFICIENCY; a share when ranks outnumber cores
-    share = cores / ranks if ranks > cores else 1 + (max(1, threads) - 1) * PARALLEL_EFFICIENCY
+    # cores' worth of compute one rank has, as the planner counts it (cpu_rates.core_share): the
+    # probe's measured GEMM speedup at the rank's threads, else its first thread whole and each
+    # further one at PARALLEL_EFFICIENCY; a share when ranks outnumber cores
+    speedup = dev.rates.speedup("gemm", max(1, threads)) if isinstance(dev, ProbedCpu) else None
+    measured = ranks <= cores and speedup is not None and speedup >= 1
+    share = (cores / ranks if ranks > cores else speedup if measured and speedup is not None
+             else 1 + (max(1, threads) - 1) * PARALLEL_EFFICIENCY)
     checks: dict[str, Expected | None] = {}
     missing: dict[str, str] = {}
     if isinstance(dev, ProbedCpu):
@@ -126,7 +133,7 @@ def cpu_expectations(topology: Topology, *, precision: str, ranks_per_node: int,
         checks["gemm"] = Expected(
             value=per_thread * share, peak=per_thread * share, fraction=1.0,
             source=f"the CPU probe of this host ({when}): {dtype} GEMM {per_thread / 1e9:.1f} "
-                   f"GFLOP/s on one thread x {_share_text(share, threads, cores, ranks)}")
+                   f"GFLOP/s on one thread x {_share_text(share, threads, cores, ranks, measured)}")
         # the threads streaming at once (every rank copies at the same time) and their working set
         busy = min(cores, ranks * threads)
         working_set = copy_bytes / max(1, threads)

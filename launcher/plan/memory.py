@@ -19,9 +19,13 @@ The model, per rank (P = parameters, G = shard group size, c = compute-dtype byt
   would hold a second flat copy of all gradients (+4 B/param). Under autocast the cached
   compute-dtype weights (+c B/param) live until backward consumes them: counted as activations.
 - FSDP full shard (ZeRO-3): params, grads, optimizer / G, plus the unsharded units: the root
-  unit (parameters outside the blocks: embeddings, head; FSDP2 keeps the root unsharded between
-  forward and backward), two blocks (the current one and the prefetched one) at the compute
-  dtype, and one block's unsharded fp32 gradients waiting for their reduce-scatter.
+  unit (parameters outside the blocks: embeddings, head), two blocks (the current one and the
+  prefetched one) at the compute dtype, and one block's unsharded fp32 gradients waiting for
+  their reduce-scatter. They live during the blocks' backward, not at its start: when the loss
+  gradient (backward's transient) peaks, every unit, the root included, has been resharded after
+  its forward and no gradient exists yet (measured on CPU, torch 2.13: the peak is
+  log_softmax's backward, with nothing unsharded), so the units and the transient count once,
+  the larger of the two.
 - FSDP shard-grad-op (ZeRO-2, reshard_after_forward=False): the whole model stays unsharded at
   the compute dtype from forward to backward; fp32 params, grads and optimizer are sharded.
 - hybrid: full shard inside the shard group (one node), replicated across nodes.
@@ -38,9 +42,16 @@ The model, per rank (P = parameters, G = shard group size, c = compute-dtype byt
   t and is not applied. The caller's G is the FSDP group (world/t ranks, or devices per node / t
   under hybrid).
 - activations: `profile.activation_bytes_per_sample` is measured on fp32 saved tensors; bf16 and
-  fp16 scale it (0.6 under DDP's autocast, 0.5 under FSDP's bf16 parameters: see the factors).
-  Per-block checkpointing keeps each block's input plus one block's activations during its
-  recompute.
+  fp16 scale it by what each kind of op saves (see the factors): under DDP's autocast 0.7 for a
+  model with attention (its residual stream and norms stay fp32) and 0.5 for one without (conv
+  nets, MLPs: all bf16 after the first conv or matmul); under FSDP's bf16 parameters 0.5, 0.75
+  behind batch norms (fp32 units of their own). torch.compile saves x0.75 of a transformer's
+  (Inductor recomputes pointwise work in backward) and all of a conv net's. On CPU, attention
+  with dropout runs SDPA's math path: its probabilities and masks are added
+  (`profile.math_attention_bytes_per_sample`).
+  Checkpointing (`checkpointing`, by mode) keeps each wrapped block's input and its mode's
+  saved share (selective: matmul and attention outputs), the unwrapped blocks' activations, and
+  what one wrapped block dropped while backward recomputes it.
 - backward's transient: on top of the saved activations, the most bytes backward holds at once
   (`profile.backward_transient_bytes_per_sample`, measured on meta: for a language model the
   loss gradient over the vocabulary, two logits-sized tensors), at the loss's dtype: fp32 under
@@ -58,6 +69,7 @@ from __future__ import annotations
 import logging
 
 from launcher.hardware.types import DeviceSpec
+from launcher.plan.checkpointing import describe, kept_activation_bytes
 from launcher.plan.types import MemoryEstimate
 from launcher.specs import GIB, ModelProfile, Strategy
 
@@ -71,18 +83,41 @@ OPTIMIZER_STATE_BYTES = {"adamw": 8, "sgd": 4}  # AdamW: exp_avg + exp_avg_sq; S
 # Bytes of one element at the compute dtype of each precision.
 COMPUTE_DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
-# Saved activations under bf16/fp16 relative to the fp32 measurement.
-# DDP + autocast (runtime/harness.py): matmul inputs/outputs halve, but autocast runs norms,
-# softmax and the loss in fp32 and the residual stream stays fp32, so a transformer saves ~55-65%
-# of its fp32 bytes (Korthikanti et al. 2022 count 2 B for most tensors and 1 B for masks; the
-# fp32 islands push it above 0.5). 0.6 errs on the safe side.
-AUTOCAST_ACTIVATION_FACTOR = 0.6
-# Checkpointed block inputs are the residual stream, which stays fp32 under autocast
-# (bf16 matmul output + fp32 residual promotes to fp32): no discount.
+# Saved activations under bf16/fp16 relative to the fp32 measurement, by what autocast (DDP,
+# runtime/harness.py) does to each kind of op: matmuls, convolutions and SDPA run in bf16 (their
+# saved inputs are bf16 casts, their outputs bf16); the rest runs in its inputs' dtype.
+# - A model with attention (a transformer): the residual stream starts at the fp32 embedding and
+#   stays fp32 (fp32 + bf16 matmul output promotes), so the norms save fp32 inputs and fp32
+#   outputs, and the next matmul saves a bf16 cast of each output besides. Per token and block
+#   (Korthikanti et al. 2022, arXiv 2205.05198, s4.1 accounting, flash attention, width h, MLP f):
+#   fp32 saves 4 x (8h + 2f) B; autocast 2 x 4h (norm inputs) + 2 x 6h (norm outputs fp32 + bf16)
+#   + 2 x 4h (q, k, v, SDPA out) + 2 x 2f = 28h + 4f: 0.71 at f = 3h (gpt tiny), 0.69 at 4h (GPT-2),
+#   0.72 at 2.69h (Llama). Measured on CPU (benchmarks/memory_truth.py): 0.72 for gpt tiny.
+AUTOCAST_ACTIVATION_FACTOR = 0.7
+# Checkpointed block inputs are that residual stream, fp32 under autocast: no discount.
 AUTOCAST_BLOCK_INPUT_FACTOR = 1.0
+# - A model without attention (conv nets, MLPs): everything after the first conv or matmul is
+#   bf16 (batch norm and ReLU run in their bf16 input's dtype on CPU and CUDA autocast), block
+#   inputs included: half the fp32 bytes. Measured on CPU: resnet 0.49 at micro-batch 16.
+AUTOCAST_NO_ATTENTION_FACTOR = 0.5
 # FSDP2 with MixedPrecisionPolicy(param_dtype=bf16) and no autocast (runtime/wrap.py): the
 # parameters and the cast inputs are bf16, so every saved tensor, block inputs included, is too.
 PARAM_DTYPE_ACTIVATION_FACTOR = 0.5
+# ... except behind batch norm: the runtime keeps each BatchNorm an fp32 unit of its own that
+# casts its input up (`cast_forward_inputs`), so a conv-BN-ReLU saves BN's fp32 input copy (4 B)
+# and ReLU's bf16 output (2 B) where fp32 saves 4 + 4: 0.75. Measured on CPU: resnet 0.73.
+PARAM_DTYPE_BATCH_NORM_FACTOR = 0.75
+
+# torch.compile (Inductor's default min-cut partitioner, torch._functorch.partitioners) saves for
+# backward what the compute-intensive ops (matmul, convolution, SDPA) need and recomputes
+# pointwise work (norm outputs, activation functions, dropout masks from the RNG seed) in the
+# fused backward kernels. A transformer block keeps its matmul outputs but drops those
+# intermediates: FIT 0.75 of the eager saved bytes, measured on CPU live tensor bytes (torch 2.13,
+# benchmarks/memory_truth.py): gpt tiny 0.80, HF GPT-2 tiny 0.70 of its profiled bytes. A conv
+# net's saved tensors are all conv inputs and outputs (BN's input is the conv's output, ReLU's
+# output the next conv's input): nothing to recompute, as eager (resnet measured 1.06).
+COMPILE_SAVED_FACTOR = 0.75
+COMPILE_NO_ATTENTION_FACTOR = 1.0
 
 # Backward's transient under mixed precision relative to the fp32 measurement. Autocast runs
 # cross_entropy / log_softmax / nll_loss in fp32 (torch.amp's fp32 op list), so of the two
@@ -129,26 +164,46 @@ def unsharded_root_params(profile: ModelProfile) -> int:
     return max(0, profile.num_params - profile.num_blocks * profile.largest_block_params)
 
 
-def activation_factors(strategy: Strategy) -> tuple[float, float]:
-    """(saved activations, checkpointed block inputs) relative to the fp32 measurement."""
+def activation_factors(strategy: Strategy, profile: ModelProfile | None = None) -> tuple[float, float]:
+    """(saved activations, checkpointed block inputs) relative to the fp32 measurement, by the
+    precision and what the model is (`profile`: attention or not, batch norms; None: a
+    transformer without batch norm)."""
     if strategy.precision == "fp32":
         return 1.0, 1.0
+    attention = profile is None or profile.attention_flops_fwd_per_sample > 0
     if strategy.kind == "ddp":
-        return AUTOCAST_ACTIVATION_FACTOR, AUTOCAST_BLOCK_INPUT_FACTOR
+        if attention:
+            return AUTOCAST_ACTIVATION_FACTOR, AUTOCAST_BLOCK_INPUT_FACTOR
+        return AUTOCAST_NO_ATTENTION_FACTOR, AUTOCAST_NO_ATTENTION_FACTOR
+    if profile is not None and profile.batch_norms > 0:
+        return PARAM_DTYPE_BATCH_NORM_FACTOR, PARAM_DTYPE_ACTIVATION_FACTOR
     return PARAM_DTYPE_ACTIVATION_FACTOR, PARAM_DTYPE_ACTIVATION_FACTOR
 
 
-def activation_bytes(profile: ModelProfile, strategy: Strategy, micro_batch: int) -> float:
-    """Saved-for-backward bytes of one micro-batch, with checkpointing if the strategy asks."""
-    factor, input_factor = activation_factors(strategy)
-    full = profile.activation_bytes_per_sample * factor
+def compile_factor(profile: ModelProfile, strategy: Strategy) -> float:
+    """Saved activations under torch.compile relative to eager (1 without compile)."""
+    if not strategy.compile:
+        return 1.0
+    return COMPILE_SAVED_FACTOR if profile.attention_flops_fwd_per_sample > 0 else COMPILE_NO_ATTENTION_FACTOR
+
+
+def activation_bytes(profile: ModelProfile, strategy: Strategy, micro_batch: int, *,
+                     device: str = "") -> float:
+    """Saved-for-backward bytes of one micro-batch, with the strategy's checkpointing mode.
+    On `device` "cpu" eager attention with dropout runs SDPA's math path, which saves
+    `profile.math_attention_bytes_per_sample` beyond flash's; compiled, Inductor recomputes
+    its softmax and regenerates its dropout mask (measured: HF GPT-2 tiny stays below the
+    estimate without it), so it is not added there."""
+    factor, input_factor = activation_factors(strategy, profile)
+    saved = profile.activation_bytes_per_sample
+    if device == "cpu" and not strategy.compile:
+        saved += profile.math_attention_bytes_per_sample
+    full = saved * factor * compile_factor(profile, strategy)
     if not strategy.activation_checkpointing or profile.num_blocks < 1:
         return full * micro_batch
-    # Checkpointing per block keeps each block's input, plus one block's activations while
-    # that block is recomputed in backward.
-    kept = profile.block_input_bytes_per_sample * input_factor * profile.num_blocks
-    one_block = full / profile.num_blocks
-    return (kept + one_block) * micro_batch
+    return kept_activation_bytes(strategy.checkpointing, saved_bytes=full,
+                                 block_input_bytes=profile.block_input_bytes_per_sample * input_factor,
+                                 num_blocks=profile.num_blocks) * micro_batch
 
 
 def transient_bytes(profile: ModelProfile, strategy: Strategy, micro_batch: int) -> float:
@@ -192,13 +247,18 @@ def estimate_memory(profile: ModelProfile, strategy: Strategy, *, micro_batch: i
     # x / 1 is exact: tp = 1 keeps every term bit-for-bit what it was before TP existed
     # the logits are gathered on every TP rank (no loss parallel): the transient stays whole
     transient = transient_bytes(profile, strategy, micro_batch)
-    activations = activation_bytes(profile, strategy, micro_batch) / tp + transient
-    factor, input_factor = activation_factors(strategy)
+    activations = activation_bytes(profile, strategy, micro_batch, device=device) / tp + transient
+    factor, input_factor = activation_factors(strategy, profile)
     act_note = (f"activations x{factor:g} of the fp32 measurement "
                 + ("(autocast)" if strategy.kind == "ddp" else f"({strategy.precision} params)")
                 if mixed else "activations as measured (fp32)")
+    if strategy.compile:
+        act_note += f", x{compile_factor(profile, strategy):g} compiled (Inductor recomputes pointwise work)"
+    elif device == "cpu" and profile.math_attention_bytes_per_sample > 0:
+        act_note += (", attention with dropout on SDPA's math path (CPU): "
+                     f"{fmt_gib(profile.math_attention_bytes_per_sample)} GiB a sample more")
     if strategy.activation_checkpointing:
-        act_note += f", checkpointed per block (block inputs x{input_factor:g} + one block)"
+        act_note += f", {describe(strategy.checkpointing)} (block inputs x{input_factor:g})"
     units = 0.0  # FSDP unsharded parameters/gradients, counted in overhead
 
     if strategy.kind == "ddp":
@@ -243,6 +303,16 @@ def estimate_memory(profile: ModelProfile, strategy: Strategy, *, micro_batch: i
                                      if tp > 1 else ""))
         units += GRAD_BYTES * block
         notes.append("one block's fp32 grads before reduce-scatter")
+        # backward's transient (the loss gradient) peaks before any block's backward: every
+        # unit is resharded then (full shard reshards the root after forward too: measured,
+        # torch 2.13) and no unsharded gradient exists; the units live later, once the loss
+        # gradient is freed. The peak holds the larger of the two, not both
+        coexisting = c * p / tp if strategy.kind == "fsdp_grad_op" else 0.0
+        overlap = min(units - coexisting, transient)
+        if overlap > 0:
+            units -= overlap
+            notes.append(f"the unsharded units and backward's transient never live at once: "
+                         f"{fmt_gib(overlap)} GiB counted once")
         if tp > 1:
             notes.append(f"TP {tp} + sequence parallelism: activations / {tp} (every activation "
                          "split, Korthikanti et al. 2022); the loss gradient whole (logits "
@@ -283,7 +353,9 @@ __all__ = ["estimate_memory", "optimizer_state_bytes", "transient_bytes", "AUTOC
            "usable_mem_bytes", "activation_bytes", "unsharded_root_params",
            "fmt_gib", "MASTER_PARAM_BYTES", "GRAD_BYTES", "OPTIMIZER_STATE_BYTES",
            "COMPUTE_DTYPE_BYTES", "AUTOCAST_ACTIVATION_FACTOR", "AUTOCAST_BLOCK_INPUT_FACTOR",
-           "PARAM_DTYPE_ACTIVATION_FACTOR", "activation_factors",
+           "PARAM_DTYPE_ACTIVATION_FACTOR", "activation_factors", "AUTOCAST_NO_ATTENTION_FACTOR",
+           "PARAM_DTYPE_BATCH_NORM_FACTOR", "COMPILE_SAVED_FACTOR", "COMPILE_NO_ATTENTION_FACTOR",
+           "compile_factor",
            "DDP_GRADIENT_AS_BUCKET_VIEW", "DDP_BUCKET_CAP_BYTES", "CUDA_CONTEXT_BYTES", "CUBLAS_WORKSPACE_BYTES",
            "NCCL_BUFFER_BYTES", "CUDA_ALLOCATOR_SLACK", "SINGLE_PROCESS_GRAD_OVERLAP",
            "FOREACH_ADAMW_TEMP_FACTOR"]

@@ -5,6 +5,8 @@
   bytes autograd saves for backward are summed, each storage once and parameters left out;
   the slope is bytes per sample (the intercept, mostly weights saved by reference, is dropped);
 - checkpointing keeps each block's input: a pre-hook on the first block, in the same pass;
+- attention with dropout: what SDPA's math path (the one CPU runs it on) saves beyond flash's,
+  the probabilities and dropout mask per score (MATH_ATTENTION_BYTES_PER_SCORE), in the same pass;
 - the backward transient: the same passes run backward, and the most bytes backward holds at
   once beyond what the forward saved is kept per sample (parameter gradients are dropped as
   they land: the memory model counts them apart). For a language model it is the loss
@@ -53,6 +55,12 @@ TP_PROBE_DEGREES = (2, 4, 8)
 # backward's transient is measured apart, at micro-batches where what grows with the batch
 # outweighs the one-off gradient of a parameter (a wide embedding's) that backward also makes
 TRANSIENT_BATCHES = (8, 16)
+# SDPA with dropout runs PyTorch's math path on CPU (the CPU flash kernel takes no dropout:
+# sdp_utils_cpp.cpp `use_flash_attention_cpp` checks it), which saves per attention score what
+# flash does not: the softmax probabilities (4 B fp32), the dropout mask (1 B, bool) and the
+# dropped probabilities the matmul with v keeps (4 B) (`_scaled_dot_product_attention_math`).
+# Measured on CPU (HF GPT-2 tiny, attn_pdrop 0.1, saved tensors): 10.0 B a score.
+MATH_ATTENTION_BYTES_PER_SCORE = 9
 # FlopCounterMode's names of the forward convolution ops
 _CONV_OPS = ("convolution", "_convolution", "conv1d", "conv2d", "conv3d", "convolution_overrideable")
 
@@ -68,6 +76,7 @@ class Counts(NamedTuple):
     attention_flops: float  # of which scaled-dot-product attention (4 s^2 d per layer)
     conv_flops: float  # of which convolutions
     ops: float  # aten ops dispatched by that forward
+    math_attention: float = 0.0  # at PROFILE_BATCHES[0]: SDPA's math path beyond flash (CPU dropout)
     transient1: float = 0.0  # backward's peak bytes beyond the saved, at TRANSIENT_BATCHES[0]
     transient2: float = 0.0  # ... at TRANSIENT_BATCHES[1]
 
@@ -125,12 +134,17 @@ def _flash_like_sdpa() -> Any:
     class Mode(TorchFunctionMode):
         # attention FLOPs, as FlopCounterMode counts SDPA: q @ k^T and scores @ v
         attention_flops = 0
+        # what the math path would save beyond this, where attention has dropout
+        math_attention_bytes = 0
 
         def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             if func is F.scaled_dot_product_attention:
                 q, k, v = args[:3]
                 b_h_sq = q.numel() // q.shape[-1]
                 self.attention_flops += 2 * b_h_sq * k.shape[-2] * (q.shape[-1] + v.shape[-1])
+                dropout = (kwargs or {}).get("dropout_p", args[4] if len(args) > 4 else 0.0)
+                if dropout:
+                    self.math_attention_bytes += MATH_ATTENTION_BYTES_PER_SCORE * b_h_sq * k.shape[-2]
                 return FlashLike.apply(q, k, v)
             return func(*args, **(kwargs or {}))
 
@@ -221,12 +235,13 @@ def _backward_transient(loss: Any, params: Sequence[Any], tracker: _NewBytes) ->
 
 def _saved_bytes(workload: Workload, model: Any, micro_batch: int, param_keys: set[int],
                  first_block: Any = None, *, count_flops: bool = False,
-                 backward: bool = False) -> tuple[int, int, tuple[float, float, float], int, float]:
+                 backward: bool = False) -> tuple[int, int, tuple[float, float, float, float], int, float]:
     """Bytes autograd saves for backward in one forward (each storage once, no parameters),
     the bytes of the first block's input (what checkpointing keeps per block), with
     `count_flops` the forward FLOPs (FlopCounterMode plus the attention it cannot see here;
-    all, attention, convolutions) and the number of aten ops the forward dispatched, and with
-    `backward` backward's transient bytes (`_backward_transient`; else 0)."""
+    all, attention, convolutions; then SDPA's math-path bytes beyond flash's) and the number
+    of aten ops the forward dispatched, and with `backward` backward's transient bytes
+    (`_backward_transient`; else 0)."""
     # deferred: only a profile missing from the cache needs torch
     import torch
     from torch.utils.flop_counter import FlopCounterMode
@@ -266,12 +281,13 @@ def _saved_bytes(workload: Workload, model: Any, micro_batch: int, param_keys: s
     transient = (_backward_transient(loss, list(model.parameters()), tracker)
                  if tracker is not None else 0.0)
     del loss
-    flops = (0.0, 0.0, 0.0)
+    flops = (0.0, 0.0, 0.0, 0.0)
     if isinstance(counter, FlopCounterMode):
         by_op = counter.get_flop_counts().get("Global", {})
         conv = sum(n for op, n in by_op.items() if getattr(op, "__name__", str(op)).split(".")[0] in _CONV_OPS)
         attention = float(sdpa.attention_flops)
-        flops = (float(counter.get_total_flops()) + attention, attention, float(conv))
+        flops = (float(counter.get_total_flops()) + attention, attention, float(conv),
+                 float(sdpa.math_attention_bytes))
     return total, (block_in[0] if block_in else 0), flops, getattr(ops, "ops", 0), transient
 
 
@@ -280,12 +296,13 @@ def _passes(workload: Workload, model: Any, param_keys: set[int], first_block: A
     """Saved bytes at micro-batch 1 and 2, the first block's input bytes, and the FLOPs and
     aten ops at 1; with `transients`, backward's transient at TRANSIENT_BATCHES (else 0: the
     two backward passes are a third of a profile's time, skipped where nobody reads them)."""
-    saved1, block_in, (flops, attention, conv), ops, _ = _saved_bytes(
+    saved1, block_in, (flops, attention, conv, math_attention), ops, _ = _saved_bytes(
         workload, model, PROFILE_BATCHES[0], param_keys, first_block, count_flops=True)
     saved2, _, _, _, _ = _saved_bytes(workload, model, PROFILE_BATCHES[1], param_keys)
     transient1, transient2 = ((_saved_bytes(workload, model, mb, param_keys, backward=True)[4]
                                for mb in TRANSIENT_BATCHES) if transients else (0.0, 0.0))
-    return Counts(saved1, saved2, block_in, flops, attention, conv, ops, transient1, transient2)
+    return Counts(saved1, saved2, block_in, flops, attention, conv, ops, math_attention,
+                  transient1, transient2)
 
 
 def _extrapolated(workload: Workload, model: Any, param_keys: set[int], blocks: Sequence[Any],
@@ -414,6 +431,7 @@ def profile_workload(workload: Workload, *, extrapolate: bool = True) -> ModelPr
         forward_ops=int(counts.ops),
         param_tensors=len(params),
         batch_norms=len(batch_norms(model)),
+        math_attention_bytes_per_sample=counts.math_attention * per_sample,
         backward_transient_bytes_per_sample=max(
             (counts.transient2 - counts.transient1) / (TRANSIENT_BATCHES[1] - TRANSIENT_BATCHES[0]),
             0.0),

@@ -17,6 +17,7 @@ Never imports cli, backends, jobs, runtime or report, and never torch itself (`p
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import gc
 import hashlib
 import json
@@ -38,14 +39,22 @@ from launcher.plan.compile_probe import COMPILE_PROBE_FORMAT, CompileCheck, chec
 from launcher.plan.corrections import (
     Correction,
     TrialRecord,
-    correct_plan,
     correction_of,
     fingerprint,
     load_trials,
     store_trials,
 )
 from launcher.plan.cpu_cost import cpu_step_time
-from launcher.plan.cpu_probe import cache_key, measure, probed_topology, torch_version
+from launcher.plan.cpu_probe import (
+    cache_key,
+    flags_digest,
+    measure,
+    needs_revalidation,
+    probed_topology,
+    quick_gemm_gflops,
+    revalidate,
+    torch_version,
+)
 from launcher.plan.cpu_rates import CpuRates, GlooRates
 from launcher.plan.gloo_probe import GLOO_PROBE_FORMAT, measure_gloo
 from launcher.plan.host_quiet import Quiet, cacheable, watch
@@ -146,7 +155,7 @@ def _cache_key(workload: str, workload_args: Sequence[str]) -> str:
 
 
 # bump when profile.py measures differently, so old cache entries are ignored
-_PROFILE_FORMAT = 8  # 7: tp_degrees; 8: profile_note
+_PROFILE_FORMAT = 9  # 7: tp_degrees; 8: profile_note; 9: math_attention_bytes_per_sample
 
 
 def _cached(path: Path, load: Callable[[dict[str, Any]], _T], make: Callable[[], _T]) -> _T:
@@ -231,14 +240,32 @@ def cached_compile_check(workload: str, workload_args: Sequence[str]) -> Compile
 
 
 def cached_cpu_rates(cache_dir: Path | None = None, *,
-                     measure_fn: Callable[[], CpuRates] = measure) -> CpuRates:
+                     measure_fn: Callable[[], CpuRates] = measure,
+                     gemm_fn: Callable[[], float] = quick_gemm_gflops) -> CpuRates:
     """This host's CPU rates (`cpu_probe`), measured once per CPU model, usable cores and torch
-    version and cached in `cache_dir` (default `probe_cache_dir()`)."""
+    version and cached in `cache_dir` (default `probe_cache_dir()`); an entry older than a day
+    or from other CPU flags is re-validated by one quick re-measure on a quiet host, and
+    measured again when that moved (`cpu_probe.revalidate`)."""
     info = cpu_info()
     key = cache_key(info.model, info.usable_cores, torch_version())
     path = (cache_dir or probe_cache_dir()) / f"{key}.json"
-    return _cached_probe(path, lambda d: CpuRates(**d), measure_fn, "its CPU rates",
-                         info.usable_cores)
+    flags = flags_digest(info.flags)
+
+    def load(d: dict[str, Any]) -> CpuRates:
+        rates = CpuRates(**d)
+        now = datetime.datetime.now()
+        if not needs_revalidation(rates, now, flags):
+            return rates
+        gemm, quiet = watch(gemm_fn, info.usable_cores, 1)
+        if not cacheable(quiet):  # a busy host's re-measure decides nothing
+            return rates
+        valid = revalidate(rates, gemm, now, flags)
+        if valid is None:
+            raise ValueError("the cached CPU probe no longer holds")  # measure again
+        _store(path, dataclasses.asdict(valid))
+        return valid
+
+    return _cached_probe(path, load, measure_fn, "its CPU rates", info.usable_cores)
 
 
 def cached_gloo_rates(ranks: int, cache_dir: Path | None = None, *,
@@ -340,16 +367,15 @@ def plan_workload(workload: str, workload_args: Sequence[str], topology: Topolog
     """Profile `workload` on the meta device (or take the cached profile) and plan it, on a CPU
     host from its own timed steps, on GPUs with Dynamo's trace of one forward deciding compile
     (unless the overrides decide it); unless `corrected` is False, with this machine's tune
-    corrections (a forced plan keeps its choice)."""
+    corrections of this workload's predicted compute (what the overrides force stays forced)."""
     profile = cached_profile(workload, workload_args)
     timing = cached_step_timing(workload, workload_args, profile, topology)
     # compile is the plan's to decide on a GPU unless the user decided it
     compile_open = (overrides or {}).get("compile") is None and topology.device == "cuda"
     check = cached_compile_check(workload, workload_args) if compile_open else None
-    result = plan(profile, topology, goal, overrides=overrides, timing=timing, compile_check=check)
     correction = (correction_of(load_trials(corrections_path(topology)), workload=Path(workload).name,
                                 workload_args=workload_args) if corrected else None)
-    if correction is not None:
-        forced = any(v is not None for v in (overrides or {}).values())
-        result = correct_plan(result, correction, may_switch=not forced)
+    result = plan(profile, topology, goal, overrides=overrides, timing=timing, compile_check=check,
+                  compute_factor=None if correction is None else correction.factor,
+                  correction_note="" if correction is None else correction.describe())
     return Planned(plan=result, profile=profile, topology=topology, correction=correction)

@@ -3,7 +3,7 @@
 Pure functions of the frozen specs (no torch, no I/O). The search space:
 strategy {ddp, fsdp_grad_op, fsdp_full, hybrid (multi-node only)} x precision (bf16 where the
 device has it, else fp16 + GradScaler on CUDA; fp32 and, where the CPU lists a bf16 peak, bf16 on
-CPU) x activation checkpointing {off, on} x micro-batch (powers of two); torch.compile where
+CPU) x activation checkpointing {none, selective, every-other, full} x micro-batch (powers of two); torch.compile where
 `compile_choice` proposes it (GPUs, a Dynamo trace without graph breaks, a gain worth the compile
 time), priced by the same cost model and explained in the reasons. Nothing here encodes the
 seed rule ("DDP when it fits, FSDP when it does not, DDP/hybrid on slow links"): it comes out of
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from launcher.alloc_conf import alloc_conf_env, installed_torch_version
@@ -32,13 +32,15 @@ from launcher.plan.candidates import (
     check_tp,
     profile_for_goal,
 )
+from launcher.plan.checkpointing import LABELS as CKPT_LABELS
+from launcher.plan.checkpointing import describe
 from launcher.plan.compile_choice import decide
 from launcher.plan.compile_probe import CompileCheck
-from launcher.plan.cost import FULL_RECOMPUTE
+from launcher.plan.interval import step_interval
 from launcher.plan.memory import fmt_gib, usable_mem_bytes
 from launcher.plan.step_probe import WorkloadTiming
 from launcher.plan.types import Candidate, CompileDecision, Plan
-from launcher.specs import Goal, ModelProfile
+from launcher.specs import CHECKPOINTING, Goal, ModelProfile
 
 logger = logging.getLogger(__name__)
 
@@ -51,8 +53,7 @@ TIE_TOLERANCE = 0.02
 def _matches(c: Candidate, ov: Mapping[str, Any]) -> bool:
     s = c.strategy
     return (ov.get("strategy", s.kind) == s.kind
-            and ov.get("activation_checkpointing", s.activation_checkpointing)
-            == s.activation_checkpointing)
+            and ov.get("checkpointing", s.checkpointing) == s.checkpointing)
 
 
 def dp_ranks(c: Candidate, n: int) -> int:
@@ -65,13 +66,14 @@ def _per_sample(c: Candidate) -> float:
     return c.time.step_time_s * c.strategy.tp / (c.micro_batch * c.grad_accum_steps)
 
 
-def _preference(c: Candidate) -> tuple[int, int, bool, int, float]:
+def _preference(c: Candidate) -> tuple[int, int, int, int, float]:
     """Among near-ties: STRATEGY_ORDER, the smaller TP degree (fewer moving parts, more data
-    parallelism), no checkpointing, then the larger micro-batch (the model does not see the
-    better kernel efficiency of larger batches), then speed."""
+    parallelism), the lighter checkpointing (none, selective, every-other, full: the order of
+    CHECKPOINTING), then the larger micro-batch (the model does not see the better kernel
+    efficiency of larger batches), then speed."""
     s = c.strategy
-    return (STRATEGY_ORDER.index(s.kind), s.tp, s.activation_checkpointing, -c.micro_batch,
-            _per_sample(c))
+    return (STRATEGY_ORDER.index(s.kind), s.tp, CHECKPOINTING.index(s.checkpointing),
+            -c.micro_batch, _per_sample(c))
 
 
 def _choose(fitting: list[Candidate]) -> Candidate:
@@ -88,9 +90,11 @@ def kind_label(c: Candidate) -> str:
 
 
 def label(c: Candidate) -> str:
-    """Short human name: `FSDP full bf16 + ckpt`, `FSDP full+tp8 bf16`."""
+    """Short human name: `FSDP full bf16 + ckpt` (every block checkpointed; `+ sel-ckpt`
+    selective, `+ ckpt/2` every other block), `FSDP full+tp8 bf16`."""
     s = c.strategy
-    return f"{kind_label(c)} {s.precision}" + (" + ckpt" if s.activation_checkpointing else "")
+    return f"{kind_label(c)} {s.precision}" + (f" + {CKPT_LABELS[s.checkpointing]}"
+                                               if s.activation_checkpointing else "")
 
 
 def _units_per_s(c: Candidate, n: int, profile: ModelProfile) -> float:
@@ -184,7 +188,8 @@ def _reasons(chosen: Candidate, cands: list[Candidate], profile: ModelProfile,
             c = best_by_kind[key]
             out.append(f"{kind_label(c)}: {speed(c)} (micro-batch {c.micro_batch} x "
                        f"{c.grad_accum_steps} accumulation"
-                       + (", checkpointing" if c.strategy.activation_checkpointing else "") + ")")
+                       + (f", checkpointing {c.strategy.checkpointing}"
+                          if c.strategy.activation_checkpointing else "") + ")")
         elif mine:
             smallest = min(mine, key=lambda c: c.memory.total_bytes)
             out.append(f"{kind_label(smallest)} does not fit: "
@@ -202,11 +207,7 @@ def _reasons(chosen: Candidate, cands: list[Candidate], profile: ModelProfile,
         out.append(f"{prec} on CPU" + ("" if "bf16" in dev.peak_tflops
                                        else " (this CPU lists no bf16 peak)"))
     if chosen.strategy.activation_checkpointing and chosen.fits:
-        plain = [c for c in fitting if c.strategy.kind == chosen.strategy.kind
-                 and not c.strategy.activation_checkpointing]
-        out.append("activation checkpointing on: " + (
-            "it allows a larger micro-batch and is faster despite 1/3 more compute" if plain
-            else f"without it {kind_label(chosen)} does not fit"))
+        out.append(_checkpointing_reason(chosen, cands, fitting, usable))
     if prec == "bf16" and not dev.supports_bf16:
         out.append(f"warning: {dev.name} has no bf16 units: bf16 autocast will fail or run "
                    f"emulated and slow; use fp16 (with GradScaler) or fp32")
@@ -226,6 +227,33 @@ def _reasons(chosen: Candidate, cands: list[Candidate], profile: ModelProfile,
         out.append(f"micro-batches {', '.join(map(str, skipped))} skipped: "
                    f"{goal.global_batch} samples over {dp} ranks do not split into them evenly")
     return out
+
+
+def _checkpointing_reason(chosen: Candidate, cands: list[Candidate], fitting: list[Candidate],
+                          usable: float) -> str:
+    """Why the chosen checkpointing mode: what it recomputes (the extra compute against the
+    same candidate without checkpointing), and that no lighter mode does better: a lighter one
+    either does not fit at the chosen micro-batch or is slower per sample."""
+    s = chosen.strategy
+    if {c.strategy.checkpointing for c in cands} == {s.checkpointing}:
+        return f"activation checkpointing, {describe(s.checkpointing)}: as forced"
+    same = [c for c in cands if (c.strategy.kind, c.strategy.tp, c.strategy.precision,
+                                 c.micro_batch) == (s.kind, s.tp, s.precision, chosen.micro_batch)]
+    base = next((c for c in same if not c.strategy.activation_checkpointing), None)
+    extra = (f", {chosen.time.compute_s / base.time.compute_s - 1:.0%} more compute than without"
+             if base is not None and base.time.compute_s > 0 else "")
+    plain = [c for c in fitting if c.strategy.kind == s.kind and not c.strategy.activation_checkpointing]
+    why = [f"activation checkpointing, {describe(s.checkpointing)}{extra}: "
+           + ("it allows a larger micro-batch and is faster despite the recompute" if plain
+              else f"without it {kind_label(chosen)} does not fit")]
+    for c in same:
+        if CHECKPOINTING.index(c.strategy.checkpointing) >= CHECKPOINTING.index(s.checkpointing) \
+                or not c.strategy.activation_checkpointing:
+            continue
+        why.append(f"{c.strategy.checkpointing} " + (
+            f"needs {fmt_gib(c.memory.total_bytes)} GiB > {fmt_gib(usable)} usable" if not c.fits
+            else f"is slower per sample at micro-batch {c.micro_batch}"))
+    return "; ".join(why)
 
 
 def _tp_reasons(chosen: Candidate, cands: list[Candidate],
@@ -280,8 +308,8 @@ def _rejected(chosen: Candidate, cands: list[Candidate], goal: Goal, topology: T
     each with the reason it lost: slower, a tie the preferred plan won, or too big."""
     n = topology.world_size
     key = lambda c: (c.strategy.kind, c.strategy.tp, c.strategy.precision,  # noqa: E731
-                     c.strategy.activation_checkpointing)
-    groups: dict[tuple[str, int, str, bool], list[Candidate]] = {}
+                     c.strategy.checkpointing)
+    groups: dict[tuple[str, int, str, str], list[Candidate]] = {}
     for c in cands:
         groups.setdefault(key(c), []).append(c)
     groups.pop(key(chosen), None)
@@ -293,7 +321,11 @@ def _rejected(chosen: Candidate, cands: list[Candidate], goal: Goal, topology: T
             best = _choose(fit)
             theirs = _speed(best, goal, n, profile)
             tie = _per_sample(best) <= _per_sample(chosen) * (1 + TIE_TOLERANCE)
-            why = (f"{label(best)}: ties with the chosen plan ({theirs} vs {mine}, within "
+            # faster beyond a tie: only an override (a forced strategy, mode, ...) passes it over
+            faster = _per_sample(best) * (1 + TIE_TOLERANCE) < _per_sample(chosen)
+            why = (f"{label(best)}: fits and is faster ({theirs} vs {mine}) but the overrides "
+                   f"rule it out" if faster else
+                   f"{label(best)}: ties with the chosen plan ({theirs} vs {mine}, within "
                    f"{TIE_TOLERANCE:.0%}), which is preferred on ties" if tie and chosen.fits else
                    f"{label(best)}: fits ({fmt_gib(best.memory.total_bytes)} GiB) but slower: "
                    f"{theirs} vs {mine}")
@@ -307,7 +339,8 @@ def _rejected(chosen: Candidate, cands: list[Candidate], goal: Goal, topology: T
 
 def plan(profile: ModelProfile, topology: Topology, goal: Goal, *,
          overrides: Mapping[str, Any] | None = None, timing: WorkloadTiming | None = None,
-         compile_check: CompileCheck | None = None) -> Plan:
+         compile_check: CompileCheck | None = None,
+         compute_factor: Callable[[str], float] | None = None, correction_note: str = "") -> Plan:
     """Recommend a strategy for training `profile` on `topology` towards `goal`, with reasons.
 
     `overrides` (keys in OVERRIDE_KEYS; None values are ignored) force those fields; a forced
@@ -315,7 +348,10 @@ def plan(profile: ModelProfile, topology: Topology, goal: Goal, *,
     `timing`: the workload's own steps timed on this (CPU) host, the compute of every candidate
     when they ran at the goal's sequence length. `compile_check`: Dynamo's trace of the
     workload; without it (or a `compile` override) a GPU plan does not propose torch.compile
-    (`compile_choice`). Raises PlanError when nothing fits, or when an override is impossible.
+    (`compile_choice`). `compute_factor`: this machine's tune corrections, precision -> factor
+    on every candidate's predicted compute, applied before the choice so that the choice, its
+    reasons and every number shown come from one corrected estimate (`correction_note` says so
+    among the reasons). Raises PlanError when nothing fits, or when an override is impossible.
     """
     ov = check_overrides(overrides, topology)
     check_tp(ov, profile, topology)
@@ -325,6 +361,8 @@ def plan(profile: ModelProfile, topology: Topology, goal: Goal, *,
     n = topology.world_size
     usable = usable_mem_bytes(topology.accelerator, goal.headroom)
     cands, skipped = candidates(profile, topology, goal, ov, usable, timing, compile_check)
+    if compute_factor is not None:
+        cands = [c.with_compute_scaled(compute_factor(c.strategy.precision)) for c in cands]
     allowed = [c for c in cands if _matches(c, ov)]
     fitting = [c for c in allowed if c.fits]
     warnings = []
@@ -350,9 +388,13 @@ def plan(profile: ModelProfile, topology: Topology, goal: Goal, *,
             f"{per_device(topology)}; "
             f"{', '.join(fixes[:-1])} or {fixes[-1]}")
     compiled = decide(chosen, profile, topology, ov, compile_check, timing=timing,
-                      recompute_fraction=ov.get("recompute_fraction", FULL_RECOMPUTE))
+                      recompute_fraction=ov.get("recompute_fraction"),
+                      compute_factor=1.0 if compute_factor is None
+                      else compute_factor(chosen.strategy.precision))
     reasons = warnings + _reasons(chosen, allowed, profile, topology, goal, usable, skipped,
                                   compiled)
+    if correction_note:
+        reasons.insert(1, correction_note)
     if timing is not None:
         reasons.append(f"step time: {timing.describe()}, plus the model's FSDP work and gloo "
                        "collectives")
@@ -369,7 +411,10 @@ def plan(profile: ModelProfile, topology: Topology, goal: Goal, *,
                   scaling_efficiency=t.compute_s / t.step_time_s if t.step_time_s else 1.0,
                   env=_env(topology), reasons=tuple(reasons),
                   rejected=tuple(_rejected(chosen, cands, goal, topology, profile, usable)),
-                  usable_mem_bytes=usable, compile=compiled)
+                  usable_mem_bytes=usable, compile=compiled,
+                  step_interval=step_interval(
+                      t.step_time_s, on_gpu=topology.device == "cuda", world_size=n,
+                      seq_len=profile.units_per_sample if profile.sample_units == "tokens" else None))
     logger.debug("plan %s on %s: %s (%d candidates)", profile.name, topology.name,
                  label(chosen), len(cands))
     return result

@@ -6,13 +6,19 @@ but a CPU step also spends its time in work no single rate describes: batch norm
 in fp32 on one EPYC core and GELU at ~6, the CPU flash-attention kernel's bf16 backward takes 5x
 its forward at 128 tokens and 2x at 2,048, autocast casts, the workload's own Python and its
 data loading. So the model is built for real in the planning process (only when small: see
-MAX_STATE_BYTES and BUDGET_S) and trained for a few steps on one micro-batch size or two, with
-the thread count each rank will have, in fp32 and bf16 (autocast, as DDP runs it; and for a
-model with batch norms bf16 with those in fp32, as FSDP runs it): data
-fetch, forward, backward and optimizer step are timed apart (the median of REPEATS or more,
-after warm-up). The CPU model (`cpu_cost`) then takes compute from this measurement (linear in
-the micro-batch between and beyond the two sizes: a fixed cost plus a cost per sample), and
-adds what one process cannot show: time-sharing cores, FSDP's own work and gloo's collectives.
+MAX_STATE_BYTES and BUDGET_S) and trained for a few steps at micro-batch 1 and at the largest
+micro-batch the plan considers that its measured steps leave time for (`scout_size`: sizes
+tried in turn, each step's measured time deciding whether the next fits BUDGET_S; not the
+analytic model's guess, which may be far off on an unseen CPU), with the thread count each rank
+will have, in fp32 and bf16 (autocast, as DDP runs it; and for a model with batch norms bf16
+with those in fp32, as FSDP runs it): data fetch, forward, backward and optimizer step are
+timed apart (the median of REPEATS or more, after warm-up). The CPU model (`cpu_cost`) then
+takes compute from this measurement (linear in the micro-batch between and beyond the two
+sizes: a fixed cost plus a cost per sample), and adds what one process cannot show:
+time-sharing cores, FSDP's own work and gloo's collectives. Micro-batch 1 alone scaled linearly
+read ResNet-18 at micro-batch 16 2.3x too slow (2 ranks: measured/predicted 0.43): a step's
+fixed cost and its threads' poor use of one sample's small ops are paid once per step, not per
+sample.
 
 Cached next to the profile, per workload (file, arguments, torch), host and thread count
 (`resolve.cached_step_timing`). Never imports cli, backends, jobs, runtime or report; torch
@@ -39,8 +45,9 @@ from launcher.workload import Workload, batch_norms
 
 log = logging.getLogger(__name__)
 
-# bump when `measure_steps` measures differently, so old cache entries are ignored
-STEP_PROBE_FORMAT = 3
+# bump when `measure_steps` measures differently, so old cache entries are ignored (4: the
+# second size scouted by measured steps, up to 16)
+STEP_PROBE_FORMAT = 4
 # a precision's timing with the model's batch norms in fp32 (their input cast up, their output
 # back down), as FSDP runs them under a low-precision policy (each is an fp32 unit of its own,
 # runtime.wrap): at two threads on a 2-core EPYC VM, ResNet's fp32 batch norms and the casts
@@ -55,11 +62,16 @@ WARMUP_ROUNDS = 50
 WARMUP_S = 0.3
 # the model's parameters, gradients and optimizer state built for real, at most
 MAX_STATE_BYTES = 2 * 1024**3
-# seconds the analytic model may predict for all the probe's steps; micro-batches shrink (to
-# 1) to stay within it, and a workload whose smallest probe would take longer is not probed
-BUDGET_S = 2.0
-# the sizes the second timing may take, largest first within BUDGET_S; the first is always 1
-MICRO_BATCHES = (2, 4, 8)
+# seconds the probe's steps after warm-up at micro-batch 1 may take (the sizes it scouts and its
+# timed rounds at micro-batch 1 and the chosen size); a workload whose micro-batch-1 steps the
+# analytic model predicts to take longer is not probed. 4 s reaches micro-batch 16 for the mlp
+# and ResNet and 8 for gpt tiny on one or two threads of the 2-core EPYC VM: a line through
+# micro-batches 1 and 8 read ResNet's step at 16 0.84x of measured, through 1 and 4 0.72x (one
+# thread, fp32, host load 4: its activations outgrow the caches), where gpt's held within 10%
+BUDGET_S = 4.0
+# the sizes the second timing may take, tried in this order while they fit BUDGET_S; up to the
+# CPU plan's largest micro-batch (candidates.DEFAULT_MAX_MICRO_BATCH["cpu"])
+MICRO_BATCHES = (2, 4, 8, 16)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,15 +156,35 @@ class WorkloadTiming:
 
 
 def probe_micro_batches(step_s: Mapping[int, float], precisions: int) -> tuple[int, ...]:
-    """The micro-batch sizes to time, from the analytic model's step time per size (keys 1 and
-    MICRO_BATCHES): (1, the largest of MICRO_BATCHES within BUDGET_S), (1,) or () when even
-    size 1 is too slow."""
-    steps = (1 + REPEATS) * precisions  # one warm-up round at least
-    fits = [mb for mb in MICRO_BATCHES if mb in step_s
-            and (step_s[1] + step_s[mb]) * steps <= BUDGET_S]
-    if fits and max(fits) > 1:
-        return (1, max(fits))
-    return (1,) if 1 in step_s and step_s[1] * steps <= BUDGET_S else ()
+    """The micro-batch sizes the probe may time, from the analytic model's step time per size
+    (keys 1 and those of MICRO_BATCHES that fit in memory): 1 and every such size (the probe
+    picks among them by its own measured steps, `scout_size`), or () when the model predicts
+    that even micro-batch 1's steps take longer than BUDGET_S."""
+    if 1 not in step_s or step_s[1] * (1 + REPEATS) * precisions > BUDGET_S:
+        return ()
+    return (1, *(mb for mb in MICRO_BATCHES if mb in step_s))
+
+
+def scout_size(round_s: Callable[[int], float], anchor_s: float, anchor: int,
+               sizes: Sequence[int], budget_s: float = BUDGET_S) -> tuple[int, float]:
+    """The largest of `sizes` (ascending) whose timed rounds fit `budget_s`: each size is tried
+    (`round_s(mb)`: seconds of one step per precision at mb, which also warms that size) only
+    while the seconds spent trying, its guessed round and REPEATS rounds of it and of the anchor
+    (`anchor_s` at `anchor`) fit; the guess is a fixed cost plus a cost per sample through the
+    anchor and the last size tried (from the anchor alone: proportional, an upper bound).
+    Returns the size and its round's seconds (`anchor` and `anchor_s` when none fits)."""
+    spent, chosen, chosen_s = 0.0, anchor, anchor_s
+    for mb in sizes:
+        if chosen == anchor:
+            guess = anchor_s * mb / anchor
+        else:
+            guess = chosen_s + (chosen_s - anchor_s) * (mb - chosen) / (chosen - anchor)
+        if spent + guess + REPEATS * (anchor_s + guess) > budget_s:
+            break
+        took = round_s(mb)
+        spent += took
+        chosen, chosen_s = mb, took
+    return chosen, chosen_s
 
 
 def fp32_norm_switch(torch: Any, model: Any) -> list[bool]:
@@ -202,9 +234,10 @@ def _session(torch: Any, workload: Workload, max_micro_batch: int,
 
 
 def measure_steps(workload: Workload, *, threads: int, precisions: Sequence[str],
-                  micro_batches: Sequence[int]) -> WorkloadTiming:
-    """Train `workload` for a few steps per precision and micro-batch on this CPU with
-    `threads` threads; the median of REPEATS or more timed steps per part."""
+                  micro_batches: Sequence[int], budget_s: float = BUDGET_S) -> WorkloadTiming:
+    """Train `workload` for a few steps per precision on this CPU with `threads` threads at
+    the first of `micro_batches` and the largest of the rest its measured steps leave time for
+    within `budget_s` (`scout_size`); the median of REPEATS or more timed steps per part."""
     # deferred: the probe runs only when its cache entry is missing
     import torch
 
@@ -216,20 +249,41 @@ def measure_steps(workload: Workload, *, threads: int, precisions: Sequence[str]
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        configs = [(p, mb) for p in precisions for mb in micro_batches]
+        anchor = micro_batches[0]
         step = _session(torch, workload, max(micro_batches), precisions)
+
+        def round_s(mb: int) -> float:
+            t = time.perf_counter()
+            for p in precisions:
+                step(p, mb)
+            return time.perf_counter() - t
+
         # warm allocations, kernels, optimizer state and Python's specializing interpreter:
-        # rounds over every configuration while they are cheap (WARMUP_S, at most WARMUP_ROUNDS)
-        warm_start, rounds = time.perf_counter(), 0
-        while rounds < WARMUP_ROUNDS and (not rounds or time.perf_counter() - warm_start <= WARMUP_S):
-            for c in configs:
-                step(*c)
+        # rounds at the anchor while they are cheap (half of WARMUP_S, at most WARMUP_ROUNDS; the
+        # chosen sizes get the other half); one more (the first is cold: bf16's first autocast
+        # step alone took 2 s) decides which larger sizes fit, each tried once (warming it)
+        warm_start, rounds, half_s = time.perf_counter(), 0, WARMUP_S / 2
+        while rounds < WARMUP_ROUNDS and (not rounds or time.perf_counter() - warm_start <= half_s):
+            round_s(anchor)
             rounds += 1
-        if rounds > 2:
+        anchor_s = round_s(anchor)
+        size, size_s = scout_size(round_s, anchor_s, anchor,
+                                  sorted(set(micro_batches[1:]) - {anchor}), budget_s)
+        sizes = (anchor,) if size == anchor else (anchor, size)
+        configs = [(p, mb) for p in precisions for mb in sizes]
+        # cheap as the MLP is (a round over every configuration within half of WARMUP_S, as
+        # when the probe timed it before scouting sizes), not ResNet: its steps at 16 are not
+        if rounds > 2 and anchor_s + (size_s if size != anchor else 0.0) <= half_s:
+            # a cheap model: warm the chosen configurations as the anchor's were
+            warm_start, more = time.perf_counter(), 0
+            while more < WARMUP_ROUNDS and time.perf_counter() - warm_start <= half_s:
+                for c in configs:
+                    step(*c)
+                more += 1
             # a tiny model: its first model and optimizer in a process stay 1.3-1.8x slower than
             # any built after them, whatever the warm-up (measured with the 0.9M-param MLP); a
             # rank trains for hundreds of steps, so time a second pair, as warm as a rank's
-            step = _session(torch, workload, max(micro_batches), precisions)
+            step = _session(torch, workload, max(sizes), precisions)
             for c in configs:
                 step(*c)
         samples: dict[tuple[str, int], list[tuple[float, ...]]] = {c: [] for c in configs}
@@ -246,10 +300,10 @@ def measure_steps(workload: Workload, *, threads: int, precisions: Sequence[str]
         for precision in precisions:
             passes = tuple(PassTimes(micro_batch=mb, data_s=best[(precision, mb)][0],
                                      forward_s=best[(precision, mb)][1],
-                                     backward_s=best[(precision, mb)][2]) for mb in micro_batches)
+                                     backward_s=best[(precision, mb)][2]) for mb in sizes)
             timings[precision] = StepTiming(precision=precision, passes=passes,
                                             optimizer_s=statistics.median(best[(precision, mb)][3]
-                                                                           for mb in micro_batches))
+                                                                           for mb in sizes))
     finally:
         torch.set_num_threads(saved_threads)
         if gc_was_enabled:
@@ -259,8 +313,9 @@ def measure_steps(workload: Workload, *, threads: int, precisions: Sequence[str]
                           precisions=timings, load_average=round(os.getloadavg()[0], 2),
                           measured_at=datetime.datetime.now().isoformat(timespec="seconds"),
                           source=f"step probe: {len(precisions)} precision(s) x micro-batch "
-                                 f"{'/'.join(map(str, micro_batches))}, {REPEATS} timed steps "
-                                 f"each, torch {torch.__version__} ({elapsed:.2f} s)")
+                                 f"{'/'.join(map(str, sizes))} (of up to {max(micro_batches)} "
+                                 f"within {budget_s:g} s), {REPEATS} timed steps each, torch "
+                                 f"{torch.__version__} ({elapsed:.2f} s)")
 
 
 def probe_precisions(base: Sequence[str], norm_count: int) -> tuple[str, ...]:
@@ -283,6 +338,7 @@ def as_cached(timing: WorkloadTiming) -> dict[str, Any]:
 
 
 __all__ = ["PassTimes", "StepTiming", "WorkloadTiming", "measure_steps", "probe_micro_batches",
-           "as_cached", "probe_precisions", "timing_key", "fp32_norm_switch", "FP32_NORMS", "STEP_PROBE_FORMAT",
+           "as_cached", "probe_precisions", "timing_key", "fp32_norm_switch", "scout_size",
+           "FP32_NORMS", "STEP_PROBE_FORMAT",
            "REPEATS", "MAX_REPEATS", "WARMUP_ROUNDS", "WARMUP_S", "MAX_STATE_BYTES", "BUDGET_S",
            "MICRO_BATCHES"]

@@ -59,6 +59,12 @@ class StepTimeEstimate:
             if getattr(self, name) < 0:
                 raise PlanError(f"step time term {name} must be >= 0, got {getattr(self, name)}")
 
+    def with_compute_scaled(self, factor: float) -> StepTimeEstimate:
+        """This estimate with compute (and each part of it) times `factor`, the other terms as
+        predicted: a tune correction."""
+        return dataclasses.replace(self, compute_s=self.compute_s * factor, compute_parts=tuple(
+            (name, sec * factor) for name, sec in self.compute_parts))
+
     @property
     def step_time_s(self) -> float:
         """Compute, the communication compute cannot hide, contention and the wait for the
@@ -77,6 +83,11 @@ class Candidate:
     time: StepTimeEstimate
     fits: bool
     reason: str = ""
+
+    def with_compute_scaled(self, factor: float) -> Candidate:
+        """This candidate with its predicted compute (and each part of it) times `factor`:
+        a tune correction; communication and the other terms stay as predicted."""
+        return dataclasses.replace(self, time=self.time.with_compute_scaled(factor))
 
 
 # what settled the plan's torch.compile: Dynamo's trace of the workload (proposed or declined),
@@ -108,6 +119,38 @@ class CompileDecision:
 
 
 @dataclass(frozen=True, kw_only=True)
+class StepInterval:
+    """An interval around a predicted step time, and what it rests on (`plan.interval`)."""
+
+    step_time_s: float
+    low_s: float
+    high_s: float
+    coverage: float
+    basis: str
+
+    def __post_init__(self) -> None:
+        # a biased regime may put the point estimate outside its own interval: that is shown
+        if not (0 < self.low_s <= self.high_s and self.step_time_s > 0 and 0 < self.coverage < 1):
+            raise PlanError(f"an interval needs 0 < low <= high, a positive step and coverage "
+                            f"in (0, 1); got {self.low_s!r}-{self.high_s!r} around "
+                            f"{self.step_time_s!r}, {self.coverage!r}")
+
+    def label(self) -> str:
+        """'0.36-0.49 s, 80%'."""
+        return f"{self.low_s:.3g}-{self.high_s:.3g} s, {self.coverage:.0%}"
+
+    def around(self, step_time_s: float) -> StepInterval:
+        """The same regime's interval around another step time (another candidate's)."""
+        scale = step_time_s / self.step_time_s
+        return dataclasses.replace(self, step_time_s=step_time_s, low_s=self.low_s * scale,
+                                   high_s=self.high_s * scale)
+
+    def rate_bounds(self, units_per_s: float) -> tuple[float, float]:
+        """The throughput interval that goes with it: (low, high) units/s."""
+        return units_per_s * self.step_time_s / self.high_s, units_per_s * self.step_time_s / self.low_s
+
+
+@dataclass(frozen=True, kw_only=True)
 class Plan:
     """The planner's recommendation and why."""
 
@@ -122,6 +165,8 @@ class Plan:
     rejected: tuple[Candidate, ...]
     usable_mem_bytes: float
     compile: CompileDecision | None = None
+    # the 80% interval around the chosen step time, from the model's validation residuals
+    step_interval: StepInterval | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""

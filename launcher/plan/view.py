@@ -6,6 +6,7 @@ Never imports cli, backends, jobs, runtime or report.
 from __future__ import annotations
 
 from launcher.hardware.types import Topology
+from launcher.plan.checkpointing import describe
 from launcher.plan.memory import fmt_gib
 from launcher.plan.search import dp_ranks, kind_label, per_device
 from launcher.plan.types import Plan
@@ -20,7 +21,7 @@ def format_plan(plan: Plan, profile: ModelProfile, topology: Topology) -> str:
     intra = topology.intra_node.kind + (f", {topology.inter_node.kind} between nodes"
                                         if topology.inter_node and topology.num_nodes > 1 else "")
     flags = [s.precision + (" + GradScaler" if s.uses_grad_scaler else ""),
-             "activation checkpointing" if s.activation_checkpointing else "no checkpointing",
+             describe(s.checkpointing),
              f"compile ({s.compile_mode})" if s.compile else "no compile"]
     per_gpu = plan.units_per_s / plan.world_size
     hidden = 1 - t.comm_exposed_s / t.comm_total_s if t.comm_total_s else 1.0
@@ -39,7 +40,9 @@ def format_plan(plan: Plan, profile: ModelProfile, topology: Topology) -> str:
         f"               params {fmt_gib(m.params_bytes)}  grads {fmt_gib(m.grads_bytes)}  "
         f"optimizer {fmt_gib(m.optimizer_bytes)}  activations {fmt_gib(m.activations_bytes)}  "
         f"overhead {fmt_gib(m.overhead_bytes)}",
-        f"  step time    {t.step_time_s:.3g} s = compute {t.compute_s:.3g} + exposed "
+        f"  step time    {t.step_time_s:.3g} s"
+        + (f" ({plan.step_interval.label()})" if plan.step_interval else "")
+        + f" = compute {t.compute_s:.3g} + exposed "
         f"communication {t.comm_exposed_s:.3g} (of {t.comm_total_s:.3g} s, {hidden:.0%} hidden)"
         + (f" + contention {t.contention_s:.3g}" if t.contention_s else "")
         + (f" + wait for the slowest rank {t.sync_wait_s:.3g}" if t.sync_wait_s else ""),
@@ -47,6 +50,9 @@ def format_plan(plan: Plan, profile: ModelProfile, topology: Topology) -> str:
           if t.compute_parts and sum(sec > 0 for _, sec in t.compute_parts) > 1 else []),
         f"  throughput   {plan.units_per_s:,.0f} {profile.sample_units}/s ({per_gpu:,.0f} per "
         f"device), scaling efficiency {plan.scaling_efficiency:.0%}",
+        *([f"  interval     the middle {plan.step_interval.coverage:.0%} of measured/predicted "
+            f"in the model's validation: {plan.step_interval.basis}"]
+          if plan.step_interval else []),
         f"  assumptions  {m.assumptions}",
         *([f"  profile      {profile.profile_note}"] if profile.profile_note else []),
         "Why",
@@ -58,13 +64,13 @@ def format_plan(plan: Plan, profile: ModelProfile, topology: Topology) -> str:
         # as wide as the longest label ("FSDP grad-op+tp8"); 14 without TP, as before
         w = max(14, *(len(kind_label(r)) + 2 for r in plan.rejected))
         lines += ["Other candidates",
-                  f"  {'strategy':<{w}}{'prec':<6}{'ckpt':<6}{'mb x acc':<10}"
+                  f"  {'strategy':<{w}}{'prec':<6}{'ckpt':<12}{'mb x acc':<10}"
                   f"{'GiB/' + per_device(topology):>9}"
                   f"{'step s':>9}  why not"]
         for r in plan.rejected:
             rs = r.strategy
             lines.append(f"  {kind_label(r):<{w}}{rs.precision:<6}"
-                         f"{'on' if rs.activation_checkpointing else 'off':<6}"
+                         f"{rs.checkpointing:<12}"
                          f"{f'{r.micro_batch} x {r.grad_accum_steps}':<10}"
                          f"{fmt_gib(r.memory.total_bytes):>9}{r.time.step_time_s:>9.3g}  "
                          f"{r.reason.split(': ', 1)[-1]}")

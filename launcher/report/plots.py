@@ -209,7 +209,8 @@ def predicted_figure(report: ScalingReport) -> Figure:
     rows = _ok_rows(report)
     if report.tune is not None:  # one bar pair per measured trial
         rows = [Row(world_size=report.tune.world_size, repeats_ok=1, repeats=1, step_time_s=t.measured_step_s,
-                    predicted_step_time_s=t.predicted_step_s) for t in report.tune.trials if t.measured_step_s]
+                    predicted_step_time_s=t.predicted_step_s, predicted_interval_s=t.predicted_interval_s)
+                for t in report.tune.trials if t.measured_step_s]
         labels = [t.run_name for t in report.tune.trials if t.measured_step_s]
     else:
         labels = [str(r.world_size) for r in rows]
@@ -225,6 +226,11 @@ def predicted_figure(report: ScalingReport) -> Figure:
     ax.set_title("Predicted vs measured step time (label: measured / predicted)", fontsize=10)
     ax.bar([x - 0.2 for x in xs], meas, 0.4, color=COLORS["measured"], label="measured (median)")
     ax.bar([x + 0.2 for x in xs], pred, 0.4, color=COLORS["predicted"], label="predicted")
+    spans = [(x, r.predicted_interval_s) for x, r in zip(xs, rows) if r.predicted_interval_s]
+    if spans:  # the plan's 80% interval from the model's validation, as a whisker
+        ax.vlines([x + 0.2 for x, _ in spans], [1000 * s[0] for _, s in spans],
+                  [1000 * s[1] for _, s in spans], color="black", linewidth=1.2,
+                  label="predicted 80% interval")
     for x, m, p in zip(xs, meas, pred):
         if p:
             ax.annotate(f"{m / p:.2f}x", (x, max(m, p)), textcoords="offset points",

@@ -31,6 +31,8 @@ def _from_plan(row: Row, plan: Mapping[str, Any]) -> bool:
         per_sample = max(1, int(plan.get("profile", {}).get("units_per_sample", 1)))
         row.predicted_step_time_s = plan_step_time_s(plan)
         row.predicted_samples_per_s = float(plan["plan"]["units_per_s"]) / per_sample
+        span = plan["plan"].get("step_interval")  # absent in a plan from before intervals
+        row.predicted_interval_s = (float(span["low_s"]), float(span["high_s"])) if span else None
         return True
     except (KeyError, TypeError, ValueError):
         return False
@@ -88,8 +90,9 @@ def _predict_with_planner(rows: list[Row], data: RunData | None, topology: Topol
             kind = spec.strategy.kind if topo.num_nodes > 1 or spec.strategy.kind != "hybrid" else "fsdp_full"
             p = plan(profile, topo, Goal(global_batch=per_rank * n), overrides={
                 "strategy": kind, "precision": spec.strategy.precision, "micro_batch": mb,
-                "activation_checkpointing": spec.strategy.activation_checkpointing})
+                "checkpointing": spec.strategy.checkpointing})
             row.predicted_step_time_s = p.chosen.time.step_time_s
+            row.predicted_interval_s = (p.step_interval.low_s, p.step_interval.high_s) if p.step_interval else None
             row.predicted_samples_per_s = p.units_per_s / profile.units_per_sample
     except Exception as e:  # the planner is optional here: never lose the measurement to it
         log.debug("prediction failed", exc_info=True)

@@ -64,14 +64,16 @@ def markdown(report: ScalingReport, plots: Iterable[str] = (), *, out_dir: Path 
     if report.kind not in ("run", "tune"):
         extra = units != "samples"
         lines += [f"| ranks | ok/runs | samples/s | {units + '/s | ' if extra else ''}step (s) | "
-                  "efficiency | predicted step (s) | predicted eff. |",
+                  "efficiency | predicted step (s, 80% interval) | predicted eff. |",
                   "|---:|---:|---:|" + ("---:|" if extra else "") + "---:|---:|---:|---:|"]
         for r in report.rows:
             lines.append(f"| {r.world_size} | {r.repeats_ok}/{r.repeats} | "
                          f"{_f(r.samples_per_s, '{:,.1f}')} | "
                          + (f"{_f(r.units_per_s, '{:,.0f}')} | " if extra else "") +
                          f"{_f(r.step_time_s, '{:.4f}')} | {_f(r.efficiency and 100 * r.efficiency, '{:.0f}%')} | "
-                         f"{_f(r.predicted_step_time_s, '{:.3g}')} | "
+                         f"{_f(r.predicted_step_time_s, '{:.3g}')}"
+                         + (f" ({r.predicted_interval_s[0]:.3g}-{r.predicted_interval_s[1]:.3g})"
+                            if r.predicted_interval_s else "") + " | "
                          f"{_f(r.predicted_efficiency and 100 * r.predicted_efficiency, '{:.0f}%')} |")
         lines.append("")
     lines += ["| point | status | compute | exposed comm | batch wait | other | busbw GB/s | verdict |",

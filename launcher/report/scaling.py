@@ -55,7 +55,8 @@ def breakdown(data: RunData) -> dict[str, float]:
         comm = data.comm.get(rank, {})
         per_rank.append(step_parts(math.fsum(times) / len(times), data_wait_share=shares.get(rank, 0.0),
                                    exposed_comm_s=comm.get("exposed_comm_s"),
-                                   nosync_step_s=comm.get("nosync_step_s"), accum=accum))
+                                   nosync_step_s=comm.get("nosync_step_s"), accum=accum,
+                                   tp_comm_s=comm.get("tp_comm_s")))
     if not per_rank:
         return {**{p: 0.0 for p in PARTS}, "step": 0.0}
     return {k: math.fsum(r[k] for r in per_rank) / len(per_rank) for k in (*PARTS, "step")}

@@ -25,7 +25,8 @@ log = logging.getLogger(__name__)
 
 HEAD = ("candidate", "status", "predicted step", "predicted samples/s", "measured step",
         "measured samples/s", "measured/predicted", "chosen")
-CAPTION = "same seed and data; measured/predicted is the measured median step (after warm-up) over the predicted"
+CAPTION = ("same seed and data; measured/predicted is the measured median step (after warm-up) over the predicted"
+           " (in brackets: the plan's 80% interval)")
 
 
 def is_tune_dir(path: Path) -> bool:
@@ -41,11 +42,20 @@ def _trial(tune: TunePaths, row: Mapping[str, Any]) -> TuneTrial:
     return TuneTrial(
         name=str(row["name"]), run_name=run_name, status=row["status"], reason=str(row.get("reason") or ""),
         predicted_step_s=predicted, predicted_samples_per_s=row["predicted_samples_per_s"],
+        predicted_interval_s=_interval(row.get("predicted_interval_s")),
         measured_step_s=measured, measured_samples_per_s=row.get("measured_samples_per_s"),
         step_ratio=measured / predicted if isinstance(measured, (int, float)) and isinstance(
             predicted, (int, float)) and predicted > 0 else None,
         chosen=row.get("chosen") is True, run_dir=str(trial.root.absolute()) if trial.root.is_dir() else None,
         report_html=str(page.absolute()) if page.is_file() else None)
+
+
+def _interval(found: Any) -> tuple[float, float] | None:
+    """tune.json's [low, high] around a trial's prediction (None in a tune from before)."""
+    if (isinstance(found, list) and len(found) == 2
+            and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in found)):
+        return float(found[0]), float(found[1])
+    return None
 
 
 def _workload(tune: TunePaths) -> str:
@@ -87,7 +97,10 @@ def _num(x: float | None, fmt: str) -> str:
 
 def cells(t: TuneTrial) -> list[str]:
     """One trial's row under HEAD, as text; "-" where nothing was measured."""
-    return [t.name, t.status, f"{t.predicted_step_s:.3g} s", f"{t.predicted_samples_per_s:,.1f}",
+    span = t.predicted_interval_s
+    return [t.name, t.status,
+            f"{t.predicted_step_s:.3g} s" + (f" ({span[0]:.3g}-{span[1]:.3g})" if span else ""),
+            f"{t.predicted_samples_per_s:,.1f}",
             _num(t.measured_step_s, "{:.3g} s"), _num(t.measured_samples_per_s, "{:,.1f}"),
             _num(t.step_ratio, "{:.2f}"), "yes" if t.chosen else ""]
 

@@ -70,6 +70,7 @@ class Row:
     efficiency: float | None = None
     ideal_samples_per_s: float | None = None
     predicted_step_time_s: float | None = None
+    predicted_interval_s: tuple[float, float] | None = None  # the plan's 80% interval
     predicted_samples_per_s: float | None = None
     predicted_efficiency: float | None = None
 
@@ -92,6 +93,7 @@ class TuneTrial:
     reason: str = ""  # why it failed or was skipped
     predicted_step_s: float
     predicted_samples_per_s: float
+    predicted_interval_s: tuple[float, float] | None = None  # the plan's 80% interval
     measured_step_s: float | None = None
     measured_samples_per_s: float | None = None
     step_ratio: float | None = None  # measured / predicted step time

@@ -112,7 +112,12 @@ def compare(plan: Mapping[str, Any] | None, spec: LaunchSpec, *, step_time_s: fl
     if mismatch:
         return {"available": False, "reason": mismatch}
     measured_gib = peak_mem_bytes / GIB if peak_mem_bytes is not None else None
+    low_s, high_s, coverage = _interval(plan)
+    inside = (None if step_time_s is None or low_s is None or high_s is None
+              else low_s <= step_time_s <= high_s)
     return {
+        "step_interval_s": None if low_s is None else [low_s, high_s],
+        "interval_coverage": coverage, "inside_interval": inside,
         "available": True, "source": "plan.json",
         "step_time_s": predicted_s, "mem_gib": predicted_gib, "mem_total_gib": total_gib,
         "measured_step_time_s": step_time_s, "measured_mem_gib": measured_gib,
@@ -120,6 +125,33 @@ def compare(plan: Mapping[str, Any] | None, spec: LaunchSpec, *, step_time_s: fl
         "step_time_ratio": step_time_s / predicted_s if step_time_s and predicted_s > 0 else None,
         "mem_ratio": measured_gib / predicted_gib if measured_gib is not None and predicted_gib > 0 else None,
     }
+
+
+def _interval(plan: Mapping[str, Any]) -> tuple[float | None, float | None, float | None]:
+    """plan.json's interval around its step time (low, high, coverage); Nones in a plan written
+    before plans had one."""
+    found = plan["plan"].get("step_interval")
+    if not isinstance(found, Mapping):
+        return None, None, None
+    try:
+        return float(found["low_s"]), float(found["high_s"]), float(found["coverage"])
+    except (KeyError, TypeError, ValueError):
+        return None, None, None
+
+
+def interval_note(block: Mapping[str, Any]) -> str:
+    """' (0.47-0.64 s, 80%)' after a predicted step time, or '' without an interval."""
+    span = block.get("step_interval_s")
+    if not span:
+        return ""
+    return f" ({span[0]:.3g}-{span[1]:.3g} s, {block['interval_coverage']:.0%})"
+
+
+def _inside_note(block: Mapping[str, Any]) -> str:
+    inside = block.get("inside_interval")
+    if inside is None:
+        return ""
+    return ", inside the interval" if inside else ", OUTSIDE the interval"
 
 
 def _num(value: float | None, fmt: str) -> str:
@@ -130,8 +162,10 @@ def prediction_cell(block: Mapping[str, Any] | None) -> str:
     """The same comparison in a table cell: measured/predicted for step time and memory."""
     if not block or not block.get("available"):
         return "not available (" + ((block or {}).get("reason") or NO_PLAN) + ")"
-    return (f"step {block['step_time_s']:.3f} s pred., {_num(block['measured_step_time_s'], '{:.3f} s')} "
-            f"meas. ({_num(block['step_time_ratio'], '{:.2f}')}); mem {block['mem_gib']:.2f} GiB pred., "
+    return (f"step {block['step_time_s']:.3f} s pred.{interval_note(block)}, "
+            f"{_num(block['measured_step_time_s'], '{:.3f} s')} "
+            f"meas. ({_num(block['step_time_ratio'], '{:.2f}')}{_inside_note(block)}); "
+            f"mem {block['mem_gib']:.2f} GiB pred., "
             f"{_num(block['measured_mem_gib'], '{:.2f} GiB')} meas. ({_num(block['mem_ratio'], '{:.2f}')})")
 
 
@@ -140,9 +174,10 @@ def prediction_line(block: Mapping[str, Any] | None) -> str:
     if not block or not block.get("available"):
         reason = (block or {}).get("reason") or NO_PLAN
         return f"prediction: not available ({reason})"
-    return (f"prediction vs measured (plan.json): step time {block['step_time_s']:.3f} s predicted, "
-            f"{_num(block['measured_step_time_s'], '{:.3f} s')} measured median "
-            f"(measured/predicted {_num(block['step_time_ratio'], '{:.2f}')}); memory per rank "
+    return (f"prediction vs measured (plan.json): step time {block['step_time_s']:.3f} s predicted"
+            f"{interval_note(block)}, {_num(block['measured_step_time_s'], '{:.3f} s')} measured median "
+            f"(measured/predicted {_num(block['step_time_ratio'], '{:.2f}')}{_inside_note(block)}); "
+            "memory per rank "
             f"{block['mem_gib']:.2f} GiB predicted, {_num(block['measured_mem_gib'], '{:.2f} GiB')} "
             f"measured as {block['measured_mem_kind']} (measured/predicted {_num(block['mem_ratio'], '{:.2f}')})"
             + _total_note(block))

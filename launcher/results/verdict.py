@@ -124,20 +124,25 @@ def detect_stragglers(step_medians: Mapping[int, float],
 
 
 def step_parts(step_s: float, *, data_wait_share: float, exposed_comm_s: float | None,
-               nosync_step_s: float | None, accum: int = 1) -> dict[str, float]:
+               nosync_step_s: float | None, accum: int = 1,
+               tp_comm_s: float | None = None) -> dict[str, float]:
     """Seconds of one step by part (compute, exposed_comm, data_wait, other) and `step`.
 
     data wait: the rank's measured share of the step; exposed comm: the sync-off/on
-    calibration (0 without one); other: step - wait - exposed - forward/backward with sync off
-    (x accumulation steps), i.e. the optimizer and host overhead (0 without the calibration);
-    compute: the rest. The run summary, the verdict and the report's breakdown all use this,
-    so they print the same shares.
+    calibration (0 without one) plus tensor parallelism's collectives (`tp_comm_s`, timed
+    inside the forward and backward: without async TP each one waits between the matmuls it
+    feeds, so all of it is exposed, and the sync-off steps include it); other: step - wait -
+    data-parallel exposed - forward/backward with sync off (x accumulation steps), i.e. the
+    optimizer and host overhead (0 without the calibration); compute: the rest. The run
+    summary, the verdict and the report's breakdown all use this, so they print the same shares.
     """
     wait = min(step_s, max(0.0, data_wait_share) * step_s)
     exposed = min(max(0.0, exposed_comm_s or 0.0), step_s - wait)
     other = (max(0.0, step_s - wait - exposed - nosync_step_s * accum)
              if nosync_step_s is not None else 0.0)
-    return {"compute": max(0.0, step_s - wait - exposed - other), "exposed_comm": exposed,
+    compute = max(0.0, step_s - wait - exposed - other)
+    tp = min(max(0.0, tp_comm_s or 0.0), compute)
+    return {"compute": compute - tp, "exposed_comm": exposed + tp,
             "data_wait": wait, "other": other, "step": step_s}
 
 
@@ -195,11 +200,12 @@ def run_verdict(ranks: Sequence[RankResult], measured: Sequence[RankResult], *,
     per_rank = [step_parts(r.step_time_mean_s or r.step_time_median_s,
                            data_wait_share=min(1.0, r.data_wait_share),
                            exposed_comm_s=r.exposed_comm_s, nosync_step_s=nosync_s.get(r.rank),
-                           accum=accum) for r in measured]
+                           accum=accum, tp_comm_s=r.tp_comm_s) for r in measured]
     step = statistics.fmean(p["step"] for p in per_rank)
     shares: dict[str, Any] = {k: (statistics.fmean(p[k] for p in per_rank) / step if step else 0.0)
                               for k in ("compute", "exposed_comm", "data_wait", "other")}
-    comm_measured = world_size == 1 or any(r.exposed_comm_s is not None for r in measured)
+    comm_measured = world_size == 1 or any(r.exposed_comm_s is not None or r.tp_comm_s is not None
+                                           for r in measured)
     name, evidence = verdict({**shares, "exposed_comm": shares["exposed_comm"] if comm_measured
                               else None})
     if not comm_measured:

@@ -243,8 +243,7 @@ def _setup(workload: Workload, spec: LaunchSpec, ctx: RankContext, recorder: Ran
         profiler = profiling.StepProfiler(run_dir=spec.run_dir, rank=ctx.rank, warmup_steps=spec.warmup_steps,
                                 steps=spec.steps - start, cuda=ctx.device_type == "cuda")
     # CPU: peak live tensor bytes of the last warm-up step
-    sampler = StepSampler.for_rank(device_type=ctx.device_type, strategy=spec.strategy.kind,
-                                   compiled=wrapped.compiled, start=start,
+    sampler = StepSampler.for_rank(device_type=ctx.device_type, start=start,
                                    warmup_steps=spec.warmup_steps, steps=spec.steps,
                                    module=wrapped.module, optimizer=optimizer)
     window = Window(clock, ctx, recorder, scaler, device, spec.log_every,

@@ -22,9 +22,9 @@ hang watcher (launcher.backends.monitor) reads: it is replaced atomically at eve
 step record is added at least `BEAT_INTERVAL_S` after the last beat, so beating costs one small
 file write a second at most and never a device sync. Steps added within that second are not
 lost if the rank stops right after them: one trailing flush (records and beat) follows
-`BEAT_INTERVAL_S` after the last beat, from a timer thread, so a rank that hangs after a few fast
-steps is on disk at its last step (the timer fires once per burst: it never beats for a rank that
-makes no progress). With `dump_stacks=True` the rank also
+`BEAT_INTERVAL_S` after the last beat, from one long-lived flusher thread, so a rank that hangs
+after a few fast steps is on disk at its last step (it flushes once per burst of steps: it never
+beats for a rank that makes no progress). With `dump_stacks=True` the rank also
 writes the Python stack of every thread to `rank-<r>.stacks` when it receives SIGUSR1, which is
 how the watcher tells the rank stuck in its own code from the ranks waiting for it.
 
@@ -84,7 +84,10 @@ class RankRecorder:
         self._stepped = False  # a step record was added in this process
         self._beat_lock = threading.Lock()  # `busy`'s thread beats beside the caller
         self._records_lock = threading.Lock()  # the trailing flush writes beside the caller
-        self._trailing: threading.Timer | None = None
+        # one long-lived thread makes the trailing flush (see `progress`); started at first need
+        self._steps_pending = threading.Event()
+        self._stopped = threading.Event()
+        self._flusher: threading.Thread | None = None
         # before the first heartbeat: the watcher only signals ranks whose heartbeat says
         # they can take it (SIGUSR1's default action would kill the rank)
         self._stacks = dump_stacks and _enable_stack_dumps(self._paths.stacks(rank))
@@ -121,25 +124,36 @@ class RankRecorder:
                 self.progress(self.steps_done)
 
     def progress(self, step: int) -> None:
-        """Cheap liveness mark, callable once per step: beats when >= BEAT_INTERVAL_S passed."""
+        """Cheap liveness mark, callable once per step: beats when >= BEAT_INTERVAL_S passed.
+
+        Steps between beats are marked pending for the flusher thread, which flushes records
+        and heartbeat a beat interval after the last beat if no beat came meanwhile: the steps
+        just before a hang reach the disk, and a rank that makes no progress is never beaten
+        for."""
         if time.monotonic() - self._last_beat >= BEAT_INTERVAL_S:
             self.heartbeat(step)
-        elif self._trailing is None and not self._finished:
-            delay = max(self._last_beat + BEAT_INTERVAL_S - time.monotonic(), 0.0)
-            self._trailing = threading.Timer(delay, self._trailing_flush)
-            self._trailing.daemon = True
-            self._trailing.start()
+        elif not self._finished:
+            self._steps_pending.set()
+            if self._flusher is None:
+                self._flusher = threading.Thread(target=self._flush_loop, name="dlaunch-flusher",
+                                                 daemon=True)
+                self._flusher.start()
 
-    def _trailing_flush(self) -> None:
-        """The timer's flush, unless a beat came meanwhile; a failure is left to the caller's
-        next flush (the records stay queued)."""
-        self._trailing = None
-        if self._finished or time.monotonic() - self._last_beat < BEAT_INTERVAL_S:
-            return
-        try:
-            self.flush()
-        except Exception as e:  # noqa: BLE001 - a thread: the rank's own flush reports it
-            log.debug("trailing flush failed: %s", e)
+    def _flush_loop(self) -> None:
+        """The flusher thread (see `progress`); a failed flush is left to the caller's next one
+        (the records stay queued)."""
+        while not self._stopped.is_set():
+            self._steps_pending.wait()
+            self._steps_pending.clear()  # before the wait: a step during it marks again
+            delay = self._last_beat + BEAT_INTERVAL_S - time.monotonic()
+            if self._stopped.wait(max(delay, 0.0)):
+                return
+            if time.monotonic() - self._last_beat < BEAT_INTERVAL_S:
+                continue  # a beat came meanwhile: the steps are still coming
+            try:
+                self.flush()
+            except Exception as e:  # noqa: BLE001 - a thread: the rank's own flush reports it
+                log.debug("trailing flush failed: %s", e)
 
     def flush(self) -> None:
         """Append every queued record in one write, then beat the heartbeat."""
@@ -196,6 +210,8 @@ class RankRecorder:
         if self._finished:
             return
         self._finished = True
+        self._stopped.set()
+        self._steps_pending.set()  # wakes the flusher so that it sees the stop
         self.flush()
         now = time.time()
         summary: dict[str, Any] = {"rank": self.rank, "status": status, "steps": self.steps_done,

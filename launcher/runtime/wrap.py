@@ -1,6 +1,7 @@
 """The one place a model is wrapped for a strategy: DDP, FSDP2 (full / grad-op shard),
 hybrid shard on a 2-D mesh, tensor parallelism (`strategy.tp` > 1, the workload's `tp_plan`)
-under FSDP, activation checkpointing per block, torch.compile; and the one
+under FSDP, activation checkpointing of the blocks (`strategy.checkpointing`: selective per
+op, every other block or every block), torch.compile; and the one
 place its optimizer and LR scheduler are made (`make_optimizer`), after wrapping, the same way
 under every strategy.
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import warnings
+from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -26,6 +28,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import Checkpoi
 from torch.distributed.device_mesh import init_device_mesh
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim.lr_scheduler import LRScheduler
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from launcher.errors import UsageError
 from launcher.runtime.compiling import compile_forward
@@ -88,16 +91,59 @@ def _hsdp_defer_allreduce(model: FSDPModule) -> Callable[[], contextlib.Abstract
     return defer
 
 
-def _checkpoint_blocks(model: torch.nn.Module, blocks: list[torch.nn.Module]) -> list[torch.nn.Module]:
-    """Wrap each block in place, in its parent, for activation checkpointing; the wrapped blocks."""
+def _selective_save_ops() -> tuple[frozenset[Any], frozenset[Any]]:
+    """(matmuls, other ops) whose outputs selective checkpointing saves: torchtitan's save list
+    (torchtitan/models/llama3/infra/parallelize.py `_save_list`): mm, the SDPA kernels,
+    reduce-scatter (sequence parallelism's) and max (float8's amax); here also addmm (a linear
+    with a bias) and CPU's flash kernel. Ops this torch build lacks are left out."""
+    aten = torch.ops.aten
+    matmuls = frozenset(getattr(aten, n).default for n in ("mm", "addmm") if hasattr(aten, n))
+    names = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+             "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
+             "max")
+    other = {getattr(aten, n).default for n in names if hasattr(aten, n)}
+    functional = getattr(torch.ops, "_c10d_functional", None)
+    if functional is not None and hasattr(functional, "reduce_scatter_tensor"):
+        other.add(functional.reduce_scatter_tensor.default)
+    return matmuls, frozenset(other)
+
+
+def _selective_context() -> tuple[Any, Any]:
+    """One checkpointed block call's selective-checkpoint contexts: save what the save list
+    names but every second matmul (torchtitan's policy: the 2nd, 4th, ... mm of a block is
+    recomputed), recompute everything else; counted apart in forward and in recompute."""
+    matmuls, other = _selective_save_ops()
+    counts: defaultdict[bool, int] = defaultdict(int)
+
+    def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        if func in matmuls:
+            counts[ctx.is_recompute] += 1
+            save = counts[ctx.is_recompute] % 2 == 1
+        else:
+            save = func in other
+        return CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
+def _checkpoint_blocks(model: torch.nn.Module, blocks: list[torch.nn.Module],
+                       mode: str) -> list[torch.nn.Module]:
+    """Wrap the blocks `mode` checkpoints in place, in their parent (every block, or blocks 2,
+    4, ... for every-other as torchtitan's per-layer option counts them; selective with its
+    per-op policy); the blocks, wrapped or not, in order."""
     parents = _parents(model, blocks)
-    wrapped = []
-    for block in blocks:
+    kwargs: dict[str, Any] = {"context_fn": _selective_context} if mode == "selective" else {}
+    out = []
+    for i, block in enumerate(blocks):
+        if mode == "every-other" and i % 2 == 0:
+            out.append(block)
+            continue
         parent, name = parents[id(block)]
         # non-reentrant: works with FSDP2 and compile, and with inputs that need no grad
-        setattr(parent, name, checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT))
-        wrapped.append(getattr(parent, name))
-    return wrapped
+        setattr(parent, name, checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT,
+                                                 **kwargs))
+        out.append(getattr(parent, name))
+    return out
 
 
 def _parents(model: torch.nn.Module, blocks: list[torch.nn.Module]) -> dict[int, tuple[torch.nn.Module, str]]:
@@ -209,7 +255,7 @@ def wrap(model: torch.nn.Module, strategy: Strategy, ctx: RankContext, blocks: l
         # the mesh first: tensor parallelism needs it before checkpointing renames the blocks
         return _wrap_fsdp(model, strategy, ctx, blocks, shard_group_size, tp_plan)
     if strategy.activation_checkpointing and blocks:
-        blocks = _checkpoint_blocks(model, blocks)
+        blocks = _checkpoint_blocks(model, blocks, strategy.checkpointing)
     if strategy.compile:
         # the whole model; under DDP Dynamo's DDP optimizer splits it at bucket boundaries
         compile_forward(model, strategy)
@@ -257,7 +303,7 @@ def _wrap_fsdp(model: torch.nn.Module, strategy: Strategy, ctx: RankContext,
     if strategy.tp == 1:
         tp_group = None
     if strategy.activation_checkpointing and blocks:
-        blocks = _checkpoint_blocks(model, blocks)
+        blocks = _checkpoint_blocks(model, blocks, strategy.checkpointing)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(strategy.precision)
     # params gathered at the compute dtype, gradients reduced in fp32
     mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else MixedPrecisionPolicy()

@@ -164,3 +164,32 @@ def test_launcher_writes_whole_files_only_through_files_py():
                  if str(p.relative_to(REPO)) not in _ALLOWED_WRITES and p.name != "files.py"
                  for n, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
     assert offenders == [], "write through launcher.files.atomic_write_* (or explain in _ALLOWED_WRITES)"
+
+
+def test_steps_just_before_a_stop_reach_the_disk_from_one_flusher_thread(tmp_path):
+    import threading
+    import time
+
+    def flushers() -> set[threading.Thread]:
+        return {t for t in threading.enumerate() if t.name == "dlaunch-flusher"}
+
+    before = flushers()  # another test's recorder that never finished may have left one
+    rec = RankRecorder(tmp_path, 0, {"host": "h"})
+    paths = RunPaths(root=tmp_path)
+    step = 0
+    for _burst in range(3):  # three bursts of fast steps, each followed by a pause (a hang)
+        for _ in range(5):
+            step += 1
+            rec.add({"kind": "step", "step": step})
+        deadline = time.monotonic() + 5
+        while json.loads(paths.heartbeat(0).read_text())["step"] != step and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert json.loads(paths.heartbeat(0).read_text())["step"] == step
+        steps = [json.loads(line).get("step") for line in paths.records(0).read_text().splitlines()]
+        assert steps[-5:] == list(range(step - 4, step + 1))
+    assert len(flushers() - before) == 1
+    rec.finish("ok")
+    deadline = time.monotonic() + 3
+    while flushers() - before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not flushers() - before

@@ -85,14 +85,14 @@ def test_ddp_bf16_with_checkpointing_trains_on_a_token_file(dlaunch, tmp_path):
                            "-o", str(tokens)], capture_output=True, text=True, timeout=60)
     assert made.returncode == 0, made.stderr
     run = tmp_path / "run"
-    done = dlaunch("run", HF, "--gpus", "2", "--strategy", "ddp", "--precision", "bf16", "--checkpointing",
+    done = dlaunch("run", HF, "--gpus", "2", "--strategy", "ddp", "--precision", "bf16", "--checkpointing", "full",
                    "--steps", "8", "--run-dir", str(run), "--",
                    "--config", TINY, "--tokens", str(tokens), "--seq-len", "128", env=CPU)
     assert done.code == 0, done.out + done.err + log_tails(run)
     assert run_result(run)["status"] == "ok"
     strategy = json.loads((run / "launch.json").read_text())["strategy"]
     assert strategy["kind"] == "ddp" and strategy["precision"] == "bf16"
-    assert strategy["activation_checkpointing"] is True
+    assert strategy["checkpointing"] == "full"
     _finite_and_learning(rank_losses(run))
 
 

@@ -26,7 +26,8 @@ pytestmark = pytest.mark.distributed
 
 WORKLOAD = str(DATA / "sgd_cosine.py")
 STEPS, EVAL_EVERY, EVERY = 12, 3, 4  # evaluations at 3, 6, 9, 12; checkpoints at 4 and 8
-BASE = ("--precision", "fp32", "--steps", str(STEPS), "--warmup-steps", "1", "--no-calibrate")
+# two warm-up steps: the second is the one each rank samples for its live tensor bytes
+BASE = ("--precision", "fp32", "--steps", str(STEPS), "--warmup-steps", "2", "--no-calibrate")
 DDP = ("--gpus", "2", "--strategy", "ddp", "--micro-batch", "2", "--grad-accum", "2")
 LR, WARMUP, TOTAL = 0.2, 3, 12  # sgd_cosine.py's DEFAULTS
 
@@ -45,6 +46,17 @@ def train(run_dir: Path, *args: str, workload_args: tuple[str, ...] = ()) -> Pat
                        *workload_args, env={"OMP_NUM_THREADS": "1", "TMPDIR": str(run_dir.parent)})
     assert done.code == 0, done.out + done.err + log_tails(run_dir)
     return run_dir
+
+
+def assert_memory_measured(run_dir: Path) -> None:
+    """Every rank sampled its live tensor bytes (runtime.live_bytes), and the summary says so."""
+    from launcher.results.aggregate import aggregate
+    from launcher.results.table import format_run
+
+    ranks = run_result(run_dir)["ranks"]
+    assert all(r["live_peak_bytes"] and r["live_peak_step"] == 2 for r in ranks), ranks
+    [line] = [x for x in format_run(aggregate(run_dir)).splitlines() if x.startswith("memory")]
+    assert "live tensors at peak (step 2" in line and "not measured" not in line, line
 
 
 def evals(run_dir: Path, rank: int = 0) -> dict[int, dict[str, float]]:
@@ -90,6 +102,7 @@ def test_fsdp_and_hybrid_train_as_ddp_does(ddp, tmp_path, args):
     assert {s: m["lr"] for s, m in evals(run_dir).items()} == pytest.approx(
         {s: m["lr"] for s, m in evals(ddp).items()})
     assert all(m["momentum_share"] == 1.0 for m in evals(run_dir).values())
+    assert_memory_measured(run_dir)  # FSDP2's shards and unsharded parameters are seen
 
 
 def test_compiled_training_uses_the_same_optimizer_and_schedule(ddp, tmp_path):
@@ -98,6 +111,7 @@ def test_compiled_training_uses_the_same_optimizer_and_schedule(ddp, tmp_path):
                     "--micro-batch", "4", "--grad-accum", "2")
     assert run_result(run_dir)["ranks"][0]["compiled_graphs"] >= 1
     assert_same_losses(rank_steps(ddp), rank_steps(run_dir), 1e-4)
+    assert_memory_measured(run_dir)  # the buffers Inductor's code allocates are seen
 
 
 def test_resume_after_a_killed_rank_restores_the_schedule(ddp, tmp_path):

@@ -20,7 +20,7 @@ from tests.helpers import DATA, REPO
 
 WORKLOAD = str(DATA / "probe_hostile.py")
 DECIDED = ("--gpus", "1", "--strategy", "ddp", "--precision", "fp32", "--micro-batch", "4",
-           "--no-checkpointing")
+           "--checkpointing", "none")
 PROBE_LIMIT_S = 15
 
 

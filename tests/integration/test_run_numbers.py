@@ -63,9 +63,12 @@ def test_the_summary_sets_the_prediction_against_the_measurement(mlp_run):
     peak_gib = max(live) / GIB
     assert block["mem_ratio"] == pytest.approx(peak_gib / predicted_gib)
     [line] = [x for x in done.out.splitlines() if x.startswith("prediction")]
-    assert line.startswith(f"prediction vs measured (plan.json): step time {predicted_s:.3f} s predicted, "
-                           f"{result['step_time_median_s']:.3f} s measured median "
-                           f"(measured/predicted {block['step_time_ratio']:.2f})"), line
+    low, high = block["step_interval_s"]  # the plan's 80% interval, and whether the run fell in it
+    inside = "inside the interval" if low <= result["step_time_median_s"] <= high else "OUTSIDE the interval"
+    assert block["inside_interval"] == (inside == "inside the interval")
+    assert line.startswith(f"prediction vs measured (plan.json): step time {predicted_s:.3f} s predicted "
+                           f"({low:.3g}-{high:.3g} s, 80%), {result['step_time_median_s']:.3f} s measured median "
+                           f"(measured/predicted {block['step_time_ratio']:.2f}, {inside})"), line
     assert "peak live tensor bytes" in line  # a CPU run names what it measured
     # the memory line labels both figures and prints the plan's estimate beside them
     [mem] = [x for x in done.out.splitlines() if x.startswith("memory")]

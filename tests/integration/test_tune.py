@@ -77,7 +77,7 @@ def test_run_follows_the_tuned_plan(tuned: Tuned) -> None:
     assert done.code == 0, done.err
     launch = json.loads((run_dir / "launch.json").read_text())
     assert (launch["strategy"]["kind"], launch["strategy"]["precision"], launch["micro_batch"],
-            launch["grad_accum_steps"], launch["strategy"]["activation_checkpointing"]) == (
+            launch["grad_accum_steps"], launch["strategy"]["checkpointing"]) == (
         plan["strategy"], plan["precision"], plan["micro_batch"], plan["grad_accum"], plan["checkpointing"])
 
 
@@ -86,7 +86,7 @@ def test_each_trial_carries_its_candidates_plan_and_prediction(tuned: Tuned) -> 
     for t in trials:
         chosen = json.loads(RunPaths(root=t["run_dir"]).plan.read_text())["plan"]["chosen"]
         assert (chosen["strategy"]["kind"], chosen["strategy"]["precision"], chosen["micro_batch"],
-                chosen["strategy"]["activation_checkpointing"]) == (
+                chosen["strategy"]["checkpointing"]) == (
             t["strategy"], t["precision"], t["micro_batch"], t["checkpointing"])
     ok = next(t for t in trials if t["status"] == "ok")
     prediction = json.loads(RunPaths(root=ok["run_dir"]).result.read_text())["prediction"]
@@ -146,7 +146,7 @@ def test_plan_uses_the_stored_correction_unless_told_not_to(tuned: Tuned) -> Non
     def trial_candidate(plan: dict) -> dict:
         """The plan's candidate with the trial's checkpointing (the plan may choose the other)."""
         return next(c for c in (plan["chosen"], *plan["rejected"])
-                    if c["strategy"]["activation_checkpointing"] == ok["checkpointing"]
+                    if c["strategy"]["checkpointing"] == ok["checkpointing"]
                     and c["micro_batch"] == ok["micro_batch"] and c["strategy"]["kind"] == ok["strategy"])
 
     def step(c: dict) -> float:

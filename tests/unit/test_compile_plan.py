@@ -150,7 +150,7 @@ def test_the_trace_is_cached_beside_the_profile(tmp_path: Path, monkeypatch):
 
 # --- the decision (pure) ------------------------------------------------------------------------
 def test_clean_trace_on_a_gpu_proposes_compile_priced_on_memory_bound_work_only():
-    same = {"strategy": "fsdp_full", "micro_batch": 4, "activation_checkpointing": True}
+    same = {"strategy": "fsdp_full", "micro_batch": 4, "checkpointing": "full"}
     p = plan(GPT_SMALL, H100, Goal(global_batch=256), overrides=same, compile_check=CLEAN)
     d = p.compile
     assert p.chosen.strategy.compile and d.compile and d.decided_by == "dynamo trace"

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from launcher.errors import PlanError
 from launcher.hardware.types import DeviceSpec, Link, Topology
-from launcher.plan import collectives
+from launcher.plan import collectives, cost
 from launcher.plan.candidates import profile_for_goal
 from launcher.plan.collectives import (
     FSDP_COLLECTIVE_OVERHEAD_S,
@@ -27,9 +28,12 @@ from launcher.plan.collectives import (
     tree_allreduce_s,
 )
 from launcher.plan.cost import (
+    ATTENTION_CURVES,
     LEAF_NODES,
     SCALE_TAX,
     STEP_JITTER,
+    AttentionCurve,
+    attention_efficiency,
     attention_flops_fwd,
     compute_s,
     forward_pass,
@@ -37,7 +41,14 @@ from launcher.plan.cost import (
     model_width,
     step_time,
 )
-from launcher.specs import Goal, ModelProfile, Strategy
+from launcher.specs import (
+    ATTENTION_KERNELS,
+    LOSS_KERNELS,
+    NORM_KERNELS,
+    Goal,
+    ModelProfile,
+    Strategy,
+)
 
 GPU = DeviceSpec(name="test-gpu", mem_gib=80, peak_tflops={"fp32": 50, "bf16": 100},
                  compute_capability=(9, 0))
@@ -204,7 +215,9 @@ def test_width_and_attention_come_from_the_profile():
     matmul = d.flops_fwd_per_sample - attention_flops_fwd(d)
     assert long.flops_fwd_per_sample == pytest.approx(2 * matmul + 4 * attention_flops_fwd(d))
     fwd_short, fwd_long = forward_pass(d, BF16, 1, GPU), forward_pass(long, BF16, 1, GPU)
-    assert fwd_long.attention_s > 3.5 * fwd_short.attention_s
+    # four times the FLOPs, at the kernel's faster rate for the longer sequence: the default
+    # kernel's H100 curve (SDPA, measured) runs 465 TFLOP/s at 4k tokens and 534 at 8k
+    assert fwd_long.attention_s == pytest.approx(4 * 465 / 534 * fwd_short.attention_s)
     # the measured attention share moves with the sequence too, both ways
     measured = dataclasses.replace(d, attention_flops_fwd_per_sample=0.3 * d.flops_fwd_per_sample)
     for seq, r in ((1024, 0.25), (8192, 2.0)):
@@ -217,9 +230,9 @@ def test_checkpointing_costs_about_a_third_more_compute():
     d = transformer(8192, layers=8)
     plain = compute_s(d, BF16, 2, 1, GPU)
     full = compute_s(d, Strategy(kind="fsdp_full", precision="bf16",
-                                 activation_checkpointing=True), 2, 1, GPU)
+                                 checkpointing="full"), 2, 1, GPU)
     half = compute_s(d, Strategy(kind="fsdp_full", precision="bf16",
-                                 activation_checkpointing=True), 2, 1, GPU, recompute_fraction=0.5)
+                                 checkpointing="full"), 2, 1, GPU, recompute_fraction=0.5)
     # a step is forward + backward; full checkpointing adds exactly one more forward
     fwd = forward_pass(d, BF16, 2, GPU)
     assert plain == pytest.approx(fwd.total_s + fwd.backward_s)
@@ -282,6 +295,112 @@ def test_single_rank_has_no_communication():
     assert t.step_time_s == t.compute_s
 
 
+# --- attention kernels ---------------------------------------------------------------------------
+A100 = DeviceSpec(name="NVIDIA A100-SXM4-80GB", mem_gib=80, peak_tflops={"fp32": 19.5, "bf16": 312},
+                  compute_capability=(8, 0))
+
+
+def test_attention_curves_interpolate_their_sources(monkeypatch):
+    monkeypatch.setitem(cost.ATTENTION_RUN_SCALE, "fa2", 1.0)
+    # FlashAttention-2 on an A100 (FA2 paper Fig. 4d): 155 TFLOP/s at 2k, 173 at 4k, flat
+    # beyond 16k (189), in proportion to s below 512 (99)
+    assert attention_efficiency(A100, 2048, "fa2") == pytest.approx(155 / 312)
+    assert attention_efficiency(A100, 2896, "fa2") == pytest.approx((155 + 173) / 2 / 312, rel=1e-3)
+    assert attention_efficiency(A100, 65536, "fa2") == pytest.approx(189 / 312)
+    assert attention_efficiency(A100, 256, "fa2") == pytest.approx(99 / 2 / 312)
+    # other architectures take the H100 curve, as a fraction of their own peak
+    l40s = dataclasses.replace(A100, compute_capability=(8, 9))
+    assert attention_efficiency(l40s, 8192, "fa2") == pytest.approx(308 / 989)
+    # every curve rises (or holds) with the sequence; Triton's sits below FA2's on an A100
+    for kernel, curves in ATTENTION_CURVES.items():
+        for arch, curve in curves.items():
+            assert list(curve.tflops) == sorted(curve.tflops) or kernel == "triton-fa", (kernel, arch)
+            assert curve.source
+    for s in (512, 2048, 16384):
+        assert ATTENTION_CURVES["triton-fa"][(8, 0)].fraction(s) < ATTENTION_CURVES["fa2"][(8, 0)].fraction(s)
+    with pytest.raises(PlanError, match="attention curve"):
+        AttentionCurve(tflops=(1.0,), peak_tflops=1.0, source="x")
+
+
+def test_attention_time_follows_the_run_kernel():
+    d = transformer(4096, seq=16384)
+    fa2 = forward_pass(d, BF16, 1, A100)  # the default kernel on an A100: SDPA = FA2's curve
+    triton = forward_pass(dataclasses.replace(d, attention_kernel="triton-fa"), BF16, 1, A100)
+    # at 16k tokens: FA2 189 TFLOP/s (x its run scale), Triton 80 (x its own); matmuls unchanged
+    expected = (189 * cost.ATTENTION_RUN_SCALE["sdpa"]) / (80 * cost.ATTENTION_RUN_SCALE["triton-fa"])
+    assert triton.attention_s / fa2.attention_s == pytest.approx(expected)
+    assert triton.gemm_s == fa2.gemm_s and triton.memory_s == fa2.memory_s
+
+
+def test_run_kernels_are_validated_profile_inputs_with_defaults():
+    d = transformer(1024, seq=1024)
+    # what the workloads call
+    assert (d.attention_kernel, d.loss_kernel, d.norm_kernel) == ("sdpa", "eager", "eager")
+    for bad in ({"attention_kernel": "xformers"}, {"loss_kernel": "liger"},
+                {"norm_kernel": "apex"}):
+        with pytest.raises(PlanError, match="kernel"):
+            dataclasses.replace(d, **bad)
+    # every attention kernel a profile may name has a curve
+    assert set(ATTENTION_KERNELS) == set(ATTENTION_CURVES)
+    # a profile cached before the fields existed loads with the defaults
+    from launcher.plan.resolve import _profile_from_json
+    old = {k: v for k, v in dataclasses.asdict(d).items()
+           if k not in ("attention_kernel", "loss_kernel", "norm_kernel")}
+    assert _profile_from_json(old) == d
+
+
+def test_fused_loss_prices_the_logits_by_its_own_passes():
+    # 768 wide, 12 blocks, vocab 50368 at 1k tokens (MPT-125M): backward's transient is two
+    # fp32 logits tensors; the eager loss's log_softmax output is among the saved bytes
+    seq, vocab = 1024, 50368
+    d = dataclasses.replace(transformer(768, layers=12, seq=seq, vocab=vocab),
+                            backward_transient_bytes_per_sample=2 * 4.0 * seq * vocab)
+    assert cost.logits_bytes(d) == 4.0 * seq * vocab
+    eager = forward_pass(d, BF16, 2, A100)
+    fused = forward_pass(dataclasses.replace(d, loss_kernel="fused"), BF16, 2, A100)
+    # the logits leave MEMORY_PASSES' traffic and come back at FUSED_LOSS_PASSES, in bf16
+    saved_by = ((cost.MEMORY_PASSES - cost.FUSED_LOSS_PASSES) * 2 * 2.0 * seq * vocab
+                / cost.hbm_bytes_per_s(A100))
+    assert eager.memory_s - fused.memory_s == pytest.approx(saved_by)
+    assert fused.gemm_s == eager.gemm_s and fused.attention_s == eager.attention_s
+    # not a language model: nothing to take out
+    assert cost.logits_bytes(dataclasses.replace(d, sample_units="samples")) == 0.0
+
+
+def test_low_precision_norms_skip_autocasts_fp32_round_trips():
+    seq, width, layers = 1024, 768, 12
+    d = transformer(width, layers=layers, seq=seq)
+    eager = forward_pass(d, BF16, 2, A100)
+    low = forward_pass(dataclasses.replace(d, norm_kernel="low-precision"), BF16, 2, A100)
+    # two norms a block and the final one, 16 B an element fewer each (20 B in fp32, 4 in bf16)
+    norms = (2 * layers + 1) * width * seq * 2
+    assert eager.memory_s - low.memory_s == pytest.approx(
+        cost.NORM_AUTOCAST_BYTES * norms / cost.hbm_bytes_per_s(A100))
+    # fp32 casts nothing: the same either way
+    fp32 = Strategy(kind="fsdp_full", precision="fp32")
+    assert (forward_pass(dataclasses.replace(d, norm_kernel="low-precision"), fp32, 2, A100).memory_s
+            == forward_pass(d, fp32, 2, A100).memory_s)
+
+
+def test_the_lm_head_is_priced_as_a_wide_gemm():
+    seq, vocab = 1024, 50368
+    d = dataclasses.replace(transformer(768, layers=12, seq=seq, vocab=vocab),
+                            backward_transient_bytes_per_sample=2 * 4.0 * seq * vocab)
+    head = cost.head_flops_fwd(d)
+    assert head == pytest.approx(2 * 768 * vocab * seq)
+    tokens = 2 * seq
+    peak = cost.peak_flops(A100, "bf16")
+    blocks = d.flops_fwd_per_sample - cost.attention_flops_fwd(d) - head
+    expected = 2 * (blocks / cost.gemm_efficiency(A100, 768, tokens)
+                    + head / cost.gemm_efficiency(A100, math.inf, tokens)) / peak
+    assert forward_pass(d, BF16, 2, A100).gemm_s == pytest.approx(expected)
+    # the head keeps the tokens' factor but not the width's
+    assert cost.gemm_efficiency(A100, math.inf, tokens) == pytest.approx(
+        cost.GEMM_PEAK_FRACTION[(8, 0)] * tokens / (tokens + cost.GEMM_HALF_TOKENS))
+    # without a measured transient (no logits known) every matmul is priced at the width
+    assert cost.head_flops_fwd(transformer(768, layers=12, seq=seq)) == 0.0
+
+
 # --- the published-results benchmark's data -----------------------------------------------------
 def _published_runner():
     spec = importlib.util.spec_from_file_location("published_run",
@@ -303,6 +422,11 @@ def test_published_rows_load_and_every_row_is_sourced():
         # every row maps onto a shipped topology and workload options
         assert (ROOT / "topologies" / f"{run.topology_name(row)}.yaml").is_file(), row["id"]
         assert run.workload_args(row)[:2] in (["--size", "mpt-7b"], ["--size", "llama2-7b"])
+        assert row["split"] in ("fit", "check") and row["attention_kernel"] in ATTENTION_CURVES
+        assert row["loss_kernel"] in LOSS_KERNELS and row["norm_kernel"] in NORM_KERNELS
+    # the check rows (no constant is fitted on them) cover short and long sequences
+    check = {r["seq_len"] for r in rows if r["split"] == "check"}
+    assert {512, 1024, 16384, 32768, 65536} <= check
 
 
 def test_published_loader_rejects_an_unsourced_row(tmp_path):

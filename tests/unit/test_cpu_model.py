@@ -97,19 +97,54 @@ def test_fsdp_with_low_precision_is_timed_with_its_batch_norms_in_fp32():
 
 
 def test_probe_sizes_stay_within_the_budget():
+    # the analytic model only says whether micro-batch 1 is worth timing; the sizes that fit
+    # in memory are offered, and the probe's own measured steps pick among them
     cheap = {1: 0.001, 2: 0.002, 4: 0.004, 8: 0.008}
-    assert step_probe.probe_micro_batches(cheap, 2) == (1, 8)
-    slow = {mb: 0.2 * mb for mb in (1, 2, 4, 8)}  # (1 + REPEATS) x 2 precisions x (T1 + Tmb)
-    assert step_probe.probe_micro_batches(slow, 2) == (1,)
+    assert step_probe.probe_micro_batches(cheap, 2) == (1, 2, 4, 8)
     assert step_probe.probe_micro_batches({mb: 10.0 for mb in (1, 2, 4, 8)}, 2) == ()
+
+
+def test_the_second_size_is_the_largest_the_measured_steps_leave_time_for():
+    tried: list[int] = []
+
+    def rounds(fixed_s: float, per_sample_s: float):
+        def round_s(mb: int) -> float:
+            tried.append(mb)
+            return fixed_s + per_sample_s * mb
+        return round_s
+
+    sizes = (2, 4, 8, 16)
+    # cheap steps: every size is tried and the largest kept
+    assert step_probe.scout_size(rounds(0.01, 0.001), 0.011, 1, sizes, 3.0) == (16, pytest.approx(0.026))
+    assert tried == [2, 4, 8, 16]
+    # a fixed cost dominating: micro-batch 16 costs 0.25 s a round, 16x micro-batch 1 would
+    # be 3.2: the measured steps (not proportional scaling) let it in
+    tried.clear()
+    assert step_probe.scout_size(rounds(0.2, 0.003), 0.203, 1, sizes, 3.0)[0] == 16
+    # slow per sample: stops before a size whose timed rounds would pass the budget, untried
+    tried.clear()
+    assert step_probe.scout_size(rounds(0.02, 0.05), 0.07, 1, sizes, 3.0)[0] == 8
+    assert tried == [2, 4, 8]
+    tried.clear()
+    assert step_probe.scout_size(rounds(1.0, 0.1), 1.1, 1, sizes, 3.0) == (1, 1.1) and not tried
+
+
+def test_cpu_truth_prints_each_cell_with_its_load():
+    import benchmarks.cpu_truth as ct
+
+    cell = {"workload": "gpt", "strategy": "ddp", "precision": "fp32", "ranks": 1, "steps": 20,
+            "load_before": 0.4, "load_after": 1.9, "measured_s": 0.2, "predicted_s": 0.25,
+            "ratio": 0.8, "micro_batch": 16}
+    assert "measured/predicted  0.80  ok" in ct.format_cell(cell)
+    assert ct.percentiles([0.5, 0.9, 1.0, 1.1, 1.3], (10, 90)) == pytest.approx((0.66, 1.22))
 
 
 def test_measure_steps_times_every_part_of_a_real_workload():
     workload = load_workload(WORKLOADS / "mlp.py", ["--hidden", "64", "--depth", "2"])
-    t = measure_steps(workload, threads=1, precisions=("fp32", "bf16"), micro_batches=(1, 4))
+    t = measure_steps(workload, threads=1, precisions=("fp32", "bf16"), micro_batches=(1, 2, 4))
     assert set(t.precisions) == {"fp32", "bf16"} and t.threads == 1
     for s in t.precisions.values():
-        assert [p.micro_batch for p in s.passes] == [1, 4]
+        assert [p.micro_batch for p in s.passes] == [1, 4]  # a millisecond step: the largest
         assert all(p.forward_s > 0 and p.backward_s > 0 and p.data_s > 0 for p in s.passes)
         assert s.optimizer_s > 0
     assert WorkloadTiming.from_dict(step_probe.as_cached(t)) == t  # the cache's round trip

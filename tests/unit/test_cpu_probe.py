@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 from pathlib import Path
 
 import pytest
 
+from launcher.hardware.detect import cpu_info
 from launcher.hardware.types import DeviceSpec, Link, Topology
 from launcher.plan import cpu_probe
 from launcher.plan.cost import step_time
-from launcher.plan.cpu_cost import cpu_overhead
-from launcher.plan.cpu_rates import CpuRates, ProbedCpu, core_share
+from launcher.plan.cpu_cost import cpu_forward, cpu_overhead
+from launcher.plan.cpu_rates import PARALLEL_EFFICIENCY, CpuRates, ProbedCpu, core_share, op_share
 from launcher.plan.profile import profile_workload
 from launcher.plan.resolve import cached_cpu_rates, probe_cache_dir, resolve_topology
 from launcher.specs import ModelProfile, Strategy
@@ -60,6 +62,12 @@ def test_probe_measures_and_caches_per_machine(tmp_path: Path):
     # per-op overhead: an op building the autograd graph costs more than a plain one, and a
     # backward() call more than either (the autograd engine's start-up)
     assert 0 < first.op_s < first.backward_call_s and first.graph_op_s > 0
+    # how a rank's work scales with its threads here: GEMM, streaming, tiny ops at 1..cores
+    counts = [float(n) for n in cpu_probe.scaling_threads(first.cores)]
+    assert set(first.thread_speedup) == {"gemm", "stream", "op"}
+    assert all([n for n, _ in points] == counts and points[0] == (1.0, 1.0)
+               for points in first.thread_speedup.values())
+    assert first.cpu_flags and not first.validated_at
     [entry] = list(tmp_path.glob("*.json"))
     assert json.loads(entry.read_text())["gemm_gflops"] == dict(first.gemm_gflops)
 
@@ -78,6 +86,59 @@ def test_cache_key_names_cpu_cores_and_torch():
     assert len({base, cpu_probe.cache_key("EPYC 9654", 8, "2.13.0"),
                 cpu_probe.cache_key("Xeon 8480", 4, "2.13.0"),
                 cpu_probe.cache_key("Xeon 8480", 8, "2.14.0")}) == 4
+
+
+def test_scaling_is_measured_at_1_2_and_the_largest_thread_counts():
+    assert cpu_probe.scaling_threads(1) == (1,)
+    assert cpu_probe.scaling_threads(2) == (1, 2)
+    assert cpu_probe.scaling_threads(6) == (1, 2, 4, 6)
+    assert cpu_probe.scaling_threads(64) == (1, 2, 8, 16, 32, 64)  # cores // ranks kept
+
+
+def _aged(r: CpuRates, hours: float, flags: str) -> CpuRates:
+    then = datetime.datetime.now() - datetime.timedelta(hours=hours)
+    return dataclasses.replace(r, measured_at=then.isoformat(timespec="seconds"), cpu_flags=flags)
+
+
+def test_a_cached_probe_is_revalidated_after_a_day_or_on_other_cpu_flags(tmp_path: Path):
+    flags = cpu_probe.flags_digest(cpu_info().flags)
+    info = cpu_info()
+    entry = tmp_path / f"{cpu_probe.cache_key(info.model, info.usable_cores, cpu_probe.torch_version())}.json"
+    measured: list[int] = []
+    remeasured: list[float] = []
+
+    def measure() -> CpuRates:
+        measured.append(1)
+        return _aged(rates(fp32=80.0), 0, flags)
+
+    def gemm(value: float):
+        def fn() -> float:
+            remeasured.append(value)
+            return value
+        return fn
+
+    def cache(r: CpuRates) -> None:
+        entry.write_text(json.dumps(dataclasses.asdict(r)))
+
+    # fresh: used as cached, nothing re-measured
+    cache(_aged(rates(), 2, flags))
+    assert cached_cpu_rates(tmp_path, measure_fn=measure, gemm_fn=gemm(100.0)).gemm_gflops["fp32"] == 100
+    assert not measured and not remeasured
+    # 30 h old, the GEMM within REVALIDATE_TOLERANCE: kept, stamped valid (not re-measured next)
+    cache(_aged(rates(), 30, flags))
+    kept = cached_cpu_rates(tmp_path, measure_fn=measure, gemm_fn=gemm(110.0))
+    assert kept.gemm_gflops["fp32"] == 100 and kept.validated_at and remeasured == [110.0]
+    assert cached_cpu_rates(tmp_path, measure_fn=measure, gemm_fn=gemm(50.0)) == kept
+    assert remeasured == [110.0] and not measured
+    # 30 h old and the GEMM moved by more: probed again
+    cache(_aged(rates(), 30, flags))
+    assert cached_cpu_rates(tmp_path, measure_fn=measure, gemm_fn=gemm(130.0)).gemm_gflops["fp32"] == 80
+    assert measured == [1]
+    # taken on a CPU with other ISA flags behind the same model name: re-validated at once
+    cache(_aged(rates(), 1, "other-flags"))
+    cached_cpu_rates(tmp_path, measure_fn=measure, gemm_fn=gemm(100.0))
+    assert remeasured[-1] == 100.0 and measured == [1]
+    assert cpu_probe.needs_revalidation(_aged(rates(), 1, "x"), datetime.datetime.now(), "y")
 
 
 def test_half_rows_and_llc_from_sysfs(tmp_path: Path):
@@ -119,6 +180,32 @@ def test_more_ranks_than_cores_share_them():
     assert per_rank[4].compute_s >= 2 * per_rank[2].compute_s
     # gloo's copies share the cores too: the same bytes take longer over 4 ranks on 2 cores
     assert per_rank[4].comm_total_s > per_rank[2].comm_total_s
+
+
+def test_a_ranks_threads_speed_up_its_work_as_the_probe_measured_them():
+    def scaled(gemm: float, stream: float, op: float) -> CpuRates:
+        return dataclasses.replace(rates(), thread_speedup={
+            "gemm": ((1, 1.0), (2, gemm)), "stream": ((1, 1.0), (2, stream)), "op": ((1, 1.0), (2, op))})
+
+    smt, physical = cpu_topology(1, r=scaled(1.2, 1.1, 1.0)), cpu_topology(1, r=scaled(2.0, 1.6, 0.9))
+    assert core_share(physical) == 2.0 and core_share(physical, "stream") == 1.6
+    assert core_share(smt) == 1.2 and op_share(physical) == 0.9
+    assert op_share(cpu_topology(1, r=scaled(2.0, 1.6, 1.3))) == 1.0  # a tiny op cannot gain
+    # unmeasured (an old cache) or read on a busy host (< 1): the assumed efficiency
+    assert core_share(cpu_topology(1)) == pytest.approx(1 + PARALLEL_EFFICIENCY)
+    assert core_share(cpu_topology(1, r=scaled(0.2, 0.1, 0.9))) == pytest.approx(1 + PARALLEL_EFFICIENCY)
+    # one thread per rank, or ranks time-sharing cores: no scaling applies
+    assert core_share(cpu_topology(2, r=scaled(2.0, 1.6, 0.9))) == 1.0
+    assert core_share(cpu_topology(4, r=scaled(2.0, 1.6, 0.9))) == op_share(cpu_topology(4)) == 0.5
+    fp32 = Strategy(kind="ddp", precision="fp32")
+    fwd = {name: cpu_forward(LARGE, fp32, 4, t) for name, t in (("smt", smt), ("physical", physical))}
+    assert fwd["smt"].gemm_s == pytest.approx(fwd["physical"].gemm_s * 2.0 / 1.2)
+    assert fwd["smt"].memory_s > fwd["physical"].memory_s
+    assert step_time(LARGE, fp32, smt, 4, 1).compute_s > step_time(LARGE, fp32, physical, 4, 1).compute_s
+    # interpolated between measured thread counts, flat beyond the last
+    r = dataclasses.replace(rates(), thread_speedup={"gemm": ((1, 1.0), (2, 1.8), (4, 3.0))})
+    assert r.speedup("gemm", 3) == pytest.approx(2.4) and r.speedup("gemm", 8) == 3.0
+    assert r.speedup("stream", 2) is None
 
 
 def test_bf16_helps_large_gemms_only_where_the_probe_says_it_is_faster():

@@ -18,7 +18,8 @@ from launcher.jobs.doctor import DOCTOR_RANK, Basis, DoctorRequest, doctor_spec,
 from launcher.plan.cost import GEMM_PEAK_FRACTION
 from launcher.plan.cpu_rates import CpuRates, GlooRates, ProbedCpu
 from launcher.plan.expected import COPY_PEAK_FRACTION, cpu_expectations, gpu_expectations, no_expectations
-from launcher.results.doctor import RankReading, format_doctor, judge, read_readings, reading_from_summary
+from launcher.results.doctor import RankReading, judge, read_readings, reading_from_summary
+from launcher.results.doctor_view import format_doctor
 from launcher.rundir import RunPaths
 from launcher.runtime.doctor_checks import SLOW_RANK_ENV, busbw, pick_precision, slowed_rank
 
@@ -172,6 +173,14 @@ def test_cpu_expectations_from_this_hosts_probes():
     assert one.checks["gemm"].value == pytest.approx(200e9 * 1.6)  # type: ignore[union-attr]
     assert one.checks["copy"].value == pytest.approx(32e9)  # type: ignore[union-attr]
     assert one.checks["allreduce_node"] is None
+    # where the probe measured the GEMM's thread scaling, the expectation takes it (as the planner)
+    probed = _probed(1)
+    rates = dataclasses.replace(probed.accelerator.rates, thread_speedup={"gemm": ((1, 1.0), (2, 1.9))})
+    scaled = dataclasses.replace(probed, accelerator=dataclasses.replace(probed.accelerator, rates=rates))
+    two = cpu_expectations(scaled, precision="bf16", ranks_per_node=1, nodes=1, threads=2,
+                           copy_bytes=128 * 2**20, allreduce_bytes=0, basis="probe")
+    assert two.checks["gemm"].value == pytest.approx(200e9 * 1.9)  # type: ignore[union-attr]
+    assert "measured GEMM speedup" in two.checks["gemm"].source  # type: ignore[union-attr]
 
 
 def test_cpu_expectations_from_a_topology_file_share_its_listed_peak():

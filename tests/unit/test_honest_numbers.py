@@ -88,8 +88,8 @@ def test_the_sampler_counts_one_real_step_and_keeps_the_record_layout():
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    sampler = StepSampler.for_rank(device_type="cpu", strategy="ddp", compiled=False, start=0,
-                                   warmup_steps=3, steps=10, module=model, optimizer=opt)
+    sampler = StepSampler.for_rank(device_type="cpu", start=0, warmup_steps=3, steps=10,
+                                   module=model, optimizer=opt)
     assert sampler.step == 3
     records = []
     for n in range(1, 5):
@@ -105,16 +105,15 @@ def test_the_sampler_counts_one_real_step_and_keeps_the_record_layout():
     assert list(records[2])[-1] == "warmup"  # report.runs reads "warmup" before "step_time_s"
 
 
-@pytest.mark.parametrize("kw", [dict(device_type="cuda"), dict(strategy="fsdp_full"),
-                                dict(compiled=True), dict(warmup_steps=1)])
+@pytest.mark.parametrize("kw", [dict(device_type="cuda"), dict(warmup_steps=1)])
 def test_the_sampler_stays_off_where_it_cannot_see_the_tensors(kw):
     import torch
 
     from launcher.runtime.live_bytes import StepSampler
 
     model = torch.nn.Linear(2, 2)
-    args = dict(device_type="cpu", strategy="ddp", compiled=False, start=0, warmup_steps=3,
-                steps=10, module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    args = dict(device_type="cpu", start=0, warmup_steps=3, steps=10, module=model,
+                optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
     assert StepSampler.for_rank(**{**args, **kw}).step is None
 
 

@@ -7,10 +7,13 @@ import pytest
 from launcher.hardware.types import DeviceSpec
 from launcher.plan.memory import (
     AUTOCAST_ACTIVATION_FACTOR,
+    AUTOCAST_NO_ATTENTION_FACTOR,
+    COMPILE_SAVED_FACTOR,
     CUBLAS_WORKSPACE_BYTES,
     CUDA_ALLOCATOR_SLACK,
     CUDA_CONTEXT_BYTES,
     NCCL_BUFFER_BYTES,
+    PARAM_DTYPE_BATCH_NORM_FACTOR,
     estimate_memory,
     usable_mem_bytes,
 )
@@ -21,18 +24,22 @@ ACT = 2e9  # fp32 saved activations per sample
 BLOCK_IN = 1e7  # one block's input per sample
 
 
-def model(num_params: int = P) -> ModelProfile:
+def model(num_params: int = P, **kw) -> ModelProfile:
+    # a transformer (it has attention) unless `kw` says otherwise
     return ModelProfile(name="m", num_params=num_params, bytes_by_dtype={"float32": 4 * num_params},
                         num_blocks=10, largest_block_params=int(0.09 * num_params),
                         activation_bytes_per_sample=ACT, block_input_bytes_per_sample=BLOCK_IN,
-                        flops_fwd_per_sample=1e12)
+                        flops_fwd_per_sample=1e12,
+                        **{"attention_flops_fwd_per_sample": 1e11, **kw})
 
 
 def est(kind: str = "ddp", precision: str = "fp32", *, ckpt: bool = False, mb: int = 2,
-        world: int = 8, group: int = 8, device: str = "cpu", optimizer: str = "adamw"):
-    s = Strategy(kind=kind, precision=precision, activation_checkpointing=ckpt)
-    return estimate_memory(model(), s, micro_batch=mb, world_size=world, shard_group_size=group,
-                           device=device, optimizer=optimizer)
+        world: int = 8, group: int = 8, device: str = "cpu", optimizer: str = "adamw",
+        compile: bool = False, profile: ModelProfile | None = None):
+    s = Strategy(kind=kind, precision=precision, checkpointing="full" if ckpt else "none",
+                 compile=compile)
+    return estimate_memory(profile or model(), s, micro_batch=mb, world_size=world,
+                           shard_group_size=group, device=device, optimizer=optimizer)
 
 
 def test_usable_memory_leaves_headroom():
@@ -52,10 +59,10 @@ def test_ddp_fp32_on_cpu_is_16_bytes_per_param_plus_activations():
 
 def test_ddp_bf16_on_cuda_counts_autocast_cache_context_and_slack():
     m = est("ddp", "bf16", device="cuda")
-    # activations: 0.6 x 2e9 x 2 samples + autocast's bf16 weight copies 2 B x 1e9
-    assert AUTOCAST_ACTIVATION_FACTOR == 0.6
-    assert m.activations_bytes == pytest.approx(2.4e9 + 2e9)
-    state = 16e9 + 4.4e9 + CUBLAS_WORKSPACE_BYTES
+    # activations: 0.7 x 2e9 x 2 samples + autocast's bf16 weight copies 2 B x 1e9
+    assert AUTOCAST_ACTIVATION_FACTOR == 0.7
+    assert m.activations_bytes == pytest.approx(2.8e9 + 2e9)
+    state = 16e9 + 4.8e9 + CUBLAS_WORKSPACE_BYTES
     assert m.overhead_bytes == pytest.approx(CUBLAS_WORKSPACE_BYTES + CUDA_CONTEXT_BYTES
                                              + NCCL_BUFFER_BYTES + CUDA_ALLOCATOR_SLACK * state)
     assert "cuBLAS workspaces 64 MiB" in m.assumptions
@@ -103,8 +110,8 @@ def test_checkpointing_keeps_block_inputs_plus_one_block():
 
 
 def test_checkpointed_inputs_stay_fp32_under_autocast_but_not_under_fsdp():
-    # DDP + autocast: residual stream fp32: 2 x (1e7 x 10 + 0.6 x 2e9 / 10) = 2 x 2.2e8
-    assert est("ddp", "bf16", ckpt=True).activations_bytes == pytest.approx(4.4e8 + 2e9)
+    # DDP + autocast: residual stream fp32: 2 x (1e7 x 10 + 0.7 x 2e9 / 10) = 2 x 2.4e8
+    assert est("ddp", "bf16", ckpt=True).activations_bytes == pytest.approx(4.8e8 + 2e9)
     # FSDP bf16 params: everything half: 2 x (0.5e7 x 10 + 0.5 x 2e9 / 10) = 2 x 1.5e8
     assert est("fsdp_full", "bf16", ckpt=True).activations_bytes == pytest.approx(3e8)
 
@@ -127,3 +134,67 @@ def test_design_ground_truth_within_ten_percent():
                         device="cpu")
     predicted = m.total_bytes - m.params_bytes
     assert predicted == pytest.approx(65.9e6, rel=0.10)
+
+
+def test_autocast_halves_a_model_without_attention_block_inputs_included():
+    # a conv net or MLP: everything after the first conv / matmul is bf16 under autocast
+    cnn = model(attention_flops_fwd_per_sample=0.0)
+    assert AUTOCAST_NO_ATTENTION_FACTOR == 0.5
+    assert est("ddp", "bf16", profile=cnn).activations_bytes == pytest.approx(0.5 * ACT * 2 + 2e9)
+    # checkpointed: 2 x (0.5 x 1e7 x 10 + 0.5 x 2e9 / 10)
+    assert est("ddp", "bf16", ckpt=True, profile=cnn).activations_bytes == pytest.approx(3e8 + 2e9)
+
+
+def test_fsdp_bf16_behind_batch_norm_keeps_its_fp32_input_copies():
+    bn = model(attention_flops_fwd_per_sample=0.0, batch_norms=20)
+    assert est("fsdp_full", "bf16", profile=bn).activations_bytes == pytest.approx(
+        PARAM_DTYPE_BATCH_NORM_FACTOR * ACT * 2)
+    assert PARAM_DTYPE_BATCH_NORM_FACTOR == 0.75
+
+
+def test_compile_saves_less_of_a_transformer_and_as_much_of_a_conv_net():
+    assert est(compile=True).activations_bytes == pytest.approx(COMPILE_SAVED_FACTOR * ACT * 2)
+    cnn = model(attention_flops_fwd_per_sample=0.0)
+    assert est(compile=True, profile=cnn).activations_bytes == pytest.approx(ACT * 2)
+    assert "compiled" in est(compile=True).assumptions
+
+
+def test_fsdp_units_and_the_loss_gradient_are_counted_once():
+    # the loss gradient peaks before any block's backward (every unit resharded, no unsharded
+    # gradient yet); the units live once it is freed: the larger of the two, not both
+    small, large = 1e8, 5e9  # transient per sample: below and above the units (9.2e8 at bf16)
+    lo = est("fsdp_full", "bf16", profile=model(backward_transient_bytes_per_sample=small))
+    hi = est("fsdp_full", "bf16", profile=model(backward_transient_bytes_per_sample=large))
+    units = 5.6e8 + 3.6e8
+    # bf16 params: the transient at 0.5, 2 samples
+    assert lo.overhead_bytes == pytest.approx(units - 0.5 * small * 2)
+    assert hi.overhead_bytes == pytest.approx(0.0)
+    assert hi.activations_bytes == pytest.approx(0.5 * ACT * 2 + 0.5 * large * 2)
+    assert "counted once" in lo.assumptions
+    # grad-op keeps every unit unsharded through the loss: only its block's grads overlap
+    op = est("fsdp_grad_op", "bf16", profile=model(backward_transient_bytes_per_sample=large))
+    assert op.overhead_bytes == pytest.approx(2e9)
+
+
+def test_cpu_attention_with_dropout_adds_the_math_path_eager_only():
+    drop = model(math_attention_bytes_per_sample=1e8)
+    assert est(profile=drop).activations_bytes == pytest.approx((ACT + 1e8) * 2)
+    assert est(profile=drop, device="cuda").activations_bytes == pytest.approx(ACT * 2)
+    assert est(profile=drop, compile=True).activations_bytes == pytest.approx(
+        COMPILE_SAVED_FACTOR * ACT * 2)
+
+
+def test_the_profile_counts_the_math_path_of_attention_with_dropout_only():
+    import torch
+    import torch.nn.functional as F
+
+    from launcher.plan.profile import MATH_ATTENTION_BYTES_PER_SCORE, _flash_like_sdpa
+
+    q = torch.empty(2, 4, 128, 64, device="meta")
+    mode = _flash_like_sdpa()
+    with mode:
+        F.scaled_dot_product_attention(q, q, q, is_causal=True)
+        assert mode.math_attention_bytes == 0  # flash on CPU and CUDA alike
+        F.scaled_dot_product_attention(q, q, q, dropout_p=0.1, is_causal=True)
+    # probabilities, mask and dropped probabilities per score: batch x heads x s x s
+    assert mode.math_attention_bytes == MATH_ATTENTION_BYTES_PER_SCORE * 2 * 4 * 128 * 128

@@ -20,7 +20,7 @@ from launcher.hardware.topology import list_shipped, load_topology
 from launcher.hardware.types import DeviceSpec, Link, Topology
 from launcher.plan.search import STRATEGY_ORDER, TIE_TOLERANCE, plan
 from launcher.plan.view import format_plan
-from launcher.specs import Goal, ModelProfile
+from launcher.specs import CHECKPOINTING, Goal, ModelProfile
 
 # --- hardware (numbers from topologies/*.yaml) --------------------------------------------------
 H100 = DeviceSpec(name="H100 SXM", mem_gib=79.6, compute_capability=(9, 0),
@@ -110,7 +110,7 @@ SCENARIOS = [
      {"fsdp_full", "hybrid"}, "bf16",
      None, [r"FSDP full\b.*\d s/step", r"hybrid\b.*\d s/step", r"DDP does not fit"]),
     ("1.3b-4090-fsdp-ckpt", GPT_1_3B, "rtx4090-4x", 64, None, FSDP, "bf16", True,
-     [r"DDP does not fit: .* > 21\.6 GiB usable", r"activation checkpointing on"]),
+     [r"DDP does not fit: .* > 21\.6 GiB usable", r"activation checkpointing, "]),
     ("125m-4090-nop2p-ddp", GPT_125M, "rtx4090-4x", 64, None, {"ddp"}, "bf16", False,
      [r"^DDP fits .* and is fastest: .* vs FSDP"]),
     ("125m-v100-fp16", GPT_125M, "v100-sxm-8x", 256, None, {"ddp"}, "fp16", False,
@@ -128,7 +128,7 @@ SCENARIOS = [
     ("125m-roce-ddp", GPT_125M, "a100-sxm-8x2node-roce", 256, None, {"ddp"}, "bf16", False,
      [r"^DDP fits .* and (is fastest: .* vs|ties with) hybrid", r"FSDP full: "]),
     ("1.3b-roce-ddp-or-hybrid", GPT_1_3B, "a100-sxm-8x2node-roce", 256, None, {"ddp", "hybrid"},
-     "bf16", False, [r"DDP", r"hybrid", r"is fastest"]),
+     "bf16", False, [r"DDP", r"hybrid", r"is fastest|ties with hybrid"]),
     ("70b-1024-gpus-fsdp", LLAMA3_70B, "h100-sxm-8x128node-ib", 1024, None, {"fsdp_full"},
      "bf16", True, [r"only strategy that fits", r"hybrid does not fit", r"DDP does not fit"]),
     ("override-ddp-too-big", LLAMA3_8B, "h100-sxm-8x", 64, {"strategy": "ddp"}, {"ddp"}, "bf16",
@@ -223,11 +223,11 @@ def test_8b_on_4_nodes_takes_the_faster_of_full_and_hybrid():
 
 def test_rejected_has_one_best_candidate_per_group_with_reasons():
     p = plan(LLAMA3_8B, topology("h100-sxm-8x4node-ib"), Goal(global_batch=256))
-    groups = [(r.strategy.kind, r.strategy.precision, r.strategy.activation_checkpointing)
+    groups = [(r.strategy.kind, r.strategy.precision, r.strategy.checkpointing)
               for r in p.rejected]
     chosen = (p.chosen.strategy.kind, p.chosen.strategy.precision,
-              p.chosen.strategy.activation_checkpointing)
-    assert len(groups) == len(set(groups)) == 4 * 2 - 1
+              p.chosen.strategy.checkpointing)
+    assert len(groups) == len(set(groups)) == 4 * len(CHECKPOINTING) - 1
     assert chosen not in groups
     assert all(r.reason for r in p.rejected)
     too_big = [r for r in p.rejected if not r.fits]
@@ -256,10 +256,10 @@ def test_bad_requests_raise_plan_errors():
 def test_overrides_force_fields_and_none_means_unset():
     p = plan(GPT_125M, topology("h100-sxm-8x"), Goal(global_batch=256),
              overrides={"strategy": "fsdp_full", "micro_batch": 4, "compile": True,
-                        "activation_checkpointing": True, "precision": None})
+                        "checkpointing": "selective", "precision": None})
     s = p.chosen.strategy
-    assert (s.kind, s.activation_checkpointing, s.compile, p.chosen.micro_batch) == \
-        ("fsdp_full", True, True, 4)
+    assert (s.kind, s.checkpointing, s.compile, p.chosen.micro_batch) == \
+        ("fsdp_full", "selective", True, 4)
     assert p.chosen.grad_accum_steps == 8
 
 

@@ -77,7 +77,7 @@ def test_a_run_with_every_decision_given_is_planned_for_its_prediction_only():
     chosen = done.planned.plan.chosen
     # the plan is the run's own: the given decisions and the fallbacks of the rest
     assert (chosen.strategy.kind, chosen.strategy.precision, chosen.micro_batch) == ("fsdp_full", "bf16", 4)
-    assert (chosen.grad_accum_steps, chosen.strategy.activation_checkpointing) == (
+    assert (chosen.grad_accum_steps, chosen.strategy.checkpointing) == (
         FALLBACKS["grad_accum"], FALLBACKS["checkpointing"])
     assert chosen.time.step_time_s > 0
     # nothing was chosen for the user: no note, the request's fields as given
@@ -87,7 +87,7 @@ def test_a_run_with_every_decision_given_is_planned_for_its_prediction_only():
 def test_what_nothing_decided_takes_the_fallbacks():
     spec = RunRequest(workload=MLP, steps=2, hang_timeout_s=1000.0).launch_spec(run_id="r", run_dir="/RUN")
     assert (spec.strategy.kind, spec.strategy.precision, spec.micro_batch, spec.grad_accum_steps,
-            spec.strategy.activation_checkpointing, spec.strategy.tp) == tuple(FALLBACKS.values())
+            spec.strategy.checkpointing, spec.strategy.tp) == tuple(FALLBACKS.values())
     assert spec.warmup_steps == 1 and spec.startup_timeout_s == 1000.0  # min(3, steps - 1); max(900, hang)
 
 

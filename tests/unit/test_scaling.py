@@ -358,3 +358,18 @@ def test_prediction_from_the_plan_the_run_followed(tmp_path):
     r = rows(rep)
     assert r[2].predicted_step_time_s == pytest.approx(0.06)
     assert r[2].predicted_efficiency == pytest.approx(240 / (2 * 160))
+
+
+def test_tensor_parallel_collectives_count_as_exposed_communication():
+    from launcher.results.verdict import step_parts
+
+    # a 1.0 s step: 0.1 s batch wait, 0.05 s data-parallel exposed, 0.75 s forward+backward with
+    # sync off, of which 0.3 s inside TP's collectives (all exposed: no async TP)
+    plain = step_parts(1.0, data_wait_share=0.1, exposed_comm_s=0.05, nosync_step_s=0.75)
+    tp = step_parts(1.0, data_wait_share=0.1, exposed_comm_s=0.05, nosync_step_s=0.75, tp_comm_s=0.3)
+    assert tp["exposed_comm"] == pytest.approx(0.35) and tp["compute"] == pytest.approx(plain["compute"] - 0.3)
+    assert tp["other"] == pytest.approx(plain["other"]) and tp["data_wait"] == pytest.approx(0.1)
+    assert verdict({k: v / tp["step"] for k, v in tp.items()})[0] == "communication bound"
+    assert verdict({k: v / plain["step"] for k, v in plain.items()})[0] == "compute bound"
+    # never more than the compute it was timed in
+    assert step_parts(1.0, data_wait_share=0.0, exposed_comm_s=0.0, nosync_step_s=0.2, tp_comm_s=5.0)["compute"] == 0

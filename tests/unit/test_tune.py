@@ -4,9 +4,9 @@ reads, the per-machine correction of the plan; and `tune --dry-run` (local and S
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -29,22 +29,23 @@ from launcher.jobs.tune import (
 from launcher.plan.corrections import (
     MAX_TRIALS_PER_PRECISION,
     TrialRecord,
-    correct_plan,
     correction_of,
     load_trials,
     store_trials,
 )
+from launcher.plan.search import plan
 from launcher.plan.types import Candidate, MemoryEstimate, Plan, StepTimeEstimate
 from launcher.rundir import RunPaths, create_run_dir
-from launcher.specs import LaunchSpec, Strategy
+from launcher.specs import Goal, LaunchSpec, Strategy
 
 from tests.helpers import REPO, assert_one_line_error, run_dlaunch
+from tests.unit import test_planner as planner
 
 
 def cand(kind: str = "ddp", precision: str = "fp32", step_s: float = 0.01, *, fits: bool = True,
          ckpt: bool = False, mb: int = 8, comm_s: float = 0.0) -> Candidate:
     mem = MemoryEstimate(params_bytes=1, grads_bytes=1, optimizer_bytes=1, activations_bytes=1, overhead_bytes=0)
-    return Candidate(strategy=Strategy(kind=kind, precision=precision, activation_checkpointing=ckpt),
+    return Candidate(strategy=Strategy(kind=kind, precision=precision, checkpointing="full" if ckpt else "none"),
                      micro_batch=mb, grad_accum_steps=1, memory=mem, fits=fits,
                      time=StepTimeEstimate(compute_s=step_s - comm_s, comm_total_s=comm_s, comm_exposed_s=comm_s))
 
@@ -118,7 +119,7 @@ def test_plan_files_tuned_or_from_a_run_dir_and_bad_ones(tmp_path: Path):
     run_plan = tmp_path / "plan.json"
     run_plan.write_text(json.dumps({"plan": plan_of(cand("fsdp_full", ckpt=True)).to_dict()}))
     assert read_plan_file(str(run_plan)) == {"strategy": "fsdp_full", "precision": "fp32", "micro_batch": 8,
-                                             "grad_accum": 1, "checkpointing": True, "compile": False}
+                                             "grad_accum": 1, "checkpointing": "full", "compile": False}
     bad = tmp_path / "bad.json"
     bad.write_text('{"decisions": {"strategy": "ddp"}}')
     with pytest.raises(UsageError, match="no precision, micro_batch"):
@@ -170,17 +171,22 @@ def test_a_tune_of_one_workload_leaves_another_workloads_plan_alone(tmp_path: Pa
     assert mlp is not None and mlp.factor("fp32") == 1.8
 
 
-def test_correct_plan_scales_compute_and_may_switch_the_choice():
-    fp32, bf16 = cand(step_s=0.010, comm_s=0.002), cand(precision="bf16", step_s=0.011, comm_s=0.002)
-    correction = correction_of([record("fp32", 2.0), record("bf16", 1.0)])
-    fixed = correct_plan(plan_of(fp32, bf16), correction)
-    assert fixed.chosen.strategy.precision == "bf16"  # 0.011 s against 0.008 x 2 + 0.002
-    assert fixed.chosen.time.step_time_s == pytest.approx(0.011)
-    assert [c.time.step_time_s for c in fixed.rejected] == pytest.approx([0.018])
-    assert fixed.reasons[1].startswith("corrected by 2 tune trials")
-    kept = correct_plan(plan_of(fp32, bf16), correction, may_switch=False)
-    assert kept.chosen.strategy.precision == "fp32" and kept.chosen.time.compute_s == pytest.approx(0.016)
-    assert dataclasses.replace(kept, reasons=()).units_per_s == pytest.approx(16 / 0.018)
+def test_a_correction_is_applied_before_the_choice_so_every_number_agrees():
+    # the plan's header, its reasons and its candidates come from one corrected estimate (a
+    # corrected plan once printed 30,505 tokens/s in its header and 11,171 in its reasons)
+    topo, goal = planner.topology("h100-sxm-8x"), Goal(global_batch=64)
+    base = plan(planner.GPT_125M, topo, goal)
+    note = "corrected by 2 tune trials (2025-02-03): predicted compute x3 for bf16"
+    fixed = plan(planner.GPT_125M, topo, goal, compute_factor=lambda p: 3.0 if p == "bf16" else 1.0,
+                 correction_note=note)
+    assert fixed.reasons[1] == note
+    old_t, new_t = base.chosen.time, fixed.chosen.time
+    assert new_t.compute_s == pytest.approx(3 * old_t.compute_s)
+    assert fixed.units_per_s * new_t.step_time_s == pytest.approx(base.units_per_s * old_t.step_time_s)
+    text = " ".join(fixed.reasons)
+    shown = {float(x) for x in re.findall(r"([\d.]+) s/step", text)}
+    assert f"{new_t.step_time_s:.3g}" in {f"{x:.3g}" for x in shown} or not shown
+    assert f"{old_t.step_time_s:.3g}" not in text  # the compile reason's eager step too
 
 
 def test_each_trial_gets_its_plan_and_console_before_it_runs(tmp_path: Path):
