@@ -10,6 +10,11 @@ the step probe a rank's threads, the gloo probe its ranks):
 
     others_cores > usable_cores - wanted_cores + BUSY_MARGIN_CORES
 
+or when the host was oversubscribed in the minute before (the 1-minute load average above the
+usable cores + BUSY_MARGIN_CORES): other work that paused for the probe's few seconds, or that
+shares the memory bus and caches while leaving a core free, still slows it (a step probe cached
+at load 3.3 on 2 cores made the plan predict 0.79 s for a step that took 0.49 s on the idle host).
+
 The measurement is still used for the plan being made (it is all there is), but not cached, and
 a line says so. DLAUNCH_PROBE_IGNORE_LOAD=1 caches regardless: a test suite that runs two workers
 on two cores is never quiet, and re-measuring at every plan would only slow it down.
@@ -42,16 +47,20 @@ class Quiet:
     others_cores: float  # every other process's, in cores
     usable_cores: int
     wanted_cores: float  # what the probe runs on when it has the host to itself
+    load_before: float = 0.0  # the 1-minute load average when the probe began
 
     @property
     def busy(self) -> bool:
-        """Others took cores the probe wanted (see the module docstring)."""
-        return self.others_cores > self.usable_cores - self.wanted_cores + BUSY_MARGIN_CORES
+        """Others took cores the probe wanted, or the host was oversubscribed just before (see
+        the module docstring)."""
+        return (self.others_cores > self.usable_cores - self.wanted_cores + BUSY_MARGIN_CORES
+                or self.load_before > self.usable_cores + BUSY_MARGIN_CORES)
 
     def describe(self) -> str:
-        """'other processes used 1.1 of 2 cores; the probe wanted 2 and got 0.9'."""
+        """'other processes used 1.1 of 2 cores; the probe wanted 2 and got 0.9; load 3.3'."""
         return (f"other processes used {self.others_cores:.1f} of {self.usable_cores} cores; the "
-                f"probe wanted {self.wanted_cores:g} and got {self.own_cores:.1f}")
+                f"probe wanted {self.wanted_cores:g} and got {self.own_cores:.1f}; load average "
+                f"{self.load_before:.1f} before it")
 
 
 def _busy_s() -> float:
@@ -66,13 +75,15 @@ def _own_s() -> float:
 
 def watch(measure: Callable[[], _T], usable_cores: int, wanted_cores: float) -> tuple[_T, Quiet]:
     """`measure()`, and what the rest of the host did meanwhile."""
+    load = os.getloadavg()[0]
     busy0, own0, t0 = _busy_s(), _own_s(), time.monotonic()
     value = measure()
     wall = max(time.monotonic() - t0, 1e-6)
     own = max(0.0, _own_s() - own0)
     others = max(0.0, _busy_s() - busy0 - own)
     return value, Quiet(wall_s=wall, own_cores=own / wall, others_cores=others / wall,
-                        usable_cores=usable_cores, wanted_cores=min(wanted_cores, usable_cores))
+                        usable_cores=usable_cores, wanted_cores=min(wanted_cores, usable_cores),
+                        load_before=load)
 
 
 def cacheable(quiet: Quiet) -> bool:

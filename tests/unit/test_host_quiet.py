@@ -26,6 +26,11 @@ def test_busy_means_others_took_cores_the_probe_wanted():
     assert quiet(1.0, 2).busy  # a CPU-bound process beside a probe of every core
     assert not quiet(1.0, 1).busy  # one core left free for it
     assert quiet(1.5, 1).busy
+    # a host oversubscribed in the minute before: busy even if others paused during the probe
+    loaded = Quiet(wall_s=1.0, own_cores=1, others_cores=0.0, usable_cores=2, wanted_cores=1, load_before=3.3)
+    assert loaded.busy and "load average 3.3" in loaded.describe()
+    assert not Quiet(wall_s=1.0, own_cores=1, others_cores=0.0, usable_cores=2, wanted_cores=1,
+                     load_before=2.1).busy
 
 
 def _spin(seconds: float) -> None:
