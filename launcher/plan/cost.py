@@ -80,7 +80,7 @@ GEMM_PEAK_FRACTION_DEFAULT = 0.80
 # among the points within 2% of the best, the one whose attention scales stay nearest 1, the
 # kernels' own benchmarks: the fit rows, at 2k-8k tokens, barely tell a Triton scale of 1.4
 # from 1.8). CONTENTION, COMPILE_MEMORY_FACTOR, STEP_JITTER and SCALE_TAX kept from the earlier
-# fit on the same rows (run.py's FIT_GRID says why). Refit (issue 23) after the run's loss, norm
+# fit on the same rows (run.py's FIT_GRID says why). Refit after the run's loss, norm
 # and head were priced from their code (FUSED_LOSS_PASSES, NORM_AUTOCAST_BYTES, the head as a
 # wide GEMM) and MEMORY_PASSES was taken from its measurement: the A100's fraction 0.93 -> 0.90,
 # Triton's scale 1.4 -> 1.2 (FA2's 0.9 unchanged). The 97 `check` rows (llm-foundry at 512-1k
@@ -187,7 +187,7 @@ _MIG_INSTANCE = re.compile(r"\bmig (?:\d+c\.)?(\d+)g\b")  # lower-cased names
 # 6 and beyond (the grid's edge): the large models' steps are slower than their matmuls and
 # attention explain, and the per-byte term absorbs it; that contradicts this measurement (6
 # would price its memory-bound work 24% over the measured) and overprices the small models'
-# steps that are mostly elementwise (issue 23).
+# steps that are mostly elementwise (the <= 1k band of benchmarks/published).
 MEMORY_PASSES = 5.0
 # The loss over the vocabulary by kernel (the profile's `loss_kernel`). "eager" (F.cross_entropy:
 # under autocast an fp32 cast of the logits, log_softmax, nll_loss and their backwards, each a
