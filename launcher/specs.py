@@ -177,7 +177,7 @@ class Strategy:
                            "max-autotune-no-cudagraphs")
 
     @property
-    def activation_checkpointing(self) -> bool:
+    def recomputes(self) -> bool:
         """Whether any block recomputes its forward in backward (every mode but none)."""
         return self.checkpointing != "none"
 

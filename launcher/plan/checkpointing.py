@@ -116,7 +116,7 @@ def mode_of(name: str) -> CheckpointingMode:
     return MODES[name]
 
 
-def recompute_fraction(name: str, *, num_blocks: int, matmul_s: float, attention_s: float,
+def recompute_share(name: str, *, num_blocks: int, matmul_s: float, attention_s: float,
                        memory_bound_s: float) -> float:
     """Share of one forward's seconds that backward runs again under mode `name`, from the
     forward's split by kind of work (what is neither matmul nor attention counts as
@@ -158,7 +158,7 @@ def describe(name: str) -> str:
             "full": "every block checkpointed"}[mode_of(name).name]
 
 
-__all__ = ["CheckpointingMode", "MODES", "LABELS", "mode_of", "recompute_fraction",
+__all__ = ["CheckpointingMode", "MODES", "LABELS", "mode_of", "recompute_share",
            "kept_activation_bytes", "describe", "SELECTIVE_MATMUL_RECOMPUTED",
            "SELECTIVE_ATTENTION_RECOMPUTED", "SELECTIVE_MEMORY_BOUND_RECOMPUTED",
            "SELECTIVE_SAVED_SHARE"]

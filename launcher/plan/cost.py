@@ -48,7 +48,7 @@ from dataclasses import dataclass
 
 from launcher.errors import PlanError
 from launcher.hardware.types import DeviceSpec, Topology
-from launcher.plan.checkpointing import recompute_fraction as mode_recompute
+from launcher.plan.checkpointing import recompute_share as mode_recompute
 from launcher.plan.collectives import ddp_comm, dp_topology, sharded_comm, tp_comm_s
 from launcher.plan.cpu_cost import cpu_forward, cpu_step_time
 from launcher.plan.memory import COMPUTE_DTYPE_BYTES
@@ -406,7 +406,7 @@ def _recompute(strategy: Strategy, profile: ModelProfile, matmul_s: float, atten
     """Share of the forward that backward runs again: none without checkpointing, else
     `recompute_fraction` when a caller forces one, else the strategy's mode priced on the
     forward's split by kind of work (`checkpointing.recompute_fraction`)."""
-    if not strategy.activation_checkpointing:
+    if not strategy.recomputes:
         return 0.0
     if recompute_fraction is not None:
         return recompute_fraction
@@ -475,7 +475,7 @@ def step_time(profile: ModelProfile, strategy: Strategy, topology: Topology, mic
         measured = None if timing is None else (timing.precisions.get(key)
                                                 or timing.precisions.get(strategy.precision))
         recompute = 0.0
-        if strategy.activation_checkpointing:
+        if strategy.recomputes:
             # selective saves matmul and attention outputs: convolutions and casts are recomputed
             cpu = cpu_forward(profile, strategy, micro_batch, topology)
             recompute = _recompute(strategy, profile, cpu.gemm_s, cpu.attention_s,

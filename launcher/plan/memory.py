@@ -199,7 +199,7 @@ def activation_bytes(profile: ModelProfile, strategy: Strategy, micro_batch: int
     if device == "cpu" and not strategy.compile:
         saved += profile.math_attention_bytes_per_sample
     full = saved * factor * compile_factor(profile, strategy)
-    if not strategy.activation_checkpointing or profile.num_blocks < 1:
+    if not strategy.recomputes or profile.num_blocks < 1:
         return full * micro_batch
     return kept_activation_bytes(strategy.checkpointing, saved_bytes=full,
                                  block_input_bytes=profile.block_input_bytes_per_sample * input_factor,
@@ -257,7 +257,7 @@ def estimate_memory(profile: ModelProfile, strategy: Strategy, *, micro_batch: i
     elif device == "cpu" and profile.math_attention_bytes_per_sample > 0:
         act_note += (", attention with dropout on SDPA's math path (CPU): "
                      f"{fmt_gib(profile.math_attention_bytes_per_sample)} GiB a sample more")
-    if strategy.activation_checkpointing:
+    if strategy.recomputes:
         act_note += f", {describe(strategy.checkpointing)} (block inputs x{input_factor:g})"
     units = 0.0  # FSDP unsharded parameters/gradients, counted in overhead
 

@@ -94,7 +94,7 @@ def label(c: Candidate) -> str:
     selective, `+ ckpt/2` every other block), `FSDP full+tp8 bf16`."""
     s = c.strategy
     return f"{kind_label(c)} {s.precision}" + (f" + {CKPT_LABELS[s.checkpointing]}"
-                                               if s.activation_checkpointing else "")
+                                               if s.recomputes else "")
 
 
 def _units_per_s(c: Candidate, n: int, profile: ModelProfile) -> float:
@@ -189,7 +189,7 @@ def _reasons(chosen: Candidate, cands: list[Candidate], profile: ModelProfile,
             out.append(f"{kind_label(c)}: {speed(c)} (micro-batch {c.micro_batch} x "
                        f"{c.grad_accum_steps} accumulation"
                        + (f", checkpointing {c.strategy.checkpointing}"
-                          if c.strategy.activation_checkpointing else "") + ")")
+                          if c.strategy.recomputes else "") + ")")
         elif mine:
             smallest = min(mine, key=lambda c: c.memory.total_bytes)
             out.append(f"{kind_label(smallest)} does not fit: "
@@ -206,7 +206,7 @@ def _reasons(chosen: Candidate, cands: list[Candidate], profile: ModelProfile,
     else:
         out.append(f"{prec} on CPU" + ("" if "bf16" in dev.peak_tflops
                                        else " (this CPU lists no bf16 peak)"))
-    if chosen.strategy.activation_checkpointing and chosen.fits:
+    if chosen.strategy.recomputes and chosen.fits:
         out.append(_checkpointing_reason(chosen, cands, fitting, usable))
     if prec == "bf16" and not dev.supports_bf16:
         out.append(f"warning: {dev.name} has no bf16 units: bf16 autocast will fail or run "
@@ -239,16 +239,16 @@ def _checkpointing_reason(chosen: Candidate, cands: list[Candidate], fitting: li
         return f"activation checkpointing, {describe(s.checkpointing)}: as forced"
     same = [c for c in cands if (c.strategy.kind, c.strategy.tp, c.strategy.precision,
                                  c.micro_batch) == (s.kind, s.tp, s.precision, chosen.micro_batch)]
-    base = next((c for c in same if not c.strategy.activation_checkpointing), None)
+    base = next((c for c in same if not c.strategy.recomputes), None)
     extra = (f", {chosen.time.compute_s / base.time.compute_s - 1:.0%} more compute than without"
              if base is not None and base.time.compute_s > 0 else "")
-    plain = [c for c in fitting if c.strategy.kind == s.kind and not c.strategy.activation_checkpointing]
+    plain = [c for c in fitting if c.strategy.kind == s.kind and not c.strategy.recomputes]
     why = [f"activation checkpointing, {describe(s.checkpointing)}{extra}: "
            + ("it allows a larger micro-batch and is faster despite the recompute" if plain
               else f"without it {kind_label(chosen)} does not fit")]
     for c in same:
         if CHECKPOINTING.index(c.strategy.checkpointing) >= CHECKPOINTING.index(s.checkpointing) \
-                or not c.strategy.activation_checkpointing:
+                or not c.strategy.recomputes:
             continue
         why.append(f"{c.strategy.checkpointing} " + (
             f"needs {fmt_gib(c.memory.total_bytes)} GiB > {fmt_gib(usable)} usable" if not c.fits
@@ -377,7 +377,7 @@ def plan(profile: ModelProfile, topology: Topology, goal: Goal, *,
     else:
         smallest = min(cands, key=lambda c: c.memory.total_bytes)
         fixes = ["add GPUs or nodes (FSDP shards the model state over them)"]
-        if not smallest.strategy.activation_checkpointing:
+        if not smallest.strategy.recomputes:
             fixes.append("enable activation checkpointing")
         fixes.append("shorten the sequence" if profile.sample_units == "tokens"
                      else "use a smaller model")

@@ -254,7 +254,7 @@ def wrap(model: torch.nn.Module, strategy: Strategy, ctx: RankContext, blocks: l
     if strategy.kind != "ddp":
         # the mesh first: tensor parallelism needs it before checkpointing renames the blocks
         return _wrap_fsdp(model, strategy, ctx, blocks, shard_group_size, tp_plan)
-    if strategy.activation_checkpointing and blocks:
+    if strategy.recomputes and blocks:
         blocks = _checkpoint_blocks(model, blocks, strategy.checkpointing)
     if strategy.compile:
         # the whole model; under DDP Dynamo's DDP optimizer splits it at bucket boundaries
@@ -302,7 +302,7 @@ def _wrap_fsdp(model: torch.nn.Module, strategy: Strategy, ctx: RankContext,
         mesh_shape, mesh_dims = tuple(mesh.shape), ("shard",)
     if strategy.tp == 1:
         tp_group = None
-    if strategy.activation_checkpointing and blocks:
+    if strategy.recomputes and blocks:
         blocks = _checkpoint_blocks(model, blocks, strategy.checkpointing)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(strategy.precision)
     # params gathered at the compute dtype, gradients reduced in fp32

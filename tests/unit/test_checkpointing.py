@@ -16,7 +16,7 @@ from launcher.plan.checkpointing import (
     SELECTIVE_MATMUL_RECOMPUTED,
     SELECTIVE_SAVED_SHARE,
     kept_activation_bytes,
-    recompute_fraction,
+    recompute_share,
 )
 from launcher.plan.cost import forward_pass, step_time
 from launcher.plan.memory import estimate_memory
@@ -33,19 +33,19 @@ REPO_WORKLOADS = str(Path(__file__).resolve().parents[2] / "workloads" / "gpt.py
 
 
 # --- the table (pure) ---------------------------------------------------------------------------
-def test_recompute_fraction_by_mode_from_the_forwards_split():
+def test_recompute_share_by_mode_from_the_forwards_split():
     split = dict(matmul_s=6.0, attention_s=2.0, memory_bound_s=2.0)
-    assert recompute_fraction("none", num_blocks=4, **split) == 0.0
-    assert recompute_fraction("full", num_blocks=4, **split) == pytest.approx(1.0)
+    assert recompute_share("none", num_blocks=4, **split) == 0.0
+    assert recompute_share("full", num_blocks=4, **split) == pytest.approx(1.0)
     # every second block: 2 of 4, and 2 of 5 (blocks 2 and 4)
-    assert recompute_fraction("every-other", num_blocks=4, **split) == pytest.approx(0.5)
-    assert recompute_fraction("every-other", num_blocks=5, **split) == pytest.approx(0.4)
+    assert recompute_share("every-other", num_blocks=4, **split) == pytest.approx(0.5)
+    assert recompute_share("every-other", num_blocks=5, **split) == pytest.approx(0.4)
     # selective: the memory-bound work and its share of the matmuls; attention's output is saved
-    assert recompute_fraction("selective", num_blocks=4, **split) == pytest.approx(
+    assert recompute_share("selective", num_blocks=4, **split) == pytest.approx(
         (SELECTIVE_MATMUL_RECOMPUTED * 6.0 + 2.0) / 10.0)
-    assert recompute_fraction("full", num_blocks=0, **split) == 0.0  # nothing to wrap
+    assert recompute_share("full", num_blocks=0, **split) == 0.0  # nothing to wrap
     with pytest.raises(PlanError, match="selective, every-other, full"):
-        recompute_fraction("some", num_blocks=4, **split)
+        recompute_share("some", num_blocks=4, **split)
 
 
 def test_kept_bytes_by_mode():

@@ -154,7 +154,7 @@ def test_scenario(model, topo_name, global_batch, overrides, kinds, precision, c
     assert c.strategy.kind in kinds, why
     assert c.strategy.precision == precision, why
     if ckpt is not None:
-        assert c.strategy.activation_checkpointing is ckpt, why
+        assert c.strategy.recomputes is ckpt, why
     for pattern in patterns:
         assert re.search(pattern, why, re.MULTILINE), f"{pattern!r} not in:\n{why}"
     # the bookkeeping every plan must get right

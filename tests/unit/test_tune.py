@@ -90,7 +90,7 @@ def test_a_failed_trial_is_recorded_and_the_fastest_measured_wins(tmp_path: Path
 
     def run(spec: LaunchSpec, out) -> SimpleNamespace:
         seen.append(spec)
-        if spec.strategy.activation_checkpointing:
+        if spec.strategy.recomputes:
             return SimpleNamespace(status="failed", failures=("rank 0: RuntimeError: boom",), exit_code=1,
                                    samples_per_s=0.0, step_time_median_s=0.0)
         rate = 500.0 if spec.strategy.precision == "bf16" else 400.0  # the model ranked bf16 last
