@@ -82,7 +82,7 @@ def attention_rows(peak: float, device: Any) -> list[dict[str, Any]]:
     import torch
     import torch.nn.functional as F
 
-    from launcher.plan.cost import ATTENTION_BWD_FACTOR, attention_efficiency
+    from launcher.plan.attention import ATTENTION_BWD_FACTOR, attention_efficiency
 
     rows = []
     heads, dim, total = 16, 128, 65536
@@ -109,7 +109,7 @@ def memory_rows(device: Any) -> list[dict[str, Any]]:
     import torch
     import torch.nn.functional as F
 
-    from launcher.plan.cost import hbm_bytes_per_s
+    from launcher.plan.hbm import hbm_bytes_per_s
 
     rows = []
     for width in (768, 4096):

@@ -120,7 +120,7 @@ def tune_and_check(workload: Path, args: argparse.Namespace, root: Path, env: di
         return {"error": (done.stderr.strip().splitlines() or ["tune failed"])[-1]}
     tuned = json.loads((tune_dir / "tuned-plan.json").read_text(encoding="utf-8"))
     d = tuned["decisions"]
-    chosen = key({**d, "checkpointing": d["checkpointing"]})
+    chosen = key(d)
     best_key = max(swept, key=lambda k: swept[k]["median"])
     out: dict[str, Any] = {"trials": json.loads(done.stdout)["trials"], "chosen": chosen,
                            "best": best_key, "best_samples_per_s": swept[best_key]["median"]}
@@ -143,7 +143,7 @@ def tune_and_check(workload: Path, args: argparse.Namespace, root: Path, env: di
     fresh = [measure(workload, args.gpus, [], steps, root / f"after-{i}", env) for i in range(args.repeats)]
     measured = statistics.median(r["step_s"] for r in fresh if "step_s" in r)
     out.update(plan_after_tune=(s_after["kind"], s_after["precision"], chosen_after["micro_batch"],
-                                s_after["activation_checkpointing"]),
+                                s_after["checkpointing"]),
                plan_after_tune_s=predicted_step, measured_after_tune_s=measured,
                plan_error=predicted_step / measured - 1)
     return out

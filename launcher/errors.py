@@ -40,6 +40,11 @@ class LaunchError(DlaunchError):
     """The backend cannot start the job (no torchrun, no SLURM, unwritable run dir...)."""
 
 
+class Refused(LaunchError):
+    """The scheduler refused the job itself (sbatch: its partition, account or shape), or it
+    could not be submitted from here: every job like it would be refused alike."""
+
+
 class JobFailed(DlaunchError):
     """The job started but did not finish cleanly (a rank failed, hung or was cancelled)."""
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
-import logging
 import math
 import os
 import re
@@ -32,8 +31,6 @@ import yaml
 
 from launcher.errors import DlaunchError, StorageError
 
-log = logging.getLogger(__name__)
-
 # A topology or dlaunch.yaml is a few hundred bytes; these bounds are far above any real file
 # and far below what makes parsing, building or printing it slow (a billion-laughs alias chain
 # is a few hundred bytes that expands to 10^9 nodes)
@@ -46,13 +43,11 @@ _NUMBER_LIKE = re.compile(r"[-+]?[0-9][0-9_,.:]*([eE][-+]?[0-9]+)?")
 
 
 # what each storage failure means for the user: the file system, not dlaunch, refused the write
+_ELSEWHERE = "directory (--run-dir, --sweep-dir, --out)"
 _STORAGE_HINTS = {
-    errno.ENOSPC: "no space left on the device: free space there or point dlaunch at another "
-                  "directory (--run-dir, --sweep-dir, --out)",
-    errno.EDQUOT: "disk quota exceeded: free space there or point dlaunch at another directory "
-                  "(--run-dir, --sweep-dir, --out)",
-    errno.EROFS: "the file system is read-only: point dlaunch at a writable directory "
-                 "(--run-dir, --sweep-dir, --out)",
+    errno.ENOSPC: f"no space left on the device: free space there or point dlaunch at another {_ELSEWHERE}",
+    errno.EDQUOT: f"disk quota exceeded: free space there or point dlaunch at another {_ELSEWHERE}",
+    errno.EROFS: f"the file system is read-only: point dlaunch at a writable {_ELSEWHERE}",
 }
 
 

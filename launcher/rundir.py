@@ -26,23 +26,14 @@ log = logging.getLogger(__name__)
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
+# the names other modules use too; the rest are named once, in RunPaths / SweepPaths / TunePaths
 OWNER_FILE = "owner.json"  # which dlaunch claimed the dir (and the torchrun it started)
 LAUNCH_FILE = "launch.json"  # the launch spec (secrets masked); ranks read it to start
-RESULT_FILE = "result.json"  # the aggregated result, written once the ranks are done
-PLAN_FILE = "plan.json"  # the plan a run followed, beside its results (predicted vs measured)
 SLURM_FILE = "slurm.json"  # the SLURM job a `run --slurm` submitted
-ATTEMPTS_FILE = "attempts.json"  # why each attempt of a restarted run ended
-LAUNCHER_WARNINGS_FILE = "launcher-warnings.json"  # what the launcher saw while the ranks ran
-ATTEMPTS_DIR = "attempts"  # attempts/<n>/: the rank files and logs of attempt n
-LAB_FILE = "lab.json"  # `dlaunch lab`'s comparison, beside the base run
-TORCHRUN_LOG = "torchrun.log"  # torchrun's own output (rank lines go to the console)
-CONSOLE_LOG = "console.log"  # a sweep point's or a tune trial's console output
-LOGS_DIR = "logs"  # logs/node-<n>/: torchrun's per-rank stdout/stderr files
 NODE_FILE = "node.json"  # in each node's log dir: which host had which SLURM node id
-CHECKPOINT_SUBDIR = "checkpoints"  # unless DLAUNCH_CHECKPOINT_DIR says otherwise
 CHECKPOINT_DIR_ENV = "DLAUNCH_CHECKPOINT_DIR"  # the user's checkpoint folder, and the ranks'
-SUBMITIT_SUBDIR = "slurm"  # submitit's pickles and per-task logs
 REPORT_SUBDIR = "report"  # where `dlaunch report DIR` writes by default (run, sweep or tune dir)
+TUNE_RECORD = "tune.json"  # `dlaunch tune`'s table: every trial, predicted and measured
 
 # per-rank files: rank-<r><suffix>
 RECORDS = ".jsonl"  # the rank's records, appended in whole lines
@@ -51,13 +42,6 @@ HEARTBEAT = ".heartbeat"  # replaced at every flush; the launcher's hang detecti
 STACKS = ".stacks"  # Python stacks of every thread, dumped on SIGUSR1
 _RANK_PREFIX = "rank-"
 _ATTEMPT_SUFFIXES = (RECORDS, SUMMARY, HEARTBEAT, STACKS)
-
-SWEEP_MANIFEST = "sweep.json"
-SWEEP_LOCK = "sweep.lock"
-SWEEP_MOVED_ASIDE = ".attempts"  # a sweep point's earlier tries, never deleted
-
-TUNE_RECORD = "tune.json"  # `dlaunch tune`'s table: every trial, predicted and measured
-TUNED_PLAN = "tuned-plan.json"  # the fastest trial's decisions, for `run --plan`
 
 
 class _In:
@@ -93,19 +77,21 @@ class RunPaths(_Dir):
 
     owner = _In(OWNER_FILE, "Which dlaunch process claimed the run dir, and its torchrun.")
     launch = _In(LAUNCH_FILE, "The launch spec.")
-    result = _In(RESULT_FILE, "The aggregated result.")
-    plan = _In(PLAN_FILE, "The plan the run followed.")
+    result = _In("result.json", "The aggregated result, written once the ranks are done.")
+    plan = _In("plan.json", "The plan the run followed, beside its results (predicted vs measured).")
     slurm = _In(SLURM_FILE, "The SLURM job record.")
-    submitit = _In(SUBMITIT_SUBDIR, "submitit's folder.")
-    attempts_record = _In(ATTEMPTS_FILE, "Why each attempt of a restarted run ended.")
-    launcher_warnings = _In(LAUNCHER_WARNINGS_FILE, "What the launcher warned of while the ranks ran "
-                            "(drift from the plan, processes the job left): a JSON list.")
-    attempts = _In(ATTEMPTS_DIR, "The folder of the earlier attempts.")
-    lab = _In(LAB_FILE, "`dlaunch lab`'s comparison.")
-    torchrun_log = _In(TORCHRUN_LOG, "torchrun's own output.")
-    console_log = _In(CONSOLE_LOG, "The console output of a run launched by a sweep or a tune.")
-    logs = _In(LOGS_DIR, "torchrun's log folder, one subfolder per node.")
-    checkpoints = _In(CHECKPOINT_SUBDIR, "The default checkpoint folder.")
+    submitit = _In("slurm", "submitit's folder: its pickles and per-task logs.")
+    attempts_record = _In("attempts.json", "Why each attempt of a restarted run ended.")
+    launcher_warnings = _In("launcher-warnings.json", "What the launcher warned of while the ranks "
+                            "ran (drift from the plan, processes the job left): a JSON list.")
+    attempts = _In("attempts", "The folder of the earlier attempts: attempts/<n>/ holds attempt "
+                   "n's rank files and logs.")
+    lab = _In("lab.json", "`dlaunch lab`'s comparison, beside the base run.")
+    torchrun_log = _In("torchrun.log", "torchrun's own output (rank lines go to the console).")
+    console_log = _In("console.log", "The console output of a run launched by a sweep or a tune.")
+    logs = _In("logs", "torchrun's log folder, one subfolder per node (node-<n>/).")
+    checkpoints = _In("checkpoints", "The default checkpoint folder (DLAUNCH_CHECKPOINT_DIR "
+                      "overrides it).")
     report = _In(REPORT_SUBDIR, "Where `dlaunch report` writes the run's report by default.")
 
     def attempt(self, attempt: int) -> RunPaths:
@@ -172,9 +158,9 @@ class RunPaths(_Dir):
 class SweepPaths(_Dir):
     """Where each file of the sweep directory `root` lives; each point is a run directory."""
 
-    manifest = _In(SWEEP_MANIFEST, "The sweep's manifest: configuration and every point's state.")
-    lock = _In(SWEEP_LOCK, "Held while a sweep runs in this directory.")
-    moved_aside = _In(SWEEP_MOVED_ASIDE, "Where earlier tries of a point are kept.")
+    manifest = _In("sweep.json", "The sweep's manifest: configuration and every point's state.")
+    lock = _In("sweep.lock", "Held while a sweep runs in this directory.")
+    moved_aside = _In(".attempts", "Where earlier tries of a point are kept, never deleted.")
 
     def point(self, name: str) -> RunPaths:
         """The run directory of the point `name`."""
@@ -186,7 +172,7 @@ class TunePaths(_Dir):
 
     owner = _In(OWNER_FILE, "Which dlaunch process claimed the tune dir.")
     record = _In(TUNE_RECORD, "Every trial of the tune: predicted, measured, status, chosen.")
-    tuned_plan = _In(TUNED_PLAN, "The fastest measured trial's decisions.")
+    tuned_plan = _In("tuned-plan.json", "The fastest measured trial's decisions, for `run --plan`.")
     report = _In(REPORT_SUBDIR, "Where `dlaunch report` writes the tune's report by default.")
 
     def trial(self, name: str) -> RunPaths:

@@ -12,12 +12,9 @@ Never imports any other part of dlaunch.
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Mapping
 from typing import Any
-
-log = logging.getLogger(__name__)
 
 MASK = "***"
 _SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)

@@ -1,7 +1,7 @@
 """Frozen, keyword-only dataclasses that describe a job: what to run, how, and what for.
 
-`LaunchSpec` (with its `Strategy` and `LoaderSpec`) is what a backend starts and a rank reads
-back; `ModelProfile` and `Goal` are what the planner plans from. The hardware they run on is
+`Strategy` and `LoaderSpec` are how a rank runs (launcher.runspec holds the knobs and the
+LaunchSpec made of them); `ModelProfile` and `Goal` are what the planner plans from. The hardware they run on is
 described in `launcher.hardware.types`. They are plain values: no torch, no I/O. Each
 validates itself in `__post_init__` (with `check`) and raises a `DlaunchError` subclass, so a
 bad value is caught where it is made, not deep in a rank. Messages name fields in backticks
@@ -12,11 +12,9 @@ bad value is caught where it is made, not deep in a rank. Messages name fields i
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from launcher.errors import PlanError, UsageError
 
@@ -40,13 +38,13 @@ TRACKERS = ("tensorboard", "mlflow", "wandb")  # `dlaunch run --log-to` (launche
 # implementation): attention (PyTorch SDPA; flash-attn 2; Triton FlashAttention, flash_attn_triton),
 # the loss (cross entropy as eager aten ops; flash-attn's fused cross entropy) and the norms (as
 # autocast runs them, in fp32; in the compute dtype, llm-foundry's low_precision_layernorm). The
-# cost model prices each (launcher.plan.cost: ATTENTION_CURVES, FUSED_LOSS_PASSES,
+# cost model prices each (launcher.plan.attention: ATTENTION_CURVES; launcher.plan.cost: FUSED_LOSS_PASSES,
 # NORM_AUTOCAST_BYTES).
 ATTENTION_KERNELS = ("sdpa", "fa2", "triton-fa")
 LOSS_KERNELS = ("eager", "fused")
 NORM_KERNELS = ("eager", "low-precision")
 # `dlaunch tune` trials without --steps: at least TRIAL_STEPS, or enough to time TRIAL_TIMED_S
-# of the fastest candidate's steps (launcher.jobs.tune says why)
+# of the fastest candidate's steps (launcher.drivers.tune says why)
 TRIAL_STEPS = 12
 TRIAL_TIMED_S = 2.0
 DEFAULT_TIME_MIN = 60.0  # SLURM time limit; > 10 min: below that, submitit takes every USR2 for a time-out
@@ -189,154 +187,14 @@ class Strategy:
 
 @dataclass(frozen=True, kw_only=True)
 class LoaderSpec:
-    """DataLoader settings the harness applies to every workload's dataset."""
+    """DataLoader settings the harness applies to every workload's dataset (only the number of
+    workers is a knob)."""
 
     num_workers: int = 0
     prefetch_factor: int = 2
     persistent_workers: bool = True
     pin_memory: bool = True  # only takes effect on CUDA
     shuffle: bool = True
-
-    def __post_init__(self) -> None:
-        check(self.num_workers >= 0, UsageError,
-               f"`num_workers` must be >= 0, got {self.num_workers}")
-        check(self.prefetch_factor >= 1, UsageError,
-               f"`prefetch_factor` must be >= 1, got {self.prefetch_factor}")
-
-
-@dataclass(frozen=True, kw_only=True)
-class LaunchSpec:
-    """Everything a backend needs to start a job and every rank needs to run it."""
-
-    workload: str  # absolute path of the workload file or plain script
-    workload_args: tuple[str, ...] = ()
-    is_script: bool = False  # a plain torchrun script: launched unchanged
-    run_id: str
-    run_dir: str  # absolute
-    device: str = "cpu"
-    num_nodes: int = 1
-    nproc_per_node: int = 1
-    steps: int = 20
-    warmup_steps: int = 3
-    micro_batch: int = 8
-    grad_accum_steps: int = 1
-    seed: int = 0
-    log_every: int = 0  # steps per logging window; 0 = auto (runtime.window.window_steps)
-    calibrate_comm: bool = True  # measure exposed communication and busbw after warm-up
-    max_grad_norm: float = 0.0  # clip the global gradient norm per optimizer step; 0 = off
-    strategy: Strategy = field(default_factory=Strategy)
-    loader: LoaderSpec = field(default_factory=LoaderSpec)
-    env: Mapping[str, str] = field(default_factory=dict)  # extra environment for the ranks
-    # hybrid shard: ranks per shard group (the mesh's inner dimension); 0 = the ranks of a node
-    shard_group_size: int = 0
-    profile: bool = False  # torch.profiler over a few steps after warm-up, trace per rank
-    memory_snapshot: bool = False  # CUDA allocation history, dumped at the end or on OOM
-    detect_anomaly: bool = False  # torch.autograd anomaly mode (slow; finds the op making NaNs)
-    stop_on_nan: bool = False  # a NaN / inf loss fails the run at its window's end (else: a warning)
-    eval_every: int = 0  # run the workload's evaluate() after every N optimizer steps; 0 = never
-    # no rank advanced for this long: the launcher ends the job (0 = never); the collective
-    # timeout of the process group is derived from it (see collective_timeout_s)
-    hang_timeout_s: float = 300.0
-    # before every rank has finished step 1 (imports, model build, compile, rendezvous)
-    startup_timeout_s: float = 900.0
-    max_restarts: int = 0  # relaunches (fresh rendezvous, same run dir) after a failed attempt
-    # save a checkpoint (torch.distributed.checkpoint) every N optimizer steps; 0 = only on
-    # the preemption signal. A restart / requeue resumes from the newest one (runtime.resume)
-    checkpoint_every: int = 0
-
-    def __post_init__(self) -> None:
-        check(self.device in DEVICES, UsageError, f"device must be one of {DEVICES}")
-        check(self.num_nodes >= 1, UsageError, f"`num_nodes` must be >= 1, got {self.num_nodes}")
-        check(self.nproc_per_node >= 1, UsageError,
-               f"`nproc_per_node` must be >= 1, got {self.nproc_per_node}")
-        check(self.steps >= 1, UsageError, f"`steps` must be >= 1, got {self.steps}")
-        check(0 <= self.warmup_steps < self.steps, UsageError,
-               f"`warmup_steps` must be >= 0 and below `steps` ({self.steps}), "
-               f"got {self.warmup_steps}")
-        check(self.micro_batch >= 1, UsageError,
-               f"`micro_batch` must be >= 1, got {self.micro_batch}")
-        check(self.grad_accum_steps >= 1, UsageError,
-               f"`grad_accum_steps` must be >= 1, got {self.grad_accum_steps}")
-        check(self.log_every >= 0, UsageError, f"`log_every` must be >= 0 (0: auto), got {self.log_every}")
-        check(self.nproc_per_node % self.strategy.tp == 0, UsageError,
-              f"`tp` {self.strategy.tp} must divide the processes per node "
-              f"({self.nproc_per_node}): tensor parallelism stays inside a node")
-        check(self.shard_group_size == 0 or self.strategy.kind == "hybrid", UsageError,
-               f"`shard_group_size` applies to `strategy` hybrid only, got `strategy` "
-               f"{self.strategy.kind}")
-        check(self.shard_group_size >= 0 and (self.shard_group_size == 0
-                                               or self.world_size % self.shard_group_size == 0),
-               UsageError, f"`shard_group_size` must divide the world size ({self.world_size}), "
-                           f"got {self.shard_group_size}")
-        # the profiler skips warm-up, then needs one step of its own warm-up and one to record
-        check(not self.profile or self.steps >= self.warmup_steps + 2, UsageError,
-               f"`profile` needs `steps` >= warm-up steps + 2 ({self.warmup_steps + 2}), "
-               f"got {self.steps}")
-        check(not self.memory_snapshot or self.device == "cuda", UsageError,
-               "`memory_snapshot` records CUDA allocations and needs a GPU; this run is on CPU "
-               "(use `profile` for CPU time per operator)")
-        # ranks beat at least every MIN_HANG_TIMEOUT_S / 2 while they advance (the harness
-        # flushes every 5 s): a shorter timeout would call a healthy job hung
-        check(self.hang_timeout_s == 0 or MIN_HANG_TIMEOUT_S <= self.hang_timeout_s <= MAX_TIMEOUT_S,
-               UsageError, f"`hang_timeout_s` must be 0 (off) or between {MIN_HANG_TIMEOUT_S:g} "
-                           f"and {MAX_TIMEOUT_S:g} seconds, got {self.hang_timeout_s:g}")
-        check(self.hang_timeout_s <= self.startup_timeout_s <= MAX_TIMEOUT_S, UsageError,
-               f"`startup_timeout_s` must be between `hang_timeout_s` ({self.hang_timeout_s:g}) "
-               f"and {MAX_TIMEOUT_S:g} seconds, got {self.startup_timeout_s:g}")
-        check(self.max_restarts >= 0, UsageError,
-               f"`max_restarts` must be >= 0, got {self.max_restarts}")
-        check(self.eval_every >= 0, UsageError,
-               f"`eval_every` must be >= 0 (0: off), got {self.eval_every}")
-        check(not (self.eval_every and self.is_script), UsageError,
-               "`eval_every` needs a workload with evaluate(model, cfg); a plain script "
-               "evaluates itself")
-        check(self.checkpoint_every >= 0, UsageError,
-               f"`checkpoint_every` must be >= 0 (0: off), got {self.checkpoint_every}")
-        check(not (self.checkpoint_every and self.is_script), UsageError,
-               "`checkpoint_every` needs a workload: dlaunch's harness saves the checkpoints, "
-               "and a plain script saves its own")
-
-    @property
-    def collective_timeout_s(self) -> float:
-        """The process group's timeout: twice the hang timeout (the default 30 min when off).
-
-        The launcher's watcher acts at `hang_timeout_s` and can name the stuck rank; the
-        collective timeout is the backstop for when nothing watches (a rank's error then names
-        the rank that waited, not the one that hung), so it must come later.
-        """
-        return 2 * self.hang_timeout_s if self.hang_timeout_s > 0 else 1800.0
-
-    @property
-    def world_size(self) -> int:
-        """Total ranks across all nodes."""
-        return self.num_nodes * self.nproc_per_node
-
-    @property
-    def dp_size(self) -> int:
-        """Data-parallel ranks: the world over the tensor-parallel degree (the ranks of one TP
-        group read the same micro-batch)."""
-        return self.world_size // self.strategy.tp
-
-    @property
-    def global_batch(self) -> int:
-        """Samples per optimizer step across all data-parallel ranks."""
-        return self.micro_batch * self.grad_accum_steps * self.dp_size
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (what ranks read back with `from_dict`)."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> LaunchSpec:
-        """Rebuild a spec written by `to_dict`."""
-        d = dict(data)
-        strategy = dict(d.get("strategy", {}))
-        if "activation_checkpointing" in strategy:  # a spec written before the modes: a bool
-            strategy["checkpointing"] = checkpointing_mode(strategy.pop("activation_checkpointing"))
-        d["strategy"] = Strategy(**strategy)
-        d["loader"] = LoaderSpec(**d.get("loader", {}))
-        d["workload_args"] = tuple(d.get("workload_args", ()))
-        return cls(**d)
 
 
 @dataclass(frozen=True, kw_only=True)

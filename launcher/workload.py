@@ -275,18 +275,17 @@ def parse_options(defaults: Mapping[str, Any], args: Sequence[str], *,
     Values take the type of the default (bool accepts true/false/1/0); unknown keys are errors.
     """
     cfg = dict(defaults)
+    options = ", ".join("--" + k for k in defaults) or "none"
     items = list(args)
     i = 0
     while i < len(items):
         tok = items[i]
         if not tok.startswith("--") or tok == "--":
-            raise WorkloadError(f"{source}: expected --option, got {tok!r}; "
-                                f"options: {', '.join('--' + k for k in defaults) or 'none'}")
+            raise WorkloadError(f"{source}: expected --option, got {tok!r}; options: {options}")
         key, _, value = tok[2:].partition("=")
         key = key.replace("-", "_")
         if key not in defaults:
-            raise WorkloadError(f"{source}: unknown option --{key}; "
-                                f"options: {', '.join('--' + k for k in defaults) or 'none'}")
+            raise WorkloadError(f"{source}: unknown option --{key}; options: {options}")
         default = defaults[key]
         if not value and "=" not in tok:
             if isinstance(default, bool) and (i + 1 >= len(items) or items[i + 1].startswith("--")):

@@ -8,13 +8,13 @@ import statistics
 from collections.abc import Mapping
 from pathlib import Path
 
+from launcher.drivers.sweeppoints import point_name
 from launcher.files import atomic_write_json
-from launcher.jobs.sweeppoints import point_name
 from launcher.results.aggregate import aggregate, percentile
 from launcher.results.types import RankResult, RunResult
 from launcher.results.verdict import find_stragglers
 from launcher.rundir import RunPaths, SweepPaths
-from launcher.specs import LaunchSpec
+from launcher.runspec import LaunchSpec
 
 
 def _dump(rec: dict) -> str:
@@ -38,17 +38,18 @@ def write_run(run_dir: Path, *, world_size: int, steps: int = 20, warmup: int = 
               ranks_per_node: int | None = None, units_per_sample: int = 1,
               sample_units: str = "samples", result: str | None = "aggregate", gap_s: float = 0.0,
               workload: str = "/nonexistent/synthetic_workload.py",
-              verdict: object = None) -> Path:
+              verdict: object = None, spec: LaunchSpec | None = None) -> Path:
     """Write launch.json, rank-<r>.jsonl and summaries (and result.json: "aggregate" runs the
     real aggregation, "direct" computes it here, fast enough for thousands of ranks).
-    Step end times advance by each step time plus `gap_s` (the loop's work between steps)."""
+    Step end times advance by each step time plus `gap_s` (the loop's work between steps).
+    `spec`: the run's own LaunchSpec (its launch.json), instead of one made of the numbers."""
     run_dir.mkdir(parents=True, exist_ok=True)
     paths = RunPaths(root=run_dir)
     per_node = ranks_per_node or world_size
     nodes = -(-world_size // per_node)
-    spec = LaunchSpec(workload=workload, run_id=run_dir.name, run_dir=str(run_dir),
-                      nproc_per_node=per_node, num_nodes=nodes, steps=steps,
-                      warmup_steps=warmup, micro_batch=micro_batch, grad_accum_steps=grad_accum)
+    spec = spec or LaunchSpec(workload=workload, run_id=run_dir.name, run_dir=str(run_dir),
+                              gpus=per_node, nodes=nodes, steps=steps,
+                              warmup_steps=warmup, micro_batch=micro_batch, grad_accum=grad_accum)
     atomic_write_json(paths.launch, spec.to_dict())
     samples = micro_batch * grad_accum
     ranks = []
@@ -58,7 +59,7 @@ def write_run(run_dir: Path, *, world_size: int, steps: int = 20, warmup: int = 
                         "local_rank": r % per_node, "node_rank": r // per_node,
                         "world_size": world_size, "host": f"node{r // per_node}",
                         "device": "cpu", "strategy": "ddp", "precision": "fp32",
-                        "micro_batch": micro_batch, "grad_accum_steps": grad_accum}),
+                        "micro_batch": micro_batch, "grad_accum": grad_accum}),
                  _dump({"kind": "workload", "sample_units": sample_units,
                         "units_per_sample": units_per_sample})]
         if exposed_comm_s is not None and world_size > 1:
@@ -123,7 +124,7 @@ def _direct(spec: LaunchSpec, ranks: list, samples: int, ups: int, units: str, w
     out = [RankResult(**{**rr.__dict__, "straggler": rr.rank in strag}) for rr in out]
     return RunResult(
         run_id=spec.run_id, run_dir=spec.run_dir, workload=spec.workload,
-        world_size=spec.world_size, num_nodes=spec.num_nodes, device="cpu", strategy="ddp",
+        world_size=spec.world_size, num_nodes=spec.nodes, device="cpu", strategy="ddp",
         precision="fp32", status="ok", exit_code=0, wall_time_s=1.0,
         samples_per_s=sum(x.samples_per_s for x in out), units_per_s=sum(x.units_per_s for x in out),
         sample_units=units, step_time_median_s=statistics.median(medians.values()),

@@ -48,12 +48,12 @@ sys.path.insert(0, str(ROOT))
 
 from launcher.errors import PlanError  # noqa: E402
 from launcher.hardware.types import Topology  # noqa: E402
-from launcher.plan import cost  # noqa: E402
+from launcher.plan import attention, cost  # noqa: E402
 from launcher.plan.candidates import profile_for_goal  # noqa: E402
 from launcher.plan.interval import COVERAGE, seq_band, step_interval  # noqa: E402
 from launcher.plan.resolve import cached_profile, plan_workload, resolve_topology  # noqa: E402
 from launcher.plan.search import plan  # noqa: E402
-from launcher.plan.types import Plan  # noqa: E402
+from launcher.plan.types import Overrides, Plan  # noqa: E402
 from launcher.specs import (  # noqa: E402
     ATTENTION_KERNELS,
     CHECKPOINTING,
@@ -71,7 +71,7 @@ WITHIN = 0.25
 STRATEGIES = {"fsdp-full": "fsdp_full", "hybrid": "hybrid", "fsdp-grad-op": "fsdp_grad_op",
               "ddp": "ddp"}
 KEYS = ("id", "model", "shape", "seq_len", "gpu", "gpus", "nodes", "interconnect", "strategy",
-        "micro_batch", "grad_accum", "activation_checkpointing", "checkpointing", "precision", "compile",
+        "micro_batch", "grad_accum", "checkpointing", "precision", "compile",
         "tokens_per_s_per_gpu", "source", "attention_kernel", "loss_kernel", "norm_kernel", "split")
 SPLITS = ("fit", "check")
 BANDS = ("<=1k", "2k-4k", "8k", "16k+")
@@ -135,22 +135,21 @@ def workload_args(row: Mapping[str, Any]) -> list[str]:
     return args + (["--tie-embeddings"] if s["tied_embeddings"] else [])
 
 
-def overrides(row: Mapping[str, Any]) -> dict[str, Any]:
+def overrides(row: Mapping[str, Any]) -> Overrides:
     """The published settings, as planner overrides."""
     strategy = STRATEGIES[row["strategy"]]
     if strategy == "hybrid" and row["nodes"] <= 1:
         strategy = "fsdp_full"  # one node: hybrid shard is full shard
-    ov: dict[str, Any] = {"strategy": strategy, "precision": row["precision"],
-                          "micro_batch": row["micro_batch"], "compile": bool(row["compile"]),
-                          # the planner's mode for what the source ran (README: "checkpointing")
-                          "checkpointing": row["checkpointing"]}
-    # 2-D rows: tensor parallel inside a node (optional key); the others ran without: forced,
-    # or the planner may pick TP for them
-    ov["tp"] = row.get("tp", 1)
-    return ov
+    return Overrides(strategy=strategy, precision=row["precision"], micro_batch=row["micro_batch"],
+                     compile=bool(row["compile"]),
+                     # the planner's mode for what the source ran (README: "checkpointing")
+                     checkpointing=row["checkpointing"],
+                     # 2-D rows: tensor parallel inside a node (optional key); the others ran
+                     # without: forced, or the planner may pick TP for them
+                     tp=row.get("tp", 1))
 
 
-def plan_row(row: Mapping[str, Any], topology: Topology, goal: Goal, ov: Mapping[str, Any], *,
+def plan_row(row: Mapping[str, Any], topology: Topology, goal: Goal, ov: Overrides, *,
              kernels: bool = True) -> tuple[Plan, ModelProfile]:
     """`dlaunch plan`'s path for the row (`resolve.plan_workload` without this machine's tune
     corrections: the cached profile through `search.plan`; no CPU timing or Dynamo check is
@@ -224,7 +223,7 @@ def predict(row: Mapping[str, Any], *, nodes: int | None = None) -> Result:
     predicted = p.units_per_s / p.world_size
     case = Case(profile=profile_for_goal(profile, goal), strategy=p.chosen.strategy,
                 topology=topo, micro_batch=p.chosen.micro_batch,
-                grad_accum=p.chosen.grad_accum_steps)
+                grad_accum=p.chosen.grad_accum)
     fast = fast_predict(case)
     if abs(fast / predicted - 1) > 1e-9:
         raise AssertionError(f"{row['id']}: step_time alone gives {fast:,.1f} tokens/s/GPU, "
@@ -246,7 +245,7 @@ def series(results: Sequence[Result]) -> list[tuple[str, Result, Result, bool]]:
     def key(r: Result, clean: bool) -> tuple[Any, ...]:
         w = r.row
         base = (w["model"], w["seq_len"], w["gpu"], w["interconnect"], w["strategy"],
-                w["activation_checkpointing"], w["compile"], w["source"]["url"])
+                w["checkpointing"], w["compile"], w["source"]["url"])
         return base + ((w["micro_batch"], w["grad_accum"]) if clean else ())
 
     out = []
@@ -261,7 +260,7 @@ def series(results: Sequence[Result]) -> list[tuple[str, Result, Result, bool]]:
             if lo.row["gpus"] == hi.row["gpus"] or (not clean and len(batches) == 1):
                 continue
             w = lo.row
-            name = (f"{w['model']} {w['gpu']} s{w['seq_len']} ac={w['activation_checkpointing']}"
+            name = (f"{w['model']} {w['gpu']} s{w['seq_len']} ac={w['checkpointing']}"
                     f"{' compile' if w['compile'] else ''}"
                     + (f" mb {w['micro_batch']}x{w['grad_accum']}" if clean else ""))
             out.append((name, lo, hi, clean))
@@ -296,11 +295,11 @@ def _stats_line(name: str, s: Mapping[str, Any]) -> str:
 
 
 # --- the FIT constants: a small grid (`--fit`, leave-one-source-out) ---------------------------
-# Each FIT constant of launcher/plan/cost.py and the values tried; the rest of the model is
-# physics with its source (cost.py: GEMM_HALF_WIDTH and GEMM_HALF_TOKENS from a measurement; refit
-# freely on these rows T goes to 2048, which the measured GEMMs contradict and which flips an
-# 8 x A100 1.3B plan from DDP to FSDP on micro-batch size alone), or FIT constants kept from the
-# earlier fit: CONTENTION (its
+# Each FIT constant of launcher/plan/cost.py (attention.py: the attention scales) and the
+# values tried; the rest of the model is physics with its source (cost.py: GEMM_HALF_WIDTH and
+# GEMM_HALF_TOKENS from a measurement; refit freely on these rows T goes to 2048, which the
+# measured GEMMs contradict and which flips an 8 x A100 1.3B plan from DDP to FSDP on micro-batch
+# size alone), or FIT constants kept from the earlier fit: CONTENTION (its
 # physical floor: NCCL's kernels hold 16-32 of an H100's 132 SMs while they run; refit freely on
 # these rows it falls to 0.05, which widens the scaling series' max gap from 2.4 to 3.9 points
 # and turns a PCIe box's DDP into FSDP), STEP_JITTER and SCALE_TAX (on the scaling series),
@@ -322,23 +321,23 @@ FIT_TOLERANCE = 0.02
 @contextlib.contextmanager
 def fit_constants(point: Mapping[str, float]) -> Iterator[None]:
     """The cost model with the FIT constants of `point` (restored after)."""
-    saved = (dict(cost.GEMM_PEAK_FRACTION), cost.MEMORY_PASSES, dict(cost.ATTENTION_RUN_SCALE))
+    saved = (dict(cost.GEMM_PEAK_FRACTION), cost.MEMORY_PASSES, dict(attention.ATTENTION_RUN_SCALE))
     try:
         cost.GEMM_PEAK_FRACTION = {**saved[0], (8, 0): point["A100_GEMM_PEAK_FRACTION"]}
         cost.MEMORY_PASSES = point["MEMORY_PASSES"]
-        cost.ATTENTION_RUN_SCALE = {**saved[2], "triton-fa": point["TRITON_SCALE"],
-                                    "fa2": point["FA2_SCALE"]}
+        attention.ATTENTION_RUN_SCALE = {**saved[2], "triton-fa": point["TRITON_SCALE"],
+                                         "fa2": point["FA2_SCALE"]}
         yield
     finally:
-        cost.GEMM_PEAK_FRACTION, cost.MEMORY_PASSES, cost.ATTENTION_RUN_SCALE = saved
+        cost.GEMM_PEAK_FRACTION, cost.MEMORY_PASSES, attention.ATTENTION_RUN_SCALE = saved
 
 
 def current_point() -> dict[str, float]:
-    """The FIT constants as cost.py sets them."""
+    """The FIT constants as cost.py (and attention.py) set them."""
     return {"A100_GEMM_PEAK_FRACTION": cost.GEMM_PEAK_FRACTION[(8, 0)],
             "MEMORY_PASSES": cost.MEMORY_PASSES,
-            "TRITON_SCALE": cost.ATTENTION_RUN_SCALE["triton-fa"],
-            "FA2_SCALE": cost.ATTENTION_RUN_SCALE["fa2"]}
+            "TRITON_SCALE": attention.ATTENTION_RUN_SCALE["triton-fa"],
+            "FA2_SCALE": attention.ATTENTION_RUN_SCALE["fa2"]}
 
 
 def grid_errors(results: Sequence[Result]) -> list[tuple[dict[str, float], list[float]]]:
@@ -433,7 +432,7 @@ def report(results: Sequence[Result]) -> tuple[list[str], dict[str, Any]]:
     for r in results:
         w = r.row
         lines.append(f"{w['id'][:46]:<46}{w['gpus']:>5} {w['micro_batch']:>3} x {w['grad_accum']:<3}"
-                     f"{w['activation_checkpointing'][:5]:>6} {r.predicted:>8,.0f} "
+                     f"{w['checkpointing'][:5]:>6} {r.predicted:>8,.0f} "
                      f"{w['tokens_per_s_per_gpu']:>9,} {r.ratio:>6.2f}  "
                      f"{r.comm_exposed_share:>8.0%} {r.mem_share:>7.0%}")
     summary: dict[str, Any] = {**_stats(results), "sources": {}, "bands": {}, "splits": {},
@@ -512,16 +511,16 @@ def cli_check(row: Mapping[str, Any]) -> str:
     ov = overrides(row)
     flags = {"strategy": "--strategy", "precision": "--precision", "micro_batch": "--micro-batch",
              "checkpointing": "--checkpointing"}
-    forced = {k: ov[k] for k in flags}
+    forced = Overrides(**{k: getattr(ov, k) for k in flags})
     cmd = [sys.executable, "-m", "launcher.cli", "plan", WORKLOAD, "--json",
            "--topology", topology_name(row), "--nodes", str(row["nodes"]),
            "--gpus", str(row["gpus"] // row["nodes"]), "--seq-len", str(row["seq_len"]),
            "--global-batch", str(row["micro_batch"] * row["grad_accum"] * row["gpus"])]
     for key, flag in flags.items():
-        cmd += [flag, str(ov[key])]
-    if ov["compile"] and "--compile" in help_text:
+        cmd += [flag, str(getattr(ov, key))]
+    if ov.compile and "--compile" in help_text:
         cmd.append("--compile")
-        forced["compile"] = True
+        forced = dataclasses.replace(forced, compile=True)
     out = subprocess.run(cmd + ["--", *workload_args(row)], capture_output=True, text=True,
                          cwd=ROOT, check=True).stdout
     via_cli = json.loads(out)["plan"]
@@ -531,17 +530,15 @@ def cli_check(row: Mapping[str, Any]) -> str:
                 seq_len=row["seq_len"])
     mine = plan_workload(WORKLOAD, workload_args(row), topo, goal, overrides=forced).plan
     a, b = via_cli["units_per_s"] / via_cli["world_size"], mine.units_per_s / mine.world_size
-    as_benchmark = {**ov, "compile": ov["compile"]}
-    ref = plan_workload(WORKLOAD, workload_args(row), topo, goal, overrides=as_benchmark,
-                        corrected=False).plan
-    row_plan = plan_row(row, topo, goal, as_benchmark, kernels=False)[0]
+    ref = plan_workload(WORKLOAD, workload_args(row), topo, goal, overrides=ov, corrected=False).plan
+    row_plan = plan_row(row, topo, goal, ov, kernels=False)[0]
     c, d = ref.units_per_s / ref.world_size, row_plan.units_per_s / row_plan.world_size
 
     def same(x: float, y: float) -> str:
         return "identical" if abs(x / y - 1) < 1e-9 else f"DIFFERENT ({x / y - 1:+.2%})"
 
     return (f"--cli {row['id']}: `dlaunch plan` {a:,.0f} tokens/s/GPU, `plan_workload` {b:,.0f} "
-            f"with the same forced settings ({', '.join(sorted(forced))}): {same(a, b)}; "
+            f"with the same forced settings ({', '.join(k for k, _ in forced.forced)}): {same(a, b)}; "
             f"`plan_row` (default kernels) {d:,.0f}, `plan_workload` {c:,.0f} with the "
             f"benchmark's settings: {same(d, c)}")
 

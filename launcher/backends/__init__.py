@@ -1,9 +1,10 @@
-"""Backends start processes: `local` (torchrun on this host) and `slurm` (submitit), behind
-one interface (`base.Backend`: render, start, follow; status, logs, cancel of a run).
+"""Backends start processes: `local` (torchrun on this host, backends.host) and `slurm`
+(submitit, backends.slurm), behind one interface (`base.Backend`: place, render, start ->
+Handle.follow -> Ended; status, logs, cancel of a run), listed in `registry`.
 
 Each renders the exact command before it runs it, so `--dry-run` shows what would run and
-tests compare renderings with golden files. Backends never import `launcher.runtime`: they
-name its entry module as a string.
+tests compare renderings with golden files. Backends never import `launcher.runtime` (they
+name its entry module as a string), results, report, drivers or cli.
 """
 
 RANK_ENTRY_MODULE = "launcher.runtime.entry"

@@ -5,7 +5,8 @@ started at the same moment cannot race for one. Each rank's stdout and stderr ar
 torchrun into per-rank files and onto its stdout with a `[rank N]` prefix; the launcher reads
 that stream and shows rank lines live, keeping torchrun's own chatter in `torchrun.log`.
 
-Never imports launcher.runtime (the ranks are started by module name), jobs, cli or report.
+`LocalBackend` (launcher.backends.host) wraps it. Never imports launcher.runtime (the ranks are
+started by module name), results, report, drivers or cli.
 """
 
 from __future__ import annotations
@@ -25,15 +26,16 @@ from typing import IO, Any
 
 import psutil
 
+from launcher.backends.base import Ended, Evidence
 from launcher.backends.keeper import LEFTOVER_PREFIX, keeper_argv, tie_to_parent
 from launcher.backends.monitor import Beat, Stall, Watcher, host_pids, read_heartbeats, record_owner, watch
-from launcher.backends.postmortem import STACK_WAIT_S, StackInfo, dump_stacks, name_straggler
+from launcher.backends.postmortem import STACK_WAIT_S, dump_stacks, name_straggler
 from launcher.backends.progress import LiveLine, Progress, ProgressSpec
 from launcher.backends.torchrun import rank_env, torchrun_argv
 from launcher.errors import LaunchError
 from launcher.hardware.detect import usable_cores
 from launcher.rundir import RunPaths
-from launcher.specs import LaunchSpec
+from launcher.runspec import LaunchSpec
 
 log = logging.getLogger(__name__)
 
@@ -51,17 +53,12 @@ class Rendered:
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: str = "."
 
-    def shell_line(self) -> str:
-        """A copy-pasteable rendering (quoted for a POSIX shell)."""
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
-        return f"{env} {shlex.join(self.argv)}".strip()
-
 
 def render(spec: LaunchSpec, *, python: str | None = None,
            base_env: Mapping[str, str] | None = None, cores: int | None = None) -> Rendered:
     """The torchrun command for a single-node job, rendezvous on loopback."""
-    if spec.num_nodes != 1:
-        raise LaunchError(f"the local backend runs one node, got --nodes {spec.num_nodes}; "
+    if spec.nodes != 1:
+        raise LaunchError(f"the local backend runs one node, got --nodes {spec.nodes}; "
                           "use --slurm for several nodes")
     argv = torchrun_argv(spec, python=python or sys.executable, rdzv_endpoint="127.0.0.1:0",
                          log_dir=str(RunPaths(root=spec.run_dir).node_logs(0)))
@@ -109,29 +106,15 @@ def _pump(stream: IO[bytes], emit: Callable[[str], bool], torchrun_log: IO[str],
             shown = shown and emit(line)
 
 
-@dataclass(frozen=True, kw_only=True)
-class Outcome:
-    """How a torchrun invocation ended."""
-
-    exit_code: int  # torchrun's, or 128 + signal; HANG_EXIT_CODE when dlaunch ended a hang
-    stall: Stall | None = None  # why dlaunch ended the job, if it did
-    stacks: Mapping[int, StackInfo] = field(default_factory=dict)
-    beats: Mapping[int, Beat] = field(default_factory=dict)  # the last heartbeats seen
-    torchrun_log: str = ""  # what torchrun said during this attempt
-    interrupted: int | None = None  # the signal (SIGINT, SIGTERM) the user stopped dlaunch with
-    # what the live progress line warned of (drift from the plan), processes the job left running
-    warnings: tuple[str, ...] = ()
-
-
 def launch(rendered: Rendered, spec: LaunchSpec, *, console: IO[str] = sys.stdout,
            debug: bool = False, extra_env: Mapping[str, str] | None = None,
-           attempt: int = 0, progress: ProgressSpec | None = None) -> Outcome:
+           attempt: int = 0, progress: ProgressSpec | None = None) -> Ended:
     """Run the rendered command to completion while watching the ranks' heartbeats.
 
     The watcher (launcher.backends.monitor) ends the job when no rank advanced for
     `spec.hang_timeout_s` or a rank left without a summary while torchrun waits for it.
     Ctrl-C / SIGTERM stop the whole job the same way (torchrun and every rank) and come back
-    as `Outcome.interrupted`; torchrun dies with dlaunch (see `launcher.backends.keeper`).
+    as `Ended.interrupted`; torchrun dies with dlaunch (see `launcher.backends.keeper`).
     `progress`: draw the live progress line (launcher.backends.progress) against it.
     """
     env = {**os.environ, **rendered.env, **(extra_env or {})}
@@ -178,9 +161,9 @@ def launch(rendered: Rendered, spec: LaunchSpec, *, console: IO[str] = sys.stdou
     with open(paths.torchrun_log, encoding="utf-8", errors="replace") as f:
         f.seek(offset)
         text = f.read()
-    return Outcome(exit_code=code, stall=stall, stacks=job.get("stacks", {}), beats=beats,
-                   torchrun_log=text, interrupted=job.get("interrupted"),
-                   warnings=tuple(job.get("warnings", ())))
+    return Ended(exit_code=code, stall=stall, interrupted=job.get("interrupted"), restartable=True,
+                 warnings=tuple(job.get("warnings", ())),
+                 evidence=Evidence(beats=beats, stacks=job.get("stacks", {}), torchrun_log=text))
 
 
 def _follow(proc: subprocess.Popen[bytes], spec: LaunchSpec, console: IO[str], tlog: IO[str],

@@ -3,7 +3,7 @@
 A local run is owned by the dlaunch process that claimed its run dir (`owner.json`: pid, host,
 time) and that process is the one to stop: on SIGTERM it stops torchrun and every rank, then
 aggregates and writes `result.json` with status `interrupted` (launcher.backends.local and
-launcher.jobs.local). Killing the ranks directly would leave no summary.
+launcher.drivers.launch). Killing the ranks directly would leave no summary.
 
 The state, from the files alone:
   result.json              -> COMPLETED (status ok), CANCELLED (interrupted), FAILED (else)
@@ -11,7 +11,7 @@ The state, from the files alone:
   owner on another host    -> UNKNOWN (its pid cannot be asked from here)
   otherwise                -> GONE (dlaunch died without writing a result)
 
-Never imports runtime, jobs, cli or results (it reads the files the ranks and dlaunch write).
+Never imports runtime, drivers, cli or results (it reads the files the ranks and dlaunch write).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from launcher.backends.monitor import read_heartbeats
 from launcher.backends.progress import clock
 from launcher.errors import LaunchError, UsageError
 from launcher.files import read_json, read_jsonl, read_new
+from launcher.knobs import migrate
 from launcher.procs import pid_alive
 from launcher.rundir import LAUNCH_FILE, SLURM_FILE, RunPaths
 
@@ -72,7 +73,8 @@ def run_dir_of(ref: str) -> Path:
 
 def world_size(launch: Mapping[str, Any]) -> int | None:
     """Ranks of the run, from its launch.json (None when unreadable)."""
-    nodes, procs = launch.get("num_nodes"), launch.get("nproc_per_node")
+    current = migrate(launch)
+    nodes, procs = current.get("nodes"), current.get("gpus")
     return nodes * procs if isinstance(nodes, int) and isinstance(procs, int) else None
 
 

@@ -25,7 +25,7 @@ Use from a backend (the local one runs `watch` in a thread beside torchrun):
             cancel_job(); break                    # then postmortem.write_missing_summaries(...)
         time.sleep(POLL_INTERVAL_S)
 
-Never imports launcher.runtime (it reads the heartbeat files the ranks write), jobs, cli or
+Never imports launcher.runtime (it reads the heartbeat files the ranks write), drivers, cli or
 report.
 """
 

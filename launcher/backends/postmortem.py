@@ -12,7 +12,7 @@ The summaries carry the time the rank stopped, so `report.aggregate` lists the r
 caused the failure first; and because they are files, re-reading the run dir later gives the
 same result as the launcher printed.
 
-Never imports launcher.runtime (it reads what the ranks left in files), jobs, cli or report.
+Never imports launcher.runtime (it reads what the ranks left in files), drivers, cli or report.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ rank (every step synchronises the ranks), so the line reports the slowest rank's
 `Progress` is pure (beats in, text out); `LiveLine` draws it: redrawn in place on a terminal
 (rank output scrolls above it); when the console is a pipe or file, one line every
 `PIPE_INTERVAL_S` on stderr, so logs stay readable and scripts that parse stdout see only what
-they did before (progress on stderr, as pip and git do). Never imports runtime, jobs, cli or
+they did before (progress on stderr, as pip and git do). Never imports runtime, drivers, cli or
 report.
 """
 

@@ -3,7 +3,7 @@
 Shared by the local backend (one node, rendezvous on loopback) and the SLURM backend (one
 torchrun per node, rendezvous on the first node), so both start ranks the same way. Pure
 functions of a `LaunchSpec`: nothing is started here. Never imports `launcher.runtime` (the rank
-entry is named as a string), jobs, cli or report.
+entry is named as a string), drivers, cli or report.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from launcher.backends import RANK_ENTRY_MODULE
 from launcher.hardware.types import rank_threads
 from launcher.hardware.visible import cuda_order_env
 from launcher.rundir import CHECKPOINT_DIR_ENV, RunPaths, checkpoint_dir
-from launcher.specs import LaunchSpec
+from launcher.runspec import LaunchSpec
 
 # the checkout this package runs from: ranks import it from there even when it is not installed
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -38,7 +38,7 @@ def rank_env(spec: LaunchSpec, *, base_env: Mapping[str, str], cores: int) -> di
     }
     # set but empty is unset (as OpenMP reads it): each rank would otherwise take every core
     if not base_env.get("OMP_NUM_THREADS", "").strip():
-        env["OMP_NUM_THREADS"] = str(rank_threads(cores, spec.nproc_per_node))
+        env["OMP_NUM_THREADS"] = str(rank_threads(cores, spec.gpus))
     if spec.device == "cpu" and "ACCELERATE_USE_CPU" not in base_env:
         # Hugging Face Accelerate forms a (gloo) process group on CPU only when told: without
         # it, `Accelerator()` in each CPU rank trains its own unsynchronised copy
@@ -62,8 +62,8 @@ def torchrun_argv(spec: LaunchSpec, *, python: str, rdzv_endpoint: str, node_ran
     """The torchrun command line shared by the local and the SLURM backend."""
     argv = [
         python, "-m", "torch.distributed.run",
-        "--nnodes", str(spec.num_nodes),
-        "--nproc-per-node", str(spec.nproc_per_node),
+        "--nnodes", str(spec.nodes),
+        "--nproc-per-node", str(spec.gpus),
         "--rdzv-backend", "c10d",
         "--rdzv-endpoint", rdzv_endpoint,
         "--rdzv-id", spec.run_id,
@@ -71,7 +71,7 @@ def torchrun_argv(spec: LaunchSpec, *, python: str, rdzv_endpoint: str, node_ran
         "--log-dir", log_dir,
         "--tee", "3",
     ]
-    if spec.num_nodes > 1:
+    if spec.nodes > 1:
         argv += ["--node-rank", str(node_rank)]
     if spec.is_script:
         argv += [spec.workload, *spec.workload_args]

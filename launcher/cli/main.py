@@ -1,10 +1,10 @@
 """The `dlaunch` command: the parser wired from the option table, dispatch, exit codes.
 
 Each subcommand's handler lives in its own module (launcher.cli.run, .lab, .scale, .tune, .plan,
-.inspect, .report, .jobs, .doctor); their options in launcher.cli.args. `COMMANDS` names each
+.inspect, .report, .runs, .doctor); their options in launcher.cli.args. `COMMANDS` names each
 handler as a "module:function" string and `_dispatch` imports it only when its command runs:
 building the parser (every `dlaunch ... --help`, every bad-usage error) loads the option table
-and nothing of a command's module tree (the planner, the backends, the job followers, the
+and nothing of a command's module tree (the planner, the backends, the drivers, the
 report), which tests/unit/test_cli_lazy.py checks and benchmarks/cli_start.py times. A
 DlaunchError is one line on stderr (field names put back as flags) and its exit code, 2 for bad
 input. Must never import torch or matplotlib at start-up: the commands that need them import
@@ -61,13 +61,13 @@ COMMANDS: tuple[Command, ...] = (
     Command("report", "launcher.cli.report:cmd_report", "HTML/Markdown/JSON/PNG report of a run or sweep directory",
             "Scaling efficiency, step-time breakdown, stragglers, busbw and predicted vs measured, as a "
             "self-contained HTML page plus PNG/JSON/Markdown."),
-    Command("status", "launcher.cli.jobs:cmd_status", "state, progress and result of a run (local or SLURM)",
+    Command("status", "launcher.cli.runs:cmd_status", "state, progress and result of a run (local or SLURM)",
             "Show a run's state (a local run's owner and heartbeats, a SLURM job's queue state and "
             "pending reason), its progress, and the run summary once it is over."),
-    Command("logs", "launcher.cli.jobs:cmd_logs", "the logs of a run, local or SLURM (every rank, or one)",
+    Command("logs", "launcher.cli.runs:cmd_logs", "the logs of a run, local or SLURM (every rank, or one)",
             "Print a run's logs (a local run's rank logs, a SLURM job's per-node logs); --rank R "
             "keeps rank R's lines."),
-    Command("cancel", "launcher.cli.jobs:cmd_cancel", "stop a running run (local or SLURM)",
+    Command("cancel", "launcher.cli.runs:cmd_cancel", "stop a running run (local or SLURM)",
             "Stop a run: SIGTERM to a local run's dlaunch (which stops the ranks and writes the "
             "result), scancel for a SLURM job; waits until it has ended."),
     Command("doctor", "launcher.cli.doctor:cmd_doctor",

@@ -1,64 +1,25 @@
-"""One declared option (`Option`), where it sits in dlaunch.yaml (`Yaml`), and the argparse
-types that name their flag when they refuse a value.
+"""One declared option (`Option`) and where it sits in dlaunch.yaml (`Yaml`); a run's knob
+becomes an option through `knob_option`, which takes its flag, help, kind, check and default from
+the knob's declaration (launcher.runspec.RunSettings) instead of repeating them.
 
-The declarations themselves are in launcher.cli.args. Imports nothing from launcher but errors.
+The table itself is in launcher.cli.args. Imports only the foundation (errors, knobs, runspec).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
-from launcher.errors import UsageError
+from launcher.knobs import Check
+from launcher.runspec import RunSettings
 
 COMMANDS = ("run", "lab", "plan", "scale", "tune", "report", "inspect", "status", "logs", "cancel",
             "doctor")
 KINDS = ("value", "switch", "toggle", "list")  # --x V | --x | --x/--no-x | --x V (repeatable)
 
 Parse = Callable[[str], Any]
-
-
-def int_at_least(flag: str, minimum: int) -> Parse:
-    """An argparse `type` accepting integers >= `minimum`, naming the flag when it refuses."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise UsageError(f"{flag} must be an integer >= {minimum}, got {text!r}") from None
-        if value < minimum:
-            raise UsageError(f"{flag} must be an integer >= {minimum}, got {value}")
-        return value
-
-    return parse
-
-
-def minutes(flag: str) -> Parse:
-    """An argparse `type` accepting a finite number of minutes > 0."""
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise UsageError(f"{flag} must be a number of minutes > 0 (fractions allowed), got {text!r}") from None
-        if not (value > 0 and math.isfinite(value)):
-            raise UsageError(f"{flag} must be a number of minutes > 0, got {text}")
-        return value
-
-    return parse
-
-
-def at_least(minimum: int) -> Callable[[str], Parse]:
-    """The `parse` of an integer option: `int_at_least` for whichever flag declares it."""
-    return lambda flag: int_at_least(flag, minimum)
-
-
-def real(_flag: str) -> Parse:
-    """The `parse` of a float option (argparse's own message names the flag)."""
-    return float
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,11 +37,11 @@ class Yaml:
 class Option:
     """One flag (or positional) of one or more commands.
 
-    `parse` makes the argparse type from the flag (so its errors name it); `per` overrides any
-    field for one command (`{"plan": {"default": None}}`); `slurm_in` lists the commands where
-    the option sits in the SLURM group and needs --slurm; `merge(flag, yaml)` replaces "flag
-    if given, else yaml" for options whose values combine; `aliases` are the field names that
-    specs and the request use for it in their error messages.
+    `check` converts and checks a value (its errors name the flag); `parse` makes the argparse
+    type of an option that is no number; `per` overrides any field for one command
+    (`{"plan": {"default": None}}`); `slurm_in` lists the commands where the option sits in the
+    SLURM group and needs --slurm; `merge(flag, yaml)` replaces "flag if given, else yaml" for
+    options whose values combine; `knob` names the run knob it is (launcher.runspec).
     """
 
     flag: str
@@ -88,6 +49,7 @@ class Option:
     commands: tuple[str, ...]
     help: str = ""
     kind: str = "value"
+    check: Check | None = None
     parse: Callable[[str], Parse] | None = None
     default: Any = None
     choices: tuple[str, ...] | None = None
@@ -96,7 +58,7 @@ class Option:
     slurm_in: tuple[str, ...] = ()
     yaml: Yaml | None = None
     merge: Callable[[Any, Any], Any] | None = None
-    aliases: tuple[str, ...] = ()
+    knob: str | None = None
     per: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -112,6 +74,13 @@ class Option:
         return self.flag.lstrip("-").replace("-", "_")
 
     @property
+    def argparse_type(self) -> Parse | None:
+        """What argparse converts a given value with (None: the text itself)."""
+        if self.check is not None:
+            return self.check.parser(self.flag)
+        return self.parse(self.flag) if self.parse else None
+
+    @property
     def positional(self) -> bool:
         """A positional argument (no leading dash)."""
         return not self.flag.startswith("-")
@@ -124,3 +93,15 @@ class Option:
     def for_command(self, command: str) -> Option:
         """This option as `command` declares it (its `per` overrides applied)."""
         return dataclasses.replace(self, **self.per.get(command, {}), per={})
+
+
+def knob_option(name: str, *, commands: tuple[str, ...], slurm_in: tuple[str, ...] = (),
+                per: Mapping[str, Mapping[str, Any]] | None = None) -> Option:
+    """The option of the run knob `name`, as its declaration says (launcher.runspec.RunSettings):
+    the table only adds which commands take it and what one command says differently."""
+    declared = {f.name: f for f in dataclasses.fields(RunSettings)}[name]
+    k = declared.metadata["knob"]
+    unit = {"s": "seconds"}.get(k.unit, k.unit)  # the value's unit names it in --help
+    return Option(k.flag, commands=commands, help=k.help, kind=k.kind, check=k.check,
+                  default=declared.default, choices=k.choices, slurm_in=slurm_in, knob=name,
+                  metavar=unit.upper().replace("-", "_") or None, per=per or {})

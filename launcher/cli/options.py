@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from launcher.cli.args import resolve
+from launcher.knobs import knobs_of
+from launcher.runspec import RunSettings
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -59,39 +61,13 @@ class LabOptions(Options):
 
     command: ClassVar[str] = "lab"
     workload: str  # the workload file or plain torchrun script, as given
-    gpus: int  # processes per node
-    steps: int  # optimizer steps
-    warmup_steps: int | None  # steps left out of throughput; None: min(3, steps - 1)
-    micro_batch: int | None  # samples per rank per forward pass; None: the plan's
-    grad_accum: int | None  # micro-batches per optimizer step; None: the plan's
+    settings: RunSettings  # the run's knobs, as given (the plan's decisions None when not)
     global_batch: int | None  # samples per optimizer step, a goal for the plan; None: its choice
-    strategy: str | None  # one of launcher.specs.STRATEGIES; None: the plan's
-    precision: str | None  # one of launcher.specs.PRECISIONS; None: the plan's
-    checkpointing: str | None  # activation checkpointing mode (specs.CHECKPOINTING); None: the plan's
-    compile: bool | None  # --compile / --no-compile; None: the plan's
-    compile_mode: str | None  # torch.compile mode (implies --compile); None: default
-    compile_strict: bool  # fullgraph, and no eager fallback (implies --compile)
-    tp: int | None  # tensor-parallel degree inside a node; None: the plan's
-    shard_group_size: int | None  # hybrid shard ranks per group; None: the ranks of a node
-    profile: bool  # torch.profiler over 3 steps after warm-up
-    memory_snapshot: bool  # CUDA allocation history, dumped at the end or on out-of-memory
-    detect_anomaly: bool  # autograd anomaly detection
-    stop_on_nan: bool  # fail at the first non-finite loss instead of warning
-    eval_every: int  # optimizer steps between evaluate() calls; 0: never
-    seed: int  # the one seed of model init and data order
-    log_every: int  # steps per logging window; 0: chosen at run time
-    max_grad_norm: float  # global gradient-norm clip; 0: off
-    no_calibrate: bool  # skip the window that measures exposed communication and busbw
-    num_workers: int  # DataLoader worker processes per rank
     script: bool  # a plain torchrun script even if the file looks like a workload
     run_dir: str | None  # where the run's files go; None: runs/<id>
     force: bool  # allow more CPU processes than launcher.cli.args.CPU_PROCESSES_PER_CORE per core
     dry_run: bool  # print the command, start nothing
     json: bool  # print the result as JSON
-    hang_timeout_s: float  # end the job when no rank advanced for this long; 0: never
-    startup_timeout_s: float | None  # allowance until every rank finished step 1; None: derived
-    max_restarts: int  # relaunches of a failed job
-    checkpoint_every: int  # optimizer steps between checkpoints; 0: only on preemption
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,7 +76,6 @@ class RunOptions(LabOptions):
 
     command: ClassVar[str] = "run"
     plan: str | None  # a plan file whose decisions fill those the flags left open
-    nodes: int | None  # SLURM nodes; None: 1
     detach: bool  # submit, print the job id and return
     quiet: bool  # no live progress line
     log_to: tuple[str, ...]  # trackers the launcher logs the run's metrics to (results.trackers)
@@ -117,14 +92,9 @@ class PlanOptions(Options):
     gpus: int | None  # devices per node; None: the topology's
     nodes: int | None  # nodes; None: the topology's
     topology: str | None  # a topologies/*.yaml name or path; None: detect this machine
-    micro_batch: int | None  # samples per rank per forward pass; None: the planner's
+    settings: RunSettings  # the decisions given (None: the planner's)
     global_batch: int | None  # samples per optimizer step; None: the largest micro-batch that fits
     seq_len: int | None  # tokens per sample, for sequence models
-    strategy: str | None  # None: the planner's
-    precision: str | None  # None: the planner's
-    checkpointing: str | None  # activation checkpointing mode (specs.CHECKPOINTING); None: the planner's
-    compile: bool | None  # None: the planner's
-    tp: int | None  # tensor-parallel degree inside a node; None: the planner's
     no_calibration_cache: bool  # ignore the step-time corrections learnt by `dlaunch tune`
     json: bool  # print the plan as JSON
     tokens: float | None  # a training goal in tokens; None: no time to train
@@ -149,18 +119,8 @@ class ScaleOptions(Options):
     repeat: int  # runs per world size
     sweep_dir: str | None  # None: runs/scale-<workload>-<mode>-<hash>
     no_report: bool  # do not write the report at the end
-    steps: int  # optimizer steps per run
-    warmup_steps: int | None  # None: min(3, steps - 1)
-    micro_batch: int | None  # kept per rank in weak scaling; None: the plan's
-    grad_accum: int | None  # None: the plan's (1 in strong scaling)
+    settings: RunSettings  # the knobs of every point, as given
     global_batch: int | None  # strong scaling's samples per optimizer step
-    strategy: str | None  # None: the plan's
-    precision: str | None  # None: the plan's
-    checkpointing: str | None  # activation checkpointing mode; None: the plan's
-    compile: bool | None  # None: the plan's
-    tp: int | None  # tensor-parallel degree inside a node; None: the plan's
-    seed: int  # the one seed of every run
-    num_workers: int  # DataLoader worker processes per rank
     plan: str | None  # a plan file whose decisions fill those the flags left open
     force: bool  # re-run points that already finished
     dry_run: bool  # print the points and commands, run nothing
@@ -175,13 +135,10 @@ class TuneOptions(Options):
 
     command: ClassVar[str] = "tune"
     workload: str  # the workload file
-    gpus: int  # processes per node
-    nodes: int | None  # SLURM nodes; None: 1
+    settings: RunSettings  # the knobs of every trial, as given
     steps: int | None  # optimizer steps per trial; None: long enough to time the fastest
     warmup_steps: int | None  # None: min(3, steps - 1)
     global_batch: int | None  # a goal for the plan; None: its choice
-    seed: int  # the one seed of every trial
-    num_workers: int  # DataLoader worker processes per rank
     trials: int  # candidates measured at most
     budget_min: float | None  # start no trial after this many minutes; None: no limit
     tune_dir: str | None  # None: runs/tune-<id>
@@ -271,18 +228,25 @@ def nested(cls: type[Any]) -> dict[str, type[Any]]:
     switch of the same dest is on, None when it is off."""
     out: dict[str, type[Any]] = {}
     for name, hint in typing.get_type_hints(cls).items():
-        inner = [a for a in typing.get_args(hint) if isinstance(a, type) and dataclasses.is_dataclass(a)]
+        inner = [a for a in typing.get_args(hint) if isinstance(a, type) and dataclasses.is_dataclass(a)
+                 and a is not RunSettings]
         if inner:
             out[name] = inner[0]
     return out
 
 
 def typed(cls: type[D], values: Mapping[str, Any]) -> D:
-    """`cls` filled from the merged options by dest: a copy, the types are the option table's."""
+    """`cls` filled from the merged options by dest: a copy, the types are the option table's.
+    Its `settings` takes the run knobs the command has no field of its own for (made, so
+    checked, here: before anything is planned)."""
     groups = nested(cls)
     fields: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
-        if f.name in groups:
+        if f.name == "settings":
+            own = {g.name for g in dataclasses.fields(cls)}
+            fields[f.name] = RunSettings(**{k: values[k] for k in knobs_of(RunSettings)
+                                            if k in values and k not in own})
+        elif f.name in groups:
             fields[f.name] = typed(groups[f.name], values) if values[f.name] else None
         else:
             fields[f.name] = values[f.name]
@@ -303,7 +267,7 @@ def _merged(command: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def _from_plan_file(values: Mapping[str, Any]) -> dict[str, Any]:
     """`--plan FILE`'s decisions for those the flags left open (a flag given beside it wins)."""
-    from launcher.jobs.tune import read_plan_file
+    from launcher.drivers.tune import read_plan_file
 
     decided = read_plan_file(values["plan"])
     out = {k: v for k, v in decided.items() if k != "compile" and values.get(k) is None}

@@ -14,8 +14,8 @@ import sys
 
 from launcher.cli.options import PlanOptions, load
 from launcher.errors import UsageError
+from launcher.plan.explain import label
 from launcher.plan.resolve import Planned, plan_workload, resolve_topology
-from launcher.plan.search import label
 from launcher.plan.sizing import SizeRow, parse_duration_s, parse_world_sizes, pick, with_efficiency
 from launcher.plan.time_to_train import (
     GoodputModel,
@@ -26,6 +26,7 @@ from launcher.plan.time_to_train import (
     time_to_train,
     to_dict,
 )
+from launcher.plan.types import Overrides
 from launcher.plan.view import format_plan
 from launcher.specs import Goal
 from launcher.workload import inspect_file
@@ -50,7 +51,7 @@ def _rate(planned: Planned) -> PlanRate:
                     state_bytes_per_rank=chosen.memory.params_bytes + chosen.memory.optimizer_bytes)
 
 
-def _sizes(opts: PlanOptions, workload_args: list[str], goal: Goal, overrides: dict[str, object],
+def _sizes(opts: PlanOptions, workload_args: list[str], goal: Goal, overrides: Overrides,
            train_goal: TrainGoal | None, goodput: GoodputModel) -> int:
     """`dlaunch plan --world-sizes ...`: one plan per size, a table, and the pick if asked."""
     assert opts.world_sizes is not None
@@ -120,13 +121,12 @@ def _size_table(rows: list[SizeRow], unit: str) -> str:
 def cmd_plan(args: argparse.Namespace, workload_args: list[str]) -> int:
     """`dlaunch plan`: the recommended plan, its predicted memory and time, and the rejects."""
     opts = load(PlanOptions, args)
-    inspect_file(opts.workload).require_tp_plan(opts.tp)
+    inspect_file(opts.workload).require_tp_plan(opts.settings.tp)
     topology = resolve_topology(topology=opts.topology, gpus=opts.gpus, nodes=opts.nodes)
     goal = Goal(global_batch=opts.global_batch, seq_len=opts.seq_len)
-    given: dict[str, object] = {"strategy": opts.strategy, "precision": opts.precision,
-                                "micro_batch": opts.micro_batch, "checkpointing": opts.checkpointing,
-                                "compile": opts.compile, "tp": opts.tp}  # compile: --compile / --no-compile
-    overrides = {k: v for k, v in given.items() if v is not None}  # None: the plan decides
+    given = opts.settings  # None: the plan decides
+    overrides = Overrides(strategy=given.strategy, precision=given.precision, micro_batch=given.micro_batch,
+                          checkpointing=given.checkpointing, compile=given.compile, tp=given.tp)
     train_goal = _train_goal(opts)  # checked before the (slow) profile
     goodput = GoodputModel(**{k: v for k, v in (("mtbf_gpu_hours", opts.mtbf_gpu_hours),
                                                 ("ckpt_write_gb_s_per_node", opts.ckpt_write_gb_s),

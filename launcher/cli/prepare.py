@@ -1,14 +1,15 @@
 """The preamble every launching command shares: parsed flags -> RunRequest -> a run dir.
 
 The options arrive typed (`launcher.cli.options`: flags > dlaunch.yaml > defaults, the yaml
-only for SLURM runs, whose defaults it holds); `build_request` checks the workload, places the
-ranks, builds the RunRequest and lets the plan fill what the user left open; `open_run` turns
-it into the LaunchSpec (every check passes before anything is written) and creates the run dir
-with the plan beside it.
-`run`, `run --slurm`, `lab`, `scale` and `tune` all go through here; `--plan FILE` fills the
-decisions its flags left open from a plan file.
+only for SLURM runs, whose defaults it holds); `placed` picks the backend (the one place that
+does: `select` over launcher.backends.registry) and asks it where the ranks go; `build_request`
+checks the workload, places the ranks, builds the RunRequest and lets the plan fill what the
+user left open; `open_run` turns it into the LaunchSpec (every check passes before anything is
+written) and creates the run dir with the plan beside it.
+`run`, `run --slurm`, `lab`, `scale` and `tune` all go through here (`doctor` through `placed`);
+`--plan FILE` fills the decisions its flags left open from a plan file.
 
-Must never import a command module (they import this one) or torch.
+Must never import a command module (they import this one), launcher.backends.slurm or torch.
 """
 
 from __future__ import annotations
@@ -18,23 +19,17 @@ import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from launcher.cli.options import LabOptions, RunOptions, ScaleOptions, TuneOptions
-from launcher.cli.placement import (
-    Placement,
-    local_placement,
-    local_sweep_placement,
-    slurm_placement,
-    slurm_sweep_placement,
-)
+from launcher.backends.base import Ask, Backend, Placement, select
+from launcher.backends.registry import BACKENDS
+from launcher.cli.args import CPU_PROCESSES_PER_CORE
+from launcher.cli.options import DoctorOptions, LabOptions, RunOptions, ScaleOptions, TuneOptions
+from launcher.drivers.sweep import check_plan
 from launcher.errors import UsageError
-from launcher.files import atomic_write_json
-from launcher.jobs.sweep import check_plan
-from launcher.plan.resolve import Planned
-from launcher.request import FALLBACKS, RunRequest, follow_plan
-from launcher.rundir import RunPaths, check_checkpoint_dir, checkpoint_dir, create_run_dir
-from launcher.specs import LaunchSpec
+from launcher.plan.planfile import write_plan
+from launcher.request import RunRequest, follow_plan
+from launcher.rundir import check_checkpoint_dir, checkpoint_dir, create_run_dir
+from launcher.runspec import LaunchSpec
 from launcher.workload import inspect_file
 
 log = logging.getLogger(__name__)
@@ -45,11 +40,6 @@ _NEEDS_WORKLOAD = {
     "scale": "dlaunch scale needs a workload file (the harness sets each point's batch); {given} "
              "is a plain script",
 }
-# option dests the placement decides, not the flags directly
-_PLACED = ("workload", "gpus", "nodes", "slurm")
-_FROM_OPTIONS = tuple(f.name for f in dataclasses.fields(RunRequest) if f.name not in _PLACED)
-
-
 # the commands whose options build a RunRequest; `run` is a LabOptions with more
 RequestOptions = LabOptions | ScaleOptions | TuneOptions
 
@@ -57,43 +47,38 @@ RequestOptions = LabOptions | ScaleOptions | TuneOptions
 def _compile_choice(opts: RequestOptions) -> bool | None:
     """--compile (or --compile-mode / --compile-strict, which imply it): True; --no-compile:
     False; neither: None, the plan's decision."""
-    if isinstance(opts, TuneOptions):
-        return None  # tune has no compile flags: each trial's candidate says
-    implied: list[str] = []
-    if isinstance(opts, LabOptions):  # scale has --compile but not the flags that imply it
-        implied = [flag for flag, given in (("--compile-mode", opts.compile_mode),
-                                            ("--compile-strict", opts.compile_strict)) if given]
-    if opts.compile is False and implied:
+    given = opts.settings
+    implied = [flag for flag, on in (("--compile-mode", given.compile_mode),
+                                     ("--compile-strict", given.compile_strict)) if on]
+    if given.compile is False and implied:
         raise UsageError(f"--no-compile contradicts {implied[0]}, which implies --compile; drop one")
-    return True if implied else opts.compile
+    return True if implied else given.compile
 
 
-def _place(opts: RequestOptions) -> Placement:
-    """Where the request's ranks run: SLURM nodes with --slurm, else this host."""
+def placed(opts: RequestOptions | DoctorOptions) -> tuple[Backend, Placement]:
+    """The backend the flags pick (the one choice of it: SLURM with --slurm, else this host)
+    and where it places the command's ranks."""
+    flags = getattr(opts, "slurm", None)
+    backend = select(BACKENDS, slurm=flags is not None)
+    ask = Ask(command=opts.command, topology=getattr(opts, "topology", None), dry_run=opts.dry_run,
+              per_core=CPU_PROCESSES_PER_CORE, slurm=flags)
     if isinstance(opts, ScaleOptions):
-        if opts.slurm is not None:
-            return slurm_sweep_placement(opts.slurm, sizes=opts.gpus, topology=opts.topology,
-                                         dry_run=opts.dry_run)
-        return local_sweep_placement(opts.gpus)
-    if isinstance(opts, (RunOptions, TuneOptions)) and opts.slurm is not None:
-        return slurm_placement(opts.command, opts.slurm, gpus=opts.gpus, nodes=opts.nodes, topology=opts.topology,
-                               dry_run=opts.dry_run, detach=isinstance(opts, RunOptions) and opts.detach)
-    return local_placement(gpus=opts.gpus, force=opts.force)
+        return backend, backend.place(dataclasses.replace(ask, sizes=opts.gpus))
+    if isinstance(opts, DoctorOptions):
+        return backend, backend.place(dataclasses.replace(ask, gpus=opts.gpus, nodes=opts.nodes, force=opts.force))
+    return backend, backend.place(dataclasses.replace(
+        ask, gpus=opts.settings.gpus, nodes=opts.settings.nodes, force=opts.force,
+        detach=isinstance(opts, RunOptions) and opts.detach))
 
 
-def _request_fields(opts: RequestOptions) -> dict[str, Any]:
-    """The options that are RunRequest fields of the same name, where given (or defaulted)."""
-    declared = {f.name for f in dataclasses.fields(opts)}
-    return {k: getattr(opts, k) for k in _FROM_OPTIONS if k in declared and getattr(opts, k) is not None}
-
-
-def build_request(opts: RequestOptions, workload_args: Sequence[str]) -> tuple[RunRequest, Placement]:
-    """The RunRequest of `run`, `lab`, `scale` or `tune` (for a sweep: its largest point), planned."""
+def build_request(opts: RequestOptions, workload_args: Sequence[str]) -> tuple[RunRequest, Placement, Backend]:
+    """The RunRequest of `run`, `lab`, `scale` or `tune` (for a sweep: its largest point),
+    planned; where its ranks run, and the backend that runs them."""
     command = opts.command
     script = isinstance(opts, LabOptions) and opts.script
     if command == "lab" and isinstance(opts, LabOptions):
         compiled = _compile_choice(opts)
-        for flag, given in (("--precision", opts.precision),
+        for flag, given in (("--precision", opts.settings.precision),
                             ("--no-compile" if compiled is False else "--compile", compiled is not None),
                             ("--script", opts.script)):
             if given:
@@ -101,26 +86,27 @@ def build_request(opts: RequestOptions, workload_args: Sequence[str]) -> tuple[R
     kind = inspect_file(opts.workload, force_script=script)
     if kind.is_script and command in _NEEDS_WORKLOAD:
         raise UsageError(_NEEDS_WORKLOAD[command].format(given=opts.workload))
-    place = _place(opts)
-    fields = _request_fields(opts)
-    kind.require_tp_plan(fields.get("tp"))
-    fields.update(compile=_compile_choice(opts),
-                  calibrate=not (isinstance(opts, LabOptions) and opts.no_calibrate))
-    if command == "tune" and "steps" not in fields and "warmup_steps" in fields:
-        # a placeholder the warm-up fits in: cmd_tune sets the trial length from the candidates
-        fields["steps"] = fields["warmup_steps"] + 1
+    backend, place = placed(opts)
+    kind.require_tp_plan(opts.settings.tp)
+    fields = {**opts.settings.knob_values(), "nodes": place.nodes, "gpus": place.gpus}
+    if isinstance(opts, TuneOptions):
+        # no steps given: a placeholder the warm-up fits in (cmd_tune sets the trial length)
+        fields.update(warmup_steps=opts.warmup_steps, steps=opts.steps or (
+            opts.warmup_steps + 1 if opts.warmup_steps is not None else fields["steps"]))
+    else:
+        fields["compile"] = _compile_choice(opts)
     if isinstance(opts, ScaleOptions):
-        if opts.mode == "strong" and opts.grad_accum is None:
+        if opts.mode == "strong" and fields["grad_accum"] is None:
             fields["grad_accum"] = 1  # strong scaling splits --global-batch over the ranks only
-        check_plan(opts.mode, place.world_sizes, global_batch=opts.global_batch,
-                   micro_batch=opts.micro_batch or FALLBACKS["micro_batch"],
-                   grad_accum=fields.get("grad_accum", 1))
+        check_plan(opts.mode, [n for n, _, _ in place.shapes], global_batch=opts.global_batch,
+                   micro_batch=opts.settings.decided()["micro_batch"],
+                   grad_accum=fields["grad_accum"] or 1)
     request = RunRequest(workload=str(kind.path), workload_args=tuple(workload_args),
-                         is_script=kind.is_script, device=place.device, nodes=place.nodes,
-                         gpus=place.gpus, slurm=place.slurm, **fields)
-    if place.slurm is not None and place.topology is None:
-        return _not_planned(request), place
-    return follow_plan(request, topology=place.topology), place
+                         is_script=kind.is_script, device=place.device, slurm=place.slurm,
+                         global_batch=opts.global_batch, **fields)
+    if not place.here and place.topology is None:  # the login node is not the nodes to plan for
+        return _not_planned(request), place, backend
+    return follow_plan(request, topology=place.topology), place, backend
 
 
 def _not_planned(request: RunRequest) -> RunRequest:
@@ -128,17 +114,10 @@ def _not_planned(request: RunRequest) -> RunRequest:
     machine to plan for, so the open decisions take the fallbacks and the note says so."""
     if request.is_script or not request.open_decisions:
         return request
-    fallback = ", ".join(f"{k.replace('_', '-')} {FALLBACKS[k]}" for k in request.open_decisions)
+    fallback = ", ".join(f"{k.replace('_', '-')} {request.decided()[k]}" for k in request.open_decisions)
     return dataclasses.replace(request, plan_note=(
         "dlaunch: not planned: no --topology for the partition's nodes (or slurm.topology in "
         f"dlaunch.yaml); using {fallback}"))
-
-
-def write_plan(run_dir: str | Path, planned: Planned) -> None:
-    """Keep the plan beside the run, so reports can set predicted against measured."""
-    atomic_write_json(RunPaths(root=Path(run_dir)).plan, {
-        "plan": planned.plan.to_dict(), "profile": dataclasses.asdict(planned.profile),
-        "topology": planned.topology.name})
 
 
 def open_run(request: RunRequest, *, run_id: str, run_dir: str | None, dry_run: bool,

@@ -1,7 +1,8 @@
 """`dlaunch run`: one run on this host (torchrun) or on SLURM nodes (`--slurm`), or its dry run.
 
-Flags -> RunRequest -> LaunchSpec through `launcher.cli.prepare`, then the Backend (local
-torchrun or SLURM) renders, starts and follows it. Must never import torch or launcher.runtime.
+Flags -> RunRequest -> LaunchSpec through `launcher.cli.prepare` (which picks the backend:
+local torchrun or SLURM), the backend renders it, and the driver (`launcher.drivers.launch`)
+starts and follows it. Must never import torch or launcher.runtime.
 """
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ import argparse
 import logging
 import sys
 
-from launcher.cli.jobs import backend_for_run
 from launcher.cli.options import RunOptions, load
 from launcher.cli.prepare import build_request, open_run
+from launcher.drivers.launch import launch
 from launcher.errors import UsageError
 from launcher.results.trackers import TrackerFeed, check_trackers, tracker_params
 from launcher.results.types import RunResult
@@ -33,31 +34,31 @@ def exit_status(result: RunResult) -> int:
 
 
 def cmd_run(args: argparse.Namespace, workload_args: list[str]) -> int:
-    """`dlaunch run`: render, then start and follow, on the backend the flags pick (one place:
-    `cli.jobs.backend_for_run`); `--dry-run` prints what would start and starts nothing."""
+    """`dlaunch run`: render on the backend the flags pick, then start and follow it through the
+    driver; `--dry-run` prints what would start and starts nothing."""
     opts = load(RunOptions, args)
     if opts.log_to:
         if opts.detach:
             raise UsageError(f"--log-to {','.join(opts.log_to)} with --detach: the trackers are fed "
                              "while dlaunch follows the job; drop --detach or --log-to")
         check_trackers(opts.log_to)
-    request, _ = build_request(opts, workload_args)
+    request, place, backend = build_request(opts, workload_args)
     spec = open_run(request, run_id=new_run_id(opts.workload), run_dir=opts.run_dir, dry_run=opts.dry_run)
-    backend = backend_for_run(slurm=request.slurm is not None)
-    rendered = backend.render(spec, request)
+    rendered = backend.render(spec, place)
     if opts.dry_run:
         note(request.plan_note)
         print(rendered.dry_run_text, end="")
         return 0
-    handle = backend.start(rendered, as_json=opts.json, debug=bool(args.debug), note=request.plan_note,
-                           quiet=opts.quiet)
+    if place.notice:
+        print(f"dlaunch: {place.notice}; running {spec.gpus} CPU process(es) with gloo", file=sys.stderr)
     feed = None
     if opts.log_to:
         feed = TrackerFeed(opts.log_to, spec.run_dir, tracker_params(spec))
         feed.start()
     result = None
     try:
-        result = handle.follow(sys.stdout)
+        result = launch(rendered, backend, sys.stderr if opts.json else sys.stdout, out=sys.stdout,
+                        as_json=opts.json, debug=bool(args.debug), note=request.plan_note, quiet=opts.quiet)
     finally:
         if feed is not None:
             feed.finish(result)

@@ -3,7 +3,8 @@
 The request is built like `run`'s (`launcher.cli.prepare`) for the sweep's largest point: the
 plan fills strategy, precision, checkpointing and, in weak scaling, micro-batch and accumulation
 when the flags leave them open, and every point runs with those choices. The sweep itself is
-`launcher.jobs.sweep`'s. Must never import torch.
+`launcher.drivers.sweep`'s: a `Sweep` of the request's LaunchSpec, each point launched by the
+driver on the backend the flags pick. Must never import torch.
 """
 
 from __future__ import annotations
@@ -13,29 +14,21 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from launcher.cli.options import ScaleOptions, load
-from launcher.cli.placement import Placement
 from launcher.cli.prepare import build_request
 from launcher.cli.report import print_report
 from launcher.cli.run import note
+from launcher.drivers.launch import Runner
+from launcher.drivers.sweep import Sweep, default_sweep_dir, run_sweep
+from launcher.drivers.sweepdir import refuse_foreign
 from launcher.hardware.detect import detect_topology
 from launcher.hardware.topology import load_topology, topology_to_dict
-from launcher.jobs.slurm import run_slurm
-from launcher.jobs.sweep import check_plan, default_sweep_dir, point_shape, run_sweep, sweep_config
-from launcher.jobs.sweepdir import refuse_foreign
-from launcher.jobs.sweeppoints import LaunchPoint
 from launcher.report.render import render_report
 from launcher.report.types import ScalingReport
-from launcher.results.types import RunResult
-from launcher.specs import LaunchSpec
 
 log = logging.getLogger(__name__)
-
-# LaunchSpec fields that differ from point to point (or that run_sweep takes on their own)
-_PER_POINT = ("workload", "workload_args", "num_nodes", "nproc_per_node", "micro_batch", "steps",
-              "warmup_steps")
 
 
 def _topology_dict(name: str | None, device: str) -> dict[str, Any] | None:
@@ -48,57 +41,31 @@ def _topology_dict(name: str | None, device: str) -> dict[str, Any] | None:
         return None
 
 
-def _slurm_points(place: Placement) -> LaunchPoint | None:
-    """Each point as one SLURM job, followed like `run --slurm`; None on this host."""
-    slurm = place.slurm
-    if slurm is None:
-        return None
-
-    def launch_point(spec: LaunchSpec, console: IO[str]) -> RunResult:
-        result = run_slurm(spec, slurm, out=console)
-        assert result is not None  # a sweep never detaches
-        return result
-
-    return launch_point
-
-
 def cmd_scale(args: argparse.Namespace, workload_args: list[str]) -> int:
     """`dlaunch scale`: run (or resume) the sweep, then write its report."""
     opts = load(ScaleOptions, args)
-    request, place = build_request(opts, workload_args)
-    mode, sizes = opts.mode, place.world_sizes
-    shapes = {n: point_shape(n, place.per_node) for n in sizes}
-    chosen = request.decisions()
-    batches = check_plan(mode, sizes, micro_batch=chosen["micro_batch"], global_batch=opts.global_batch,
-                         grad_accum=chosen["grad_accum"])
-    base = {k: v for k, v in request.spec_fields().items() if k not in _PER_POINT}
-    config = sweep_config(workload=request.workload, workload_args=request.workload_args, mode=mode,
-                          global_batch=opts.global_batch, micro_batch=chosen["micro_batch"],
-                          steps=request.steps, warmup_steps=request.warmup, base_spec_kwargs=base,
-                          processes_per_node=place.per_node)
-    sweep_dir = Path(opts.sweep_dir) if opts.sweep_dir else default_sweep_dir(config)
+    request, place, backend = build_request(opts, workload_args)
+    template = request.launch_spec(run_id="", run_dir="")  # each point gets its own identity
+    sweep = Sweep(template=template, shapes=place.shapes, mode=opts.mode, repeats=opts.repeat,
+                  global_batch=opts.global_batch, per_node=place.per_node)
+    sweep_dir = Path(opts.sweep_dir) if opts.sweep_dir else default_sweep_dir(sweep.config())
     refuse_foreign(sweep_dir.absolute())  # before the plan's note: a refusal is one line
     note(request.plan_note)
     if opts.dry_run:
-        where = "SLURM jobs" if place.slurm else "this host"
-        print(f"# sweep {sweep_dir.absolute()}: {mode} scaling on {request.device} ({where}), "
-              f"strategy {chosen['strategy']}, precision {chosen['precision']}"
-              + (f", checkpointing {chosen['checkpointing']}" if chosen["checkpointing"] != "none" else ""))
-        for n in sizes:
-            nodes, procs = shapes[n]
-            for k in range(opts.repeat):
-                print(f"ws{n}-r{k}: {n} rank(s) = {nodes} node(s) x {procs}, micro-batch {batches[n]}, "
-                      f"global batch {batches[n] * chosen['grad_accum'] * n}, {request.steps} steps")
+        t = template
+        print(f"# sweep {sweep_dir.absolute()}: {sweep.mode} scaling on {t.device} ({place.where}), "
+              f"strategy {t.strategy}, precision {t.precision}"
+              + (f", checkpointing {t.checkpointing}" if t.checkpointing != "none" else ""))
+        for n, nodes, procs in sweep.shapes:
+            for k in range(sweep.repeats):
+                print(f"ws{n}-r{k}: {n} rank(s) = {nodes} node(s) x {procs}, micro-batch {sweep.batch(n)}, "
+                      f"global batch {sweep.batch(n) * t.grad_accum * n}, {t.steps} steps")
         return 0
-    # a SLURM sweep describes its nodes only through --topology (or slurm.topology in
-    # dlaunch.yaml): never by detecting the login node it is started from
-    topology = _topology_dict(opts.topology, request.device) if opts.topology or not place.slurm else None
-    result = run_sweep(workload=request.workload, workload_args=request.workload_args, world_sizes=sizes,
-                       mode=mode, global_batch=opts.global_batch, micro_batch=chosen["micro_batch"],
-                       steps=request.steps, warmup_steps=request.warmup, repeats=opts.repeat,
-                       sweep_dir=sweep_dir, force=opts.force, base_spec_kwargs=base,
-                       topology=topology, processes_per_node=place.per_node,
-                       launch_point=_slurm_points(place), progress=sys.stderr)
+    # a sweep on other nodes (SLURM) describes them only through --topology (or slurm.topology
+    # in dlaunch.yaml): never by detecting the login node it is started from
+    topology = _topology_dict(opts.topology, request.device) if opts.topology or place.here else None
+    result = run_sweep(sweep, sweep_dir=sweep_dir, run=Runner(backend=backend, placement=place),
+                       force=opts.force, topology=topology, progress=sys.stderr)
     files: list[Path] = []
     report: ScalingReport | None = None
     if not opts.no_report and any(p.status == "ok" for p in result.points):

@@ -1,8 +1,9 @@
 """`dlaunch tune`: plan, run the candidates the model cannot tell apart, keep the fastest.
 
 Flags -> RunRequest through `launcher.cli.prepare` (as `run`), the uncorrected plan's near-best
-candidates (`launcher.jobs.tune.select_trials`), one short `dlaunch run` each (with `--slurm`
-one `dlaunch run --slurm` job each, followed in turn: why, in `launcher.jobs.tune`), the table,
+candidates (`launcher.drivers.tune.select_trials`), one short `dlaunch run` each through the
+driver on the backend the flags pick (with `--slurm` one `dlaunch run --slurm` job each,
+followed in turn: why, in `launcher.drivers.tune`), the table,
 the tuned plan, and the trials stored as this machine's (or partition's) step-time
 corrections. `--dry-run` prints each trial's torchrun command (the sbatch script and node
 commands under SLURM) and starts nothing. Must never import torch or launcher.runtime.
@@ -16,19 +17,13 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import IO
 
-from launcher.backends import local
-from launcher.backends.slurm import submit
-from launcher.backends.slurm.submit import SlurmSpec
+from launcher.backends.base import Backend, Placement
 from launcher.cli.options import TuneOptions, load
-from launcher.cli.prepare import build_request, open_run, write_plan
-from launcher.errors import LaunchError, UsageError
-from launcher.jobs.local import dry_run_text
-from launcher.jobs.slurm import run_slurm
-from launcher.jobs.tune import (
+from launcher.cli.prepare import build_request, open_run
+from launcher.drivers.launch import Runner
+from launcher.drivers.tune import (
     Refused,
-    RunFn,
     discard,
     finish,
     run_trials,
@@ -39,46 +34,31 @@ from launcher.jobs.tune import (
     trial_spec,
     trial_steps,
 )
+from launcher.errors import UsageError
+from launcher.plan.planfile import write_plan
 from launcher.plan.resolve import plan_workload, store_tune_trials
 from launcher.plan.types import Candidate
 from launcher.report.tune import read_tune, table_text
-from launcher.results.types import RunResult
-from launcher.rundir import RunPaths, new_run_id
-from launcher.specs import Goal, LaunchSpec
+from launcher.rundir import new_run_id
+from launcher.runspec import LaunchSpec
+from launcher.specs import Goal
 
 log = logging.getLogger(__name__)
 
 
-def _on_slurm(slurm: SlurmSpec) -> RunFn:
-    """Each trial as one SLURM job, submitted and followed exactly as `run --slurm`."""
-
-    def run(spec: LaunchSpec, out: IO[str]) -> RunResult:
-        try:
-            result = run_slurm(spec, slurm, out=out)
-        except LaunchError as e:
-            if not RunPaths(root=spec.run_dir).slurm.is_file():  # sbatch refused the job itself
-                raise Refused(str(e)) from None
-            raise
-        assert result is not None  # a tune never detaches
-        return result
-
-    return run
-
-
-def _dry_run(base: LaunchSpec, candidates: list[Candidate], slurm: SlurmSpec | None) -> None:
+def _dry_run(base: LaunchSpec, candidates: list[Candidate], backend: Backend, place: Placement) -> None:
     """What each trial would start: its torchrun command, or its sbatch script and node commands."""
     for i, c in enumerate(candidates, 1):
         spec = trial_spec(base, c, i)
         print(f"# trial {i} of {len(candidates)}: {trial_name(c)} (predicted {c.time.step_time_s:.3g} "
-              f"s/step){' as its own SLURM job' if slurm else ''}, in {spec.run_dir}")
-        print(submit.dry_run_text(spec, slurm, submit.render(spec, slurm)) if slurm is not None
-              else dry_run_text(spec, local.render(spec)), end="")
+              f"s/step){'' if place.here else ' as its own SLURM job'}, in {spec.run_dir}")
+        print(backend.render(spec, place).dry_run_text, end="")
 
 
 def cmd_tune(args: argparse.Namespace, workload_args: list[str]) -> int:
     """`dlaunch tune`: the trials, the table, tuned-plan.json and the correction cache."""
     opts = load(TuneOptions, args)
-    request, _ = build_request(opts, workload_args)
+    request, place, backend = build_request(opts, workload_args)
     if request.is_script:
         raise UsageError(f"dlaunch tune needs a workload file, and {opts.workload!r} is a plain script")
     if request.planned is None:  # SLURM without a topology of the partition's nodes
@@ -93,15 +73,14 @@ def cmd_tune(args: argparse.Namespace, workload_args: list[str]) -> int:
     base = open_run(request, run_id="tune-" + new_run_id(opts.workload), run_dir=opts.tune_dir,
                     dry_run=opts.dry_run, keep_plan=False)
     if opts.dry_run:
-        _dry_run(base, candidates, request.slurm)
+        _dry_run(base, candidates, backend, place)
         return 0
-    where = "one SLURM job each" if request.slurm is not None else "one after another"
+    where = "one after another" if place.here else "one SLURM job each"
     print(f"dlaunch tune: {len(candidates)} candidate(s) within the model's uncertainty of the best, "
           f"{base.steps} steps each ({base.warmup_steps} warm-up), {where}, in {base.run_dir}", file=sys.stderr)
     budget_s = opts.budget_min * 60 if opts.budget_min else None
     try:
-        trials = run_trials(base, candidates, budget_s=budget_s,
-                            run=_on_slurm(request.slurm) if request.slurm is not None else None,
+        trials = run_trials(base, candidates, budget_s=budget_s, run=Runner(backend=backend, placement=place),
                             keep_plan=lambda spec, c: write_plan(spec.run_dir, trial_planned(planned, c)))
     except Refused:
         discard(base.run_dir)  # nothing ran: bad input leaves nothing behind
@@ -111,7 +90,7 @@ def cmd_tune(args: argparse.Namespace, workload_args: list[str]) -> int:
     records = trial_records(tune, request.workload, request.workload_args)
     if records:
         stored = store_tune_trials(planned.topology, records)
-        whose = "this machine" if request.slurm is None else f"the partition's nodes ({planned.topology.name})"
+        whose = "this machine" if place.here else f"the partition's nodes ({planned.topology.name})"
         print(f"dlaunch tune: {len(records)} measured/predicted ratio(s) stored for {whose} in {stored}; "
               "`dlaunch plan` uses them (--no-calibration-cache ignores them)", file=sys.stderr)
     if opts.json:

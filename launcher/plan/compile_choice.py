@@ -26,14 +26,13 @@ or report.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from typing import Any
 
 from launcher.hardware.types import Topology
 from launcher.plan.compile_probe import CompileCheck
 from launcher.plan.cost import COMPILE_MEMORY_FACTOR, step_time
 from launcher.plan.step_probe import WorkloadTiming
-from launcher.plan.types import Candidate, CompileDecision, StepTimeEstimate
+from launcher.plan.types import Candidate, CompileDecision, Overrides, StepTimeEstimate
 from launcher.specs import ModelProfile
 
 # Inductor, torch.compile's GPU backend, generates Triton kernels; Triton needs compute
@@ -51,7 +50,7 @@ CPU_REASON = ("compile: not proposed on CPU: the CPU model prices eager steps (t
 
 
 # compile must be predicted this much faster to be proposed: the model is not more accurate than
-# a few percent (search.TIE_TOLERANCE), and a smaller gain does not repay the compile time
+# a few percent (candidates.TIE_TOLERANCE), and a smaller gain does not repay the compile time
 MIN_COMPILE_GAIN = 0.02
 
 
@@ -65,23 +64,22 @@ def _too_old(topology: Topology) -> bool:
     return cc is not None and tuple(cc) < TRITON_MIN_CAPABILITY
 
 
-def compiles(kind: str, topology: Topology, ov: Mapping[str, Any], check: CompileCheck | None) -> bool:
+def compiles(kind: str, topology: Topology, ov: Overrides, check: CompileCheck | None) -> bool:
     """The compile flag of strategy `kind`'s candidates: the user's `compile` override, else on
     a GPU (new enough for Triton) where Dynamo traced the workload without a break (each
     candidate then keeps it only where `worth_compiling`)."""
-    if "compile" in ov:
-        return bool(ov["compile"])
+    if ov.compile is not None:
+        return ov.compile
     if topology.device != "cuda" or _too_old(topology) or check is None or check.error:
         return False
     return check.breaks(kind)[0] == 0
 
 
 def _priced(c: Candidate, flag: bool, profile: ModelProfile, topology: Topology,
-            recompute_fraction: float | None, timing: WorkloadTiming | None) -> StepTimeEstimate:
+            timing: WorkloadTiming | None) -> StepTimeEstimate:
     """`c`'s step time with compile `flag` (the other terms as `c`'s)."""
     strategy = dataclasses.replace(c.strategy, compile=flag)
-    return step_time(profile, strategy, topology, c.micro_batch, c.grad_accum_steps,
-                     recompute_fraction=recompute_fraction, timing=timing)
+    return step_time(profile, strategy, topology, c.micro_batch, c.grad_accum, timing=timing)
 
 
 def _where(c: Candidate, topology: Topology) -> str:
@@ -93,24 +91,23 @@ def _where(c: Candidate, topology: Topology) -> str:
     return "each block's forward, before FSDP2's fully_shard (mode default: no CUDA graphs with FSDP)"
 
 
-def decide(chosen: Candidate, profile: ModelProfile, topology: Topology, ov: Mapping[str, Any],
-           check: CompileCheck | None, *, recompute_fraction: float | None = None,
-           timing: WorkloadTiming | None = None, compute_factor: float = 1.0) -> CompileDecision:
+def decide(chosen: Candidate, profile: ModelProfile, topology: Topology, ov: Overrides,
+           check: CompileCheck | None, *, timing: WorkloadTiming | None = None,
+           compute_factor: float = 1.0) -> CompileDecision:
     """The plan's compile decision for `chosen` (its strategy's flag comes from `compiles`),
     with the predicted step time eager and compiled (compute times this machine's tune
     correction, `compute_factor`), and the reason the plan prints."""
     on = chosen.strategy.compile
     if topology.device != "cuda":
-        if "compile" in ov:
+        if ov.compile is not None:
             reason = ("compile: on (--compile), not modelled on CPU (the step time is eager speed); "
                       "the first step compiles for tens of seconds" if on else "compile: off (--no-compile)")
             return CompileDecision(compile=on, decided_by="--compile" if on else "--no-compile",
                                    reason=reason)
         return CompileDecision(compile=False, decided_by="cpu", reason=CPU_REASON)
-    plain = _priced(chosen, False, profile, topology, recompute_fraction, timing).with_compute_scaled(
-        compute_factor)
+    plain = _priced(chosen, False, profile, topology, timing).with_compute_scaled(compute_factor)
     eager = plain.step_time_s
-    fused = _priced(chosen, True, profile, topology, recompute_fraction, timing).with_compute_scaled(
+    fused = _priced(chosen, True, profile, topology, timing).with_compute_scaled(
         compute_factor).step_time_s
     memory_s = dict(plain.compute_parts).get("memory-bound", 0.0)
     price = f"{eager:.3g} -> {fused:.3g} s/step predicted ({eager / fused - 1:+.0%} throughput)"
@@ -119,7 +116,7 @@ def decide(chosen: Candidate, profile: ModelProfile, topology: Topology, ov: Map
         f"{memory_s:.3g} s of the eager step) fused to x{COMPILE_MEMORY_FACTOR:g} of their HBM "
         f"traffic, {GAIN_BASIS}; matmuls, attention, optimizer and communication unchanged"))
     kind = chosen.strategy.kind
-    if "compile" in ov:
+    if ov.compile is not None:
         if on:
             return CompileDecision(compile=True, decided_by="--compile", **priced, reason=(
                 f"compile: on (--compile), {_where(chosen, topology)}: {price}; the first step "

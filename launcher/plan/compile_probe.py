@@ -31,7 +31,7 @@ from typing import Any
 
 from launcher.errors import PlanError, WorkloadError
 from launcher.plan.blocks import first_blocks, repeated_container, signature
-from launcher.plan.profile import meta_batch
+from launcher.plan.profile_passes import meta_batch
 from launcher.specs import check
 from launcher.workload import Workload
 

@@ -8,10 +8,9 @@ One micro-batch's forward on a GPU is the sum of three kinds of work, each at it
   w/(w + GEMM_HALF_WIDTH) for model width w and t/(t + GEMM_HALF_TOKENS) for t tokens per
   micro-batch: narrow models and short micro-batches run far below peak;
 - attention (causal: half the profiled 4 s^2 d FLOPs per block) at the rate the profile's
-  `attention_kernel` reaches at that sequence length on that architecture (ATTENTION_CURVES:
-  FlashAttention-2, Triton FlashAttention, PyTorch SDPA; each curve's source beside it);
+  `attention_kernel` reaches at that sequence length on that architecture (`attention`);
 - memory-bound work (norms, activations, residual adds, casts, rotary, loss) proportional to the
-  activation bytes the forward saves, over the HBM bandwidth (MEMORY_PASSES HBM round trips per
+  activation bytes the forward saves, over the HBM bandwidth (`hbm`; MEMORY_PASSES round trips per
   saved byte, fewer with torch.compile, which fuses the elementwise chains); with the profile's
   `loss_kernel` "fused" the logits are priced apart, by that kernel's passes (FUSED_LOSS_PASSES),
   and with `norm_kernel` "low-precision" the norms skip autocast's fp32 round trips
@@ -20,8 +19,8 @@ A language model's output head runs at a wide GEMM's efficiency whatever the mod
 Backward is twice the forward (flash attention's 2.5x); checkpointing recomputes a share of the
 forward inside backward, by mode (`checkpointing`: every block all of it, 4/3 the compute; every
 other block half; per-op selective the memory-bound work and every second matmul, priced on
-this forward's split), or `recompute_fraction` of it when a caller forces one. The optimizer
-step streams fp32 params, grads and AdamW state through HBM once.
+this forward's split). The optimizer step streams fp32 params, grads and AdamW state through
+HBM once.
 
 Communication (collectives.py) hides behind compute but is not free: NCCL's kernels take SMs and
 HBM bandwidth from the matmuls they overlap, so every hidden second costs CONTENTION seconds of
@@ -40,17 +39,16 @@ or report.
 
 from __future__ import annotations
 
-import bisect
 import logging
 import math
-import re
 from dataclasses import dataclass
 
-from launcher.errors import PlanError
 from launcher.hardware.types import DeviceSpec, Topology
+from launcher.plan.attention import ATTENTION_BWD_FACTOR, attention_efficiency
 from launcher.plan.checkpointing import recompute_share as mode_recompute
 from launcher.plan.collectives import ddp_comm, dp_topology, sharded_comm, tp_comm_s
 from launcher.plan.cpu_cost import cpu_forward, cpu_step_time
+from launcher.plan.hbm import hbm_bytes_per_s
 from launcher.plan.memory import COMPUTE_DTYPE_BYTES
 from launcher.plan.step_probe import WorkloadTiming, timing_key
 from launcher.plan.types import StepTimeEstimate
@@ -88,96 +86,6 @@ GEMM_PEAK_FRACTION_DEFAULT = 0.80
 # fit source refit without it).
 GEMM_HALF_WIDTH = 256
 GEMM_HALF_TOKENS = 512
-# Causal attention forward+backward by kernel, head dim 128: TFLOP/s at each sequence length,
-# FLOPs counted as the model counts them (the causal half of 4 s^2 d per block forward, 3.5x that
-# forward+backward: the FlashAttention-2 benchmark's count), on the GPU whose dense bf16 peak
-# (TFLOP/s) is given; other GPUs of the architecture scale by their peak, other architectures
-# take the H100 curve. Between points: linear in log2(s); beyond the last: flat (each curve
-# is flat by then); below the first: in proportion to s (a call's fixed cost over less work).
-# The kernel is a property of the run, not of the GPU: the profile's `attention_kernel` (a plan
-# input, PyTorch SDPA by default: what dlaunch's workloads call).
-ATTENTION_SEQ = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
-
-
-@dataclass(frozen=True, kw_only=True)
-class AttentionCurve:
-    """One kernel's causal forward+backward TFLOP/s at ATTENTION_SEQ[:len(tflops)] tokens on a
-    GPU of `peak_tflops` dense bf16, and where the numbers come from."""
-
-    tflops: tuple[float, ...]
-    peak_tflops: float
-    source: str
-
-    def __post_init__(self) -> None:
-        if not 2 <= len(self.tflops) <= len(ATTENTION_SEQ) or min(self.tflops) <= 0:
-            raise PlanError(f"an attention curve needs 2-{len(ATTENTION_SEQ)} positive rates; "
-                            f"got {self.tflops!r}")
-
-    def fraction(self, seq_len: int) -> float:
-        """The fraction of `peak_tflops` the kernel runs at for sequences of `seq_len`."""
-        points = ATTENTION_SEQ[:len(self.tflops)]
-        if seq_len <= points[0]:
-            return self.tflops[0] * max(seq_len, 1) / points[0] / self.peak_tflops
-        if seq_len >= points[-1]:
-            return self.tflops[-1] / self.peak_tflops
-        i = bisect.bisect_left(points, seq_len)  # points[i - 1] < seq_len <= points[i]
-        t = math.log2(seq_len / points[i - 1]) / math.log2(points[i] / points[i - 1])
-        return (self.tflops[i - 1] + t * (self.tflops[i] - self.tflops[i - 1])) / self.peak_tflops
-
-
-_FA2_PAPER = ("FlashAttention-2 (Dao 2023, arXiv 2307.08691) attention forward+backward speed, "
-              "with causal mask, head dimension 128")
-# FlashAttention-2 (flash-attn 2.x, and PyTorch SDPA's flash backend, which is FA2's code from
-# PyTorch 2.2): A100 80GB SXM4 Fig. 4(d); H100 80GB SXM5 the paper's H100 figure (d) (also
-# assets/flash2_{a100,h100}_fwd_bwd_benchmark.png of Dao-AILab/flash-attention).
-# Triton FlashAttention (flash_attn_triton.py, what llm-foundry's attn_impl "triton" runs): A100
-# the same Fig. 4(d). No H100 measurement exists: the kernel emits Ampere mma.sync, as FA1 and
-# FA2 do, and those gain 1.57-1.78x from A100 to H100 at each length (FA1: 98/55, 109/62,
-# 108/69, 126/76, 135/80, 137/83 in the two figures); so the A100 Triton curve x FA1's ratio at
-# each length (an assumption, labelled).
-# SDPA: PyTorch SDPA as dlaunch's workloads run it: on an H100 measured (docs/benchmarks.md, GPU
-# kernel rates: torch 2.11, 0.15-0.59 of peak at 512-64k tokens); on an A100 the flash backend
-# (FA2's curve).
-ATTENTION_CURVES: dict[str, dict[tuple[int, int], AttentionCurve]] = {
-    "fa2": {(8, 0): AttentionCurve(tflops=(99, 133, 155, 173, 182, 189), peak_tflops=312,
-                                   source=f"{_FA2_PAPER}, A100 (Fig. 4d)"),
-            (9, 0): AttentionCurve(tflops=(163, 221, 265, 294, 308, 328), peak_tflops=989,
-                                   source=f"{_FA2_PAPER}, H100 figure (d)")},
-    "triton-fa": {(8, 0): AttentionCurve(tflops=(50, 61, 68, 74, 78, 80), peak_tflops=312,
-                                         source=f"{_FA2_PAPER}, A100 (Fig. 4d), Triton"),
-                  (9, 0): AttentionCurve(tflops=(89, 107, 106, 123, 132, 132), peak_tflops=989,
-                                         source="A100 Triton x FA1's H100/A100 ratio (assumed)")},
-    "sdpa": {(8, 0): AttentionCurve(tflops=(99, 133, 155, 173, 182, 189), peak_tflops=312,
-                                    source=f"{_FA2_PAPER}, A100 (Fig. 4d): SDPA's flash backend"),
-             (9, 0): AttentionCurve(tflops=(148, 247, 366, 465, 534, 554, 564, 584),
-                                    peak_tflops=989,
-                                    source="measured, docs/benchmarks.md (torch 2.11, H100 SXM)")},
-}
-ATTENTION_CURVE_DEFAULT_ARCH = (9, 0)
-# A training run's attention against its kernel's benchmark curve. The curves time one call of
-# 16 heads over 16k tokens (the FA2 benchmark) or 64k tokens (dlaunch's SDPA measurement); a
-# model's calls differ in heads x batch, head dim (64 for some small models) and what runs
-# around them. FIT (see GEMM_HALF_WIDTH) on the `fit` rows of benchmarks/published that ran
-# each kernel (Triton: llm-foundry at 2k-8k tokens; FA2: torchtitan, IBM, llm-foundry's
-# large-scale table); SDPA: 1, its curve is dlaunch's own call measured.
-ATTENTION_RUN_SCALE = {"fa2": 0.9, "triton-fa": 1.2, "sdpa": 1.0}
-# Backward of flash attention: 5 matmuls against the forward's 2 (FA2 paper, section 3).
-ATTENTION_BWD_FACTOR = 2.5
-# HBM bandwidth, datasheets: by product name where one architecture ships with different memory
-# (A100 40GB HBM2 1555 GB/s vs 80GB HBM2e 2039; H100 PCIe 2000, NVL 3900, the 94/96 GB HBM2e
-# H100 2410 (measured 2.41 TB/s, arXiv 2604.11391) vs SXM5 80GB HBM3 3350; H200 and H200 NVL
-# 141 GB HBM3e 4800 (H200 datasheet); GH200 96 GB HBM3 4000, 144 GB HBM3e 4900 (GH200
-# datasheet); GB200 186 GB HBM3e 8000 (GB200 NVL72 spec table), HGX B200 180 GB HBM3e 7700
-# (HGX spec table: 62 TB/s per 8 GPUs; 8 TB/s in the first datasheet)), else by compute
-# capability: V100 900, T4 320, A100 2039, A10/RTX 3090-class 936, L40S 864, H100 SXM5 3350,
-# B200 7700, RTX 5090 / RTX PRO 6000 Blackwell 32 GB GDDR7 1792 (RTX Blackwell whitepaper).
-HBM_GB_S_BY_NAME = (("a100-sxm4-40gb", 1555), ("a100-pcie-40gb", 1555), ("h100 pcie", 2000),
-                    ("h100 nvl", 3900), ("hbm2e", 2410), ("gh200 144g", 4900), ("gh200", 4000),
-                    ("h200", 4800), ("gb200", 8000), ("b200", 7700))
-HBM_GB_S = {(7, 0): 900, (7, 5): 320, (8, 0): 2039, (8, 6): 936, (8, 9): 864, (9, 0): 3350,
-            (10, 0): 7700, (12, 0): 1792}
-HBM_GB_S_DEFAULT = 2000
-_MIG_INSTANCE = re.compile(r"\bmig (?:\d+c\.)?(\d+)g\b")  # lower-cased names
 # HBM round trips per byte of saved activations for the memory-bound work of one forward (eager
 # PyTorch runs each norm, activation, residual add, cast and rotary as separate kernels that read
 # and write whole activations). Measured, not fitted (docs/benchmarks.md, the step by kind of
@@ -239,9 +147,6 @@ STEP_JITTER = {"cuda": 0.006}
 # within 2.4 points (docs/benchmarks.md). An assumption outside that range.
 LEAF_NODES = 16
 SCALE_TAX = {"cuda": 0.022}
-# Checkpointing every block recomputes the whole forward: 4/3 of the compute (the other modes:
-# launcher.plan.checkpointing).
-FULL_RECOMPUTE = 1.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -311,14 +216,6 @@ def gemm_efficiency(device: DeviceSpec, width: float | None, tokens: float,
     return eff
 
 
-def attention_efficiency(device: DeviceSpec, seq_len: int, kernel: str = "sdpa") -> float:
-    """Fraction of the dense peak causal attention runs at (forward+backward) for sequences of
-    `seq_len` with attention `kernel` (ATTENTION_CURVES; a ModelProfile's `attention_kernel`)."""
-    curves = ATTENTION_CURVES[kernel]
-    curve = curves.get(device.compute_capability or (0, 0), curves[ATTENTION_CURVE_DEFAULT_ARCH])
-    return curve.fraction(seq_len) * ATTENTION_RUN_SCALE[kernel]
-
-
 def logits_bytes(profile: ModelProfile) -> float:
     """One logits-sized tensor per sample at the profiled dtype: half of backward's transient of
     a language model (the profile's: the loss gradient over the vocabulary, two logits-sized
@@ -326,20 +223,6 @@ def logits_bytes(profile: ModelProfile) -> float:
     if profile.sample_units != "tokens":
         return 0.0
     return profile.backward_transient_bytes_per_sample / 2
-
-
-def hbm_bytes_per_s(device: DeviceSpec) -> float:
-    """The device's memory bandwidth (datasheets: see HBM_GB_S_BY_NAME and HBM_GB_S)."""
-    name = device.name.lower()
-    # a MIG slice ("... MIG 1g.10gb", "... MIG 2g slice") has its GPU instance's share of the
-    # memory controllers: about its compute slices over the 7 a GPU has (1g: 1 of 8 memory
-    # slices, 3g and 4g: 4 of 8; MIG user guide)
-    mig = _MIG_INSTANCE.search(name)
-    share = min(1.0, int(mig.group(1)) / 7) if mig else 1.0
-    for needle, gb_s in HBM_GB_S_BY_NAME:
-        if needle in name:
-            return gb_s * 1e9 * share
-    return HBM_GB_S.get(device.compute_capability or (0, 0), HBM_GB_S_DEFAULT) * 1e9 * share
 
 
 def head_flops_fwd(profile: ModelProfile) -> float:
@@ -402,31 +285,21 @@ def forward_pass(profile: ModelProfile, strategy: Strategy, micro_batch: int,
 
 
 def _recompute(strategy: Strategy, profile: ModelProfile, matmul_s: float, attention_s: float,
-               memory_bound_s: float, recompute_fraction: float | None) -> float:
-    """Share of the forward that backward runs again: none without checkpointing, else
-    `recompute_fraction` when a caller forces one, else the strategy's mode priced on the
-    forward's split by kind of work (`checkpointing.recompute_fraction`)."""
-    if not strategy.recomputes:
-        return 0.0
-    if recompute_fraction is not None:
-        return recompute_fraction
+               memory_bound_s: float) -> float:
+    """Share of the forward that backward runs again: the strategy's checkpointing mode priced
+    on the forward's split by kind of work (`checkpointing.recompute_share`; none: 0)."""
     return mode_recompute(strategy.checkpointing, num_blocks=profile.num_blocks, matmul_s=matmul_s,
                           attention_s=attention_s, memory_bound_s=memory_bound_s)
 
 
-def _gpu_recompute(strategy: Strategy, profile: ModelProfile, fwd: ForwardPass,
-                   recompute_fraction: float | None) -> float:
-    return _recompute(strategy, profile, fwd.gemm_s, fwd.attention_s, fwd.memory_s, recompute_fraction)
-
-
 def compute_s(profile: ModelProfile, strategy: Strategy, micro_batch: int, grad_accum: int,
-              device: DeviceSpec, *, recompute_fraction: float | None = None) -> float:
+              device: DeviceSpec) -> float:
     """Compute time of `grad_accum` micro-batches on one GPU (no optimizer step): forward,
     backward, and the recomputed share of the forward with checkpointing. CPU ranks depend on
     how many share the host: `cpu_cost.cpu_forward`."""
     fwd = forward_pass(profile, strategy, micro_batch, device)
-    per_mb = fwd.total_s * (1 + _gpu_recompute(strategy, profile, fwd, recompute_fraction)) + fwd.backward_s
-    return per_mb * grad_accum
+    recompute = _recompute(strategy, profile, fwd.gemm_s, fwd.attention_s, fwd.memory_s)
+    return (fwd.total_s * (1 + recompute) + fwd.backward_s) * grad_accum
 
 
 def optimizer_s(profile: ModelProfile, group_size: int, device: DeviceSpec) -> float:
@@ -444,8 +317,7 @@ def shard_group_size(kind: str, topology: Topology, tp: int = 1) -> int:
 
 
 def step_time(profile: ModelProfile, strategy: Strategy, topology: Topology, micro_batch: int,
-              grad_accum: int, *, recompute_fraction: float | None = None,
-              timing: WorkloadTiming | None = None) -> StepTimeEstimate:
+              grad_accum: int, *, timing: WorkloadTiming | None = None) -> StepTimeEstimate:
     """Predicted time of one optimizer step (grad_accum micro-batches) on one rank.
 
     - ddp: one all-reduce of the fp32 grads per step in 25 MiB buckets (no_sync during
@@ -479,13 +351,13 @@ def step_time(profile: ModelProfile, strategy: Strategy, topology: Topology, mic
             # selective saves matmul and attention outputs: convolutions and casts are recomputed
             cpu = cpu_forward(profile, strategy, micro_batch, topology)
             recompute = _recompute(strategy, profile, cpu.gemm_s, cpu.attention_s,
-                                   cpu.memory_s + cpu.conv_s + cpu.cast_s, recompute_fraction)
+                                   cpu.memory_s + cpu.conv_s + cpu.cast_s)
         return cpu_step_time(profile, strategy, topology, micro_batch, grad_accum,
                              group_size=shard_group_size(strategy.kind, topology, strategy.tp),
                              recompute=recompute, timing=measured)
     fwd = forward_pass(profile, strategy, micro_batch, device)
     fwd_s = fwd.total_s
-    recompute = _gpu_recompute(strategy, profile, fwd, recompute_fraction)
+    recompute = _recompute(strategy, profile, fwd.gemm_s, fwd.attention_s, fwd.memory_s)
     bwd_s = fwd.backward_s + recompute * fwd_s
     # the optimizer steps this rank's shard of its TP slice: params / (tp x shard group)
     opt = optimizer_s(profile, strategy.tp * shard_group_size(strategy.kind, topology,
@@ -516,15 +388,3 @@ def step_time(profile: ModelProfile, strategy: Strategy, topology: Topology, mic
     return StepTimeEstimate(compute_s=compute, comm_total_s=total, comm_exposed_s=exposed,
                             contention_s=contention, sync_wait_s=sync, compute_parts=parts)
 
-
-__all__ = ["step_time", "compute_s", "forward_pass", "optimizer_s", "peak_flops",
-           "gemm_efficiency", "attention_efficiency", "hbm_bytes_per_s", "model_width",
-           "attention_flops_fwd", "shard_group_size", "ForwardPass", "GEMM_PEAK_FRACTION",
-           "GEMM_HALF_WIDTH", "GEMM_HALF_TOKENS", "ATTENTION_CURVES", "AttentionCurve",
-           "ATTENTION_SEQ", "ATTENTION_RUN_SCALE", "FUSED_LOSS_PASSES", "logits_bytes",
-           "NORM_AUTOCAST_BYTES", "head_flops_fwd", "LEAF_NODES",
-           "SCALE_TAX", "HBM_GB_S", "HBM_GB_S_BY_NAME",
-           "MEMORY_PASSES", "COMPILE_MEMORY_FACTOR",
-           "OPTIMIZER_BYTES_PER_PARAM", "OVERLAP_EFFICIENCY",
-           "CONTENTION", "STEP_JITTER",
-           "FULL_RECOMPUTE", "dp_topology"]

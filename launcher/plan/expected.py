@@ -7,7 +7,7 @@ against, the same way the planner reads its peaks:
 
   GPU   GEMM: the device's dense peak for the precision (topology file, or the datasheet figure
         detection fills in) x the large-GEMM fraction a GPU achieves (cost.GEMM_PEAK_FRACTION:
-        ~0.8 of the datasheet); copy: the HBM bandwidth (cost.hbm_bytes_per_s, datasheets) x
+        ~0.8 of the datasheet); copy: the HBM bandwidth (hbm.hbm_bytes_per_s, datasheets) x
         COPY_PEAK_FRACTION; all-reduce: the topology's links, which are achievable busbw already.
   CPU   with this host's probes (`cpu_rates.ProbedCpu`, what plan.resolve attaches): the CPU
         probe's one-thread GEMM rate x each rank's cores' worth as the planner counts it (the
@@ -26,8 +26,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from launcher.hardware.types import Link, Topology
-from launcher.plan.cost import GEMM_PEAK_FRACTION, GEMM_PEAK_FRACTION_DEFAULT, hbm_bytes_per_s
+from launcher.plan.cost import GEMM_PEAK_FRACTION, GEMM_PEAK_FRACTION_DEFAULT
 from launcher.plan.cpu_rates import PARALLEL_EFFICIENCY, ProbedCpu, gloo_of
+from launcher.plan.hbm import hbm_bytes_per_s
 
 # A device-to-device copy reaches ~90% of the datasheet HBM bandwidth on A100 and H100 (read +
 # written bytes; STREAM-like copy kernels, e.g. nvbandwidth / babelstream reports): the share a
@@ -101,7 +102,7 @@ def gpu_expectations(topology: Topology, *, precision: str, nodes: int, basis: s
     hbm = hbm_bytes_per_s(dev)
     checks["copy"] = Expected(
         value=hbm * COPY_PEAK_FRACTION, peak=hbm, fraction=COPY_PEAK_FRACTION,
-        source=f"{dev.name}: HBM {hbm / 1e9:g} GB/s (datasheet, plan.cost.hbm_bytes_per_s) x "
+        source=f"{dev.name}: HBM {hbm / 1e9:g} GB/s (datasheet, plan.hbm.hbm_bytes_per_s) x "
                f"{COPY_PEAK_FRACTION:g}, the share a device-to-device copy reaches")
     checks["allreduce_node"] = _link_busbw(topology.intra_node, "within a node")
     _add_world(checks, missing, topology, nodes)

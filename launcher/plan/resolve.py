@@ -70,7 +70,7 @@ from launcher.plan.step_probe import (
     probe_micro_batches,
     probe_precisions,
 )
-from launcher.plan.types import Plan
+from launcher.plan.types import Overrides, Plan
 from launcher.specs import Goal, ModelProfile, Strategy
 from launcher.workload import load_workload, workload_prints_held
 
@@ -363,7 +363,8 @@ def _store(path: Path, data: Mapping[str, Any]) -> None:
 
 
 def plan_workload(workload: str, workload_args: Sequence[str], topology: Topology, goal: Goal, *,
-                  overrides: Mapping[str, Any] | None = None, corrected: bool = True) -> Planned:
+                  overrides: Overrides | None = None,
+                  corrected: bool = True) -> Planned:
     """Profile `workload` on the meta device (or take the cached profile) and plan it, on a CPU
     host from its own timed steps, on GPUs with Dynamo's trace of one forward deciding compile
     (unless the overrides decide it); unless `corrected` is False, with this machine's tune
@@ -371,7 +372,7 @@ def plan_workload(workload: str, workload_args: Sequence[str], topology: Topolog
     profile = cached_profile(workload, workload_args)
     timing = cached_step_timing(workload, workload_args, profile, topology)
     # compile is the plan's to decide on a GPU unless the user decided it
-    compile_open = (overrides or {}).get("compile") is None and topology.device == "cuda"
+    compile_open = (overrides is None or overrides.compile is None) and topology.device == "cuda"
     check = cached_compile_check(workload, workload_args) if compile_open else None
     correction = (correction_of(load_trials(corrections_path(topology)), workload=Path(workload).name,
                                 workload_args=workload_args) if corrected else None)

@@ -1,4 +1,5 @@
-"""What the planner predicts: memory and step time per candidate, and the chosen plan.
+"""What the planner predicts: memory and step time per candidate, and the chosen plan; and
+the user's decisions it keeps (`Overrides`).
 
 Frozen, keyword-only values (no torch, no I/O), made by `memory`, `cost` and `planner`.
 
@@ -13,7 +14,42 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.errors import PlanError
-from launcher.specs import GIB, Strategy
+from launcher.specs import GIB, Strategy, checkpointing_mode
+
+
+@dataclass(frozen=True, kw_only=True)
+class Overrides:
+    """The decisions a user made, which the planner keeps (None: the planner's)."""
+
+    strategy: str | None = None
+    precision: str | None = None
+    micro_batch: int | None = None
+    checkpointing: str | None = None  # a mode of CHECKPOINTING (old files' bool: full / none)
+    compile: bool | None = None
+    compile_mode: str | None = None
+    tp: int | None = None
+
+    def __post_init__(self) -> None:
+        tp, mb = self.tp, self.micro_batch
+        if tp is not None and (not isinstance(tp, int) or isinstance(tp, bool) or tp < 1):
+            raise PlanError(f"--tp (the tensor-parallel degree) must be an integer >= 1, got {tp!r}")
+        if (tp or 1) > 1 and self.strategy == "ddp":
+            raise PlanError(f"--tp {tp} composes tensor parallelism with FSDP on the "
+                            "data-parallel dimension; DDP does not: use --strategy fsdp_full or "
+                            "hybrid, or drop --tp")
+        if mb is not None and (not isinstance(mb, int) or mb < 1):
+            raise PlanError(f"--micro-batch must be an integer >= 1, got {mb!r}")
+        if self.checkpointing is not None:
+            object.__setattr__(self, "checkpointing", checkpointing_mode(self.checkpointing))
+        # Strategy validates kind/precision/compile_mode with an actionable message
+        Strategy(kind=self.strategy or "ddp", precision=self.precision or "fp32",
+                 compile_mode=self.compile_mode or "default")
+
+    @property
+    def forced(self) -> tuple[tuple[str, Any], ...]:
+        """The set decisions, (name, value) by name; empty when the planner decides all."""
+        return tuple(sorted((f.name, getattr(self, f.name)) for f in dataclasses.fields(self)
+                            if getattr(self, f.name) is not None))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,7 +114,7 @@ class Candidate:
 
     strategy: Strategy
     micro_batch: int
-    grad_accum_steps: int
+    grad_accum: int
     memory: MemoryEstimate
     time: StepTimeEstimate
     fits: bool

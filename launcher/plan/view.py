@@ -6,9 +6,10 @@ Never imports cli, backends, jobs, runtime or report.
 from __future__ import annotations
 
 from launcher.hardware.types import Topology
+from launcher.plan.candidates import dp_ranks
 from launcher.plan.checkpointing import describe
+from launcher.plan.explain import kind_label, per_device
 from launcher.plan.memory import fmt_gib
-from launcher.plan.search import dp_ranks, kind_label, per_device
 from launcher.plan.types import Plan
 from launcher.specs import ModelProfile
 
@@ -33,7 +34,7 @@ def format_plan(plan: Plan, profile: ModelProfile, topology: Topology) -> str:
            if s.tp > 1 else ""),
         f"  batch        global {plan.global_batch} = micro-batch {c.micro_batch} x "
         f"{dp_ranks(c, plan.world_size)} {'data-parallel ' if s.tp > 1 else ''}ranks x "
-        f"{c.grad_accum_steps} accumulation step{'s' if c.grad_accum_steps > 1 else ''}",
+        f"{c.grad_accum} accumulation step{'s' if c.grad_accum > 1 else ''}",
         f"  memory/{per_device(topology):<6}{fmt_gib(m.total_bytes)} GiB of "
         f"{fmt_gib(plan.usable_mem_bytes)} usable "
         f"({dev.mem_gib:g} GiB total){'' if c.fits else '  DOES NOT FIT'}",
@@ -71,7 +72,7 @@ def format_plan(plan: Plan, profile: ModelProfile, topology: Topology) -> str:
             rs = r.strategy
             lines.append(f"  {kind_label(r):<{w}}{rs.precision:<6}"
                          f"{rs.checkpointing:<12}"
-                         f"{f'{r.micro_batch} x {r.grad_accum_steps}':<10}"
+                         f"{f'{r.micro_batch} x {r.grad_accum}':<10}"
                          f"{fmt_gib(r.memory.total_bytes):>9}{r.time.step_time_s:>9.3g}  "
                          f"{r.reason.split(': ', 1)[-1]}")
     return "\n".join(lines)

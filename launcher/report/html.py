@@ -8,7 +8,6 @@ Never imports cli, backends, jobs or runtime, nor matplotlib (the figures come i
 from __future__ import annotations
 
 import html
-import logging
 import re
 import time
 from collections.abc import Sequence
@@ -16,10 +15,8 @@ from pathlib import Path
 
 from launcher.report.plots import Plot
 from launcher.report.tune import HEAD, cells, outcome_lines, relative
-from launcher.report.types import Point, ScalingReport
+from launcher.report.types import Point, ScalingReport, dash
 from launcher.results.prediction import prediction_cell
-
-log = logging.getLogger(__name__)
 
 CSS = """
 body{font:14px/1.45 -apple-system,"Segoe UI",Roboto,"DejaVu Sans",Arial,sans-serif;margin:0;
@@ -55,10 +52,6 @@ ul.notes{margin:4px 0;padding-left:20px;color:#333}
 
 def _e(x: object) -> str:
     return html.escape(str(x), quote=True)
-
-
-def _num(x: float | None, fmt: str = "{:,.1f}", none: str = "-") -> str:
-    return none if x is None else fmt.format(x)
 
 
 def _pct(x: float | None) -> str:
@@ -111,17 +104,17 @@ def run_table(report: ScalingReport) -> str:
         measured = ok and p.step_time_s > 0  # a run that reported no steps has no rates
         cells = [_e(p.name), str(p.world_size),
                  f'<span class="{"" if ok else "bad"}">{_e(p.status_text or p.status)}</span>',
-                 _num(p.global_batch, "{:d}"), _num(p.samples_per_s if measured else None)]
+                 dash(p.global_batch, "{:d}"), dash(p.samples_per_s if measured else None, "{:,.1f}")]
         if units != "samples":
-            cells.append(_num(p.units_per_s if measured else None, "{:,.0f}"))
+            cells.append(dash(p.units_per_s if measured else None, "{:,.0f}"))
         strag = ", ".join(f"{s['rank']} ({s['host']}/{s['local_rank']})" for s in p.stragglers)
-        cells += [_num(p.step_time_s if measured else None, "{:.4f} s"),
+        cells += [dash(p.step_time_s if measured else None, "{:.4f} s"),
                   _pct(row.efficiency if row and p.repeat == 0 else None),
                   _pct(row.predicted_efficiency if row and p.repeat == 0 else None),
                   ("-" if p.exposed_comm_s is None else
                    f"{1000 * p.exposed_comm_s:.1f} ms ({_pct(p.shares.get('exposed_comm'))})"),
                   _pct(p.shares.get("data_wait") if p.shares else None),
-                  _num(p.busbw_gb_s, "{:.3g}") + _e(link),
+                  dash(p.busbw_gb_s, "{:.3g}") + _e(link),
                   f'<span class="bad">{_e(strag)}</span>' if strag else "-",
                   _e(prediction_cell(p.prediction)) if p.run_id else "-",
                   _e(p.verdict.get("name", "-") if p.verdict else (p.error or "-"))]
@@ -179,15 +172,8 @@ def figures_html(plots: Sequence[Plot]) -> str:
 
 
 def notes_html(report: ScalingReport) -> str:
-    """What could not be read, failures, and why a column is empty."""
-    items: list[str] = []
-    for p in report.points:
-        items += [f"{p.name}: {n}" for n in p.unreadable]
-        items += [f"{p.name}: FAILED: {f}" for f in p.failures]
-    items += report.notes
-    for n in (report.prediction_note, report.link_note):
-        if n:
-            items.append(n)
+    """What could not be read, failures, and why a column is empty (`ScalingReport.note_lines`)."""
+    items = report.note_lines()
     if not items:
         return ""
     return ('<h2>Notes</h2><ul class="notes" id="notes">'

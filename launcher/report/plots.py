@@ -10,7 +10,6 @@ Never imports cli, backends, jobs or runtime.
 from __future__ import annotations
 
 import io
-import logging
 import math
 import re
 import textwrap
@@ -22,8 +21,6 @@ from launcher.report.types import PARTS, Point, Row, ScalingReport
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
-
-log = logging.getLogger(__name__)
 
 COLORS = {"compute": "#4C72B0", "exposed_comm": "#DD8452", "data_wait": "#C44E52",
           "other": "#8C8C8C", "measured": "#4C72B0", "predicted": "#55A868", "ideal": "#8C8C8C",
@@ -217,7 +214,7 @@ def predicted_figure(report: ScalingReport) -> Figure:
     if not any(r.predicted_step_time_s for r in rows):
         ax.text(0.5, 0.55, "Predicted vs measured", ha="center", va="center", fontsize=13)
         note = report.prediction_note or "prediction unavailable"
-        ax.text(0.5, 0.4, _wrap(note, 70), ha="center", va="center", fontsize=9, color="#555")
+        ax.text(0.5, 0.4, textwrap.fill(note, 70), ha="center", va="center", fontsize=9, color="#555")
         ax.set_axis_off()
         return fig
     xs = list(range(len(rows)))
@@ -253,10 +250,6 @@ def _value_axis(ax: Any, values: Sequence[float]) -> None:
         ax.set_title(ax.get_title() + " (log scale)", fontsize=10)
     else:
         ax.set_ylim(bottom=0)
-
-
-def _wrap(text: str, width: int) -> str:
-    return "\n".join(textwrap.wrap(text, width))
 
 
 def _world_axis(ax: Any, sizes: list[int]) -> None:

@@ -15,11 +15,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from launcher.hardware.types import Topology
+from launcher.plan.planfile import read_plan
 from launcher.plan.resolve import cached_profile
 from launcher.plan.search import plan
+from launcher.plan.types import Overrides
 from launcher.report.runs import RunData
 from launcher.report.types import Row, efficiency
-from launcher.results.prediction import plan_step_time_s
 from launcher.specs import Goal
 
 log = logging.getLogger(__name__)
@@ -28,14 +29,15 @@ log = logging.getLogger(__name__)
 def _from_plan(row: Row, plan: Mapping[str, Any]) -> bool:
     """Take a row's prediction from the plan its run followed (plan.json); False if unusable."""
     try:
-        per_sample = max(1, int(plan.get("profile", {}).get("units_per_sample", 1)))
-        row.predicted_step_time_s = plan_step_time_s(plan)
-        row.predicted_samples_per_s = float(plan["plan"]["units_per_s"]) / per_sample
-        span = plan["plan"].get("step_interval")  # absent in a plan from before intervals
-        row.predicted_interval_s = (float(span["low_s"]), float(span["high_s"])) if span else None
-        return True
+        planned = read_plan(plan)
     except (KeyError, TypeError, ValueError):
         return False
+    if planned.time is None or planned.units_per_s is None:
+        return False
+    row.predicted_step_time_s = planned.time.step_time_s
+    row.predicted_samples_per_s = planned.units_per_s / max(1, planned.units_per_sample)
+    row.predicted_interval_s = planned.interval[:2] if planned.interval else None
+    return True
 
 
 def predict(rows: list[Row], data: RunData | None, topology: Topology | None,
@@ -85,12 +87,12 @@ def _predict_with_planner(rows: list[Row], data: RunData | None, topology: Topol
         for row in rows:
             n = row.world_size
             topo = _shape(topology, n, nodes.get(n))
-            per_rank = (row.global_batch or spec.micro_batch * spec.grad_accum_steps * n) // n
+            per_rank = (row.global_batch or spec.micro_batch * spec.grad_accum * n) // n
             mb = spec.micro_batch if per_rank % spec.micro_batch == 0 else per_rank
-            kind = spec.strategy.kind if topo.num_nodes > 1 or spec.strategy.kind != "hybrid" else "fsdp_full"
-            p = plan(profile, topo, Goal(global_batch=per_rank * n), overrides={
-                "strategy": kind, "precision": spec.strategy.precision, "micro_batch": mb,
-                "checkpointing": spec.strategy.checkpointing})
+            kind = spec.strategy if topo.num_nodes > 1 or spec.strategy != "hybrid" else "fsdp_full"
+            p = plan(profile, topo, Goal(global_batch=per_rank * n), overrides=Overrides(
+                strategy=kind, precision=spec.precision, micro_batch=mb,
+                checkpointing=spec.checkpointing))
             row.predicted_step_time_s = p.chosen.time.step_time_s
             row.predicted_interval_s = (p.step_interval.low_s, p.step_interval.high_s) if p.step_interval else None
             row.predicted_samples_per_s = p.units_per_s / profile.units_per_sample

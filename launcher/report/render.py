@@ -17,21 +17,20 @@ from launcher.files import atomic_write_json, atomic_write_text, storage
 from launcher.hardware.types import Topology
 from launcher.report.html import page
 from launcher.report.plots import build_plots
-from launcher.report.scaling import build_report, verdict
+from launcher.report.scaling import build_report
 from launcher.report.tune import markdown_lines, terminal_lines
-from launcher.report.types import HTML_PAGE, ScalingReport
+from launcher.report.types import HTML_PAGE, ScalingReport, dash
 from launcher.results.prediction import prediction_line
 from launcher.rundir import REPORT_SUBDIR
 
 log = logging.getLogger(__name__)
 
 FORMATS = ("html", "md", "json", "png")
-REPORT_DIR = REPORT_SUBDIR
 # every file of a report, whatever the umask: readable by the group and others (a report is
 # meant to be shared), writable by its owner only
 REPORT_FILE_MODE = 0o644
 
-__all__ = ["write_report", "render_report", "parse_formats", "markdown", "verdict", "FORMATS"]
+__all__ = ["write_report", "render_report", "parse_formats", "markdown", "FORMATS"]
 
 
 def parse_formats(text: str | Iterable[str]) -> set[str]:
@@ -49,10 +48,6 @@ def parse_formats(text: str | Iterable[str]) -> set[str]:
     return out
 
 
-def _f(x: float | None, fmt: str) -> str:
-    return "-" if x is None else fmt.format(x)
-
-
 def markdown(report: ScalingReport, plots: Iterable[str] = (), *, out_dir: Path | None = None) -> str:
     """A short Markdown summary: the tune's table (of a tune dir), scaling table, verdicts,
     stragglers, notes. `out_dir`: where the file goes, for relative links."""
@@ -68,21 +63,21 @@ def markdown(report: ScalingReport, plots: Iterable[str] = (), *, out_dir: Path 
                   "|---:|---:|---:|" + ("---:|" if extra else "") + "---:|---:|---:|---:|"]
         for r in report.rows:
             lines.append(f"| {r.world_size} | {r.repeats_ok}/{r.repeats} | "
-                         f"{_f(r.samples_per_s, '{:,.1f}')} | "
-                         + (f"{_f(r.units_per_s, '{:,.0f}')} | " if extra else "") +
-                         f"{_f(r.step_time_s, '{:.4f}')} | {_f(r.efficiency and 100 * r.efficiency, '{:.0f}%')} | "
-                         f"{_f(r.predicted_step_time_s, '{:.3g}')}"
+                         f"{dash(r.samples_per_s, '{:,.1f}')} | "
+                         + (f"{dash(r.units_per_s, '{:,.0f}')} | " if extra else "") +
+                         f"{dash(r.step_time_s, '{:.4f}')} | {dash(r.efficiency and 100 * r.efficiency, '{:.0f}%')} | "
+                         f"{dash(r.predicted_step_time_s, '{:.3g}')}"
                          + (f" ({r.predicted_interval_s[0]:.3g}-{r.predicted_interval_s[1]:.3g})"
                             if r.predicted_interval_s else "") + " | "
-                         f"{_f(r.predicted_efficiency and 100 * r.predicted_efficiency, '{:.0f}%')} |")
+                         f"{dash(r.predicted_efficiency and 100 * r.predicted_efficiency, '{:.0f}%')} |")
         lines.append("")
     lines += ["| point | status | compute | exposed comm | batch wait | other | busbw GB/s | verdict |",
               "|---|---|---:|---:|---:|---:|---:|---|"]
     for p in report.points:
         s = p.shares
-        lines.append(f"| {p.name} | {p.status} | {_f(s.get('compute'), '{:.0%}')} | "
-                     f"{_f(s.get('exposed_comm'), '{:.0%}')} | {_f(s.get('data_wait'), '{:.0%}')} | "
-                     f"{_f(s.get('other'), '{:.0%}')} | {_f(p.busbw_gb_s, '{:.3g}')} | "
+        lines.append(f"| {p.name} | {p.status} | {dash(s.get('compute'), '{:.0%}')} | "
+                     f"{dash(s.get('exposed_comm'), '{:.0%}')} | {dash(s.get('data_wait'), '{:.0%}')} | "
+                     f"{dash(s.get('other'), '{:.0%}')} | {dash(p.busbw_gb_s, '{:.3g}')} | "
                      f"{p.verdict.get('name', '-') if p.verdict else (p.error or '-')} |")
     lines.append("")
     for p in report.points:
@@ -96,9 +91,7 @@ def markdown(report: ScalingReport, plots: Iterable[str] = (), *, out_dir: Path 
             lines.append(f"- {p.name}: {prediction_line(p.prediction)}")
     if report.warnings:
         lines += ["", "## Warnings", *(f"- WARNING: {w}" for w in report.warnings)]
-    notes = [f"{p.name}: {n}" for p in report.points for n in p.unreadable]
-    notes += [f"{p.name}: FAILED: {f}" for p in report.points for f in p.failures]
-    notes += [n for n in (*report.notes, report.prediction_note, report.link_note) if n]
+    notes = report.note_lines()
     if notes:
         lines += ["", "## Notes", *(f"- {n}" for n in notes)]
     figs = list(plots)
@@ -131,7 +124,7 @@ def render_report(path: str | Path, formats: Iterable[str] = FORMATS, *,
     report = build_report(Path(path), topology=topology, default_topology=default_topology,
                           with_prediction=with_prediction)
     t_build = time.perf_counter() - t0
-    out = Path(out_dir) if out_dir is not None else Path(path) / REPORT_DIR
+    out = Path(out_dir) if out_dir is not None else Path(path) / REPORT_SUBDIR
     with storage(out):
         out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []

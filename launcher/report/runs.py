@@ -24,14 +24,15 @@ from launcher.errors import DlaunchError, RunDirError
 from launcher.files import read_json
 from launcher.hardware.topology import topology_from_dict
 from launcher.hardware.types import Topology
+from launcher.knobs import migrate
 from launcher.report.tune import is_tune_dir, read_tune
 from launcher.report.types import TuneSummary
 from launcher.results.aggregate import aggregate, percentile
-from launcher.results.records import missing_note, rank_numbers, read_records, read_spec, record_problem
+from launcher.results.records import missing_note, rank_numbers, read_plan_json, read_records, read_spec, record_problem
 from launcher.results.schema import kind_of
 from launcher.results.types import RunResult
 from launcher.rundir import RECORDS, RunPaths, SweepPaths
-from launcher.specs import LaunchSpec
+from launcher.runspec import LaunchSpec
 from launcher.sweepmanifest import read_manifest
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,6 @@ class RunData:
     result: RunResult | None
     step_times: dict[int, list[float]] = field(default_factory=dict)  # steady steps, seconds
     comm: dict[int, dict[str, Any]] = field(default_factory=dict)  # the calibration record
-    verdict: Any = None  # result.json's `verdict`, when the run wrote one
     plan: dict[str, Any] | None = None  # plan.json: the plan `dlaunch run` followed, if any
     notes: list[str] = field(default_factory=list)
 
@@ -90,11 +90,12 @@ def _is_run(d: Path) -> bool:
 def _world_size(d: Path) -> int:
     """The world size the run's files say (1 when none says it; read_run checks the files)."""
     paths = RunPaths(root=d)
-    for path, keys in ((paths.launch, ("num_nodes", "nproc_per_node")), (paths.result, ("world_size",))):
+    for path, keys in ((paths.launch, ("nodes", "gpus")), (paths.result, ("world_size",))):
         try:
             data = read_json(path)
         except (OSError, ValueError):
             continue
+        data = migrate(data) if isinstance(data, dict) and path == paths.launch else data
         values = [data.get(k, 1) if isinstance(data, dict) else None for k in keys]
         if all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values):
             return math.prod(values)
@@ -108,17 +109,17 @@ def discover(path: Path) -> Target:
     if not path.is_dir():
         raise DlaunchError(f"{path} is not a directory; give a run, sweep or tune directory")
     if SweepPaths(root=path).manifest.is_file():
-        data = read_manifest(path) or {}
-        entries = [Entry(name=p["name"], world_size=int(p["world_size"]),
-                         repeat=int(p.get("repeat", 0)), run_dir=path / p["name"],
-                         status=p.get("status"), error=p.get("error"))
-                   for p in data.get("points", [])]
+        manifest = read_manifest(path)
+        entries = [Entry(name=p.name, world_size=int(p.world_size), repeat=int(p.repeat),
+                         run_dir=path / p.name, status=p.status, error=p.error)
+                   for p in (manifest.points if manifest is not None else ())]
         if not entries:
             raise DlaunchError(f"no runs in {path}: the sweep has no points yet")
         notes = [f"{e.name}: {e.status}" + (f" ({e.error})" if e.error else "")
                  for e in entries if e.status not in ("ok", "failed")]
-        return Target(kind="sweep", entries=entries, mode=data.get("mode"),
-                      topology=_topology(data.get("topology")), notes=notes)
+        assert manifest is not None  # narrowing: the sweep has points
+        return Target(kind="sweep", entries=entries, mode=manifest.mode,
+                      topology=_topology(manifest.topology), notes=notes)
     if _is_run(path):
         return Target(kind="run", entries=[Entry(name=path.name, world_size=_world_size(path),
                                                  repeat=0, run_dir=path)])
@@ -153,7 +154,7 @@ def _topology(data: Any) -> Topology | None:
         return None
 
 
-def _read_result(run_dir: Path, world_size: int | None) -> tuple[RunResult | None, Any, list[str]]:
+def _read_result(run_dir: Path) -> tuple[RunResult | None, list[str]]:
     """result.json when it is newer than every rank file, else a fresh aggregate."""
     paths = RunPaths(root=run_dir)
     path = paths.result
@@ -168,29 +169,25 @@ def _read_result(run_dir: Path, world_size: int | None) -> tuple[RunResult | Non
             notes.append(f"{path.name}: not a dlaunch result (expected an object, got "
                          f"{kind_of(raw)}); aggregated the rank files again")
             raw = None
-    stale = False
-    if raw is not None:
-        newest = path.stat().st_mtime
-        stale = any(p.stat().st_mtime > newest for p in paths.rank_files(RECORDS).values())
     fresh = None
     if raw is not None:
         try:
             fresh = RunResult.from_dict({k: v for k, v in raw.items() if k in _RESULT_FIELDS})
         except (TypeError, ValueError, KeyError) as e:
             notes.append(f"{path.name}: not a dlaunch result ({e}); aggregated the rank files")
-    if fresh is not None and not stale:
-        return fresh, getattr(fresh, "verdict", None) or (raw or {}).get("verdict"), notes
+    if fresh is not None:
+        newest = path.stat().st_mtime
+        if not any(p.stat().st_mtime > newest for p in paths.rank_files(RECORDS).values()):
+            return fresh, notes
     if paths.launch.is_file():
         try:
-            result = aggregate(run_dir)
-            return result, getattr(result, "verdict", None), notes
+            return aggregate(run_dir), notes
         except (OSError, ValueError, TypeError, KeyError, DlaunchError) as e:
             notes.append(f"{run_dir.name}: cannot aggregate the rank files again "
                          f"({type(e).__name__}: {e})"
                          + ("; showing result.json as written at the end of the run"
                             if fresh is not None else ""))
-    return fresh, (getattr(fresh, "verdict", None) or (raw or {}).get("verdict")
-                   if fresh is not None else None), notes
+    return fresh, notes
 
 
 def _parse_rank_file(path: Path, run_id: str | None) -> tuple[list[float], dict[str, Any] | None,
@@ -246,14 +243,10 @@ def read_run(run_dir: Path) -> RunData:
             spec = read_spec(run_dir)
         except RunDirError as e:
             notes.append(str(e))
-    result, verdict, more = _read_result(run_dir, spec.world_size if spec else None)
-    notes += more
-    data = RunData(run_dir=run_dir, spec=spec, result=result, verdict=verdict, notes=notes)
-    if paths.plan.is_file():
-        try:
-            data.plan = read_json(paths.plan)
-        except (OSError, ValueError) as e:
-            notes.append(f"{paths.plan.name}: unreadable ({e})")
+    result, more = _read_result(run_dir)
+    plan, unusable = read_plan_json(run_dir)
+    notes += [*more, *([unusable] if unusable else [])]
+    data = RunData(run_dir=run_dir, spec=spec, result=result, plan=plan, notes=notes)
     world = spec.world_size if spec else (result.world_size if result else 0)
     have, missing, unlisted = rank_numbers(run_dir, world)
     files = paths.rank_files(RECORDS)

@@ -2,27 +2,21 @@
 
 Per point: throughput (samples/s and units/s), the step-time breakdown, per-rank step-time
 distributions (grouped when there are many ranks), stragglers, busbw beside the link bandwidth
-and a bottleneck verdict. Per world size (median over repeats): scaling efficiency, weak
-(fixed per-rank batch) throughput(N) / (N x throughput(N0)) or strong (fixed global batch)
-T(N0) x N0 / (N x T(N)), with N0 the smallest world size measured (1 in a usual sweep); and the
-planner's prediction beside the measurement when it can be had (`report.predict`).
+and a bottleneck verdict. Per world size (median over repeats): scaling efficiency
+(`types.efficiency`: weak keeps the per-rank batch, strong the global batch), with N0 the
+smallest world size measured (1 in a usual sweep); and the planner's prediction beside the
+measurement when it can be had (`report.predict`).
 
-Step-time breakdown (seconds per optimizer step, mean over steady steps, then over ranks;
-`results.verdict.step_parts`, which the run's own verdict uses too):
-  data wait      time the loop waited for the next batch (measured every step)
-  exposed comm   what the step loses to gradient sync (the sync-off/on calibration)
-  other          step - wait - exposed - forward/backward with sync off (x accumulation steps):
-                 the optimizer step and host overhead; 0 when the calibration did not run
-  compute        the rest: step - wait - exposed - other
-The verdict card, the run table and the breakdown figure all show these shares. A plain
-script has no breakdown (only its step times are measured).
+Step-time breakdown: seconds per optimizer step (mean over steady steps, then over ranks) of
+compute, exposed comm, data wait and other, as `results.verdict.step_parts` splits a step (the
+run's own verdict uses it too). The verdict card, the run table and the breakdown figure all
+show these shares. A plain script has no breakdown (only its step times are measured).
 
 Never imports cli, backends, jobs, runtime or matplotlib.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 import statistics
 from collections.abc import Mapping, Sequence
@@ -40,13 +34,11 @@ from launcher.results.table import no_steps, status_text
 from launcher.results.types import RunResult
 from launcher.results.verdict import NOT_MEASURED, detect_stragglers, step_parts, verdict
 
-log = logging.getLogger(__name__)
-
 
 def breakdown(data: RunData) -> dict[str, float]:
     """Seconds per step by part (PARTS), averaged over the ranks that recorded steady steps.
     Batch wait per step is the rank's data-wait share (aggregate) times its mean step."""
-    accum = data.spec.grad_accum_steps if data.spec is not None else 1
+    accum = data.spec.grad_accum if data.spec is not None else 1
     shares = {x.rank: x.data_wait_share for x in data.result.ranks} if data.result else {}
     per_rank = []
     for rank, times in data.step_times.items():
@@ -89,12 +81,12 @@ def build_point(data: RunData, *, name: str, world_size: int, repeat: int,
                   error=manifest_error, unreadable=list(data.notes))
     if spec is not None:
         point.global_batch, point.micro_batch = spec.global_batch, spec.micro_batch
-        point.num_nodes = spec.num_nodes
+        point.num_nodes = spec.nodes
     if r is None:
         return point
     parts = breakdown(data) if r.strategy != "script" else {"step": 0.0}
     step = parts.pop("step")
-    kind, bw = _link_for(topology, world_size, spec.num_nodes if spec is not None else None)
+    kind, bw = _link_for(topology, world_size, spec.nodes if spec is not None else None)
     point.run_id, point.samples_per_s, point.units_per_s = r.run_id, r.samples_per_s, r.units_per_s
     point.status_text = status_text(r)
     point.sample_units, point.step_time_s = r.sample_units, r.step_time_median_s
@@ -111,7 +103,7 @@ def build_point(data: RunData, *, name: str, world_size: int, repeat: int,
                               f"{kind} figure of {bw:g} GB/s (an assumption, not a measurement): "
                               "no share of it is shown")
     point.stragglers = stragglers(data, r)
-    point.verdict = _verdict(data, r, point.shares)
+    point.verdict = _verdict(r, point.shares)
     if point.stragglers and point.verdict.get("name") == "communication bound":
         point.verdict["evidence"] += ("; part of it is waiting for straggler rank(s) "
                                       + ", ".join(str(s["rank"]) for s in point.stragglers))
@@ -123,16 +115,13 @@ def build_point(data: RunData, *, name: str, world_size: int, repeat: int,
     return point
 
 
-def _verdict(data: RunData, r: RunResult, shares: Mapping[str, float]) -> dict[str, str]:
+def _verdict(r: RunResult, shares: Mapping[str, float]) -> dict[str, str]:
     """The point's verdict from the same shares the table and the breakdown show (one source
     for the numbers), unless the run's own verdict rests on what the shares do not hold: a
-    CUDA profile (launch bound), a plain script (not measured), or a name alone."""
-    own = data.verdict
-    if isinstance(own, str) and own:
-        return {"name": own, "evidence": "", "source": "run"}
-    own_name = str(own.get("name", "")) if isinstance(own, Mapping) else ""
+    CUDA profile (launch bound) or a plain script (not measured)."""
+    own = r.verdict or {}
+    own_name = str(own.get("name", ""))
     if own_name and (not shares or own_name in ("launch bound", NOT_MEASURED)):
-        assert isinstance(own, Mapping)  # narrowing: a name came from a mapping
         return {"name": own_name, "evidence": str(own.get("evidence", "")), "source": "run"}
     if not shares or no_steps(r):
         return {}
@@ -264,4 +253,4 @@ def _infer_mode(points: Sequence[Point]) -> str:
     return "strong" if len(batches) == 1 and len(sizes) > 1 else "weak"
 
 
-__all__ = ["verdict", "breakdown", "build_report", "build_point"]
+__all__ = ["breakdown", "build_report", "build_point"]

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.files import read_json
-from launcher.report.types import HTML_PAGE, TuneSummary, TuneTrial
+from launcher.report.types import HTML_PAGE, TuneSummary, TuneTrial, dash
 from launcher.results.schema import kind_of
 from launcher.results.table import format_table
 from launcher.rundir import TUNE_RECORD, TunePaths
@@ -91,18 +91,14 @@ def read_tune(path: Path) -> tuple[TuneSummary | None, list[str]]:
     return summary, notes
 
 
-def _num(x: float | None, fmt: str) -> str:
-    return "-" if x is None else fmt.format(x)
-
-
 def cells(t: TuneTrial) -> list[str]:
     """One trial's row under HEAD, as text; "-" where nothing was measured."""
     span = t.predicted_interval_s
     return [t.name, t.status,
             f"{t.predicted_step_s:.3g} s" + (f" ({span[0]:.3g}-{span[1]:.3g})" if span else ""),
             f"{t.predicted_samples_per_s:,.1f}",
-            _num(t.measured_step_s, "{:.3g} s"), _num(t.measured_samples_per_s, "{:,.1f}"),
-            _num(t.step_ratio, "{:.2f}"), "yes" if t.chosen else ""]
+            dash(t.measured_step_s, "{:.3g} s"), dash(t.measured_samples_per_s, "{:,.1f}"),
+            dash(t.step_ratio, "{:.2f}"), "yes" if t.chosen else ""]
 
 
 def outcome_lines(summary: TuneSummary) -> list[str]:

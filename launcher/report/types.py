@@ -1,7 +1,7 @@
 """The values a report is made of: points, rows, a tune's trials, the report, and scaling
 efficiency.
 
-Plain dataclasses and one pure function, so the modules that fill a report (`scaling`,
+Plain dataclasses and two pure functions, so the modules that fill a report (`scaling`,
 `predict`, `tune`) and the ones that draw it (`plots`, `html`, `render`) share them without
 importing each other. Imports nothing from dlaunch; never imports matplotlib.
 """
@@ -157,6 +157,12 @@ class ScalingReport:
         """A JSON-ready dict."""
         return dataclasses.asdict(self)
 
+    def note_lines(self) -> list[str]:
+        """What could not be read, failures, and why a column is empty: one line each."""
+        lines = [f"{p.name}: {n}" for p in self.points for n in p.unreadable]
+        lines += [f"{p.name}: FAILED: {f}" for p in self.points for f in p.failures]
+        return lines + [n for n in (*self.notes, self.prediction_note, self.link_note) if n]
+
     @property
     def live(self) -> bool:
         """A run in it is still going: its numbers are the steps so far."""
@@ -173,6 +179,11 @@ class ScalingReport:
             what = f"{self.mode} scaling"
         return what + (", live: a run is still in progress, numbers are its steps so far"
                        if self.live else "")
+
+
+def dash(x: float | None, fmt: str) -> str:
+    """`x` formatted with `fmt`, or "-" where nothing was measured (None)."""
+    return "-" if x is None else fmt.format(x)
 
 
 def efficiency(mode: str, *, n0: int, n: int, throughput_n0: float, throughput_n: float,

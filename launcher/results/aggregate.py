@@ -34,7 +34,7 @@ from launcher.files import read_json
 from launcher.results.misfits import find_misfit
 from launcher.results.plausibility import host_load, run_warnings
 from launcher.results.prediction import compare, measured_peak_bytes
-from launcher.results.records import missing_note, owner_state, rank_numbers, read_ranks, read_spec
+from launcher.results.records import missing_note, owner_state, rank_numbers, read_plan_json, read_ranks, read_spec
 from launcher.results.types import RankResult, RunResult
 from launcher.results.verdict import detect_stragglers, median_or_none, run_verdict
 from launcher.rundir import RunPaths
@@ -86,11 +86,31 @@ def last_attempt(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], i
     return records[starts[-1]:], max(len(starts), int(attempt) + 1)
 
 
+def node_ids(run_dir: Path) -> dict[str, int]:
+    """host -> SLURM node id, from the node.json each SLURM node task wrote into its log dir
+    ({} for a run on this host, which has none)."""
+    out: dict[str, int] = {}
+    for path in RunPaths(root=run_dir).node_records():
+        try:
+            data = read_json(path)
+            out[str(data["host"])] = int(data["slurm_node_id"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
 def _rank_result(run_dir: Path, rank: int, records: list[dict[str, Any]],
                  summary: dict[str, Any] | None, *, script_exit: int | None = None,
-                 is_script: bool = False, earlier_loss: float | None = None) -> RankResult:
+                 is_script: bool = False, earlier_loss: float | None = None,
+                 nodes: dict[str, int] | None = None) -> RankResult:
     """One rank from its last attempt's records; `earlier_loss`: the last loss any earlier
-    attempt recorded (the final loss of an attempt that resumed at the last step)."""
+    attempt recorded (the final loss of an attempt that resumed at the last step); `nodes`:
+    host -> SLURM node id (`node_ids`).
+
+    torchrun's c10d rendezvous numbers the nodes (GROUP_RANK, what a rank records as its
+    node_rank) by sorted host name and pid, not in SLURM_NODEID order, while each node's log
+    dir is named after SLURM_NODEID: where a node.json names the rank's host, its node is
+    SLURM's, so the rank's failure line and log tail are its own node's."""
     start = next((r for r in records if r.get("kind") == "start"), {})
     steps = [r for r in records if r.get("kind") == "step"]
     resumed = next((int(r["step"]) for r in records if r.get("kind") == "resume"), None)
@@ -105,7 +125,9 @@ def _rank_result(run_dir: Path, rank: int, records: list[dict[str, Any]],
         status = _script_status(run_dir, rank, script_exit)
     else:
         status = "incomplete" if records else "missing"
-    node_rank, local_rank = int(start.get("node_rank", 0)), int(start.get("local_rank", rank))
+    host = str(start.get("host", "?"))
+    node_rank = (nodes or {}).get(host, int(start.get("node_rank", 0)))
+    local_rank = int(start.get("local_rank", rank))
     error = summary.get("error") if summary else None
     failed = status != "ok"
     # the steady steps' peak: a CUDA rank resets it at the first steady step (runtime.window),
@@ -116,12 +138,11 @@ def _rank_result(run_dir: Path, rank: int, records: list[dict[str, Any]],
                 if r.get("live_peak_bytes") is not None), default=None)
     step_sum = sum(r["step_time_s"] for r in steady)
     comm = next((r for r in records if r.get("kind") == "comm"), {})
-    comp = next((r for r in records if r.get("kind") == "compile"), None)
+    comp = next((r for r in records if r.get("kind") == "compile"), {})
     prof = next((r for r in records if r.get("kind") == "profile"), {})
     prof_time = sum(r["step_time_s"] for r in steps if r.get("profiled"))
     return RankResult(
-        rank=rank, local_rank=local_rank, node_rank=node_rank,
-        host=str(start.get("host", "?")), status=status,
+        rank=rank, local_rank=local_rank, node_rank=node_rank, host=host, status=status,
         steps=(resumed or 0) + len(steps), steady_steps=len(steady),
         samples_per_s=sum(r["samples"] for r in steady) / total_time if total_time else 0.0,
         units_per_s=sum(r["units"] for r in steady) / total_time if total_time else 0.0,
@@ -138,10 +159,8 @@ def _rank_result(run_dir: Path, rank: int, records: list[dict[str, Any]],
         # a rank writes a NaN or infinite loss as null (strict JSON), and only those
         nonfinite_loss_step=next((int(r["step"]) for r in steps
                                   if "loss" in r and r["loss"] is None), None),
-        compiled_graphs=comp.get("graphs") if comp else None,
-        graph_breaks=comp.get("graph_breaks") if comp else None,
-        recompiles=comp.get("recompiles") if comp else None,
-        compile_fallback=comp.get("fallback") if comp else None,
+        compiled_graphs=comp.get("graphs"), graph_breaks=comp.get("graph_breaks"),
+        recompiles=comp.get("recompiles"), compile_fallback=comp.get("fallback"),
         profile_trace=prof.get("trace"), top_ops=tuple(prof.get("top_ops", ())),
         device_busy_share=(min(1.0, prof["device_time_s"] / prof_time)
                            if prof.get("device_time_s") is not None and prof_time else None),
@@ -197,9 +216,10 @@ def aggregate(run_dir: str | Path, *, exit_code: int | None = None,
     split = {r: last_attempt(recs) for r, recs in every.items()}
     records = {r: recs for r, (recs, _) in split.items()}
     attempts = max((n for _, n in split.values()), default=1)
+    nodes = node_ids(rd)
     ranks = tuple(_rank_result(rd, r, records.get(r, []), summaries.get(r),
                                script_exit=exit_code, is_script=spec.is_script,
-                               earlier_loss=_last_loss(every.get(r, [])))
+                               earlier_loss=_last_loss(every.get(r, [])), nodes=nodes)
                   for r in listed)
     units = next((rec.get("sample_units") for recs in records.values() for rec in recs
                   if rec.get("kind") == "workload"), "samples")
@@ -215,7 +235,7 @@ def aggregate(run_dir: str | Path, *, exit_code: int | None = None,
     measured = [r for r in ranks if r.steady_steps]
     samples_per_s, units_per_s, basis = _throughput(ranks, measured)
     step_median = statistics.median([r.step_time_median_s for r in measured]) if measured else 0.0
-    plan, unusable = _read_plan(rd)
+    plan, unusable = read_plan_json(rd)
     if unusable:
         notes.append(unusable)
     prediction = (compare(plan, spec, step_time_s=step_median if measured else None,
@@ -243,9 +263,9 @@ def aggregate(run_dir: str | Path, *, exit_code: int | None = None,
     hosts = host_load(every)
     return RunResult(
         run_id=spec.run_id, run_dir=str(rd), workload=spec.workload,
-        world_size=spec.world_size, num_nodes=spec.num_nodes, device=spec.device,
-        strategy="script" if spec.is_script else spec.strategy.kind,
-        precision=spec.strategy.precision,
+        world_size=spec.world_size, num_nodes=spec.nodes, device=spec.device,
+        strategy="script" if spec.is_script else spec.strategy,
+        precision=spec.precision,
         status=status, exit_code=code,
         wall_time_s=wall_time_s if wall_time_s is not None else _wall_time(every),
         samples_per_s=samples_per_s, units_per_s=units_per_s, sample_units=str(units),
@@ -257,7 +277,7 @@ def aggregate(run_dir: str | Path, *, exit_code: int | None = None,
         tp_comm_s=median_or_none([r.tp_comm_s for r in ranks]),
         busbw_gb_s=median_or_none([r.busbw_gb_s for r in ranks]),
         stragglers=stragglers, straggler_evidence=tuple(s.to_dict() for s in slow),
-        verdict=run_verdict(ranks, measured, nosync_s=busy, accum=spec.grad_accum_steps,
+        verdict=run_verdict(ranks, measured, nosync_s=busy, accum=spec.grad_accum,
                             script=spec.is_script, world_size=spec.world_size),
         attempts=attempts, throughput_basis=basis, prediction=prediction,
         host_load=hosts, warnings=(*run_warnings(ranks, hosts, prediction), *_launcher_warnings(rd)),
@@ -266,13 +286,9 @@ def aggregate(run_dir: str | Path, *, exit_code: int | None = None,
 
 
 def _throughput(ranks: Sequence[RankResult], measured: Sequence[RankResult]) -> tuple[float, float, str]:
-    """(samples/s, units/s, basis) of the whole run.
-
-    Wall clock when every measured rank has step end times: the global samples (units) of the
-    steady steps over the longest rank's wall time from the end of warm-up to the end of its
-    last step (each rank on its own clock, so hosts' clocks are never compared). Otherwise the
-    sum of the ranks' samples / summed step times.
-    """
+    """(samples/s, units/s, basis) of the whole run (see the module docstring): on the wall
+    clock, the global samples (units) over the longest rank's wall time, each rank's on its own
+    clock (hosts' clocks are never compared)."""
     walls = [r.measured_wall_s for r in measured]
     if not measured or any(w is None for w in walls):
         return (sum(r.samples_per_s for r in ranks), sum(r.units_per_s for r in ranks), "step time")
@@ -281,19 +297,6 @@ def _throughput(ranks: Sequence[RankResult], measured: Sequence[RankResult]) -> 
     samples = sum(r.samples_per_s * (r.measured_wall_s or 0.0) for r in measured)
     units = sum(r.units_per_s * (r.measured_wall_s or 0.0) for r in measured)
     return samples / wall, units / wall, "wall clock"
-
-
-def _read_plan(run_dir: Path) -> tuple[dict[str, Any] | None, str | None]:
-    """(plan.json, None): the plan the run followed, None without one; (None, why) when the
-    file is there but cannot be used."""
-    path = RunPaths(root=run_dir).plan
-    if not path.is_file():
-        return None, None
-    try:
-        plan = read_json(path)
-    except (OSError, ValueError) as e:
-        return None, f"{path.name}: unreadable ({e})"
-    return (plan, None) if isinstance(plan, dict) else (None, f"{path.name}: not a JSON object")
 
 
 def _failures(ranks: tuple[RankResult, ...], summaries: dict[int, dict[str, Any]]) -> tuple[str, ...]:

@@ -214,8 +214,9 @@ class DoctorReport:
 
     @property
     def exclude(self) -> tuple[str, ...]:
-        """The bad nodes' host names, sorted: a SLURM job's `--exclude` list."""
-        return tuple(sorted({n.host for n in self.nodes if n.bad}))
+        """The bad nodes' host names, sorted: a SLURM job's `--exclude` list (none on this host,
+        whose ranks are named instead)."""
+        return tuple(sorted({n.host for n in self.nodes if n.bad})) if self.slurm else ()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready."""
@@ -240,7 +241,7 @@ class DoctorReport:
             "failed": [{"rank": f.rank, "host": f.host, "node": f.node, "status": f.status,
                         "error": f.error} for f in self.failed],
             "slow_ranks": [r.reading.rank for r in self.ranks if r.slow],
-            "exclude": ",".join(self.exclude) if self.slurm and self.exclude else None,
+            "exclude": ",".join(self.exclude) or None,
             "notes": list(self.notes), "run_dir": self.run_dir, "wall_s": self.wall_s,
         }
 
@@ -290,14 +291,12 @@ def judge(readings: Sequence[RankReading], expectations: Expectations, *,
     device = good[0].device if good else "?"
     exp = expectations.checks
     per_check: dict[str, dict[int, Verdict]] = {}
-    notes: list[str] = []
+    notes: list[str | None] = []  # the low notes of each check, None where none is due
     for check in RANK_CHECKS:
         values = {r.rank: v for r in good if (v := getattr(r, check)) is not None}
         per_check[check] = _verdicts(values, check, exp.get(check), threshold)
-        note = _low_note(check, _median(list(values.values())), exp.get(check), threshold,
-                         "the median rank's", device)
-        if note:
-            notes.append(note)
+        notes.append(_low_note(check, _median(list(values.values())), exp.get(check), threshold,
+                               "the median rank's", device))
     rows = tuple(RankRow(reading=r, verdicts=tuple(per_check[c][r.rank] for c in RANK_CHECKS
                                                    if r.rank in per_check[c])) for r in good)
     # nodes: by node id (SLURM's under SLURM), named by the host of their ranks
@@ -309,10 +308,8 @@ def judge(readings: Sequence[RankReading], expectations: Expectations, *,
         if seen:
             node_bw[node] = _median(seen)  # every rank of the node timed the same collective
     node_verdicts = _verdicts(node_bw, "allreduce_node", exp.get("allreduce_node"), threshold)
-    note = _low_note("allreduce_node", _median(list(node_bw.values())), exp.get("allreduce_node"),
-                     threshold, "the median node's", device)
-    if note:
-        notes.append(note)
+    notes.append(_low_note("allreduce_node", _median(list(node_bw.values())),
+                           exp.get("allreduce_node"), threshold, "the median node's", device))
     slow = {r.reading.rank for r in rows if r.slow}
     nodes = tuple(NodeRow(
         node=node, host=hosts.get(node, "?"),
@@ -328,12 +325,10 @@ def judge(readings: Sequence[RankReading], expectations: Expectations, *,
         expected = exp.get("allreduce_world")
         world = Verdict(check="allreduce_world", measured=median, median=median, expected=expected,
                         slow=False)
-        note = _low_note("allreduce_world", median, expected, threshold, "the", device)
-        if note:
-            notes.append(note)
+        notes.append(_low_note("allreduce_world", median, expected, threshold, "the", device))
     return DoctorReport(device=device, precision=good[0].precision if good else "?",
                         threshold=threshold, expectations=expectations, ranks=rows, nodes=nodes,
-                        world=world, failed=failed, notes=tuple(notes), slurm=slurm,
+                        world=world, failed=failed, notes=tuple(n for n in notes if n), slurm=slurm,
                         run_dir=run_dir, wall_s=wall_s)
 
 

@@ -8,15 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from launcher.results.doctor import (
-    CHECK_NAMES,
-    RANK_CHECKS,
-    DoctorReport,
-    NodeRow,
-    Verdict,
-    fmt_rate,
-    rate_unit,
-)
+from launcher.results.doctor import CHECK_NAMES, RANK_CHECKS, DoctorReport, NodeRow, Verdict, fmt_rate, rate_unit
+from launcher.results.table import format_table
 
 
 def _cell(v: Verdict | None, device: str) -> str:
@@ -37,12 +30,6 @@ def _why(verdicts: Sequence[Verdict]) -> str:
     if not slow:
         return "ok"
     return "SLOW: " + ", ".join(f"{CHECK_NAMES[v.check]} {v.of_median:.0%}" for v in slow) + " of the median"
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
-    return ["  ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip()
-            for line in (header, *rows)]
 
 
 def _size(nbytes: float) -> str:
@@ -82,12 +69,13 @@ def format_doctor(report: DoctorReport) -> str:
               f.label if f.host != "?" else "-", "-", "-", f"{f.status.upper()}: {f.error}"]
              for f in report.failed]
     rows.sort(key=lambda row: int(row[0]))
-    lines += _table(["rank", "node", "host", "device", f"GEMM {rate_unit('gemm', dev)}",
-                     "copy GB/s", "verdict"], rows)
+    lines += format_table(["rank", "node", "host", "device", f"GEMM {rate_unit('gemm', dev)}",
+                           "copy GB/s", "verdict"], rows, right=False).splitlines()
     if any(n.allreduce for n in report.nodes) or len(report.nodes) > 1:
         nrows = [[str(n.node), n.host, str(len(n.ranks)), _cell(n.allreduce, dev),
                   ("SLOW" if n.bad else "ok") + _node_why(n)] for n in report.nodes]
-        lines += [""] + _table(["node", "host", "ranks", "all-reduce busbw GB/s", "verdict"], nrows)
+        lines += ["", *format_table(["node", "host", "ranks", "all-reduce busbw GB/s", "verdict"], nrows,
+                                    right=False).splitlines()]
     if report.world is not None:
         w = report.world
         line = f"all-reduce across nodes: busbw {fmt_rate(w.check, w.measured)} GB/s"
@@ -148,7 +136,7 @@ def verdict_lines(report: DoctorReport) -> list[str]:
     if report.ok:
         out.append(f"ok: every rank within {report.threshold:.0%} of the median"
                    + (" (one rank: nothing to compare with)" if len(report.ranks) == 1 else ""))
-    elif report.slurm and report.exclude:
+    elif report.exclude:
         hosts = ",".join(report.exclude)
         out.append(f"exclude: --exclude={hosts}  (sbatch; with dlaunch: --slurm-opt exclude={hosts})")
     return out

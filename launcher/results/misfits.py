@@ -9,11 +9,8 @@ Pure (no torch, no I/O). Never imports report, jobs, backends, cli or runtime.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -13,13 +13,10 @@ Pure (no torch, no I/O). Never imports report, jobs, backends, cli or runtime.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from launcher.results.types import RankResult
-
-log = logging.getLogger(__name__)
 
 SUPERLINEAR_EFFICIENCY = 1.05  # scaling efficiency above this is not believable as such
 NOISY_P90_OVER_MEDIAN = 1.5

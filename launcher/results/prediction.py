@@ -25,13 +25,17 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from launcher.plan.memory import CUDA_ALLOCATOR_SLACK, CUDA_CONTEXT_BYTES, NCCL_BUFFER_BYTES
-from launcher.plan.types import MemoryEstimate, StepTimeEstimate
+from launcher.plan.planfile import PlanFile, read_plan
+from launcher.plan.types import MemoryEstimate
 from launcher.results.types import RankResult
-from launcher.specs import GIB, LaunchSpec
+from launcher.runspec import LaunchSpec
+from launcher.specs import GIB
 
 log = logging.getLogger(__name__)
 
 NO_PLAN = "no plan"
+# what the comparison reads of plan.json (`PlanFile`): a plan without one is unreadable here
+_COMPARED = ("time", "memory", "strategy", "precision", "micro_batch", "grad_accum", "world_size")
 MEASURED_MEM = {
     "cuda": "peak allocated by torch over the steady steps (torch.cuda.max_memory_allocated), "
             "largest rank",
@@ -45,17 +49,6 @@ def measured_peak_bytes(ranks: Sequence[RankResult], device: str) -> int | None:
     peaks = [r.live_peak_bytes if device == "cpu" else r.peak_mem_bytes for r in ranks]
     present = [p for p in peaks if p is not None]
     return max(present) if present else None
-
-
-def plan_step_time_s(plan: Mapping[str, Any]) -> float:
-    """The step time plan.json predicts for its chosen candidate (KeyError/TypeError/ValueError
-    when it is not a plan written by `dlaunch run`)."""
-    return StepTimeEstimate(**plan["plan"]["chosen"]["time"]).step_time_s
-
-
-def plan_mem_gib(plan: Mapping[str, Any]) -> float:
-    """The per-rank peak memory plan.json predicts for its chosen candidate, overhead included."""
-    return MemoryEstimate(**plan["plan"]["chosen"]["memory"]).total_gib
 
 
 def plan_tensor_bytes(est: MemoryEstimate, *, device: str, world_size: int) -> float:
@@ -75,15 +68,12 @@ def plan_tensor_bytes(est: MemoryEstimate, *, device: str, world_size: int) -> f
     return max(named, (est.total_bytes - fixed) / (1.0 + CUDA_ALLOCATOR_SLACK))
 
 
-def _mismatch(plan: Mapping[str, Any], spec: LaunchSpec) -> str | None:
+def _mismatch(plan: PlanFile, spec: LaunchSpec) -> str | None:
     """Why the run did not follow the plan (the user changed a decision after planning), or None."""
-    chosen = plan["plan"]["chosen"]
-    strategy = chosen["strategy"]
-    pairs = [("strategy", strategy["kind"], spec.strategy.kind),
-             ("precision", strategy["precision"], spec.strategy.precision),
-             ("micro-batch", chosen["micro_batch"], spec.micro_batch),
-             ("accumulation", chosen["grad_accum_steps"], spec.grad_accum_steps),
-             ("world size", plan["plan"]["world_size"], spec.world_size)]
+    pairs = [("strategy", plan.strategy, spec.strategy), ("precision", plan.precision, spec.precision),
+             ("micro-batch", plan.micro_batch, spec.micro_batch),
+             ("accumulation", plan.grad_accum, spec.grad_accum),
+             ("world size", plan.world_size, spec.world_size)]
     diff = [f"{name} {a} planned, {b} run" for name, a, b in pairs if a != b]
     return "the run did not follow plan.json: " + ", ".join(diff) if diff else None
 
@@ -101,18 +91,21 @@ def compare(plan: Mapping[str, Any] | None, spec: LaunchSpec, *, step_time_s: fl
     if plan is None:
         return {"available": False, "reason": NO_PLAN}
     try:
-        predicted_s, total_gib = plan_step_time_s(plan), plan_mem_gib(plan)
-        predicted_gib = plan_tensor_bytes(MemoryEstimate(**plan["plan"]["chosen"]["memory"]),
-                                          device=device,
-                                          world_size=int(plan["plan"]["world_size"])) / GIB
-        mismatch = _mismatch(plan, spec)
+        planned = read_plan(plan)
+        if absent := [k for k in _COMPARED if getattr(planned, k) is None]:
+            raise KeyError(absent[0])
+        time, memory, world = planned.time, planned.memory, planned.world_size
+        assert time is not None and memory is not None and world is not None  # _COMPARED
+        predicted_s, total_gib = time.step_time_s, memory.total_gib
+        predicted_gib = plan_tensor_bytes(memory, device=device, world_size=int(world)) / GIB
+        mismatch = _mismatch(planned, spec)
     except (KeyError, TypeError, ValueError) as e:
         log.debug("plan.json unusable", exc_info=True)
         return {"available": False, "reason": f"plan.json unreadable ({type(e).__name__}: {e})"}
     if mismatch:
         return {"available": False, "reason": mismatch}
     measured_gib = peak_mem_bytes / GIB if peak_mem_bytes is not None else None
-    low_s, high_s, coverage = _interval(plan)
+    low_s, high_s, coverage = planned.interval or (None, None, None)
     inside = (None if step_time_s is None or low_s is None or high_s is None
               else low_s <= step_time_s <= high_s)
     return {
@@ -125,18 +118,6 @@ def compare(plan: Mapping[str, Any] | None, spec: LaunchSpec, *, step_time_s: fl
         "step_time_ratio": step_time_s / predicted_s if step_time_s and predicted_s > 0 else None,
         "mem_ratio": measured_gib / predicted_gib if measured_gib is not None and predicted_gib > 0 else None,
     }
-
-
-def _interval(plan: Mapping[str, Any]) -> tuple[float | None, float | None, float | None]:
-    """plan.json's interval around its step time (low, high, coverage); Nones in a plan written
-    before plans had one."""
-    found = plan["plan"].get("step_interval")
-    if not isinstance(found, Mapping):
-        return None, None, None
-    try:
-        return float(found["low_s"]), float(found["high_s"]), float(found["coverage"])
-    except (KeyError, TypeError, ValueError):
-        return None, None, None
 
 
 def interval_note(block: Mapping[str, Any]) -> str:

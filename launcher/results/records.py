@@ -12,7 +12,6 @@ Never imports report, jobs, backends, cli or runtime.
 
 from __future__ import annotations
 
-import logging
 import socket
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,12 +19,11 @@ from typing import Any
 
 from launcher.errors import DlaunchError, RunDirError
 from launcher.files import read_json, read_jsonl
+from launcher.knobs import migrate
 from launcher.procs import pid_alive
 from launcher.results.schema import dataclass_problem, is_number, kind_of, type_problem
 from launcher.rundir import RECORDS, SUMMARY, RunPaths
-from launcher.specs import LaunchSpec
-
-log = logging.getLogger(__name__)
+from launcher.runspec import LaunchSpec
 
 # missing ranks listed one by one (a rank result each); beyond it they are only counted
 MISSING_LISTED = 16
@@ -61,6 +59,7 @@ def read_spec(run_dir: str | Path) -> LaunchSpec:
         data = read_json(path)
     except (OSError, ValueError) as e:
         raise RunDirError(f"{path}: unreadable ({type(e).__name__}: {e})") from None
+    data = migrate(data) if isinstance(data, dict) else data  # written by an earlier version
     problem = dataclass_problem(LaunchSpec, data)
     if problem is None:
         try:
@@ -71,6 +70,19 @@ def read_spec(run_dir: str | Path) -> LaunchSpec:
             problem = f"{type(e).__name__}: {e}"
     raise RunDirError(f"{path} is not a launch spec (expected an object with the keys "
                       f"`dlaunch run` writes: {problem})")
+
+
+def read_plan_json(run_dir: str | Path) -> tuple[dict[str, Any] | None, str | None]:
+    """(plan.json, None): the plan the run followed, None without one; (None, why) when the
+    file is there but cannot be used."""
+    path = RunPaths(root=run_dir).plan
+    if not path.is_file():
+        return None, None
+    try:
+        plan = read_json(path)
+    except (OSError, ValueError) as e:
+        return None, f"{path.name}: unreadable ({e})"
+    return (plan, None) if isinstance(plan, dict) else (None, f"{path.name}: not a JSON object")
 
 
 def record_problem(rec: Any) -> str | None:

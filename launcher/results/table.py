@@ -12,12 +12,13 @@ from launcher.specs import GIB
 SKIP_WARN_FRACTION = 0.01
 
 
-def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """Left-aligned first column, right-aligned others, two spaces apart."""
+def format_table(header: Sequence[str], rows: Sequence[Sequence[str]], *, right: bool = True) -> str:
+    """Left-aligned first column, right-aligned others (`right`; else all left-aligned), two
+    spaces apart."""
     widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
     lines = []
     for row in (header, *rows):
-        cells = [str(c).ljust(w) if i == 0 else str(c).rjust(w)
+        cells = [str(c).rjust(w) if right and i else str(c).ljust(w)
                  for i, (c, w) in enumerate(zip(row, widths))]
         lines.append("  ".join(cells).rstrip())
     return "\n".join(lines)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import logging
 import os
 import sys
 import threading
@@ -39,9 +38,7 @@ from typing import Any, Literal, Protocol
 from launcher.errors import LaunchError
 from launcher.results.types import RunResult
 from launcher.rundir import RunPaths
-from launcher.specs import LaunchSpec
-
-log = logging.getLogger(__name__)
+from launcher.runspec import LaunchSpec
 
 # the module each of TRACKERS needs, and what to install
 _NEEDS = {"tensorboard": ("tensorboard", "tensorboard"), "mlflow": ("mlflow", "mlflow-skinny"),
@@ -131,10 +128,10 @@ _SINKS: dict[str, Callable[[Path, Mapping[str, Any]], Sink]] = {
 def tracker_params(spec: LaunchSpec) -> dict[str, Any]:
     """What each tracker's run is labelled with."""
     return {"run_id": spec.run_id, "workload": Path(spec.workload).name, "world_size": spec.world_size,
-            "num_nodes": spec.num_nodes, "device": spec.device,
-            "strategy": "script" if spec.is_script else spec.strategy.kind,
-            "precision": spec.strategy.precision, "micro_batch": spec.micro_batch,
-            "grad_accum_steps": spec.grad_accum_steps, "steps": spec.steps}
+            "num_nodes": spec.nodes, "device": spec.device,
+            "strategy": "script" if spec.is_script else spec.strategy,
+            "precision": spec.precision, "micro_batch": spec.micro_batch,
+            "grad_accum": spec.grad_accum, "steps": spec.steps}
 
 
 def step_metrics(record: Mapping[str, Any]) -> dict[str, float]:

@@ -138,11 +138,8 @@ class RunResult:
         d["ranks"] = tuple(RankResult(**{**r, "log_tail": tuple(r.get("log_tail", ())),
                                          "top_ops": tuple(r.get("top_ops", ()))})
                            for r in d.get("ranks", ()))
-        d["failures"] = tuple(d.get("failures", ()))
-        d["unreadable"] = tuple(d.get("unreadable", ()))
-        d["stragglers"] = tuple(d.get("stragglers", ()))
-        d["straggler_evidence"] = tuple(d.get("straggler_evidence", ()))
-        d["host_load"] = tuple(d.get("host_load", ()))
-        d["warnings"] = tuple(d.get("warnings", ()))
+        for key in ("failures", "unreadable", "stragglers", "straggler_evidence", "host_load",
+                    "warnings"):
+            d[key] = tuple(d.get(key, ()))
         return cls(**d)
 

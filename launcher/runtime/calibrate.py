@@ -27,7 +27,8 @@ without it (no extra passes or RNG draws before any optimizer step), and the syn
 comes from the steps themselves. The cost is one sync-off pass (more, up to `MAX_PASSES`, only
 while they fit in one median step or in `CHEAP_S`: short steps get a steadier median) and two
 all-reduces of the gradients' size.
-A preempted or failed run skips it.
+A preempted or failed run skips it. The harness calls `comm_record`: the wrapped model's
+sync-off pass, `measure`, and with tensor parallelism also runtime.tp_comm.
 
 The calibration never fails a run: an error in it (an out-of-memory above all) leaves the
 `comm` record without the numbers it could not measure, with `error` (this rank's failure,
@@ -51,14 +52,17 @@ from __future__ import annotations
 import logging
 import statistics
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
+from launcher.runtime import tp_comm
 from launcher.runtime.context import RankContext
+from launcher.runtime.window import Window
+from launcher.runtime.wrap import Wrapped
 
 log = logging.getLogger(__name__)
 
@@ -263,3 +267,33 @@ def measure(sync_step_s: list[float], sync_off_pass: Callable[[], None], *, ctx:
 def _zeros(nbytes: int, device: torch.device) -> torch.Tensor:
     """The benchmark's buffer: `nbytes` of fp32 zeros (at least one element)."""
     return torch.zeros(max(1, nbytes // GRAD_BYTES), dtype=torch.float32, device=device)
+
+
+def comm_record(window: Window, wrapped: Wrapped, replay: Callable[[], object],
+                zero_grad: Callable[[], None], params: Sequence[torch.Tensor], ctx: RankContext,
+                *, tp: int = 1) -> dict[str, Any]:
+    """The `comm` record after the last step: `replay` runs the last step's micro-batches again
+    with gradient sync off, `zero_grad` drops their gradients, and the all-reduce is sized by
+    this rank's gradient shard (`measure`, `grad_sizes` of the trainable `params`).
+
+    With tensor parallelism (`tp` > 1) the sync-off pass turns FSDP's gradient reduction off,
+    not the tensor-parallel collectives inside forward and backward: `exposed_comm_s` is the dp
+    dimension's (`exposed_comm_dims`), and on CPU one more pass times TP's own (runtime.tp_comm).
+    """
+
+    def sync_off_pass() -> None:
+        try:
+            with wrapped.no_sync():
+                replay()
+        finally:  # a failed pass's gradients go too (the calibration goes on without it)
+            zero_grad()
+
+    record = measure(window.fwd_bwd_times(), sync_off_pass, ctx=ctx, sizes=grad_sizes(params))
+    if tp > 1:
+        record.update(tp=tp, dp=ctx.world_size // tp, exposed_comm_dims=["dp"])
+        if ctx.device_type == "cpu" and wrapped.tp_group is not None:
+            record.update(tp_comm.tp_comm_s(sync_off_pass, wrapped.tp_group))
+        else:
+            record["tp_comm_skipped"] = ("not measured on CUDA: NCCL collectives run "
+                                         "asynchronously (a --profile trace shows them)")
+    return record

@@ -308,8 +308,7 @@ def load(model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: st
     Returns (step, meta) — training continues with step + 1; meta's `passed_over` lists
     `step-N: why` for each newer checkpoint not used — or None when there is none. Raises
     `CheckpointUnusable` (one line naming each) when there are checkpoints but none is usable.
-    All ranks must agree on the step: they read the same shared directory, and rank 0's choice
-    is broadcast so a checkpoint completing between two ranks' listings cannot split them.
+    All ranks agree on the step (`pick`).
     """
     # deferred: DCP is loaded only by a run that checkpoints (see the module docstring)
     import torch.distributed.checkpoint as dcp

@@ -15,7 +15,6 @@ compiled (see runtime/__init__).
 
 from __future__ import annotations
 
-import logging
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -24,8 +23,6 @@ import torch
 
 from launcher.errors import DlaunchError
 from launcher.specs import Strategy
-
-log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 # at most this many graph-break / recompile reasons are kept in the rank file
@@ -75,7 +72,7 @@ def one_line(e: BaseException) -> str:
         where = lines[lines.index("from user code:") + 1:][:1]
         if where and where[0].startswith("File "):
             text += f" [{where[0]}]"
-    return text if len(text) <= REASON_CHARS else text[:REASON_CHARS - 3] + "..."
+    return _clipped(text)
 
 
 def is_compile_error(e: BaseException) -> bool:
@@ -149,13 +146,17 @@ def compile_stats(fallback: str | None = None) -> dict[str, Any]:
         "kind": "compile",
         "graphs": int(counters["stats"]["unique_graphs"]),
         "graph_breaks": int(sum(breaks.values())),
-        "break_reasons": [_short(r) for r in list(breaks)[:MAX_REASONS]],
+        "break_reasons": [_first_line(r) for r in list(breaks)[:MAX_REASONS]],
         "recompiles": len(recompiles),
-        "recompile_reasons": [_short(r) for r in recompiles[:MAX_REASONS]],
+        "recompile_reasons": [_first_line(r) for r in recompiles[:MAX_REASONS]],
         "fallback": fallback,
     }
 
 
-def _short(reason: str) -> str:
-    first = next((line.strip() for line in str(reason).splitlines() if line.strip()), "")
-    return first if len(first) <= REASON_CHARS else first[:REASON_CHARS - 3] + "..."
+def _first_line(reason: str) -> str:
+    return _clipped(next((line.strip() for line in str(reason).splitlines() if line.strip()), ""))
+
+
+def _clipped(text: str) -> str:
+    """`text`, cut to REASON_CHARS with "..." when longer."""
+    return text if len(text) <= REASON_CHARS else text[:REASON_CHARS - 3] + "..."

@@ -109,10 +109,14 @@ def init_distributed(ctx: RankContext, *, timeout_s: float = 1800.0, mesh: bool 
 def shutdown_distributed() -> None:
     """Destroy the process group if one is up. Safe in every `finally`: a rank that ended before
     torch loaded (a broken install, a bad workload) has no group, and loading torch only to
-    find none would cost it seconds."""
+    find none would cost it seconds; a broken group that cannot be torn down is logged, not
+    raised (the rank's own ending matters more)."""
     dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception as e:
+        log.debug("process group teardown failed: %s", e)
 
 
 def watch_parent() -> None:

@@ -120,9 +120,11 @@ class _Clock:
         return [start.elapsed_time(end) / 1e3 for start, end in pairs]
 
 
-def _timed(clock: _Clock, fn: Callable[[], Any], *, fixed_reps: int | None) -> list[float]:
+def _timed(clock: _Clock, fn: Callable[[], Any], *, fixed_reps: int | None,
+           slowed: bool = False) -> list[float]:
     """Warm-up, then the timed repetitions: `fixed_reps`, or (CPU) as many as fill
-    CPU_TARGET_S judged by the last warm-up call."""
+    CPU_TARGET_S judged by the last warm-up call; `slowed`: under the test hook (`_slowed`)."""
+    fn = _slowed(fn, clock) if slowed else fn
     took = 0.0
     for _ in range(WARMUP):
         took = clock.once(fn)
@@ -158,8 +160,7 @@ def _gemm(clock: _Clock, device: torch.device, precision: str, n: int, slowed: b
     def run() -> None:
         torch.mm(a, b, out=c)
 
-    fn = _slowed(run, clock) if slowed else run
-    return _summary(_timed(clock, fn, fixed_reps=fixed_reps), 2.0 * n**3, n=n, unit="FLOP/s")
+    return _summary(_timed(clock, run, fixed_reps=fixed_reps, slowed=slowed), 2.0 * n**3, n=n, unit="FLOP/s")
 
 
 def _copy(clock: _Clock, device: torch.device, nbytes: int, slowed: bool,
@@ -170,9 +171,8 @@ def _copy(clock: _Clock, device: torch.device, nbytes: int, slowed: bool,
     def run() -> None:
         dst.copy_(src)
 
-    fn = _slowed(run, clock) if slowed else run
     moved = 2 * src.numel() * 4  # read + written
-    return _summary(_timed(clock, fn, fixed_reps=fixed_reps), float(moved), bytes=moved, unit="B/s")
+    return _summary(_timed(clock, run, fixed_reps=fixed_reps, slowed=slowed), float(moved), bytes=moved, unit="B/s")
 
 
 def _allreduce(clock: _Clock, device: torch.device, nbytes: int, group: dist.ProcessGroup | None,

@@ -25,8 +25,6 @@ import sys
 from launcher.runtime.context import from_env, shutdown_distributed, watch_parent
 from launcher.runtime.recorder import RankRecorder
 
-log = logging.getLogger(__name__)
-
 
 def main(argv: list[str] | None = None) -> int:
     """Run one doctor rank; returns its exit code."""
@@ -55,10 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rank {ctx.rank} failed: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     finally:
-        try:
-            shutdown_distributed()
-        except Exception as e:  # a broken group cannot be torn down cleanly; say so, go on
-            log.debug("process group teardown failed: %s", e)
+        shutdown_distributed()
 
 
 if __name__ == "__main__":

@@ -24,13 +24,11 @@ import sys
 import traceback
 from types import FrameType
 
+from launcher.runspec import LaunchSpec
 from launcher.runtime.context import from_env, init_distributed, shutdown_distributed, watch_parent
 from launcher.runtime.preemption import stop_requested
 from launcher.runtime.recorder import RankRecorder
-from launcher.specs import LaunchSpec
 from launcher.workload import load_workload
-
-log = logging.getLogger(__name__)
 
 
 class Stopped(SystemExit):
@@ -46,12 +44,6 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     # dlaunch may both send one, and a second raise would cut that summary short
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise Stopped(128 + signum)
-
-
-def _stop_was_requested() -> bool:
-    """A rank told to stop (SIGTERM under SLURM) whose next collective then failed (a peer
-    was already gone) was being stopped, not failing of its own."""
-    return stop_requested() is not None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,9 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     ctx = from_env(spec.device)
     recorder = RankRecorder(spec.run_dir, ctx.rank, {
         "run_id": spec.run_id, "local_rank": ctx.local_rank, "node_rank": ctx.node_rank, "world_size": ctx.world_size,
-        "host": ctx.host, "device": spec.device, "strategy": spec.strategy.kind,
-        "precision": spec.strategy.precision, "micro_batch": spec.micro_batch,
-        "grad_accum_steps": spec.grad_accum_steps,
+        "host": ctx.host, "device": spec.device, "strategy": spec.strategy,
+        "precision": spec.precision, "micro_batch": spec.micro_batch,
+        "grad_accum": spec.grad_accum,
     }, dump_stacks=True)
     try:
         # deferred, the one place: torch (1-2 s) and the training machinery load only now that
@@ -89,13 +81,15 @@ def main(argv: list[str] | None = None) -> int:
         # a hung collective must end long before gloo/NCCL's 30-minute default; FSDP's mesh
         # needs the group on one rank too
         init_distributed(ctx, timeout_s=spec.collective_timeout_s,
-                         mesh=wrap.uses_device_mesh(spec.strategy))
+                         mesh=wrap.uses_device_mesh(spec.parallel))
         outcome = harness.train(workload, spec, ctx, recorder)
         # `preempted` also exits 0: the checkpoint is saved, a requeue or restart resumes it
         recorder.finish(outcome.status, extra=outcome.summary or None)
         return 0
     except BaseException as e:  # noqa: BLE001 - every way out must leave a summary
-        status = "stopped" if isinstance(e, Stopped) or _stop_was_requested() else "failed"
+        # a rank told to stop (SIGTERM under SLURM) whose next collective then failed (a peer
+        # was already gone) was being stopped, not failing of its own
+        status = "stopped" if isinstance(e, Stopped) or stop_requested() is not None else "failed"
         recorder.finish(status, error=e)
         if os.environ.get("DLAUNCH_DEBUG"):
             traceback.print_exc()
@@ -106,10 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         # the summary is written: a SIGTERM from now on (torchrun stopping the job) need not
         # unwind anything, and raising it inside an atexit hook would only print a traceback
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        try:
-            shutdown_distributed()
-        except Exception as e:  # a broken group cannot be torn down cleanly; say so, go on
-            log.debug("process group teardown failed: %s", e)
+        shutdown_distributed()
 
 
 def exit_now(code: int) -> None:

@@ -14,18 +14,15 @@ Never imports cli, backends, jobs or report; torch at module level (see runtime/
 
 from __future__ import annotations
 
-import logging
 import time
 
 import torch
 import torch.distributed as dist
 
 from launcher.errors import WorkloadError
+from launcher.runspec import LaunchSpec
 from launcher.runtime.context import RankContext
-from launcher.specs import LaunchSpec
 from launcher.workload import Workload
-
-log = logging.getLogger(__name__)
 
 
 def check(workload: Workload, spec: LaunchSpec) -> None:

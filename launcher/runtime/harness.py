@@ -2,17 +2,13 @@
 
 Measurement never syncs the host with the device per step: on CUDA each step is bracketed by
 events that are read at the end of a logging window; losses stay tensors until then (see
-runtime.window). On CPU the step is synchronous anyway, so `perf_counter` is exact. A step's
-`data_wait_s` is the host's time in the loader (not the copy to the device) that the step
-waited for: on CUDA 0 when the device was still busy with the previous step (runtime.window,
-`Clock.exposed_wait`); the device's peak memory is reset at the first steady step.
+runtime.window). On CPU the step is synchronous anyway, so `perf_counter` is exact. The data
+(runtime.loader) comes first in a step, its wait timed apart; the device's peak memory is reset
+at the first steady step.
 
 Besides `step`, the harness writes these records to the rank file:
   comm             exposed communication and busbw, measured after the last step of a
-                   multi-rank run (runtime.calibrate; all-reduce of this rank's gradient
-                   shard); a failure there leaves `error` / `skipped` in it, never fails the run;
-                   with tensor parallelism also tp, dp and exposed_comm_dims ["dp"]: the
-                   tensor-parallel collectives run in both passes, so they are not in it
+                   multi-rank run (runtime.calibrate); a failure there never fails the run
   wrap             strategy, compiled, mesh_shape (FSDP's device mesh; [replicas, shards] for hybrid;
                    with tensor parallelism [dp, tp] or [replicas, shards, tp]), mesh_dims (their
                    names), tp, dp (the tensor- and data-parallel degrees)
@@ -22,10 +18,9 @@ Besides `step`, the harness writes these records to the rank file:
   memory_snapshot  path, reason (end of run | out of memory)
   resume, checkpoint   see runtime.resume (--checkpoint-every, DLAUNCH_RESUME, preemption)
 
-The optimizer and LR scheduler are the workload's (`make_optimizer`, `make_scheduler`; default
-AdamW, none), made after wrapping; the scheduler steps once per optimizer step and its state is
-checkpointed. With `--eval-every N` the workload's `evaluate` runs after every Nth step (see
-runtime.evaluation): its metrics go into that step's record and the rank summary.
+The optimizer and LR scheduler are the workload's (runtime.wrap.make_optimizer); the scheduler
+steps once per optimizer step. With `--eval-every N` the workload's `evaluate` runs after every
+Nth step (runtime.evaluation).
 
 Every step beats the heartbeat (`recorder.progress`, no device sync) so the launcher's hang
 watcher sees progress even inside a long window; a rank that fails inside a window still
@@ -33,10 +28,8 @@ records the steps it completed (with its own loss: `loss_scope: "rank"`). A NaN 
 loss is noticed when its window closes: a warning and `nonfinite_loss` {step, loss} in the rank
 summary, or with --stop-on-nan the rank fails with `NonFiniteLoss` at that window's end.
 
-`train` runs in three parts: `_setup` builds what a run needs (the model, wrapped; its
-optimizer; a resumed checkpoint; the loader; the profiler, sampler and logging window) in an
-order that keeps runs reproducible, `_loop` trains, and `_finish` adds the records made after
-the last step (profile, compile, comm) and says how the run ended.
+`train` runs in three parts: `_setup` builds what a run needs in an order that keeps runs
+reproducible, `_loop` trains, and `_finish` adds the records made after the last step.
 
 Never imports cli, backends, jobs or report; torch at module level (see runtime/__init__).
 """
@@ -49,87 +42,38 @@ import gc
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.optim.lr_scheduler import LRScheduler
-from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
+from torch.utils.data import DataLoader
 
-from launcher.runtime import calibrate, evaluation, profiling, resume, tp_comm
+from launcher.runspec import LaunchSpec
+from launcher.runtime import calibrate, evaluation, profiling, resume
 from launcher.runtime.compiling import CompileGuard, compile_stats
 from launcher.runtime.context import RankContext
 from launcher.runtime.live_bytes import StepSampler
+from launcher.runtime.loader import fetch, make_loader
 from launcher.runtime.preemption import Preemption, under_slurm
 from launcher.runtime.recorder import RankRecorder
-from launcher.runtime.stream import RankStream
 from launcher.runtime.window import FLUSH_INTERVAL_S, Clock, Window, peak_reset_step, window_steps
-from launcher.runtime.wrap import Wrapped, dp_rank, make_optimizer, wrap
-from launcher.specs import LaunchSpec
+from launcher.runtime.wrap import Wrapped, make_optimizer, wrap
 from launcher.workload import Workload
 
 log = logging.getLogger(__name__)
 
-__all__ = ["FLUSH_INTERVAL_S", "make_loader", "to_device", "train", "window_steps"]
+__all__ = ["FLUSH_INTERVAL_S", "train", "window_steps"]
 
 SNAPSHOT_BUSY = "writing the memory snapshot"  # what the heartbeat says while it is written
 
 
-def to_device(batch: object, device: torch.device) -> object:
-    """Move a batch (tensor, or tuple / list / dict of them) to `device`."""
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, tuple | list):
-        return type(batch)(to_device(b, device) for b in batch)
-    if isinstance(batch, dict):
-        return {k: to_device(v, device) for k, v in batch.items()}
-    return batch
-
-
-def make_loader(workload: Workload, spec: LaunchSpec, ctx: RankContext, *,
-                start_step: int = 0) -> DataLoader[Any]:
-    """A DataLoader over exactly the samples this rank trains on, in a fixed order.
-
-    The dataset holds steps x global batch samples; DistributedSampler hands data-parallel
-    rank d every dp_size-th index, so the union of the dp ranks' micro-batches at a step is the
-    batch one process would see with dp_size times the micro-batch (the equivalence the tests
-    check). With tensor parallelism (tp > 1) dp_size is world_size / tp and the tp ranks of one
-    group (consecutive ranks, `wrap.dp_rank`) read the same samples; without, every rank is its
-    own dp rank. After a resume at `start_step` the index list starts where step
-    start_step + 1 begins.
-    """
-    dataset = workload.make_dataset(spec.steps * spec.global_batch)
-    tp = spec.strategy.tp
-    workers = spec.loader.num_workers
-    if isinstance(dataset, IterableDataset):  # split and resumed as a stream (runtime.stream)
-        stream = RankStream(dataset, dp_size=ctx.world_size // tp, dp_rank=dp_rank(ctx.rank, tp),
-                            micro_batch=spec.micro_batch, skip_batches=start_step * spec.grad_accum_steps)
-        return DataLoader(stream, batch_size=spec.micro_batch, drop_last=True, num_workers=workers,
-                          pin_memory=spec.loader.pin_memory and ctx.device_type == "cuda",
-                          persistent_workers=spec.loader.persistent_workers and workers > 0,
-                          prefetch_factor=spec.loader.prefetch_factor if workers > 0 else None)
-    ranks: DistributedSampler[int] = DistributedSampler(
-        dataset, num_replicas=ctx.world_size // tp, rank=dp_rank(ctx.rank, tp),
-        shuffle=spec.loader.shuffle, seed=spec.seed, drop_last=True)
-    sampler: Iterable[int] = ranks
-    if start_step:
-        sampler = resume.SkipSampler(ranks, start_step * spec.micro_batch * spec.grad_accum_steps)
-    return DataLoader(
-        dataset, batch_size=spec.micro_batch, sampler=sampler, drop_last=True,
-        num_workers=workers,
-        pin_memory=spec.loader.pin_memory and ctx.device_type == "cuda",
-        persistent_workers=spec.loader.persistent_workers and workers > 0,
-        prefetch_factor=spec.loader.prefetch_factor if workers > 0 else None,
-        generator=torch.Generator().manual_seed(spec.seed),
-    )
-
-
 def _autocast(spec: LaunchSpec, ctx: RankContext) -> contextlib.AbstractContextManager[Any]:
     # FSDP2's MixedPrecisionPolicy already computes in the low dtype; autocast is for DDP
-    if spec.strategy.precision == "fp32" or spec.strategy.kind != "ddp":
+    if spec.precision == "fp32" or spec.strategy != "ddp":
         return contextlib.nullcontext()
-    dtype = torch.bfloat16 if spec.strategy.precision == "bf16" else torch.float16
+    dtype = torch.bfloat16 if spec.precision == "bf16" else torch.float16
     return torch.autocast(device_type=ctx.device_type, dtype=dtype)
 
 
@@ -217,25 +161,25 @@ def _setup(workload: Workload, spec: LaunchSpec, ctx: RankContext, recorder: Ran
     torch.manual_seed(spec.seed)
     model = workload.build_model().to(device)
     blocks = workload.blocks(model)
-    tp = spec.strategy.tp
+    tp = spec.tp
     # the workload's plan for its model as built (module names before any wrapper)
     plan = workload.tp_plan(model, tp) if tp > 1 else None
-    wrapped = wrap(model, spec.strategy, ctx, blocks, shard_group_size=spec.shard_group_size,
+    wrapped = wrap(model, spec.parallel, ctx, blocks, shard_group_size=spec.shard_group_size,
                    tp_plan=plan)
-    recorder.add({"kind": "wrap", "strategy": spec.strategy.kind, "compiled": wrapped.compiled,
+    recorder.add({"kind": "wrap", "strategy": spec.strategy, "compiled": wrapped.compiled,
                   "mesh_shape": list(wrapped.mesh_shape) if wrapped.mesh_shape else None,
                   "mesh_dims": list(wrapped.mesh_dims) if wrapped.mesh_dims else None,
                   "tp": tp, "dp": ctx.world_size // tp})
     params = [p for p in wrapped.module.parameters() if p.requires_grad]
     optimizer, scheduler = make_optimizer(workload, model, ctx)
-    scaler = torch.amp.GradScaler(ctx.device_type, enabled=spec.strategy.uses_grad_scaler)
+    scaler = torch.amp.GradScaler(ctx.device_type, enabled=spec.parallel.uses_grad_scaler)
     # after wrapping (DCP loads DDP and FSDP2 state alike) and before the loader (data position)
     start = resume.resume(wrapped.module, optimizer, scaler, spec, ctx, recorder,
                           scheduler=scheduler)
     loader = make_loader(workload, spec, ctx, start_step=start)
     batches = iter(loader)
     clock = Clock(ctx.device_type)
-    guard = CompileGuard(compiled=wrapped.compiled, strict=spec.strategy.compile_strict,
+    guard = CompileGuard(compiled=wrapped.compiled, strict=spec.compile_strict,
                          rank=ctx.rank)
     profiler = None
     if spec.profile:
@@ -267,7 +211,7 @@ def _forward_backward(run: _Setup, workload: Workload, spec: LaunchSpec, ctx: Ra
     The hot path adds nothing to the workload's own forward and backward: no GradScaler
     call unless fp16, no loss division or running sum without accumulation.
     """
-    accum = spec.grad_accum_steps
+    accum = spec.grad_accum
     step_loss: torch.Tensor | None = None
     for micro, batch in enumerate(micro_batches):
         sync = contextlib.nullcontext() if micro == accum - 1 else run.wrapped.accumulate()
@@ -288,8 +232,8 @@ def _loop(run: _Setup, workload: Workload, spec: LaunchSpec, ctx: RankContext,
     stops every rank at a window's end (after saving a checkpoint there)."""
     # this rank's share: the tp ranks of one group train on the same samples, so each counts
     # 1/tp of them and the sum over ranks is the job's throughput
-    samples: int = spec.micro_batch * spec.grad_accum_steps
-    samples_per_step = samples / spec.strategy.tp if spec.strategy.tp > 1 else samples
+    samples: int = spec.micro_batch * spec.grad_accum
+    samples_per_step = samples / spec.tp if spec.tp > 1 else samples
     units_per_step = samples_per_step * workload.units_per_sample
     # compilation happens at the first calls: watch them through warm-up (at least one step)
     watch_until = run.start + max(1, spec.warmup_steps)
@@ -306,7 +250,7 @@ def _loop(run: _Setup, workload: Workload, spec: LaunchSpec, ctx: RankContext,
                 sampler.begin(step)
                 # the step's batches first: the forward+backward mark then times compute and
                 # gradient sync alone (runtime.calibrate); a compile failure re-runs them eagerly
-                held, data_wait = _fetch(run.batches, spec.grad_accum_steps, run.device, clock)
+                held, data_wait = fetch(run.batches, spec.grad_accum, run.device, clock)
                 fwd_bwd_start = clock.start()
                 if guard.watching:
                     step_loss = guard.run(lambda: _forward_backward(run, workload, spec, ctx, held),
@@ -324,7 +268,7 @@ def _loop(run: _Setup, workload: Workload, spec: LaunchSpec, ctx: RankContext,
                 run.scaler.update()
                 if run.scheduler is not None:
                     run.scheduler.step()
-                run.optimizer.zero_grad(set_to_none=True)
+                run.zero_grad()
                 mark = clock.stop(step_start)
                 end_time = time.time()
                 evaluated: dict[str, Any] = {}
@@ -350,15 +294,14 @@ def _loop(run: _Setup, workload: Workload, spec: LaunchSpec, ctx: RankContext,
                     closing = window.records  # close() fills in their rank-averaged losses
                     stop_any = window.close(stop=preemption.requested)
                     nonfinite = nonfinite or _check_losses(closing, spec, ctx)
+                    if stop_any or boundary:
+                        # a stop: every rank learnt it from the same all-reduce, all save here
+                        resume.save(step, run.wrapped.module, run.optimizer, run.scaler, spec, ctx,
+                                    recorder, reason="preempted" if stop_any else "periodic",
+                                    scheduler=run.scheduler)
                     if stop_any:
-                        # every rank learnt it from the same all-reduce: all save at this step
-                        resume.save_preempted(step, run.wrapped.module, run.optimizer, run.scaler,
-                                              spec, ctx, recorder, scheduler=run.scheduler)
                         stopped_at = step
                         break
-                    if boundary:
-                        resume.save(step, run.wrapped.module, run.optimizer, run.scaler, spec,
-                                    recorder, reason="periodic", scheduler=run.scheduler)
         except BaseException:
             sampler.abort()
             window.flush_open()
@@ -374,71 +317,17 @@ def _finish(run: _Setup, end: _LoopEnd, workload: Workload, spec: LaunchSpec, ct
         recorder.add(run.profiler.close())
     if run.wrapped.compiled:
         recorder.add(compile_stats(run.guard.fallback))
-    if ctx.is_distributed and spec.calibrate_comm and not end.stopped_at and run.window.fwd_bwd_times():
+    if ctx.is_distributed and spec.calibrate and not end.stopped_at and run.window.fwd_bwd_times():
         # after the last step: training never waits for it and is unchanged by it
-        comm = _calibrate(run.window, run.wrapped,
-                          lambda: _forward_backward(run, workload, spec, ctx, end.held),
-                          run.zero_grad, run.params, ctx)
-        if spec.strategy.tp > 1:
-            # the sync-off pass turns FSDP's gradient reduction off, not the tensor-parallel
-            # collectives inside forward and backward: exposed_comm_s is the dp dimension's,
-            # and on CPU one more pass times TP's own (runtime.tp_comm)
-            comm.update(tp=spec.strategy.tp, dp=ctx.world_size // spec.strategy.tp,
-                        exposed_comm_dims=["dp"], **_tp_comm(run, workload, spec, ctx, end.held))
-        recorder.add(comm)
+        recorder.add(calibrate.comm_record(
+            run.window, run.wrapped, lambda: _forward_backward(run, workload, spec, ctx, end.held),
+            run.zero_grad, run.params, ctx, tp=spec.tp))
     recorder.flush()
     outcome = resume.outcome(end.stopped_at, spec)
     extra = {k: v for k, v in (("nonfinite_loss", end.nonfinite), ("eval", end.last_eval)) if v is not None}
     if not extra:
         return outcome
     return dataclasses.replace(outcome, summary={**outcome.summary, **extra})
-
-
-def _fetch(batches: Iterator[Any], accum: int, device: torch.device,
-           clock: Clock) -> tuple[list[Any], float]:
-    """One step's micro-batches on the device, and the step's data wait: the host's time in
-    the loader alone (a copy to the device that blocks is the device's time, not the data's),
-    the part the step waited for (`Clock.exposed_wait`: on CUDA, 0 while the device is busy)."""
-    fetch_start = time.perf_counter()
-    fetched = [next(batches) for _ in range(accum)]
-    data_wait = clock.exposed_wait(time.perf_counter() - fetch_start)
-    return [to_device(b, device) for b in fetched], data_wait
-
-
-def _calibrate(window: Window, wrapped: Wrapped, replay: Callable[[], object],
-               zero_grad: Callable[[], None], params: Sequence[torch.Tensor],
-               ctx: RankContext) -> dict[str, Any]:
-    """The `comm` record (runtime.calibrate): `replay` runs the last step's micro-batches again,
-    with gradient sync off; the all-reduce is sized by this rank's gradient shard."""
-
-    def sync_off_pass() -> None:
-        try:
-            with wrapped.no_sync():
-                replay()
-        finally:  # a failed pass's gradients go too (the calibration goes on without it)
-            zero_grad()
-
-    return calibrate.measure(window.fwd_bwd_times(), sync_off_pass, ctx=ctx,
-                             sizes=calibrate.grad_sizes(params))
-
-
-def _tp_comm(run: _Setup, workload: Workload, spec: LaunchSpec, ctx: RankContext,
-             held: list[Any]) -> dict[str, Any]:
-    """`tp_comm_s` of one pass of the last step's micro-batches (gradient sync off: only TP's
-    collectives run), on CPU; on CUDA why it is not measured."""
-    group = run.wrapped.tp_group
-    if ctx.device_type != "cpu" or group is None:
-        return {"tp_comm_skipped": "not measured on CUDA: NCCL collectives run asynchronously "
-                                   "(a --profile trace shows them)"}
-
-    def tp_pass() -> None:
-        try:
-            with run.wrapped.no_sync():
-                _forward_backward(run, workload, spec, ctx, held)
-        finally:
-            run.zero_grad()
-
-    return tp_comm.tp_comm_s(tp_pass, group)
 
 
 class NonFiniteLoss(RuntimeError):

@@ -168,10 +168,9 @@ class StepSampler:
     @classmethod
     def for_rank(cls, *, device_type: str, start: int, warmup_steps: int, steps: int,
                  module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> StepSampler:
-        """The sampler of a rank: on CPU it samples the attempt's last warm-up step, under every
-        strategy, compiled or not. It samples nothing where that would not measure what the plan
-        estimates: CUDA has allocator statistics; fewer than 2 warm-up steps leave no warm-up
-        step that starts with the optimizer state in place."""
+        """The sampler of a rank (see the module docstring). It samples nothing where that would
+        not measure what the plan estimates: CUDA has allocator statistics; fewer than 2 warm-up
+        steps leave no warm-up step that starts with the optimizer state in place."""
         step: int | None = start + warmup_steps
         if device_type != "cpu" or warmup_steps < SAMPLE_MIN_WARMUP or start + warmup_steps > steps:
             step = None

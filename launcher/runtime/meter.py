@@ -16,7 +16,6 @@ Never imports cli, backends, jobs or report, nor torch (the script has its own).
 from __future__ import annotations
 
 import atexit
-import logging
 import os
 import socket
 import sys
@@ -25,8 +24,6 @@ from types import TracebackType
 from typing import Any
 
 from launcher.runtime.recorder import RankRecorder
-
-log = logging.getLogger(__name__)
 
 
 class StepMeter:

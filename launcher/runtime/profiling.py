@@ -157,15 +157,10 @@ class StepProfiler:
         return self.record
 
 
-# torch.cuda.memory._record_memory_history's arguments: every alloc/free event, Python stacks
-MEMORY_HISTORY: dict[str, Any] = {"enabled": "all", "stacks": "python",
-                                  "max_entries": SNAPSHOT_ENTRIES}
-
-
 def start_memory_history() -> None:
-    """Record CUDA allocations with their Python stacks (torch.cuda.memory._record_memory_history;
-    C++ frames would make the dump take minutes: see the module docstring)."""
-    torch.cuda.memory._record_memory_history(**MEMORY_HISTORY)
+    """Record every CUDA allocation and free with its Python stack (C++ frames would make the
+    dump take minutes: see the module docstring)."""
+    torch.cuda.memory._record_memory_history(enabled="all", stacks="python", max_entries=SNAPSHOT_ENTRIES)
 
 
 def dump_memory_snapshot(run_dir: str | Path, rank: int, *, reason: str,

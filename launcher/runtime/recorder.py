@@ -3,7 +3,7 @@
 
 Records (one JSON object per line, `kind` first):
   start  run_id, rank, local_rank, node_rank, world_size, host, pid, device, strategy, precision,
-         sample_units, units_per_sample, micro_batch, grad_accum_steps, time
+         sample_units, units_per_sample, micro_batch, grad_accum, time
   step   step, time, end_time, step_time_s, data_wait_s, samples, units, loss, peak_mem_bytes,
          warmup. `end_time` is the wall clock (time.time()) at the step's end: on CUDA when its
          end event completed (runtime.window). The last warm-up step's end_time is the end of
@@ -124,12 +124,9 @@ class RankRecorder:
                 self.progress(self.steps_done)
 
     def progress(self, step: int) -> None:
-        """Cheap liveness mark, callable once per step: beats when >= BEAT_INTERVAL_S passed.
-
-        Steps between beats are marked pending for the flusher thread, which flushes records
-        and heartbeat a beat interval after the last beat if no beat came meanwhile: the steps
-        just before a hang reach the disk, and a rank that makes no progress is never beaten
-        for."""
+        """Cheap liveness mark, callable once per step: beats when >= BEAT_INTERVAL_S passed,
+        else marks the step pending for the flusher thread (its trailing flush: see the module
+        docstring)."""
         if time.monotonic() - self._last_beat >= BEAT_INTERVAL_S:
             self.heartbeat(step)
         elif not self._finished:

@@ -13,7 +13,7 @@ every `--checkpoint-every` steps (the harness closes a window on those steps) an
 preemption was requested.
 
 Preemption (runtime.preemption): a stop request (SIGUSR2; SIGTERM under SLURM) ends training at
-the next window end, where every rank meets: all save there (`save_preempted`) and the rank ends
+the next window end, where every rank meets: all save there (`save`) and the rank ends
 with status `preempted` (`outcome`) and exit code 0.
 
 Records added to the rank file: `resume` {step, checkpoint, load_s, same_data_order, passed_over} and
@@ -38,11 +38,11 @@ from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.data import DistributedSampler
 
 from launcher.rundir import checkpoint_dir as checkpoint_root
+from launcher.runspec import LaunchSpec
 from launcher.runtime import checkpoint
 from launcher.runtime.context import RankContext
 from launcher.runtime.preemption import stop_requested
 from launcher.runtime.recorder import RankRecorder
-from launcher.specs import LaunchSpec
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +51,9 @@ log = logging.getLogger(__name__)
 _DATA_KEYS = ("global_batch", "dataset_size", "seed", "shuffle")
 
 
-def checkpoint_dir(spec: LaunchSpec, env: dict[str, str] | None = None) -> Path:
+def checkpoint_dir(spec: LaunchSpec) -> Path:
     """DLAUNCH_CHECKPOINT_DIR, or RUN_DIR/checkpoints."""
-    return checkpoint_root(spec.run_dir, os.environ if env is None else env)
+    return checkpoint_root(spec.run_dir, os.environ)
 
 
 @dataclass(frozen=True)
@@ -72,14 +72,19 @@ def window_boundary(step: int, spec: LaunchSpec) -> bool:
 def _data_meta(spec: LaunchSpec) -> dict[str, Any]:
     return {"global_batch": spec.global_batch, "dataset_size": spec.steps * spec.global_batch,
             "seed": spec.seed, "shuffle": spec.loader.shuffle,
-            "micro_batch": spec.micro_batch, "grad_accum_steps": spec.grad_accum_steps}
+            "micro_batch": spec.micro_batch, "grad_accum": spec.grad_accum}
 
 
 def save(step: int, module: torch.nn.Module, optimizer: torch.optim.Optimizer,
-         scaler: torch.amp.GradScaler, spec: LaunchSpec, recorder: RankRecorder, *, reason: str,
-         scheduler: LRScheduler | None = None) -> Path:
+         scaler: torch.amp.GradScaler, spec: LaunchSpec, ctx: RankContext, recorder: RankRecorder,
+         *, reason: str, scheduler: LRScheduler | None = None) -> Path:
     """Collective: checkpoint the state after `step` (model, optimizer, LR scheduler, RNG,
-    GradScaler)."""
+    GradScaler). The preemption checkpoint (`reason` "preempted") first says what happens: the
+    SLURM grace period is short."""
+    if reason == "preempted":
+        why = stop_requested() or "another rank's preemption signal"
+        print(f"dlaunch: rank {ctx.rank}: {why}: saving a checkpoint at step {step}, then stopping",
+              file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     extra: dict[str, Any] = {**_data_meta(spec), "reason": reason}
     if scaler.is_enabled():
@@ -91,17 +96,6 @@ def save(step: int, module: torch.nn.Module, optimizer: torch.optim.Optimizer,
                   "save_s": time.perf_counter() - t0, "time": time.time()})
     recorder.flush()
     return path
-
-
-def save_preempted(step: int, module: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                   scaler: torch.amp.GradScaler, spec: LaunchSpec, ctx: RankContext,
-                   recorder: RankRecorder, *, scheduler: LRScheduler | None = None) -> Path:
-    """The preemption checkpoint: the SLURM grace period is short, so say what happens."""
-    why = stop_requested() or "another rank's preemption signal"
-    print(f"dlaunch: rank {ctx.rank}: {why}: saving a checkpoint at step {step}, then stopping",
-          file=sys.stderr, flush=True)
-    return save(step, module, optimizer, scaler, spec, recorder, reason="preempted",
-                scheduler=scheduler)
 
 
 def outcome(stopped_at: int, spec: LaunchSpec) -> Outcome:
@@ -168,7 +162,3 @@ class SkipSampler:
 
     def __len__(self) -> int:
         return max(0, len(self.sampler) - self.skip)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Forwarded to the DistributedSampler (one epoch here; kept for completeness)."""
-        self.sampler.set_epoch(epoch)

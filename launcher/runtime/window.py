@@ -56,14 +56,13 @@ EventPair: TypeAlias = tuple[torch.cuda.Event, torch.cuda.Event]
 Span: TypeAlias = float | EventPair
 
 
-def window_steps(mean_step_s: float, log_every: int) -> int:
-    """Steps in the next logging window: --log-every (0: DEFAULT_WINDOW_STEPS, more when those
-    take under MIN_WINDOW_S), fewer when that would exceed the flush interval. Every rank must
-    close its window at the same step (the loss all-reduce is a collective), so the length comes
-    from the previous window's rank-averaged step time, which all ranks share, never from each
-    rank's own clock."""
-    steps = log_every
-    if log_every <= 0:
+def window_steps(mean_step_s: float, log_every: int | None) -> int:
+    """Steps in the next logging window: --log-every (None: DEFAULT_WINDOW_STEPS, more when those
+    take under MIN_WINDOW_S), fewer when that would exceed the flush interval. `mean_step_s` is
+    the previous window's rank-averaged step time, the same on every rank (never a rank's own
+    clock: see the module docstring)."""
+    steps = log_every or 0
+    if not log_every:
         steps = DEFAULT_WINDOW_STEPS
         if mean_step_s > 0:
             steps = max(steps, math.ceil(MIN_WINDOW_S / mean_step_s))
@@ -147,15 +146,8 @@ def peak_reset_step(start: int, warmup_steps: int) -> int:
     return start + warmup_steps + 1
 
 
-def reset_peak_mem(device_type: str) -> None:
-    """Start the device's peak memory over from what is allocated now (CUDA; nothing on CPU,
-    whose resident-set peak cannot be reset and whose tensor peak is sampled, live_bytes)."""
-    if device_type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-
-
 def peak_mem_bytes(device_type: str) -> int:
-    """Peak bytes allocated by torch since the last `reset_peak_mem` (CUDA: tensors only, no
+    """Peak bytes allocated by torch since `Window.begin` reset it (CUDA: tensors only, no
     context or allocator cache), or the peak resident set of this process (CPU)."""
     if device_type == "cuda":
         return int(torch.cuda.max_memory_allocated())
@@ -167,7 +159,7 @@ class Window:
     """The open logging window: step records waiting for their times, losses and skip flags."""
 
     def __init__(self, clock: Clock, ctx: RankContext, recorder: RankRecorder,
-                 scaler: torch.amp.GradScaler, device: torch.device, log_every: int, *,
+                 scaler: torch.amp.GradScaler, device: torch.device, log_every: int | None, *,
                  steady_from: int = 1) -> None:
         self.clock, self.ctx, self.recorder, self.scaler = clock, ctx, recorder, scaler
         self.log_every = log_every
@@ -184,9 +176,11 @@ class Window:
                             if scaler.is_enabled() else [])
 
     def begin(self, step: int) -> None:
-        """Before step `step` starts: at the first steady step, reset the device's peak memory."""
-        if step == self.steady_from:
-            reset_peak_mem(self.ctx.device_type)
+        """Before step `step` starts: at the first steady step, start the device's peak memory
+        over from what is allocated now (CUDA; nothing on CPU, whose resident-set peak cannot be
+        reset and whose tensor peak is sampled, live_bytes)."""
+        if step == self.steady_from and self.ctx.device_type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
 
     def add(self, record: dict[str, Any], mark: Span, loss: torch.Tensor,
             fwd_bwd_mark: Span | None = None) -> None:

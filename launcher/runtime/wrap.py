@@ -15,7 +15,6 @@ only when a strategy shards (see runtime/__init__).
 from __future__ import annotations
 
 import contextlib
-import logging
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -39,9 +38,6 @@ from launcher.workload import Workload, batch_norms
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.fsdp import FSDPModule
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,32 +59,19 @@ class Wrapped:
     tp_group: str | None = None  # the tensor-parallel process group's name (runtime.tp_comm)
 
 
-def _ddp_no_sync(model: DDP) -> Callable[[], contextlib.AbstractContextManager[None]]:
-    return model.no_sync
+def _switched_off(setting: Callable[[bool], None]) -> Callable[[], contextlib.AbstractContextManager[None]]:
+    """A context manager that calls `setting(False)` for its block and `setting(True)` after
+    (FSDP2's `set_requires_gradient_sync`, `set_requires_all_reduce`)."""
 
-
-def _fsdp_no_sync(model: FSDPModule) -> Callable[[], contextlib.AbstractContextManager[None]]:
     @contextlib.contextmanager
     def off() -> Iterator[None]:
-        model.set_requires_gradient_sync(False)
+        setting(False)
         try:
             yield
         finally:
-            model.set_requires_gradient_sync(True)
+            setting(True)
 
     return off
-
-
-def _hsdp_defer_allreduce(model: FSDPModule) -> Callable[[], contextlib.AbstractContextManager[None]]:
-    @contextlib.contextmanager
-    def defer() -> Iterator[None]:
-        model.set_requires_all_reduce(False)
-        try:
-            yield
-        finally:
-            model.set_requires_all_reduce(True)
-
-    return defer
 
 
 def _selective_save_ops() -> tuple[frozenset[Any], frozenset[Any]]:
@@ -166,7 +149,7 @@ def make_optimizer(workload: Workload, model: torch.nn.Module,
     return optimizer, workload.make_scheduler(optimizer)
 
 
-def hybrid_mesh_shape(ctx: RankContext, shard_group_size: int = 0) -> tuple[int, int]:
+def hybrid_mesh_shape(ctx: RankContext, shard_group_size: int | None = None) -> tuple[int, int]:
     """(replicas, shards) of the hybrid mesh: shard within a group, replicate across groups.
 
     The group is a node's ranks unless `shard_group_size` says otherwise, which lets one host
@@ -180,7 +163,7 @@ def hybrid_mesh_shape(ctx: RankContext, shard_group_size: int = 0) -> tuple[int,
 
 
 def tp_mesh_shape(ctx: RankContext, strategy: Strategy,
-                  shard_group_size: int = 0) -> tuple[tuple[int, ...], tuple[str, ...]]:
+                  shard_group_size: int | None = None) -> tuple[tuple[int, ...], tuple[str, ...]]:
     """The device mesh of tensor parallelism (`strategy.tp` > 1) under FSDP, tp innermost (the
     ranks of one tensor-parallel group are consecutive: one node's): (dp, tp), or for hybrid
     (replicas, shards, tp) where a node's (or shard group's) ranks hold shards x tp."""
@@ -238,7 +221,7 @@ def uses_device_mesh(strategy: Strategy) -> bool:
 
 
 def wrap(model: torch.nn.Module, strategy: Strategy, ctx: RankContext, blocks: list[torch.nn.Module],
-         *, shard_group_size: int = 0, tp_plan: dict[str, Any] | None = None) -> Wrapped:
+         *, shard_group_size: int | None = None, tp_plan: dict[str, Any] | None = None) -> Wrapped:
     """Apply `strategy` to `model` (already on this rank's device) and return it ready to train.
 
     With `strategy.tp` > 1 (FSDP kinds only) `tp_plan` is the workload's plan for that degree:
@@ -267,12 +250,11 @@ def wrap(model: torch.nn.Module, strategy: Strategy, ctx: RankContext, blocks: l
     ddp = DDP(model, device_ids=device_ids, gradient_as_bucket_view=True)
     if comm_delay_ms() > 0:
         install_comm_delay(ddp, comm_delay_ms())
-    return Wrapped(module=ddp, no_sync=_ddp_no_sync(ddp), accumulate=_ddp_no_sync(ddp),
-                   compiled=strategy.compile)
+    return Wrapped(module=ddp, no_sync=ddp.no_sync, accumulate=ddp.no_sync, compiled=strategy.compile)
 
 
 def _wrap_fsdp(model: torch.nn.Module, strategy: Strategy, ctx: RankContext,
-               blocks: list[torch.nn.Module], shard_group_size: int,
+               blocks: list[torch.nn.Module], shard_group_size: int | None,
                tp_plan: dict[str, Any] | None) -> Wrapped:
     # deferred: 0.6 s of imports that only a sharded run needs (see runtime/__init__)
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -328,6 +310,8 @@ def _wrap_fsdp(model: torch.nn.Module, strategy: Strategy, ctx: RankContext,
         # no units declared: the whole model is one FSDP unit, so compiling it breaks nothing
         compile_forward(model, strategy)
         compiled = True
-    accumulate = _hsdp_defer_allreduce(sharded) if strategy.kind == "hybrid" else contextlib.nullcontext
-    return Wrapped(module=model, no_sync=_fsdp_no_sync(sharded), accumulate=accumulate, compiled=compiled,
+    accumulate = (_switched_off(sharded.set_requires_all_reduce) if strategy.kind == "hybrid"
+                  else contextlib.nullcontext)
+    return Wrapped(module=model, no_sync=_switched_off(sharded.set_requires_gradient_sync),
+                   accumulate=accumulate, compiled=compiled,
                    mesh_shape=mesh_shape, mesh_dims=mesh_dims, tp_group=tp_group)

@@ -15,14 +15,14 @@ import pytest
 
 import launcher.files as files
 from launcher.backends import local
+from launcher.backends.host import LocalRendered
 from launcher.errors import StorageError
 from launcher.files import append_lines, atomic_write_text, read_jsonl
-from launcher.jobs.local import dry_run_text
 from launcher.results.aggregate import aggregate
 from launcher.rundir import RunPaths, create_run_dir
+from launcher.runspec import LaunchSpec
 from launcher.runtime.recorder import RankRecorder
 from launcher.secrets import MASK, is_secret_name, mask_env, masked_spec_dict
-from launcher.specs import LaunchSpec
 
 from tests.helpers import REPO, run_dlaunch
 from tests.synthetic import write_run
@@ -111,7 +111,7 @@ def test_secret_looking_variables_are_masked():
     assert mask_env({"HF_TOKEN": "hf_abc", "PATH": "/bin"}) == {"HF_TOKEN": MASK, "PATH": "/bin"}
     spec = LaunchSpec(workload="/w/mlp.py", run_id="r", run_dir="/RUN",
                       env={"HF_TOKEN": "hf_abc123", "MY_PASSWORD": "hunter2", "NCCL_DEBUG": "INFO"})
-    text = dry_run_text(spec, local.render(spec, python="python3", base_env={}, cores=2))
+    text = LocalRendered(spec=spec, command=local.render(spec, python="python3", base_env={}, cores=2)).dry_run_text
     assert "hf_abc123" not in text and "hunter2" not in text
     assert f"HF_TOKEN={MASK}" in text and "NCCL_DEBUG=INFO" in text
     assert masked_spec_dict(spec)["env"] == {"HF_TOKEN": MASK, "MY_PASSWORD": MASK, "NCCL_DEBUG": "INFO"}
@@ -154,7 +154,7 @@ _ALLOWED_WRITES = {
     "launcher/rundir.py": "the empty .write-test probe",
     "launcher/runtime/checkpoint.py": "inside step-N.partial/, renamed into place as a whole",
     "launcher/report/render.py": "written to a .tmp name, then replace()d",
-    "launcher/jobs/sweepdir.py": "the lock file, created O_EXCL; readers take an empty one as stale",
+    "launcher/drivers/sweepdir.py": "the lock file, created O_EXCL; readers take an empty one as stale",
 }
 
 

@@ -208,17 +208,17 @@ class _Spy(RankRecorder):
 
 def _train(tmp_path: Path, name: str, *, steps: int, resume: bool, precision: str = "fp32",
            checkpoint_every: int = 0, monkeypatch: pytest.MonkeyPatch) -> tuple[list, object]:
+    from launcher.runspec import LaunchSpec
     from launcher.runtime.context import RankContext
     from launcher.runtime.harness import train
-    from launcher.specs import LaunchSpec, Strategy
     from launcher.workload import load_workload
 
     run_dir = tmp_path / name
     run_dir.mkdir(exist_ok=True)
     spec = LaunchSpec(workload=str(WORKLOADS / "mlp.py"), run_id=name, run_dir=str(run_dir),
                       steps=steps, warmup_steps=1, micro_batch=4, log_every=10,
-                      checkpoint_every=checkpoint_every, calibrate_comm=False,
-                      strategy=Strategy(kind="ddp", precision=precision))
+                      checkpoint_every=checkpoint_every, calibrate=False,
+                      strategy="ddp", precision=precision)
     ctx = RankContext(rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0,
                       host="h", device_type="cpu")
     monkeypatch.setenv("DLAUNCH_CHECKPOINT_DIR", str(tmp_path / "ckpt"))
@@ -298,7 +298,7 @@ def _rank_file(path: Path, lines: list[dict]) -> None:
 def test_aggregate_counts_only_the_last_attempt(tmp_path):
     """A requeued job appends its second attempt to the same rank file: 6 steps, a requeue, a
     resume from the checkpoint of step 4, steps 5-10. The run did 10 steps, not 12."""
-    from launcher.specs import LaunchSpec
+    from launcher.runspec import LaunchSpec
 
     spec = LaunchSpec(workload="/w.py", run_id="r", run_dir=str(tmp_path), steps=10, warmup_steps=1)
     paths = RunPaths(root=tmp_path)

@@ -1,7 +1,7 @@
 """`dlaunch scale`: a real sweep (torchrun, gloo), resuming, failures recorded, bad input.
 
-The real runs use the smallest MLP for a few steps; the bookkeeping cases use a fake
-`launch_point` that writes a result.json the way runner.run_local does.
+The real runs use the smallest MLP for a few steps; the bookkeeping cases run each point
+through a fake `run` that writes a result.json the way the driver does.
 """
 
 from __future__ import annotations
@@ -13,13 +13,14 @@ from pathlib import Path
 
 import pytest
 
+from launcher.backends.base import point_shapes
+from launcher.drivers.sweep import Sweep, run_sweep
+from launcher.drivers.sweeppoints import SweepInterrupted
 from launcher.errors import LaunchError, UsageError
 from launcher.files import atomic_write_json, read_json
-from launcher.jobs.sweep import run_sweep
-from launcher.jobs.sweeppoints import SweepInterrupted
 from launcher.results.types import RunResult
 from launcher.rundir import RunPaths, SweepPaths
-from launcher.specs import LaunchSpec
+from launcher.runspec import LaunchSpec
 
 from tests.helpers import WORKLOADS, assert_one_line_error
 
@@ -67,7 +68,7 @@ def test_real_sweep_then_resume_runs_only_the_missing_point(dlaunch, tmp_path):
 
 
 class FakeLauncher:
-    """A launch_point that records what it was asked and writes a result like run_local."""
+    """A point's `run` that records what it was asked and writes a result like the driver."""
 
     def __init__(self, fail: set[int] = frozenset(), raise_at: set[int] = frozenset(),
                  interrupt_at: int | None = None) -> None:
@@ -94,11 +95,18 @@ class FakeLauncher:
         return result
 
 
-def sweep(tmp_path: Path, launcher: FakeLauncher, sizes=(1, 2, 4), **kw):
-    kw.setdefault("mode", "weak")
-    return run_sweep(workload=MLP, world_sizes=list(sizes), steps=5, warmup_steps=1,
-                     sweep_dir=tmp_path / "sw", launch_point=launcher, progress=io.StringIO(),
-                     **kw)
+def make_sweep(sizes, *, steps: int = 5, mode: str = "weak", global_batch: int | None = None,
+               micro_batch: int = 8, repeats: int = 1, processes_per_node: int | None = None) -> Sweep:
+    """The sweep `dlaunch scale` would build: a template spec and each world size's shape."""
+    template = LaunchSpec(workload=MLP, run_id="", run_dir="", steps=steps, warmup_steps=1,
+                          micro_batch=micro_batch)
+    return Sweep(template=template, shapes=point_shapes(sorted(set(sizes)), processes_per_node),
+                 mode=mode, repeats=repeats, global_batch=global_batch, per_node=processes_per_node)
+
+
+def sweep(tmp_path: Path, launcher, sizes=(1, 2, 4), **kw):
+    return run_sweep(make_sweep(sizes, **kw), sweep_dir=tmp_path / "sw", run=launcher,
+                     progress=io.StringIO())
 
 
 def test_failed_point_is_recorded_and_the_sweep_goes_on(tmp_path):
@@ -154,7 +162,7 @@ def test_points_beyond_one_node_fill_whole_nodes(tmp_path):
     # a launcher that starts several nodes (SLURM) gets each point's node shape
     fake = FakeLauncher()
     result = sweep(tmp_path, fake, sizes=(1, 2, 4, 8), processes_per_node=2)
-    assert [(s.num_nodes, s.nproc_per_node) for s in fake.calls] == [(1, 1), (1, 2), (2, 2), (4, 2)]
+    assert [(s.nodes, s.gpus) for s in fake.calls] == [(1, 1), (1, 2), (2, 2), (4, 2)]
     assert [p.num_nodes for p in result.points] == [1, 1, 2, 4]
     assert [p["num_nodes"] for p in read_json(SweepPaths(root=tmp_path / "sw").manifest)["points"]] == [1, 1, 2, 4]
     # the same sweep on one host is another configuration: it never resumes into this one
@@ -167,16 +175,15 @@ def test_points_beyond_one_node_fill_whole_nodes(tmp_path):
 def test_other_configuration_needs_force(tmp_path):
     sweep(tmp_path, FakeLauncher(), sizes=(1, 2))
     with pytest.raises(UsageError, match="another configuration .*steps: 5 before, 7 now"):
-        run_sweep(workload=MLP, world_sizes=[1, 2], steps=7, warmup_steps=1,
-                  sweep_dir=tmp_path / "sw", launch_point=FakeLauncher(), progress=None)
+        run_sweep(make_sweep([1, 2], steps=7), sweep_dir=tmp_path / "sw", run=FakeLauncher(),
+                  progress=None)
     forced = FakeLauncher()
-    run_sweep(workload=MLP, world_sizes=[1, 2], steps=7, warmup_steps=1, sweep_dir=tmp_path / "sw",
-              launch_point=forced, progress=None, force=True)
+    run_sweep(make_sweep([1, 2], steps=7), sweep_dir=tmp_path / "sw", run=forced, progress=None,
+              force=True)
     assert [s.world_size for s in forced.calls] == [1, 2]
     # growing the sweep reuses the finished points
     more = FakeLauncher()
-    run_sweep(workload=MLP, world_sizes=[1, 2, 4], steps=7, warmup_steps=1,
-              sweep_dir=tmp_path / "sw", launch_point=more, progress=None)
+    run_sweep(make_sweep([1, 2, 4], steps=7), sweep_dir=tmp_path / "sw", run=more, progress=None)
     assert [s.world_size for s in more.calls] == [4]
 
 
@@ -190,10 +197,7 @@ def test_a_running_sweep_holds_the_directory(tmp_path):
     sweep(tmp_path, FakeLauncher())  # a lock from elsewhere / a dead process is taken over
 
 
-def test_signal_stopped_point_interrupts_the_sweep(tmp_path, monkeypatch):
-    import launcher.jobs.sweeppoints
-    from launcher.jobs.sweeppoints import launch_local
-
+def test_signal_stopped_point_interrupts_the_sweep(tmp_path):
     def stopped(spec, out):
         RunPaths(root=spec.run_dir).torchrun_log.write_text(
             "torch.distributed.elastic.multiprocessing.api.SignalException: Process 1 got signal: 15\n")
@@ -203,9 +207,8 @@ def test_signal_stopped_point_interrupts_the_sweep(tmp_path, monkeypatch):
                          samples_per_s=0.0, units_per_s=0.0, sample_units="samples",
                          step_time_median_s=0.0, slowest_rank=None, data_wait_share=0.0, ranks=())
 
-    monkeypatch.setattr(launcher.jobs.sweeppoints, "run_local", stopped)
     with pytest.raises(SweepInterrupted, match="run the same command again") as stopped_by:
-        sweep(tmp_path, launch_local, sizes=(1,))
+        sweep(tmp_path, stopped, sizes=(1,))
     assert stopped_by.value.exit_code == 143  # 128 + SIGTERM, as `dlaunch run` exits
     assert read_json(SweepPaths(root=tmp_path / "sw").manifest)["points"][0]["status"] == "pending"
 
@@ -258,3 +261,21 @@ def test_sigterm_to_scale_exits_143_like_run_and_leaves_the_point_pending(tmp_pa
     assert "run the same command again to resume" in err and "Traceback" not in err
     assert read_json(SweepPaths(root=sweep).manifest)["points"][0]["status"] == "pending"
     assert_processes_gone(rank_pids(point.root))
+
+
+def test_a_sweep_dir_of_the_old_knob_names_resumes(tmp_path):
+    # a manifest written before the knobs were renamed (nested strategy, grad_accum_steps,
+    # calibrate_comm): read in today's names, its configuration is this sweep's
+    sweep(tmp_path, FakeLauncher(), sizes=(1, 2))
+    path = SweepPaths(root=tmp_path / "sw").manifest
+    manifest = read_json(path)
+    spec = manifest["config"]["spec"]
+    old = {k: v for k, v in spec.items() if k not in ("strategy", "precision", "checkpointing", "compile",
+                                                     "grad_accum", "calibrate")}
+    old.update(grad_accum_steps=spec["grad_accum"], calibrate_comm=spec["calibrate"],
+               strategy={"kind": spec["strategy"], "precision": spec["precision"],
+                         "activation_checkpointing": spec["checkpointing"] != "none", "compile": spec["compile"]})
+    atomic_write_json(path, {**manifest, "config": {**manifest["config"], "spec": old}})
+    more = FakeLauncher()
+    sweep(tmp_path, more, sizes=(1, 2, 4))  # no "another configuration": only the new point runs
+    assert [s.world_size for s in more.calls] == [4]

@@ -76,8 +76,8 @@ def test_run_follows_the_tuned_plan(tuned: Tuned) -> None:
                        env=tuned.env, cwd=tuned.tune_dir.parent)
     assert done.code == 0, done.err
     launch = json.loads((run_dir / "launch.json").read_text())
-    assert (launch["strategy"]["kind"], launch["strategy"]["precision"], launch["micro_batch"],
-            launch["grad_accum_steps"], launch["strategy"]["checkpointing"]) == (
+    assert (launch["strategy"], launch["precision"], launch["micro_batch"],
+            launch["grad_accum"], launch["checkpointing"]) == (
         plan["strategy"], plan["precision"], plan["micro_batch"], plan["grad_accum"], plan["checkpointing"])
 
 

@@ -10,7 +10,7 @@ import pytest
 from launcher.backends.slurm import submit as slurm
 from launcher.cli.config import load_config
 from launcher.errors import ConfigError, UsageError
-from launcher.specs import LaunchSpec, Strategy
+from launcher.runspec import LaunchSpec
 
 from tests.helpers import REPO, WORKLOADS, assert_golden, assert_one_line_error
 
@@ -19,7 +19,7 @@ PYTHON = "/PY/bin/python"
 
 def spec(**kw) -> LaunchSpec:
     base = dict(workload="/work/workloads/mlp.py", run_id="mlp-golden", run_dir="/RUN",
-                num_nodes=1, nproc_per_node=2, steps=30, micro_batch=8, strategy=Strategy(kind="ddp"))
+                nodes=1, gpus=2, steps=30, micro_batch=8, strategy="ddp")
     return LaunchSpec(**{**base, **kw})
 
 
@@ -29,11 +29,11 @@ def rendering(s: LaunchSpec, sl: slurm.SlurmSpec) -> str:
 
 
 @pytest.mark.parametrize("name,kw,sl", [
-    ("slurm-1x2.txt", dict(num_nodes=1, nproc_per_node=2),
+    ("slurm-1x2.txt", dict(nodes=1, gpus=2),
      slurm.SlurmSpec(partition="debug", time_min=30, cpus_per_node=2)),
-    ("slurm-2x1.txt", dict(num_nodes=2, nproc_per_node=1),
+    ("slurm-2x1.txt", dict(nodes=2, gpus=1),
      slurm.SlurmSpec(partition="debug", cpus_per_node=2)),
-    ("slurm-2x2.txt", dict(num_nodes=2, nproc_per_node=2, device="cuda"),
+    ("slurm-2x2.txt", dict(nodes=2, gpus=2, device="cuda"),
      slurm.SlurmSpec(partition="gpu", time_min=90.5, account="proj", qos="high", constraint="a100",
                      cpus_per_node=32, opts=slurm.parse_slurm_opts(["mem=64G", "exclusive=user"]))),
 ])
@@ -47,7 +47,7 @@ def test_rendering_is_what_submitit_generates():
     """The printed script is submitit's own, byte for byte (what submit() compares too)."""
     from submitit.slurm.slurm import _make_sbatch_string
 
-    s, sl = spec(num_nodes=2), slurm.SlurmSpec(partition="debug", cpus_per_node=2)
+    s, sl = spec(nodes=2), slurm.SlurmSpec(partition="debug", cpus_per_node=2)
     r = slurm.render(s, sl, python=PYTHON, base_env={})
     cmd = f"{PYTHON} -u -m submitit.core._submit /RUN/slurm/%j"
     assert r.script == _make_sbatch_string(command=cmd, folder="/RUN/slurm/%j", **r.parameters)
@@ -59,7 +59,7 @@ def test_node_commands_rendezvous_on_the_first_node_with_a_job_derived_port():
     from launcher.backends.slurm.task import node_argv, rdzv_port
 
     assert rdzv_port(7) == 20007 and rdzv_port(20007) == 20007 and rdzv_port(123456) == 23456
-    argv = node_argv(spec(num_nodes=2), python="py", head="n1", port=rdzv_port(42), node_rank=1)
+    argv = node_argv(spec(nodes=2), python="py", head="n1", port=rdzv_port(42), node_rank=1)
     assert argv[argv.index("--rdzv-endpoint") + 1] == "n1:20042"
     assert argv[argv.index("--node-rank") + 1] == "1"
     assert argv[argv.index("--log-dir") + 1] == "/RUN/logs/node-1"

@@ -1,12 +1,15 @@
 """The Backend interface (launcher.backends.base): a third backend plugs into status / logs /
-cancel and `select` with no change to the CLI; local status, logs and cancel read crafted run
-dirs; the adapters render exactly what the functions they wrap render (the golden files)."""
+cancel, `select` and the driver with no change to the CLI; local status, logs and cancel read
+crafted run dirs; the backends render exactly what the functions they wrap render (the golden
+files)."""
 
 from __future__ import annotations
 
 import io
 import json
 import os
+import shlex
+import shutil
 import socket
 import subprocess
 import sys
@@ -19,16 +22,34 @@ from typing import IO
 import pytest
 
 from launcher.backends import local, localrun
-from launcher.backends.base import Cancelled, JobStatus, Registry, State, owner_of, select
-from launcher.backends.slurm import runs
+from launcher.backends.base import (
+    Ask,
+    Cancelled,
+    Ended,
+    JobStatus,
+    Placement,
+    Registry,
+    State,
+    owner_of,
+    parse_world_sizes,
+    point_shapes,
+    select,
+)
+from launcher.backends.host import LocalBackend, LocalRendered
+from launcher.backends.slurm import backend as runs
 from launcher.backends.slurm import submit as slurm_submit
-from launcher.backends.slurm.jobs import JobInfo
-from launcher.cli import jobs as cli_jobs
+from launcher.backends.slurm.backend import SlurmBackend, SlurmRendered
+from launcher.backends.slurm.queue import JobInfo
+from launcher.cli import runs as cli_jobs
+from launcher.drivers.launch import launch
 from launcher.errors import UsageError
-from launcher.jobs.local import LocalBackend, LocalRendered, dry_run_text
-from launcher.jobs.slurm import SlurmBackend, SlurmRendered
-from launcher.rundir import RunPaths
-from launcher.specs import LaunchSpec, SlurmSpec, Strategy
+from launcher.rundir import RunPaths, TunePaths
+from launcher.runspec import LaunchSpec
+from launcher.specs import SlurmSpec
+from launcher.sweepmanifest import read_manifest
+
+from tests.helpers import REPO
+from tests.synthetic import write_run
 
 HOST = socket.gethostname()
 
@@ -49,8 +70,9 @@ class JobSetRendered:
 class JobSetHandle:
     rendered: JobSetRendered
 
-    def follow(self, out: IO[str]) -> None:
+    def follow(self, out: IO[str]) -> Ended:
         out.write(f"jobset {self.rendered.spec.run_id} submitted\n")
+        return Ended(detached=f"jobset/{self.rendered.spec.run_id}")
 
 
 @dataclass
@@ -66,8 +88,8 @@ class JobSetBackend:
     def render(self, spec: LaunchSpec, request: object = None) -> JobSetRendered:
         return JobSetRendered(spec=spec)
 
-    def start(self, rendered: JobSetRendered, *, as_json: bool = False, debug: bool = False,
-              note: str | None = None, quiet: bool = False) -> JobSetHandle:
+    def start(self, rendered: JobSetRendered, *, attempt: int = 0, debug: bool = False,
+              note: str | None = None, progress: object = None) -> JobSetHandle:
         return JobSetHandle(rendered=rendered)
 
     def status(self, ref: str) -> JobStatus:
@@ -84,12 +106,12 @@ class JobSetBackend:
 
 def spec(**kw: object) -> LaunchSpec:
     base: dict[str, object] = dict(workload="/work/workloads/gpt.py", workload_args=("--size", "tiny"),
-                                   run_id="gpt-golden", run_dir="/RUN", nproc_per_node=2, steps=30,
-                                   micro_batch=8, strategy=Strategy(kind="ddp"))
+                                   run_id="gpt-golden", run_dir="/RUN", gpus=2, steps=30,
+                                   micro_batch=8, strategy="ddp")
     return LaunchSpec(**{**base, **kw})  # type: ignore[arg-type]
 
 
-def test_a_third_backend_plugs_into_the_cli_commands_through_the_registry():
+def test_a_third_backend_plugs_into_the_cli_commands_through_the_registry(tmp_path: Path):
     jobset = JobSetBackend()
     registry: Registry = {"jobset": jobset, **cli_jobs.BACKENDS}
     out = io.StringIO()
@@ -104,18 +126,19 @@ def test_a_third_backend_plugs_into_the_cli_commands_through_the_registry():
     out = io.StringIO()
     cli_jobs.cancel("jobset/train-1", out=out, registry=registry)
     assert out.getvalue() == "jobset/train-1 deleted\n" and jobset.cancelled == ["jobset/train-1"]
-    # a new run: render, start, follow through the interface alone
+    # a new run: render, then start and follow through the driver, on the interface alone
     chosen = select(registry, slurm=False, name="jobset")
-    rendered = chosen.render(spec(), SimpleNamespace(slurm=None))  # type: ignore[arg-type]
+    rendered = chosen.render(spec(run_dir=str(tmp_path)), SimpleNamespace(slurm=None))  # type: ignore[arg-type]
     assert rendered.dry_run_text == "kubectl apply -f jobset-gpt-golden.yaml\n"
     out = io.StringIO()
-    assert chosen.start(rendered).follow(out) is None and out.getvalue() == "jobset gpt-golden submitted\n"
+    assert launch(rendered, chosen, out) is None  # a job left running (detached): no result
+    assert out.getvalue().startswith("jobset gpt-golden submitted\nsubmitted job jobset/gpt-golden\n")
 
 
 def test_select_picks_by_slurm_and_refuses_an_unknown_name():
     assert isinstance(select(cli_jobs.BACKENDS, slurm=False), LocalBackend)
     assert isinstance(select(cli_jobs.BACKENDS, slurm=True), SlurmBackend)
-    assert isinstance(cli_jobs.backend_for_run(slurm=True), SlurmBackend)
+    assert isinstance(select(cli_jobs.BACKENDS, slurm=True), SlurmBackend)  # the CLI's registry
     with pytest.raises(UsageError, match="no backend 'k8s'; known: local, slurm"):
         select(cli_jobs.BACKENDS, slurm=False, name="k8s")
 
@@ -132,11 +155,12 @@ def test_a_run_dir_goes_to_slurm_with_slurm_json_and_to_local_without(tmp_path: 
         cli_jobs.status(str(tmp_path))
 
 
-def test_the_adapters_render_what_the_functions_they_wrap_render(tmp_path: Path):
+def test_the_backends_render_what_the_functions_they_wrap_render(tmp_path: Path):
     s = spec(run_dir=str(tmp_path))
     rendered = LocalBackend().render(s)
     assert isinstance(rendered, LocalRendered)
-    assert rendered.dry_run_text == dry_run_text(s, local.render(s))
+    assert rendered.dry_run_text == LocalRendered(spec=s, command=local.render(s)).dry_run_text
+    assert rendered.dry_run_text.startswith(f"# command\n{shlex.join(local.render(s).argv)}\n")
     slurm = SlurmSpec(partition="debug", cpus_per_node=4)
     sr = SlurmBackend().render(s, SimpleNamespace(slurm=slurm))  # type: ignore[arg-type]
     assert isinstance(sr, SlurmRendered)
@@ -272,3 +296,129 @@ def test_local_logs_print_every_rank_or_one(tmp_path: Path):
     assert out.getvalue() == "[rank 0] out 0\n[rank 1] out 1\n[rank 1] err 1\n"
     with pytest.raises(UsageError, match="--rank 2 is out of range: the run has ranks 0-1"):
         localrun.logs(run_dir, out=io.StringIO(), rank=2)
+
+
+# --- scale and tune, unchanged, on a test double of the local backend ------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class SyntheticRendered:
+    spec: LaunchSpec
+
+    @property
+    def dry_run_text(self) -> str:
+        return f"# synthetic ranks of {self.spec.run_id}\n"
+
+
+def synthetic_step_s(spec: LaunchSpec) -> float:
+    """What the double's ranks take per step: bf16 twice as fast, checkpointing 30% slower."""
+    return (0.01 * spec.micro_batch * spec.grad_accum * (0.5 if spec.precision == "bf16" else 1.0)
+            * (1.0 if spec.checkpointing == "none" else 1.3))
+
+
+@dataclass(frozen=True, kw_only=True)
+class SyntheticHandle:
+    spec: LaunchSpec
+
+    def follow(self, console: IO[str]) -> Ended:
+        s = self.spec
+        write_run(Path(s.run_dir), spec=s, world_size=s.world_size, steps=s.steps, warmup=s.warmup_steps,
+                  micro_batch=s.micro_batch, grad_accum=s.grad_accum, ranks_per_node=s.gpus,
+                  step_s=synthetic_step_s(s), result=None)
+        console.write(f"synthetic ranks of {s.run_id}\n")
+        return Ended(exit_code=0)
+
+
+@dataclass
+class SyntheticBackend:
+    """Ranks that write their files the way tests/synthetic.py does: no torchrun."""
+
+    name: str = "local"
+    started: list[LaunchSpec] = field(default_factory=list)
+
+    def claims(self, ref: str) -> bool:
+        return False
+
+    def place(self, ask: Ask) -> Placement:
+        sizes = parse_world_sizes(ask.sizes) if ask.sizes is not None else [ask.gpus or 1]
+        return Placement(device="cpu", gpus=max(sizes), shapes=point_shapes(sizes, None))
+
+    def render(self, spec: LaunchSpec, placement: Placement) -> SyntheticRendered:
+        return SyntheticRendered(spec=spec)
+
+    def start(self, rendered: SyntheticRendered, *, attempt: int = 0, debug: bool = False,
+              note: str | None = None, progress: object = None) -> SyntheticHandle:
+        self.started.append(rendered.spec)
+        return SyntheticHandle(spec=rendered.spec)
+
+
+@pytest.fixture
+def on_the_double(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SyntheticBackend:
+    """The CLI's registry with the double as its local backend; a cache of this test's own (the
+    tune stores what it learnt there), seeded with this host's probes so nothing is measured."""
+    from launcher.cli import prepare
+    from launcher.plan.resolve import cache_root
+
+    cache = tmp_path / "cache"
+    for kind in ("cpu-probe", "steps", "profiles"):
+        if (cache_root() / kind).is_dir():
+            shutil.copytree(cache_root() / kind, cache / kind)
+    monkeypatch.setenv("DLAUNCH_CACHE_DIR", str(cache))
+    double = SyntheticBackend()
+    monkeypatch.setattr(prepare, "BACKENDS", {"slurm": SlurmBackend(), "local": double})
+    return double
+
+
+TINY_MLP = (str(REPO / "workloads" / "mlp.py"), "--steps", "6")
+TINY_ARGS = ("--", "--features", "32", "--hidden", "32", "--depth", "1")
+
+
+def test_scale_runs_its_points_on_a_test_double_backend(on_the_double: SyntheticBackend, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]):
+    from launcher.cli.main import main
+    from launcher.report.scaling import build_report
+
+    sweep = tmp_path / "sw"
+    assert main(["scale", *TINY_MLP, "--gpus", "1,2", "--sweep-dir", str(sweep), "--no-report", "--json",
+                 *TINY_ARGS]) == 0
+    assert [(s.world_size, s.run_dir) for s in on_the_double.started] == [
+        (1, str(sweep / "ws1-r0")), (2, str(sweep / "ws2-r0"))]
+    printed = json.loads(capsys.readouterr().out)
+    assert [(p["name"], p["status"]) for p in printed["points"]] == [("ws1-r0", "ok"), ("ws2-r0", "ok")]
+    manifest = read_manifest(sweep)
+    assert manifest is not None and [(p.name, p.status, p.attempts) for p in manifest.points] == [
+        ("ws1-r0", "ok", 1), ("ws2-r0", "ok", 1)]
+    step_s = synthetic_step_s(on_the_double.started[0])
+    assert manifest.points[0].step_time_median_s == pytest.approx(step_s)
+    for point, n in zip(manifest.points, (1, 2)):
+        result = json.loads(RunPaths(root=sweep / point.name).result.read_text())
+        assert result["status"] == "ok" and result["world_size"] == n
+        assert result["samples_per_s"] == pytest.approx(n * point.micro_batch / step_s)
+    rows = build_report(sweep, with_prediction=False).rows
+    assert [r.world_size for r in rows] == [1, 2] and rows[1].efficiency == pytest.approx(1.0)
+    # the same command again resumes: every point is done, nothing starts
+    assert main(["scale", *TINY_MLP, "--gpus", "1,2", "--sweep-dir", str(sweep), "--no-report",
+                 *TINY_ARGS]) == 0
+    assert len(on_the_double.started) == 2
+
+
+def test_tune_runs_its_trials_on_a_test_double_backend(on_the_double: SyntheticBackend, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]):
+    from launcher.cli.main import main
+
+    tune_dir = tmp_path / "tune"
+    assert main(["tune", *TINY_MLP, "--gpus", "2", "--trials", "3", "--tune-dir", str(tune_dir), "--json",
+                 *TINY_ARGS]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    trials = printed["trials"]
+    assert len(trials) == len(on_the_double.started) >= 1
+    assert [t["run_dir"] for t in trials] == [s.run_dir for s in on_the_double.started]
+    assert all(t["status"] == "ok" for t in trials)
+    for t, s in zip(trials, on_the_double.started):
+        assert (t["precision"], t["micro_batch"]) == (s.precision, s.micro_batch)
+        assert t["measured_samples_per_s"] == pytest.approx(s.global_batch / synthetic_step_s(s))
+    best = max(trials, key=lambda t: t["measured_samples_per_s"])
+    assert printed["chosen"] == best["name"] and best["chosen"] is True
+    tuned = json.loads(TunePaths(root=tune_dir).tuned_plan.read_text())
+    assert tuned["name"] == best["name"] and tuned["measured_samples_per_s"] == best["measured_samples_per_s"]
+    assert json.loads(TunePaths(root=tune_dir).record.read_text())["chosen"] == best["name"]

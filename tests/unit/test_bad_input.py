@@ -3,18 +3,25 @@ nothing written to the working directory (the run dir, when one was named, stays
 
 Cases cover `run`, `plan`, `scale`, `report`, `lab`, `inspect`, `status`/`logs`/`cancel`,
 topology files, workload files and `dlaunch.yaml`. Every case runs the real CLI in a subprocess
-with its own empty working directory; the cases run four at a time in one module fixture (most
-of the cost is Python start-up), then each case is checked on its own.
+with its own empty working directory; the cases run four at a time in one session fixture (most
+of the cost is Python start-up), then each case is checked on its own. Under pytest-xdist one
+worker runs the cases and writes their outcomes to a JSON file in the run's shared temp dir,
+under a file lock; the other workers wait on the lock and read the file, so the ~80 subprocesses
+run once per test run, not once per worker.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 from tests.helpers import DATA, REPO, WORKLOADS, run_dlaunch
 
@@ -196,13 +203,27 @@ def _run(case: Case, root: Path, cache: Path) -> Outcome:
     return Outcome(done.code, done.err, before, _tree(cwd))
 
 
-@pytest.fixture(scope="module")
-def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Outcome]:
-    root = tmp_path_factory.mktemp("bad-input")
+def _run_all(root: Path) -> dict[str, Outcome]:
     cache = root / "cache"
     with ThreadPoolExecutor(max_workers=4) as pool:
         futures = {c.id: pool.submit(_run, c, root, cache) for c in CASES}
         return {k: f.result() for k, f in futures.items()}
+
+
+@pytest.fixture(scope="session")
+def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Outcome]:
+    if "PYTEST_XDIST_WORKER" not in os.environ:  # one process: nobody to share with
+        return _run_all(tmp_path_factory.mktemp("bad-input"))
+    # under xdist every worker's base temp dir sits in one directory per test run
+    shared = tmp_path_factory.getbasetemp().parent / "bad-input-outcomes.json"
+    with FileLock(f"{shared}.lock"):  # the first worker here runs the cases; the rest wait
+        if not shared.is_file():
+            ran = _run_all(tmp_path_factory.mktemp("bad-input"))
+            tmp = shared.with_suffix(".tmp")
+            tmp.write_text(json.dumps({k: dataclasses.asdict(v) for k, v in ran.items()}))
+            tmp.replace(shared)
+        # floats go through JSON exactly (repr), so the mtime comparisons read as they ran
+        return {k: Outcome(**v) for k, v in json.loads(shared.read_text()).items()}
 
 
 def test_there_are_at_least_40_cases():

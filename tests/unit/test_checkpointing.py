@@ -19,10 +19,18 @@ from launcher.plan.checkpointing import (
     recompute_share,
 )
 from launcher.plan.cost import forward_pass, step_time
+from launcher.plan.explain import label
 from launcher.plan.memory import estimate_memory
-from launcher.plan.search import label, plan
+from launcher.plan.search import plan
+from launcher.plan.types import Overrides
+from launcher.runspec import LaunchSpec
 from launcher.runtime.wrap import _checkpoint_blocks
-from launcher.specs import CHECKPOINTING, GIB, Goal, LaunchSpec, Strategy
+from launcher.specs import (
+    CHECKPOINTING,
+    GIB,
+    Goal,
+    Strategy,
+)
 from launcher.workload import load_workload
 
 from tests.unit.test_planner import GPT_1_3B, LLAMA3_8B, topology
@@ -69,10 +77,6 @@ def test_selective_and_every_other_cost_less_than_full_on_a_gpu():
     assert times["none"] < times["every-other"] < times["full"]
     fwd = forward_pass(LLAMA3_8B, Strategy(kind="fsdp_full", precision="bf16"), 2, topo.accelerator)
     assert times["full"] - times["none"] == pytest.approx(fwd.total_s, rel=1e-6)
-    # a forced fraction (benchmarks/published/run.py's rows) overrides the mode's own price
-    forced = step_time(LLAMA3_8B, Strategy(kind="fsdp_full", precision="bf16", checkpointing="selective"),
-                       topo, 2, 1, recompute_fraction=1.0).compute_s
-    assert forced == pytest.approx(times["full"])
 
 
 def _headroom_for(usable_bytes: float, mem_gib: float) -> float:
@@ -82,7 +86,7 @@ def _headroom_for(usable_bytes: float, mem_gib: float) -> float:
 @pytest.mark.parametrize("fits_up_to,chosen", [("selective", "selective"), ("full", "full")])
 def test_the_planner_takes_the_lightest_mode_that_fits(fits_up_to: str, chosen: str):
     topo = topology("h100-sxm-8x")
-    forced = {"strategy": "fsdp_full", "micro_batch": 4}
+    forced = Overrides(strategy="fsdp_full", micro_batch=4)
     mem = {m: estimate_memory(GPT_1_3B, Strategy(kind="fsdp_full", precision="bf16", checkpointing=m),
                               micro_batch=4, world_size=8, shard_group_size=8, device="cuda").total_bytes
            for m in CHECKPOINTING}
@@ -101,14 +105,14 @@ def test_the_planner_takes_the_lightest_mode_that_fits(fits_up_to: str, chosen: 
 
 def test_with_room_for_everything_no_checkpointing_and_forced_modes_are_kept():
     topo = topology("h100-sxm-8x")
-    p = plan(GPT_1_3B, topo, Goal(global_batch=256), overrides={"strategy": "fsdp_full", "micro_batch": 1})
+    p = plan(GPT_1_3B, topo, Goal(global_batch=256), overrides=Overrides(strategy="fsdp_full", micro_batch=1))
     assert p.chosen.strategy.checkpointing == "none"
     forced = plan(GPT_1_3B, topo, Goal(global_batch=256),
-                  overrides={"strategy": "fsdp_full", "micro_batch": 1, "checkpointing": "every-other"})
+                  overrides=Overrides(strategy="fsdp_full", micro_batch=1, checkpointing="every-other"))
     assert forced.chosen.strategy.checkpointing == "every-other"
-    # published rows pass a bool: true is every block
+    # old files hold a bool: true is every block
     legacy = plan(GPT_1_3B, topo, Goal(global_batch=256),
-                  overrides={"strategy": "fsdp_full", "micro_batch": 1, "activation_checkpointing": True})
+                  overrides=Overrides(strategy="fsdp_full", micro_batch=1, checkpointing=True))
     assert legacy.chosen.strategy.checkpointing == "full"
 
 
@@ -116,22 +120,21 @@ def test_with_room_for_everything_no_checkpointing_and_forced_modes_are_kept():
 def test_the_flag_takes_a_mode_for_plan_and_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     parser = build_parser()
-    assert load(PlanOptions, parser.parse_args(["plan", "w.py", "--checkpointing", "selective"])).checkpointing \
-        == "selective"
-    assert load(RunOptions, parser.parse_args(["run", "w.py", "--checkpointing", "every-other"])).checkpointing \
-        == "every-other"
-    assert load(RunOptions, parser.parse_args(["run", "w.py"])).checkpointing is None  # the plan's
+    assert load(PlanOptions, parser.parse_args(["plan", "w.py", "--checkpointing", "selective"])
+                ).settings.checkpointing == "selective"
+    assert load(RunOptions, parser.parse_args(["run", "w.py", "--checkpointing", "every-other"])
+                ).settings.checkpointing == "every-other"
+    assert load(RunOptions, parser.parse_args(["run", "w.py"])).settings.checkpointing is None  # the plan's
     with pytest.raises(UsageError, match="invalid choice: 'half'"):
         parser.parse_args(["run", "w.py", "--checkpointing", "half"])
 
 
 def test_a_spec_written_before_the_modes_reads_back():
-    spec = LaunchSpec(workload="/w.py", run_id="r", run_dir="/r", strategy=Strategy(checkpointing="selective"))
-    assert LaunchSpec.from_dict(spec.to_dict()).strategy.checkpointing == "selective"
-    old = spec.to_dict()
-    old["strategy"] = {k: v for k, v in old["strategy"].items() if k != "checkpointing"}
-    old["strategy"]["activation_checkpointing"] = True
-    assert LaunchSpec.from_dict(old).strategy.checkpointing == "full"
+    spec = LaunchSpec(workload="/w.py", run_id="r", run_dir="/r", checkpointing="selective")
+    assert LaunchSpec.from_dict(spec.to_dict()).checkpointing == "selective"
+    old = {k: v for k, v in spec.to_dict().items() if k not in ("strategy", "checkpointing")}
+    old["strategy"] = {"kind": spec.strategy, "activation_checkpointing": True}  # as written then
+    assert LaunchSpec.from_dict(old).checkpointing == "full"
 
 
 # --- the runtime ----------------------------------------------------------------------------------

@@ -18,14 +18,14 @@ from tests.helpers import REPO
 
 # What building the parsers must not load: the packages that do the work (between them yaml,
 # psutil, importlib.metadata, the planner, the backends), the request and run-dir protocol, the
-# dlaunch.yaml reader, and every command module (launcher.cli.<command>, prepare, placement)
-HEAVY_PACKAGES = ("launcher.jobs", "launcher.plan", "launcher.backends", "launcher.results",
+# dlaunch.yaml reader, and every command module (launcher.cli.<command>, prepare)
+HEAVY_PACKAGES = ("launcher.drivers", "launcher.plan", "launcher.backends", "launcher.results",
                   "launcher.report", "launcher.hardware", "launcher.runtime")
 HEAVY_MODULES = ("launcher.request", "launcher.rundir", "launcher.files", "launcher.workload",
-                 "launcher.cli.config", "launcher.cli.prepare", "launcher.cli.placement",
+                 "launcher.cli.config", "launcher.cli.prepare",
                  "launcher.cli.run", "launcher.cli.lab", "launcher.cli.scale", "launcher.cli.tune",
                  "launcher.cli.plan", "launcher.cli.inspect", "launcher.cli.report",
-                 "launcher.cli.jobs", "launcher.cli.doctor")
+                 "launcher.cli.runs", "launcher.cli.doctor")
 HEAVY_THIRD_PARTY = ("torch", "yaml", "psutil", "numpy", "submitit", "matplotlib")
 
 # Builds the parser, then asks `dlaunch --help`, `run --help` and `tune --help` (whose text
@@ -79,8 +79,8 @@ def test_every_command_names_an_importable_handler():
 
 def test_the_parsed_namespace_names_the_handler_and_dispatch_imports_it():
     args = build_parser().parse_args(["status", "123"])
-    assert args.handler == "launcher.cli.jobs:cmd_status"  # a name: imported only to run it
-    from launcher.cli.jobs import cmd_status
+    assert args.handler == "launcher.cli.runs:cmd_status"  # a name: imported only to run it
+    from launcher.cli.runs import cmd_status
 
     assert load_handler(args.handler) is cmd_status
 

@@ -20,6 +20,7 @@ from launcher.plan.compile_probe import CompileCheck, check_compile
 from launcher.plan.cost import COMPILE_MEMORY_FACTOR, forward_pass
 from launcher.plan.resolve import Planned, cached_compile_check
 from launcher.plan.search import plan
+from launcher.plan.types import Overrides
 from launcher.request import RunRequest
 from launcher.specs import Goal, ModelProfile
 from launcher.workload import load_workload
@@ -150,11 +151,11 @@ def test_the_trace_is_cached_beside_the_profile(tmp_path: Path, monkeypatch):
 
 # --- the decision (pure) ------------------------------------------------------------------------
 def test_clean_trace_on_a_gpu_proposes_compile_priced_on_memory_bound_work_only():
-    same = {"strategy": "fsdp_full", "micro_batch": 4, "checkpointing": "full"}
+    same = Overrides(strategy="fsdp_full", micro_batch=4, checkpointing="full")
     p = plan(GPT_SMALL, H100, Goal(global_batch=256), overrides=same, compile_check=CLEAN)
     d = p.compile
     assert p.chosen.strategy.compile and d.compile and d.decided_by == "dynamo trace"
-    eager = plan(GPT_SMALL, H100, Goal(global_batch=256), overrides={**same, "compile": False})
+    eager = plan(GPT_SMALL, H100, Goal(global_batch=256), overrides=dataclasses.replace(same, compile=False))
     assert eager.chosen.strategy.compile is False and eager.compile.decided_by == "--no-compile"
     assert d.eager_step_time_s == pytest.approx(eager.chosen.time.step_time_s)
     assert d.compiled_step_time_s == pytest.approx(p.chosen.time.step_time_s)
@@ -164,7 +165,7 @@ def test_clean_trace_on_a_gpu_proposes_compile_priced_on_memory_bound_work_only(
     assert (fused.gemm_s, fused.attention_s) == (plain.gemm_s, plain.attention_s)  # untouched
     assert fused.memory_s == pytest.approx(plain.memory_s * COMPILE_MEMORY_FACTOR)
     # the compute saved: the memory-bound passes of forward, recompute and backward (2x)
-    saved = c.grad_accum_steps * (1 + 1 + 2) * (plain.memory_s - fused.memory_s)
+    saved = c.grad_accum * (1 + 1 + 2) * (plain.memory_s - fused.memory_s)
     assert eager.chosen.time.compute_s - c.time.compute_s == pytest.approx(saved)
     assert any(r.startswith("compile: proposed") for r in p.reasons)
     assert any(r.startswith("compile's gain:") for r in p.reasons)
@@ -173,11 +174,11 @@ def test_clean_trace_on_a_gpu_proposes_compile_priced_on_memory_bound_work_only(
 def test_fsdp_compiles_per_block_so_a_break_outside_the_blocks_declines_only_ddp():
     outside = CompileCheck(model_graphs=2, model_breaks=1, model_break="x (gpt.py:1)",
                            blocks_traced=1, block_graphs=1)
-    ddp = plan(GPT_SMALL, H100, Goal(global_batch=256), overrides={"strategy": "ddp"},
+    ddp = plan(GPT_SMALL, H100, Goal(global_batch=256), overrides=Overrides(strategy="ddp"),
                compile_check=outside)
     assert not ddp.chosen.strategy.compile and ddp.compile.graph_breaks == 1
     assert "x (gpt.py:1)" in ddp.compile.reason
-    fsdp = plan(GPT_SMALL, H100, Goal(global_batch=256), overrides={"strategy": "fsdp_full"},
+    fsdp = plan(GPT_SMALL, H100, Goal(global_batch=256), overrides=Overrides(strategy="fsdp_full"),
                 compile_check=outside)
     assert fsdp.chosen.strategy.compile and fsdp.compile.graph_breaks == 0
     assert "each block's forward, before FSDP2's fully_shard" in fsdp.compile.reason
@@ -218,7 +219,7 @@ def test_cpu_plans_never_propose_compile_and_keep_their_step_times():
     assert not after.chosen.strategy.compile
     assert after.compile.decided_by == "cpu" and CPU_REASON in after.reasons
     assert CPU_REASON.startswith("compile: not proposed on CPU: ")
-    forced = plan(TOY, cpu, Goal(), overrides={"compile": True})
+    forced = plan(TOY, cpu, Goal(), overrides=Overrides(compile=True))
     assert forced.chosen.strategy.compile and forced.compile.compiled_step_time_s is None
     assert forced.chosen.time == before.chosen.time  # eager speed: compile not modelled on CPU
 
@@ -231,12 +232,12 @@ def test_run_follows_the_plans_compile_unless_the_user_decided():
     assert request.compile is None  # nobody decided
     done = request.with_plan(planned)
     assert done.compile is True and "+ torch.compile" in done.plan_note
-    assert done.launch_spec(run_id="r", run_dir="/RUN").strategy.compile is True
+    assert done.launch_spec(run_id="r", run_dir="/RUN").compile is True
     for given in (False, True):
         kept = dataclasses.replace(request, compile=given).with_plan(planned)
-        assert kept.compile is given and kept.launch_spec(run_id="r", run_dir="/RUN").strategy.compile is given
+        assert kept.compile is given and kept.launch_spec(run_id="r", run_dir="/RUN").compile is given
     # nothing planned (a plain script, a SLURM partition without a topology): eager
-    assert RunRequest(workload=GPT).launch_spec(run_id="r", run_dir="/RUN").strategy.compile is False
+    assert RunRequest(workload=GPT).launch_spec(run_id="r", run_dir="/RUN").compile is False
 
 
 def test_run_on_a_gpu_partition_compiles_unless_no_compile(dlaunch, tmp_path):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from launcher.errors import TopologyError
-from launcher.hardware import gpu_probe
+from launcher.hardware import gpu_probe, nvml_probe
 from launcher.hardware.detect import cpu_info, cpu_peak_tflops, detect_nics, detect_topology, slurm_allocation
 from launcher.hardware.gpu_probe import count_gpus
 from launcher.hardware.nvtopo import (
@@ -351,8 +351,8 @@ def test_reports_for_shipped_topologies(name):
 
 
 def test_report_includes_the_link_matrix(monkeypatch):
-    monkeypatch.setattr(gpu_probe, "_probe_nvml", lambda env: None)
-    monkeypatch.setattr(gpu_probe, "_probe_nvidia_smi", lambda env: gpu_probe.Gpus(
+    monkeypatch.setattr(nvml_probe, "probe_nvml", lambda env: None)
+    monkeypatch.setattr(gpu_probe, "_probe_nvidia_smi", lambda env: nvml_probe.Gpus(
         names=("NVIDIA RTX A6000",) * 4, mem_bytes=(48 * 2**30,) * 4, cc=(8, 6),
         links=parse_nvidia_smi_topo(recorded("a6000-4x-nvlink-bridge.txt")),
         nvlinks=parse_nvidia_smi_nvlinks(recorded("a6000-4x-nvlink-bridge.txt")),
@@ -377,7 +377,7 @@ def test_nvidia_smi_fallback_when_nvml_fails(monkeypatch):
         assert isinstance(argv, list)  # an argv list, never a shell string
         return answers.get(argv[1]) or answers.get(argv[-1])
 
-    monkeypatch.setattr(gpu_probe, "_probe_nvml", lambda env: None)
+    monkeypatch.setattr(nvml_probe, "probe_nvml", lambda env: None)
     monkeypatch.setattr(gpu_probe, "_run", fake_run)
     t = detect_topology(env={"CUDA_VISIBLE_DEVICES": "1,2,3"})
     assert t.devices_per_node == 3 and off_diagonal(t.device_links) == {"pcie-nop2p"}

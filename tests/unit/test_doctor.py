@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from launcher.drivers.doctor import DOCTOR_RANK, Basis, DoctorRequest, doctor_spec, expectations, topology_file
 from launcher.errors import UsageError
 from launcher.files import append_lines, atomic_write_json
 from launcher.hardware.gpu_probe import count_gpus
 from launcher.hardware.topology import load_topology
-from launcher.jobs.doctor import DOCTOR_RANK, Basis, DoctorRequest, doctor_spec, expectations, topology_file
 from launcher.plan.cost import GEMM_PEAK_FRACTION
 from launcher.plan.cpu_rates import CpuRates, GlooRates, ProbedCpu
 from launcher.plan.expected import COPY_PEAK_FRACTION, cpu_expectations, gpu_expectations, no_expectations

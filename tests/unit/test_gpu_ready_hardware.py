@@ -15,13 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from launcher.hardware import gpu_probe
+from launcher.hardware import gpu_probe, nvml_probe
 from launcher.hardware.detect import detect_topology
-from launcher.hardware.gpu_probe import CudaDevice, count_gpus, cuda_order_env, probe_gpus, visible_devices
+from launcher.hardware.gpu_probe import count_gpus, probe_gpus
 from launcher.hardware.nvtopo import gpu_spec, nvlink_gb_s
 from launcher.hardware.view import format_topology
-from launcher.hardware.visible import visible_gpus
-from launcher.plan.cost import hbm_bytes_per_s, peak_flops
+from launcher.hardware.visible import CudaDevice, cuda_order_env, visible_devices, visible_gpus
+from launcher.plan.cost import peak_flops
+from launcher.plan.hbm import hbm_bytes_per_s
 from launcher.specs import GIB
 
 TOPO = Path(__file__).resolve().parents[1] / "data" / "nvidia-smi-topo"
@@ -238,11 +239,11 @@ def test_a_chosen_fastest_first_order_on_a_mixed_host_is_warned_about(monkeypatc
     host = [{"name": "NVIDIA GeForce RTX 3090", "mem": 24576, "cc": (8, 6), "uuid": "GPU-a"},
             {"name": "NVIDIA GeForce RTX 4090", "mem": 24564, "cc": (8, 9), "uuid": "GPU-b"}]
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(host))
-    with caplog.at_level(logging.WARNING, logger="launcher.hardware.gpu_probe"):
+    with caplog.at_level(logging.WARNING, logger="launcher.hardware.nvml_probe"):
         probe_gpus({"CUDA_DEVICE_ORDER": "FASTEST_FIRST"})
     assert "CUDA_DEVICE_ORDER=FASTEST_FIRST" in caplog.text
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="launcher.hardware.gpu_probe"):
+    with caplog.at_level(logging.WARNING, logger="launcher.hardware.nvml_probe"):
         probe_gpus({})  # dlaunch's ranks get PCI_BUS_ID: nothing to warn about
     assert "CUDA_DEVICE_ORDER" not in caplog.text
 
@@ -320,7 +321,7 @@ def test_peer_access_nvidia_smi_cannot_report_comes_from_the_child(monkeypatch):
     # by initialising CUDA in dlaunch's own), for the visible GPUs only
     answers = {"--query-gpu=name,memory.total,compute_cap": "NVIDIA GeForce RTX 4090, 24564, 8.9\n" * 4,
                "-m": (TOPO / "rtx4090-4x-nop2p.txt").read_text()}
-    monkeypatch.setattr(gpu_probe, "_probe_nvml", lambda env: None)
+    monkeypatch.setattr(nvml_probe, "probe_nvml", lambda env: None)
     monkeypatch.setattr(gpu_probe, "_run", lambda argv: answers.get(argv[1]) or answers.get(argv[-1]))
     monkeypatch.setattr(gpu_probe, "_TORCH_CACHE", {})
     monkeypatch.setattr(gpu_probe, "_nvidia_device_nodes", lambda dev=None: True)
@@ -366,7 +367,7 @@ def test_the_captured_rtx_5090_box_gets_blackwell_peaks_not_placeholders(monkeyp
         "-m": (TOPO / "captured" / "rtx5090x2-pcie.txt").read_text(),
         "r": (TOPO / "captured" / "rtx5090x2-pcie.p2p-rw.txt").read_text(),
     }
-    monkeypatch.setattr(gpu_probe, "_probe_nvml", lambda env: None)
+    monkeypatch.setattr(nvml_probe, "probe_nvml", lambda env: None)
     monkeypatch.setattr(gpu_probe, "_run", lambda argv: answers.get(argv[1]) or answers.get(argv[-1]))
     t = detect_topology(env={})
     acc = t.accelerator

@@ -20,9 +20,10 @@ from launcher.backends import local
 from launcher.backends import torchrun as torchrun_mod
 from launcher.hardware.topology import load_topology
 from launcher.plan import search
+from launcher.runspec import LaunchSpec
 from launcher.runtime import context, wrap
 from launcher.runtime.context import RankContext
-from launcher.specs import LaunchSpec, Strategy
+from launcher.specs import Strategy
 
 
 @pytest.mark.parametrize("version,name", [
@@ -47,8 +48,8 @@ def test_a_user_setting_of_either_name_gets_nothing_added(version, users):
 
 def _spec(**kw) -> LaunchSpec:
     return LaunchSpec(**{**dict(workload="/work/workloads/mlp.py", run_id="r", run_dir="/RUN",
-                                nproc_per_node=2, steps=10, micro_batch=4, device="cuda",
-                                strategy=Strategy(kind="ddp")), **kw})
+                                gpus=2, steps=10, micro_batch=4, device="cuda",
+                                strategy="ddp"), **kw})
 
 
 def _rank_env(monkeypatch, version: str, spec: LaunchSpec, base_env: dict[str, str]) -> dict[str, str]:

@@ -24,11 +24,12 @@ from launcher.plan.memory import CUBLAS_WORKSPACE_BYTES, estimate_memory
 from launcher.results.aggregate import aggregate
 from launcher.results.prediction import compare, plan_tensor_bytes, prediction_line
 from launcher.rundir import RunPaths
-from launcher.runtime import calibrate, harness, profiling
+from launcher.runspec import LaunchSpec
+from launcher.runtime import calibrate, loader, profiling
 from launcher.runtime.context import RankContext
 from launcher.runtime.recorder import RankRecorder
 from launcher.runtime.window import Clock, Window, exposed_wait, peak_reset_step
-from launcher.specs import GIB, LaunchSpec, ModelProfile, Strategy
+from launcher.specs import GIB, ModelProfile, Strategy
 
 from tests.synthetic import write_run
 
@@ -97,8 +98,8 @@ def test_the_harness_records_an_allreduce_of_this_ranks_shard(fake_group):
     model = _sharded_model()
     params = [p for p in model.parameters() if p.requires_grad]
     cleared = []
-    record = harness._calibrate(_Window(), _Wrapped(), lambda: None, lambda: cleared.append(1),
-                                params, _ctx())
+    record = calibrate.comm_record(_Window(), _Wrapped(), lambda: None, lambda: cleared.append(1),
+                                   params, _ctx())
     local = sum(p.to_local().numel() for p in params) * 4
     assert record["allreduce_bytes"] == local < sum(p.numel() for p in params) * 4
     assert record["sync_steps"] == 3 and record["nosync_passes"] >= 1 and cleared
@@ -111,8 +112,8 @@ def test_an_out_of_memory_in_the_sync_off_pass_is_recorded_not_raised(fake_group
     def replay() -> None:
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    record = harness._calibrate(_Window(), _Wrapped(), replay, lambda: cleared.append(1),
-                                [torch.zeros(10)], _ctx())
+    record = calibrate.comm_record(_Window(), _Wrapped(), replay, lambda: cleared.append(1),
+                                   [torch.zeros(10)], _ctx())
     assert record["kind"] == "comm"
     assert record["error"].startswith("sync-off pass: OutOfMemoryError: CUDA out of memory")
     assert record["skipped"] == ("exposed communication and all-reduce bandwidth not measured: "
@@ -279,7 +280,7 @@ def test_the_plans_tensor_part_leaves_out_context_nccl_and_slack(kind, world_siz
 
 def _plan_json(est: Any, world_size: int) -> dict[str, Any]:
     chosen = {"strategy": {"kind": "fsdp_full", "precision": "bf16"}, "micro_batch": 4,
-              "grad_accum_steps": 1, "memory": est.__dict__,
+              "grad_accum": 1, "memory": est.__dict__,
               "time": {"compute_s": 0.1, "comm_total_s": 0.0, "comm_exposed_s": 0.0}}
     return {"plan": {"chosen": chosen, "world_size": world_size}}
 
@@ -289,8 +290,8 @@ def test_cuda_compares_the_plans_tensors_with_torchs_allocated_peak(tmp_path):
                           world_size=4, shard_group_size=4, device="cuda")
     tensors = plan_tensor_bytes(est, device="cuda", world_size=4)
     spec = LaunchSpec(workload="w.py", run_id="t", run_dir=str(tmp_path), device="cuda",
-                      nproc_per_node=4, micro_batch=4,
-                      strategy=Strategy(kind="fsdp_full", precision="bf16"))
+                      gpus=4, micro_batch=4,
+                      strategy="fsdp_full", precision="bf16")
     block = compare(_plan_json(est, 4), spec, step_time_s=0.1, peak_mem_bytes=int(tensors),
                     device="cuda")
     assert block["available"], block
@@ -428,8 +429,8 @@ def test_the_harness_times_the_loader_not_the_copy(monkeypatch):
         time.sleep(0.3)  # long beside the loader's, so a loaded host cannot blur the two
         return batch
 
-    monkeypatch.setattr(harness, "to_device", slow_copy)
-    held, wait = harness._fetch(slow_batches(), 2, torch.device("cpu"), clock)
+    monkeypatch.setattr(loader, "to_device", slow_copy)
+    held, wait = loader.fetch(slow_batches(), 2, torch.device("cpu"), clock)
     assert len(held) == 2 == len(copies) and wait == 0.0
     [fetch_s] = waits
     assert 0.04 <= fetch_s < 0.3  # two loader calls; the blocking copies (0.3 s each) left out

@@ -35,7 +35,7 @@ def as_script(run_dir, *, drop_steps: bool = False):
     spec = json.loads(paths.launch.read_text())
     paths.launch.write_text(json.dumps({**spec, "is_script": True}))
     paths.result.unlink()  # the report aggregates the files again
-    for rank in range(spec["nproc_per_node"] * spec["num_nodes"]):
+    for rank in range(spec["gpus"] * spec["nodes"]):
         if drop_steps:
             paths.records(rank).unlink()
             paths.summary(rank).unlink()

@@ -102,17 +102,20 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 # The layer rules (docs/layout.md): which part of the package may import which. A part is a
-# subpackage (launcher/plan/) or a module at the package's root (launcher/specs.py); imports
-# inside a part are free. The data flows cli -> request -> hardware / plan -> backends -> jobs;
-# runtime runs inside the ranks; results read what ranks wrote; report reads results. No
-# exceptions: a new edge is a design decision, made here.
+# subpackage (launcher/plan/) or a module at the package's root (launcher/specs.py), and
+# launcher/backends/slurm/ is a part of its own (`backends.slurm`): the backends' registry
+# imports it, nothing else does; imports inside a part are free. The data flows cli -> request
+# -> hardware / plan -> backends -> drivers -> runtime -> results -> report; runtime runs
+# inside the ranks; results read what ranks wrote; report reads results. No exceptions: a new
+# edge is a design decision, made here.
 FOUNDATION = {"errors", "specs", "files", "rundir", "procs", "secrets", "workload", "alloc_conf",
-              "sweepmanifest"}
+              "sweepmanifest", "knobs", "runspec"}
 ALLOWED: dict[str, set[str]] = {
-    "cli": {"request", "hardware", "plan", "backends", "jobs", "results", "report"} | FOUNDATION,
+    "cli": {"request", "hardware", "plan", "backends", "drivers", "results", "report"} | FOUNDATION,
     "request": {"plan"} | FOUNDATION,
-    "jobs": {"backends", "hardware", "plan", "results"} | FOUNDATION,
-    "backends": {"hardware"} | FOUNDATION,
+    "drivers": {"backends", "hardware", "plan", "results"} | FOUNDATION,
+    "backends": {"backends.slurm", "hardware"} | FOUNDATION,
+    "backends.slurm": {"backends", "hardware"} | FOUNDATION,
     "plan": {"hardware"} | FOUNDATION,
     "hardware": FOUNDATION,
     "runtime": {"hardware"} | FOUNDATION,
@@ -121,14 +124,18 @@ ALLOWED: dict[str, set[str]] = {
     # the foundation: standard library, and each other as listed
     "errors": set(), "procs": set(), "secrets": set(), "alloc_conf": set(),
     "specs": {"errors"}, "files": {"errors"}, "rundir": {"errors"}, "workload": {"errors"},
-    "sweepmanifest": {"errors", "files", "rundir"},
+    "knobs": {"errors"}, "runspec": {"errors", "knobs", "specs"},
+    "sweepmanifest": {"errors", "files", "knobs", "rundir"},
     "launcher": set(),  # the package's __init__
 }
 
 
 def part(module: str) -> str:
-    """`launcher.plan.cost` -> `plan`; `launcher.specs` -> `specs`; `launcher` -> `launcher`."""
+    """`launcher.plan.cost` -> `plan`; `launcher.specs` -> `specs`; `launcher` -> `launcher`;
+    `launcher.backends.slurm.queue` -> `backends.slurm`."""
     parts = module.split(".")
+    if parts[1:3] == ["backends", "slurm"]:
+        return "backends.slurm"
     return parts[1] if len(parts) > 1 else parts[0]
 
 
@@ -148,14 +155,19 @@ def test_only_allowed_edges_between_parts():
     assert forbidden_edges(import_graph()) == []
     # every part of the package has its row
     assert {part(m) for m in all_modules()} <= set(ALLOWED)
+    # SLURM is reached through the Backend interface only: no command, no driver imports it
+    assert "backends.slurm" not in ALLOWED["cli"] | ALLOWED["drivers"]
+    assert forbidden_edges({"launcher.cli.run": {"launcher.backends.slurm.backend"}}) != []
 
 
 def test_the_edge_check_names_a_forbidden_edge():
     graph = {"launcher.runtime.harness": {"launcher.report.html", "launcher.specs"},
-             "launcher.report.runs": {"launcher.jobs.sweep"}, "launcher.newpart.x": {"launcher.specs"}}
+             "launcher.report.runs": {"launcher.drivers.sweep"}, "launcher.newpart.x": {"launcher.specs"},
+             "launcher.cli.run": {"launcher.backends.slurm.submit", "launcher.backends.registry"}}
     assert forbidden_edges(graph) == [
+        "launcher.cli.run -> launcher.backends.slurm.submit (cli -> backends.slurm)",
         "launcher.newpart.x -> launcher.specs (newpart -> specs)",
-        "launcher.report.runs -> launcher.jobs.sweep (report -> jobs)",
+        "launcher.report.runs -> launcher.drivers.sweep (report -> drivers)",
         "launcher.runtime.harness -> launcher.report.html (runtime -> report)"]
 
 
@@ -238,3 +250,56 @@ def test_the_cli_imports_without_torch():
                           timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False", "importing launcher.cli.main imports torch"
+
+
+# Where the code asks "local or SLURM?" outside launcher/backends/: an `if`, `elif`, `while` or
+# conditional expression whose test names slurm (a name, an attribute, a string). Not scanned:
+# the option table (cli/args.py, option.py, options.py: which flags belong to the --slurm group)
+# and hardware/ (the SLURM allocation dlaunch itself runs inside, for `inspect`): neither picks
+# where ranks run.
+NOT_LAUNCH_CODE = ("launcher/cli/args.py", "launcher/cli/option.py", "launcher/cli/options.py",
+                   "launcher/hardware/")
+MAX_SLURM_BRANCHES = 2
+
+
+def slurm_branches(root: Path = PACKAGE) -> list[str]:
+    """`path:line: test` of every local-vs-SLURM branch of `root` outside the backends."""
+    def names_slurm(node: ast.AST) -> bool:
+        return any((isinstance(n, ast.Name) and "slurm" in n.id.lower())
+                   or (isinstance(n, ast.Attribute) and "slurm" in n.attr.lower())
+                   or (isinstance(n, ast.Constant) and isinstance(n.value, str) and "slurm" in n.value.lower())
+                   for n in ast.walk(node))
+
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        rel = str(path.relative_to(root.parent))
+        if rel.startswith("launcher/backends/") or rel.startswith(NOT_LAUNCH_CODE):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.If, ast.IfExp, ast.While)) and names_slurm(node.test):
+                out.append(f"{rel}:{node.lineno}: {ast.unparse(node.test)}")
+    return out
+
+
+def test_local_vs_slurm_branches_stay_in_the_backends():
+    """Every command takes a Backend and calls it polymorphically (placement, render, start,
+    follow, status); the branches left outside launcher/backends/ are the doctor report's
+    wording of a SLURM job's nodes:
+
+    - results/doctor.py, `DoctorReport.exclude`: a SLURM job's bad nodes are an `--exclude`
+      list; on this host the ranks are named instead;
+    - results/doctor_view.py, `header_lines`: "N node(s) of a SLURM job" or "this host".
+    """
+    found = slurm_branches()
+    assert len(found) <= MAX_SLURM_BRANCHES, "\n".join(found)
+    assert [f.split(":")[0] for f in found] == ["launcher/results/doctor.py", "launcher/results/doctor_view.py"]
+
+
+def test_the_branch_scan_sees_every_kind_of_test(tmp_path: Path):
+    pkg = tmp_path / "launcher"
+    (pkg / "backends").mkdir(parents=True)
+    (pkg / "backends" / "x.py").write_text("if slurm:\n    pass\n")  # inside the backends: free
+    (pkg / "a.py").write_text("if opts.slurm is not None:\n    pass\nwhile SLURM_JOB:\n    pass\n"
+                              "y = 1 if 'slurm.json' in names else 2\nif here:\n    pass\n")
+    found = [f.split(": ", 1)[0] for f in slurm_branches(pkg)]
+    assert sorted(found) == ["launcher/a.py:1", "launcher/a.py:3", "launcher/a.py:5"]

@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.cli.prepare import write_plan
+from launcher.drivers.tune import Trial, finish, trial_planned, trial_spec
 from launcher.errors import PlanError
 from launcher.hardware.topology import load_topology
-from launcher.jobs.tune import Trial, finish, trial_planned, trial_spec
 from launcher.plan import interval
 from launcher.plan.interval import (
     CPU_RESIDUALS,
@@ -23,6 +22,7 @@ from launcher.plan.interval import (
     seq_band,
     step_interval,
 )
+from launcher.plan.planfile import write_plan
 from launcher.plan.resolve import Planned
 from launcher.plan.search import plan
 from launcher.plan.types import StepInterval
@@ -30,7 +30,8 @@ from launcher.plan.view import format_plan
 from launcher.report.tune import cells, read_tune
 from launcher.results.prediction import compare, prediction_cell, prediction_line
 from launcher.rundir import RunPaths
-from launcher.specs import Goal, LaunchSpec, ModelProfile
+from launcher.runspec import LaunchSpec
+from launcher.specs import Goal, ModelProfile
 
 
 def test_bands_follow_the_published_sequence_lengths():
@@ -109,7 +110,7 @@ def test_the_summary_and_report_say_whether_the_measurement_fell_inside(planned:
     c, span = planned.plan.chosen, planned.plan.step_interval
     assert span is not None
     spec = trial_spec(LaunchSpec(workload="w.py", run_id="t", run_dir=str(tmp_path), device="cuda",
-                                 nproc_per_node=2), c, 2)
+                                 gpus=2), c, 2)
     inside = compare(plan_json, spec, step_time_s=span.step_time_s, peak_mem_bytes=None, device="cuda")
     outside = compare(plan_json, spec, step_time_s=2 * span.high_s, peak_mem_bytes=None, device="cuda")
     assert inside["inside_interval"] is True and outside["inside_interval"] is False
@@ -124,7 +125,7 @@ def test_the_summary_and_report_say_whether_the_measurement_fell_inside(planned:
 
 def test_a_tunes_table_shows_each_trials_interval(planned: Planned, tmp_path: Path):
     c = planned.plan.chosen
-    base = LaunchSpec(workload="w.py", run_id="t", run_dir=str(tmp_path), device="cuda", nproc_per_node=2)
+    base = LaunchSpec(workload="w.py", run_id="t", run_dir=str(tmp_path), device="cuda", gpus=2)
     trial = Trial(name="DDP bf16", candidate=c, run_dir=str(tmp_path / "1-ddp"), status="ok",
                   measured_step_s=c.time.step_time_s, measured_samples_per_s=1.0)
     finish(base, [trial], workload="w.py", workload_args=[], interval=planned.plan.step_interval)

@@ -8,18 +8,18 @@ import dataclasses
 import io
 import json
 
-from launcher.jobs.lab import LabRow, cpu_precisions, cuda_precisions, format_lab, lab_specs, reading, run_lab
+from launcher.drivers.lab import LabRow, cpu_precisions, cuda_precisions, format_lab, lab_specs, reading, run_lab
 from launcher.results.types import RankResult, RunResult
 from launcher.rundir import RunPaths
-from launcher.specs import LaunchSpec, Strategy
+from launcher.runspec import LaunchSpec
 
 from tests.helpers import REPO, assert_one_line_error
 
 
 def base_spec(tmp_path) -> LaunchSpec:
     return LaunchSpec(workload=str(REPO / "workloads" / "gpt.py"), run_id="lab-x", run_dir=str(tmp_path),
-                      nproc_per_node=2, steps=6, micro_batch=4, seed=3,
-                      strategy=Strategy(kind="ddp", precision="bf16"))
+                      gpus=2, steps=6, micro_batch=4, seed=3,
+                      strategy="ddp", precision="bf16")
 
 
 def fake_result(spec: LaunchSpec, samples_per_s: float, *, status: str = "ok",
@@ -29,11 +29,11 @@ def fake_result(spec: LaunchSpec, samples_per_s: float, *, status: str = "ok",
                       units_per_s=samples_per_s * 64, step_time_median_s=8 / samples_per_s,
                       step_time_p90_s=0.1, step_time_max_s=0.1, data_wait_share=data_wait,
                       peak_mem_bytes=2**30, final_loss=4.5,
-                      compiled_graphs=4 if spec.strategy.compile else None,
-                      graph_breaks=0 if spec.strategy.compile else None,
-                      recompiles=0 if spec.strategy.compile else None)
+                      compiled_graphs=4 if spec.compile else None,
+                      graph_breaks=0 if spec.compile else None,
+                      recompiles=0 if spec.compile else None)
     return RunResult(run_id=spec.run_id, run_dir=spec.run_dir, workload=spec.workload, world_size=2,
-                     num_nodes=1, device="cpu", strategy="ddp", precision=spec.strategy.precision,
+                     num_nodes=1, device="cpu", strategy="ddp", precision=spec.precision,
                      status=status, exit_code=0 if status == "ok" else 1, wall_time_s=5.0,
                      samples_per_s=samples_per_s, units_per_s=samples_per_s * 128, sample_units="tokens",
                      step_time_median_s=8 / samples_per_s, slowest_rank=0, data_wait_share=data_wait,
@@ -44,10 +44,11 @@ def test_three_specs_differ_only_in_precision_and_compile(tmp_path):
     base = base_spec(tmp_path)
     specs = lab_specs(base, "bf16")
     assert [name for name, _ in specs] == ["fp32", "bf16", "bf16+compile"]
-    assert [(s.strategy.precision, s.strategy.compile) for _, s in specs] == [
+    assert [(s.precision, s.compile) for _, s in specs] == [
         ("fp32", False), ("bf16", False), ("bf16", True)]
     for _, s in specs:
-        same = dataclasses.replace(s, run_id=base.run_id, run_dir=base.run_dir, strategy=base.strategy)
+        same = dataclasses.replace(s, run_id=base.run_id, run_dir=base.run_dir, precision=base.precision,
+                                   compile=base.compile)
         assert same == base  # same seed, steps, batch: the same fixed data slice
     assert len({s.run_dir for _, s in specs}) == 3
 
@@ -70,7 +71,7 @@ def test_where_the_plan_keeps_fp32_the_compiled_row_is_fp32(tmp_path):
     seen = []
 
     def run(spec, *, out):
-        seen.append((spec.strategy.precision, spec.strategy.compile))
+        seen.append((spec.precision, spec.compile))
         return fake_result(spec, next(speeds))
 
     lab = run_lab(base_spec(tmp_path), precisions, run=run, progress=io.StringIO())

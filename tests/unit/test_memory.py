@@ -188,7 +188,7 @@ def test_the_profile_counts_the_math_path_of_attention_with_dropout_only():
     import torch
     import torch.nn.functional as F
 
-    from launcher.plan.profile import MATH_ATTENTION_BYTES_PER_SCORE, _flash_like_sdpa
+    from launcher.plan.profile_passes import MATH_ATTENTION_BYTES_PER_SCORE, _flash_like_sdpa
 
     q = torch.empty(2, 4, 128, 64, device="meta")
     mode = _flash_like_sdpa()

@@ -63,5 +63,5 @@ def test_slurm_flags_need_slurm_and_defaults_differ_per_command():
 
 def test_field_names_become_flags_in_error_lines():
     assert name_flags("`warmup_steps` must be below `steps` (5)") == "--warmup-steps must be below --steps (5)"
-    assert name_flags("`nproc_per_node` and `grad_accum_steps`") == "--gpus and --grad-accum"
+    assert name_flags("`gpus` and `grad_accum`") == "--gpus and --grad-accum"  # one name per knob
     assert name_flags("`prefetch_factor` stays") == "`prefetch_factor` stays"  # no such flag

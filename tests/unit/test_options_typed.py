@@ -18,6 +18,8 @@ from launcher.cli.main import build_parser
 from launcher.cli.option import COMMANDS, Option
 from launcher.cli.options import BUILDS, RunOptions, ScaleOptions, SlurmOptions, load, nested
 from launcher.errors import UsageError
+from launcher.knobs import knobs_of
+from launcher.runspec import RunSettings
 
 # a minimal command line of each command
 ARGV: dict[str, list[str]] = {
@@ -42,22 +44,29 @@ def _declared_type(opt: Option) -> set[Any]:
     if opt.kind == "switch":
         return {bool}
     if opt.kind == "toggle":
-        return {bool, type(None)}
+        return {bool} if isinstance(opt.default, bool) else {bool, type(None)}
     if opt.kind == "list":
         base: type[Any] = tuple if opt.merge is not None else list
     elif opt.parse and isinstance(opt.default, tuple):  # a list in one value (--log-to a,b)
         base = tuple
     else:
-        base = type(opt.parse(opt.flag)("1")) if opt.parse else str
+        base = opt.check.kind if opt.check else str
     optional = opt.default is None and not opt.required and opt.merge is None
     return {base, type(None)} if optional else {base}
 
 
 def _fields(cls: type[Any]) -> dict[str, Any]:
-    """Every leaf field of `cls` by name, its nested groups opened (their own field kept too)."""
+    """Every leaf field of `cls` by name, its nested groups opened (their own field kept too), and
+    its `settings` opened into the run knobs its command takes and has no field of its own for."""
     hints = typing.get_type_hints(cls)
+    taken = {o.dest for o in options_of(cls.command)} if hasattr(cls, "command") else set()
+    own = {f.name for f in dataclasses.fields(cls)}
     out = {}
     for f in dataclasses.fields(cls):
+        if f.name == "settings":
+            knob_hints = typing.get_type_hints(RunSettings)
+            out.update({k: knob_hints[k] for k in knobs_of(RunSettings) if k in taken and k not in own})
+            continue
         out[f.name] = hints[f.name]
         if f.name in nested(cls):
             out.update(_fields(nested(cls)[f.name]))
@@ -116,13 +125,13 @@ def test_slurm_group_is_none_without_slurm_and_merged_with_it(tmp_path: Path, mo
     monkeypatch.chdir(tmp_path)
     (tmp_path / "dlaunch.yaml").write_text("slurm:\n  partition: from-yaml\n  time_min: 30\n  opts:\n    mem: 4G\n")
     local = load(RunOptions, build_parser().parse_args(["run", "w.py"]))
-    assert local.slurm is None and local.steps == 20 and local.gpus == 1 and local.json is False
+    assert local.slurm is None and local.settings.steps == 20 and local.settings.gpus == 1 and local.json is False
     given = load(RunOptions, build_parser().parse_args(
         ["run", "w.py", "--slurm", "--qos", "q", "--slurm-opt", "gres=gpu:1", "--nodes", "2"]))
     assert given.slurm == SlurmOptions(gpus_per_node=None, partition="from-yaml", account=None, qos="q",
                                        constraint=None, time_min=30, cpus_per_node=None,
                                        slurm_opt=(("gres", "gpu:1"), ("mem", "4G")), queue_timeout_min=None)
-    assert given.nodes == 2
+    assert given.settings.nodes == 2
     sweep = load(ScaleOptions, build_parser().parse_args(["scale", "w.py", "--gpus", "1,2,4", "--mode", "strong"]))
     assert sweep.gpus == "1,2,4" and sweep.mode == "strong" and sweep.slurm is None
     with pytest.raises(UsageError, match="--partition needs --slurm"):
@@ -132,9 +141,10 @@ def test_slurm_group_is_none_without_slurm_and_merged_with_it(tmp_path: Path, mo
 def test_a_plan_file_fills_the_decisions_the_flags_left_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.chdir(tmp_path)
     plan = tmp_path / "tuned-plan.json"
-    plan.write_text('{"decisions": {"strategy": "fsdp", "precision": "bf16", "micro_batch": 4, '
+    plan.write_text('{"decisions": {"strategy": "fsdp_full", "precision": "bf16", "micro_batch": 4, '
                     '"grad_accum": 2, "checkpointing": true, "compile": false}}')
     opts = load(RunOptions, build_parser().parse_args(["run", "w.py", "--plan", str(plan), "--micro-batch", "8"]))
-    assert (opts.strategy, opts.precision, opts.micro_batch, opts.grad_accum) == ("fsdp", "bf16", 8, 2)
+    given = opts.settings
+    assert (given.strategy, given.precision, given.micro_batch, given.grad_accum) == ("fsdp_full", "bf16", 8, 2)
     # a plan file from before the checkpointing modes: true is every block
-    assert opts.checkpointing == "full" and opts.compile is False
+    assert given.checkpointing == "full" and given.compile is False

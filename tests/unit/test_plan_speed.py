@@ -4,8 +4,9 @@ transients still equal those of profiling every block."""
 
 import pytest
 
-import launcher.plan.profile as profile_module
-from launcher.plan.profile import TRANSIENT_BATCHES, profile_workload
+import launcher.plan.profile_passes as passes_module
+from launcher.plan.profile import profile_workload
+from launcher.plan.profile_passes import TRANSIENT_BATCHES
 from launcher.workload import load_workload
 
 from tests.helpers import WORKLOADS
@@ -15,13 +16,13 @@ from tests.helpers import WORKLOADS
 def backward_calls(monkeypatch):
     """How many blocks the model had each time backward's transient was measured."""
     calls: list[int] = []
-    real = profile_module._backward_transient
+    real = passes_module._backward_transient
 
     def counting(loss, params, tracker):
         calls.append(len(params))
         return real(loss, params, tracker)
 
-    monkeypatch.setattr(profile_module, "_backward_transient", counting)
+    monkeypatch.setattr(passes_module, "_backward_transient", counting)
     return calls
 
 

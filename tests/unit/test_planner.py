@@ -15,10 +15,12 @@ import re
 import pytest
 
 from launcher.alloc_conf import alloc_conf_name, installed_torch_version
-from launcher.errors import PlanError
+from launcher.errors import DlaunchError, PlanError
 from launcher.hardware.topology import list_shipped, load_topology
 from launcher.hardware.types import DeviceSpec, Link, Topology
-from launcher.plan.search import STRATEGY_ORDER, TIE_TOLERANCE, plan
+from launcher.plan.candidates import STRATEGY_ORDER, TIE_TOLERANCE
+from launcher.plan.search import plan
+from launcher.plan.types import Overrides
 from launcher.plan.view import format_plan
 from launcher.specs import CHECKPOINTING, Goal, ModelProfile
 
@@ -131,10 +133,10 @@ SCENARIOS = [
      "bf16", False, [r"DDP", r"hybrid", r"is fastest|ties with hybrid"]),
     ("70b-1024-gpus-fsdp", LLAMA3_70B, "h100-sxm-8x128node-ib", 1024, None, {"fsdp_full"},
      "bf16", True, [r"only strategy that fits", r"hybrid does not fit", r"DDP does not fit"]),
-    ("override-ddp-too-big", LLAMA3_8B, "h100-sxm-8x", 64, {"strategy": "ddp"}, {"ddp"}, "bf16",
+    ("override-ddp-too-big", LLAMA3_8B, "h100-sxm-8x", 64, Overrides(strategy="ddp"), {"ddp"}, "bf16",
      None, [r"^warning: the forced plan does not fit: DDP", r"FSDP .* would fit",
             r"forced by overrides: strategy=ddp"]),
-    ("override-fp32-fits", GPT_125M, "h100-sxm-8x", 256, {"precision": "fp32"}, {"ddp"}, "fp32",
+    ("override-fp32-fits", GPT_125M, "h100-sxm-8x", 256, Overrides(precision="fp32"), {"ddp"}, "fp32",
      None, [r"^DDP fits", r"forced by overrides: precision=fp32"]),
     # 4 ranks on 2 cores: sharding the memory-bound AdamW step and autocast's weight casts
     # competes with DDP's cheaper collectives (cpu_cost), so either may win
@@ -158,7 +160,7 @@ def test_scenario(model, topo_name, global_batch, overrides, kinds, precision, c
     for pattern in patterns:
         assert re.search(pattern, why, re.MULTILINE), f"{pattern!r} not in:\n{why}"
     # the bookkeeping every plan must get right
-    assert c.micro_batch * c.grad_accum_steps * topo.world_size == p.global_batch
+    assert c.micro_batch * c.grad_accum * topo.world_size == p.global_batch
     if global_batch is not None:
         assert p.global_batch == global_batch
     assert c.fits == (not p.reasons[0].startswith("warning:"))
@@ -178,7 +180,7 @@ def test_nothing_fits_raises_one_actionable_line():
 
 
 def _per_sample(c) -> float:
-    return c.time.step_time_s / (c.micro_batch * c.grad_accum_steps)
+    return c.time.step_time_s / (c.micro_batch * c.grad_accum)
 
 
 @pytest.mark.parametrize("topo_name", ["h100-sxm-8x", "l40s-pcie-8x", "a100-sxm-8x2node-roce"])
@@ -245,22 +247,30 @@ def test_bad_requests_raise_plan_errors():
     with pytest.raises(PlanError, match="multiple of 8"):
         plan(GPT_TINY, topology("h100-sxm-8x"), Goal(global_batch=100))
     with pytest.raises(PlanError, match="needs more than one node"):
-        plan(GPT_TINY, topology("h100-sxm-8x"), Goal(), overrides={"strategy": "hybrid"})
-    with pytest.raises(PlanError, match="unknown plan override"):
-        plan(GPT_TINY, topology("h100-sxm-8x"), Goal(), overrides={"zero_stage": 3})
+        plan(GPT_TINY, topology("h100-sxm-8x"), Goal(), overrides=Overrides(strategy="hybrid"))
     with pytest.raises(PlanError, match="pick a divisor of 8"):
         plan(GPT_TINY, topology("h100-sxm-8x"), Goal(global_batch=64),
-             overrides={"micro_batch": 3})
+             overrides=Overrides(micro_batch=3))
+
+
+def test_overrides_check_themselves_and_list_what_they_force():
+    assert Overrides(checkpointing=True).checkpointing == "full"  # an old file's bool
+    assert Overrides(tp=2, precision="bf16").forced == (("precision", "bf16"), ("tp", 2))
+    assert Overrides().forced == ()
+    with pytest.raises(PlanError, match="--micro-batch must be an integer >= 1, got 0"):
+        Overrides(micro_batch=0)
+    with pytest.raises(DlaunchError, match="unknown strategy 'zero3'"):
+        Overrides(strategy="zero3")
 
 
 def test_overrides_force_fields_and_none_means_unset():
     p = plan(GPT_125M, topology("h100-sxm-8x"), Goal(global_batch=256),
-             overrides={"strategy": "fsdp_full", "micro_batch": 4, "compile": True,
-                        "checkpointing": "selective", "precision": None})
+             overrides=Overrides(strategy="fsdp_full", micro_batch=4, compile=True,
+                                 checkpointing="selective", precision=None))
     s = p.chosen.strategy
     assert (s.kind, s.checkpointing, s.compile, p.chosen.micro_batch) == \
         ("fsdp_full", "selective", True, 4)
-    assert p.chosen.grad_accum_steps == 8
+    assert p.chosen.grad_accum == 8
 
 
 def test_env_follows_the_hardware():
@@ -311,7 +321,7 @@ def test_every_shipped_topology_plans_a_small_model():
 
 def test_forced_bf16_without_bf16_units_warns():
     p = plan(GPT_125M, topology("v100-sxm-8x"), Goal(global_batch=256),
-             overrides={"precision": "bf16"})
+             overrides=Overrides(precision="bf16"))
     assert p.chosen.strategy.precision == "bf16"
     assert any(r.startswith("warning: V100 SXM2 32GB has no bf16") for r in p.reasons)
 

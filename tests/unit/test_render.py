@@ -1,15 +1,15 @@
 """Render before run: the torchrun command for a spec is exactly the golden file."""
 
 from launcher.backends import local
-from launcher.specs import LaunchSpec, Strategy
+from launcher.runspec import LaunchSpec
 
 from tests.helpers import REPO, assert_golden
 
 
 def spec(**kw) -> LaunchSpec:
     base = dict(workload="/work/workloads/gpt.py", workload_args=("--size", "tiny"), run_id="gpt-golden",
-                run_dir="/RUN", nproc_per_node=2, steps=30, micro_batch=8,
-                strategy=Strategy(kind="ddp"))
+                run_dir="/RUN", gpus=2, steps=30, micro_batch=8,
+                strategy="ddp")
     return LaunchSpec(**{**base, **kw})
 
 
@@ -25,13 +25,13 @@ def test_local_workload_command_matches_golden():
 
 def test_local_script_command_matches_golden():
     assert_golden("local-script-4.txt", rendering(spec(workload="/work/train.py", workload_args=("--lr", "0.1"),
-                                               is_script=True, nproc_per_node=4)))
+                                               is_script=True, gpus=4)))
 
 
 def test_user_thread_setting_wins():
     r = local.render(spec(), python="python3", base_env={"OMP_NUM_THREADS": "7"}, cores=2)
     assert "OMP_NUM_THREADS" not in r.env  # inherited from the user's environment unchanged
-    r = local.render(spec(nproc_per_node=4), python="python3", base_env={}, cores=16)
+    r = local.render(spec(gpus=4), python="python3", base_env={}, cores=16)
     assert r.env["OMP_NUM_THREADS"] == "4"
 
 

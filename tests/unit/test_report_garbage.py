@@ -70,9 +70,9 @@ def test_a_bad_summary_is_a_note(tmp_path):
 @pytest.mark.parametrize("launch, needle", [
     ("[]", "got a list"),
     ('{"workload": "w.py", "run_id": "r", "run_dir": ".", "nproc_per_node": "two"}',
-     "'nproc_per_node': expected an integer, got the string 'two'"),
+     "'gpus': expected an integer, got the string 'two'"),  # an old name reads as the new
     ('{"workload": "w.py", "run_id": "r", "run_dir": ".", "strategy": 5}', "'strategy'"),
-    ('{"workload": "w.py", "run_id": "r", "run_dir": ".", "num_nodes": 0}', "must be >= 1, got 0"),
+    ('{"workload": "w.py", "run_id": "r", "run_dir": ".", "num_nodes": 0}', "must be an integer >= 1, got 0"),
 ])
 def test_a_launch_json_that_is_no_spec_is_one_line(tmp_path, launch, needle):
     run = _run(tmp_path)
@@ -118,7 +118,7 @@ def test_result_from_dict_names_the_bad_key():
 
 def test_a_claimed_billion_ranks_reads_only_the_files_present(tmp_path):
     run = _run(tmp_path)
-    _launch(run, nproc_per_node=10**9)
+    _launch(run, gpus=10**9)
     res = aggregate(run)
     assert res.world_size == 10**9 and res.status == "failed"
     assert [r.status for r in res.ranks[:2]] == ["ok", "ok"] and len(res.ranks) < 100

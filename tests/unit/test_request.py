@@ -12,7 +12,9 @@ from launcher.errors import DlaunchError, PlanError, UsageError
 from launcher.hardware.topology import load_topology
 from launcher.plan.resolve import Planned
 from launcher.plan.search import plan
-from launcher.request import FALLBACKS, RunRequest
+from launcher.plan.types import Overrides
+from launcher.request import RunRequest
+from launcher.runspec import RunSettings
 from launcher.specs import Goal, ModelProfile
 
 from tests.helpers import DATA, WORKLOADS
@@ -27,18 +29,18 @@ PROFILE = ModelProfile(name="toy", num_params=10**6, bytes_by_dtype={"fp32": 4 *
 
 def planned(request: RunRequest) -> Planned:
     topo = load_topology("cpu-local").with_shape(num_nodes=1, devices_per_node=request.gpus)
-    overrides = {k: getattr(request, k) for k in ("strategy", "precision", "micro_batch")
-                 if getattr(request, k) is not None}
+    overrides = Overrides(strategy=request.strategy, precision=request.precision,
+                          micro_batch=request.micro_batch)
     return Planned(plan=plan(PROFILE, topo, Goal(), overrides=overrides), profile=PROFILE, topology=topo)
 
 
 @pytest.mark.parametrize("field, value, needle", [
-    ("steps", 0, "`steps` must be >= 1"),
-    ("gpus", 0, "`gpus` must be >= 1"),
-    ("nodes", 0, "`nodes` must be >= 1"),
-    ("micro_batch", 0, "`micro_batch` must be >= 1"),
-    ("grad_accum", -1, "`grad_accum` must be >= 1"),
-    ("global_batch", 0, "`global_batch` must be >= 1"),
+    ("steps", 0, "`steps` must be an integer >= 1, got 0"),
+    ("gpus", 0, "`gpus` must be an integer >= 1"),
+    ("nodes", 0, "`nodes` must be an integer >= 1"),
+    ("micro_batch", 0, "`micro_batch` must be an integer >= 1"),
+    ("grad_accum", -1, "`grad_accum` must be an integer >= 1"),
+    ("global_batch", 0, "`global_batch` must be an integer >= 1"),
     ("warmup_steps", 20, "`warmup_steps` must be below `steps` (20), got 20"),
     ("strategy", "zero3", "unknown strategy 'zero3'"),
     ("precision", "fp8", "unknown precision 'fp8'"),
@@ -66,7 +68,7 @@ def test_the_plan_fills_only_what_was_left_open():
     assert (done.precision, done.micro_batch) == (chosen.strategy.precision, chosen.micro_batch)
     assert done.plan_note.startswith("dlaunch: plan: FSDP")
     spec = done.launch_spec(run_id="r", run_dir="/RUN")
-    assert (spec.strategy.kind, spec.grad_accum_steps, spec.micro_batch) == ("fsdp_full", 4, chosen.micro_batch)
+    assert (spec.strategy, spec.grad_accum, spec.micro_batch) == ("fsdp_full", 4, chosen.micro_batch)
 
 
 def test_a_run_with_every_decision_given_is_planned_for_its_prediction_only():
@@ -77,8 +79,8 @@ def test_a_run_with_every_decision_given_is_planned_for_its_prediction_only():
     chosen = done.planned.plan.chosen
     # the plan is the run's own: the given decisions and the fallbacks of the rest
     assert (chosen.strategy.kind, chosen.strategy.precision, chosen.micro_batch) == ("fsdp_full", "bf16", 4)
-    assert (chosen.grad_accum_steps, chosen.strategy.checkpointing) == (
-        FALLBACKS["grad_accum"], FALLBACKS["checkpointing"])
+    assert (chosen.grad_accum, chosen.strategy.checkpointing) == (
+        RunSettings().decided()["grad_accum"], RunSettings().decided()["checkpointing"])
     assert chosen.time.step_time_s > 0
     # nothing was chosen for the user: no note, the request's fields as given
     assert done.plan_note is None and dataclasses.replace(done, planned=None) == request
@@ -86,14 +88,18 @@ def test_a_run_with_every_decision_given_is_planned_for_its_prediction_only():
 
 def test_what_nothing_decided_takes_the_fallbacks():
     spec = RunRequest(workload=MLP, steps=2, hang_timeout_s=1000.0).launch_spec(run_id="r", run_dir="/RUN")
-    assert (spec.strategy.kind, spec.strategy.precision, spec.micro_batch, spec.grad_accum_steps,
-            spec.strategy.checkpointing, spec.strategy.tp) == tuple(FALLBACKS.values())
+    assert (spec.strategy, spec.precision, spec.micro_batch, spec.grad_accum,
+            spec.checkpointing, spec.tp) == tuple(RunSettings().decided()[k] for k in (
+                "strategy", "precision", "micro_batch", "grad_accum", "checkpointing", "tp"))
     assert spec.warmup_steps == 1 and spec.startup_timeout_s == 1000.0  # min(3, steps - 1); max(900, hang)
 
 
-def test_the_spec_checks_what_the_request_leaves_to_it():
-    request = RunRequest(workload=MLP, strategy="ddp", shard_group_size=2)
+def test_the_settings_check_a_knob_against_the_others_where_they_are_made():
     with pytest.raises(DlaunchError, match="`shard_group_size` applies to `strategy` hybrid only"):
+        RunRequest(workload=MLP, strategy="ddp", shard_group_size=2)
+    # what only the spec knows (the world size) the spec checks
+    request = RunRequest(workload=MLP, strategy="hybrid", shard_group_size=3, gpus=2)
+    with pytest.raises(DlaunchError, match="`shard_group_size` must divide the world size"):
         request.launch_spec(run_id="r", run_dir="/RUN")
 
 

@@ -75,7 +75,7 @@ def write_plan(run_dir, *, micro_batch=8, world_size=2, compute_s=0.08, exposed_
                params_gib=0.25, grads_gib=0.25):
     """plan.json as `dlaunch run` writes it: Plan.to_dict() of a real plan."""
     chosen = Candidate(
-        strategy=Strategy(kind="ddp", precision="fp32"), micro_batch=micro_batch, grad_accum_steps=1,
+        strategy=Strategy(kind="ddp", precision="fp32"), micro_batch=micro_batch, grad_accum=1,
         memory=MemoryEstimate(params_bytes=params_gib * GIB, grads_bytes=grads_gib * GIB,
                               optimizer_bytes=0.0, activations_bytes=0.0, overhead_bytes=0.0),
         time=StepTimeEstimate(compute_s=compute_s, comm_total_s=exposed_s, comm_exposed_s=exposed_s),
@@ -190,12 +190,13 @@ def test_no_evaluation_line_without_one(tmp_path):
                           ("TIMEOUT", "0:15", 1), ("OUT_OF_MEMORY", "0:125", 1), ("CANCELLED", "9:0", 9)])
 def test_a_slurm_job_whose_rank_failed_exits_1_whatever_srun_returned(tmp_path, state, slurm_code,
                                                                       expected):
-    from launcher.backends.slurm.jobs import JobInfo
-    from launcher.jobs.slurm import finish
+    from launcher.backends.slurm.follow import ended_of
+    from launcher.backends.slurm.queue import JobInfo
+    from launcher.drivers.launch import settle
 
     run = write_run(tmp_path / "r", world_size=2, result=None)
     info = JobInfo(job_id="8", state=state, exit_code=slurm_code)
-    result = finish(run, info, {"submitted_at": 1.0e9})
+    result = settle(run, ended_of(run, info, {"submitted_at": 1.0e9}))
     assert result.exit_code == expected
     assert json.loads(RunPaths(root=run).result.read_text())["exit_code"] == expected
     assert (result.status == "ok") == (state == "COMPLETED")

@@ -9,9 +9,10 @@ import time
 
 import pytest
 
+from launcher.backends.base import parse_world_sizes
+from launcher.drivers.sweep import check_plan, point_batch
 from launcher.errors import DlaunchError, UsageError
 from launcher.hardware.topology import load_topology
-from launcher.jobs.sweep import check_plan, parse_world_sizes, point_batch
 from launcher.report.render import parse_formats, render_report, write_report
 from launcher.report.scaling import build_report
 from launcher.results.table import format_run

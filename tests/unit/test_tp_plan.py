@@ -25,6 +25,7 @@ from launcher.plan.memory import (
 from launcher.plan.profile import profile_workload
 from launcher.plan.resolve import _profile_from_json
 from launcher.plan.search import plan
+from launcher.plan.types import Overrides
 from launcher.plan.view import format_plan
 from launcher.specs import Goal, ModelProfile, Strategy
 from launcher.workload import load_workload
@@ -142,7 +143,7 @@ def test_tp_chosen_when_only_tp_fits_and_batch_counts_dp_ranks():
                               block_input_bytes_per_sample=llama().block_input_bytes_per_sample * 8)
     p = plan(big, small, Goal(global_batch=8))
     assert p.chosen.strategy.tp > 1
-    assert p.global_batch == p.chosen.micro_batch * p.chosen.grad_accum_steps * 8 // p.chosen.strategy.tp
+    assert p.global_batch == p.chosen.micro_batch * p.chosen.grad_accum * 8 // p.chosen.strategy.tp
     assert p.reasons[1].startswith(f"TP {p.chosen.strategy.tp}: ")
     text = format_plan(p, big, small)
     assert f"+tp{p.chosen.strategy.tp}" in text and "data-parallel ranks" in text
@@ -156,17 +157,17 @@ def test_tp_chosen_when_only_tp_fits_and_batch_counts_dp_ranks():
 ])
 def test_forced_tp_errors(profile, ov, needle):
     with pytest.raises(PlanError) as e:
-        plan(profile, gpus(), Goal(global_batch=64), overrides=ov)
+        plan(profile, gpus(), Goal(global_batch=64), overrides=Overrides(**ov))
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 
 def test_forced_tp_must_divide_gpus_per_node():
     with pytest.raises(PlanError, match="must divide the 6 GPUs per node"):
-        plan(llama(), gpus(per_node=6), Goal(global_batch=48), overrides={"tp": 4})
+        plan(llama(), gpus(per_node=6), Goal(global_batch=48), overrides=Overrides(tp=4))
 
 
 def test_forced_tp_on_gpu():
-    p = plan(llama(), gpus(), Goal(global_batch=64), overrides={"tp": 4})
+    p = plan(llama(), gpus(), Goal(global_batch=64), overrides=Overrides(tp=4))
     assert p.chosen.strategy.tp == 4 and p.chosen.strategy.kind != "ddp"
     assert "tp=4" in p.reasons[-1]
 
@@ -175,10 +176,10 @@ def test_cpu_plans_propose_tp_only_when_forced():
     from launcher.plan.candidates import tp_degrees  # noqa: PLC0415
 
     cpu = dataclasses.replace(gpus(nodes=1, per_node=4), device="cpu")
-    assert tp_degrees("fsdp_full", llama(), cpu, {}) == [1]
-    assert tp_degrees("fsdp_full", llama(), cpu, {"tp": 2}) == [2]
-    assert tp_degrees("ddp", llama(), gpus(), {}) == [1]
-    assert tp_degrees("hybrid", llama(), gpus(per_node=4), {}) == [1, 2, 4]
+    assert tp_degrees("fsdp_full", llama(), cpu, Overrides()) == [1]
+    assert tp_degrees("fsdp_full", llama(), cpu, Overrides(tp=2)) == [2]
+    assert tp_degrees("ddp", llama(), gpus(), Overrides()) == [1]
+    assert tp_degrees("hybrid", llama(), gpus(per_node=4), Overrides()) == [1, 2, 4]
 
 
 TP_WORKLOAD = """

@@ -12,8 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from launcher.errors import UsageError
-from launcher.jobs.tune import (
+from launcher.drivers.tune import (
     MAX_TRIAL_STEPS,
     TRIAL_STEPS,
     TRIAL_TIMED_S,
@@ -26,6 +25,7 @@ from launcher.jobs.tune import (
     select_trials,
     trial_steps,
 )
+from launcher.errors import UsageError
 from launcher.plan.corrections import (
     MAX_TRIALS_PER_PRECISION,
     TrialRecord,
@@ -36,7 +36,8 @@ from launcher.plan.corrections import (
 from launcher.plan.search import plan
 from launcher.plan.types import Candidate, MemoryEstimate, Plan, StepTimeEstimate
 from launcher.rundir import RunPaths, create_run_dir
-from launcher.specs import Goal, LaunchSpec, Strategy
+from launcher.runspec import LaunchSpec
+from launcher.specs import Goal, Strategy
 
 from tests.helpers import REPO, assert_one_line_error, run_dlaunch
 from tests.unit import test_planner as planner
@@ -46,7 +47,7 @@ def cand(kind: str = "ddp", precision: str = "fp32", step_s: float = 0.01, *, fi
          ckpt: bool = False, mb: int = 8, comm_s: float = 0.0) -> Candidate:
     mem = MemoryEstimate(params_bytes=1, grads_bytes=1, optimizer_bytes=1, activations_bytes=1, overhead_bytes=0)
     return Candidate(strategy=Strategy(kind=kind, precision=precision, checkpointing="full" if ckpt else "none"),
-                     micro_batch=mb, grad_accum_steps=1, memory=mem, fits=fits,
+                     micro_batch=mb, grad_accum=1, memory=mem, fits=fits,
                      time=StepTimeEstimate(compute_s=step_s - comm_s, comm_total_s=comm_s, comm_exposed_s=comm_s))
 
 
@@ -81,7 +82,7 @@ def test_trials_without_steps_time_enough_of_the_fastest_candidates_steps():
 
 def _base(tmp_path: Path) -> LaunchSpec:
     return LaunchSpec(workload=str(REPO / "workloads" / "mlp.py"), run_id="tune-x", run_dir=str(tmp_path),
-                      nproc_per_node=2, steps=6)
+                      gpus=2, steps=6)
 
 
 def test_a_failed_trial_is_recorded_and_the_fastest_measured_wins(tmp_path: Path):
@@ -90,17 +91,17 @@ def test_a_failed_trial_is_recorded_and_the_fastest_measured_wins(tmp_path: Path
 
     def run(spec: LaunchSpec, out) -> SimpleNamespace:
         seen.append(spec)
-        if spec.strategy.recomputes:
+        if spec.parallel.recomputes:
             return SimpleNamespace(status="failed", failures=("rank 0: RuntimeError: boom",), exit_code=1,
                                    samples_per_s=0.0, step_time_median_s=0.0)
-        rate = 500.0 if spec.strategy.precision == "bf16" else 400.0  # the model ranked bf16 last
+        rate = 500.0 if spec.precision == "bf16" else 400.0  # the model ranked bf16 last
         return SimpleNamespace(status="ok", failures=(), exit_code=0, samples_per_s=rate,
                                step_time_median_s=16 / rate)
 
     progress = io.StringIO()
     trials = run_trials(_base(tmp_path), [fast, crash, slow], run=run, progress=progress)
     assert [t.status for t in trials] == ["ok", "failed", "ok"] and "boom" in trials[1].reason
-    assert all(not s.calibrate_comm and Path(s.run_dir).parent == tmp_path for s in seen)
+    assert all(not s.calibrate and Path(s.run_dir).parent == tmp_path for s in seen)
     assert "[3/3]" in progress.getvalue() and "best so far: DDP bf16" in progress.getvalue()
     tune = finish(_base(tmp_path), trials, workload="w.py", workload_args=())
     assert tune.best is trials[2]
@@ -194,7 +195,7 @@ def test_each_trial_gets_its_plan_and_console_before_it_runs(tmp_path: Path):
 
     def run(spec: LaunchSpec, out) -> SimpleNamespace:
         seen[spec.run_dir] = json.loads(RunPaths(root=spec.run_dir).plan.read_text())
-        out.write(f"trained {spec.strategy.precision}\n")
+        out.write(f"trained {spec.precision}\n")
         return SimpleNamespace(status="ok", failures=(), exit_code=0, samples_per_s=100.0, step_time_median_s=0.16)
 
     def keep_plan(spec: LaunchSpec, c: Candidate) -> None:

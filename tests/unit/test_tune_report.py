@@ -1,4 +1,4 @@
-"""`dlaunch report TUNE_DIR` on a synthetic tune dir written by the real `jobs.tune.finish`: the
+"""`dlaunch report TUNE_DIR` on a synthetic tune dir written by the real `drivers.tune.finish`: the
 tune's table (measured only where measured), each failed or skipped trial with its reason, the
 tuned plan, links to the trials and to a trial's own report, the same in report.md, report.json
 and on the terminal; and a trial's plan.json gives its run the candidate's own prediction."""
@@ -12,15 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from launcher.cli.prepare import write_plan
+from launcher.drivers.tune import Trial, finish, trial_planned, trial_spec
 from launcher.hardware.topology import load_topology
-from launcher.jobs.tune import Trial, finish, trial_planned, trial_spec
+from launcher.plan.planfile import write_plan
 from launcher.plan.resolve import Planned
 from launcher.plan.search import plan
 from launcher.report.render import render_report
 from launcher.results.prediction import compare
 from launcher.rundir import RunPaths, TunePaths
-from launcher.specs import Goal, LaunchSpec, ModelProfile
+from launcher.runspec import LaunchSpec
+from launcher.specs import Goal, ModelProfile
 
 from tests.helpers import REPO, run_dlaunch
 from tests.synthetic import write_run
@@ -33,7 +34,7 @@ def write_tune(root: Path) -> Path:
     """A tune of three candidates: one measured (0.1 s/step, 160 samples/s on 2 ranks), one
     crashed (its run dir holds only its console), one skipped by the budget (no run dir)."""
     base = LaunchSpec(workload=str(REPO / "workloads" / "mlp.py"), run_id="tune-x", run_dir=str(root),
-                      nproc_per_node=2, steps=6)
+                      gpus=2, steps=6)
     root.mkdir()
     write_run(root / OK, world_size=2, step_s=0.1, micro_batch=8)
     (root / FAILED).mkdir()
@@ -154,16 +155,16 @@ def test_a_trials_plan_json_predicts_its_own_candidate(tmp_path: Path):
     topo = load_topology("h100-sxm-8x").with_shape(num_nodes=1, devices_per_node=2)
     planned = Planned(plan=plan(_profile(), topo, Goal()), profile=_profile(), topology=topo)
     chosen = planned.plan.chosen
-    decided = lambda c: (c.strategy.kind, c.strategy.precision, c.micro_batch, c.grad_accum_steps)  # noqa: E731
+    decided = lambda c: (c.strategy.kind, c.strategy.precision, c.micro_batch, c.grad_accum)  # noqa: E731
     other = next((c for c in planned.plan.rejected if c.fits and decided(c) != decided(chosen)), None)
     assert other is not None
-    base = LaunchSpec(workload="w.py", run_id="t", run_dir=str(tmp_path), device="cuda", nproc_per_node=2)
+    base = LaunchSpec(workload="w.py", run_id="t", run_dir=str(tmp_path), device="cuda", gpus=2)
     spec = trial_spec(base, other, 2)
     write_plan(tmp_path, trial_planned(planned, other))
     written = json.loads(RunPaths(root=tmp_path).plan.read_text())
     assert written["plan"]["chosen"]["strategy"] == dataclasses.asdict(other.strategy)
     assert written["plan"]["units_per_s"] == pytest.approx(
-        other.micro_batch * other.grad_accum_steps * 2 * 128 / other.time.step_time_s)
+        other.micro_batch * other.grad_accum * 2 * 128 / other.time.step_time_s)
     block = compare(written, spec, step_time_s=0.5, peak_mem_bytes=None, device="cuda")
     assert block["available"] and block["step_time_s"] == pytest.approx(other.time.step_time_s)
     # the base run's plan.json would not describe this trial: the prediction says so

@@ -238,8 +238,8 @@ def test_eval_every_is_validated(dlaunch, tmp_path):
 
 
 def test_eval_every_without_evaluate_fails_before_training(tmp_path):
+    from launcher.runspec import LaunchSpec
     from launcher.runtime.evaluation import check
-    from launcher.specs import LaunchSpec
 
     spec = LaunchSpec(workload=str(WORKLOADS / "mlp.py"), run_id="r", run_dir=str(tmp_path),
                       eval_every=3)

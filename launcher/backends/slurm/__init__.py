@@ -1,3 +1,3 @@
 """Everything that talks to SLURM: render/submit (submitit), job queries, the per-node task
-and progress read from the shared filesystem. Never imports runtime, jobs or cli.
+and progress read from the shared filesystem. Never imports runtime, results, drivers or cli.
 """

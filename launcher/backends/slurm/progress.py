@@ -4,7 +4,7 @@ Ranks append whole JSON lines to `rank-<r>.jsonl` at the end of each logging win
 least every few seconds), so the launcher — possibly on another machine than the ranks — reads
 only what was appended since the last look, and only whole lines.
 
-Never imports launcher.runtime (it reads the ranks' files), jobs, cli or report.
+Never imports launcher.runtime (it reads the ranks' files), drivers, cli or report.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from launcher.backends.torchrun import rank_env, torchrun_argv
 from launcher.files import atomic_write_json
 from launcher.rundir import CHECKPOINT_DIR_ENV, NODE_FILE, RunPaths, checkpoint_dir
-from launcher.specs import LaunchSpec
+from launcher.runspec import LaunchSpec
 
 if TYPE_CHECKING:
     from submitit.helpers import DelayedSubmission

@@ -21,18 +21,18 @@ import io
 import logging
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from launcher.drivers.launch import RunOne
 from launcher.files import atomic_write_json, storage
 from launcher.hardware.detect import cpu_info, detect_topology
-from launcher.jobs.local import run_local
 from launcher.results.table import format_table
 from launcher.results.types import RunResult
 from launcher.rundir import RunPaths
-from launcher.specs import GIB, LaunchSpec
+from launcher.runspec import LaunchSpec
+from launcher.specs import GIB
 
 log = logging.getLogger(__name__)
 
@@ -150,10 +150,9 @@ def lab_specs(base: LaunchSpec, mixed: str, compiled: str | None = None) -> list
     for name, precision, compiled_row in (("fp32", "fp32", False), (mixed, mixed, False),
                                           (f"{third}+compile", third, True)):
         slug = name.replace("+", "-")
-        strategy = dataclasses.replace(base.strategy, precision=precision, compile=compiled_row)
         out.append((name, dataclasses.replace(base, run_id=f"{base.run_id}-{slug}",
                                               run_dir=str(Path(base.run_dir) / slug),
-                                              strategy=strategy)))
+                                              precision=precision, compile=compiled_row)))
     return out
 
 
@@ -200,18 +199,13 @@ def reading(rows: tuple[LabRow, ...], precision_gain: float | None,
     return tuple(out)
 
 
-RunFn = Callable[..., RunResult]
-
-
-def run_lab(base: LaunchSpec, precisions: Precisions, *, run: RunFn | None = None,
+def run_lab(base: LaunchSpec, precisions: Precisions, *, run: RunOne,
             progress: IO[str] = sys.stderr) -> LabResult:
     """Run the three configurations one after another; stop at the first failed run.
 
-    `run(spec, out=...)` launches one run (default `launcher.jobs.local.run_local`); each run's own
-    summary and rank output go to a buffer, printed only when that run fails.
+    `run(spec, out=...)` launches one run (the driver's `Runner`); each run's own summary and
+    rank output go to a buffer, printed only when that run fails.
     """
-    if run is None:
-        run = run_local
     rows: list[LabRow] = []
     specs = lab_specs(base, precisions.mixed, precisions.compile_precision)
     for i, (name, spec) in enumerate(specs, 1):
@@ -224,8 +218,8 @@ def run_lab(base: LaunchSpec, precisions: Precisions, *, run: RunFn | None = Non
         result = run(spec, out=buf)
         progress.write(f"dlaunch lab: [{i}/{len(specs)}] {name} {result.status} in "
                        f"{time.monotonic() - t0:.0f} s\n")
-        rows.append(LabRow(name=name, precision=spec.strategy.precision,
-                           compile=spec.strategy.compile, result=result))
+        rows.append(LabRow(name=name, precision=spec.precision,
+                           compile=spec.compile, result=result))
         if result.status != "ok":
             progress.write(buf.getvalue())
             break

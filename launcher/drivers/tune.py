@@ -2,7 +2,7 @@
 
 The planner ranks every candidate but is only so accurate (`UNCERTAINTY`); the candidates it
 cannot tell from the best are run for a short trial each, back to back like `dlaunch lab`'s
-runs (same seed, same data, the same `run_local` as `dlaunch run`), the fastest measured
+runs (same seed, same data, the same driver as `dlaunch run`), the fastest measured
 (samples/s) is written as `tuned-plan.json`, which `dlaunch run --plan` follows, and the
 measured/predicted ratios go to this machine's correction cache (launcher.plan.corrections).
 A trial that fails (out of memory, compile error, crash) is recorded with its reason and the
@@ -11,13 +11,13 @@ so its result carries predicted against measured like any `dlaunch run`, and its
 output in console.log.
 
 Under SLURM (`tune --slurm`) each trial is one SLURM job, submitted and followed exactly as
-`dlaunch run --slurm` (the `run` function the CLI passes in), one after another, not all trials
+`dlaunch run --slurm` (the driver's `Runner` on the SLURM backend), one after another, not all trials
 in one allocation: a trial is then the very job `run --slurm --plan` submits later (same shape,
 no second code path), the queue, limits and accounting see ordinary jobs, and a trial that
 crashes, hangs to its time limit or leaves a node bad ends its own job, not the others'. The
 price, a queue wait before each trial, no measurement includes; `--budget-min` (wall time) does.
 A refused submission (unknown partition, account) would refuse every trial alike: it stops the
-tune before anything ran (`Refused`).
+tune before anything ran (`Refused`, raised by the backend).
 
 Never imports cli or runtime.
 """
@@ -37,16 +37,18 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any
 
-from launcher.errors import DlaunchError, UsageError
+from launcher.drivers.launch import RunOne
+from launcher.errors import DlaunchError, Refused, UsageError
 from launcher.files import atomic_write_json, open_log_stream, storage
-from launcher.jobs.local import run_local
 from launcher.plan.corrections import TrialRecord, compute_ratio
+from launcher.plan.explain import label
+from launcher.plan.planfile import read_plan
 from launcher.plan.resolve import Planned
-from launcher.plan.search import label
 from launcher.plan.types import Candidate, Plan, StepInterval
 from launcher.results.types import RunResult
 from launcher.rundir import RunPaths, TunePaths
-from launcher.specs import TRIAL_STEPS, TRIAL_TIMED_S, LaunchSpec, checkpointing_mode
+from launcher.runspec import LaunchSpec
+from launcher.specs import TRIAL_STEPS, TRIAL_TIMED_S, checkpointing_mode
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +67,7 @@ DECISIONS = ("strategy", "precision", "micro_batch", "grad_accum", "checkpointin
 
 def per_sample_s(c: Candidate) -> float:
     """Predicted seconds per sample: candidates with different batches compare on this."""
-    return c.time.step_time_s / (c.micro_batch * c.grad_accum_steps)
+    return c.time.step_time_s / (c.micro_batch * c.grad_accum)
 
 
 def select_trials(plan: Plan, device: str, max_trials: int) -> list[Candidate]:
@@ -92,13 +94,13 @@ def decisions_of(c: Candidate) -> dict[str, Any]:
     """What a run needs to repeat candidate `c`."""
     s = c.strategy
     return {"strategy": s.kind, "precision": s.precision, "micro_batch": c.micro_batch,
-            "grad_accum": c.grad_accum_steps, "checkpointing": s.checkpointing,
+            "grad_accum": c.grad_accum, "checkpointing": s.checkpointing,
             "compile": s.compile}
 
 
 def trial_name(c: Candidate) -> str:
     """'DDP fp32 + ckpt, mb 8 x 1'."""
-    return f"{label(c)}, mb {c.micro_batch} x {c.grad_accum_steps}"
+    return f"{label(c)}, mb {c.micro_batch} x {c.grad_accum}"
 
 
 def trial_spec(base: LaunchSpec, c: Candidate, index: int) -> LaunchSpec:
@@ -107,19 +109,17 @@ def trial_spec(base: LaunchSpec, c: Candidate, index: int) -> LaunchSpec:
     s = c.strategy
     ckpt = {"none": "", "full": "-ckpt"}.get(s.checkpointing, f"-{s.checkpointing}")
     slug = f"{index}-{s.kind}-{s.precision}{ckpt}-mb{c.micro_batch}"
-    strategy = dataclasses.replace(base.strategy, kind=s.kind, precision=s.precision,
-                                   checkpointing=s.checkpointing,
-                                   compile=s.compile or base.strategy.compile)
     return dataclasses.replace(base, run_id=f"{base.run_id}-{slug}", run_dir=str(Path(base.run_dir) / slug),
-                               micro_batch=c.micro_batch, grad_accum_steps=c.grad_accum_steps,
-                               strategy=strategy, calibrate_comm=False)
+                               micro_batch=c.micro_batch, grad_accum=c.grad_accum,
+                               strategy=s.kind, precision=s.precision, checkpointing=s.checkpointing,
+                               compile=s.compile or base.compile, calibrate=False)
 
 
 def trial_planned(planned: Planned, c: Candidate) -> Planned:
     """`planned` as if its plan had chosen `c`: the plan.json of `c`'s trial, so the trial's
     result sets `c`'s own prediction against its measurement, as a `dlaunch run` does."""
     p, t = planned.plan, c.time
-    samples = c.micro_batch * c.grad_accum_steps * p.world_size
+    samples = c.micro_batch * c.grad_accum * p.world_size
     why = f"tune trial of {trial_name(c)}: predicted within the model's uncertainty of the best"
     plan = dataclasses.replace(
         p, chosen=dataclasses.replace(c, reason=why), reasons=(why,),
@@ -128,11 +128,6 @@ def trial_planned(planned: Planned, c: Candidate) -> Planned:
         scaling_efficiency=t.compute_s / t.step_time_s if t.step_time_s else 1.0,
         step_interval=p.step_interval and p.step_interval.around(t.step_time_s))
     return dataclasses.replace(planned, plan=plan)
-
-
-class Refused(DlaunchError):
-    """A trial's job was refused for what every trial shares (SLURM refused its partition,
-    account or shape): raised by a `run` function; before any trial ran it stops the tune."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -160,7 +155,7 @@ class Trial:
         around = interval.around(c.time.step_time_s) if interval else None
         return {"name": self.name, **decisions_of(c), "predicted_step_s": c.time.step_time_s,
                 "predicted_interval_s": [around.low_s, around.high_s] if around else None,
-                "predicted_samples_per_s": c.micro_batch * c.grad_accum_steps * world_size / c.time.step_time_s,
+                "predicted_samples_per_s": c.micro_batch * c.grad_accum * world_size / c.time.step_time_s,
                 "measured_step_s": self.measured_step_s,
                 "measured_samples_per_s": self.measured_samples_per_s, "ratio": self.ratio,
                 "status": self.status, "reason": self.reason, "run_dir": self.run_dir, "chosen": chosen}
@@ -190,24 +185,20 @@ class TuneResult:
                 "trials": [t.to_dict(self.world_size, t is best, self.interval) for t in self.trials]}
 
 
-RunFn = Callable[..., RunResult]
-
-
 def _failure(result: RunResult) -> str:
     """Why a trial failed: its first two failures (under SLURM the job's state comes first, then
     the failing rank's exception)."""
     return "; ".join(result.failures[:2]) if result.failures else f"{result.status}, exit code {result.exit_code}"
 
 
-def run_trials(base: LaunchSpec, candidates: Sequence[Candidate], *, budget_s: float | None = None,
-               run: RunFn | None = None, keep_plan: Callable[[LaunchSpec, Candidate], None] | None = None,
+def run_trials(base: LaunchSpec, candidates: Sequence[Candidate], *, run: RunOne, budget_s: float | None = None,
+               keep_plan: Callable[[LaunchSpec, Candidate], None] | None = None,
                progress: IO[str] = sys.stderr) -> tuple[Trial, ...]:
-    """Run each candidate's trial in turn (`run(spec, out=console)`, `run_local` by default,
-    its console into the trial's console.log); a failed one is recorded and the next starts.
+    """Run each candidate's trial in turn (`run(spec, console)`, the driver's `Runner`, its
+    console into the trial's console.log); a failed one is recorded and the next starts.
     `keep_plan(spec, candidate)` writes the trial's plan.json once its run dir exists. Once
     `budget_s` has gone no further trial starts (the rest are recorded as skipped). `Refused`
     from the first trial propagates: nothing ran, and every other trial would be refused alike."""
-    run = run or run_local
     t0, k = time.monotonic(), len(candidates)
     trials: list[Trial] = []
     for i, c in enumerate(candidates, 1):
@@ -225,7 +216,7 @@ def run_trials(base: LaunchSpec, candidates: Sequence[Candidate], *, budget_s: f
             keep_plan(spec, c)
         try:
             with open_log_stream(paths.console_log) as console:
-                result = run(spec, out=console)
+                result = run(spec, console)
         except Refused as e:
             if not trials:
                 raise
@@ -276,7 +267,7 @@ def finish(base: LaunchSpec, trials: Sequence[Trial], *, workload: str, workload
         path = TunePaths(root=base.run_dir).tuned_plan
         atomic_write_json(path, {
             "format": PLAN_FORMAT, "workload": workload, "workload_args": list(workload_args),
-            "device": base.device, "nodes": base.num_nodes, "gpus": base.nproc_per_node,
+            "device": base.device, "nodes": base.nodes, "gpus": base.gpus,
             "decisions": decisions_of(best.candidate), "name": best.name,
             "measured_samples_per_s": best.measured_samples_per_s,
             "predicted_step_s": best.candidate.time.step_time_s, "trials": len(trials),
@@ -308,11 +299,10 @@ def read_plan_file(path: str) -> dict[str, Any]:
     if isinstance(data, Mapping) and isinstance(data.get("decisions"), Mapping):
         found = dict(data["decisions"])
     elif isinstance(data, Mapping) and isinstance(data.get("plan"), Mapping) and "chosen" in data["plan"]:
-        c, s = data["plan"]["chosen"], data["plan"]["chosen"].get("strategy", {})
-        found = {"strategy": s.get("kind"), "precision": s.get("precision"), "micro_batch": c.get("micro_batch"),
-                 "grad_accum": c.get("grad_accum_steps"),
-                 "checkpointing": s.get("checkpointing", s.get("activation_checkpointing")),
-                 "compile": s.get("compile")}
+        try:
+            found = {k: getattr(read_plan(data), k) for k in DECISIONS}
+        except (KeyError, TypeError, ValueError) as e:
+            raise UsageError(f"--plan {path}: a malformed plan.json ({type(e).__name__}: {e})") from None
     else:
         raise UsageError(f"--plan {path}: neither a tuned-plan.json nor a run dir's plan.json")
     missing = [k for k in DECISIONS if found.get(k) is None]

@@ -5,7 +5,7 @@ or fails becomes a `LaunchError` with one line. Job state comes from `scontrol s
 from slurmctld's memory, has the pending reason and restart count) and falls back to `sacct`
 once slurmctld has forgotten the job (MinJobAge, 300 s by default).
 
-Never imports launcher.runtime, jobs, cli or report, nor submitit (only SLURM's own commands).
+Never imports launcher.runtime, drivers, cli or report, nor submitit (only SLURM's own commands).
 """
 
 from __future__ import annotations

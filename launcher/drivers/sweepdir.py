@@ -1,14 +1,13 @@
-"""Sweep directories: the manifest, the lock, and point directories moved aside.
+"""Sweep directories: the lock, point directories moved aside, and finished points.
 
 The counterpart of rundir.py for sweeps (file names in `launcher.rundir.SweepPaths`, layout in
-launcher/jobs/sweep.py).
+launcher/drivers/sweep.py).
 
 Never imports cli, runtime or report.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -18,11 +17,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from launcher.drivers.launch import read_result
 from launcher.errors import LaunchError, UsageError
-from launcher.files import read_json
 from launcher.procs import pid_alive
 from launcher.results.types import RunResult
-from launcher.rundir import RunPaths, SweepPaths
+from launcher.rundir import SweepPaths
 
 log = logging.getLogger(__name__)
 
@@ -95,17 +94,5 @@ def move_aside(point_dir: Path, sweep_dir: Path) -> Path:
 
 def finished_ok(point_dir: Path) -> RunResult | None:
     """The point's result when its result.json exists and says ok, else None."""
-    path = RunPaths(root=point_dir).result
-    if not path.exists():
-        return None
-    try:
-        data = read_json(path)
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict) or data.get("status") != "ok":
-        return None
-    fields = {f.name for f in dataclasses.fields(RunResult)}
-    try:
-        return RunResult.from_dict({k: v for k, v in data.items() if k in fields})
-    except (TypeError, ValueError):
-        return None
+    result = read_result(point_dir)
+    return result if result is not None and result.status == "ok" else None

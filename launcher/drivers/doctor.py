@@ -1,12 +1,12 @@
 """`dlaunch doctor` without argv: start the doctor's ranks, collect what they measured, judge it.
 
-The ranks are a plain torchrun script (launcher/runtime/doctor_rank.py, named by path: jobs never
-import the runtime) in a `LaunchSpec` of their own, so they start exactly as a run's ranks do:
-on this host through the local backend (`backends.local`: keeper, live `[rank N]` lines, the
-heartbeat watcher that ends a hung doctor and names the rank, Ctrl-C) with OMP_NUM_THREADS set
-per rank as for a run (`hardware.types.rank_threads`); on SLURM as one job of one torchrun per
-node, submitted and followed as `dlaunch run --slurm` is (`jobs.slurm.submit_run` / `follow`).
-Ranks that died get their summary from `backends.postmortem`, so each is named with why.
+The ranks are a plain torchrun script (launcher/runtime/doctor_rank.py, named by path: drivers
+never import the runtime) in a `LaunchSpec` of their own, launched by the driver of every run
+(`drivers.launch`) on the command's backend, so they start exactly as a run's ranks do: on this
+host (keeper, live `[rank N]` lines, the heartbeat watcher that ends a hung doctor and names the
+rank, Ctrl-C) with OMP_NUM_THREADS set per rank as for a run (`hardware.types.rank_threads`); on
+SLURM as one job of one torchrun per node. Ranks that died get their summary from
+`backends.postmortem`, so each is named with why.
 
 What the ranks should have measured comes from `expectation_topology` (before anything starts:
 a bad --topology is refused first) and `launcher.plan.expected`; the verdicts from
@@ -17,6 +17,7 @@ Never imports cli or runtime.
 
 from __future__ import annotations
 
+import io
 import logging
 import sys
 import time
@@ -24,28 +25,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from launcher.backends import local
-from launcher.backends.postmortem import write_missing_summaries
-from launcher.backends.slurm import submit as slurm_backend
+from launcher.backends.base import Backend, Placement
 from launcher.backends.torchrun import REPO_ROOT
+from launcher.drivers.launch import launch
 from launcher.errors import UsageError
 from launcher.files import atomic_write_json
 from launcher.hardware.topology import load_topology
 from launcher.hardware.types import Topology
-from launcher.jobs.local import dry_run_text
-from launcher.jobs.slurm import follow, submit_run
 from launcher.plan.cpu_probe import torch_version
 from launcher.plan.cpu_rates import ProbedCpu, gloo_of
 from launcher.plan.expected import Expectations, cpu_expectations, gpu_expectations, no_expectations
 from launcher.plan.resolve import resolve_topology
 from launcher.results.doctor import DEFAULT_THRESHOLD, DoctorReport, RankReading, judge, read_readings
-from launcher.rundir import RunPaths, create_run_dir
-from launcher.secrets import masked_spec_dict
-from launcher.specs import LaunchSpec
+from launcher.rundir import create_run_dir
+from launcher.runspec import LaunchSpec, RunSettings
 
 log = logging.getLogger(__name__)
 
-# the rank program, by path (torchrun runs it as a script; jobs never import the runtime)
+# the rank program, by path (torchrun runs it as a script; drivers never import the runtime)
 DOCTOR_RANK = REPO_ROOT / "launcher" / "runtime" / "doctor_rank.py"
 DOCTOR_FILE = "doctor.json"  # the judged report, in the run dir
 # the doctor's checks each take seconds: a rank silent for this long is stuck (NCCL, gloo)
@@ -63,7 +60,12 @@ class DoctorRequest:
     precision: str = "auto"  # auto: the rank picks (bf16 on GPUs of capability >= 8, else fp32)
     threshold: float = DEFAULT_THRESHOLD
     topology: str | None = None  # a topology file or name to judge against
-    slurm: slurm_backend.SlurmSpec | None = None
+    placement: Placement | None = None  # where the backend placed the ranks; None: this host
+
+    @property
+    def here(self) -> bool:
+        """The ranks run on this host (its detection describes them)."""
+        return self.placement is None or self.placement.here
 
     def __post_init__(self) -> None:
         if not 0 < self.threshold <= 1:
@@ -85,9 +87,10 @@ def doctor_spec(request: DoctorRequest, *, run_id: str, run_dir: str) -> LaunchS
     return LaunchSpec(workload=str(DOCTOR_RANK), is_script=True,
                       workload_args=("--device", request.device, "--precision", request.precision),
                       run_id=run_id, run_dir=run_dir, device=request.device,
-                      num_nodes=request.nodes, nproc_per_node=request.ranks_per_node,
+                      nodes=request.nodes, gpus=request.ranks_per_node,
                       steps=1, warmup_steps=0, hang_timeout_s=HANG_TIMEOUT_S,
-                      startup_timeout_s=STARTUP_TIMEOUT_S)
+                      startup_timeout_s=STARTUP_TIMEOUT_S, compile_mode="default",
+                      **RunSettings().decided())
 
 
 def _probe_text(topology: Topology) -> str:
@@ -108,7 +111,7 @@ def topology_file(request: DoctorRequest) -> Topology | None:
         return None
     topo = load_topology(request.topology)
     if topo.device != request.device:
-        where = "the SLURM partition's nodes run" if request.slurm else "this host runs"
+        where = "this host runs" if request.here else "the SLURM partition's nodes run"
         raise UsageError(f"--topology {request.topology} describes {topo.device} devices, but "
                          f"{where} {request.device} ranks; give a {request.device} topology")
     return topo
@@ -121,7 +124,7 @@ def expectation_topology(request: DoctorRequest) -> Basis:
     topo = topology_file(request)
     if topo is not None:
         return Basis(topology=topo, text=f"topology {topo.name} (its listed figures)")
-    if request.slurm is not None:
+    if not request.here:
         return Basis(topology=None, text="nothing: no --topology of the partition's nodes, so ranks "
                                          "and nodes are judged against each other only")
     topo = resolve_topology(topology=None, gpus=request.ranks_per_node, nodes=None)
@@ -147,44 +150,25 @@ def run_path(run_id: str, run_dir: str | None) -> Path:
     return Path(run_dir if run_dir is not None else Path("runs") / run_id).expanduser().absolute()
 
 
-def dry_run(request: DoctorRequest, *, run_id: str, run_dir: str | None) -> str:
-    """What `dlaunch doctor --dry-run` prints: the torchrun command (or sbatch script) and env."""
-    spec = doctor_spec(request, run_id=run_id, run_dir=str(run_path(run_id, run_dir)))
-    if request.slurm is not None:
-        return slurm_backend.dry_run_text(spec, request.slurm, slurm_backend.render(spec, request.slurm))
-    return dry_run_text(spec, local.render(spec))
-
-
-def run_doctor(request: DoctorRequest, basis: Basis, *, run_id: str, run_dir: str | None,
-               console: IO[str] = sys.stderr, debug: bool = False) -> DoctorReport:
-    """Start the ranks, wait, judge them against `basis` (`expectation_topology`, resolved
-    first so that a bad --topology is refused before anything runs); RUN_DIR/doctor.json."""
+def run_doctor(request: DoctorRequest, basis: Basis, backend: Backend, *, run_id: str,
+               run_dir: str | None, console: IO[str] = sys.stderr, debug: bool = False) -> DoctorReport:
+    """Start the ranks on `backend`, wait, judge them against `basis` (`expectation_topology`,
+    resolved first so that a bad --topology is refused before anything runs); RUN_DIR/doctor.json."""
     started = time.monotonic()
     path = run_path(run_id, run_dir)
     spec = doctor_spec(request, run_id=run_id, run_dir=str(path))
+    rendered = backend.render(spec, request.placement or Placement(device=request.device))
     create_run_dir(run_dir, run_id)
-    if request.slurm is not None:
-        record = submit_run(spec, request.slurm)
-        console.write(f"dlaunch: submitted doctor job {record['job_id']} ({spec.num_nodes} node(s) x "
-                      f"{spec.nproc_per_node} rank(s)); run dir {spec.run_dir}\n")
-        console.flush()
-        follow(record["job_id"], spec, request.slurm, submitted_at=record["submitted_at"],
-               console=console)
-    else:
-        atomic_write_json(RunPaths(root=path).launch, masked_spec_dict(spec))
-        outcome = local.launch(local.render(spec), spec, console=console, debug=debug)
-        write_missing_summaries(path, spec.world_size, expected_steps=1, beats=dict(outcome.beats),
-                                stall=outcome.stall, stacks=dict(outcome.stacks),
-                                torchrun_log=outcome.torchrun_log)
-        if outcome.interrupted is not None:
-            raise KeyboardInterrupt
+    # the run's own summary table is not the doctor's: only the ranks' lines reach the console
+    result = launch(rendered, backend, console, out=io.StringIO(), debug=debug, quiet=True)
+    if result is not None and result.status == "interrupted":
+        raise KeyboardInterrupt
     readings = read_readings(path, spec.world_size)
     report = judge(readings, expectations(basis, readings, request), threshold=request.threshold,
-                   slurm=request.slurm is not None, run_dir=str(path),
-                   wall_s=time.monotonic() - started)
+                   slurm=not request.here, run_dir=str(path), wall_s=time.monotonic() - started)
     atomic_write_json(path / DOCTOR_FILE, report.to_dict())
     return report
 
 
 __all__ = ["DoctorRequest", "Basis", "doctor_spec", "topology_file", "expectation_topology", "expectations",
-           "dry_run", "run_doctor", "DOCTOR_RANK", "DOCTOR_FILE"]
+           "run_doctor", "DOCTOR_RANK", "DOCTOR_FILE"]

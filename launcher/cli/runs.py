@@ -1,11 +1,11 @@
-"""`dlaunch status | logs | cancel RUN_DIR_OR_JOB`, for a run of any backend; and `BACKENDS`,
-the table of backends the CLI knows, with `backend_for_run` that picks the one a new run goes to.
+"""`dlaunch status | logs | cancel RUN_DIR_OR_JOB`, for a run of any backend.
 
-The commands ask each backend in turn whether the run is its own (`owner_of`): a run dir with
-the `slurm.json` that `run --slurm` wrote, or a bare SLURM job id (looked up in
-runs/*/slurm.json and then through slurmctld), is SLURM's; any other run dir is a local run
-(`owner.json` names the dlaunch that runs it). A finished SLURM job whose run was detached gets
-its result.json (and the usual summary) the first time `status` sees it over.
+The commands ask each backend of the registry (launcher.backends.registry) in turn whether the
+run is its own (`owner_of`): a run dir with the `slurm.json` that `run --slurm` wrote, or a bare
+SLURM job id (looked up in runs/*/slurm.json and then through slurmctld), is SLURM's; any other
+run dir is a local run (`owner.json` names the dlaunch that runs it). A finished run whose job
+was detached gets its result.json (and the usual summary) the first time `status` sees it over
+(`launcher.drivers.launch.status`). Must never import torch or launcher.backends.slurm.
 """
 
 from __future__ import annotations
@@ -16,28 +16,19 @@ import logging
 import sys
 from typing import IO
 
-from launcher.backends.base import Backend, Registry, owner_of, select
+from launcher.backends.base import Registry, owner_of
+from launcher.backends.registry import BACKENDS
 from launcher.cli.args import no_extra_args
 from launcher.cli.options import CancelOptions, LogsOptions, StatusOptions, load
-from launcher.jobs.local import LocalBackend
-from launcher.jobs.slurm import SlurmBackend
+from launcher.drivers.launch import status as settled_status
 
 log = logging.getLogger(__name__)
-
-# Every backend, in the order they are asked whether a run is theirs (SLURM first: it claims
-# run dirs by their slurm.json, local claims every other dir). A new backend is a row here.
-BACKENDS: Registry = {"slurm": SlurmBackend(), "local": LocalBackend()}
-
-
-def backend_for_run(*, slurm: bool, registry: Registry = BACKENDS) -> Backend:
-    """The backend a new `dlaunch run` goes to (`slurm`: --slurm was given)."""
-    return select(registry, slurm=slurm)
 
 
 def status(ref: str, *, as_json: bool = False, out: IO[str] = sys.stdout,
            registry: Registry = BACKENDS) -> int:
     """Print the run's state, its progress and, once it is over, the run summary."""
-    found = owner_of(registry, ref).status(ref)
+    found = settled_status(owner_of(registry, ref), ref)
     out.write(json.dumps(dict(found.data), indent=2) + "\n" if as_json else found.text + "\n")
     return 0
 

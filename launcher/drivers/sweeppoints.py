@@ -1,10 +1,10 @@
 """Running a sweep's points: each into a fresh run directory, recorded in the manifest.
 
 `run_points` launches the points `sweep.run_sweep` asked for, one after another, through a
-`launch_point` function (torchrun on this host by default, `launch_local`; a SLURM job per point
-from `cli.slurm`), moves aside whatever an earlier attempt left, and rewrites the manifest after
-every change so an interrupted sweep resumes where it stopped. A failed point is recorded and
-the sweep goes on; an interrupted one (`SweepInterrupted`) stops it.
+`RunOne` (the driver's `Runner`: torchrun on this host, or a SLURM job per point), moves aside
+whatever an earlier attempt left, and rewrites the manifest after every change so an
+interrupted sweep resumes where it stopped. A failed point is recorded and the sweep goes on;
+an interrupted one (`SweepInterrupted`) stops it. `ProgressBar` shows how far the sweep got.
 
 Never imports cli, report or runtime.
 """
@@ -16,26 +16,25 @@ import logging
 import re
 import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from launcher.backends.monitor import job_pids
+from launcher.drivers.launch import RunOne
+from launcher.drivers.sweepdir import finished_ok, move_aside
 from launcher.errors import DlaunchError, LaunchError
-from launcher.files import atomic_write_json, open_log_stream
-from launcher.jobs.local import run_local
-from launcher.jobs.progress import ProgressBar
-from launcher.jobs.sweepdir import finished_ok, move_aside
+from launcher.files import open_log_stream
 from launcher.results.types import RunResult
-from launcher.rundir import RunPaths, SweepPaths, create_run_dir
-from launcher.specs import LaunchSpec
+from launcher.rundir import RunPaths, create_run_dir
+from launcher.runspec import LaunchSpec
+from launcher.sweepmanifest import Manifest, SweepPoint, write_manifest
+
+if TYPE_CHECKING:  # a type only: sweep imports this module
+    from launcher.drivers.sweep import Sweep
 
 log = logging.getLogger(__name__)
-
-# launch_point(spec, console) -> RunResult: runs one point; `console` takes its output
-LaunchPoint = Callable[[LaunchSpec, IO[str]], RunResult]
-
 
 class SweepInterrupted(DlaunchError):
     """The sweep was stopped (Ctrl-C, SIGTERM); re-running the same command resumes it.
@@ -51,26 +50,6 @@ class SweepInterrupted(DlaunchError):
 
 # torchrun's own line when a signal from elsewhere stopped it
 _GOT_SIGNAL = re.compile(r"got signal: (\d+)")
-
-
-@dataclass(frozen=True, kw_only=True)
-class SweepPoint:
-    """One point of a sweep, as recorded in the manifest."""
-
-    name: str  # ws<N>-r<k>, also the directory name
-    world_size: int
-    repeat: int
-    micro_batch: int
-    global_batch: int
-    num_nodes: int = 1
-    status: str = "pending"
-    run_id: str = ""
-    error: str | None = None
-    attempts: int = 0
-    started: float | None = None
-    finished: float | None = None
-    samples_per_s: float | None = None
-    step_time_median_s: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,51 +73,76 @@ class SweepResult:
         return all(p.status == "ok" for p in self.points)
 
 
+class ProgressBar:
+    """`[#####.....] 2/4 points  ws2-r0 running`: redrawn in place on a terminal, one line
+    per update otherwise (CI logs)."""
+
+    def __init__(self, total: int, out: IO[str] | None, width: int = 24) -> None:
+        self.total, self.out, self.width = total, out, width
+        self.tty = bool(out is not None and getattr(out, "isatty", lambda: False)())
+        self._drawn = False
+
+    def update(self, done: int, label: str) -> None:
+        """Redraw the bar with `done` points finished."""
+        if self.out is None:
+            return
+        filled = self.width * done // max(1, self.total)
+        bar = f"[{'#' * filled}{'.' * (self.width - filled)}] {done}/{self.total} points  {label}"
+        if self.tty:
+            self.out.write("\r\x1b[2K" + bar)
+            self._drawn = True
+        else:
+            self.out.write(bar + "\n")
+        self.out.flush()
+
+    def note(self, text: str) -> None:
+        """Print a line that stays (above the bar on a terminal)."""
+        if self.out is None:
+            return
+        self.out.write(("\r\x1b[2K" if self._drawn else "") + text + "\n")
+        self._drawn = False
+        self.out.flush()
+
+
 def point_name(world_size: int, repeat: int) -> str:
     """Directory name of a point."""
     return f"ws{world_size}-r{repeat}"
 
 
-def launch_local(spec: LaunchSpec, console: IO[str]) -> RunResult:
-    """The default `launch_point`: torchrun on this host via `jobs.local.run_local`.
-
-    A Ctrl-C during the run reaches the local backend, which stops the job and says the run
-    was interrupted; a torchrun stopped by a signal from elsewhere dies with a SignalException.
-    Either is an interruption of the sweep, not a failed point.
-    """
-    result = run_local(spec, out=console)
+def interruption(spec: LaunchSpec, result: RunResult) -> SweepInterrupted | None:
+    """A point stopped by a signal interrupts the sweep, it did not fail: the user's Ctrl-C
+    reaches the backend, which stops the job and says the run was interrupted; a torchrun
+    stopped by a signal from elsewhere dies with a SignalException."""
     tlog = RunPaths(root=spec.run_dir).torchrun_log
     text = tlog.read_text(errors="replace") if result.status != "ok" and tlog.exists() else ""
     got = _GOT_SIGNAL.search(text) if "SignalException" in text else None
-    if result.status == "interrupted" or got is not None:
-        # dlaunch's own signal first: stopping the job, it sent torchrun a SIGTERM of its own
-        signum = (result.exit_code - 128 if result.status == "interrupted" and result.exit_code > 128
-                  else int(got.group(1)) if got is not None else signal.SIGINT)
-        raise SweepInterrupted(f"sweep interrupted: point {Path(spec.run_dir).name} was stopped "
-                               "by a signal; run the same command again to resume", signum=signum)
-    return result
+    if result.status != "interrupted" and got is None:
+        return None
+    # dlaunch's own signal first: stopping the job, it sent torchrun a SIGTERM of its own
+    signum = (result.exit_code - 128 if result.status == "interrupted" and result.exit_code > 128
+              else int(got.group(1)) if got is not None else signal.SIGINT)
+    return SweepInterrupted(f"sweep interrupted: point {Path(spec.run_dir).name} was stopped "
+                            "by a signal; run the same command again to resume", signum=signum)
 
 
 @dataclass(kw_only=True)
-class _Sweep:
+class _Points:
     """The state of one call of run_sweep: the points, the manifest, where output goes."""
 
+    sweep: Sweep
     sdir: Path
     points: dict[str, SweepPoint]
-    manifest: dict[str, Any]
-    spec_kwargs: dict[str, Any]  # LaunchSpec fields shared by every point
-    launch_point: LaunchPoint
+    manifest: Manifest
+    run_one: RunOne
     bar: ProgressBar
 
     def save(self) -> None:
-        """Rewrite the manifest (atomically) with every point's current record."""
-        ordered = sorted(self.points.values(), key=lambda p: (p.world_size, p.repeat))
-        self.manifest.update(points=[dataclasses.asdict(p) for p in ordered],
-                             updated=time.time(),
-                             world_sizes=sorted({p.world_size for p in ordered}))
-        atomic_write_json(SweepPaths(root=self.sdir).manifest, self.manifest)
+        """Rewrite the manifest with every point's current record."""
+        self.manifest = dataclasses.replace(self.manifest, points=tuple(self.points.values()),
+                                            updated=time.time())
+        write_manifest(self.sdir, self.manifest)
 
-    def run(self, name: str, index: int) -> None:
+    def run(self, name: str, index: int, shape: tuple[int, int, int]) -> None:
         """Launch one point into a fresh directory and record how it ended."""
         point, pdir = self.points[name], self.sdir / name
         live = job_pids(pdir) if pdir.exists() else {}
@@ -152,9 +156,7 @@ class _Sweep:
             self.bar.note(f"{name}: moved what a previous attempt left to "
                           f"{moved.relative_to(self.sdir)}")
         run_id = f"{self.sdir.name}-{name}-a{point.attempts + 1}"
-        spec = LaunchSpec(run_id=run_id, run_dir=str(pdir), num_nodes=point.num_nodes,
-                          nproc_per_node=point.world_size // point.num_nodes,
-                          micro_batch=point.micro_batch, **self.spec_kwargs)
+        spec = self.sweep.point(shape, run_id=run_id, run_dir=str(pdir))
         create_run_dir(pdir, run_id)
         point = dataclasses.replace(point, status="running", run_id=run_id, error=None,
                                     attempts=point.attempts + 1, started=time.time(),
@@ -166,7 +168,10 @@ class _Sweep:
                                f"{point.micro_batch})")
         try:
             with open_log_stream(RunPaths(root=pdir).console_log) as console:
-                result = self.launch_point(spec, console)
+                result = self.run_one(spec, console)
+            stopped = interruption(spec, result)
+            if stopped is not None:
+                raise stopped
         except (KeyboardInterrupt, SweepInterrupted):
             self.points[name] = dataclasses.replace(point, status="pending",
                                                     error="interrupted; re-run to resume")
@@ -195,47 +200,45 @@ class _Sweep:
                           f"(see {RunPaths(root=pdir).console_log})")
 
 
-def run_points(sdir: Path, old: dict[str, Any] | None, config: dict[str, Any],
-               sizes: list[int], batches: dict[int, int], nodes: dict[int, int], repeats: int,
-               force: bool, spec_kwargs: dict[str, Any], launch_point: LaunchPoint,
-               topology: Mapping[str, Any] | None, progress: IO[str] | None,
-               mode: str) -> SweepResult:
+def run_points(sweep: Sweep, sdir: Path, old: Manifest | None, config: Mapping[str, Any], *,
+               force: bool, run: RunOne, topology: Mapping[str, Any] | None,
+               progress: IO[str] | None) -> SweepResult:
     """Run every wanted point not already done (all under `force`), recording each in the
     manifest as it goes; the sweep's directory is created and locked by the caller."""
-    accum = int(spec_kwargs.get("grad_accum_steps", 1))
-    known = {p["name"]: SweepPoint(**p) for p in (old or {}).get("points", [])}
-    wanted = [point_name(n, k) for n in sizes for k in range(repeats)]
+    known = {p.name: p for p in (old.points if old is not None else ())}
     points: dict[str, SweepPoint] = dict(known)
-    for n in sizes:
-        for k in range(repeats):
-            prev = known.get(point_name(n, k))
-            points[point_name(n, k)] = SweepPoint(
-                name=point_name(n, k), world_size=n, repeat=k, micro_batch=batches[n],
-                global_batch=batches[n] * accum * n, num_nodes=nodes[n],
+    wanted: list[tuple[str, tuple[int, int, int]]] = []
+    for shape in sweep.shapes:
+        n, nodes, _ = shape
+        for k in range(sweep.repeats):
+            name, prev = point_name(n, k), known.get(point_name(n, k))
+            wanted.append((name, shape))
+            points[name] = SweepPoint(
+                name=name, world_size=n, repeat=k, micro_batch=sweep.batch(n),
+                global_batch=sweep.batch(n) * sweep.template.grad_accum * n, num_nodes=nodes,
                 attempts=prev.attempts if prev else 0,
                 status=prev.status if prev else "pending", run_id=prev.run_id if prev else "")
-    manifest: dict[str, Any] = {
-        "kind": "sweep", "version": 1, "name": sdir.name, "mode": mode, "config": config,
-        "created": (old or {}).get("created", time.time()),
-        "topology": topology if topology is not None else (old or {}).get("topology")}
-    sweep = _Sweep(sdir=sdir, points=points, manifest=manifest, spec_kwargs=spec_kwargs,
-                   launch_point=launch_point, bar=ProgressBar(len(wanted), progress))
-    sweep.bar.note(f"sweep {sdir}: {mode} scaling, world sizes {','.join(map(str, sizes))}"
-                   + (f", {repeats} repeats" if repeats > 1 else ""))
-    sweep.save()  # from now on the directory says it is a sweep (sweepdir.refuse_foreign)
+    manifest = Manifest(name=sdir.name, mode=sweep.mode, config=config,
+                        created=old.created if old is not None else time.time(),
+                        topology=topology if topology is not None else (old.topology if old else None))
+    state = _Points(sweep=sweep, sdir=sdir, points=points, manifest=manifest, run_one=run,
+                    bar=ProgressBar(len(wanted), progress))
+    state.bar.note(f"sweep {sdir}: {sweep.mode} scaling, world sizes {','.join(map(str, sweep.sizes))}"
+                   + (f", {sweep.repeats} repeats" if sweep.repeats > 1 else ""))
+    state.save()  # from now on the directory says it is a sweep (sweepdir.refuse_foreign)
     ran = skipped = 0
-    for i, name in enumerate(wanted):
+    for i, (name, shape) in enumerate(wanted):
         done = finished_ok(sdir / name)
         if done is not None and not force:
             points[name] = dataclasses.replace(points[name], status="ok", run_id=done.run_id,
                                                samples_per_s=done.samples_per_s,
                                                step_time_median_s=done.step_time_median_s)
             skipped += 1
-            sweep.bar.note(f"{name}: ok (already done, skipped; --force re-runs it)")
+            state.bar.note(f"{name}: ok (already done, skipped; --force re-runs it)")
             continue
         ran += 1
-        sweep.run(name, i)
-    sweep.save()
-    sweep.bar.update(len(wanted), "done")
+        state.run(name, i, shape)
+    state.save()
+    state.bar.update(len(wanted), "done")
     ordered = tuple(sorted(points.values(), key=lambda p: (p.world_size, p.repeat)))
-    return SweepResult(sweep_dir=sdir, mode=mode, points=ordered, ran=ran, skipped=skipped)
+    return SweepResult(sweep_dir=sdir, mode=sweep.mode, points=ordered, ran=ran, skipped=skipped)

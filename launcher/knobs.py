@@ -1,0 +1,158 @@
+"""A run's knobs, each declared once: `knob()` puts its flag, help, unit and check on the field
+of the frozen dataclass that holds it (`launcher.specs.RunSettings`), and `Check` says what a
+number must be.
+
+Everything else derives from those fields (`knobs_of`): the CLI's option table and typed
+options, the plan's fallbacks, LaunchSpec and launch.json, so a knob keeps one name from its flag
+to the JSON (`--grad-accum`, `grad_accum`). A check is written once: argparse parses with it (the
+message names the flag), the settings validate with it (the message names the field in
+backticks, which the CLI turns into the flag). The CLI's other numeric options (plan goals, SLURM
+minutes, the doctor's threshold) use the same checks. `migrate` reads the names launch.json used
+before. Imports only launcher.errors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from launcher.errors import UsageError
+
+KINDS = ("value", "switch", "toggle")  # --x V | --x | --x/--no-x
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Check:
+    """What a number must be: of `kind` (int, or a finite float), above `low` (at it too when
+    `inclusive`), at most `high`; `phrase` words it where the bounds alone would not."""
+
+    kind: type = int
+    low: float | None = None
+    inclusive: bool = True
+    high: float | None = None
+    phrase: str = ""
+
+    def describe(self) -> str:
+        """'an integer >= 1', 'a finite number > 0', ..."""
+        if self.phrase:
+            return self.phrase
+        what = "an integer" if self.kind is int else "a finite number"
+        return what if self.low is None else f"{what} {'>=' if self.inclusive else '>'} {self.low:g}"
+
+    def ok(self, value: Any) -> bool:
+        """Whether `value` passes (a bool is no number here)."""
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return False
+        if self.kind is int and not isinstance(value, int):
+            return False
+        if not math.isfinite(value) or (self.high is not None and value > self.high):
+            return False
+        return self.low is None or value > self.low or (self.inclusive and value == self.low)
+
+    def validate(self, name: str, value: Any) -> None:
+        """UsageError naming `name` unless `value` passes."""
+        if not self.ok(value):
+            shown = f"{value:g}" if isinstance(value, float) else repr(value) if isinstance(value, str) else value
+            raise UsageError(f"{name} must be {self.describe()}, got {shown}")
+
+    def parser(self, flag: str) -> Callable[[str], Any]:
+        """An argparse `type` that converts and checks, naming `flag` when it refuses."""
+
+        def parse(text: str) -> Any:
+            try:
+                value = self.kind(text)
+            except ValueError:
+                raise UsageError(f"{flag} must be {self.describe()}, got {text!r}") from None
+            self.validate(flag, value)
+            return value
+
+        return parse
+
+
+def at_least(low: int) -> Check:
+    """An integer >= `low`."""
+    return Check(low=low)
+
+
+NUMBER = Check(kind=float)  # any finite number: a knob whose range is a rule of its own
+NON_NEGATIVE = Check(kind=float, low=0.0)
+POSITIVE = Check(kind=float, low=0.0, inclusive=False)
+MINUTES = Check(kind=float, low=0.0, inclusive=False, phrase="a number of minutes > 0")
+FRACTION = Check(kind=float, low=0.0, inclusive=False, high=1.0, phrase="a fraction in (0, 1], e.g. 0.8")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Knob:
+    """One knob's declaration, carried in its field's metadata (see `knob`)."""
+
+    flag: str
+    help: str
+    unit: str = ""
+    check: Check | None = None
+    choices: tuple[str, ...] | None = None
+    kind: str = "value"
+    # a decision the plan makes: None on the command line leaves it to the plan, and
+    # `fallback` is what runs when nothing planned (a plain script, an unplanned SLURM run)
+    planned: bool = False
+    fallback: Any = None
+
+
+def knob(default: T, flag: str, help: str, *, unit: str = "", check: Check | None = None,
+         choices: tuple[str, ...] | None = None, kind: str = "value", planned: bool = False,
+         fallback: Any = None) -> T:
+    """A dataclass field holding a knob: its default and its `Knob` declaration."""
+    if kind not in KINDS:
+        raise ValueError(f"knob {flag}: kind must be one of {KINDS}, got {kind!r}")
+    declared = Knob(flag=flag, help=help, unit=unit, check=check, choices=choices, kind=kind,
+                    planned=planned, fallback=fallback)
+    field: T = dataclasses.field(default=default, metadata={"knob": declared})
+    return field
+
+
+def knobs_of(cls: Any) -> dict[str, Knob]:
+    """Field name -> Knob, for every knob field of the dataclass `cls`, in declaration order."""
+    return {f.name: f.metadata["knob"] for f in dataclasses.fields(cls) if "knob" in f.metadata}
+
+
+def validate_knobs(obj: Any) -> None:
+    """Each knob of the dataclass instance `obj` that holds a value, against its declaration."""
+    for name, k in knobs_of(type(obj)).items():
+        value = getattr(obj, name)
+        if value is None:
+            continue
+        if k.check is not None:
+            k.check.validate(f"`{name}`", value)
+        if k.choices is not None and value not in k.choices:
+            raise UsageError(f"unknown {name} {value!r}; use one of {', '.join(k.choices)}")
+
+
+# launch.json and plan files written before each knob had one name: old -> new (`migrate`)
+RENAMED = {"nproc_per_node": "gpus", "num_nodes": "nodes", "grad_accum_steps": "grad_accum",
+           "calibrate_comm": "calibrate"}
+
+
+def migrate(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A launch spec as launch.json held it in any version, in today's names: the renamed keys,
+    the nested `strategy` and `loader` flattened, checkpointing's old bool as its mode, and 0
+    for 'auto' as None."""
+    d = {RENAMED.get(k, k): v for k, v in data.items()}
+    strategy = d.get("strategy")
+    if isinstance(strategy, Mapping):
+        nested = dict(strategy)
+        d["strategy"] = nested.pop("kind", "ddp")
+        if "activation_checkpointing" in nested:  # written before the checkpointing modes
+            nested.setdefault("checkpointing", nested.pop("activation_checkpointing"))
+        d.update(nested)
+    if isinstance(d.get("checkpointing"), bool):
+        d["checkpointing"] = "full" if d["checkpointing"] else "none"
+    loader = d.pop("loader", None)
+    if isinstance(loader, Mapping) and "num_workers" in loader:
+        d.setdefault("num_workers", loader["num_workers"])
+    for name in ("log_every", "shard_group_size"):  # 0 meant "auto"; now None does
+        if d.get(name) == 0:
+            d[name] = None
+    return d

@@ -1,0 +1,263 @@
+"""One forward of a workload's model on the meta device (no real memory, no real compute),
+measured; plan.profile scales these passes over the blocks into a ModelProfile.
+
+- activations: the forward runs under `saved_tensors_hooks` at two micro-batch sizes and the
+  bytes autograd saves for backward are summed, each storage once and parameters left out;
+- checkpointing keeps each block's input: a pre-hook on the first block, in the same pass;
+- attention with dropout: what SDPA's math path (CPU's) saves beyond flash's, in the same pass;
+- the backward transient: the same passes run backward, and the most bytes backward holds at
+  once beyond what the forward saved is kept per sample (parameter gradients are dropped as
+  they land: the memory model counts them apart). For a language model it is the loss
+  gradient over the vocabulary, two logits-sized tensors: 25 GiB for GPT-2 small at 64 x 1024
+  tokens in fp32, which made an H100 run the plan said fits run out of memory;
+- FLOPs: `FlopCounterMode` over the micro-batch-1 forward, attention added analytically (that
+  pass replaces SDPA to measure flash attention's memory); the attention and convolution
+  shares are kept apart (they run at other rates than matmuls: see plan.cost, plan.cpu_cost);
+- operations: the aten ops that micro-batch-1 forward dispatches (what per-op overhead, the
+  dominant cost of a tiny model on CPU, scales with).
+
+Never imports cli, backends, jobs, runtime or report; torch only inside functions (only a
+profile missing from the cache needs it), so importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from launcher.workload import Workload
+
+log = logging.getLogger(__name__)
+
+PROFILE_BATCHES = (1, 2)
+# backward's transient is measured apart, at micro-batches where what grows with the batch
+# outweighs the one-off gradient of a parameter (a wide embedding's) that backward also makes
+TRANSIENT_BATCHES = (8, 16)
+# SDPA with dropout runs PyTorch's math path on CPU (the CPU flash kernel takes no dropout:
+# sdp_utils_cpp.cpp `use_flash_attention_cpp` checks it), which saves per attention score what
+# flash does not: the softmax probabilities (4 B fp32), the dropout mask (1 B, bool) and the
+# dropped probabilities the matmul with v keeps (4 B) (`_scaled_dot_product_attention_math`).
+# Measured on CPU (HF GPT-2 tiny, attn_pdrop 0.1, saved tensors): 10.0 B a score.
+MATH_ATTENTION_BYTES_PER_SCORE = 9
+# FlopCounterMode's names of the forward convolution ops
+_CONV_OPS = ("convolution", "_convolution", "conv1d", "conv2d", "conv3d", "convolution_overrideable")
+
+
+class Counts(NamedTuple):
+    """What the profiling passes measure. Every field but `block_input_bytes` and the
+    transients adds up over identical blocks (plan.profile scales them so)."""
+
+    saved1: float  # bytes saved for backward at PROFILE_BATCHES[0]
+    saved2: float  # ... at PROFILE_BATCHES[1]
+    block_input_bytes: float  # the first block's input at PROFILE_BATCHES[0]
+    flops: float  # forward FLOPs at PROFILE_BATCHES[0], attention included
+    attention_flops: float  # of which scaled-dot-product attention (4 s^2 d per layer)
+    conv_flops: float  # of which convolutions
+    ops: float  # aten ops dispatched by that forward
+    math_attention: float = 0.0  # at PROFILE_BATCHES[0]: SDPA's math path beyond flash (CPU dropout)
+    transient1: float = 0.0  # backward's peak bytes beyond the saved, at TRANSIENT_BATCHES[0]
+    transient2: float = 0.0  # ... at TRANSIENT_BATCHES[1]
+
+
+def meta_batch(workload: Workload, micro_batch: int) -> object:
+    """A batch of `micro_batch` samples with the dataset's shapes and dtypes, on the meta device."""
+    import torch
+    from torch.utils.data import default_collate
+
+    real = default_collate(workload.first_samples(1) * micro_batch)
+
+    def to_meta(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            return torch.empty_like(x, device="meta")
+        if isinstance(x, tuple | list):
+            return type(x)(to_meta(v) for v in x)
+        if isinstance(x, dict):
+            return {k: to_meta(v) for k, v in x.items()}
+        return x
+
+    return to_meta(real)
+
+
+def _flash_like_sdpa() -> Any:
+    """A TorchFunctionMode that makes SDPA save what flash attention saves.
+
+    On meta, SDPA decomposes to the math path and saves the s x s attention matrix; the
+    kernels that actually run (flash on CUDA, the flash kernel on CPU) keep only q, k, v, the
+    output and a log-sum-exp per row. Without this, Llama-3 8B at 8k tokens would "need" 380 GB
+    of activations per sample.
+    """
+    import torch
+    import torch.nn.functional as F
+    from torch.overrides import TorchFunctionMode
+
+    class FlashLike(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, q: Any, k: Any, v: Any) -> Any:
+            out = torch.empty(*q.shape[:-1], v.shape[-1], dtype=q.dtype, device=q.device)
+            lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+            ctx.save_for_backward(q, k, v, out, lse)
+            return out
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            q, k, v, _, _ = ctx.saved_tensors
+            return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+    class Mode(TorchFunctionMode):
+        # attention FLOPs, as FlopCounterMode counts SDPA: q @ k^T and scores @ v
+        attention_flops = 0
+        # what the math path would save beyond this, where attention has dropout
+        math_attention_bytes = 0
+
+        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            if func is F.scaled_dot_product_attention:
+                q, k, v = args[:3]
+                b_h_sq = q.numel() // q.shape[-1]
+                self.attention_flops += 2 * b_h_sq * k.shape[-2] * (q.shape[-1] + v.shape[-1])
+                dropout = (kwargs or {}).get("dropout_p", args[4] if len(args) > 4 else 0.0)
+                if dropout:
+                    self.math_attention_bytes += MATH_ATTENTION_BYTES_PER_SCORE * b_h_sq * k.shape[-2]
+                return FlashLike.apply(q, k, v)
+            return func(*args, **(kwargs or {}))
+
+    return Mode()
+
+
+class _Dispatched:
+    """The aten ops dispatched while `mode` (a TorchDispatchMode, built on first use so that
+    importing this module stays torch-free) is entered, and with `track_bytes` the live and peak
+    bytes of the storages they create. Meta storages have sizes and are freed like real ones,
+    so this measures backward's transient memory with no memory."""
+
+    def __init__(self, *, track_bytes: bool) -> None:
+        import weakref
+
+        import torch
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_flatten
+
+        outer = self
+        self.ops = self.live = self.peak = 0
+        tracked: set[int] = set()
+
+        def free(key: int, nbytes: int) -> None:
+            tracked.discard(key)
+            outer.live -= nbytes
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                                   kwargs: Any = None) -> Any:
+                outer.ops += 1
+                out = func(*args, **(kwargs or {}))
+                for t in tree_flatten(out)[0] if track_bytes else ():
+                    if not isinstance(t, torch.Tensor):
+                        continue
+                    storage = t.untyped_storage()
+                    key = id(storage)
+                    if key in tracked:
+                        continue
+                    tracked.add(key)
+                    n = storage.nbytes()
+                    outer.live += n
+                    outer.peak = max(outer.peak, outer.live)
+                    weakref.finalize(storage, free, key, n)
+                return out
+
+        self.mode = Mode()
+
+
+def _backward_transient(loss: Any, params: Sequence[Any], tracker: _Dispatched) -> float:
+    """The most bytes `loss.backward()` holds at once beyond what the forward left live,
+    with each parameter's gradient dropped as it lands (the memory model counts gradients
+    apart); 0 when backward does not run on the meta device (the model then counts none).
+    `tracker` watched the forward, so the saved tensors backward frees are seen to go."""
+    def drop(p: Any) -> None:
+        p.grad = None
+
+    hooks = [p.register_post_accumulate_grad_hook(drop) for p in params if p.requires_grad]
+    start = tracker.live
+    tracker.peak = start
+    try:
+        with tracker.mode:
+            loss.backward()
+    except Exception as e:  # an op without a meta backward: the transient stays unmeasured
+        log.debug("backward on the meta device failed (%s: %s); no backward transient",
+                  type(e).__name__, e)
+        return 0.0
+    finally:
+        for h in hooks:
+            h.remove()
+    return float(tracker.peak - start)
+
+
+def _pass(workload: Workload, model: Any, micro_batch: int, param_keys: set[int],
+          first_block: Any = None, *, count_flops: bool = False,
+          backward: bool = False) -> tuple[int, int, tuple[float, ...], float]:
+    """Bytes autograd saves for backward in one forward (each storage once, no parameters),
+    the bytes of the first block's input (what checkpointing keeps per block), with
+    `count_flops` the forward FLOPs (FlopCounterMode plus the attention it cannot see here;
+    all, attention, convolutions), SDPA's math-path bytes beyond flash's and the aten ops the
+    forward dispatched (else 0s), and with `backward` backward's transient bytes (else 0)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    block_in: list[int] = []
+
+    def hook(module: Any, args: tuple[Any, ...]) -> None:
+        block_in.append(sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor)))
+
+    handle = first_block.register_forward_pre_hook(hook) if first_block is not None else None
+    seen: set[int] = set()
+    total = 0
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        storage = t.untyped_storage()
+        key = storage._cdata
+        if key not in seen and key not in param_keys:
+            seen.add(key)
+            total += storage.nbytes()
+        return t
+
+    batch = meta_batch(workload, micro_batch)
+    counter = FlopCounterMode(display=False) if count_flops else contextlib.nullcontext()
+    sdpa = _flash_like_sdpa()
+    # only backward's transient reads the bytes: the other passes skip their per-op bookkeeping
+    # (a weakref finalizer per new storage), and the saved2 pass any dispatch mode at all
+    dispatched = _Dispatched(track_bytes=backward) if count_flops or backward else None
+    try:
+        with counter, dispatched.mode if dispatched else contextlib.nullcontext(), sdpa, \
+                torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = workload.loss_fn(model, batch)
+    finally:
+        if handle is not None:
+            handle.remove()
+    transient = (_backward_transient(loss, list(model.parameters()), dispatched)
+                 if dispatched and backward else 0.0)
+    del loss
+    counted = (0.0,) * 5
+    if isinstance(counter, FlopCounterMode) and dispatched is not None:
+        by_op = counter.get_flop_counts().get("Global", {})
+        conv = sum(n for op, n in by_op.items() if getattr(op, "__name__", str(op)).split(".")[0] in _CONV_OPS)
+        attention = float(sdpa.attention_flops)
+        counted = (float(counter.get_total_flops()) + attention, attention, float(conv),
+                   float(sdpa.math_attention_bytes), float(dispatched.ops))
+    return total, (block_in[0] if block_in else 0), counted, transient
+
+
+def measure(workload: Workload, model: Any, param_keys: set[int], first_block: Any, *,
+            transients: bool = True) -> Counts:
+    """Saved bytes at micro-batch 1 and 2, the first block's input bytes, and the FLOPs and
+    aten ops at 1; with `transients`, backward's transient at TRANSIENT_BATCHES (else 0: the
+    two backward passes are a third of a profile's time, skipped where nobody reads them)."""
+    saved1, block_in, (flops, attention, conv, math_attention, ops), _ = _pass(
+        workload, model, PROFILE_BATCHES[0], param_keys, first_block, count_flops=True)
+    saved2 = _pass(workload, model, PROFILE_BATCHES[1], param_keys)[0]
+    transient1, transient2 = ((_pass(workload, model, mb, param_keys, backward=True)[3]
+                               for mb in TRANSIENT_BATCHES) if transients else (0.0, 0.0))
+    return Counts(saved1, saved2, block_in, flops, attention, conv, ops, math_attention,
+                  transient1, transient2)
+
+

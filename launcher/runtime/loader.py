@@ -1,0 +1,79 @@
+"""The data a rank trains on: its DataLoader over exactly its samples, in a fixed order, and
+each step's micro-batches fetched onto the device with the time the step waited for them
+(`data_wait_s`: the loader's time, not the copy's).
+
+Never imports cli, backends, jobs or report; torch at module level (see runtime/__init__).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
+
+from launcher.runspec import LaunchSpec
+from launcher.runtime.context import RankContext
+from launcher.runtime.resume import SkipSampler
+from launcher.runtime.stream import RankStream
+from launcher.runtime.window import Clock
+from launcher.runtime.wrap import dp_rank
+from launcher.workload import Workload
+
+
+def make_loader(workload: Workload, spec: LaunchSpec, ctx: RankContext, *,
+                start_step: int = 0) -> DataLoader[Any]:
+    """A DataLoader over exactly the samples this rank trains on, in a fixed order.
+
+    The dataset holds steps x global batch samples; DistributedSampler hands data-parallel
+    rank d every dp_size-th index, so the union of the dp ranks' micro-batches at a step is the
+    batch one process would see with dp_size times the micro-batch (the equivalence the tests
+    check). With tensor parallelism (tp > 1) dp_size is world_size / tp and the tp ranks of one
+    group (consecutive ranks, `wrap.dp_rank`) read the same samples; without, every rank is its
+    own dp rank. After a resume at `start_step` the index list starts where step
+    start_step + 1 begins.
+    """
+    dataset = workload.make_dataset(spec.steps * spec.global_batch)
+    dp_size, rank = ctx.world_size // spec.tp, dp_rank(ctx.rank, spec.tp)
+    workers = spec.loader.num_workers
+    kwargs: dict[str, Any] = {
+        "batch_size": spec.micro_batch, "drop_last": True, "num_workers": workers,
+        "pin_memory": spec.loader.pin_memory and ctx.device_type == "cuda",
+        "persistent_workers": spec.loader.persistent_workers and workers > 0,
+        "prefetch_factor": spec.loader.prefetch_factor if workers > 0 else None}
+    if isinstance(dataset, IterableDataset):  # split and resumed as a stream (runtime.stream)
+        stream = RankStream(dataset, dp_size=dp_size, dp_rank=rank, micro_batch=spec.micro_batch,
+                            skip_batches=start_step * spec.grad_accum)
+        return DataLoader(stream, **kwargs)
+    ranks: DistributedSampler[int] = DistributedSampler(
+        dataset, num_replicas=dp_size, rank=rank, shuffle=spec.loader.shuffle, seed=spec.seed,
+        drop_last=True)
+    sampler: Iterable[int] = ranks
+    if start_step:
+        sampler = SkipSampler(ranks, start_step * spec.micro_batch * spec.grad_accum)
+    return DataLoader(dataset, sampler=sampler,
+                      generator=torch.Generator().manual_seed(spec.seed), **kwargs)
+
+
+def to_device(batch: object, device: torch.device) -> object:
+    """Move a batch (tensor, or tuple / list / dict of them) to `device`."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, tuple | list):
+        return type(batch)(to_device(b, device) for b in batch)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    return batch
+
+
+def fetch(batches: Iterator[Any], accum: int, device: torch.device,
+          clock: Clock) -> tuple[list[Any], float]:
+    """One step's micro-batches on the device, and the step's data wait: the host's time in
+    the loader alone (a copy to the device that blocks is the device's time, not the data's),
+    the part the step waited for (`Clock.exposed_wait`: on CUDA, 0 while the device is busy)."""
+    fetch_start = time.perf_counter()
+    fetched = [next(batches) for _ in range(accum)]
+    data_wait = clock.exposed_wait(time.perf_counter() - fetch_start)
+    return [to_device(b, device) for b in fetched], data_wait
