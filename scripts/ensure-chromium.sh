@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install Debian's chromium (headless browser for tests/test_report_browser.py) if it is missing.
+# Install Debian's chromium (headless browser for tests/integration/test_report_browser.py) if it is missing.
 # CI runs as root with apt; elsewhere without root this only says what to do.
 set -euo pipefail
 if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then

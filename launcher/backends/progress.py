@@ -33,7 +33,7 @@ from launcher.backends.monitor import Beat
 PIPE_INTERVAL_S = float(os.environ.get("DLAUNCH_PROGRESS_INTERVAL_S", "10") or 0)
 TTY_INTERVAL_S = 1.0
 # The drift warning: the measured step time outside this band around the plan's prediction...
-# (the band the GPU cost model meets on 96% of the published runs it is checked on,
+# (the band the GPU cost model meets on 98% of the published runs it is checked on,
 # docs/benchmarks.md; CPU predictions on a quiet host meet it on most cells): an assumption
 DRIFT_BAND = 0.25
 # ... for this long of measured time after warm-up, and over at least this many steps

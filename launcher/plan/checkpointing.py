@@ -22,7 +22,7 @@ the modes recompute nothing outside the blocks (embeddings, head, loss), which t
 parts do not separate: an approximation that overprices recompute by their share, small for
 large models but not for tiny ones (gpt tiny on CPU, one thread, CPU time per forward+backward
 over `none`: full +0.65, every-other +0.32, selective +0.57 of a forward, priced 1.0, 0.5,
-0.55; /tmp/notes/sac.md).
+0.55; docs/benchmarks.md, "Checkpointing modes on CPU").
 
 Pure: no torch, no I/O; never imports cli, backends, jobs, runtime, results or report.
 """
@@ -82,9 +82,10 @@ SELECTIVE_MEMORY_BOUND_RECOMPUTED = 1.0
 # keeps q, v, w1's and w2's outputs (saved mms) and SDPA's output: 4h + f, 0.36 at f = 2.69h; a
 # GELU block (LayerNorm, biases: workloads/gpt.py's MPT style) saves 8h + 2f and keeps q, v, w1's
 # and SDPA's outputs: 3h + f, 0.43 at f = 3h. Measured on CPU (torch 2.13, the forward's
-# surviving allocations of gpt tiny, /tmp/notes/sac.md): 0.21 of a Llama-style block (its
-# rotary tables, recomputed, make the block larger than the accounting) and 0.38 of a GELU one;
-# 0.4 errs towards the larger plan (it fits where predicted to).
+# surviving allocations of gpt tiny; docs/benchmarks.md, "Checkpointing modes on CPU"): 0.21
+# of a Llama-style block (its rotary tables, recomputed, make the block larger than the
+# accounting) and 0.38 of a GELU one; 0.4 errs towards the larger plan (it fits where predicted
+# to).
 SELECTIVE_SAVED_SHARE = 0.4
 
 MODES: Mapping[str, CheckpointingMode] = MappingProxyType({

@@ -55,7 +55,7 @@ FSDP_TENSOR_OPS = 60.0
 # own time (waits on the collective's work handle, the copy-out's bookkeeping), in the probe's
 # ops. Joint fit over the 18 FSDP cells of benchmarks/cpu_truth.py (mlp, gpt tiny, resnet; fp32,
 # bf16; 1, 2, 4 ranks on a 2-core EPYC VM, torch 2.13, medians of 2 runs): 80 B and 150 ops
-# put every cell within 12% (docs/benchmarks.md); neither is fitted per workload
+# put every cell within 12% (that grid's run, 2026-11-24); neither is fitted per workload
 FSDP_PARAM_BYTES = 80.0
 FSDP_COLLECTIVE_OPS = 150.0
 # DDP's reducer per bucket beyond gloo's own time (marking the bucket ready from the gradient

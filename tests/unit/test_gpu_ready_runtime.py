@@ -14,6 +14,7 @@ import time
 import traceback
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -417,20 +418,25 @@ def test_the_harness_times_the_loader_not_the_copy(monkeypatch):
     waits = []
     monkeypatch.setattr(clock, "exposed_wait", lambda s: waits.append(s) or 0.0)
 
+    # the loader's clock is the test's: each loader call takes 0.02 s of it, each blocking copy
+    # 0.3 s, so what fetch timed is exact (no wall clock, nothing a loaded host can move)
+    now = [0.0]
+    monkeypatch.setattr(loader, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+
     def slow_batches():
         while True:
-            time.sleep(0.02)
+            now[0] += 0.02
             yield torch.ones(2)
 
     copies = []
 
     def slow_copy(batch: Any, device: Any) -> Any:
         copies.append(batch)
-        time.sleep(0.3)  # long beside the loader's, so a loaded host cannot blur the two
+        now[0] += 0.3
         return batch
 
     monkeypatch.setattr(loader, "to_device", slow_copy)
     held, wait = loader.fetch(slow_batches(), 2, torch.device("cpu"), clock)
     assert len(held) == 2 == len(copies) and wait == 0.0
     [fetch_s] = waits
-    assert 0.04 <= fetch_s < 0.3  # two loader calls; the blocking copies (0.3 s each) left out
+    assert fetch_s == pytest.approx(0.04)  # two loader calls; the blocking copies (0.3 s each) left out

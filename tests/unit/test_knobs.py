@@ -118,3 +118,15 @@ def test_a_decision_left_open_takes_its_fallback_in_the_spec():
     decided = RunSettings().decided()
     assert {k: getattr(spec, k) for k in decided} == decided
     assert spec.warmup_steps == 1 and spec.compile_mode == "default"
+
+
+def test_the_planner_reads_its_overrides_by_attribute_only():
+    from launcher.plan.types import Overrides
+
+    found = [f"{p.relative_to(REPO)}:{n}" for p in (REPO / "launcher").rglob("*.py")
+             for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+             if re.search(r"\b(overrides|ov)(\[|\.get\()", line)]
+    assert found == []
+    # its fields are the plan's decisions among the knobs, by the knobs' names
+    assert {f.name for f in dataclasses.fields(Overrides)} <= {k for k, d in KNOBS.items() if d.planned} | {
+        "compile_mode"}
