@@ -1,7 +1,8 @@
 """The memory model against real training steps: the plan's per-rank estimate (params + grads +
 optimizer + activations + FSDP's unsharded units, `plan.memory.estimate_memory`, as `dlaunch
 plan` calls it) against the measured peak of live tensor bytes, for each strategy the runtime
-builds (DDP, FSDP2 on one and two ranks, full activation checkpointing, bf16, torch.compile)
+builds (DDP, ZeRO-1 and FSDP2 on two ranks, FSDP2 on one, full activation checkpointing, bf16,
+torch.compile)
 on gpt tiny, a Hugging Face GPT-2 (workloads/hf_causal_lm.py, `tiny-gpt2`) and ResNet.
 
     .venv/bin/python benchmarks/memory_truth.py                # the strategy table (CPU)
@@ -62,7 +63,7 @@ class Case:
     @property
     def label(self) -> str:
         """How the table names it: "FSDP full bf16 ckpt compile x2"."""
-        parts = ["DDP" if self.kind == "ddp" else "FSDP full" if self.kind == "fsdp_full" else self.kind,
+        parts = [{"ddp": "DDP", "zero1": "ZeRO-1", "fsdp_full": "FSDP full"}.get(self.kind, self.kind),
                  self.precision] + (["ckpt"] if self.checkpointing else []) + (["compile"] if self.compile else [])
         return " ".join(parts) + f" x{self.world}"
 
@@ -74,12 +75,14 @@ MODELS = [Model(label="gpt tiny", file="gpt.py", micro_batch=8),
 
 def strategy_cases(models: list[Model]) -> list[Case]:
     """Every strategy the issue names, for each model: DDP fp32, bf16 autocast, full
-    checkpointing, compile; FSDP full on one and two ranks, with its bf16 parameter policy,
-    checkpointing and compile."""
+    checkpointing, compile; ZeRO-1 on two ranks, fp32 and bf16 autocast; FSDP full on one and
+    two ranks, with its bf16 parameter policy, checkpointing and compile."""
     out: list[Case] = []
     for m in models:
         out += [Case(model=m), Case(model=m, precision="bf16"), Case(model=m, checkpointing=True),
                 Case(model=m, precision="bf16", checkpointing=True), Case(model=m, compile=True),
+                Case(model=m, kind="zero1", world=2),
+                Case(model=m, kind="zero1", precision="bf16", world=2),
                 Case(model=m, kind="fsdp_full"), Case(model=m, kind="fsdp_full", world=2),
                 Case(model=m, kind="fsdp_full", precision="bf16", world=2),
                 Case(model=m, kind="fsdp_full", checkpointing=True, world=2),
@@ -119,12 +122,13 @@ def _rank_main(rank: int, case: Case, port: int, out_dir: str) -> None:
         torch.manual_seed(0)
         model = workload.build_model()
         wrapped = wrap(model, strategy, ctx, workload.blocks(model), shard_group_size=case.world)
-        optimizer, _ = make_optimizer(workload, model, ctx)
+        optimizer, _ = make_optimizer(workload, model, ctx, strategy)
         mb = case.model.micro_batch
         data = workload.make_dataset(3 * mb * case.world)
         sampler = StepSampler(step=3, module=wrapped.module, optimizer=optimizer)
         autocast = (torch.autocast("cpu", dtype=torch.bfloat16)
-                    if case.kind == "ddp" and case.precision == "bf16" else contextlib.nullcontext())
+                    if not strategy.shards_params and case.precision == "bf16"
+                    else contextlib.nullcontext())
         # as the harness: a compile error in the first steps falls back to eager, and says so
         guard = CompileGuard(compiled=wrapped.compiled, strict=False, rank=rank)
         record: dict[str, Any] = {}

@@ -21,6 +21,7 @@ from typing import Any
 from launcher.errors import PlanError, UsageError, WorkloadError
 from launcher.knobs import at_least
 from launcher.plan.explain import label
+from launcher.plan.kernels import given as given_kernels
 from launcher.plan.resolve import Planned, plan_workload, resolve_topology
 from launcher.plan.types import Overrides
 from launcher.runspec import LaunchSpec, RunSettings
@@ -133,6 +134,6 @@ def _planned(request: RunRequest, topology: str | None) -> Planned:
         goal = request.micro_batch * request.grad_accum * request.world_size
     overrides = Overrides(strategy=request.strategy, precision=request.precision,
                           micro_batch=request.micro_batch, checkpointing=request.checkpointing,
-                          compile=request.compile, tp=request.tp)
+                          compile=request.compile, tp=request.tp, **given_kernels(request))
     return plan_workload(request.workload, request.workload_args, topo, Goal(global_batch=goal),
                          overrides=overrides)

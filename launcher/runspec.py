@@ -19,12 +19,16 @@ from typing import TYPE_CHECKING, Any
 from launcher.errors import UsageError
 from launcher.knobs import NON_NEGATIVE, NUMBER, at_least, knob, knobs_of, migrate, validate_knobs
 from launcher.specs import (
+    ATTENTION_KERNELS,
     CHECKPOINTING,
     COMPILE_MODES,
     CUDA_GRAPH_MODES,
+    DDP_KINDS,
     DEVICES,
+    LOSS_KERNELS,
     MAX_TIMEOUT_S,
     MIN_HANG_TIMEOUT_S,
+    NORM_KERNELS,
     PRECISIONS,
     STRATEGIES,
     LoaderSpec,
@@ -33,6 +37,9 @@ from launcher.specs import (
 )
 
 _PLANS = " (default: the plan's)"
+# the kernel knobs: what the run calls, for the plan's price (launcher.plan.kernels)
+_KERNEL = (" (the plan prices it; default: the workload's KERNELS table, else what the profile "
+           "sees the model call, else {})")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,8 +59,8 @@ class RunSettings:
                                    unit="samples", check=at_least(1), planned=True, fallback=8)
     grad_accum: int | None = knob(None, "--grad-accum", "micro-batches per optimizer step" + _PLANS,
                                   unit="micro-batches", check=at_least(1), planned=True, fallback=1)
-    strategy: str | None = knob(None, "--strategy", "how the ranks share the model: ddp, fsdp_full, "
-                                "fsdp_grad_op or hybrid" + _PLANS, choices=STRATEGIES, planned=True,
+    strategy: str | None = knob(None, "--strategy", "how the ranks share the model: ddp, zero1, "
+                                "fsdp_full, fsdp_grad_op or hybrid" + _PLANS, choices=STRATEGIES, planned=True,
                                 fallback="ddp")
     precision: str | None = knob(None, "--precision", "the compute dtype (autocast)" + _PLANS,
                                  choices=PRECISIONS, planned=True, fallback="fp32")
@@ -74,6 +81,18 @@ class RunSettings:
                           "block's matmuls (DTensor, sequence parallel), FSDP sharding over the rest; "
                           "needs the workload's tp_plan(model, tp) (default: the plan's; 1 on CPUs)",
                           unit="ranks", check=at_least(1), planned=True, fallback=1)
+    attention_kernel: str | None = knob(
+        None, "--attention-kernel", "the attention kernel the model calls: sdpa (PyTorch's "
+        "scaled_dot_product_attention), fa2 (the flash-attn package), triton-fa (Triton "
+        "FlashAttention)" + _KERNEL.format("sdpa"), choices=ATTENTION_KERNELS)
+    loss_kernel: str | None = knob(
+        None, "--loss-kernel", "the loss over the vocabulary: eager (F.cross_entropy), fused (one "
+        "kernel that saves no log-softmax: flash-attn's or Liger's cross entropy)"
+        + _KERNEL.format("eager"), choices=LOSS_KERNELS)
+    norm_kernel: str | None = knob(
+        None, "--norm-kernel", "the norms: eager (as autocast runs them, in fp32), low-precision "
+        "(in the compute dtype, one pass: llm-foundry's low-precision norms, fused RMSNorm and "
+        "LayerNorm kernels)" + _KERNEL.format("eager"), choices=NORM_KERNELS)
     shard_group_size: int | None = knob(None, "--shard-group-size", "hybrid shard: ranks per shard "
                                         "group (default: the ranks of a node)", unit="ranks",
                                         check=at_least(1))
@@ -120,10 +139,11 @@ class RunSettings:
         # checked before planning, which profiles the workload: a typo should cost nothing
         check(self.warmup_steps is None or self.warmup_steps < self.steps, UsageError,
               f"`warmup_steps` must be below `steps` ({self.steps}), got {self.warmup_steps}")
-        check(not self.tp or self.tp == 1 or self.strategy != "ddp", UsageError,
+        check(not self.tp or self.tp == 1 or self.strategy not in DDP_KINDS, UsageError,
               f"`tp` {self.tp} composes tensor parallelism with FSDP on the data-parallel "
-              "dimension; DDP does not: use `strategy` fsdp_full, fsdp_grad_op or hybrid")
-        check(not (self.compile and self.strategy not in (None, "ddp")
+              "dimension; DDP does not, nor does ZeRO-1: use `strategy` fsdp_full, fsdp_grad_op "
+              "or hybrid")
+        check(not (self.compile and self.strategy not in (None, *DDP_KINDS)
                    and self.compile_mode in CUDA_GRAPH_MODES), UsageError,
               f"`compile_mode` {self.compile_mode} captures CUDA graphs, which FSDP "
               f"({self.strategy}) does not support; use `compile_mode` default or "

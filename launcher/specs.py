@@ -21,7 +21,11 @@ from launcher.errors import PlanError, UsageError
 GIB = 1024**3
 
 DEVICES = ("cuda", "cpu")
-STRATEGIES = ("ddp", "fsdp_full", "fsdp_grad_op", "hybrid")
+STRATEGIES = ("ddp", "zero1", "fsdp_full", "fsdp_grad_op", "hybrid")
+# the kinds under DDP's wrapper: every rank keeps every parameter whole and autocast runs mixed
+# precision; zero1 shards the optimizer's state over the ranks (ZeroRedundancyOptimizer), the
+# others (FSDP2) shard parameters, gradients and optimizer state
+DDP_KINDS = ("ddp", "zero1")
 PRECISIONS = ("fp32", "bf16", "fp16")
 MIN_HANG_TIMEOUT_S = 10.0  # twice the harness's flush interval
 MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week; also keeps inf/nan out of the collective timeout
@@ -158,9 +162,10 @@ class Strategy:
     def __post_init__(self) -> None:
         check(isinstance(self.tp, int) and self.tp >= 1, UsageError,
               f"`tp` (the tensor-parallel degree) must be an integer >= 1, got {self.tp!r}")
-        check(self.tp == 1 or self.kind != "ddp", UsageError,
+        check(self.tp == 1 or self.kind not in DDP_KINDS, UsageError,
               f"`tp` {self.tp} composes tensor parallelism with FSDP on the data-parallel "
-              "dimension; DDP does not: use `strategy` fsdp_full, fsdp_grad_op or hybrid")
+              f"dimension; {'DDP' if self.kind == 'ddp' else self.kind} does not: use `strategy` "
+              "fsdp_full, fsdp_grad_op or hybrid")
         check(self.kind in STRATEGIES, UsageError,
                f"unknown strategy {self.kind!r}; use one of {', '.join(STRATEGIES)}")
         check(self.precision in PRECISIONS, UsageError,
@@ -169,10 +174,16 @@ class Strategy:
                f"unknown compile mode {self.compile_mode!r}; use one of {', '.join(COMPILE_MODES)}")
         check(self.checkpointing in CHECKPOINTING, UsageError,
               f"unknown `checkpointing` {self.checkpointing!r}; use one of {', '.join(CHECKPOINTING)}")
-        check(not (self.compile and self.kind != "ddp" and self.compile_mode in CUDA_GRAPH_MODES),
+        check(not (self.compile and self.shards_params and self.compile_mode in CUDA_GRAPH_MODES),
                UsageError, f"`compile_mode` {self.compile_mode} captures CUDA graphs, which FSDP "
                            f"({self.kind}) does not support; use `compile_mode` default or "
                            "max-autotune-no-cudagraphs")
+
+    @property
+    def shards_params(self) -> bool:
+        """FSDP2 (fsdp_full, fsdp_grad_op, hybrid): parameters and gradients sharded, mixed
+        precision by its parameter policy; False for the DDP_KINDS (whole parameters, autocast)."""
+        return self.kind not in DDP_KINDS
 
     @property
     def recomputes(self) -> bool:

@@ -11,6 +11,8 @@ the loop, so every plan (wrapping, precision, compile, accumulation) is applied 
     def loss_fn(model, batch) -> Tensor
     def blocks(model) -> list[nn.Module]         # optional: units for FSDP wrapping / checkpointing
     SAMPLE_UNITS = "tokens"                      # optional: what throughput counts
+    KERNELS = {"attention": "fa2"}               # optional: the kernels it runs, for the plan's
+                                                 # price (attention, loss, norm; plan.kernels)
     def units_per_sample(cfg) -> int             # optional: e.g. the sequence length
     def make_optimizer(cfg, model) -> Optimizer  # optional: default AdamW(lr=1e-3)
     def make_scheduler(cfg, optimizer) -> LRScheduler | None  # optional: default none
@@ -160,6 +162,7 @@ class Workload:
     sample_units: str = "samples"
     units_per_sample: int = 1
     defaults: Mapping[str, Any] = field(default_factory=dict)
+    kernels: Mapping[str, str] = field(default_factory=dict)  # KERNELS: role -> kernel, unchecked
 
     def build_model(self) -> torch.nn.Module:
         """Build the model (under whatever device context the caller set)."""
@@ -353,7 +356,12 @@ def load_workload(path: str | Path, args: Sequence[str] = ()) -> Workload:
         raise WorkloadError(f"workload {p.name}: {type(e).__name__}: {e}") from e
     if units < 1:
         raise WorkloadError(f"workload {p.name}: units_per_sample() returned {units}; must be >= 1")
-    return Workload(path=p, module=module, cfg=cfg, defaults=defaults,
+    # the names are the plan's to check (plan.kernels: this module imports no spec)
+    kernels = getattr(module, "KERNELS", None) or {}
+    if not (isinstance(kernels, Mapping) and all(isinstance(v, str) for v in kernels.values())):
+        raise WorkloadError(f"workload {p.name}: KERNELS must be a dict of role -> kernel name, "
+                            "e.g. {\"attention\": \"fa2\", \"loss\": \"fused\"}")
+    return Workload(path=p, module=module, cfg=cfg, defaults=defaults, kernels=dict(kernels),
                     sample_units=str(getattr(module, "SAMPLE_UNITS", "samples")),
                     units_per_sample=units)
 

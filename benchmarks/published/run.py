@@ -3,10 +3,10 @@
 For each row: profile workloads/gpt.py at the row's shape and sequence length, plan it on the
 topology file for the row's GPU and network, reshaped to its nodes and GPUs, with the published
 strategy, micro-batch, accumulation, checkpointing, precision and compile forced, through the
-same code as `dlaunch plan` (`launcher.plan.search.plan` on the cached profile, as
-`launcher.plan.resolve.plan_workload` calls it), with the row's attention, loss and norm kernels
-as the profile's `attention_kernel`, `loss_kernel` and `norm_kernel` (plan inputs: the meta
-device cannot tell them). Prints predicted / published tokens/s per GPU per
+same code as `dlaunch plan` (`launcher.plan.resolve.plan_workload`, without this machine's tune
+corrections), with the row's attention, loss and norm kernels given as a user gives them
+(`--attention-kernel`, `--loss-kernel`, `--norm-kernel`: the planner's overrides; what the
+workload's profile detects is what they replace). Prints predicted / published tokens/s per GPU per
 row; per source, per sequence band (launcher.plan.interval.seq_band) and per split the median
 |pred/pub - 1| and the share within 25%; the share of rows whose published value lies inside the
 80% interval of its prediction (launcher.plan.interval.step_interval); the scaling efficiency of
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import itertools
 import json
 import math
@@ -51,25 +50,17 @@ from launcher.hardware.types import Topology  # noqa: E402
 from launcher.plan import attention, cost  # noqa: E402
 from launcher.plan.candidates import profile_for_goal  # noqa: E402
 from launcher.plan.interval import COVERAGE, seq_band, step_interval  # noqa: E402
-from launcher.plan.resolve import cached_profile, plan_workload, resolve_topology  # noqa: E402
-from launcher.plan.search import plan  # noqa: E402
-from launcher.plan.types import Overrides, Plan  # noqa: E402
-from launcher.specs import (  # noqa: E402
-    ATTENTION_KERNELS,
-    CHECKPOINTING,
-    LOSS_KERNELS,
-    NORM_KERNELS,
-    Goal,
-    ModelProfile,
-    Strategy,
-)
+from launcher.plan.kernels import KNOBS  # noqa: E402
+from launcher.plan.resolve import plan_workload, resolve_topology  # noqa: E402
+from launcher.plan.types import KERNEL_ROLES, Overrides, Plan  # noqa: E402
+from launcher.specs import CHECKPOINTING, Goal, ModelProfile, Strategy  # noqa: E402
 
 DATA = Path(__file__).with_name("results.yaml")
 WORKLOAD = str(ROOT / "workloads" / "gpt.py")
 WITHIN = 0.25
 # Published strategy names -> the planner's.
 STRATEGIES = {"fsdp-full": "fsdp_full", "hybrid": "hybrid", "fsdp-grad-op": "fsdp_grad_op",
-              "ddp": "ddp"}
+              "ddp": "ddp", "zero1": "zero1"}
 KEYS = ("id", "model", "shape", "seq_len", "gpu", "gpus", "nodes", "interconnect", "strategy",
         "micro_batch", "grad_accum", "checkpointing", "precision", "compile",
         "tokens_per_s_per_gpu", "source", "attention_kernel", "loss_kernel", "norm_kernel", "split")
@@ -92,12 +83,8 @@ def load_rows(path: Path = DATA) -> list[dict[str, Any]]:
             missing.append(f"checkpointing ({'/'.join(CHECKPOINTING)})")
         if row.get("split") not in SPLITS:
             missing.append(f"split ({'/'.join(SPLITS)})")
-        if row.get("attention_kernel") not in ATTENTION_KERNELS:
-            missing.append(f"attention_kernel ({'/'.join(ATTENTION_KERNELS)})")
-        if row.get("loss_kernel") not in LOSS_KERNELS:
-            missing.append(f"loss_kernel ({'/'.join(LOSS_KERNELS)})")
-        if row.get("norm_kernel") not in NORM_KERNELS:
-            missing.append(f"norm_kernel ({'/'.join(NORM_KERNELS)})")
+        missing += [f"{KNOBS[role]} ({'/'.join(known)})" for role, known in KERNEL_ROLES.items()
+                    if row.get(KNOBS[role]) not in known]
         if missing:
             raise ValueError(f"row {row.get('id')!r}: missing {', '.join(missing)}")
     return rows
@@ -136,7 +123,8 @@ def workload_args(row: Mapping[str, Any]) -> list[str]:
 
 
 def overrides(row: Mapping[str, Any]) -> Overrides:
-    """The published settings, as planner overrides."""
+    """The published settings, as planner overrides: the row's kernels among them, as the
+    kernel flags give them."""
     strategy = STRATEGIES[row["strategy"]]
     if strategy == "hybrid" and row["nodes"] <= 1:
         strategy = "fsdp_full"  # one node: hybrid shard is full shard
@@ -146,22 +134,17 @@ def overrides(row: Mapping[str, Any]) -> Overrides:
                      checkpointing=row["checkpointing"],
                      # 2-D rows: tensor parallel inside a node (optional key); the others ran
                      # without: forced, or the planner may pick TP for them
-                     tp=row.get("tp", 1))
+                     tp=row.get("tp", 1), **{knob: row[knob] for knob in KNOBS.values()})
 
 
-def plan_row(row: Mapping[str, Any], topology: Topology, goal: Goal, ov: Overrides, *,
-             kernels: bool = True) -> tuple[Plan, ModelProfile]:
-    """`dlaunch plan`'s path for the row (`resolve.plan_workload` without this machine's tune
-    corrections: the cached profile through `search.plan`; no CPU timing or Dynamo check is
-    read on GPUs with compile forced), the profile carrying the row's attention, loss and norm
-    kernels (`kernels`; else the profile's defaults, what the command plans with). Returns the plan and
-    the profile it planned."""
-    profile = cached_profile(WORKLOAD, workload_args(row))
-    if kernels:
-        profile = dataclasses.replace(profile, attention_kernel=row["attention_kernel"],
-                                      loss_kernel=row["loss_kernel"],
-                                      norm_kernel=row["norm_kernel"])
-    return plan(profile, topology, goal, overrides=ov), profile
+def plan_row(row: Mapping[str, Any], topology: Topology, goal: Goal,
+             ov: Overrides) -> tuple[Plan, ModelProfile]:
+    """`dlaunch plan`'s path for the row: `resolve.plan_workload` without this machine's tune
+    corrections (on GPUs with compile forced it reads no CPU timing or Dynamo check). Returns
+    the plan and the profile it priced (the kernels of `ov` in it)."""
+    planned = plan_workload(WORKLOAD, workload_args(row), topology, goal, overrides=ov,
+                            corrected=False)
+    return planned.plan, planned.profile
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -500,47 +483,34 @@ def report(results: Sequence[Result]) -> tuple[list[str], dict[str, Any]]:
 
 
 def cli_check(row: Mapping[str, Any]) -> str:
-    """Two checks that the benchmark plans as the command does. (1) The real `dlaunch plan --json`
-    against `resolve.plan_workload` in-process with the same forced settings (the command has no
-    flag for the kernels: the profile's defaults).
-    (2) `plan_row`, which the benchmark runs with the row's kernels, against `plan_workload` with
-    the default kernels, compile forced as the benchmark forces it and no tune corrections (as
-    the benchmark plans): equal numbers mean `plan_row` is the command's code path."""
-    help_text = subprocess.run([sys.executable, "-m", "launcher.cli", "plan", "--help"],
-                               capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    """That the benchmark plans as the command does: the real `dlaunch plan --json` with the
+    row's settings as flags (its kernels by --attention-kernel, --loss-kernel, --norm-kernel;
+    no tune corrections, as the benchmark plans) against `plan_row`."""
     ov = overrides(row)
     flags = {"strategy": "--strategy", "precision": "--precision", "micro_batch": "--micro-batch",
-             "checkpointing": "--checkpointing"}
-    forced = Overrides(**{k: getattr(ov, k) for k in flags})
-    cmd = [sys.executable, "-m", "launcher.cli", "plan", WORKLOAD, "--json",
+             "checkpointing": "--checkpointing", "tp": "--tp",
+             **{knob: "--" + knob.replace("_", "-") for knob in KNOBS.values()}}
+    cmd = [sys.executable, "-m", "launcher.cli", "plan", WORKLOAD, "--json", "--no-calibration-cache",
            "--topology", topology_name(row), "--nodes", str(row["nodes"]),
            "--gpus", str(row["gpus"] // row["nodes"]), "--seq-len", str(row["seq_len"]),
-           "--global-batch", str(row["micro_batch"] * row["grad_accum"] * row["gpus"])]
+           "--global-batch", str(row["micro_batch"] * row["grad_accum"] * row["gpus"]
+                                 // row.get("tp", 1)),
+           "--compile" if ov.compile else "--no-compile"]
     for key, flag in flags.items():
         cmd += [flag, str(getattr(ov, key))]
-    if ov.compile and "--compile" in help_text:
-        cmd.append("--compile")
-        forced = dataclasses.replace(forced, compile=True)
     out = subprocess.run(cmd + ["--", *workload_args(row)], capture_output=True, text=True,
                          cwd=ROOT, check=True).stdout
     via_cli = json.loads(out)["plan"]
     topo = resolve_topology(topology=topology_name(row), gpus=row["gpus"] // row["nodes"],
                             nodes=row["nodes"])
-    goal = Goal(global_batch=row["micro_batch"] * row["grad_accum"] * row["gpus"],
+    goal = Goal(global_batch=row["micro_batch"] * row["grad_accum"] * row["gpus"] // row.get("tp", 1),
                 seq_len=row["seq_len"])
-    mine = plan_workload(WORKLOAD, workload_args(row), topo, goal, overrides=forced).plan
+    mine = plan_row(row, topo, goal, ov)[0]
     a, b = via_cli["units_per_s"] / via_cli["world_size"], mine.units_per_s / mine.world_size
-    ref = plan_workload(WORKLOAD, workload_args(row), topo, goal, overrides=ov, corrected=False).plan
-    row_plan = plan_row(row, topo, goal, ov, kernels=False)[0]
-    c, d = ref.units_per_s / ref.world_size, row_plan.units_per_s / row_plan.world_size
-
-    def same(x: float, y: float) -> str:
-        return "identical" if abs(x / y - 1) < 1e-9 else f"DIFFERENT ({x / y - 1:+.2%})"
-
-    return (f"--cli {row['id']}: `dlaunch plan` {a:,.0f} tokens/s/GPU, `plan_workload` {b:,.0f} "
-            f"with the same forced settings ({', '.join(k for k, _ in forced.forced)}): {same(a, b)}; "
-            f"`plan_row` (default kernels) {d:,.0f}, `plan_workload` {c:,.0f} with the "
-            f"benchmark's settings: {same(d, c)}")
+    same = "identical" if abs(a / b - 1) < 1e-9 else f"DIFFERENT ({a / b - 1:+.2%})"
+    kernels = ", ".join(f"{role} {k['kernel']} ({k['source']})" for role, k in via_cli["kernels"].items())
+    return (f"--cli {row['id']}: `dlaunch plan` {a:,.0f} tokens/s/GPU, `plan_row` {b:,.0f}: {same}; "
+            f"kernels {kernels}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -15,6 +15,7 @@ import sys
 from launcher.cli.options import PlanOptions, load
 from launcher.errors import UsageError
 from launcher.plan.explain import label
+from launcher.plan.kernels import given as given_kernels
 from launcher.plan.resolve import Planned, plan_workload, resolve_topology
 from launcher.plan.sizing import SizeRow, parse_duration_s, parse_world_sizes, pick, with_efficiency
 from launcher.plan.time_to_train import (
@@ -126,7 +127,8 @@ def cmd_plan(args: argparse.Namespace, workload_args: list[str]) -> int:
     goal = Goal(global_batch=opts.global_batch, seq_len=opts.seq_len)
     given = opts.settings  # None: the plan decides
     overrides = Overrides(strategy=given.strategy, precision=given.precision, micro_batch=given.micro_batch,
-                          checkpointing=given.checkpointing, compile=given.compile, tp=given.tp)
+                          checkpointing=given.checkpointing, compile=given.compile, tp=given.tp,
+                          **given_kernels(given))
     train_goal = _train_goal(opts)  # checked before the (slow) profile
     goodput = GoodputModel(**{k: v for k, v in (("mtbf_gpu_hours", opts.mtbf_gpu_hours),
                                                 ("ckpt_write_gb_s_per_node", opts.ckpt_write_gb_s),

@@ -35,9 +35,10 @@ from launcher.drivers.tune import (
     trial_steps,
 )
 from launcher.errors import UsageError
+from launcher.plan.kernels import given as given_kernels
 from launcher.plan.planfile import write_plan
 from launcher.plan.resolve import plan_workload, store_tune_trials
-from launcher.plan.types import Candidate
+from launcher.plan.types import Candidate, Overrides
 from launcher.report.tune import read_tune, table_text
 from launcher.rundir import new_run_id
 from launcher.runspec import LaunchSpec
@@ -66,7 +67,8 @@ def cmd_tune(args: argparse.Namespace, workload_args: list[str]) -> int:
                          "describing the partition's nodes: the trials are the plan's candidates for them")
     # the model itself, not corrected by earlier tunes: the ratios stored must be against it
     planned = plan_workload(request.workload, request.workload_args, request.planned.topology,
-                            Goal(global_batch=request.global_batch), corrected=False)
+                            Goal(global_batch=request.global_batch), corrected=False,
+                            overrides=Overrides(**given_kernels(request)))
     candidates = select_trials(planned.plan, request.device, opts.trials)
     if opts.steps is None:
         request = dataclasses.replace(request, steps=trial_steps(candidates, opts.warmup_steps))

@@ -23,7 +23,8 @@ from launcher.hardware.types import DeviceSpec
 # take the H100 curve. Between points: linear in log2(s); beyond the last: flat (each curve
 # is flat by then); below the first: in proportion to s (a call's fixed cost over less work).
 # The kernel is a property of the run, not of the GPU: the profile's `attention_kernel` (a plan
-# input, PyTorch SDPA by default: what dlaunch's workloads call).
+# input: --attention-kernel, the workload's KERNELS, what the profile saw it call, else PyTorch
+# SDPA; plan.kernels).
 ATTENTION_SEQ = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 
 

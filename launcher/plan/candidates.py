@@ -19,14 +19,16 @@ from launcher.plan.cost import attention_flops_fwd, shard_group_size, step_time
 from launcher.plan.memory import estimate_memory
 from launcher.plan.step_probe import WorkloadTiming
 from launcher.plan.types import Candidate, Overrides, StepTimeEstimate
-from launcher.specs import CHECKPOINTING, Goal, ModelProfile, Strategy
+from launcher.specs import CHECKPOINTING, DDP_KINDS, Goal, ModelProfile, Strategy
 from launcher.workload import no_tp_plan
 
 logger = logging.getLogger(__name__)
 
-# Ties go to DDP (fewest moving parts), then to full shard over grad-op: at the same predicted
-# speed full shard keeps less in memory (more headroom), and hybrid only wins when faster.
-STRATEGY_ORDER = ("ddp", "fsdp_full", "fsdp_grad_op", "hybrid")
+# Ties go to DDP (fewest moving parts), then to zero1 (DDP and a sharded optimizer, no hooks
+# per unit), then to full shard over grad-op: at the same predicted speed full shard keeps less
+# in memory (more headroom), and hybrid only wins when faster. zero1 is priced on one rank too
+# (as DDP: nothing to shard over) but only proposed over several.
+STRATEGY_ORDER = ("ddp", "zero1", "fsdp_full", "fsdp_grad_op", "hybrid")
 # Predictions closer than this are a tie: the model is not more accurate than a few percent.
 TIE_TOLERANCE = 0.02
 # Without --global-batch: power-of-two micro-batches up to this, no accumulation; the best
@@ -71,6 +73,10 @@ def check_forced(ov: Overrides, profile: ModelProfile, topology: Topology) -> No
     tp = ov.tp or 1
     if tp <= 1:
         return
+    if ov.strategy in DDP_KINDS:
+        raise PlanError(f"--tp {tp} composes tensor parallelism with FSDP on the data-parallel "
+                        f"dimension; {ov.strategy} does not: use --strategy fsdp_full or "
+                        "hybrid, or drop --tp")
     if not profile.tp_degrees:
         raise PlanError(no_tp_plan(tp, f"workload {profile.name.split()[0]}"))
     if tp not in profile.tp_degrees:
@@ -88,7 +94,7 @@ def tp_degrees(kind: str, profile: ModelProfile, topology: Topology, ov: Overrid
     TP_KINDS, each of the workload's degrees that divides the GPUs per node (tensor parallelism
     over NVLink only); CPU plans try TP only when forced."""
     if ov.tp is not None:
-        return [ov.tp] if ov.tp == 1 or kind != "ddp" else []
+        return [ov.tp] if ov.tp == 1 or kind not in DDP_KINDS else []
     if topology.device != "cuda" or kind not in TP_KINDS:
         return [1]
     return [1] + [d for d in profile.tp_degrees
@@ -161,7 +167,7 @@ def candidates(profile: ModelProfile, topology: Topology, goal: Goal, ov: Overri
     if n == 1 and ov.strategy is None:
         kinds = ["ddp"]  # one device: nothing to shard over; the runtime runs it unwrapped
     if (ov.tp or 1) > 1 and ov.strategy is None:
-        kinds = [k for k in kinds if k != "ddp"] or ["fsdp_full"]
+        kinds = [k for k in kinds if k not in DDP_KINDS] or ["fsdp_full"]
     batches, skipped = _batches(goal, n, ov, topology.device) if (ov.tp or 1) == 1 else ([], [])
     out = []
     for kind in kinds:

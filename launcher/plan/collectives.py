@@ -1,6 +1,7 @@
 """What each strategy sends, and how long it takes: the alpha-beta model of NCCL's collectives
-(nccl-tests' conventions, PERFORMANCE.md), DDP's bucketed all-reduce and FSDP's per-unit
-all-gathers and reduce-scatters with what compute can hide of them.
+(nccl-tests' conventions, PERFORMANCE.md), DDP's bucketed all-reduce (zero1's too, and its
+parameter sync after the step) and FSDP's per-unit all-gathers and reduce-scatters with what
+compute can hide of them.
 
 Pure arithmetic on the frozen specs: no torch, no I/O; never imports cli, backends or runtime.
 
@@ -52,6 +53,7 @@ from launcher.plan.memory import (
     COMPUTE_DTYPE_BYTES,
     DDP_BUCKET_CAP_BYTES,
     GRAD_BYTES,
+    MASTER_PARAM_BYTES,
     unsharded_root_params,
 )
 from launcher.specs import ModelProfile, Strategy
@@ -214,6 +216,23 @@ def ddp_comm(profile: ModelProfile, topology: Topology, hide_s: float) -> tuple[
     return total, max(ops["ar"](grad_bytes / buckets), total - hide_s)
 
 
+def zero1_sync_bytes(profile: ModelProfile) -> float:
+    """What zero1's parameter sync moves per step: all the parameters, at their stored dtype
+    (fp32 under DDP's autocast), each rank sending its 1/n of them."""
+    return MASTER_PARAM_BYTES * float(profile.num_params)
+
+
+def zero1_sync_s(profile: ModelProfile, topology: Topology) -> float:
+    """Seconds of zero1's parameter sync after the optimizer step. torch's
+    ZeroRedundancyOptimizer (https://pytorch.org/docs/stable/distributed.optim.html;
+    `_sync_params` in its source) broadcasts each rank's updated shard to all ranks, one flat
+    bucket per rank (`parameters_as_bucket_view`, runtime/zero.py): n collectives that together
+    deliver the full parameters to every rank, an all-gather's bytes. Priced with the
+    all-gather's formula, its latency paid once per rank's broadcast (`split`). Nothing hides
+    it: it follows the optimizer step, after all of the step's compute."""
+    return split(group_collectives(topology)["ag"], zero1_sync_bytes(profile), topology.world_size)
+
+
 def fsdp_units(profile: ModelProfile, strategy: Strategy) -> int:
     """FSDP units (`fully_shard` groups, one all-gather and one reduce-scatter each): one per
     block, the root when parameters stay outside the blocks, and under bf16/fp16 one per batch
@@ -275,5 +294,6 @@ def sharded_comm(profile: ModelProfile, strategy: Strategy, topology: Topology,
 __all__ = ["ring_allreduce_s", "tree_allreduce_s", "allgather_s", "reduce_scatter_s",
            "hierarchical_allreduce_s", "shared_link", "slowest_link", "group_collectives",
            "replica_allreduce", "split", "Collective", "ddp_comm", "fsdp_traffic", "fsdp_units",
+           "zero1_sync_bytes", "zero1_sync_s",
            "sharded_comm", "FSDP_COLLECTIVE_OVERHEAD_S", "REDUCE_DTYPE_BYTES", "dp_topology",
            "tp_comm_s", "TP_COLLECTIVES_PER_BLOCK", "TP_COLLECTIVES_OUTSIDE"]

@@ -86,7 +86,7 @@ def _where(c: Candidate, topology: Topology) -> str:
     """How the runtime compiles under the chosen strategy (runtime/wrap.py)."""
     if topology.world_size == 1:
         return "the model's forward"
-    if c.strategy.kind == "ddp":
+    if not c.strategy.shards_params:
         return "the model's forward, before DDP wraps it (Dynamo's DDP optimizer splits it at buckets)"
     return "each block's forward, before FSDP2's fully_shard (mode default: no CUDA graphs with FSDP)"
 

@@ -32,7 +32,7 @@ from typing import Any
 from launcher.errors import PlanError, WorkloadError
 from launcher.plan.blocks import first_blocks, repeated_container, signature
 from launcher.plan.profile_passes import meta_batch
-from launcher.specs import check
+from launcher.specs import DDP_KINDS, check
 from launcher.workload import Workload
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ class CompileCheck:
 
     def per_block(self, kind: str) -> bool:
         """True when strategy `kind` compiles block by block (FSDP2 with declared blocks)."""
-        return kind != "ddp" and self.blocks_traced > 0
+        return kind not in DDP_KINDS and self.blocks_traced > 0
 
     def breaks(self, kind: str) -> tuple[int, str]:
         """The graph breaks where strategy `kind` compiles (each block under FSDP with

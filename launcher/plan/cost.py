@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from launcher.hardware.types import DeviceSpec, Topology
 from launcher.plan.attention import ATTENTION_BWD_FACTOR, attention_efficiency
 from launcher.plan.checkpointing import recompute_share as mode_recompute
-from launcher.plan.collectives import ddp_comm, dp_topology, sharded_comm, tp_comm_s
+from launcher.plan.collectives import ddp_comm, dp_topology, sharded_comm, tp_comm_s, zero1_sync_s
 from launcher.plan.cpu_cost import cpu_forward, cpu_step_time
 from launcher.plan.hbm import hbm_bytes_per_s
 from launcher.plan.memory import COMPUTE_DTYPE_BYTES
@@ -311,7 +311,8 @@ def optimizer_s(profile: ModelProfile, group_size: int, device: DeviceSpec) -> f
 
 def shard_group_size(kind: str, topology: Topology, tp: int = 1) -> int:
     """Ranks that share one copy of the model state (of one TP slice, with tensor parallelism
-    of degree `tp`): 1 (DDP), a node's ranks / tp (hybrid), all ranks / tp (FSDP)."""
+    of degree `tp`): 1 (DDP), a node's ranks / tp (hybrid), all ranks / tp (FSDP; zero1's
+    optimizer state, what the optimizer steps)."""
     return {"ddp": 1, "hybrid": topology.devices_per_node // tp}.get(
         kind, topology.world_size // tp)
 
@@ -322,6 +323,8 @@ def step_time(profile: ModelProfile, strategy: Strategy, topology: Topology, mic
 
     - ddp: one all-reduce of the fp32 grads per step in 25 MiB buckets (no_sync during
       accumulation), hidden behind the last micro-batch's backward except the final bucket.
+    - zero1: ddp's all-reduce, then the parameter sync after the optimizer step, exposed
+      (`collectives.zero1_sync_s`); the optimizer steps params / world.
     - fsdp_full: per micro-batch all-gather (compute dtype) in forward and again in backward
       (the root unit stays gathered), reduce-scatter of fp32 grads in backward. The first
       gather of a forward and the last reduce-scatter of a backward have nothing to hide behind.
@@ -370,8 +373,10 @@ def step_time(profile: ModelProfile, strategy: Strategy, topology: Topology, mic
         return StepTimeEstimate(compute_s=compute, comm_total_s=0.0, comm_exposed_s=0.0,
                                 compute_parts=parts)
     ovl = OVERLAP_EFFICIENCY[kind]
-    if strategy.kind == "ddp":
+    if not strategy.shards_params:
         total, exposed = ddp_comm(profile, topology, bwd_s * ovl)
+        sync = zero1_sync_s(profile, topology) if strategy.kind == "zero1" else 0.0
+        total, exposed = total + sync, exposed + sync
     else:
         total, exposed = sharded_comm(profile, strategy, dp_topology(topology, strategy.tp),
                                        fwd_s * ovl, bwd_s * ovl, grad_accum)

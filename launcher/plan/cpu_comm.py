@@ -10,6 +10,10 @@ file of another host, several nodes) the topology's link figures give the alpha-
 - DDP: one all-reduce per bucket of the fp32 gradients per optimizer step (DDP's first bucket
   holds 1 MiB, the rest 25 MiB each), and the reducer's handling of each (DDP_BUCKET_OPS); at
   one rank too (`cpu_cost`: DDP has no one-rank shortcut).
+- zero1: DDP's all-reduce, then each rank's broadcast of its updated parameters after the step
+  (torch's ZeroRedundancyOptimizer, https://pytorch.org/docs/stable/distributed.optim.html): one
+  flat bucket per rank, the full fp32 parameters in all, priced as all-gathers of 1/n of them
+  (`collectives.zero1_sync_s`'s formula, with gloo's measured latency and time per byte).
 - FSDP2 (full shard, grad-op): per micro-batch and unit, an all-gather of the unit's parameters
   at the compute dtype in forward and (full shard) again in backward, and a reduce-scatter of
   its fp32 gradients; plus FSDP2's own work per unit and parameter tensor (hooks, DTensor
@@ -33,7 +37,13 @@ import math
 from collections.abc import Callable
 
 from launcher.hardware.types import Topology
-from launcher.plan.collectives import fsdp_units, group_collectives, replica_allreduce
+from launcher.plan.collectives import (
+    fsdp_units,
+    group_collectives,
+    replica_allreduce,
+    split,
+    zero1_sync_bytes,
+)
 from launcher.plan.cpu_rates import gloo_of, rates_of, time_share
 from launcher.plan.memory import COMPUTE_DTYPE_BYTES, DDP_BUCKET_CAP_BYTES, GRAD_BYTES
 from launcher.specs import ModelProfile, Strategy
@@ -104,6 +114,12 @@ def cpu_ddp_comm(profile: ModelProfile, topology: Topology) -> float:
     return sum(ar(b) + handling for b in ddp_buckets(GRAD_BYTES * float(profile.num_params)))
 
 
+def cpu_zero1_sync(profile: ModelProfile, topology: Topology) -> float:
+    """Seconds of zero1's parameter broadcasts after the step: one per rank, each 1/n of the
+    fp32 parameters (the all-gather's time per byte and latency, paid per broadcast)."""
+    return split(_ops(topology)["ag"], zero1_sync_bytes(profile), topology.world_size)
+
+
 def fsdp_overhead_s(profile: ModelProfile, strategy: Strategy, topology: Topology) -> float:
     """FSDP2's own work in one micro-batch's forward + backward on one rank: per unit and per
     parameter tensor, in the probe's per-op cost, on the rank's share of a core."""
@@ -135,6 +151,6 @@ def cpu_sharded_comm(profile: ModelProfile, strategy: Strategy, topology: Topolo
     return total
 
 
-__all__ = ["gloo_topology", "cpu_ddp_comm", "cpu_sharded_comm", "fsdp_overhead_s", "ddp_buckets",
+__all__ = ["gloo_topology", "cpu_ddp_comm", "cpu_zero1_sync", "cpu_sharded_comm", "fsdp_overhead_s", "ddp_buckets",
            "DDP_FIRST_BUCKET_BYTES", "FSDP_UNIT_OPS", "FSDP_TENSOR_OPS", "FSDP_PARAM_BYTES",
            "FSDP_COLLECTIVE_OPS", "DDP_BUCKET_OPS"]

@@ -41,7 +41,7 @@ import logging
 from dataclasses import dataclass
 
 from launcher.hardware.types import Topology
-from launcher.plan.cpu_comm import cpu_ddp_comm, cpu_sharded_comm, fsdp_overhead_s
+from launcher.plan.cpu_comm import cpu_ddp_comm, cpu_sharded_comm, cpu_zero1_sync, fsdp_overhead_s
 from launcher.plan.cpu_rates import core_share, gloo_of, op_share, rates_of, time_share
 from launcher.plan.memory import COMPUTE_DTYPE_BYTES, GRAD_BYTES
 from launcher.plan.step_probe import StepTiming
@@ -173,7 +173,7 @@ def cpu_forward(profile: ModelProfile, strategy: Strategy, micro_batch: int,
     p = float(profile.num_params)
     cast_fwd = cast_bwd = 0.0
     if prec != "fp32":
-        if strategy.kind == "ddp":  # autocast: every weight down in forward, its gradient up
+        if not strategy.shards_params:  # autocast: every weight down in forward, its gradient up
             cast_fwd = cast_bwd = CAST_BYTES_PER_PARAM * p
         else:  # FSDP: the local shard at each all-gather; the unsharded gradients up
             gathers = 1 if strategy.kind == "fsdp_grad_op" else 2
@@ -296,9 +296,9 @@ def cpu_step_time(profile: ModelProfile, strategy: Strategy, topology: Topology,
         parts = _measured(timing, profile, topology, micro_batch, grad_accum, group_size, recompute)
     else:
         parts = _modelled(profile, strategy, topology, micro_batch, grad_accum, group_size, recompute)
-    if strategy.kind != "ddp":
+    if strategy.shards_params:
         parts += (("FSDP work", grad_accum * fsdp_overhead_s(profile, strategy, topology)),)
-    if topology.world_size <= 1 and strategy.kind == "ddp" and gloo_of(topology) is not None:
+    if topology.world_size <= 1 and not strategy.shards_params and gloo_of(topology) is not None:
         # DDP has no one-rank shortcut: every bucket still goes through gloo (a 1-rank all-reduce
         # on its worker thread): 0.55-0.75 ms per step of workloads/mlp.py's two buckets on a
         # 2-core VM, a fifth of its step, measured against the same loop unwrapped
@@ -307,8 +307,11 @@ def cpu_step_time(profile: ModelProfile, strategy: Strategy, topology: Topology,
     if topology.world_size <= 1:
         return StepTimeEstimate(compute_s=compute, comm_total_s=0.0, comm_exposed_s=0.0,
                                 compute_parts=tuple((k, v) for k, v in parts if v > 0))
-    comm = (cpu_ddp_comm(profile, topology) if strategy.kind == "ddp"
-            else cpu_sharded_comm(profile, strategy, topology, grad_accum))
+    if strategy.shards_params:
+        comm = cpu_sharded_comm(profile, strategy, topology, grad_accum)
+    else:
+        comm = cpu_ddp_comm(profile, topology) + (
+            cpu_zero1_sync(profile, topology) if strategy.kind == "zero1" else 0.0)
     return StepTimeEstimate(compute_s=compute, comm_total_s=comm, comm_exposed_s=comm,
                             compute_parts=tuple((k, v) for k, v in parts if v > 0))
 

@@ -28,7 +28,7 @@ from launcher.plan.memory import fmt_gib
 from launcher.plan.types import Candidate, CompileDecision
 from launcher.specs import CHECKPOINTING, Goal, ModelProfile
 
-LABELS = {"ddp": "DDP", "fsdp_grad_op": "FSDP grad-op", "fsdp_full": "FSDP full",
+LABELS = {"ddp": "DDP", "zero1": "ZeRO-1", "fsdp_grad_op": "FSDP grad-op", "fsdp_full": "FSDP full",
           "hybrid": "hybrid"}
 
 
@@ -61,7 +61,7 @@ def too_big(c: Candidate, usable: float, profile: ModelProfile, topology: Topolo
     """'131.2 GiB/GPU > 71.6 GiB usable at micro-batch 1 (params+grads+optimizer ...)'."""
     m = c.memory
     state = m.params_bytes + m.grads_bytes + m.optimizer_bytes
-    units = "" if c.strategy.kind == "ddp" else " incl. unsharded params"
+    units = "" if not c.strategy.shards_params else " incl. unsharded params"
     return (f"{fmt_gib(m.total_bytes)} GiB/{per_device(topology)} > {fmt_gib(usable)} GiB "
             f"usable at micro-batch {c.micro_batch} (params+grads+optimizer {fmt_gib(state)} GiB "
             f"= {state / profile.num_params:.3g} B/param, activations "

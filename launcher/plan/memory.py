@@ -18,6 +18,11 @@ The model, per rank (P = parameters, G = shard group size, c = compute-dtype byt
   `gradient_as_bucket_view=True` (the grads ARE views of the buckets); without it the reducer
   would hold a second flat copy of all gradients (+4 B/param). Under autocast the cached
   compute-dtype weights (+c B/param) live until backward consumes them: counted as activations.
+- zero1 (ZeRO-1, torch's ZeroRedundancyOptimizer over DDP, runtime/zero.py): as DDP, but each
+  of the N ranks keeps the optimizer state of its 1/N of the parameters only (opt / N; the
+  parameters are the fp32 ones, no separate master copy, as DDP). After its step each rank
+  broadcasts its updated parameters in place: they are views of one flat bucket per rank
+  (`parameters_as_bucket_view=True`), so the broadcast needs no buffer of its own (0 B).
 - FSDP full shard (ZeRO-3): params, grads, optimizer / G, plus the unsharded units: the root
   unit (parameters outside the blocks: embeddings, head), two blocks (the current one and the
   prefetched one) at the compute dtype, and one block's unsharded fp32 gradients waiting for
@@ -171,7 +176,7 @@ def activation_factors(strategy: Strategy, profile: ModelProfile | None = None) 
     if strategy.precision == "fp32":
         return 1.0, 1.0
     attention = profile is None or profile.attention_flops_fwd_per_sample > 0
-    if strategy.kind == "ddp":
+    if not strategy.shards_params:
         if attention:
             return AUTOCAST_ACTIVATION_FACTOR, AUTOCAST_BLOCK_INPUT_FACTOR
         return AUTOCAST_NO_ATTENTION_FACTOR, AUTOCAST_NO_ATTENTION_FACTOR
@@ -210,7 +215,7 @@ def transient_bytes(profile: ModelProfile, strategy: Strategy, micro_batch: int)
     """Backward's peak bytes beyond the saved activations, for one micro-batch."""
     if strategy.precision == "fp32":
         factor = 1.0
-    elif strategy.kind == "ddp":
+    elif not strategy.shards_params:
         factor = AUTOCAST_TRANSIENT_FACTOR
     else:
         factor = PARAM_DTYPE_ACTIVATION_FACTOR
@@ -232,14 +237,15 @@ def estimate_memory(profile: ModelProfile, strategy: Strategy, *, micro_batch: i
 
     `optimizer` is assumed only when the profile does not name the workload's own.
     `shard_group_size` is the number of ranks that share one copy of the model state: 1 for DDP,
-    `world_size` for fsdp_full / fsdp_grad_op, devices per node for hybrid. `device` is
+    `world_size` for fsdp_full / fsdp_grad_op, devices per node for hybrid (zero1 shards its
+    optimizer state over all `world_size` ranks whatever it is). `device` is
     "cuda" or "cpu" (the Topology's device). See the module docstring for every term counted.
     """
     p = float(profile.num_params)
     c = COMPUTE_DTYPE_BYTES[strategy.precision]
     opt_b, opt_source = optimizer_state_bytes(profile, optimizer)
-    g = max(1, shard_group_size if strategy.kind != "ddp" else 1)
-    tp = strategy.tp  # 1 for DDP (Strategy refuses DDP with tp > 1)
+    g = max(1, shard_group_size if strategy.shards_params else 1)
+    tp = strategy.tp  # 1 for DDP and zero1 (Strategy refuses them tp > 1)
     mixed = strategy.precision != "fp32"
     notes = [f"fp32 params {MASTER_PARAM_BYTES} + fp32 grads {GRAD_BYTES} + {opt_source} state "
              f"{opt_b:g} = {MASTER_PARAM_BYTES + GRAD_BYTES + opt_b:g} B/param"]
@@ -250,7 +256,7 @@ def estimate_memory(profile: ModelProfile, strategy: Strategy, *, micro_batch: i
     activations = activation_bytes(profile, strategy, micro_batch, device=device) / tp + transient
     factor, input_factor = activation_factors(strategy, profile)
     act_note = (f"activations x{factor:g} of the fp32 measurement "
-                + ("(autocast)" if strategy.kind == "ddp" else f"({strategy.precision} params)")
+                + (f"({strategy.precision} params)" if strategy.shards_params else "(autocast)")
                 if mixed else "activations as measured (fp32)")
     if strategy.compile:
         act_note += f", x{compile_factor(profile, strategy):g} compiled (Inductor recomputes pointwise work)"
@@ -261,8 +267,12 @@ def estimate_memory(profile: ModelProfile, strategy: Strategy, *, micro_batch: i
         act_note += f", {describe(strategy.checkpointing)} (block inputs x{input_factor:g})"
     units = 0.0  # FSDP unsharded parameters/gradients, counted in overhead
 
-    if strategy.kind == "ddp":
+    if not strategy.shards_params:
         params, grads, opt = MASTER_PARAM_BYTES * p, GRAD_BYTES * p, opt_b * p
+        if strategy.kind == "zero1" and world_size > 1:
+            opt /= world_size
+            notes[0] += (f"; optimizer state / {world_size} (ZeRO-1), the updated parameters "
+                         "broadcast in place (0 B)")
         if mixed:
             # autocast's weight cache: one compute-dtype copy of every weight, freed after backward
             activations += c * p

@@ -9,7 +9,9 @@
 - the optimizer's state per parameter: built on the meta model, probed on CPU (plan.workload_probe);
 - the tensor-parallel degrees the workload accepts: its `tp_plan(model, d)` called for d in
   TP_PROBE_DEGREES on a fresh meta model each (the hook may mutate the model), keeping those
-  that return a plan (None: d does not divide the heads).
+  that return a plan (None: d does not divide the heads);
+- the attention, loss and norm kernels: the workload's `KERNELS` table, else what the passes saw
+  the model call and its modules' classes show (plan.kernels: by name), with the source of each.
 
 A profile that fails on the meta device is tried once more on a tiny real CPU batch
 (plan.workload_probe), so the error says whether the workload has a bug or is only not meta-safe.
@@ -23,11 +25,13 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.errors import WorkloadError
 from launcher.plan.blocks import first_blocks, repeated_container
+from launcher.plan.kernels import declared, workload_kernels
 from launcher.plan.profile_passes import PROFILE_BATCHES, TRANSIENT_BATCHES, Counts, measure
 from launcher.plan.workload_probe import meta_error, optimizer_state
 from launcher.specs import ModelProfile
@@ -42,8 +46,17 @@ TP_PROBE_DEGREES = (2, 4, 8)
 PROFILE_NOTE_ATTR = "dlaunch_profile_note"
 
 
+@dataclass(frozen=True, kw_only=True)
+class Profiled:
+    """A workload's profile, and where its kernels came from: role -> "declared" or "detected"
+    (a role absent: the default; plan.kernels)."""
+
+    profile: ModelProfile
+    kernel_sources: Mapping[str, str] = field(default_factory=dict)
+
+
 def _extrapolated(workload: Workload, model: Any, param_keys: set[int], blocks: Sequence[Any],
-                  container: Any) -> Counts | None:
+                  container: Any, seen: set[str]) -> Counts | None:
     """`measure` of the whole model from its first 1, 2 and 3 blocks: each identical block adds
     the same saved bytes, FLOPs and ops, so the whole model is the 1-block model plus L-1
     increments (Llama-3 70B: 3 blocks instead of 80). None (measure every block) when the 3-block
@@ -55,7 +68,7 @@ def _extrapolated(workload: Workload, model: Any, param_keys: set[int], blocks: 
                 # only the deepest truncation's transients are kept (below): backward runs
                 # there alone
                 runs.append(measure(workload, model, param_keys, blocks[0],
-                                    transients=count == 3))
+                                    transients=count == 3, called=seen))
     except Exception as e:  # e.g. a forward that indexes layers by a configured count
         log.debug("block extrapolation not possible (%s: %s); profiling every block",
                   type(e).__name__, e)
@@ -101,13 +114,21 @@ def tp_degrees(workload: Workload) -> tuple[int, ...]:
 
 
 def profile_workload(workload: Workload, *, extrapolate: bool = True) -> ModelProfile:
-    """Measure a workload's model on the meta device; WorkloadError if it is not meta-safe. With
-    `extrapolate`, a model of identical blocks runs through its first few blocks and is scaled
-    (exactly: see `_extrapolated`); otherwise every block runs."""
+    """`profiled_workload`'s profile."""
+    return profiled_workload(workload, extrapolate=extrapolate).profile
+
+
+def profiled_workload(workload: Workload, *, extrapolate: bool = True) -> Profiled:
+    """Measure a workload's model on the meta device; WorkloadError if it is not meta-safe, or
+    for a `KERNELS` table that names what dlaunch does not price. With `extrapolate`, a model of
+    identical blocks runs through its first few blocks and is scaled (exactly: see
+    `_extrapolated`); otherwise every block runs."""
     import torch
 
+    table = declared(workload.kernels, workload.path.name)  # a typo costs no profile
     t0 = time.perf_counter()
     model = None
+    seen: set[str] = set()  # what the forward and loss called (plan.kernels.kernel_of)
     try:
         with torch.device("meta"):
             model = workload.build_model()
@@ -120,10 +141,11 @@ def profile_workload(workload: Workload, *, extrapolate: bool = True) -> ModelPr
         blocks = workload.blocks(model)
         param_keys = {p.untyped_storage()._cdata for p in params}
         container = repeated_container(model, blocks) if extrapolate else None
-        counts = (_extrapolated(workload, model, param_keys, blocks, container)
+        counts = (_extrapolated(workload, model, param_keys, blocks, container, seen)
                   if container is not None else None)
         if counts is None:
-            counts = measure(workload, model, param_keys, blocks[0] if blocks else None)
+            counts = measure(workload, model, param_keys, blocks[0] if blocks else None, called=seen)
+        seen.update(f"{type(m).__module__}.{type(m).__qualname__}" for m in model.modules())
     except Exception as e:  # a WorkloadError about the meta device already says what to do
         if isinstance(e, WorkloadError) and "meta device" in str(e):
             raise
@@ -160,5 +182,6 @@ def profile_workload(workload: Workload, *, extrapolate: bool = True) -> ModelPr
         tp_degrees=tp_degrees(workload),
         profile_note=str(getattr(model, PROFILE_NOTE_ATTR, "") or ""),
     )
+    profile, sources = workload_kernels(profile, table, seen)
     log.debug("profiled %s in %.2f s", profile.name, time.perf_counter() - t0)
-    return profile
+    return Profiled(profile=profile, kernel_sources=sources)

@@ -14,7 +14,11 @@ measured; plan.profile scales these passes over the blocks into a ModelProfile.
   pass replaces SDPA to measure flash attention's memory); the attention and convolution
   shares are kept apart (they run at other rates than matmuls: see plan.cost, plan.cpu_cost);
 - operations: the aten ops that micro-batch-1 forward dispatches (what per-op overhead, the
-  dominant cost of a tiny model on CPU, scales with).
+  dominant cost of a tiny model on CPU, scales with);
+- kernels: in that pass, by name (plan.kernels.kernel_of), the attention, loss and norm
+  functions the forward and loss call (WATCHED_FUNCTIONS), the custom ops they dispatch
+  (flash-attn's, whose attention FLOPs are counted as SDPA's are) and the autograd Functions in
+  the loss's graph (a fused loss called in `loss_fn`).
 
 Never imports cli, backends, jobs, runtime or report; torch only inside functions (only a
 profile missing from the cache needs it), so importing this module stays cheap.
@@ -27,6 +31,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from launcher.plan.kernels import WATCHED_FUNCTIONS
 from launcher.workload import Workload
 
 log = logging.getLogger(__name__)
@@ -43,6 +48,7 @@ TRANSIENT_BATCHES = (8, 16)
 MATH_ATTENTION_BYTES_PER_SCORE = 9
 # FlopCounterMode's names of the forward convolution ops
 _CONV_OPS = ("convolution", "_convolution", "conv1d", "conv2d", "conv3d", "convolution_overrideable")
+_TORCH_OP_NAMESPACES = ("aten", "prims", "prim")  # the other ops are a package's custom ops
 
 
 class Counts(NamedTuple):
@@ -105,13 +111,19 @@ def _flash_like_sdpa() -> Any:
             q, k, v, _, _ = ctx.saved_tensors
             return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
+    watched = {getattr(F, name.rpartition(".")[2]): name for name in WATCHED_FUNCTIONS
+               if hasattr(F, name.rpartition(".")[2])}
+
     class Mode(TorchFunctionMode):
         # attention FLOPs, as FlopCounterMode counts SDPA: q @ k^T and scores @ v
         attention_flops = 0
         # what the math path would save beyond this, where attention has dropout
         math_attention_bytes = 0
+        called: set[str] = set()  # of WATCHED_FUNCTIONS, those called (plan.kernels)
 
         def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            if func in watched:
+                self.called.add(watched[func])
             if func is F.scaled_dot_product_attention:
                 q, k, v = args[:3]
                 b_h_sq = q.numel() // q.shape[-1]
@@ -139,7 +151,8 @@ class _Dispatched:
         from torch.utils._pytree import tree_flatten
 
         outer = self
-        self.ops = self.live = self.peak = 0
+        self.ops = self.live = self.peak = self.attention_flops = 0
+        self.custom_ops: set[str] = set()  # "namespace::op" of a package's ops (plan.kernels)
         tracked: set[int] = set()
 
         def free(key: int, nbytes: int) -> None:
@@ -150,6 +163,8 @@ class _Dispatched:
             def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
                                    kwargs: Any = None) -> Any:
                 outer.ops += 1
+                if func.namespace not in _TORCH_OP_NAMESPACES:
+                    outer.custom_op(func.name(), args)
                 out = func(*args, **(kwargs or {}))
                 for t in tree_flatten(out)[0] if track_bytes else ():
                     if not isinstance(t, torch.Tensor):
@@ -166,6 +181,34 @@ class _Dispatched:
                 return out
 
         self.mode = Mode()
+
+    def custom_op(self, name: str, args: Sequence[Any]) -> None:
+        """Record a package's op; flash-attn's forward (q, k, v laid out batch, sequence, heads,
+        head dim) adds its attention FLOPs, which FlopCounterMode does not know (its varlen
+        form, packed sequences, is left uncounted)."""
+        self.custom_ops.add(name)
+        if name.startswith("flash_attn::") and name.endswith("forward") and len(args) >= 3:
+            q, k, v = args[:3]
+            if getattr(q, "ndim", 0) == 4:
+                self.attention_flops += 2 * q.numel() // q.shape[-1] * k.shape[1] * (
+                    q.shape[-1] + v.shape[-1])
+
+
+def _graph_functions(loss: Any) -> set[str]:
+    """"module.Class" of each autograd Function in the graph behind `loss` (a fused loss or norm
+    called as a Function, where no module of the model names it)."""
+    out: set[str] = set()
+    todo, done = [getattr(loss, "grad_fn", None)], set()
+    while todo:
+        node = todo.pop()
+        if node is None or node in done:
+            continue
+        done.add(node)
+        cls = getattr(node, "_forward_cls", None)  # a custom Function's node: its class
+        if cls is not None:
+            out.add(f"{cls.__module__}.{cls.__qualname__}")
+        todo.extend(nxt for nxt, _ in node.next_functions)
+    return out
 
 
 def _backward_transient(loss: Any, params: Sequence[Any], tracker: _Dispatched) -> float:
@@ -193,13 +236,14 @@ def _backward_transient(loss: Any, params: Sequence[Any], tracker: _Dispatched) 
 
 
 def _pass(workload: Workload, model: Any, micro_batch: int, param_keys: set[int],
-          first_block: Any = None, *, count_flops: bool = False,
-          backward: bool = False) -> tuple[int, int, tuple[float, ...], float]:
+          first_block: Any = None, *, count_flops: bool = False, backward: bool = False,
+          called: set[str] | None = None) -> tuple[int, int, tuple[float, ...], float]:
     """Bytes autograd saves for backward in one forward (each storage once, no parameters),
     the bytes of the first block's input (what checkpointing keeps per block), with
     `count_flops` the forward FLOPs (FlopCounterMode plus the attention it cannot see here;
     all, attention, convolutions), SDPA's math-path bytes beyond flash's and the aten ops the
-    forward dispatched (else 0s), and with `backward` backward's transient bytes (else 0)."""
+    forward dispatched (else 0s), and with `backward` backward's transient bytes (else 0).
+    With `count_flops`, the names of what the forward and loss called are added to `called`."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -236,24 +280,27 @@ def _pass(workload: Workload, model: Any, micro_batch: int, param_keys: set[int]
             handle.remove()
     transient = (_backward_transient(loss, list(model.parameters()), dispatched)
                  if dispatched and backward else 0.0)
+    if count_flops and called is not None and dispatched is not None:
+        called.update(sdpa.called, dispatched.custom_ops, _graph_functions(loss))
     del loss
     counted = (0.0,) * 5
     if isinstance(counter, FlopCounterMode) and dispatched is not None:
         by_op = counter.get_flop_counts().get("Global", {})
         conv = sum(n for op, n in by_op.items() if getattr(op, "__name__", str(op)).split(".")[0] in _CONV_OPS)
-        attention = float(sdpa.attention_flops)
+        attention = float(sdpa.attention_flops + dispatched.attention_flops)
         counted = (float(counter.get_total_flops()) + attention, attention, float(conv),
                    float(sdpa.math_attention_bytes), float(dispatched.ops))
     return total, (block_in[0] if block_in else 0), counted, transient
 
 
 def measure(workload: Workload, model: Any, param_keys: set[int], first_block: Any, *,
-            transients: bool = True) -> Counts:
+            transients: bool = True, called: set[str] | None = None) -> Counts:
     """Saved bytes at micro-batch 1 and 2, the first block's input bytes, and the FLOPs and
     aten ops at 1; with `transients`, backward's transient at TRANSIENT_BATCHES (else 0: the
-    two backward passes are a third of a profile's time, skipped where nobody reads them)."""
+    two backward passes are a third of a profile's time, skipped where nobody reads them).
+    What the forward and loss called is added to `called` (`_pass`)."""
     saved1, block_in, (flops, attention, conv, math_attention, ops), _ = _pass(
-        workload, model, PROFILE_BATCHES[0], param_keys, first_block, count_flops=True)
+        workload, model, PROFILE_BATCHES[0], param_keys, first_block, count_flops=True, called=called)
     saved2 = _pass(workload, model, PROFILE_BATCHES[1], param_keys)[0]
     transient1, transient2 = ((_pass(workload, model, mb, param_keys, backward=True)[3]
                                for mb in TRANSIENT_BATCHES) if transients else (0.0, 0.0))

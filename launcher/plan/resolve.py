@@ -58,7 +58,8 @@ from launcher.plan.cpu_probe import (
 from launcher.plan.cpu_rates import CpuRates, GlooRates
 from launcher.plan.gloo_probe import GLOO_PROBE_FORMAT, measure_gloo
 from launcher.plan.host_quiet import Quiet, cacheable, watch
-from launcher.plan.profile import profile_workload
+from launcher.plan.kernels import with_kernels
+from launcher.plan.profile import Profiled, profiled_workload
 from launcher.plan.search import plan
 from launcher.plan.step_child import StepProbeFailed, probe_in_child
 from launcher.plan.step_probe import (
@@ -155,14 +156,14 @@ def _cache_key(workload: str, workload_args: Sequence[str]) -> str:
 
 
 # bump when profile.py measures differently, so old cache entries are ignored
-_PROFILE_FORMAT = 9  # 7: tp_degrees; 8: profile_note; 9: math_attention_bytes_per_sample
+_PROFILE_FORMAT = 11  # 8: profile_note; 9: math_attention_bytes_per_sample; 11: kernels
 
 
 def _cached(path: Path, load: Callable[[dict[str, Any]], _T], make: Callable[[], _T]) -> _T:
     """The cache entry at `path` (a JSON dataclass), made and stored when absent or stale."""
     try:
         return load(json.loads(path.read_text(encoding="utf-8")))
-    except (OSError, ValueError, TypeError):
+    except (OSError, ValueError, TypeError, KeyError):
         pass  # absent or stale: make it again
     value = make()
     _store(path, dataclasses.asdict(value))  # type: ignore[call-overload]
@@ -205,20 +206,30 @@ def _measured_without_gc(what: str, measure: Callable[[], _T]) -> _T:
             gc.enable()
 
 
-def _profile(workload: str, workload_args: Sequence[str]) -> ModelProfile:
+def _profile(workload: str, workload_args: Sequence[str]) -> Profiled:
     return _measured_without_gc("its profile",
-                                lambda: profile_workload(load_workload(workload, workload_args)))
+                                lambda: profiled_workload(load_workload(workload, workload_args)))
+
+
+def cached_profiled(workload: str, workload_args: Sequence[str]) -> Profiled:
+    """The workload's profile and its kernels' sources, from the cache when its file, arguments
+    and torch are unchanged."""
+    path = profile_cache_dir() / f"{_cache_key(workload, workload_args)}.json"
+    return _cached(path, _profiled_from_json, lambda: _profile(workload, workload_args))
 
 
 def cached_profile(workload: str, workload_args: Sequence[str]) -> ModelProfile:
-    """The workload's profile, from the cache when its file, arguments and torch are unchanged."""
-    path = profile_cache_dir() / f"{_cache_key(workload, workload_args)}.json"
-    return _cached(path, _profile_from_json, lambda: _profile(workload, workload_args))
+    """The workload's profile (`cached_profiled` without its kernels' sources)."""
+    return cached_profiled(workload, workload_args).profile
 
 
 def _profile_from_json(d: dict[str, Any]) -> ModelProfile:
     """A cached profile: JSON has no tuples, and ModelProfile's tp_degrees is one."""
     return ModelProfile(**{**d, "tp_degrees": tuple(d.get("tp_degrees", ()))})
+
+
+def _profiled_from_json(d: dict[str, Any]) -> Profiled:
+    return Profiled(profile=_profile_from_json(d["profile"]), kernel_sources=dict(d["kernel_sources"]))
 
 
 def compile_cache_path(workload: str, workload_args: Sequence[str]) -> Path:
@@ -369,7 +380,8 @@ def plan_workload(workload: str, workload_args: Sequence[str], topology: Topolog
     host from its own timed steps, on GPUs with Dynamo's trace of one forward deciding compile
     (unless the overrides decide it); unless `corrected` is False, with this machine's tune
     corrections of this workload's predicted compute (what the overrides force stays forced)."""
-    profile = cached_profile(workload, workload_args)
+    profiled = cached_profiled(workload, workload_args)
+    profile = profiled.profile
     timing = cached_step_timing(workload, workload_args, profile, topology)
     # compile is the plan's to decide on a GPU unless the user decided it
     compile_open = (overrides is None or overrides.compile is None) and topology.device == "cuda"
@@ -378,5 +390,7 @@ def plan_workload(workload: str, workload_args: Sequence[str], topology: Topolog
                                 workload_args=workload_args) if corrected else None)
     result = plan(profile, topology, goal, overrides=overrides, timing=timing, compile_check=check,
                   compute_factor=None if correction is None else correction.factor,
-                  correction_note="" if correction is None else correction.describe())
-    return Planned(plan=result, profile=profile, topology=topology, correction=correction)
+                  correction_note="" if correction is None else correction.describe(),
+                  kernel_sources=profiled.kernel_sources)
+    return Planned(plan=result, profile=with_kernels(profile, result.kernels), topology=topology,
+                   correction=correction)

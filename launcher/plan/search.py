@@ -1,7 +1,7 @@
 """The planner: enumerate candidate strategies, drop what does not fit, rank by predicted speed.
 
 Pure functions of the frozen specs (no torch, no I/O). The search space (`candidates`):
-strategy {ddp, fsdp_grad_op, fsdp_full, hybrid (multi-node only)} x precision (bf16 where the
+strategy {ddp, zero1, fsdp_grad_op, fsdp_full, hybrid (multi-node only)} x precision (bf16 where the
 device has it, else fp16 + GradScaler on CUDA; fp32 and, where the CPU lists a bf16 peak, bf16 on
 CPU) x activation checkpointing {none, selective, every-other, full} x micro-batch (powers of two); torch.compile where
 `compile_choice` proposes it (GPUs, a Dynamo trace without graph breaks, a gain worth the compile
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from launcher.alloc_conf import alloc_conf_env, installed_torch_version
 from launcher.errors import PlanError
@@ -34,6 +34,7 @@ from launcher.plan.compile_choice import decide
 from launcher.plan.compile_probe import CompileCheck
 from launcher.plan.explain import label, per_device, reasons, rejected, too_big
 from launcher.plan.interval import step_interval
+from launcher.plan.kernels import priced, with_kernels
 from launcher.plan.memory import fmt_gib, usable_mem_bytes
 from launcher.plan.step_probe import WorkloadTiming
 from launcher.plan.types import Overrides, Plan
@@ -64,7 +65,8 @@ def _env(topology: Topology) -> dict[str, str]:
 def plan(profile: ModelProfile, topology: Topology, goal: Goal, *,
          overrides: Overrides | None = None, timing: WorkloadTiming | None = None,
          compile_check: CompileCheck | None = None,
-         compute_factor: Callable[[str], float] | None = None, correction_note: str = "") -> Plan:
+         compute_factor: Callable[[str], float] | None = None, correction_note: str = "",
+         kernel_sources: Mapping[str, str] | None = None) -> Plan:
     """Recommend a strategy for training `profile` on `topology` towards `goal`, with reasons.
 
     `overrides` force the decisions they set (None: the planner's); a forced
@@ -75,11 +77,15 @@ def plan(profile: ModelProfile, topology: Topology, goal: Goal, *,
     (`compile_choice`). `compute_factor`: this machine's tune corrections, precision -> factor
     on every candidate's predicted compute, applied before the choice so that the choice, its
     reasons and every number shown come from one corrected estimate (`correction_note` says so
-    among the reasons). Raises PlanError when nothing fits, or when an override is impossible.
+    among the reasons). The kernels priced are the overrides' where given, else the profile's,
+    labelled by `kernel_sources` (role -> "declared" / "detected"; others "default"), and the
+    plan records them (`plan.kernels`). Raises PlanError when nothing fits, or when an override
+    is impossible.
     """
     ov = overrides or Overrides()
     check_forced(ov, profile, topology)
-    profile = profile_for_goal(profile, goal)
+    kernels = priced(profile, ov, kernel_sources or {})
+    profile = profile_for_goal(with_kernels(profile, kernels), goal)
     if timing is not None and timing.units_per_sample != profile.units_per_sample:
         timing = None  # timed at another sequence length: the rates' model applies
     n = topology.world_size
@@ -133,7 +139,7 @@ def plan(profile: ModelProfile, topology: Topology, goal: Goal, *,
                   scaling_efficiency=t.compute_s / t.step_time_s if t.step_time_s else 1.0,
                   env=_env(topology), reasons=tuple(why),
                   rejected=tuple(rejected(chosen, cands, goal, topology, profile, usable)),
-                  usable_mem_bytes=usable, compile=compiled,
+                  usable_mem_bytes=usable, compile=compiled, kernels=kernels,
                   step_interval=step_interval(
                       t.step_time_s, on_gpu=topology.device == "cuda", world_size=n,
                       seq_len=profile.units_per_sample if profile.sample_units == "tokens" else None))

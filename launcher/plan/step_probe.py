@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.errors import PlanError
-from launcher.specs import check
+from launcher.specs import DDP_KINDS, check
 from launcher.workload import Workload, batch_norms
 
 log = logging.getLogger(__name__)
@@ -327,7 +327,7 @@ def probe_precisions(base: Sequence[str], norm_count: int) -> tuple[str, ...]:
 def timing_key(precision: str, strategy_kind: str, norm_count: int) -> str:
     """The timing that measures `precision` as `strategy_kind` runs it: FSDP keeps a model's
     batch norms in fp32 under a low-precision policy (see FP32_NORMS)."""
-    if precision != "fp32" and strategy_kind != "ddp" and norm_count > 0:
+    if precision != "fp32" and strategy_kind not in DDP_KINDS and norm_count > 0:
         return precision + FP32_NORMS
     return precision
 

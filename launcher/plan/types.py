@@ -14,12 +14,40 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.errors import PlanError
-from launcher.specs import GIB, Strategy, checkpointing_mode
+from launcher.specs import (
+    ATTENTION_KERNELS,
+    DDP_KINDS,
+    GIB,
+    LOSS_KERNELS,
+    NORM_KERNELS,
+    Strategy,
+    checkpointing_mode,
+)
+
+# the kernels the cost model prices for each role (`plan.kernels`), the first the default, and
+# where a kernel the plan priced came from, first to last in precedence
+KERNEL_ROLES: Mapping[str, tuple[str, ...]] = {"attention": ATTENTION_KERNELS, "loss": LOSS_KERNELS,
+                                               "norm": NORM_KERNELS}
+KERNEL_SOURCES = ("given", "declared", "detected", "default")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PricedKernel:
+    """A kernel the plan priced for one role (attention, loss, norm), and its source."""
+
+    kernel: str
+    source: str  # one of KERNEL_SOURCES
+
+    def __post_init__(self) -> None:
+        if self.source not in KERNEL_SOURCES:
+            raise PlanError(f"kernel source must be one of {', '.join(KERNEL_SOURCES)}, "
+                            f"got {self.source!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
 class Overrides:
-    """The decisions a user made, which the planner keeps (None: the planner's)."""
+    """The decisions a user made, which the planner keeps (None: the planner's), and the
+    kernels the run calls, which the planner prices (None: the workload's; `plan.kernels`)."""
 
     strategy: str | None = None
     precision: str | None = None
@@ -28,15 +56,18 @@ class Overrides:
     compile: bool | None = None
     compile_mode: str | None = None
     tp: int | None = None
+    attention_kernel: str | None = None  # one of ATTENTION_KERNELS
+    loss_kernel: str | None = None  # one of LOSS_KERNELS
+    norm_kernel: str | None = None  # one of NORM_KERNELS
 
     def __post_init__(self) -> None:
         tp, mb = self.tp, self.micro_batch
         if tp is not None and (not isinstance(tp, int) or isinstance(tp, bool) or tp < 1):
             raise PlanError(f"--tp (the tensor-parallel degree) must be an integer >= 1, got {tp!r}")
-        if (tp or 1) > 1 and self.strategy == "ddp":
+        if (tp or 1) > 1 and self.strategy in DDP_KINDS:
             raise PlanError(f"--tp {tp} composes tensor parallelism with FSDP on the "
-                            "data-parallel dimension; DDP does not: use --strategy fsdp_full or "
-                            "hybrid, or drop --tp")
+                            "data-parallel dimension; DDP does not, nor does ZeRO-1: use "
+                            "--strategy fsdp_full or hybrid, or drop --tp")
         if mb is not None and (not isinstance(mb, int) or mb < 1):
             raise PlanError(f"--micro-batch must be an integer >= 1, got {mb!r}")
         if self.checkpointing is not None:
@@ -44,12 +75,17 @@ class Overrides:
         # Strategy validates kind/precision/compile_mode with an actionable message
         Strategy(kind=self.strategy or "ddp", precision=self.precision or "fp32",
                  compile_mode=self.compile_mode or "default")
+        for role, known in KERNEL_ROLES.items():
+            value = getattr(self, f"{role}_kernel")
+            if value is not None and value not in known:
+                raise PlanError(f"unknown --{role}-kernel {value!r}; use one of {', '.join(known)}")
 
     @property
     def forced(self) -> tuple[tuple[str, Any], ...]:
-        """The set decisions, (name, value) by name; empty when the planner decides all."""
+        """The set decisions, (name, value) by name; empty when the planner decides all. The
+        kernels are none: they change what a candidate costs, not which candidates there are."""
         return tuple(sorted((f.name, getattr(self, f.name)) for f in dataclasses.fields(self)
-                            if getattr(self, f.name) is not None))
+                            if getattr(self, f.name) is not None and not f.name.endswith("_kernel")))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -203,6 +239,8 @@ class Plan:
     compile: CompileDecision | None = None
     # the 80% interval around the chosen step time, from the model's validation residuals
     step_interval: StepInterval | None = None
+    # role (attention, loss, norm) -> the kernel priced and its source; empty: not recorded
+    kernels: Mapping[str, PricedKernel] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""

@@ -9,6 +9,7 @@ from launcher.hardware.types import Topology
 from launcher.plan.candidates import dp_ranks
 from launcher.plan.checkpointing import describe
 from launcher.plan.explain import kind_label, per_device
+from launcher.plan.kernels import describe as kernels_priced
 from launcher.plan.memory import fmt_gib
 from launcher.plan.types import Plan
 from launcher.specs import ModelProfile
@@ -55,6 +56,9 @@ def format_plan(plan: Plan, profile: ModelProfile, topology: Topology) -> str:
             f"in the model's validation: {plan.step_interval.basis}"]
           if plan.step_interval else []),
         f"  assumptions  {m.assumptions}",
+        # the kernels are GPU cost terms: a CPU's measured rates price every kernel alike
+        *([f"  kernels      {kernels_priced(plan.kernels)}"
+           + ("" if topology.device == "cuda" else " (priced on GPUs only)")] if plan.kernels else []),
         *([f"  profile      {profile.profile_note}"] if profile.profile_note else []),
         "Why",
         *(f"  - {r}" for r in plan.reasons),

@@ -6,6 +6,8 @@ nodes):
     step-000040/            one complete checkpoint: DCP shards + .metadata (every rank wrote
                             its part), meta.json (step, world size), rng-<rank>.pt (RNG states),
                             scheduler.pt (the LR scheduler's state, when the workload has one),
+                            optim-zero-<rank>.pt (strategy zero1: each rank's shard of the
+                            optimizer state, outside DCP; runtime.zero says why),
                             complete.json (the completion marker: every file with its size
                             and CRC-32)
     step-000080.partial/    being written (or the job died while writing): never loaded
@@ -49,6 +51,7 @@ import torch.distributed as dist
 from torch.optim.lr_scheduler import LRScheduler
 
 from launcher.files import atomic_write_json, read_json, shown
+from launcher.runtime import zero
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +86,8 @@ def _quiet_single_process(up: bool) -> Iterator[None]:
 
 
 class _TrainState:
-    """Model + optimizer as one DCP `Stateful` (get/set_state_dict handle DDP and FSDP2)."""
+    """Model + optimizer as one DCP `Stateful` (get/set_state_dict handle DDP and FSDP2); the
+    model alone under zero1, whose optimizer state is saved in shards (runtime.zero)."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         self.model = model
@@ -91,15 +95,20 @@ class _TrainState:
 
     def state_dict(self) -> dict[str, Any]:
         # deferred: part of DCP, loaded with it (see the module docstring)
-        from torch.distributed.checkpoint.state_dict import get_state_dict
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
+        if zero.is_zero(self.optimizer):
+            return {"model": get_model_state_dict(self.model)}
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         return {"model": model_sd, "optim": optim_sd}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         # deferred: part of DCP, loaded with it (see the module docstring)
-        from torch.distributed.checkpoint.state_dict import set_state_dict
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
+        if zero.is_zero(self.optimizer):
+            set_model_state_dict(self.model, state["model"])
+            return
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optim"])
 
@@ -154,6 +163,9 @@ def save(step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, di
     with _quiet_single_process(up):
         dcp.save({"train": _TrainState(model, optimizer)}, checkpoint_id=str(partial), no_dist=not up)
     _save_synced(partial / f"rng-{rank}.pt", _rng_state())
+    if zero.is_zero(optimizer):
+        name, shard = zero.shard(optimizer, rank)
+        _save_synced(partial / name, shard)
     if rank == 0 and scheduler is not None:
         _save_synced(partial / SCHEDULER, scheduler.state_dict())
     if rank == 0:
@@ -327,6 +339,8 @@ def load(model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: st
         with _quiet_single_process(up):
             dcp.load({"train": _TrainState(model, optimizer)}, checkpoint_id=str(path),
                      no_dist=not up)
+        if zero.is_zero(optimizer):
+            zero.load_shards(optimizer, path)
         meta = read_json(path / META)
         rng = path / f"rng-{rank}.pt"
         if rng.is_file() and meta.get("world_size") == world:  # RNG streams only map 1:1

@@ -60,6 +60,7 @@ from launcher.runtime.preemption import Preemption, under_slurm
 from launcher.runtime.recorder import RankRecorder
 from launcher.runtime.window import FLUSH_INTERVAL_S, Clock, Window, peak_reset_step, window_steps
 from launcher.runtime.wrap import Wrapped, make_optimizer, wrap
+from launcher.specs import DDP_KINDS
 from launcher.workload import Workload
 
 log = logging.getLogger(__name__)
@@ -70,8 +71,9 @@ SNAPSHOT_BUSY = "writing the memory snapshot"  # what the heartbeat says while i
 
 
 def _autocast(spec: LaunchSpec, ctx: RankContext) -> contextlib.AbstractContextManager[Any]:
-    # FSDP2's MixedPrecisionPolicy already computes in the low dtype; autocast is for DDP
-    if spec.precision == "fp32" or spec.strategy != "ddp":
+    # FSDP2's MixedPrecisionPolicy already computes in the low dtype; autocast is for DDP and
+    # zero1 (DDP's wrapper)
+    if spec.precision == "fp32" or spec.strategy not in DDP_KINDS:
         return contextlib.nullcontext()
     dtype = torch.bfloat16 if spec.precision == "bf16" else torch.float16
     return torch.autocast(device_type=ctx.device_type, dtype=dtype)
@@ -171,7 +173,7 @@ def _setup(workload: Workload, spec: LaunchSpec, ctx: RankContext, recorder: Ran
                   "mesh_dims": list(wrapped.mesh_dims) if wrapped.mesh_dims else None,
                   "tp": tp, "dp": ctx.world_size // tp})
     params = [p for p in wrapped.module.parameters() if p.requires_grad]
-    optimizer, scheduler = make_optimizer(workload, model, ctx)
+    optimizer, scheduler = make_optimizer(workload, model, ctx, spec.parallel)
     scaler = torch.amp.GradScaler(ctx.device_type, enabled=spec.parallel.uses_grad_scaler)
     # after wrapping (DCP loads DDP and FSDP2 state alike) and before the loader (data position)
     start = resume.resume(wrapped.module, optimizer, scaler, spec, ctx, recorder,

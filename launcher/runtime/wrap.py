@@ -1,4 +1,5 @@
-"""The one place a model is wrapped for a strategy: DDP, FSDP2 (full / grad-op shard),
+"""The one place a model is wrapped for a strategy: DDP (and zero1: DDP with the optimizer
+state sharded, runtime.zero), FSDP2 (full / grad-op shard),
 hybrid shard on a 2-D mesh, tensor parallelism (`strategy.tp` > 1, the workload's `tp_plan`)
 under FSDP, activation checkpointing of the blocks (`strategy.checkpointing`: selective per
 op, every other block or every block), torch.compile; and the one
@@ -33,6 +34,7 @@ from launcher.errors import UsageError
 from launcher.runtime.compiling import compile_forward
 from launcher.runtime.context import RankContext
 from launcher.runtime.inject import comm_delay_ms, install_comm_delay
+from launcher.runtime.zero import zero_optimizer
 from launcher.specs import Strategy
 from launcher.workload import Workload, batch_norms
 
@@ -136,16 +138,20 @@ def _parents(model: torch.nn.Module, blocks: list[torch.nn.Module]) -> dict[int,
             for name, child in parent.named_children() if id(child) in ids}
 
 
-def make_optimizer(workload: Workload, model: torch.nn.Module,
-                   ctx: RankContext) -> tuple[torch.optim.Optimizer, LRScheduler | None]:
+def make_optimizer(workload: Workload, model: torch.nn.Module, ctx: RankContext,
+                   strategy: Strategy | None = None) -> tuple[torch.optim.Optimizer, LRScheduler | None]:
     """The workload's optimizer and LR scheduler (or None) for `model`, already wrapped.
 
     `model` is the module as the workload built it (for DDP the module inside the wrapper), so
     `make_optimizer(cfg, model)` sees the parameter names it expects (weight-decay groups by
     name); FSDP2 shards those parameters in place, so the optimizer holds this rank's shards
-    and its state is sharded with them. The default is AdamW, fused on CUDA.
+    and its state is sharded with them. Under zero1 with more than one rank the workload's
+    optimizer is made again as a ZeroRedundancyOptimizer over its class (runtime.zero), and the
+    scheduler drives that. The default is AdamW, fused on CUDA.
     """
     optimizer = workload.make_optimizer(model, fused=ctx.device_type == "cuda")
+    if strategy is not None and strategy.kind == "zero1" and ctx.is_distributed:
+        optimizer = zero_optimizer(optimizer)
     return optimizer, workload.make_scheduler(optimizer)
 
 
@@ -216,8 +222,8 @@ def _parallelize(model: torch.nn.Module, plan: dict[str, Any], tp_mesh: DeviceMe
 
 
 def uses_device_mesh(strategy: Strategy) -> bool:
-    """Whether `wrap` builds a device mesh for `strategy`: every kind but DDP (FSDP2)."""
-    return strategy.kind != "ddp"
+    """Whether `wrap` builds a device mesh for `strategy`: every kind but DDP's (FSDP2)."""
+    return strategy.shards_params
 
 
 def wrap(model: torch.nn.Module, strategy: Strategy, ctx: RankContext, blocks: list[torch.nn.Module],
@@ -228,13 +234,13 @@ def wrap(model: torch.nn.Module, strategy: Strategy, ctx: RankContext, blocks: l
     torchtitan's order, tensor parallelism first (module names as the workload built them),
     then activation checkpointing, compile and FSDP per block on the data-parallel mesh.
     """
-    if strategy.tp > 1 and strategy.kind == "ddp":
+    if strategy.tp > 1 and not strategy.shards_params:
         raise UsageError(f"--tp {strategy.tp} composes with FSDP (fsdp_full, fsdp_grad_op, "
-                         "hybrid), not DDP")
+                         f"hybrid), not {strategy.kind}")
     if strategy.tp > 1 and tp_plan is None:
         raise UsageError(f"--tp {strategy.tp}: the workload's tp_plan does not split this model "
                          f"{strategy.tp} ways (heads, hidden sizes)")
-    if strategy.kind != "ddp":
+    if strategy.shards_params:
         # the mesh first: tensor parallelism needs it before checkpointing renames the blocks
         return _wrap_fsdp(model, strategy, ctx, blocks, shard_group_size, tp_plan)
     if strategy.recomputes and blocks:

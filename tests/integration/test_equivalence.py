@@ -58,6 +58,15 @@ def test_strategy_matches_one_process(single, tmp_path, strategy, accum):
     assert worst < 1e-4, (worst, single, got)
 
 
+def test_zero1_on_4_ranks_matches_one_process(single, tmp_path):
+    """ZeRO-1 (DDP's all-reduce, each rank stepping a quarter of the parameters and broadcasting
+    them) on 4 ranks x micro-batch 2. On 2 ranks zero1's losses are DDP's bit for bit
+    (tests/integration/test_resume.py, across a restart)."""
+    got = train(tmp_path / "run", gpus=4, strategy="zero1", accum=1)
+    worst = worst_relative(single, got)
+    assert worst < 1e-4, (worst, single, got)
+
+
 @pytest.mark.parametrize("accum", [1, 4])
 def test_hybrid_2x2_matches_one_process(single_16, tmp_path, accum):
     got = train(tmp_path / "run", gpus=4, strategy="hybrid", accum=accum,

@@ -5,6 +5,8 @@ aggregation of several attempts.
   the data order and therefore exactly the losses (fp32) of an uninterrupted run; the same with
   the samples given as an IterableDataset read by two DataLoader workers per rank (the split
   itself is checked against DistributedSampler's in tests/unit/test_stream.py).
+* ZeRO-1 (`--strategy zero1`) restarted the same way: DDP's losses, its optimizer state
+  resumed from each rank's shard.
 * SIGUSR2 to one rank: every rank saves at the same step, stops with status `preempted` and
   exit code 0; the relaunch resumes from that checkpoint, again with the uninterrupted losses.
 * In one process (fast): resume with fp16's GradScaler state, every step beats the heartbeat,
@@ -42,6 +44,7 @@ STEPS, EVERY, FAULT_STEP = 12, 4, 10  # checkpoints at 4 and 8; rank 1 raises in
 # the whole plan is given: nothing to plan, the same run on both sides
 PLAN = ("--gpus", "2", "--steps", str(STEPS), "--strategy", "ddp", "--precision", "fp32",
         "--micro-batch", "4", "--no-calibrate")
+ZERO1_PLAN = tuple("zero1" if a == "ddp" else a for a in PLAN)
 FAULT = str(DATA / "gpt_fault.py")
 SEQ = ("--seq-len", "32")  # workload option (after `--`): cheaper steps, the same model
 
@@ -62,6 +65,10 @@ def restarted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path,
         "stream": (["run", FAULT, *PLAN, "--checkpoint-every", str(EVERY), "--max-restarts", "1",
                     "--num-workers", "2", "--", *SEQ, "--stream", "--fault", "raise",
                     "--fault-step", str(FAULT_STEP), "--fault-attempt", "0"], root / "stream"),
+        # ZeRO-1 (DDP with the optimizer state sharded, runtime.zero), restarted like "fault"
+        "zero1": (["run", FAULT, *ZERO1_PLAN, "--checkpoint-every", str(EVERY), "--max-restarts",
+                   "1", "--", *SEQ, "--fault", "raise", "--fault-step", str(FAULT_STEP),
+                   "--fault-attempt", "0"], root / "zero1"),
     }, root / "tmp", timeout=240)
 
 
@@ -105,6 +112,25 @@ def test_restart_resumes_from_the_last_checkpoint_with_uninterrupted_losses(rest
     assert "attempts: 2; the last resumed from the checkpoint of step 8" in text
     kept = sorted(p.name for p in RunPaths(root=run_dir).checkpoints.iterdir())
     assert kept == ["step-000008", "step-000012"]  # the newest two; 12 = the end of the run
+
+
+@pytest.mark.distributed
+def test_zero1_has_ddps_losses_and_resumes_from_its_optimizer_shards(restarted):
+    """zero1 steps each parameter with DDP's all-reduced gradient and the same AdamW arithmetic,
+    on the rank that owns it: DDP's losses bit for bit, before the fault and after resuming
+    from its step-8 checkpoint (the model through DCP, each rank's optimizer shard from its
+    optim-zero-<rank>.pt)."""
+    ref_dir, run_dir, _ = _restarted_ok(restarted, "ref", "zero1")
+    reference = rank_steps(ref_dir)
+    assert rank_steps(RunPaths(root=run_dir).attempt(0).root)[:8] == reference[:8]
+    for rank in (0, 1):
+        records = rank_records(run_dir, rank)
+        assert next(r for r in records if r["kind"] == "wrap")["strategy"] == "zero1"
+        assert next(r for r in records if r["kind"] == "resume")["step"] == 8
+        assert rank_steps(run_dir, rank) == reference[8:]
+    step8 = RunPaths(root=run_dir).checkpoints / "step-000008"
+    assert sorted(p.name for p in step8.glob("optim-zero-*.pt")) == ["optim-zero-0.pt",
+                                                                     "optim-zero-1.pt"]
 
 
 @pytest.mark.distributed

@@ -14,6 +14,7 @@ from launcher.cli.args import OPTIONS
 from launcher.cli.options import BUILDS
 from launcher.errors import UsageError
 from launcher.knobs import RENAMED, Check, knobs_of, migrate
+from launcher.plan.kernels import KNOBS as KERNEL_KNOBS
 from launcher.request import RunRequest
 from launcher.runspec import LaunchSpec, RunSettings
 
@@ -127,6 +128,9 @@ def test_the_planner_reads_its_overrides_by_attribute_only():
              for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
              if re.search(r"\b(overrides|ov)(\[|\.get\()", line)]
     assert found == []
-    # its fields are the plan's decisions among the knobs, by the knobs' names
+    # its fields are the plan's decisions among the knobs, by the knobs' names, and the kernels
+    # the run calls, which the plan prices (launcher.plan.kernels)
+    kernels = set(KERNEL_KNOBS.values())
+    assert kernels <= set(KNOBS)
     assert {f.name for f in dataclasses.fields(Overrides)} <= {k for k, d in KNOBS.items() if d.planned} | {
-        "compile_mode"}
+        "compile_mode"} | kernels
