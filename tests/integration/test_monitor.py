@@ -213,6 +213,20 @@ def test_sigkilled_rank_gets_a_summary_that_sorts_before_the_ranks_it_took_down(
     assert lines == [f"rank 1: killed: {s1['error']}"]
 
 
+def test_a_rank_dying_while_torchrun_stops_it_is_listed_after_the_root_cause(tmp_path):
+    # rank 1 raised (torchrun's first observed failure); rank 0, sent SIGTERM, aborted in
+    # teardown: its last step predates rank 1's error, but it is not the cause
+    rd = _run_dir(tmp_path)
+    atomic_write_json(RunPaths(root=rd).summary(1), {"status": "failed", "time": 1.5e9,
+                                                     "error": "ValueError: injected"})
+    report = (TORCHRUN_REPORT.replace("-15 (pid: 14282)  (SIGTERM)", "-6 (pid: 14282)  (SIGABRT)")
+              .replace("-9 (pid: 14283)  (SIGKILL)", "1 (pid: 14283)"))
+    write_missing_summaries(rd, 2, expected_steps=8, beats={}, torchrun_log=report)
+    s0 = _summary(rd, 0)
+    assert s0["status"] == "killed" and "SIGABRT (6)" in s0["error"]
+    assert s0["time"] > 1.5e9  # aggregate lists rank 1, the cause, first
+
+
 def test_rank_missing_from_torchruns_report_exited_with_code_0(tmp_path):
     rd = _run_dir(tmp_path)
     report = TORCHRUN_REPORT.replace("rank      : 1 (local_rank: 1)", "rank      : 0 (local_rank: 0)")
