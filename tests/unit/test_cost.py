@@ -431,3 +431,19 @@ def test_published_loader_rejects_an_unsourced_row(tmp_path):
     bad.write_text(text.replace("    where: ", "    wher: ", 1), encoding="utf-8")
     with pytest.raises(ValueError, match="source.url/where"):
         run.load_rows(bad)
+
+
+def test_published_megatron_zero3_rows_agree_with_their_papers_training_time():
+    # Megatron-LM (arXiv 2104.04473) Table 2 gives TFLOP/s per GPU; the rows convert them to
+    # tokens/s/GPU by the paper's own FLOPs per token, and the table's "training time for 300B
+    # tokens (days)" column must follow from the converted rate, within the table's rounding
+    # (whole days, whole TFLOP/s) and the row's (0.1 tokens/s)
+    rows = [r for r in _published_runner().load_rows() if r["id"].startswith("megatron-zero3-")]
+    assert len(rows) == 6 and all(r["split"] == "check" for r in rows)
+    for r in rows:
+        tflops = float(r["derived"].split("= ", 1)[1].split(" TFLOP/s", 1)[0])
+        stated = float(r["derived"].rsplit("Table 2 says ", 1)[1])
+        tokens = r["tokens_per_s_per_gpu"]
+        days = 300e9 / (tokens * r["gpus"]) / 86400
+        assert abs(days - stated) <= 0.5 + days * (0.5 / tflops + 0.05 / tokens), r["id"]
+        assert r["global_batch"] == r["micro_batch"] * r["grad_accum"] * r["gpus"], r["id"]
