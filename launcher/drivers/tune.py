@@ -42,6 +42,7 @@ from launcher.errors import DlaunchError, Refused, UsageError
 from launcher.files import atomic_write_json, open_log_stream, storage
 from launcher.plan.corrections import TrialRecord, compute_ratio
 from launcher.plan.explain import label
+from launcher.plan.kernels import KNOBS as KERNEL_KNOBS
 from launcher.plan.planfile import read_plan
 from launcher.plan.resolve import Planned
 from launcher.plan.types import Candidate, Plan, StepInterval
@@ -63,6 +64,8 @@ UNCERTAINTY = {"cpu": 0.25, "cuda": 0.15}
 MAX_TRIAL_STEPS = 1000
 PLAN_FORMAT = "dlaunch-tuned-plan/1"
 DECISIONS = ("strategy", "precision", "micro_batch", "grad_accum", "checkpointing", "compile")
+# what a plan file may also hold: files written before tensor parallelism and kernels lack them
+FURTHER_DECISIONS = ("tp", *KERNEL_KNOBS.values())
 
 
 def per_sample_s(c: Candidate) -> float:
@@ -95,7 +98,7 @@ def decisions_of(c: Candidate) -> dict[str, Any]:
     s = c.strategy
     return {"strategy": s.kind, "precision": s.precision, "micro_batch": c.micro_batch,
             "grad_accum": c.grad_accum, "checkpointing": s.checkpointing,
-            "compile": s.compile}
+            "compile": s.compile, "tp": s.tp}
 
 
 def trial_name(c: Candidate) -> str:
@@ -268,7 +271,9 @@ def finish(base: LaunchSpec, trials: Sequence[Trial], *, workload: str, workload
         atomic_write_json(path, {
             "format": PLAN_FORMAT, "workload": workload, "workload_args": list(workload_args),
             "device": base.device, "nodes": base.nodes, "gpus": base.gpus,
-            "decisions": decisions_of(best.candidate), "name": best.name,
+            "decisions": {**decisions_of(best.candidate),
+                          **{k: getattr(base, k) for k in KERNEL_KNOBS.values() if getattr(base, k) is not None}},
+            "name": best.name,
             "measured_samples_per_s": best.measured_samples_per_s,
             "predicted_step_s": best.candidate.time.step_time_s, "trials": len(trials),
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds")})
@@ -300,7 +305,7 @@ def read_plan_file(path: str) -> dict[str, Any]:
         found = dict(data["decisions"])
     elif isinstance(data, Mapping) and isinstance(data.get("plan"), Mapping) and "chosen" in data["plan"]:
         try:
-            found = {k: getattr(read_plan(data), k) for k in DECISIONS}
+            found = {k: getattr(read_plan(data), k) for k in (*DECISIONS, *FURTHER_DECISIONS)}
         except (KeyError, TypeError, ValueError) as e:
             raise UsageError(f"--plan {path}: a malformed plan.json ({type(e).__name__}: {e})") from None
     else:
@@ -309,4 +314,5 @@ def read_plan_file(path: str) -> dict[str, Any]:
     if missing:
         raise UsageError(f"--plan {path}: no {', '.join(missing)} in it")
     # a plan file written before the checkpointing modes holds a bool (true: every block)
-    return {k: checkpointing_mode(found[k]) if k == "checkpointing" else found[k] for k in DECISIONS}
+    return {**{k: checkpointing_mode(found[k]) if k == "checkpointing" else found[k] for k in DECISIONS},
+            **{k: found[k] for k in FURTHER_DECISIONS if found.get(k) is not None}}

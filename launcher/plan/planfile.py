@@ -37,6 +37,12 @@ class PlanFile:
     world_size: int | None = None
     checkpointing: str | None = None
     compile: bool | None = None
+    tp: int | None = None
+    # the kernels the plan was told (`--attention-kernel`, ...): a run that follows the plan
+    # prices and records them again; detected and declared ones it finds again by itself
+    attention_kernel: str | None = None
+    loss_kernel: str | None = None
+    norm_kernel: str | None = None
     units_per_s: float | None = None
     interval: tuple[float, float, float] | None = None  # (low_s, high_s, coverage)
     sample_units: str | None = None  # the profile's, None without one
@@ -64,13 +70,15 @@ def read_plan(data: Mapping[str, Any]) -> PlanFile:
     # the strategy's fields flat, in today's names (`knobs.migrate`: older files' spellings)
     chosen = migrate({**plan["chosen"], "strategy": {"kind": None, **(plan["chosen"].get("strategy") or {})}})
     time, memory = chosen.get("time"), chosen.get("memory")
+    given = {f"{role}_kernel": k["kernel"] for role, k in (plan.get("kernels") or {}).items()
+             if isinstance(k, Mapping) and k.get("source") == "given"}
     return PlanFile(
         time=None if time is None else StepTimeEstimate(**time),
         memory=None if memory is None else MemoryEstimate(**memory),
         strategy=chosen["strategy"], precision=chosen.get("precision"),
         micro_batch=chosen.get("micro_batch"), grad_accum=chosen.get("grad_accum"),
         world_size=plan.get("world_size"), compile=chosen.get("compile"),
-        checkpointing=chosen.get("checkpointing"),
+        checkpointing=chosen.get("checkpointing"), tp=chosen.get("tp"), **given,
         units_per_s=None if plan.get("units_per_s") is None else float(plan["units_per_s"]),
         interval=_interval(plan.get("step_interval")), sample_units=profile.get("sample_units"),
         units_per_sample=int(profile.get("units_per_sample", 1)))

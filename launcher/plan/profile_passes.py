@@ -119,7 +119,10 @@ def _flash_like_sdpa() -> Any:
         attention_flops = 0
         # what the math path would save beyond this, where attention has dropout
         math_attention_bytes = 0
-        called: set[str] = set()  # of WATCHED_FUNCTIONS, those called (plan.kernels)
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.called: set[str] = set()  # of WATCHED_FUNCTIONS, those called (plan.kernels)
 
         def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             if func in watched:

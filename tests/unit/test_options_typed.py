@@ -148,3 +148,10 @@ def test_a_plan_file_fills_the_decisions_the_flags_left_open(tmp_path: Path, mon
     assert (given.strategy, given.precision, given.micro_batch, given.grad_accum) == ("fsdp_full", "bf16", 8, 2)
     # a plan file from before the checkpointing modes: true is every block
     assert given.checkpointing == "full" and given.compile is False
+    # tensor parallelism and the kernels it was planned with travel too, a flag beside them wins
+    plan.write_text('{"decisions": {"strategy": "fsdp_full", "precision": "bf16", "micro_batch": 4, '
+                    '"grad_accum": 2, "checkpointing": "none", "compile": false, "tp": 2, '
+                    '"attention_kernel": "fa2", "loss_kernel": "fused"}}')
+    opts = load(RunOptions, build_parser().parse_args(["run", "w.py", "--plan", str(plan), "--loss-kernel", "eager"]))
+    given = opts.settings
+    assert (given.tp, given.attention_kernel, given.loss_kernel, given.norm_kernel) == (2, "fa2", "eager", None)

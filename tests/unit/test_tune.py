@@ -120,7 +120,15 @@ def test_plan_files_tuned_or_from_a_run_dir_and_bad_ones(tmp_path: Path):
     run_plan = tmp_path / "plan.json"
     run_plan.write_text(json.dumps({"plan": plan_of(cand("fsdp_full", ckpt=True)).to_dict()}))
     assert read_plan_file(str(run_plan)) == {"strategy": "fsdp_full", "precision": "fp32", "micro_batch": 8,
-                                             "grad_accum": 1, "checkpointing": "full", "compile": False}
+                                             "grad_accum": 1, "checkpointing": "full", "compile": False, "tp": 1}
+    # the kernels the plan was told travel with it (a run following it prices them again); the
+    # ones it detected or defaulted to do not: the run finds them again
+    told = plan_of(cand("fsdp_full", ckpt=True)).to_dict()
+    told["kernels"] = {"attention": {"kernel": "fa2", "source": "given"},
+                       "loss": {"kernel": "eager", "source": "detected"}}
+    run_plan.write_text(json.dumps({"plan": told}))
+    decided = read_plan_file(str(run_plan))
+    assert decided["attention_kernel"] == "fa2" and "loss_kernel" not in decided
     bad = tmp_path / "bad.json"
     bad.write_text('{"decisions": {"strategy": "ddp"}}')
     with pytest.raises(UsageError, match="no precision, micro_batch"):
