@@ -34,8 +34,11 @@ WORK=${ACCEPT_WORK:-$(mktemp -d "${TMPDIR:-/tmp}/dlaunch-accept.XXXXXX")}
 mkdir -p "$OUTDIR" "$WORK"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
-# the profile and probe caches start empty: the run measures what a new user gets
-export DLAUNCH_CACHE_DIR="$WORK/cache"
+# on a GPU the profile and probe caches start empty: the run measures what a new user gets; the
+# CPU dry mode checks the plumbing and keeps the cache dlaunch uses by default (a suite's, warm)
+if [ "$MODE" = gpu ]; then
+  export DLAUNCH_CACHE_DIR="$WORK/cache"
+fi
 LOG="$OUTDIR/log.txt"
 : >"$LOG"
 
