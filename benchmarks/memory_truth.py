@@ -1,7 +1,7 @@
 """The memory model against real training steps: the plan's per-rank estimate (params + grads +
 optimizer + activations + FSDP's unsharded units, `plan.memory.estimate_memory`, as `dlaunch
 plan` calls it) against the measured peak of live tensor bytes, for each strategy the runtime
-builds (DDP, ZeRO-1 and FSDP2 on two ranks, FSDP2 on one, full activation checkpointing, bf16,
+builds (DDP, ZeRO-1 on two and four ranks, FSDP2 on two ranks, FSDP2 on one, full activation checkpointing, bf16,
 torch.compile)
 on gpt tiny, a Hugging Face GPT-2 (workloads/hf_causal_lm.py, `tiny-gpt2`) and ResNet.
 
@@ -75,13 +75,13 @@ MODELS = [Model(label="gpt tiny", file="gpt.py", micro_batch=8),
 
 def strategy_cases(models: list[Model]) -> list[Case]:
     """Every strategy the issue names, for each model: DDP fp32, bf16 autocast, full
-    checkpointing, compile; ZeRO-1 on two ranks, fp32 and bf16 autocast; FSDP full on one and
+    checkpointing, compile; ZeRO-1 on two ranks, fp32 and bf16 autocast, and on four in fp32; FSDP full on one and
     two ranks, with its bf16 parameter policy, checkpointing and compile."""
     out: list[Case] = []
     for m in models:
         out += [Case(model=m), Case(model=m, precision="bf16"), Case(model=m, checkpointing=True),
                 Case(model=m, precision="bf16", checkpointing=True), Case(model=m, compile=True),
-                Case(model=m, kind="zero1", world=2),
+                Case(model=m, kind="zero1", world=2), Case(model=m, kind="zero1", world=4),
                 Case(model=m, kind="zero1", precision="bf16", world=2),
                 Case(model=m, kind="fsdp_full"), Case(model=m, kind="fsdp_full", world=2),
                 Case(model=m, kind="fsdp_full", precision="bf16", world=2),
