@@ -93,17 +93,26 @@ def residuals_for(*, on_gpu: bool, seq_len: int | None) -> Residuals:
     return band
 
 
-def step_interval(step_time_s: float, *, on_gpu: bool, seq_len: int | None,
-                  world_size: int = 1) -> StepInterval:
-    """The 80% interval around `step_time_s` for a plan on GPUs (`on_gpu`) or CPUs."""
+def step_interval(step_time_s: float, *, on_gpu: bool, seq_len: int | None, world_size: int = 1,
+                  kernel_spread: tuple[float, float, str] = (1.0, 1.0, "")) -> StepInterval:
+    """The 80% interval around `step_time_s` for a plan on GPUs (`on_gpu`) or CPUs.
+
+    `kernel_spread`: (low, high, note) of `kernels.assumed_spread`; the residuals come from runs
+    whose kernels were known, so a kernel the plan assumed widens the interval by how far the
+    other kernels it could be move the step time."""
     if not step_time_s > 0 or not math.isfinite(step_time_s):
         raise PlanError(f"a step time must be positive and finite; got {step_time_s!r}")
+    if not 0 < kernel_spread[0] <= 1 <= kernel_spread[1]:
+        raise PlanError(f"a kernel spread needs 0 < low <= 1 <= high; got {kernel_spread[:2]!r}")
     res = residuals_for(on_gpu=on_gpu, seq_len=seq_len)
     low, high, basis = res.low_ratio, res.high_ratio, res.basis
     if on_gpu and world_size > MAX_PUBLISHED_GPUS:
         widen = min(0.5, SCALE_WIDEN * math.log2(world_size / MAX_PUBLISHED_GPUS))
         low, high = low * (1 - widen), high * (1 + widen)
         basis += f"; widened {widen:.0%} each side beyond {MAX_PUBLISHED_GPUS} GPUs (assumed)"
+    if kernel_spread[2]:
+        low, high = low * kernel_spread[0], high * kernel_spread[1]
+        basis += f"; widened for the kernels assumed: {kernel_spread[2]}"
     return StepInterval(step_time_s=step_time_s, low_s=step_time_s * low,
                         high_s=step_time_s * high, coverage=COVERAGE, basis=basis)
 

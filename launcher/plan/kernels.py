@@ -23,7 +23,7 @@ Pure: no torch, no I/O; imports only the foundation and plan.types.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from launcher.errors import WorkloadError
@@ -125,6 +125,27 @@ def with_kernels(profile: ModelProfile, kernels: Mapping[str, PricedKernel]) -> 
     """The profile priced with `kernels` (role -> PricedKernel)."""
     fields: dict[str, Any] = {KNOBS[role]: k.kernel for role, k in kernels.items()}
     return dataclasses.replace(profile, **fields)
+
+
+def assumed_spread(kernels: Mapping[str, PricedKernel],
+                   step_s: Callable[[Mapping[str, PricedKernel]], float]) -> tuple[float, float, str]:
+    """How far the step time moves if a kernel the plan assumed (source "default": neither told,
+    declared nor seen) is another one it prices: (lowest, highest) ratio of `step_s` under the
+    alternatives to `step_s(kernels)`, the roles' effects multiplied, and a note naming them
+    ("" when nothing was assumed). A known kernel moves nothing: its interval stays the model's."""
+    base = step_s(kernels)
+    low, high, notes = 1.0, 1.0, []
+    for role, k in kernels.items():
+        if k.source != "default":
+            continue
+        ratios = {alt: step_s({**kernels, role: PricedKernel(kernel=alt, source="default")}) / base
+                  for alt in ROLES[role] if alt != k.kernel}
+        if all(abs(r - 1) < 1e-9 for r in ratios.values()):
+            continue  # the model has no such work (no attention in an MLP): nothing assumed matters
+        low, high = low * min(1.0, *ratios.values()), high * max(1.0, *ratios.values())
+        notes.append(f"{role} {k.kernel} assumed (" + ", ".join(f"{alt} {r:.2f}x" for alt, r in ratios.items())
+                     + ")")
+    return low, high, "; ".join(notes)
 
 
 def describe(kernels: Mapping[str, PricedKernel]) -> str:

@@ -32,9 +32,10 @@ from launcher.plan.candidates import (
 )
 from launcher.plan.compile_choice import decide
 from launcher.plan.compile_probe import CompileCheck
+from launcher.plan.cost import step_time
 from launcher.plan.explain import label, per_device, reasons, rejected, too_big
 from launcher.plan.interval import step_interval
-from launcher.plan.kernels import priced, with_kernels
+from launcher.plan.kernels import assumed_spread, priced, with_kernels
 from launcher.plan.memory import fmt_gib, usable_mem_bytes
 from launcher.plan.step_probe import WorkloadTiming
 from launcher.plan.types import Overrides, Plan
@@ -133,6 +134,10 @@ def plan(profile: ModelProfile, topology: Topology, goal: Goal, *,
     # with TP, tp ranks share each sample: samples per step = mb x accum x world / tp
     global_batch = chosen.micro_batch * chosen.grad_accum * dp_ranks(chosen, n)
     t = chosen.time
+    on_gpu = topology.device == "cuda"
+    spread = assumed_spread(kernels, lambda ks: step_time(
+        with_kernels(profile, ks), chosen.strategy, topology, chosen.micro_batch, chosen.grad_accum,
+        timing=timing).step_time_s) if on_gpu else (1.0, 1.0, "")
     result = Plan(chosen=chosen, world_size=n, num_nodes=topology.num_nodes,
                   global_batch=global_batch, units_per_s=units_per_s(chosen, n, profile),
                   # weak scaling vs one device doing the same per-rank work with no communication
@@ -141,7 +146,7 @@ def plan(profile: ModelProfile, topology: Topology, goal: Goal, *,
                   rejected=tuple(rejected(chosen, cands, goal, topology, profile, usable)),
                   usable_mem_bytes=usable, compile=compiled, kernels=kernels,
                   step_interval=step_interval(
-                      t.step_time_s, on_gpu=topology.device == "cuda", world_size=n,
+                      t.step_time_s, on_gpu=on_gpu, world_size=n, kernel_spread=spread,
                       seq_len=profile.units_per_sample if profile.sample_units == "tokens" else None))
     logger.debug("plan %s on %s: %s (%d candidates)", profile.name, topology.name,
                  label(chosen), len(cands))

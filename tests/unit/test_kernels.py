@@ -6,6 +6,7 @@ and the text plan say which."""
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 from pathlib import Path
 
@@ -286,3 +287,23 @@ def test_an_unknown_kernel_flag_or_table_entry_is_exit_2_and_one_line(dlaunch, t
     bad = lm(tmp_path, 'KERNELS = {"norm": "apex"}')
     assert_one_line_error(dlaunch("plan", str(bad), "--topology", H100),
                           "unknown norm kernel 'apex'; dlaunch prices eager, low-precision")
+
+
+def test_an_assumed_kernel_widens_the_interval_by_what_the_others_would_cost(tmp_path):
+    # the residuals behind the interval come from runs whose kernels were known: a kernel the
+    # plan only assumed widens it to cover the other kernels it prices, a known one does not
+    got = profiled_workload(load_workload(lm(tmp_path)))
+    topo, goal = load_topology(H100), Goal(seq_len=8192)
+    known = plan(got.profile, topo, goal, kernel_sources=got.kernel_sources).step_interval
+    assumed = plan(got.profile, topo, goal, kernel_sources={"loss": "detected", "norm": "detected"}).step_interval
+    assert known is not None and assumed is not None and known.step_time_s == assumed.step_time_s
+    assert "assumed" not in known.basis
+    note = re.search(r"widened for the kernels assumed: attention sdpa assumed \(fa2 ([\d.]+)x, triton-fa ([\d.]+)x\)",
+                     assumed.basis)
+    assert note, assumed.basis
+    # each end moves by the alternatives' extreme ratio to the priced kernel (capped at 1: an
+    # end no alternative passes stays where the residuals put it)
+    ratios = [float(note.group(1)), float(note.group(2))]
+    assert max(ratios) > 1.05  # on an H100 at 8k tokens the kernel matters
+    assert assumed.low_s / known.low_s == pytest.approx(min(1.0, *ratios), abs=0.006)
+    assert assumed.high_s / known.high_s == pytest.approx(max(1.0, *ratios), abs=0.006)
