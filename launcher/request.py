@@ -123,6 +123,19 @@ def follow_plan(request: RunRequest, *, topology: str | None = None) -> RunReque
     return request.with_plan(_planned(request, topology))
 
 
+def point_plan(request: RunRequest, spec: LaunchSpec, *, topology: str | None = None) -> Planned | None:
+    """The prediction for one point of a sweep of `request`: the plan at the point's shape with
+    every decision the point runs given; None where the sweep was not planned (a plain script,
+    SLURM nodes without a topology) or the point's plan cannot be made."""
+    if request.planned is None:
+        return None
+    point = dataclasses.replace(
+        request, planned=None, plan_note=None, gpus=spec.gpus, nodes=spec.nodes, global_batch=None,
+        **{k: getattr(spec, k) for k in ("micro_batch", "grad_accum", "strategy", "precision",
+                                         "checkpointing", "compile", "tp")})
+    return follow_plan(point, topology=topology).planned
+
+
 def _planned(request: RunRequest, topology: str | None) -> Planned:
     """The plan of `request` with its given decisions as the planner's overrides."""
     topo = resolve_topology(topology=topology, gpus=request.gpus, nodes=request.nodes)

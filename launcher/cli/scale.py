@@ -14,7 +14,7 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from launcher.cli.options import ScaleOptions, load
 from launcher.cli.prepare import build_request
@@ -25,8 +25,12 @@ from launcher.drivers.sweep import Sweep, default_sweep_dir, run_sweep
 from launcher.drivers.sweepdir import refuse_foreign
 from launcher.hardware.detect import detect_topology
 from launcher.hardware.topology import load_topology, topology_to_dict
+from launcher.plan.planfile import write_plan
 from launcher.report.render import render_report
 from launcher.report.types import ScalingReport
+from launcher.request import point_plan
+from launcher.results.types import RunResult
+from launcher.runspec import LaunchSpec
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +68,17 @@ def cmd_scale(args: argparse.Namespace, workload_args: list[str]) -> int:
     # a sweep on other nodes (SLURM) describes them only through --topology (or slurm.topology
     # in dlaunch.yaml): never by detecting the login node it is started from
     topology = _topology_dict(opts.topology, request.device) if opts.topology or place.here else None
-    result = run_sweep(sweep, sweep_dir=sweep_dir, run=Runner(backend=backend, placement=place),
-                       force=opts.force, topology=topology, progress=sys.stderr)
+    runner = Runner(backend=backend, placement=place)
+
+    def run_point(spec: LaunchSpec, out: IO[str]) -> RunResult:
+        # one prediction per point, the plan at its shape: its summary and the report read it
+        planned = point_plan(request, spec, topology=place.topology)
+        if planned is not None:
+            write_plan(spec.run_dir, planned)
+        return runner(spec, out)
+
+    result = run_sweep(sweep, sweep_dir=sweep_dir, run=run_point, force=opts.force, topology=topology,
+                       progress=sys.stderr)
     files: list[Path] = []
     report: ScalingReport | None = None
     if not opts.no_report and any(p.status == "ok" for p in result.points):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,15 @@ def test_real_sweep_then_resume_runs_only_the_missing_point(dlaunch, tmp_path):
     assert numbers["points"][1]["busbw_gb_s"] > 0
     assert "report: " in done.out and "efficiency" in done.out
     assert "2/2 points" in done.err  # the progress bar
+    # one prediction per point: the plan at its shape, kept beside it, is what its summary and
+    # the report show; the plan line of the sweep is the largest point's
+    for row, name in zip(numbers["rows"], ("ws1-r0", "ws2-r0")):
+        planned = read_json(sweep / name / "plan.json")["plan"]
+        assert planned["world_size"] == row["world_size"]
+        assert row["predicted_step_time_s"] == pytest.approx(planned["step_interval"]["step_time_s"])
+    assert "prediction: not available" not in done.out and done.out.count("prediction vs measured (plan.json)") == 2
+    headline = re.search(r"predicted ([\d.]+) s/step", done.err)
+    assert headline and float(headline.group(1)) == pytest.approx(numbers["rows"][1]["predicted_step_time_s"], rel=0.01)
 
     # interrupted while the second point ran: its directory is half done (no result.json)
     first = paths.point("ws1-r0").result.stat().st_mtime_ns
