@@ -27,7 +27,7 @@ from types import FrameType
 from launcher.runspec import LaunchSpec
 from launcher.runtime.context import from_env, init_distributed, shutdown_distributed, watch_parent
 from launcher.runtime.preemption import stop_requested
-from launcher.runtime.recorder import RankRecorder
+from launcher.runtime.recorder import RankRecorder, error_line
 from launcher.workload import load_workload
 
 
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("DLAUNCH_DEBUG"):
             traceback.print_exc()
         else:
-            print(f"rank {ctx.rank} {status}: {type(e).__name__}: {e}", file=sys.stderr)
+            print(f"rank {ctx.rank} {status}: {error_line(e)}", file=sys.stderr)
         return 1 if not isinstance(e, SystemExit) else int(e.code or 1)
     finally:
         # the summary is written: a SIGTERM from now on (torchrun stopping the job) need not

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
+from launcher.errors import WorkloadError
 from launcher.runspec import LaunchSpec
 from launcher.runtime.context import RankContext
 from launcher.runtime.resume import SkipSampler
@@ -74,6 +75,10 @@ def fetch(batches: Iterator[Any], accum: int, device: torch.device,
     the loader alone (a copy to the device that blocks is the device's time, not the data's),
     the part the step waited for (`Clock.exposed_wait`: on CUDA, 0 while the device is busy)."""
     fetch_start = time.perf_counter()
-    fetched = [next(batches) for _ in range(accum)]
+    try:
+        fetched = [next(batches) for _ in range(accum)]
+    except StopIteration:  # bare, it would name nothing
+        raise WorkloadError("the workload's data ran dry: its dataset or stream ended before the run's last "
+                            "step; give it more samples (or repeat the stream), or run fewer --steps") from None
     data_wait = clock.exposed_wait(time.perf_counter() - fetch_start)
     return [to_device(b, device) for b in fetched], data_wait

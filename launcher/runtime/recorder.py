@@ -39,10 +39,12 @@ Never imports cli, backends, jobs or report, nor torch: plain scripts use it thr
 
 from __future__ import annotations
 
+import errno
 import faulthandler
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import threading
@@ -214,11 +216,46 @@ class RankRecorder:
         summary: dict[str, Any] = {"rank": self.rank, "status": status, "steps": self.steps_done,
                                    "time": now, **(extra or {})}
         if error is not None:
-            summary["error"] = f"{type(error).__name__}: {error}".strip()
+            summary["error"] = error_line(error)
             summary["traceback"] = "".join(tb.format_exception(error))
         append_lines(self.path, [{"kind": "end", "time": now, "steps": self.steps_done,
                                   "status": status, "host_load": host_load(), **self._run_id}])
         atomic_write_json(self._paths.summary(self.rank), summary)
+
+
+# what the disk said, wherever a write failed: no space, no quota, a read-only file system
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+_WORKER = re.compile(r"Caught \w+ in DataLoader worker process (\d+)")
+
+
+def _disk_error(e: BaseException, seen: int = 0) -> OSError | None:
+    """The disk's OSError behind `e`: itself, its cause or context, or a rank's failure inside a
+    distributed checkpoint's exception (`failures`: rank -> (exception, stack))."""
+    if isinstance(e, OSError) and e.errno in _DISK_FULL:
+        return e
+    inner = [x[0] if isinstance(x, tuple) else x for x in (getattr(e, "failures", None) or {}).values()]
+    for nested in (e.__cause__, e.__context__, *inner):
+        if isinstance(nested, BaseException) and seen < 8:
+            found = _disk_error(nested, seen + 1)
+            if found is not None:
+                return found
+    return None
+
+
+def error_line(e: BaseException) -> str:
+    """The one line that names a rank's failure, its cause first: the disk's error wherever a
+    write failed (a checkpoint's first line names only the ranks), a DataLoader worker's own
+    exception (torch's first line names only the worker)."""
+    disk = _disk_error(e)
+    if disk is not None:
+        where = f" writing {disk.filename}" if disk.filename else ""
+        return (f"{errno.errorcode.get(disk.errno or 0, 'OSError')}: {os.strerror(disk.errno or 0)}{where}"
+                + ("" if disk is e else f" (raised as {type(e).__name__})"))
+    text = str(e).strip()
+    worker = _WORKER.match(text)
+    if worker:
+        return f"{text.splitlines()[-1].strip()} (in DataLoader worker process {worker.group(1)})"
+    return f"{type(e).__name__}: {text}".strip()
 
 
 def host_load(proc: Path = Path("/proc")) -> dict[str, Any]:
