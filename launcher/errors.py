@@ -9,6 +9,10 @@ Every module imports it, so it never imports any other part of dlaunch.
 
 from __future__ import annotations
 
+import contextlib
+import signal
+from collections.abc import Iterator
+
 
 class DlaunchError(Exception):
     """Base class: a problem the user can fix; printed as one line, exit code 2."""
@@ -57,3 +61,34 @@ class StorageError(DlaunchError):
 
 class RunDirError(DlaunchError):
     """A run directory's launch.json or result.json is not what dlaunch writes."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """A SIGTERM or SIGHUP to dlaunch, raised where Ctrl-C's KeyboardInterrupt would be (the
+    CLI installs the handlers), so that every `finally`, `with` and `except KeyboardInterrupt`
+    that cleans up after Ctrl-C (a probe's child ended, its temp dir removed) does so after
+    these too. Not a DlaunchError: an `except Exception` (a probe that fails is "planning
+    without it") must not swallow it. Exits 128 + the signal, as an interrupted run does."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+        self.doing = ""  # what dlaunch was doing (`stopped_while`), the innermost
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+    def line(self) -> str:
+        """'stopped by SIGTERM while planning'."""
+        return f"stopped by {signal.Signals(self.signum).name}" + (f" while {self.doing}" if self.doing else "")
+
+
+@contextlib.contextmanager
+def stopped_while(doing: str) -> Iterator[None]:
+    """Name what the body does in the line of an `Interrupted` raised inside it."""
+    try:
+        yield
+    except Interrupted as e:
+        e.doing = e.doing or doing
+        raise

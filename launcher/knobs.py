@@ -7,8 +7,9 @@ options, the plan's fallbacks, LaunchSpec and launch.json, so a knob keeps one n
 to the JSON (`--grad-accum`, `grad_accum`). A check is written once: argparse parses with it (the
 message names the flag), the settings validate with it (the message names the field in
 backticks, which the CLI turns into the flag). The CLI's other numeric options (plan goals, SLURM
-minutes, the doctor's threshold) use the same checks. `migrate` reads the names launch.json used
-before. Imports only launcher.errors.
+minutes, the doctor's threshold) use the same checks. Every number has an upper bound far above
+any real run (`high`): past it a value is a typo, and would overflow or plan absurd counts deep
+in a rank. `migrate` reads the names launch.json used before. Imports only launcher.errors.
 """
 
 from __future__ import annotations
@@ -43,6 +44,14 @@ class Check:
         what = "an integer" if self.kind is int else "a finite number"
         return what if self.low is None else f"{what} {'>=' if self.inclusive else '>'} {self.low:g}"
 
+    def bound(self) -> str:
+        """The upper bound as a person reads it ('1,000,000,000', '1e+18'); '' without one."""
+        if self.high is None:
+            return ""
+        if self.high < 1e12 and float(self.high).is_integer():
+            return f"{int(self.high):,}"
+        return f"{self.high:g}".replace("e+", "e")
+
     def ok(self, value: Any) -> bool:
         """Whether `value` passes (a bool is no number here)."""
         if isinstance(value, bool) or not isinstance(value, int | float):
@@ -53,35 +62,78 @@ class Check:
             return False
         return self.low is None or value > self.low or (self.inclusive and value == self.low)
 
-    def validate(self, name: str, value: Any) -> None:
-        """UsageError naming `name` unless `value` passes."""
-        if not self.ok(value):
-            shown = f"{value:g}" if isinstance(value, float) else repr(value) if isinstance(value, str) else value
-            raise UsageError(f"{name} must be {self.describe()}, got {shown}")
+    def validate(self, name: str, value: Any, *, given: str | None = None) -> None:
+        """UsageError naming `name` unless `value` passes; `given` is the text it was parsed
+        from, shown as typed (`-1e12`, not `-1e+12`)."""
+        if self.ok(value):
+            return
+        shown = given if given is not None else (
+            f"{value:g}" if isinstance(value, float) else repr(value) if isinstance(value, str) else value)
+        # above the bound (and otherwise good): say the bound, the one thing to fix; a phrase
+        # words the whole range itself ('a fraction in (0, 1]')
+        if (not self.phrase and self.high is not None and not isinstance(value, bool)
+                and isinstance(value, int | float)
+                and (self.kind is not int or isinstance(value, int)) and math.isfinite(value)
+                and value > self.high):
+            raise UsageError(f"{name} must be at most {self.bound()} (no real run needs more), got {shown}")
+        raise UsageError(f"{name} must be {self.describe()}, got {shown}")
 
     def parser(self, flag: str) -> Callable[[str], Any]:
-        """An argparse `type` that converts and checks, naming `flag` when it refuses."""
+        """An argparse `type` that converts and checks, naming `flag` when it refuses. An
+        integer may be written as a whole number in scientific notation (`--global-batch 1e6`),
+        as people write counts."""
 
         def parse(text: str) -> Any:
             try:
                 value = self.kind(text)
             except ValueError:
-                raise UsageError(f"{flag} must be {self.describe()}, got {text!r}") from None
-            self.validate(flag, value)
+                value = _whole(text) if self.kind is int else None
+                if value is None:
+                    raise UsageError(f"{flag} must be {self.describe()}, got {text!r}") from None
+            self.validate(flag, value, given=text)
             return value
 
         return parse
 
 
-def at_least(low: int) -> Check:
-    """An integer >= `low`."""
-    return Check(low=low)
+def _whole(text: str) -> int | None:
+    """The integer `text` writes in float notation ('1e7', '2.0'), or None (not a whole number)."""
+    try:
+        x = float(text)
+    except ValueError:
+        return None
+    return int(x) if math.isfinite(x) and x.is_integer() else None
 
 
-NUMBER = Check(kind=float)  # any finite number: a knob whose range is a rule of its own
-NON_NEGATIVE = Check(kind=float, low=0.0)
-POSITIVE = Check(kind=float, low=0.0, inclusive=False)
-MINUTES = Check(kind=float, low=0.0, inclusive=False, phrase="a number of minutes > 0")
+def at_least(low: int, high: int) -> Check:
+    """An integer from `low` to `high`."""
+    return Check(low=low, high=high)
+
+
+def positive(high: float) -> Check:
+    """A finite number > 0, at most `high`."""
+    return Check(kind=float, low=0.0, inclusive=False, high=high)
+
+
+def non_negative(high: float) -> Check:
+    """A finite number >= 0, at most `high`."""
+    return Check(kind=float, low=0.0, high=high)
+
+
+def number(high: float) -> Check:
+    """A finite number at most `high`: a knob whose range is a rule of its own."""
+    return Check(kind=float, high=high)
+
+
+# the bounds a real run never reaches: 10^9 steps is 30 years at 1 s/step; 10^6 samples per
+# rank per forward pass is 100x the largest micro-batch of a tiny model that fits a GPU; a global
+# batch of 10^9 samples is 1,000x the largest in use
+MAX_STEPS = 10**9
+MAX_SAMPLES = 10**6
+MAX_GLOBAL_BATCH = 10**9
+MAX_MINUTES = 525_600.0  # a year: a SLURM time limit or a tune budget beyond it is a typo
+MINUTES = Check(kind=float, low=0.0, inclusive=False, high=MAX_MINUTES,
+                phrase=f"a number of minutes > 0, at most {MAX_MINUTES:,.0f} (a year)")
 FRACTION = Check(kind=float, low=0.0, inclusive=False, high=1.0, phrase="a fraction in (0, 1], e.g. 0.8")
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.errors import PlanError, UsageError, WorkloadError
-from launcher.knobs import at_least
+from launcher.knobs import MAX_GLOBAL_BATCH, at_least
 from launcher.plan.explain import label
 from launcher.plan.kernels import given as given_kernels
 from launcher.plan.resolve import Planned, plan_workload, resolve_topology
@@ -48,7 +48,7 @@ class RunRequest(RunSettings):
         super().__post_init__()
         check(self.device in DEVICES, UsageError, f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
         if self.global_batch is not None:
-            at_least(1).validate("`global_batch`", self.global_batch)
+            at_least(1, MAX_GLOBAL_BATCH).validate("`global_batch`", self.global_batch)
         check(self.tp is None or self.tp == 1 or (not self.is_script and self.gpus % self.tp == 0),
               UsageError, f"`tp` {self.tp} splits each block over ranks of one node under FSDP: it "
                           f"needs a workload (not a plain script), a strategy other than ddp and a "

@@ -17,7 +17,18 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from launcher.errors import UsageError
-from launcher.knobs import NON_NEGATIVE, NUMBER, at_least, knob, knobs_of, migrate, validate_knobs
+from launcher.knobs import (
+    MAX_GLOBAL_BATCH,
+    MAX_SAMPLES,
+    MAX_STEPS,
+    at_least,
+    knob,
+    knobs_of,
+    migrate,
+    non_negative,
+    number,
+    validate_knobs,
+)
 from launcher.specs import (
     ATTENTION_KERNELS,
     CHECKPOINTING,
@@ -37,6 +48,10 @@ from launcher.specs import (
 )
 
 _PLANS = " (default: the plan's)"
+# the largest machine a topology may describe (launcher.hardware.topology's MAX_DEVICES_PER_NODE
+# and MAX_NODES; tests/unit/test_knobs.py checks they agree): past them, a typo
+MAX_GPUS = 4096
+MAX_NODES = 100_000
 # the kernel knobs: what the run calls, for the plan's price (launcher.plan.kernels)
 _KERNEL = (" (the plan prices it; default: the workload's KERNELS table, else what the profile "
            "sees the model call, else {})")
@@ -50,15 +65,17 @@ class RunSettings:
     here, when the settings are made, before anything is planned or written."""
 
     gpus: int = knob(1, "--gpus", "processes per node: GPUs, or CPU processes when there is no GPU",
-                     unit="processes", check=at_least(1))
-    nodes: int = knob(1, "--nodes", "nodes (default 1)", unit="nodes", check=at_least(1))
-    steps: int = knob(20, "--steps", "optimizer steps", unit="steps", check=at_least(1))
+                     unit="processes", check=at_least(1, MAX_GPUS))
+    nodes: int = knob(1, "--nodes", "nodes (default 1)", unit="nodes", check=at_least(1, MAX_NODES))
+    steps: int = knob(20, "--steps", "optimizer steps", unit="steps", check=at_least(1, MAX_STEPS))
     warmup_steps: int | None = knob(None, "--warmup-steps", "steps left out of throughput (default: "
-                                    "min(3, steps - 1))", unit="steps", check=at_least(0))
+                                    "min(3, steps - 1))", unit="steps", check=at_least(0, MAX_STEPS))
     micro_batch: int | None = knob(None, "--micro-batch", "samples per rank per forward pass" + _PLANS,
-                                   unit="samples", check=at_least(1), planned=True, fallback=8)
+                                   unit="samples", check=at_least(1, MAX_SAMPLES), planned=True,
+                                   fallback=8)
     grad_accum: int | None = knob(None, "--grad-accum", "micro-batches per optimizer step" + _PLANS,
-                                  unit="micro-batches", check=at_least(1), planned=True, fallback=1)
+                                  unit="micro-batches", check=at_least(1, MAX_GLOBAL_BATCH),
+                                  planned=True, fallback=1)  # the plan's reach: the global batch's bound
     strategy: str | None = knob(None, "--strategy", "how the ranks share the model: ddp, zero1, "
                                 "fsdp_full, fsdp_grad_op or hybrid" + _PLANS, choices=STRATEGIES, planned=True,
                                 fallback="ddp")
@@ -80,7 +97,7 @@ class RunSettings:
     tp: int | None = knob(None, "--tp", "tensor-parallel degree: ranks of one node that split every "
                           "block's matmuls (DTensor, sequence parallel), FSDP sharding over the rest; "
                           "needs the workload's tp_plan(model, tp) (default: the plan's; 1 on CPUs)",
-                          unit="ranks", check=at_least(1), planned=True, fallback=1)
+                          unit="ranks", check=at_least(1, MAX_GPUS), planned=True, fallback=1)
     attention_kernel: str | None = knob(
         None, "--attention-kernel", "the attention kernel the model calls: sdpa (PyTorch's "
         "scaled_dot_product_attention), fa2 (the flash-attn package), triton-fa (Triton "
@@ -95,7 +112,7 @@ class RunSettings:
         "LayerNorm kernels)" + _KERNEL.format("eager"), choices=NORM_KERNELS)
     shard_group_size: int | None = knob(None, "--shard-group-size", "hybrid shard: ranks per shard "
                                         "group (default: the ranks of a node)", unit="ranks",
-                                        check=at_least(1))
+                                        check=at_least(1, MAX_GPUS * MAX_NODES))
     profile: bool = knob(False, "--profile", "torch.profiler over 3 steps after warm-up: "
                          "trace-rank<r>.json per rank and the top operators in the summary",
                          kind="switch")
@@ -106,33 +123,34 @@ class RunSettings:
     stop_on_nan: bool = knob(False, "--stop-on-nan", "end the run (failed) at the first NaN or "
                              "infinite loss; without it, a warning", kind="switch")
     eval_every: int = knob(0, "--eval-every", "run the workload's evaluate(model, cfg) after every N "
-                           "optimizer steps (0: never)", unit="steps", check=at_least(0))
-    seed: int = knob(0, "--seed", "the one seed of model init and data order", check=at_least(0))
+                           "optimizer steps (0: never)", unit="steps", check=at_least(0, MAX_STEPS))
+    seed: int = knob(0, "--seed", "the one seed of model init and data order",
+                     check=at_least(0, 2**32 - 1))  # numpy's seeds end there
     log_every: int | None = knob(None, "--log-every", "steps per logging window (one host sync and "
                                  "one all-reduce of the losses per window; default: 10, or as many "
                                  "as take 0.5 s when 10 steps take less)", unit="steps",
-                                 check=at_least(1))
+                                 check=at_least(1, MAX_STEPS))
     max_grad_norm: float = knob(0.0, "--max-grad-norm", "clip the global gradient norm once per "
-                                "optimizer step (0: off)", check=NON_NEGATIVE)
+                                "optimizer step (0: off)", check=non_negative(1e9))
     calibrate: bool = knob(True, "--calibrate", "measure exposed communication and busbw in a "
                            "window after warm-up (--no-calibrate skips it)", kind="toggle")
     num_workers: int = knob(0, "--num-workers", "DataLoader worker processes per rank",
-                            unit="processes", check=at_least(0))
+                            unit="processes", check=at_least(0, 1024))
     hang_timeout_s: float = knob(300.0, "--hang-timeout-s", "end the job when no rank advanced for "
                                  "this long (0: never); the collective timeout is twice this "
-                                 "(default 300)", unit="s", check=NUMBER)
+                                 "(default 300)", unit="s", check=number(MAX_TIMEOUT_S))
     startup_timeout_s: float | None = knob(None, "--startup-timeout-s", "allowance before every rank "
                                            "finished step 1: imports, model build, compile, "
                                            "rendezvous (default max(900, --hang-timeout-s))",
-                                           unit="s", check=NUMBER)
+                                           unit="s", check=number(MAX_TIMEOUT_S))
     max_restarts: int = knob(0, "--max-restarts", "relaunch a failed job up to N times (fresh "
                              "rendezvous, same run dir); it resumes from the last checkpoint (see "
-                             "--checkpoint-every)", check=at_least(0))
+                             "--checkpoint-every)", check=at_least(0, 10_000))
     checkpoint_every: int = knob(0, "--checkpoint-every", "save a checkpoint "
                                  "(torch.distributed.checkpoint, RUN_DIR/checkpoints) every N "
                                  "optimizer steps (0: only on the preemption signal); restarts and "
                                  "SLURM requeues resume from the newest with the same data order",
-                                 unit="steps", check=at_least(0))
+                                 unit="steps", check=at_least(0, MAX_STEPS))
 
     def __post_init__(self) -> None:
         validate_knobs(self)

@@ -113,7 +113,7 @@ def launch(rendered: Rendered, spec: LaunchSpec, *, console: IO[str] = sys.stdou
 
     The watcher (launcher.backends.monitor) ends the job when no rank advanced for
     `spec.hang_timeout_s` or a rank left without a summary while torchrun waits for it.
-    Ctrl-C / SIGTERM stop the whole job the same way (torchrun and every rank) and come back
+    Ctrl-C / SIGTERM / SIGHUP stop the whole job the same way (torchrun and every rank) and come back
     as `Ended.interrupted`; torchrun dies with dlaunch (see `launcher.backends.keeper`).
     `progress`: draw the live progress line (launcher.backends.progress) against it.
     """
@@ -261,8 +261,9 @@ def _signal_all(procs: Any, sig: int) -> None:
 
 
 def _catch_interrupts(job: dict[str, Any], watcher: Watcher) -> Callable[[], None]:
-    """On SIGINT/SIGTERM note the signal in `job` and stop the whole job (if it has started);
-    returns a function that restores the handlers."""
+    """On SIGINT/SIGTERM/SIGHUP note the signal in `job` and stop the whole job (if it has
+    started); returns a function that restores the handlers. An ignored SIGHUP stays ignored
+    (`nohup dlaunch run ...` outlives its terminal)."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
 
@@ -271,7 +272,10 @@ def _catch_interrupts(job: dict[str, Any], watcher: Watcher) -> Callable[[], Non
         if "proc" in job:
             stop_job(job["proc"], watcher.beats)
 
-    old = {s: signal.signal(s, relay) for s in (signal.SIGINT, signal.SIGTERM)}
+    sigs = [signal.SIGINT, signal.SIGTERM]
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        sigs.append(signal.SIGHUP)
+    old = {s: signal.signal(s, relay) for s in sigs}
 
     def restore() -> None:
         for s, h in old.items():

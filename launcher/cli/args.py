@@ -26,7 +26,8 @@ from typing import Any
 
 from launcher.cli.option import Option, Parse, Yaml, knob_option
 from launcher.errors import UsageError
-from launcher.knobs import FRACTION, MINUTES, NON_NEGATIVE, POSITIVE, at_least
+from launcher.knobs import FRACTION, MAX_GLOBAL_BATCH, MINUTES, at_least, non_negative, positive
+from launcher.runspec import MAX_GPUS, MAX_NODES
 from launcher.specs import DEFAULT_TIME_MIN, SWEEP_MODES, TRACKERS, TRIAL_STEPS, TRIAL_TIMED_S
 
 RUN = ("run", "lab")  # the flags of one run apply to each of the lab's three
@@ -39,6 +40,11 @@ SLURM_GROUP = "SLURM (with --slurm; defaults from dlaunch.yaml's slurm: section)
 # which refuses more CPU processes than this without --force
 CPU_PROCESSES_PER_CORE = 4  # beyond this a CPU run or sweep measures contention, not scaling
 MODES = SWEEP_MODES
+# a training goal no real run reaches: 1e18 tokens (or samples) is 25,000x the largest published
+# pre-training (36T tokens)
+GOAL_MAX = 1e18
+# launcher.cli.prepare's MAX_STEP_S and MAX_RUN_S, which --force passes (tests/unit/test_cli_lazy.py)
+_ABSURD = "a day per step or a year in all"
 
 
 def _slurm_text(what: str) -> Yaml:
@@ -96,13 +102,13 @@ OPTIONS: tuple[Option, ...] = (
     knob_option("grad_accum", commands=(*RUN, "scale"),
            per={"scale": {"help": "micro-batches per optimizer step (default: the plan's; 1 with "
                                   "--mode strong)"}}),
-    Option("--global-batch", commands=(*RUN, "plan", "scale", "tune"), check=at_least(1),
+    Option("--global-batch", commands=(*RUN, "plan", "scale", "tune"), check=at_least(1, MAX_GLOBAL_BATCH),
            help="samples per optimizer step for the plan (default: its choice)",
            per={"plan": {"help": "samples per optimizer step (default: the largest micro-batch "
                                  "that fits)"},
                 "scale": {"help": "samples per optimizer step for --mode strong (every world size "
                                   "must divide it)"}}),
-    Option("--seq-len", commands=("plan",), check=at_least(1),
+    Option("--seq-len", commands=("plan",), check=at_least(1, 10**8),
            help="tokens per sample, for sequence models"),
     knob_option("strategy", commands=(*RUN, "plan", "scale")),
     knob_option("precision", commands=(*RUN, "plan", "scale", "doctor"),
@@ -131,27 +137,30 @@ OPTIONS: tuple[Option, ...] = (
            help="treat the file as a plain torchrun script even if it looks like a workload"),
     Option("--run-dir", commands=(*RUN, "doctor"), help="where this run's files go (default runs/<id>)",
            per={"doctor": {"help": "where the ranks' files and doctor.json go (default runs/doctor-<id>)"}}),
-    Option("--repeat", commands=("scale",), check=at_least(1), default=1, help="runs per world size"),
+    Option("--repeat", commands=("scale",), check=at_least(1, 1000), default=1, help="runs per world size"),
     Option("--sweep-dir", commands=("scale",),
            help="where the sweep goes (default runs/scale-<workload>-<mode>-<hash>: the same "
                 "command resumes the same sweep)"),
     Option("--force", commands=(*RUN, "scale", "tune", "doctor"), kind="switch",
-           help=f"start more CPU processes than {CPU_PROCESSES_PER_CORE} per usable core",
-           per={"scale": {"help": "re-run points that already finished"}}),
+           help=f"start more CPU processes than {CPU_PROCESSES_PER_CORE} per usable core, or a launch "
+                f"its plan predicts will run out of memory or take over {_ABSURD}",
+           per={"scale": {"help": "re-run points that already finished; launch a sweep its plan "
+                                  f"predicts will run out of memory or take over {_ABSURD}"},
+                "doctor": {"help": f"start more CPU processes than {CPU_PROCESSES_PER_CORE} per usable core"}}),
     Option("--plan", commands=("run", "scale"), metavar="FILE",
            help="follow this plan (a tune dir's tuned-plan.json, or a run dir's plan.json): its "
                 "strategy, precision, micro-batch, accumulation, checkpointing and compile; flags "
                 "given beside it win"),
     Option("--no-calibration-cache", commands=("plan",), kind="switch",
            help="ignore this machine's step-time corrections learnt by `dlaunch tune`"),
-    Option("--tokens", commands=("plan",), check=POSITIVE, metavar="N",
+    Option("--tokens", commands=("plan",), check=positive(GOAL_MAX), metavar="N",
            help="a training goal in tokens (e.g. 2e12): the plan adds time to train, GPU-hours, "
                 "goodput and (with a price) cost"),
-    Option("--samples", commands=("plan",), check=POSITIVE, metavar="N",
+    Option("--samples", commands=("plan",), check=positive(GOAL_MAX), metavar="N",
            help="a training goal in samples (instead of --tokens)"),
-    Option("--train-steps", commands=("plan",), check=POSITIVE, metavar="N",
+    Option("--train-steps", commands=("plan",), check=positive(1e12), metavar="N",
            help="a training goal in optimizer steps (instead of --tokens)"),
-    Option("--gpu-hour-price", commands=("plan",), check=NON_NEGATIVE, metavar="PRICE",
+    Option("--gpu-hour-price", commands=("plan",), check=non_negative(1e6), metavar="PRICE",
            help="price of one GPU-hour, for the cost of a training goal"),
     Option("--world-sizes", commands=("plan",), metavar="N,N,...",
            help="plan at each of these GPU counts (nodes = N / GPUs per node) and print one "
@@ -159,17 +168,17 @@ OPTIONS: tuple[Option, ...] = (
                 "GPU-hours, cost, goodput"),
     Option("--deadline", commands=("plan",), metavar="DURATION",
            help="with --world-sizes and a goal: the cheapest size that trains within it (30d, 12h)"),
-    Option("--budget", commands=("plan",), check=POSITIVE, metavar="AMOUNT",
+    Option("--budget", commands=("plan",), check=positive(1e15), metavar="AMOUNT",
            help="with --world-sizes and a goal: the fastest size within it (the price's currency "
                 "with --gpu-hour-price, else GPU-hours)"),
-    Option("--mtbf-gpu-hours", commands=("plan",), check=POSITIVE, metavar="H",
+    Option("--mtbf-gpu-hours", commands=("plan",), check=positive(1e9), metavar="H",
            help="GPU-hours between interruptions (default: Llama 3's published rate, ~50,700)"),
-    Option("--ckpt-write-gb-s", commands=("plan",), check=POSITIVE, metavar="GB_S",
+    Option("--ckpt-write-gb-s", commands=("plan",), check=positive(1e6), metavar="GB_S",
            help="checkpoint storage write bandwidth per node in GB/s (default 2, an assumption)"),
     Option("--threshold", commands=("doctor",), check=FRACTION, default=0.8,
            help="a rank (node) below this fraction of the median rank's (node's) rate is SLOW "
                 "(default 0.8)"),
-    Option("--trials", commands=("tune",), check=at_least(1), default=TUNE_TRIALS,
+    Option("--trials", commands=("tune",), check=at_least(1, 1000), default=TUNE_TRIALS,
            help=f"at most this many candidates measured (default {TUNE_TRIALS})"),
     Option("--budget-min", commands=("tune",), check=MINUTES,
            help="start no further trial once this many minutes have gone (default: no limit)"),
@@ -180,7 +189,7 @@ OPTIONS: tuple[Option, ...] = (
            help="comma-separated: html, md, json, png (default all)"),
     Option("--out", commands=("report",), help="output directory (default DIR/report)"),
     Option("--no-predict", commands=("report",), kind="switch", help="skip the planner's prediction"),
-    Option("--rank", commands=("logs",), check=at_least(0), help="only this global rank"),
+    Option("--rank", commands=("logs",), check=at_least(0, MAX_GPUS * MAX_NODES), help="only this global rank"),
     Option("--follow", commands=("logs",), kind="switch", help="keep printing until the job is over"),
     Option("--dry-run", commands=(*RUN, "scale", "tune", "doctor"), kind="switch",
            help="print the command and start nothing",
@@ -206,7 +215,7 @@ OPTIONS: tuple[Option, ...] = (
     knob_option("nodes", commands=("run", "plan", "tune", "doctor"), slurm_in=("run", "tune", "doctor"),
                 per={"plan": {"default": None, "help": "nodes to plan for (default: the topology's)"},
                      "doctor": {"default": None}}),
-    Option("--gpus-per-node", commands=_SLURM, check=at_least(1), slurm_in=_SLURM,
+    Option("--gpus-per-node", commands=_SLURM, check=at_least(1, MAX_GPUS), slurm_in=_SLURM,
            help="processes (GPUs) per node; same as --gpus",
            per={"scale": {"help": "processes (GPUs) per node: a point of N ranks runs on N / this "
                                   "many nodes (default: the partition's GPUs per node, or CPUs per "
@@ -223,7 +232,7 @@ OPTIONS: tuple[Option, ...] = (
            help=f"job time limit in minutes (default {DEFAULT_TIME_MIN:g})",
            per={"doctor": {"default": DOCTOR_TIME_MIN,
                            "help": f"job time limit in minutes (default {DOCTOR_TIME_MIN:g})"}}),
-    Option("--cpus-per-node", commands=_SLURM, check=at_least(1), slurm_in=_SLURM,
+    Option("--cpus-per-node", commands=_SLURM, check=at_least(1, 10**6), slurm_in=_SLURM,
            yaml=Yaml(section="slurm", types=(int,), what="an integer >= 1"),
            help="CPUs to request per node (default: the partition's CPUs per node)"),
     Option("--slurm-opt", commands=_SLURM, kind="list", metavar="KEY=VALUE", slurm_in=_SLURM,
@@ -272,6 +281,8 @@ def add_options(parser: argparse.ArgumentParser, command: str) -> None:
         else:
             target = parser
         kw: dict[str, Any] = {"help": opt.help or None}
+        if opt.help and opt.check is not None and opt.check.high is not None and opt.check.high > 1:
+            kw["help"] = f"{opt.help} (at most {opt.check.bound()})"  # the bound, said where it is declared
         if opt.positional:
             target.add_argument(opt.flag, metavar=opt.metavar, **kw)
             continue

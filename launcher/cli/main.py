@@ -7,8 +7,10 @@ building the parser (every `dlaunch ... --help`, every bad-usage error) loads th
 and nothing of a command's module tree (the planner, the backends, the drivers, the
 report), which tests/unit/test_cli_lazy.py checks and benchmarks/cli_start.py times. A
 DlaunchError is one line on stderr (field names put back as flags) and its exit code, 2 for bad
-input. Must never import torch or matplotlib at start-up: the commands that need them import
-them deep inside launcher.plan / launcher.report.
+input; Ctrl-C, SIGTERM and SIGHUP before the launch (planning, probing) one line and 128 + the
+signal, the probes' children ended on the way out (`_stop_on_signals`). Must never import torch
+or matplotlib at start-up: the commands that need them import them deep inside launcher.plan /
+launcher.report.
 """
 
 from __future__ import annotations
@@ -17,13 +19,17 @@ import argparse
 import importlib
 import logging
 import os
+import re
+import signal
 import sys
-from collections.abc import Callable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from launcher.cli.args import add_options, name_flags
-from launcher.errors import DlaunchError, UsageError
+from launcher.errors import DlaunchError, Interrupted, UsageError
 
 log = logging.getLogger(__name__)
 
@@ -126,8 +132,19 @@ def unrecognized(extra: Sequence[str], *, takes_workload: bool, prog: str) -> st
     return line + f"see {prog} --help)"
 
 
+# a negative number as argparse should see it: a value, never an option. Its own pattern
+# (-1, -.5) misses scientific notation, so `--tokens -1e12` read as a missing argument instead of
+# reaching the option's check (which says what the value must be); no dlaunch flag looks like one
+_NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse that raises instead of printing usage, so every error is one line."""
+    """argparse that raises instead of printing usage, so every error is one line, and takes
+    negative numbers as values (`_NEGATIVE_NUMBER`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = _NEGATIVE_NUMBER
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see {self.prog} --help)")
@@ -174,6 +191,35 @@ def _split_workload_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
+# a kill, `timeout`, a scheduler (SIGTERM) or a closed terminal (SIGHUP) stops dlaunch as Ctrl-C
+# does; while a job runs the backend relays them to the job (backends.local._catch_interrupts)
+_STOPPING = (signal.SIGTERM, signal.SIGHUP)
+
+
+def _raise_interrupted(signum: int, frame: object) -> NoReturn:
+    raise Interrupted(signum)
+
+
+@contextmanager
+def _stop_on_signals() -> Iterator[None]:
+    """Turn SIGTERM and SIGHUP into `Interrupted` (a KeyboardInterrupt) while the body runs,
+    so that they unwind as Ctrl-C does: probe children ended, temp dirs removed, one line.
+    A signal the caller ignores (`nohup`) stays ignored; only the main thread can catch one
+    (`main` may be called from another)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {s: signal.getsignal(s) for s in _STOPPING}
+    for s, h in old.items():
+        if h is not signal.SIG_IGN:
+            signal.signal(s, _raise_interrupted)
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
 def _dispatch(argv: Sequence[str] | None) -> tuple[int, bool]:
     """Parse and run one command: (exit code, whether the command allows a hard exit)."""
     raw = list(sys.argv[1:] if argv is None else argv)
@@ -184,21 +230,25 @@ def _dispatch(argv: Sequence[str] | None) -> tuple[int, bool]:
     if debug:
         os.environ["DLAUNCH_DEBUG"] = "1"
     try:
-        parser = build_parser()
-        args, extra = parser.parse_known_args(own)
-        if extra:
-            command = getattr(args, "command", None)
-            raise UsageError(unrecognized(extra, takes_workload=hasattr(args, "workload"),
-                                          prog=f"dlaunch {command}" if command else "dlaunch"))
-        if not getattr(args, "command", None):
-            parser.print_help()
-            return 2, False
-        handler = load_handler(args.handler)  # only now: this command's module tree, no other's
-        return int(handler(args, workload_args)), bool(getattr(args, "hard_exit", False))
+        with _stop_on_signals():  # restored before the line below is printed
+            parser = build_parser()
+            args, extra = parser.parse_known_args(own)
+            if extra:
+                command = getattr(args, "command", None)
+                raise UsageError(unrecognized(extra, takes_workload=hasattr(args, "workload"),
+                                              prog=f"dlaunch {command}" if command else "dlaunch"))
+            if not getattr(args, "command", None):
+                parser.print_help()
+                return 2, False
+            handler = load_handler(args.handler)  # only now: this command's module tree, no other's
+            return int(handler(args, workload_args)), bool(getattr(args, "hard_exit", False))
     except DlaunchError as e:
         if debug:
             raise
         print(f"dlaunch: error: {name_flags(str(e))}", file=sys.stderr)
+        return e.exit_code, False
+    except Interrupted as e:  # SIGTERM, SIGHUP
+        print(f"dlaunch: {e.line()}", file=sys.stderr)
         return e.exit_code, False
     except KeyboardInterrupt:
         print("dlaunch: interrupted", file=sys.stderr)

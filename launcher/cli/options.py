@@ -65,7 +65,9 @@ class LabOptions(Options):
     global_batch: int | None  # samples per optimizer step, a goal for the plan; None: its choice
     script: bool  # a plain torchrun script even if the file looks like a workload
     run_dir: str | None  # where the run's files go; None: runs/<id>
-    force: bool  # allow more CPU processes than launcher.cli.args.CPU_PROCESSES_PER_CORE per core
+    # allow more CPU processes than launcher.cli.args.CPU_PROCESSES_PER_CORE per core, and a
+    # launch its plan predicts out of memory or absurdly long (launcher.cli.prepare.refuse_absurd)
+    force: bool
     dry_run: bool  # print the command, start nothing
     json: bool  # print the result as JSON
 
@@ -122,7 +124,7 @@ class ScaleOptions(Options):
     settings: RunSettings  # the knobs of every point, as given
     global_batch: int | None  # strong scaling's samples per optimizer step
     plan: str | None  # a plan file whose decisions fill those the flags left open
-    force: bool  # re-run points that already finished
+    force: bool  # re-run points that already finished; launch a sweep its plan calls absurd
     dry_run: bool  # print the points and commands, run nothing
     json: bool  # print the sweep and report as JSON
     topology: str | None  # link bandwidth and predictions (with --slurm: the partition's nodes)
@@ -142,7 +144,9 @@ class TuneOptions(Options):
     trials: int  # candidates measured at most
     budget_min: float | None  # start no trial after this many minutes; None: no limit
     tune_dir: str | None  # None: runs/tune-<id>
-    force: bool  # allow more CPU processes than launcher.cli.args.CPU_PROCESSES_PER_CORE per core
+    # allow more CPU processes than launcher.cli.args.CPU_PROCESSES_PER_CORE per core, and a
+    # launch its plan predicts out of memory or absurdly long (launcher.cli.prepare.refuse_absurd)
+    force: bool
     dry_run: bool  # print each trial's command, start nothing
     json: bool  # print the result as JSON
     topology: str | None  # the partition's nodes, which the candidates are planned for

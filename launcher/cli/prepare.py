@@ -25,8 +25,10 @@ from launcher.backends.registry import BACKENDS
 from launcher.cli.args import CPU_PROCESSES_PER_CORE
 from launcher.cli.options import DoctorOptions, LabOptions, RunOptions, ScaleOptions, TuneOptions
 from launcher.drivers.sweep import check_plan
-from launcher.errors import UsageError
+from launcher.errors import PlanError, UsageError
+from launcher.plan.explain import label
 from launcher.plan.planfile import write_plan
+from launcher.plan.time_to_train import format_duration
 from launcher.request import RunRequest, follow_plan
 from launcher.rundir import check_checkpoint_dir, checkpoint_dir, create_run_dir
 from launcher.runspec import LaunchSpec
@@ -42,6 +44,10 @@ _NEEDS_WORKLOAD = {
 }
 # the commands whose options build a RunRequest; `run` is a LabOptions with more
 RequestOptions = LabOptions | ScaleOptions | TuneOptions
+# a launch its own plan predicts past these is a typo (a global batch of 10^9 on one rank), not
+# a run: refused without --force, before the run dir exists (`refuse_absurd`)
+MAX_STEP_S = 86_400.0  # a day per optimizer step
+MAX_RUN_S = 365 * 86_400.0  # a year for the run's steps
 
 
 def _compile_choice(opts: RequestOptions) -> bool | None:
@@ -106,7 +112,34 @@ def build_request(opts: RequestOptions, workload_args: Sequence[str]) -> tuple[R
                          global_batch=opts.global_batch, **fields)
     if not place.here and place.topology is None:  # the login node is not the nodes to plan for
         return _not_planned(request), place, backend
-    return follow_plan(request, topology=place.topology), place, backend
+    request = follow_plan(request, topology=place.topology)
+    refuse_absurd(request, force=opts.force)
+    return request, place, backend
+
+
+def refuse_absurd(request: RunRequest, *, force: bool) -> None:
+    """PlanError, in one line, for a launch its own plan predicts will run out of memory, or
+    will take more than MAX_STEP_S a step or MAX_RUN_S in all: the ranks would die or never
+    finish, so say it now rather than after the run dir and torchrun. `force` launches anyway;
+    the plan's milder warnings stay warnings in its note."""
+    if force or request.planned is None:
+        return
+    plan = request.planned.plan
+    c = plan.chosen
+    at = f"{label(c)} at micro-batch {c.micro_batch:,} x {c.grad_accum:,} accumulation"
+    if not c.fits:
+        raise PlanError(
+            f"the plan predicts {c.memory.total_gib:,.1f} GiB/rank for {at}, more than the "
+            f"{plan.usable_mem_bytes / 1024**3:,.1f} GiB usable: the ranks would run out of memory; "
+            "give a smaller --micro-batch (or none: the plan picks one that fits) or more GPUs, or "
+            "--force to launch anyway")
+    step = c.time.step_time_s
+    if step > MAX_STEP_S or step * request.steps > MAX_RUN_S:
+        shown = f"{step:,.0f}" if step >= 100 else f"{step:.3g}"
+        raise PlanError(
+            f"the plan predicts {shown} s/step for {at}: {request.steps:,} steps take "
+            f"{format_duration(step * request.steps)} (the bounds: a day per step, a year per run); "
+            "give a smaller --global-batch, --micro-batch or --steps, or --force to launch anyway")
 
 
 def _not_planned(request: RunRequest) -> RunRequest:

@@ -5,13 +5,15 @@ candidates (`launcher.drivers.tune.select_trials`), one short `dlaunch run` each
 driver on the backend the flags pick (with `--slurm` one `dlaunch run --slurm` job each,
 followed in turn: why, in `launcher.drivers.tune`), the table,
 the tuned plan, and the trials stored as this machine's (or partition's) step-time
-corrections. `--dry-run` prints each trial's torchrun command (the sbatch script and node
-commands under SLURM) and starts nothing. Must never import torch or launcher.runtime.
+corrections, unless another tune ran here meanwhile (`corrections.TuneLock`). `--dry-run`
+prints each trial's torchrun command (the sbatch script and node commands under SLURM) and
+starts nothing. Must never import torch or launcher.runtime.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
@@ -37,7 +39,7 @@ from launcher.drivers.tune import (
 from launcher.errors import UsageError
 from launcher.plan.kernels import given as given_kernels
 from launcher.plan.planfile import write_plan
-from launcher.plan.resolve import plan_workload, store_tune_trials
+from launcher.plan.resolve import plan_workload, store_tune_trials, tune_lock
 from launcher.plan.types import Candidate, Overrides
 from launcher.report.tune import read_tune, table_text
 from launcher.rundir import new_run_id
@@ -81,16 +83,28 @@ def cmd_tune(args: argparse.Namespace, workload_args: list[str]) -> int:
     print(f"dlaunch tune: {len(candidates)} candidate(s) within the model's uncertainty of the best, "
           f"{base.steps} steps each ({base.warmup_steps} warm-up), {where}, in {base.run_dir}", file=sys.stderr)
     budget_s = opts.budget_min * 60 if opts.budget_min else None
-    try:
-        trials = run_trials(base, candidates, budget_s=budget_s, run=Runner(backend=backend, placement=place),
-                            keep_plan=lambda spec, c: write_plan(spec.run_dir, trial_planned(planned, c)))
-    except Refused:
-        discard(base.run_dir)  # nothing ran: bad input leaves nothing behind
-        raise
-    tune = finish(base, trials, workload=request.workload, workload_args=request.workload_args,
-                  interval=planned.plan.step_interval)
-    records = trial_records(tune, request.workload, request.workload_args)
-    if records:
+    # two tunes at once here slow each other's trials: neither's are this machine's correction
+    # (a SLURM tune's trials run on the partition's nodes, not here)
+    lock = tune_lock() if place.here else None
+    with lock if lock is not None else contextlib.nullcontext():
+        if lock is not None and lock.contended:
+            print("dlaunch tune: another dlaunch tune is running on this machine: its timings are "
+                  "contended, not stored as this machine's correction", file=sys.stderr)
+        try:
+            trials = run_trials(base, candidates, budget_s=budget_s, run=Runner(backend=backend, placement=place),
+                                keep_plan=lambda spec, c: write_plan(spec.run_dir, trial_planned(planned, c)))
+        except Refused:
+            discard(base.run_dir)  # nothing ran: bad input leaves nothing behind
+            raise
+        tune = finish(base, trials, workload=request.workload, workload_args=request.workload_args,
+                      interval=planned.plan.step_interval)
+        records = trial_records(tune, request.workload, request.workload_args)
+        contended = lock is not None and lock.contended  # a tune started beside ours knocked
+    if records and contended:
+        if lock is not None and lock.held:  # the other one said so when it started
+            print("dlaunch tune: another dlaunch tune ran on this machine meanwhile: these timings "
+                  "are contended, not stored as this machine's correction", file=sys.stderr)
+    elif records:
         stored = store_tune_trials(planned.topology, records)
         whose = "this machine" if place.here else f"the partition's nodes ({planned.topology.name})"
         print(f"dlaunch tune: {len(records)} measured/predicted ratio(s) stored for {whose} in {stored}; "

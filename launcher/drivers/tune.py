@@ -40,6 +40,7 @@ from typing import IO, Any
 from launcher.drivers.launch import RunOne
 from launcher.errors import DlaunchError, Refused, UsageError
 from launcher.files import atomic_write_json, open_log_stream, storage
+from launcher.knobs import knobs_of
 from launcher.plan.corrections import TrialRecord, compute_ratio
 from launcher.plan.explain import label
 from launcher.plan.kernels import KNOBS as KERNEL_KNOBS
@@ -48,7 +49,7 @@ from launcher.plan.resolve import Planned
 from launcher.plan.types import Candidate, Plan, StepInterval
 from launcher.results.types import RunResult
 from launcher.rundir import RunPaths, TunePaths
-from launcher.runspec import LaunchSpec
+from launcher.runspec import LaunchSpec, RunSettings
 from launcher.specs import TRIAL_STEPS, TRIAL_TIMED_S, checkpointing_mode
 
 log = logging.getLogger(__name__)
@@ -313,6 +314,10 @@ def read_plan_file(path: str) -> dict[str, Any]:
     missing = [k for k in DECISIONS if found.get(k) is None]
     if missing:
         raise UsageError(f"--plan {path}: no {', '.join(missing)} in it")
+    # each number against its knob's check here, so the line names the file, not a flag not given
+    for name, k in knobs_of(RunSettings).items():
+        if k.check is not None and found.get(name) is not None:
+            k.check.validate(f"--plan {path}: its {name}", found[name])
     # a plan file written before the checkpointing modes holds a bool (true: every block)
     return {**{k: checkpointing_mode(found[k]) if k == "checkpointing" else found[k] for k in DECISIONS},
             **{k: found[k] for k in FURTHER_DECISIONS if found.get(k) is not None}}

@@ -14,7 +14,8 @@ trials (the machine is slower or faster than its probe for every dtype), so an u
 precision never wins on the model's uncorrected optimism alone. A trial whose measured step is
 more than TRUSTED_STEP_RATIO off the prediction is not stored: a model that good elsewhere is
 not that wrong here, the probe (or the host during the trial) was: a probe cached on a busy host
-once made a tune store 0.31 for an idle one.
+once made a tune store 0.31 for an idle one. Nor are the trials of two tunes at once on one
+machine (each slows the other's steps): `TuneLock` says when one is contended.
 
 Pure values and JSON files given by path: never imports torch, cli, backends, jobs, runtime or
 report; the cache directory is launcher.plan.resolve's.
@@ -23,13 +24,17 @@ report; the cache directory is launcher.plan.resolve's.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import json
 import logging
+import os
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
+from typing import IO
 
 from launcher.errors import PlanError
 from launcher.files import atomic_write_json
@@ -165,3 +170,48 @@ def correction_of(trials: Sequence[TrialRecord], *, workload: str | None = None,
     return Correction(factors=factors, overall=statistics.median(t.compute_ratio for t in trials),
                       trials=len(trials), latest=max(t.at for t in trials)[:10],
                       tune_dirs=dirs)
+
+
+class TuneLock:
+    """The machine's tune lock, held while a local tune's trials run: `fcntl.flock` on `path`
+    (in the cache dir), taken without waiting, released when the process ends however it ends.
+    A tune that finds it held runs anyway but is `contended`; it also appends a line to the
+    file, so that the holder learns at its end that its own trials ran beside another tune's
+    and is `contended` too. Neither's timings are this machine's: the caller stores nothing."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.held = False
+        self._file: IO[bytes] | None = None
+        self._size = 0
+
+    def __enter__(self) -> TuneLock:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.path, "ab")
+        except OSError as e:  # a read-only cache: the trials cannot be stored anyway
+            log.debug("tune lock %s not taken: %s", self.path, e)
+            return self
+        try:
+            fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self.held = True
+            self._size = os.fstat(self._file.fileno()).st_size
+        except BlockingIOError:  # another tune holds it: knock, so that it learns of this one
+            self._file.write(f"{os.getpid()}\n".encode())
+            self._file.flush()
+        return self
+
+    @property
+    def contended(self) -> bool:
+        """Whether another tune ran beside this one (so far)."""
+        if self._file is None:
+            return False
+        return not self.held or os.fstat(self._file.fileno()).st_size > self._size
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self._file is not None:
+            if self.held:
+                self._file.truncate(0)  # the knocks were for this holder alone
+            self._file.close()  # releases the lock
+            self._file = None

@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 import psutil
 
-from launcher.errors import PlanError, UsageError
+from launcher.errors import PlanError, UsageError, stopped_while
 from launcher.files import atomic_write_json
 from launcher.hardware.detect import cpu_info, detect_topology
 from launcher.hardware.topology import load_topology
@@ -39,6 +39,7 @@ from launcher.plan.compile_probe import COMPILE_PROBE_FORMAT, CompileCheck, chec
 from launcher.plan.corrections import (
     Correction,
     TrialRecord,
+    TuneLock,
     correction_of,
     fingerprint,
     load_trials,
@@ -91,6 +92,7 @@ class Planned:
     correction: Correction | None = None  # this machine's tune trials, when they were applied
 
 
+@stopped_while("planning")  # its probes take seconds: a SIGTERM meanwhile says so
 def resolve_topology(*, topology: str | None, gpus: int | None, nodes: int | None) -> Topology:
     """The topology file (or this machine), with `gpus` per node and `nodes` nodes."""
     if topology is not None:
@@ -147,6 +149,11 @@ def store_tune_trials(topology: Topology, trials: Sequence[TrialRecord]) -> Path
     path = corrections_path(topology)
     store_trials(path, trials)
     return path
+
+
+def tune_lock() -> TuneLock:
+    """This machine's tune lock (`corrections.TuneLock`): <cache root>/tune.lock."""
+    return TuneLock(cache_root() / "tune.lock")
 
 
 def _cache_key(workload: str, workload_args: Sequence[str]) -> str:
@@ -373,6 +380,7 @@ def _store(path: Path, data: Mapping[str, Any]) -> None:
         log.debug("cache entry %s not written: %s", path, e)
 
 
+@stopped_while("planning")
 def plan_workload(workload: str, workload_args: Sequence[str], topology: Topology, goal: Goal, *,
                   overrides: Overrides | None = None,
                   corrected: bool = True) -> Planned:

@@ -31,6 +31,9 @@ from launcher.plan.step_probe import WorkloadTiming, as_cached, measure_steps
 STEP_PROBE_TIMEOUT_S = 120.0
 TIMEOUT_ENV = "DLAUNCH_STEP_PROBE_TIMEOUT_S"  # a shorter limit, for tests of hanging workloads
 _TAIL_BYTES = 2000
+# seconds the probe's child has to end on SIGTERM when dlaunch is stopped: a workload's step
+# does not take longer to notice it (Python's default action is to exit at once)
+END_GRACE_S = 2.0
 
 
 class StepProbeFailed(PlanError):
@@ -46,6 +49,24 @@ def _last_line(path: Path) -> str:
         return ""
     lines = [line.strip() for line in tail.splitlines() if line.strip()]
     return lines[-1][:300] if lines else ""
+
+
+def _end(proc: subprocess.Popen[bytes], grace_s: float) -> None:
+    """End the probe's process group if its leader still runs: SIGTERM, then SIGKILL to what
+    is left of the group after `grace_s` (at once when 0)."""
+    if proc.poll() is not None:
+        return
+    try:
+        if grace_s > 0:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+        os.killpg(proc.pid, signal.SIGKILL)  # the leader, or what the workload started in the group
+    except ProcessLookupError:
+        pass  # the whole group has ended
+    proc.wait()
 
 
 def probe_in_child(workload: str, workload_args: Sequence[str], *, threads: int,
@@ -67,14 +88,13 @@ def probe_in_child(workload: str, workload_args: Sequence[str], *, threads: int,
             try:
                 code = proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+                _end(proc, grace_s=0)
                 raise StepProbeFailed(f"the workload's steps did not finish in {timeout_s:.0f} s "
                                       "(a hang, or a step far slower than planned)") from None
             finally:
-                if proc.poll() is None:  # interrupted while waiting: take the child along
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+                # interrupted while waiting (Ctrl-C, SIGTERM: cli.main): take the child along
+                # before its temp dir goes
+                _end(proc, grace_s=END_GRACE_S)
         if code != 0 or not result.is_file():
             why = _last_line(output) or "no output"
             what = (f"exited with code {code}" if code > 0 else

@@ -166,8 +166,20 @@ def time_to_train(goal: TrainGoal, rate: PlanRate, model: GoodputModel | None = 
         assumptions=assumptions)
 
 
+YEAR_S = 365.25 * 86_400
+# past this a duration says only that it is beyond reach: a huge goal (--tokens 1e18 on one GPU)
+# would otherwise print a 30-digit number of days
+MAX_SHOWN_YEARS = 1_000_000
+
+
 def format_duration(seconds: float) -> str:
-    """Seconds as people read a training time: '3.2 days', '5.1 h', '12 min', '40 s'."""
+    """Seconds as people read a training time: '3.2 days', '5.1 h', '12 min', '40 s'; from two
+    years on '7.4 years', '1,234 years', and past MAX_SHOWN_YEARS 'more than 1,000,000 years'."""
+    if not seconds < MAX_SHOWN_YEARS * YEAR_S:  # inf and nan too
+        return f"more than {MAX_SHOWN_YEARS:,} years"
+    if seconds >= 2 * YEAR_S:
+        years = seconds / YEAR_S
+        return f"{years:,.0f} years" if years >= 100 else f"{years:.1f} years"
     if seconds >= 2 * 86_400:
         return f"{seconds / 86_400:.1f} days"
     if seconds >= 2 * 3600:

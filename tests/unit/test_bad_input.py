@@ -167,6 +167,38 @@ CASES = [
        "plain script"),
     _c("scale-warmup-too-long", ["scale", MLP, "--gpus", "1", "--steps", "3", "--warmup-steps", "3"],
        "--warmup-steps must be below"),
+    # --- numbers past their declared bound (issue 37): refused at parse time, naming the bound;
+    # negative numbers, scientific notation too, reach the option's check as values
+    _c("run-steps-huge", ["run", MLP, "--steps", "99999999999999999999"],
+       "--steps must be at most 1,000,000,000", "got 99999999999999999999"),
+    _c("run-micro-batch-1e7", ["run", MLP, "--micro-batch", "1e7"],
+       "--micro-batch must be at most 1,000,000", "got 1e7"),
+    _c("run-global-batch-1e15", ["run", MLP, "--global-batch", "1e15"],
+       "--global-batch must be at most 1,000,000,000", "got 1e15"),
+    _c("run-seed-huge", ["run", MLP, "--seed", "1e20"], "--seed must be at most 4,294,967,295"),
+    _c("run-time-min-huge", ["run", MLP, "--slurm", "--dry-run", "--time-min", "1e9"],
+       "--time-min must be a number of minutes > 0, at most 525,600 (a year), got 1e9"),
+    _c("plan-tokens-1e40", ["plan", GPT, "--tokens", "1e40"], "--tokens must be at most 1e18", "got 1e40"),
+    _c("plan-tokens-negative", ["plan", GPT, "--tokens", "-1e12"],
+       "--tokens must be a finite number > 0, got -1e12"),
+    _c("plan-samples-negative-fraction", ["plan", GPT, "--samples", "-0.5"],
+       "--samples must be a finite number > 0, got -0.5"),
+    _c("scale-repeat-huge", ["scale", MLP, "--gpus", "1", "--repeat", "1e6"], "--repeat must be at most 1,000"),
+    _c("tune-trials-huge", ["tune", MLP, "--trials", "1e9"], "--trials must be at most 1,000"),
+    _c("run-plan-file-huge-micro-batch", ["run", MLP, "--plan", "p.json"],
+       "--plan p.json: its micro_batch must be at most 1,000,000", files={"p.json": json.dumps(
+           {"decisions": {"strategy": "ddp", "precision": "fp32", "micro_batch": 10**9, "grad_accum": 1,
+                          "checkpointing": "none", "compile": False}})}),
+    # --- launches their own plan calls absurd: refused before the run dir, unless --force
+    _c("run-predicted-out-of-memory", ["run", GPT, "--strategy", "ddp", "--precision", "fp32",
+                                       "--micro-batch", "1000000"],
+       "the plan predicts", "GiB/rank for DDP fp32 at micro-batch 1,000,000", "run out of memory", "--force"),
+    _c("lab-predicted-out-of-memory", ["lab", GPT, "--micro-batch", "1000000"], "run out of memory"),
+    _c("scale-predicted-out-of-memory", ["scale", GPT, "--gpus", "1,2", "--micro-batch", "1000000"],
+       "run out of memory"),
+    _c("run-predicted-step-absurd", ["run", MLP, "--global-batch", "1e9", "--steps", "100000"],
+       "the plan predicts", "s/step", "years (the bounds: a day per step, a year per run)",
+       "--force to launch anyway"),
     # --- report
     _c("report-missing-dir", ["report", "nowhere"], "nowhere", "does not exist"),
     _c("report-empty-dir", ["report", "empty"], "no runs in", dirs=("empty",)),
@@ -253,3 +285,14 @@ def test_every_command_and_input_kind_is_covered():
     assert {"run", "plan", "scale", "report", "lab", "inspect", "status", "logs", "cancel"} <= covered
     assert _all(lambda c: c.id.startswith("topology-")) and _all(lambda c: c.id.startswith("config-"))
     assert _all(lambda c: c.id.startswith("workload-"))
+
+
+def test_force_launches_what_the_plan_calls_absurd(tmp_path: Path):
+    # the refused out-of-memory case above, with --force: a dry run that prints the command (a
+    # real run would start, and its ranks die of it)
+    done = run_dlaunch("run", GPT, "--strategy", "ddp", "--precision", "fp32", "--micro-batch", "1000000",
+                       "--force", "--dry-run", cwd=tmp_path,
+                       env={"DLAUNCH_CACHE_DIR": str(tmp_path / "cache"), "CUDA_VISIBLE_DEVICES": ""})
+    assert done.code == 0, done.err
+    assert "# command" in done.out and "torch.distributed.run" in done.out
+    assert not (tmp_path / "runs").exists()

@@ -4,19 +4,22 @@ LaunchSpec (so launch.json) all derive from it; the old spellings live only in t
 
 from __future__ import annotations
 
+import argparse
 import ast
 import dataclasses
 import re
 
 import pytest
 
-from launcher.cli.args import OPTIONS
+from launcher.cli.args import OPTIONS, add_options
+from launcher.cli.main import build_parser
 from launcher.cli.options import BUILDS
 from launcher.errors import UsageError
-from launcher.knobs import RENAMED, Check, knobs_of, migrate
+from launcher.hardware import topology
+from launcher.knobs import RENAMED, Check, at_least, knobs_of, migrate
 from launcher.plan.kernels import KNOBS as KERNEL_KNOBS
 from launcher.request import RunRequest
-from launcher.runspec import LaunchSpec, RunSettings
+from launcher.runspec import MAX_GPUS, MAX_NODES, LaunchSpec, RunSettings
 
 from tests.helpers import REPO
 
@@ -134,3 +137,34 @@ def test_the_planner_reads_its_overrides_by_attribute_only():
     assert kernels <= set(KNOBS)
     assert {f.name for f in dataclasses.fields(Overrides)} <= {k for k, d in KNOBS.items() if d.planned} | {
         "compile_mode"} | kernels
+
+
+def test_every_number_has_an_upper_bound_in_its_one_declaration():
+    declared = [(k.flag, k.check) for k in KNOBS.values()] + [(o.flag, o.check) for o in OPTIONS]
+    assert not [flag for flag, c in declared if c is not None and c.high is None]
+    assert (MAX_GPUS, MAX_NODES) == (topology.MAX_DEVICES_PER_NODE, topology.MAX_NODES)
+    # and --help says it, beside the option's own words
+    parser = argparse.ArgumentParser()
+    add_options(parser, "run")
+    help_text = parser.format_help()
+    assert "(at most 1,000,000,000)" in help_text and "(at most 1,000,000)" in help_text
+
+
+def test_a_number_past_its_bound_is_refused_naming_the_bound():
+    steps = KNOBS["steps"].check.parser("--steps")
+    assert steps("1000000000") == steps("1e9") == 10**9  # a count in scientific notation is a count
+    with pytest.raises(UsageError, match=r"^--steps must be at most 1,000,000,000 \(no real run needs "
+                                         r"more\), got 99999999999999999999$"):
+        steps("99999999999999999999")
+    with pytest.raises(UsageError, match=r"^--steps must be an integer >= 1, got '2.5'$"):
+        steps("2.5")
+    with pytest.raises(UsageError, match=r"^`micro_batch` must be at most 1,000,000 \(no real run needs "
+                                         r"more\), got 10000000$"):
+        RunSettings(micro_batch=10**7)  # made in code (a launch.json, a plan): the same bound
+    assert at_least(1, 10).ok(10) and not at_least(1, 10).ok(11)
+
+
+@pytest.mark.parametrize("given", ["-1e12", "-0.5", "-.5", "-1E+3", "-2"])
+def test_a_negative_number_is_a_value_the_check_refuses(given: str):
+    with pytest.raises(UsageError, match=f"^--tokens must be a finite number > 0, got {re.escape(given)}$"):
+        build_parser().parse_args(["plan", "w.py", "--tokens", given])

@@ -75,6 +75,17 @@ def test_durations_read_as_people_say_them():
     assert [format_duration(s) for s in (40, 720, 5 * 3600, 3 * 86400)] == ["40 s", "12 min", "5.0 h", "3.0 days"]
 
 
+
+def test_huge_durations_read_in_years_then_as_beyond_reach():
+    year = 365.25 * 86_400
+    assert format_duration(400 * 86_400) == "400.0 days"  # under two years: days still
+    assert [format_duration(y * year) for y in (7.42, 1234.4, 999_999)] == ["7.4 years", "1,234 years",
+                                                                          "999,999 years"]
+    # what `--tokens 1e40` used to print as 118974026199857152957383442432.0 days
+    assert [format_duration(x) for x in (1.19e29 * 86_400, float("inf"), float("nan"))] == [
+        "more than 1,000,000 years"] * 3
+
+
 def test_plan_with_a_token_goal_reports_time_gpu_hours_and_goodput(capsys):
     import json
 

@@ -1,17 +1,21 @@
 """`dlaunch tune`'s pure parts: which candidates are tried, how trials (failed ones too) are
 recorded, each trial's plan.json and console, a refused first trial, the plan file `run --plan`
-reads, the per-machine correction of the plan; and `tune --dry-run` (local and SLURM)."""
+reads, the per-machine correction of the plan, two tunes at once (the lock, neither stores its
+trials); and `tune --dry-run` (local and SLURM)."""
 
 from __future__ import annotations
 
 import io
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from launcher.cli.main import main
 from launcher.drivers.tune import (
     MAX_TRIAL_STEPS,
     TRIAL_STEPS,
@@ -29,10 +33,12 @@ from launcher.errors import UsageError
 from launcher.plan.corrections import (
     MAX_TRIALS_PER_PRECISION,
     TrialRecord,
+    TuneLock,
     correction_of,
     load_trials,
     store_trials,
 )
+from launcher.plan.resolve import tune_lock
 from launcher.plan.search import plan
 from launcher.plan.types import Candidate, MemoryEstimate, Plan, StepTimeEstimate
 from launcher.rundir import RunPaths, create_run_dir
@@ -275,3 +281,52 @@ def test_tune_dry_run_prints_every_trials_job_and_starts_nothing(tmp_path: Path)
     assert long.code == 0, long.err
     specs = [json.loads(block.split("\n# ", 1)[0]) for block in long.out.split(".json)\n")[1:]]
     assert specs and all(s["warmup_steps"] == 20 and s["steps"] > 20 for s in specs), specs
+
+
+def test_a_tune_lock_held_elsewhere_contends_both_tunes(tmp_path: Path):
+    path = tmp_path / "cache" / "tune.lock"
+    with TuneLock(path) as first:
+        assert first.held and not first.contended
+        with TuneLock(path) as second:  # another open file: flock sees another holder
+            assert not second.held and second.contended
+        assert first.contended  # the second knocked: the first's trials ran beside it
+    with TuneLock(path) as alone:  # released, knocks forgotten: the next tune is alone
+        assert alone.held and not alone.contended
+    # a holder that dies releases it, however it ends
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'ab'); "
+                               "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)",
+                               str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        with TuneLock(path) as second:
+            assert second.contended
+    finally:
+        holder.kill()
+        holder.wait()
+    with TuneLock(path) as alone:
+        assert alone.held and not alone.contended
+
+
+def test_a_tune_beside_another_stores_no_trials(tmp_path: Path, monkeypatch, capsys):
+    # the real command, planning for real; its trials faked (measured 1.1x the prediction)
+    monkeypatch.setenv("DLAUNCH_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+
+    def run(spec: LaunchSpec, out) -> SimpleNamespace:
+        predicted = json.loads(RunPaths(root=spec.run_dir).plan.read_text())["plan"]["chosen"]["time"]["compute_s"]
+        return SimpleNamespace(status="ok", failures=(), exit_code=0, samples_per_s=100.0,
+                               step_time_median_s=1.1 * predicted)
+
+    monkeypatch.setattr("launcher.cli.tune.Runner", lambda **kw: run)
+    argv = ["tune", str(REPO / "workloads" / "mlp.py"), "--gpus", "1", "--trials", "1", "--steps", "4",
+            "--warmup-steps", "1"]
+    with TuneLock(tune_lock().path):  # another tune's trials are running
+        assert main([*argv, "--tune-dir", str(tmp_path / "t1")]) == 0
+    err = capsys.readouterr().err
+    assert "another dlaunch tune is running on this machine: its timings are contended, not stored" in err, err
+    assert "stored for this machine" not in err
+    assert not list((tmp_path / "cache").glob("corrections/*.json"))
+    # alone, the same tune stores its trial
+    assert main([*argv, "--tune-dir", str(tmp_path / "t2")]) == 0
+    assert "stored for this machine" in capsys.readouterr().err
+    assert [len(load_trials(p)) for p in (tmp_path / "cache").glob("corrections/*.json")] == [1]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import signal
 import time
 from pathlib import Path
 from typing import IO, Any
@@ -21,7 +22,7 @@ from launcher.backends.base import Ended
 from launcher.backends.slurm import submit as backend
 from launcher.backends.slurm.progress import Progress, first_step_time
 from launcher.backends.slurm.queue import JobInfo, cancel_job, in_queue, query_job, read_slurm_file
-from launcher.errors import JobFailed, LaunchError, Refused
+from launcher.errors import Interrupted, JobFailed, LaunchError, Refused
 from launcher.files import atomic_write_json
 from launcher.rundir import RunPaths
 from launcher.runspec import LaunchSpec
@@ -81,7 +82,8 @@ def _say(console: IO[str], text: str) -> None:
 
 def follow(job_id: str, spec: LaunchSpec, slurm: backend.SlurmSpec, *, submitted_at: float,
            console: IO[str]) -> JobInfo:
-    """Poll the job until it is over; print state changes and progress. Ctrl-C cancels it."""
+    """Poll the job until it is over; print state changes and progress. Ctrl-C or SIGTERM to
+    dlaunch cancels it; a SIGHUP (a closed terminal) leaves it running."""
     progress = Progress(Path(spec.run_dir), spec.world_size, spec.steps)
     seen: tuple[str, str, int] | None = None
     pending_since = time.monotonic()
@@ -123,7 +125,11 @@ def follow(job_id: str, spec: LaunchSpec, slurm: backend.SlurmSpec, *, submitted
             if info.final:
                 return _settle(info)
             time.sleep(POLL_S)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
+        if isinstance(e, Interrupted) and e.signum == signal.SIGHUP:
+            # the terminal went away, not the user's wish: the job runs on, as it did when a
+            # SIGHUP killed dlaunch outright (`dlaunch status` / `cancel` find it)
+            raise
         cancel_job(job_id)
         _say(console, f"interrupted: cancelled job {job_id}")
         raise
