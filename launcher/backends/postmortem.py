@@ -235,9 +235,11 @@ def write_missing_summaries(run_dir: str | Path, world_size: int, *, expected_st
                 status, error = "killed", f"by signal {signal_name(ex.code)}"
                 if (cause := abort_cause(rd, rank)) is not None:
                     error += f": {cause}"
-                if not ex.root and any(e.root for e in exits.values()):
-                    # torchrun saw another rank fail first and stopped this one, which died
-                    # of the stopping (a SIGABRT in teardown): listed after the cause
+                left = stall is not None and stall.kind == "exited" and rank not in stall.ranks
+                if left or (not ex.root and any(e.root for e in exits.values())):
+                    # another rank failed first (torchrun's root cause) or left early (dlaunch
+                    # stopped the job for it), and this one died of the stopping (a SIGABRT in
+                    # teardown): listed after the cause
                     when = now
         elif ex is not None:
             status, error = "failed", f"exit code {ex.code} without a summary"

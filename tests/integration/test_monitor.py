@@ -227,6 +227,19 @@ def test_a_rank_dying_while_torchrun_stops_it_is_listed_after_the_root_cause(tmp
     assert s0["time"] > 1.5e9  # aggregate lists rank 1, the cause, first
 
 
+def test_a_rank_dying_while_dlaunch_stops_the_job_for_an_early_exit_is_listed_after_it(tmp_path):
+    # rank 1 returned 0 before its last step (dlaunch's watcher saw it leave and stopped the job);
+    # rank 0, sent SIGTERM, aborted in teardown and is torchrun's only failure, its "root cause"
+    rd = _run_dir(tmp_path)
+    report = TORCHRUN_REPORT.replace("-9 (pid: 14283)  (SIGKILL)", "-6 (pid: 14283)  (SIGABRT)").replace(
+        "rank      : 1 (local_rank: 1)", "rank      : 0 (local_rank: 0)")
+    stall = Stall(kind="exited", message="rank 1 exited before finishing", steps={0: 2, 1: 2}, ranks=(1,))
+    write_missing_summaries(rd, 2, expected_steps=8, beats={}, stall=stall, torchrun_log=report)
+    s0, s1 = _summary(rd, 0), _summary(rd, 1)
+    assert s0["status"] == "killed" and "SIGABRT (6)" in s0["error"] and s1["status"] == "exited"
+    assert s1["time"] < s0["time"]  # aggregate lists rank 1, the cause, first
+
+
 def test_rank_missing_from_torchruns_report_exited_with_code_0(tmp_path):
     rd = _run_dir(tmp_path)
     report = TORCHRUN_REPORT.replace("rank      : 1 (local_rank: 1)", "rank      : 0 (local_rank: 0)")
