@@ -37,9 +37,10 @@ from launcher.drivers.tune import (
     trial_steps,
 )
 from launcher.errors import UsageError
+from launcher.plan.corrections import TuneLock
 from launcher.plan.kernels import given as given_kernels
 from launcher.plan.planfile import write_plan
-from launcher.plan.resolve import plan_workload, store_tune_trials, tune_lock
+from launcher.plan.resolve import cache_root, plan_workload, store_tune_trials
 from launcher.plan.types import Candidate, Overrides
 from launcher.report.tune import read_tune, table_text
 from launcher.rundir import new_run_id
@@ -85,6 +86,7 @@ def cmd_tune(args: argparse.Namespace, workload_args: list[str]) -> int:
     budget_s = opts.budget_min * 60 if opts.budget_min else None
     # two tunes at once here slow each other's trials: neither's are this machine's correction
     # (a SLURM tune's trials run on the partition's nodes, not here)
+    # one per machine, in the cache beside the corrections it guards (`corrections.TuneLock`)
     lock = tune_lock() if place.here else None
     with lock if lock is not None else contextlib.nullcontext():
         if lock is not None and lock.contended:
@@ -115,3 +117,8 @@ def cmd_tune(args: argparse.Namespace, workload_args: list[str]) -> int:
         summary, notes = read_tune(Path(tune.tune_dir))  # the table its report shows, from tune.json
         print(table_text(summary, Path(tune.tune_dir)) if summary is not None else "\n".join(notes))
     return 0 if tune.tuned_plan else 1
+
+
+def tune_lock() -> TuneLock:
+    """This machine's tune lock: <cache root>/tune.lock."""
+    return TuneLock(cache_root() / "tune.lock")

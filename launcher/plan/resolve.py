@@ -39,7 +39,6 @@ from launcher.plan.compile_probe import COMPILE_PROBE_FORMAT, CompileCheck, chec
 from launcher.plan.corrections import (
     Correction,
     TrialRecord,
-    TuneLock,
     correction_of,
     fingerprint,
     load_trials,
@@ -149,11 +148,6 @@ def store_tune_trials(topology: Topology, trials: Sequence[TrialRecord]) -> Path
     path = corrections_path(topology)
     store_trials(path, trials)
     return path
-
-
-def tune_lock() -> TuneLock:
-    """This machine's tune lock (`corrections.TuneLock`): <cache root>/tune.lock."""
-    return TuneLock(cache_root() / "tune.lock")
 
 
 def _cache_key(workload: str, workload_args: Sequence[str]) -> str:

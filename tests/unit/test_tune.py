@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from launcher.cli.main import main
+from launcher.cli.tune import tune_lock
 from launcher.drivers.tune import (
     MAX_TRIAL_STEPS,
     TRIAL_STEPS,
@@ -38,7 +39,6 @@ from launcher.plan.corrections import (
     load_trials,
     store_trials,
 )
-from launcher.plan.resolve import tune_lock
 from launcher.plan.search import plan
 from launcher.plan.types import Candidate, MemoryEstimate, Plan, StepTimeEstimate
 from launcher.rundir import RunPaths, create_run_dir
