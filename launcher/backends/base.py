@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Protocol
 
 from launcher.backends.monitor import Beat, Stall
-from launcher.backends.postmortem import StackInfo
 from launcher.backends.progress import ProgressSpec
+from launcher.backends.stacks import StackInfo
 from launcher.errors import UsageError
 from launcher.runspec import LaunchSpec
 from launcher.specs import SlurmSpec

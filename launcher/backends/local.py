@@ -29,8 +29,8 @@ import psutil
 from launcher.backends.base import Ended, Evidence
 from launcher.backends.keeper import LEFTOVER_PREFIX, keeper_argv, tie_to_parent
 from launcher.backends.monitor import Beat, Stall, Watcher, host_pids, read_heartbeats, record_owner, watch
-from launcher.backends.postmortem import STACK_WAIT_S, dump_stacks, name_straggler
 from launcher.backends.progress import LiveLine, Progress, ProgressSpec
+from launcher.backends.stacks import STACK_WAIT_S, dump_stacks, name_straggler
 from launcher.backends.torchrun import rank_env, torchrun_argv
 from launcher.errors import LaunchError
 from launcher.hardware.detect import usable_cores

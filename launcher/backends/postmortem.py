@@ -6,8 +6,9 @@ on its behalf (`"written_by": "dlaunch"`), from what it knows:
   - torchrun's ChildFailedError report (exit code or signal of each failed local rank, and
     which one torchrun saw first), parsed from its log;
   - the watcher's Stall (a hang, or a rank that left while others went on);
-  - stack dumps the hung ranks wrote on SIGUSR1 (which rank is inside its own code, which
-    ones wait inside torch for it).
+  - stack dumps the hung ranks wrote on SIGUSR1 (which rank is inside its own code or its
+    DataLoader, which ones wait inside torch for it), and where a rank stopped by SIGTERM
+    was when a peer's collective timed out waiting for it (`launcher.backends.stacks`).
 The summaries carry the time the rank stopped, so `report.aggregate` lists the rank that
 caused the failure first; and because they are files, re-reading the run dir later gives the
 same result as the launcher printed.
@@ -25,15 +26,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.backends.monitor import Beat, Stall, host_pids
+from launcher.backends.monitor import Beat, Stall
+from launcher.backends.stacks import StackInfo, stopped_where
 from launcher.files import atomic_write_json, read_json, read_jsonl
 from launcher.rundir import RunPaths
 
 log = logging.getLogger(__name__)
 
-STACKS_SIGNAL = signal.SIGUSR1  # what runtime.recorder registers with faulthandler
-STACK_WAIT_S = 2.0
-_TORCH_DIR = f"{os.sep}torch{os.sep}"
 _EXIT_RE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
 # a C++ exception nobody caught ends the rank with SIGABRT; its text is only in the stderr log
 _TERMINATE_RE = re.compile(r"terminate called after throwing an instance of '(?P<type>[^']+)'")
@@ -41,7 +40,9 @@ _WHAT_RE = re.compile(r"what\(\):\s*(?:\[[^\]]*\]\s*)?(?P<msg>\S.*)")
 _CAUSE_CHARS = 240  # of the cause quoted from a log into the one-line error
 _LOG_TAIL_BYTES = 64 * 1024
 _RANK_PREFIX_RE = re.compile(r"^\[rank\d+\]: ?")
-_FRAME_RE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+# a rank's own error when a collective it waited in timed out (gloo's recv/send, NCCL's watchdog)
+_COLLECTIVE_TIMEOUT_RE = re.compile(r"Timed out waiting \d+ms for (?:recv|send)|collective operation timeout|"
+                                    r"Watchdog caught collective", re.I)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,23 +52,6 @@ class RankExit:
     rank: int
     code: int  # negative: killed by that signal
     root: bool  # torchrun's "first observed failure"
-
-
-STRAGGLER_SAMPLES = 15  # stack samples per rank when naming a straggler (`name_straggler`)
-
-
-@dataclass(frozen=True, kw_only=True)
-class StackInfo:
-    """Where a rank's main thread was when it was asked for its stack."""
-
-    file: str
-    line: int
-    func: str
-    in_torch: bool  # waiting inside torch (a collective, backward, a DataLoader)
-
-    def where(self) -> str:
-        """`in loss_fn (tests/data/fault.py:52)`."""
-        return f"in {self.func} ({_short(self.file)}:{self.line})"
 
 
 def parse_torchrun_exits(text: str) -> dict[int, RankExit]:
@@ -86,93 +70,6 @@ def signal_name(code: int) -> str:
         return f"{signal.Signals(-code).name} ({-code})"
     except ValueError:
         return f"signal {-code}"
-
-
-def dump_stacks(run_dir: str | Path, beats: dict[int, Beat], *,
-                wait_s: float = STACK_WAIT_S) -> dict[int, StackInfo]:
-    """Ask every rank on this host that can take it for its stacks; parse what they wrote."""
-    rd = RunPaths(root=run_dir)
-    pids = {r: p for r, p in host_pids(beats).items() if beats[r].stacks}
-    sizes: dict[int, int] = {}
-    for rank, pid in pids.items():
-        path = rd.stacks(rank)
-        sizes[rank] = path.stat().st_size if path.exists() else 0
-        try:
-            os.kill(pid, STACKS_SIGNAL)
-        except OSError as e:
-            log.debug("rank %d (pid %d): no stack dump: %s", rank, pid, e)
-            sizes.pop(rank)
-    deadline = time.monotonic() + wait_s
-    texts: dict[int, str] = {}
-    while sizes and time.monotonic() < deadline:
-        time.sleep(0.1)
-        for rank in list(sizes):
-            path = rd.stacks(rank)
-            if path.exists() and path.stat().st_size > sizes[rank]:
-                time.sleep(0.1)  # faulthandler writes a frame per write(); let it finish
-                with open(path, encoding="utf-8", errors="replace") as f:
-                    f.seek(sizes.pop(rank))
-                    texts[rank] = f.read()
-    return {r: info for r, t in texts.items() if (info := parse_stack_dump(t)) is not None}
-
-
-def name_straggler(run_dir: str | Path, beats: dict[int, Beat], *, samples: int = STRAGGLER_SAMPLES,
-                   gap_s: float = 0.2) -> str | None:
-    """Which rank keeps the others waiting, from `samples` stack dumps of every rank a
-    `gap_s` apart: in lockstep training the slow rank is the one found in its own code while the
-    others wait inside torch (a collective). A sentence naming it when one rank was in its own
-    code in at least 70% of the samples and 30 points more often than any other; one saying no
-    rank stood out otherwise; None when fewer than two ranks could be sampled."""
-    own: dict[int, int] = {}
-    seen: dict[int, int] = {}
-    where: dict[int, str] = {}
-    for i in range(samples):
-        for rank, info in dump_stacks(run_dir, beats, wait_s=1.0).items():
-            seen[rank] = seen.get(rank, 0) + 1
-            if not info.in_torch:
-                own[rank] = own.get(rank, 0) + 1
-                where[rank] = info.where()
-        if i + 1 < samples:
-            time.sleep(gap_s)
-    if len(seen) < 2:
-        return None
-    shares = sorted(((own.get(r, 0) / n, r) for r, n in seen.items()), reverse=True)
-    (top, rank), (second, _) = shares[0], shares[1]
-    if top >= 0.7 and top - second >= 0.3:
-        return (f"rank {rank} was in its own code in {own[rank]} of {seen[rank]} stack samples "
-                f"({where[rank]}) while the others mostly waited in torch: it is most likely the "
-                f"straggler")
-    return (f"no rank stood out in {samples} stack samples of each (in own code: "
-            + ", ".join(f"rank {r} {share:.0%}" for share, r in sorted(shares, key=lambda x: x[1]))
-            + "): the ranks slowed alike (the host, the data or the network)")
-
-
-def parse_stack_dump(text: str) -> StackInfo | None:
-    """The innermost frame of the main thread in a faulthandler dump (all threads)."""
-    threads: list[list[tuple[str, int, str]]] = []
-    for line in text.splitlines():
-        if line.startswith(("Thread 0x", "Current thread 0x")):
-            threads.append([])
-        elif (m := _FRAME_RE.match(line)) and threads:
-            threads[-1].append((m["file"], int(m["line"]), m["func"]))
-    # the main thread is the one running the rank's entry point (or a script's __main__)
-    main = next((t for t in threads if any(f.endswith(f"runtime{os.sep}entry.py") for f, _, _ in t)),
-                next((t for t in threads if t and t[-1][2] == "<module>"), None))
-    if not main:
-        return None
-    file, line_no, func = main[0]
-    return StackInfo(file=file, line=line_no, func=func, in_torch=_TORCH_DIR in file)
-
-
-def _short(path: str) -> str:
-    """A path relative to the working directory, or from `torch/` on, whichever is shorter."""
-    i = path.rfind(_TORCH_DIR)
-    tail = path[i + 1:] if i >= 0 else path
-    try:
-        rel = os.path.relpath(path)
-    except ValueError:
-        rel = path
-    return min((tail, rel, path), key=len)
 
 
 def _rank_facts(run_dir: Path, rank: int, beats: dict[int, Beat]) -> tuple[int, float | None, bool]:
@@ -263,6 +160,35 @@ def write_missing_summaries(run_dir: str | Path, world_size: int, *, expected_st
                        "time": min(when, float(own.get("time", when)))}
         atomic_write_json(RunPaths(root=rd).summary(rank), summary)
         lines.append(f"rank {rank}: {status}: {error}")
+    if not hung:
+        lines += _blame_the_stuck(rd, world_size, beats)
+    return lines
+
+
+def _blame_the_stuck(run_dir: Path, world_size: int, beats: dict[int, Beat]) -> list[str]:
+    """When a rank's collective timed out before dlaunch called the job hung (a rank stuck
+    from the first step is still 'starting up'), the rank it waited for: one stopped while
+    outside torch (its input pipeline, its own code). Its summary says where it stuck and takes
+    its last sign of life as its time, so the failure list leads with it."""
+    summaries = {r: s for r in range(world_size) if (s := _read_summary(run_dir, r)) is not None}
+    timed_out = {r: float(s.get("time", 0.0)) for r, s in summaries.items() if s.get("status") == "failed"
+                 and _COLLECTIVE_TIMEOUT_RE.search(str(s.get("error", "")))}
+    lines: list[str] = []
+    for rank, own in sorted(summaries.items()):
+        if not timed_out or own.get("status") != "stopped" or own.get("written_by") == "dlaunch":
+            continue
+        st = stopped_where(str(own.get("traceback", "")))
+        if st is None or st.in_torch:
+            continue
+        step, last, _ = _rank_facts(run_dir, rank, beats)
+        error = (f"stuck {st.where()} at step {step + 1}: rank(s) {', '.join(map(str, sorted(timed_out)))} "
+                 "timed out waiting for it in a collective")
+        # it stopped advancing before the collective that waited for it timed out
+        first = min(timed_out.values()) - 1e-3
+        summary = {**own, "status": "hung", "error": error, "rank_error": own.get("error"),
+                   "time": min(last or first, first), "written_by": "dlaunch"}
+        atomic_write_json(RunPaths(root=run_dir).summary(rank), summary)
+        lines.append(f"rank {rank}: hung: {error}")
     return lines
 
 

@@ -43,6 +43,9 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     # recorder flushes what this rank measured and writes its summary. Only once: torchrun and
     # dlaunch may both send one, and a second raise would cut that summary short
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # the stop reaches the DataLoader's workers too; torch's SIGCHLD handler would raise for
+    # each at exit, a traceback that buries why the job ended
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     raise Stopped(128 + signum)
 
 

@@ -7,6 +7,8 @@ loss_fn (run with --no-calibrate so that call is the training step of that numbe
   --fault exit0     the rank exits with code 0 at once (os._exit: no summary, no teardown)
   --fault stubborn  the rank starts a child that ignores SIGTERM (its pid in TMPDIR/stubborn.pid,
                     holding the rank's output open), then raises ValueError
+  --fault stuck-data  the rank's dataset never returns an item (its DataLoader waits forever from
+                    the first batch; the other ranks wait in a collective for it)
 
 `--fault-attempt N` injects only in attempt N of a `--max-restarts` run (-1: every attempt).
 """
@@ -33,19 +35,22 @@ def build_model(cfg):
 
 
 class Data(torch.utils.data.Dataset):
-    def __init__(self, n):
-        self.n = n
+    def __init__(self, n, stuck=False):
+        self.n, self.stuck = n, stuck
 
     def __len__(self):
         return self.n
 
     def __getitem__(self, i):
+        while self.stuck:
+            time.sleep(3600)
         g = torch.Generator().manual_seed(i)
         return torch.randn(8, generator=g), int(i % 2)
 
 
 def make_dataset(cfg, num_samples):
-    return Data(num_samples)
+    stuck = cfg.fault == "stuck-data" and int(os.environ.get("RANK", 0)) == cfg.fault_rank
+    return Data(num_samples, stuck=stuck)
 
 
 def _inject(kind):

@@ -1,9 +1,9 @@
 """Fault injection with real processes (torchrun, gloo, 2 CPU ranks): a rank that raises, is
-SIGKILLed, hangs inside a collective, exits 0 early, or raises leaving a child that ignores
-SIGTERM; and a restart after a failed attempt.
+SIGKILLed, hangs inside a collective, exits 0 early, raises leaving a child that ignores
+SIGTERM, or waits forever on its DataLoader; and a restart after a failed attempt.
 
 Each job must end within (hang timeout +) 15 s of the fault, exit non-zero, name the right
-rank first, and keep every metric written before the fault readable. The six jobs run at
+rank first, and keep every metric written before the fault readable. The seven jobs run at
 the same time (one module fixture) to keep the suite short; that they do not disturb each
 other is part of what is tested.
 """
@@ -15,9 +15,11 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 
 from launcher.results.aggregate import aggregate
@@ -30,6 +32,7 @@ pytestmark = pytest.mark.distributed
 
 HANG_TIMEOUT_S = 10
 FAULT_STEP = 3  # the faulty rank's 3rd loss_fn call: steps 1 and 2 are on disk
+STUCK_HANG_TIMEOUT_S = HANG_TIMEOUT_S
 COMMON = ["--gpus", "2", "--steps", "8", "--log-every", "1", "--no-calibrate",
           "--strategy", "ddp", "--precision", "fp32", "--micro-batch", "8"]
 JOBS = {
@@ -39,6 +42,10 @@ JOBS = {
     "exit0": ["--", "--fault", "exit0"],
     "stubborn": ["--", "--fault", "stubborn"],
     "restart": ["--max-restarts", "1", "--", "--fault", "sigkill", "--fault-attempt", "0"],
+    # stuck from the first batch, so dlaunch still counts the job as starting up: rank 0's
+    # collective times out first (twice the hang timeout)
+    "stuck-data": ["--hang-timeout-s", str(STUCK_HANG_TIMEOUT_S), "--num-workers", "1", "--",
+                   "--fault", "stuck-data"],
 }
 
 
@@ -49,6 +56,7 @@ class Job:
     out: str
     err: str
     ended: float  # wall clock when dlaunch exited
+    started: float  # wall clock when dlaunch was started
 
     def failures(self) -> list[str]:
         return [line for line in self.out.splitlines() if line.startswith("FAILED: ")]
@@ -62,11 +70,12 @@ class Job:
 
 
 @pytest.fixture(scope="module")
-def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Job]:
+def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Job]]:
     root = tmp_path_factory.mktemp("faults")
     env = {**os.environ, "TMPDIR": str(root), "OMP_NUM_THREADS": "1"}
     env.pop("DLAUNCH_DEBUG", None)
     procs = {}
+    started = time.time()
     for name, extra in JOBS.items():
         argv = [sys.executable, "-m", "launcher.cli.main", "run", str(DATA / "fault.py"), *COMMON,
                 "--run-dir", str(root / name), *extra]
@@ -78,14 +87,24 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Job]:
         for name, p in list(procs.items()):
             if p.poll() is not None:
                 out, err = p.communicate()
-                done[name] = Job(root / name, p.returncode, out, err, time.time())
+                done[name] = Job(root / name, p.returncode, out, err, time.time(), started)
                 del procs[name]
         if time.monotonic() > deadline:
             for p in procs.values():
                 p.kill()
             pytest.fail(f"jobs still running after 240 s: {sorted(procs)}")
         time.sleep(0.2)
-    return done
+    yield done
+    # no rank, torchrun or DataLoader worker of any job outlives it
+    left = [p.pid for p in psutil.process_iter() if _environ(p).get("TMPDIR") == str(root)]
+    assert_processes_gone(set(left), within_s=1.0)
+
+
+def _environ(p: psutil.Process) -> dict[str, str]:
+    try:
+        return p.environ()
+    except (psutil.Error, OSError):
+        return {}
 
 
 # within_s bounds how long after the fault dlaunch exits (fault detection, not a speed): the six
@@ -175,3 +194,18 @@ def test_max_restarts_relaunches_with_a_fresh_rendezvous(jobs):
     assert [s["attempt"] for s in starts] == [1]
     history = json.loads(RunPaths(root=job.run_dir).attempts_record.read_text())["attempts"]
     assert [a["attempt"] for a in history] == [0, 1]
+
+
+def test_a_rank_stuck_on_its_input_pipeline_leads_the_failures(jobs):
+    job = jobs["stuck-data"]
+    assert job.code == 1 and "Traceback" not in job.out, job.out + job.err
+    # the waiting rank's collective timed out (2 x 10 s) first, but the stuck rank is named first
+    first, second = job.failures()[:2]
+    assert first.startswith("FAILED: rank 1 (host ") and "hung after 0 steps" in first, job.out
+    assert "stuck waiting for its DataLoader's next batch" in first
+    assert "rank(s) 0 timed out waiting for it in a collective" in first
+    assert second.startswith("FAILED: rank 0 ") and "Timed out waiting" in second
+    # the ranks start, then the 20 s timeout: the seven jobs at once on the 2-core AMD EPYC VM
+    # (2026-11-28) took 70 s for this one (bound 150 s: 2.1x)
+    assert job.ended - job.started <= 150, job.ended - job.started
+    assert run_result(job.run_dir)["failures"][0].startswith("rank 1 ")

@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 from launcher.backends.monitor import Stall, Watcher, read_heartbeats
-from launcher.backends.postmortem import StackInfo, parse_stack_dump, parse_torchrun_exits, write_missing_summaries
+from launcher.backends.postmortem import parse_torchrun_exits, write_missing_summaries
+from launcher.backends.stacks import StackInfo, parse_stack_dump
 from launcher.files import atomic_write_json
 from launcher.rundir import RunPaths
 
@@ -264,6 +265,44 @@ def test_hang_names_the_rank_in_its_own_code_first(tmp_path):
     assert "waiting in run" in s0["error"] and "most likely for rank(s) 1" in s0["error"]
     assert s0["rank_error"] == "Stopped: stopped by SIGTERM"
     assert s1["time"] < s0["time"]  # aggregate lists the culprit first
+
+
+_STOPPED_IN = """Traceback (most recent call last):
+  File "/w/launcher/runtime/entry.py", line 85, in main
+  File "/w/launcher/runtime/loader.py", line 79, in fetch
+  File "/v/site-packages/torch/utils/data/dataloader.py", line 725, in __next__
+  File "/py/lib/python3.11/selectors.py", line 415, in select
+  File "/w/launcher/runtime/entry.py", line 46, in _on_sigterm
+Stopped: stopped by SIGTERM while the job was being ended
+"""
+
+
+def test_a_rank_stopped_in_its_dataloader_is_blamed_for_a_peers_collective_timeout(tmp_path):
+    rd = _run_dir(tmp_path)
+    timeout = "RuntimeError: [gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 20000ms for recv"
+    paths = RunPaths(root=rd)
+    atomic_write_json(paths.summary(0), {"status": "failed", "time": 3.0e9, "error": timeout})
+    atomic_write_json(paths.summary(1), {"status": "stopped", "time": 3.0e9 + 1, "steps": 0,
+                                         "error": "Stopped: stopped by SIGTERM", "traceback": _STOPPED_IN})
+    lines = write_missing_summaries(rd, 2, expected_steps=8, beats={})
+    s1 = _summary(rd, 1)
+    assert s1["status"] == "hung" and s1["written_by"] == "dlaunch" and s1["time"] < 3.0e9
+    assert s1["error"].startswith("stuck waiting for its DataLoader's next batch (/w/launcher/runtime/loader.py:79)")
+    assert "rank(s) 0 timed out waiting for it in a collective" in s1["error"]
+    assert lines == [f"rank 1: hung: {s1['error']}"]
+    assert _summary(rd, 0)["error"] == timeout  # the waiting rank keeps its own error
+
+
+def test_a_rank_stopped_inside_torch_is_not_blamed_for_a_timeout(tmp_path):
+    rd = _run_dir(tmp_path)
+    paths = RunPaths(root=rd)
+    in_torch = _STOPPED_IN.replace("utils/data/dataloader.py", "autograd/graph.py").replace(
+        '  File "/py/lib/python3.11/selectors.py", line 415, in select\n', "")
+    atomic_write_json(paths.summary(0), {"status": "failed", "time": 3.0e9,
+                                         "error": "RuntimeError: Timed out waiting 20000ms for send"})
+    atomic_write_json(paths.summary(1), {"status": "stopped", "time": 3.0e9 + 1, "traceback": in_torch})
+    assert write_missing_summaries(rd, 2, expected_steps=8, beats={}) == []
+    assert _summary(rd, 1)["status"] == "stopped"
 
 
 def test_an_unreadable_summary_is_never_overwritten(tmp_path):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import io
 
-from launcher.backends import postmortem
+from launcher.backends import stacks
 from launcher.backends.monitor import Beat
-from launcher.backends.postmortem import StackInfo
 from launcher.backends.progress import DRIFT_SUSTAIN_S, LiveLine, Progress, ProgressSpec, clock
+from launcher.backends.stacks import StackInfo
 
 
 def beats(step: int, t: float, ranks: int = 2, slow: dict[int, float] | None = None) -> dict[int, Beat]:
@@ -109,14 +109,14 @@ def _stacks(own: set[int]) -> dict[int, StackInfo]:
 
 def test_the_straggler_is_the_rank_found_in_its_own_code(monkeypatch):
     samples = iter([{1}, {1, 2}, {1}, {1}, {0, 1}, {1}, {1}, {1}, {1}, {1}])
-    monkeypatch.setattr(postmortem, "dump_stacks", lambda *a, **k: _stacks(next(samples)))
-    said = postmortem.name_straggler("unused", {}, samples=10, gap_s=0)
+    monkeypatch.setattr(stacks, "dump_stacks", lambda *a, **k: _stacks(next(samples)))
+    said = stacks.name_straggler("unused", {}, samples=10, gap_s=0)
     assert said is not None and said.startswith("rank 1 was in its own code in 10 of 10 stack samples (in loss_fn (")
 
 
 def test_ranks_slowed_alike_name_no_one(monkeypatch):
-    monkeypatch.setattr(postmortem, "dump_stacks", lambda *a, **k: _stacks({0, 1, 2}))
-    said = postmortem.name_straggler("unused", {}, samples=4, gap_s=0)
+    monkeypatch.setattr(stacks, "dump_stacks", lambda *a, **k: _stacks({0, 1, 2}))
+    said = stacks.name_straggler("unused", {}, samples=4, gap_s=0)
     assert said is not None and said.startswith("no rank stood out") and "rank 0 100%" in said
-    monkeypatch.setattr(postmortem, "dump_stacks", lambda *a, **k: {0: _stacks(set())[0]})
-    assert postmortem.name_straggler("unused", {}, samples=2, gap_s=0) is None  # one rank: nothing to compare
+    monkeypatch.setattr(stacks, "dump_stacks", lambda *a, **k: {0: _stacks(set())[0]})
+    assert stacks.name_straggler("unused", {}, samples=2, gap_s=0) is None  # one rank: nothing to compare
