@@ -151,16 +151,19 @@ class Knob:
     # `fallback` is what runs when nothing planned (a plain script, an unplanned SLURM run)
     planned: bool = False
     fallback: Any = None
+    # a plain script honours it: dlaunch applies it around the script (placement, timeouts,
+    # restarts) or passes it on (the step meter's warm-up); any other knob it would ignore
+    script: bool = False
 
 
 def knob(default: T, flag: str, help: str, *, unit: str = "", check: Check | None = None,
          choices: tuple[str, ...] | None = None, kind: str = "value", planned: bool = False,
-         fallback: Any = None) -> T:
+         fallback: Any = None, script: bool = False) -> T:
     """A dataclass field holding a knob: its default and its `Knob` declaration."""
     if kind not in KINDS:
         raise ValueError(f"knob {flag}: kind must be one of {KINDS}, got {kind!r}")
     declared = Knob(flag=flag, help=help, unit=unit, check=check, choices=choices, kind=kind,
-                    planned=planned, fallback=fallback)
+                    planned=planned, fallback=fallback, script=script)
     field: T = dataclasses.field(default=default, metadata={"knob": declared})
     return field
 
@@ -180,6 +183,17 @@ def validate_knobs(obj: Any) -> None:
             k.check.validate(f"`{name}`", value)
         if k.choices is not None and value not in k.choices:
             raise UsageError(f"unknown {name} {value!r}; use one of {', '.join(k.choices)}")
+
+
+def set_for_script(obj: Any) -> list[str]:
+    """The knobs of `obj` a plain script would ignore (`Knob.script` False) that hold neither
+    their default nor their fallback: set on purpose, and silently dropped if launched."""
+    out = []
+    for f in dataclasses.fields(obj):
+        k = f.metadata.get("knob")
+        if k is not None and not k.script and getattr(obj, f.name) not in (f.default, k.fallback):
+            out.append(f.name)
+    return out
 
 
 # launch.json and plan files written before each knob had one name: old -> new (`migrate`)

@@ -27,6 +27,7 @@ from launcher.knobs import (
     migrate,
     non_negative,
     number,
+    set_for_script,
     validate_knobs,
 )
 from launcher.specs import (
@@ -65,11 +66,13 @@ class RunSettings:
     here, when the settings are made, before anything is planned or written."""
 
     gpus: int = knob(1, "--gpus", "processes per node: GPUs, or CPU processes when there is no GPU",
-                     unit="processes", check=at_least(1, MAX_GPUS))
-    nodes: int = knob(1, "--nodes", "nodes (default 1)", unit="nodes", check=at_least(1, MAX_NODES))
+                     unit="processes", check=at_least(1, MAX_GPUS), script=True)
+    nodes: int = knob(1, "--nodes", "nodes (default 1)", unit="nodes", check=at_least(1, MAX_NODES),
+                      script=True)
     steps: int = knob(20, "--steps", "optimizer steps", unit="steps", check=at_least(1, MAX_STEPS))
     warmup_steps: int | None = knob(None, "--warmup-steps", "steps left out of throughput (default: "
-                                    "min(3, steps - 1))", unit="steps", check=at_least(0, MAX_STEPS))
+                                    "min(3, steps - 1))", unit="steps", check=at_least(0, MAX_STEPS),
+                                    script=True)
     micro_batch: int | None = knob(None, "--micro-batch", "samples per rank per forward pass" + _PLANS,
                                    unit="samples", check=at_least(1, MAX_SAMPLES), planned=True,
                                    fallback=8)
@@ -133,19 +136,20 @@ class RunSettings:
     max_grad_norm: float = knob(0.0, "--max-grad-norm", "clip the global gradient norm once per "
                                 "optimizer step (0: off)", check=non_negative(1e9))
     calibrate: bool = knob(True, "--calibrate", "measure exposed communication and busbw in a "
-                           "window after warm-up (--no-calibrate skips it)", kind="toggle")
+                           "window after warm-up (--no-calibrate skips it)", kind="toggle",
+                           script=True)  # a plain script is never calibrated: off is honoured
     num_workers: int = knob(0, "--num-workers", "DataLoader worker processes per rank",
                             unit="processes", check=at_least(0, 1024))
     hang_timeout_s: float = knob(300.0, "--hang-timeout-s", "end the job when no rank advanced for "
                                  "this long (0: never); the collective timeout is twice this "
-                                 "(default 300)", unit="s", check=number(MAX_TIMEOUT_S))
+                                 "(default 300)", unit="s", check=number(MAX_TIMEOUT_S), script=True)
     startup_timeout_s: float | None = knob(None, "--startup-timeout-s", "allowance before every rank "
                                            "finished step 1: imports, model build, compile, "
                                            "rendezvous (default max(900, --hang-timeout-s))",
-                                           unit="s", check=number(MAX_TIMEOUT_S))
+                                           unit="s", check=number(MAX_TIMEOUT_S), script=True)
     max_restarts: int = knob(0, "--max-restarts", "relaunch a failed job up to N times (fresh "
                              "rendezvous, same run dir); it resumes from the last checkpoint (see "
-                             "--checkpoint-every)", check=at_least(0, 10_000))
+                             "--checkpoint-every)", check=at_least(0, 10_000), script=True)
     checkpoint_every: int = knob(0, "--checkpoint-every", "save a checkpoint "
                                  "(torch.distributed.checkpoint, RUN_DIR/checkpoints) every N "
                                  "optimizer steps (0: only on the preemption signal); restarts and "
@@ -240,6 +244,12 @@ class LaunchSpec(RunSettings):
         check(not (self.checkpoint_every and self.is_script), UsageError,
               "`checkpoint_every` needs a workload: dlaunch's harness saves the checkpoints, "
               "and a plain script saves its own")
+        for name in set_for_script(self) if self.is_script else ():
+            value = getattr(self, name)
+            given = "" if isinstance(value, bool) else f" {value}"
+            raise UsageError(f"`{name}`{given} is for workloads: a plain script runs its own "
+                             "training loop and would ignore it; drop it, or give the script its own "
+                             "flag after `--`")
 
     @property
     def parallel(self) -> Strategy:

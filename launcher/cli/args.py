@@ -222,9 +222,10 @@ OPTIONS: tuple[Option, ...] = (
                                   "node without GPUs)"}}),
     Option("--partition", commands=_SLURM, slurm_in=_SLURM,
            yaml=_slurm_text("a partition name"), help="SLURM partition (default: the cluster's default)"),
-    Option("--account", commands=_SLURM, slurm_in=_SLURM,
-           yaml=_slurm_text("an account name")),
-    Option("--qos", commands=_SLURM, slurm_in=_SLURM, yaml=_slurm_text("a QOS name")),
+    Option("--account", commands=_SLURM, slurm_in=_SLURM, yaml=_slurm_text("an account name"),
+           help="SLURM account to charge (default: your default account)"),
+    Option("--qos", commands=_SLURM, slurm_in=_SLURM, yaml=_slurm_text("a QOS name"),
+           help="SLURM quality of service (default: the partition's)"),
     Option("--constraint", commands=_SLURM, slurm_in=_SLURM,
            yaml=_slurm_text("a node feature expression"), help="node features, e.g. a100"),
     Option("--time-min", commands=_SLURM, check=MINUTES, default=DEFAULT_TIME_MIN,
@@ -281,8 +282,11 @@ def add_options(parser: argparse.ArgumentParser, command: str) -> None:
         else:
             target = parser
         kw: dict[str, Any] = {"help": opt.help or None}
+        if opt.help and "default" not in opt.help and not any(opt.default is v for v in (None, False, ())):
+            kw["help"] = f"{kw['help']} (default: {opt.default:g})" if isinstance(opt.default, float) else (
+                f"{kw['help']} (default: {opt.default})")
         if opt.help and opt.check is not None and opt.check.high is not None and opt.check.high > 1:
-            kw["help"] = f"{opt.help} (at most {opt.check.bound()})"  # the bound, said where it is declared
+            kw["help"] += f" (at most {opt.check.bound()})"  # the bound, said where it is declared
         if opt.positional:
             target.add_argument(opt.flag, metavar=opt.metavar, **kw)
             continue

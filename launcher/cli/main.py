@@ -47,23 +47,33 @@ class Command:
     help: str
     description: str
     defaults: Mapping[str, Any] = field(default_factory=dict)
+    examples: tuple[str, ...] = ()  # command lines shown at the end of its --help, as typed
 
 
 _AFTER = "Arguments after `--` go to the workload."
 # in `dlaunch --help` order
 COMMANDS: tuple[Command, ...] = (
     Command("run", "launcher.cli.run:cmd_run", "launch a workload with torchrun and summarise every rank",
-            f"Launch WORKLOAD with torchrun. {_AFTER}"),
+            f"Launch WORKLOAD with torchrun. {_AFTER}", examples=(
+                "dlaunch run workloads/gpt.py --gpus 2 -- --size tiny     # planned, then run",
+                "dlaunch run train.py --gpus 4 -- --lr 3e-4               # a torchrun script, unchanged",
+                "dlaunch run workloads/gpt.py --slurm --nodes 2 --gpus-per-node 8 \\\n"
+                "    --topology topologies/h100-sxm-8x4node-ib.yaml -- --size llama3-8b")),
     Command("inspect", "launcher.cli.inspect:cmd_inspect", "show this machine's hardware: devices, links, NICs, SLURM",
             "Detect this machine (and its SLURM job, if any) and print what the planner will plan for."),
     # plan leaves no child process, thread or open file behind: see `entry`
     Command("plan", "launcher.cli.plan:cmd_plan", "recommend a strategy, precision and batch settings, and say why",
             f"Profile WORKLOAD on the meta device and plan it for this machine or a --topology file. {_AFTER}",
-            {"hard_exit": True}),
+            {"hard_exit": True}, examples=(
+                "dlaunch plan workloads/gpt.py -- --size tiny",
+                "dlaunch plan workloads/gpt.py --topology h100-sxm-8x --tokens 2e12 -- --size llama3-8b",
+                "dlaunch plan workloads/hf_causal_lm.py --topology a100-sxm-8x --json -- --config gpt2")),
     Command("scale", "launcher.cli.scale:cmd_scale", "a scaling sweep: one run per world size, then a report",
             "Run WORKLOAD at each world size in --gpus (weak or strong scaling), resumably, then write "
             "the report. Without --strategy, --precision or --micro-batch the plan for the largest "
-            f"world size decides them, as in `run`. {_AFTER}"),
+            f"world size decides them, as in `run`. {_AFTER}", examples=(
+                "dlaunch scale workloads/gpt.py --gpus 1,2,4 -- --size tiny",
+                "dlaunch scale workloads/gpt.py --gpus 1,2,4 --mode strong --global-batch 32 -- --size tiny")),
     Command("report", "launcher.cli.report:cmd_report", "HTML/Markdown/JSON/PNG report of a run or sweep directory",
             "Scaling efficiency, step-time breakdown, stragglers, busbw and predicted vs measured, as a "
             "self-contained HTML page plus PNG/JSON/Markdown."),
@@ -150,6 +160,15 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see {self.prog} --help)")
 
 
+class _Formatter(argparse.HelpFormatter):
+    """argparse's help, with the examples kept as written (command lines must not be reflowed)."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if text.startswith("examples:"):
+            return "".join(indent + line + "\n" for line in text.splitlines())
+        return super()._fill_text(text, width, indent)
+
+
 class _Version(argparse.Action):
     """`dlaunch --version`: the installed package's version, looked up only when asked (the
     metadata machinery is not on the start-up path of every command)."""
@@ -176,7 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for command in COMMANDS:
-        p = sub.add_parser(command.name, help=command.help, description=command.description)
+        examples = "examples:\n" + "\n".join(f"  {e}" for e in command.examples) if command.examples else None
+        p = sub.add_parser(command.name, help=command.help, description=command.description,
+                           epilog=examples, formatter_class=_Formatter)
         p.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)  # after the command too
         p.set_defaults(handler=command.handler, **command.defaults)  # the handler's name, not yet imported
         add_options(p, command.name)

@@ -88,7 +88,7 @@ def doctor_spec(request: DoctorRequest, *, run_id: str, run_dir: str) -> LaunchS
                       workload_args=("--device", request.device, "--precision", request.precision),
                       run_id=run_id, run_dir=run_dir, device=request.device,
                       nodes=request.nodes, gpus=request.ranks_per_node,
-                      steps=1, warmup_steps=0, hang_timeout_s=HANG_TIMEOUT_S,
+                      warmup_steps=0, hang_timeout_s=HANG_TIMEOUT_S,
                       startup_timeout_s=STARTUP_TIMEOUT_S, compile_mode="default",
                       **RunSettings().decided())
 

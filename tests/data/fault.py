@@ -49,7 +49,8 @@ class Data(torch.utils.data.Dataset):
 
 
 def make_dataset(cfg, num_samples):
-    stuck = cfg.fault == "stuck-data" and int(os.environ.get("RANK", 0)) == cfg.fault_rank
+    # getattr: sibling workloads reuse this data without the fault options
+    stuck = getattr(cfg, "fault", None) == "stuck-data" and int(os.environ.get("RANK", 0)) == cfg.fault_rank
     return Data(num_samples, stuck=stuck)
 
 

@@ -3,6 +3,7 @@ the one merge flag > dlaunch.yaml > default."""
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -31,6 +32,24 @@ def test_each_command_parser_takes_exactly_its_declared_options():
         declared = {o.flag for o in options_of(command) if not o.positional}
         declared |= {f"--no-{o.flag[2:]}" for o in options_of(command) if o.kind == "toggle"}
         assert taken == declared, command
+
+
+def test_every_option_has_help_with_its_default_and_run_shows_examples():
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    for command, p in sub.choices.items():
+        for a in p._actions:
+            assert a.help, f"dlaunch {command} {a.option_strings or a.dest}: no help"
+    text = sub.choices["run"].format_help()
+    said = " ".join(text.split())  # argparse wraps the help: compare it unwrapped
+    for flag, default in (("--gpus", "1"), ("--steps", "20"), ("--seed", "0"), ("--num-workers", "0"),
+                          ("--max-grad-norm", "0")):
+        help_of = re.search(rf" {flag} [A-Z_]+ (.*?)(?= --[a-z]|$)", said.split("options:", 1)[1])
+        assert help_of is not None and f"(default: {default})" in help_of[1], flag
+    examples = text.split("examples:\n", 1)[1].splitlines()
+    runs = [line for line in examples if line.strip().startswith("dlaunch run ")]
+    assert len(runs) == 3 and any("--slurm" in line for line in runs)
+    assert sub.choices["run"].format_usage() in text
 
 
 def test_yaml_keys_are_the_options_that_declare_one(tmp_path: Path):

@@ -25,7 +25,7 @@ def test_local_workload_command_matches_golden():
 
 def test_local_script_command_matches_golden():
     assert_golden("local-script-4.txt", rendering(spec(workload="/work/train.py", workload_args=("--lr", "0.1"),
-                                               is_script=True, gpus=4)))
+                                               is_script=True, gpus=4, steps=20)))
 
 
 def test_user_thread_setting_wins():

@@ -232,6 +232,18 @@ def test_eval_every_is_validated(dlaunch, tmp_path):
                           "--eval-every must be an integer >= 0")
     assert_one_line_error(dlaunch("run", str(DATA / "plain_train.py"), "--eval-every", "2", *plan,
                                   cwd=tmp_path), "--eval-every needs a workload")
+    # a knob the script's own loop would ignore is refused, never silently dropped; the ones
+    # dlaunch applies around the script (placement, timeouts, restarts) are taken
+    script = str(DATA / "plain_train.py")
+    for given, said in ((("--steps", "50"), "--steps 50 is for workloads"),
+                        (("--profile",), "--profile is for workloads"),
+                        (("--strategy", "fsdp_full"), "--strategy fsdp_full is for workloads")):
+        done = dlaunch("run", script, *given, "--dry-run", cwd=tmp_path)
+        assert_one_line_error(done, said)
+        assert "give the script its own flag after `--`" in done.err and not (tmp_path / "runs").exists()
+    done = dlaunch("run", script, "--hang-timeout-s", "30", "--max-restarts", "1", "--gpus", "2", "--dry-run",
+                   cwd=tmp_path)
+    assert done.code == 0, done.err
     done = dlaunch("run", str(DATA / "sgd_cosine.py"), "--eval-every", "5", *plan, cwd=tmp_path)
     assert done.code == 0, done.err
     assert '"eval_every": 5' in done.out
