@@ -145,6 +145,7 @@ def _aggregate(run_dir: Path, ended: Ended, spec: LaunchSpec, console: IO[str], 
     if ended.interrupted is not None:
         stall = Stall(kind="interrupted", steps={}, ranks=(),
                       message=f"{signal.Signals(ended.interrupted).name} to dlaunch")
+    full = None  # the run dir's disk refused the summaries: the likely cause of it all
     if ended.evidence is not None:
         ev = ended.evidence
         try:
@@ -152,9 +153,11 @@ def _aggregate(run_dir: Path, ended: Ended, spec: LaunchSpec, console: IO[str], 
                                     beats=dict(ev.beats), stall=stall, stacks=dict(ev.stacks),
                                     torchrun_log=ev.torchrun_log)
         except StorageError as e:  # a full disk must not cost the summary of what was recorded
-            say(console, f"dlaunch: the summaries of ranks that died were not written: {e}\n")
+            full = f"the ranks' summaries were not written: {e}"
     result = aggregate(run_dir, exit_code=ended.exit_code,
                        wall_time_s=ended.wall_time_s if ended.wall_time_s is not None else wall_time_s)
+    if full is not None:
+        result = dataclasses.replace(result, status="failed", failures=(full, *result.failures))
     if ended.interrupted is not None:
         # stopped on purpose: exit 128 + the signal (130 for Ctrl-C), no rank failures
         result = dataclasses.replace(result, status="interrupted", exit_code=128 + ended.interrupted,

@@ -10,7 +10,8 @@ nodes):
                             optimizer state, outside DCP; runtime.zero says why),
                             complete.json (the completion marker: every file with its size
                             and CRC-32)
-    step-000080.partial/    being written (or the job died while writing): never loaded
+    step-000080.partial/    being written (or the job died while writing): never loaded; a save
+                            that raised removes it
 
 A checkpoint becomes visible atomically: all ranks write into `step-N.partial/`, meet at a
 barrier, then rank 0 writes the completion marker and renames the dir to `step-N/`. DCP saves
@@ -35,6 +36,7 @@ when a checkpoint is saved or loaded (see runtime/__init__).
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import random
@@ -59,6 +61,8 @@ _STEP_DIR = re.compile(r"^step-(\d+)$")
 META = "meta.json"
 MARKER = "complete.json"  # written last by rank 0: {step, files: {name: [size, crc32]}}
 _CHUNK_BYTES = 8 * 1024**2
+_FULL_BELOW_BYTES = 1024**2  # free space under which a failed save is blamed on a full disk
+_SHORT_WRITE = "unexpected pos"  # torch.save's zip writer, when the file did not grow as written
 SCHEDULER = "scheduler.pt"  # the LR scheduler's state_dict (the same on every rank: rank 0's)
 
 
@@ -160,16 +164,28 @@ def save(step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, di
         shutil.rmtree(partial, ignore_errors=True)  # a leftover of a job killed mid-save
         partial.mkdir(parents=True, exist_ok=True)
     _barrier()
-    with _quiet_single_process(up):
-        dcp.save({"train": _TrainState(model, optimizer)}, checkpoint_id=str(partial), no_dist=not up)
-    _save_synced(partial / f"rng-{rank}.pt", _rng_state())
-    if zero.is_zero(optimizer):
-        name, shard = zero.shard(optimizer, rank)
-        _save_synced(partial / name, shard)
-    if rank == 0 and scheduler is not None:
-        _save_synced(partial / SCHEDULER, scheduler.state_dict())
-    if rank == 0:
-        atomic_write_json(partial / META, {"step": step, "world_size": world, **(extra or {})})
+    try:
+        with _quiet_single_process(up):
+            dcp.save({"train": _TrainState(model, optimizer)}, checkpoint_id=str(partial), no_dist=not up)
+        _save_synced(partial / f"rng-{rank}.pt", _rng_state())
+        if zero.is_zero(optimizer):
+            name, shard = zero.shard(optimizer, rank)
+            _save_synced(partial / name, shard)
+        if rank == 0 and scheduler is not None:
+            _save_synced(partial / SCHEDULER, scheduler.state_dict())
+        if rank == 0:
+            atomic_write_json(partial / META, {"step": step, "world_size": world, **(extra or {})})
+    except BaseException as e:  # DCP's CheckpointException is a BaseException
+        # torch.save reports a full disk as a short write ("unexpected pos"), and to the other
+        # ranks only as DCP's list of ranks: ask the disk before the partial checkpoint goes,
+        # and read the short write in any rank's failure (another rank may have freed it)
+        full = _free_bytes(partial.parent) < _FULL_BELOW_BYTES or _SHORT_WRITE in _failure_text(e)
+        # a failed save leaves no partial checkpoint behind: its space goes back to the rank's
+        # summary and the next save
+        shutil.rmtree(partial, ignore_errors=True)
+        if full and not isinstance(e, SystemExit | KeyboardInterrupt):  # not a stop: a failure
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(partial)) from e
+        raise
     _barrier()  # every rank's shard and RNG file is in place
     files = _marker_files(partial, rank, world, up)
     if rank == 0:
@@ -180,6 +196,21 @@ def save(step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, di
     _barrier()  # nobody returns before the checkpoint is visible
     log.debug("rank %d: saved step %d to %s", rank, step, final)
     return final
+
+
+def _failure_text(e: BaseException) -> str:
+    """`e`'s message with those of every rank's failure DCP collected in it (`failures`)."""
+    failures = getattr(e, "failures", None) or {}
+    return " ".join([str(e), *(str(x[0] if isinstance(x, tuple) else x) for x in failures.values())])
+
+
+def _free_bytes(path: Path) -> int:
+    """Bytes an unprivileged writer may still use on `path`'s file system (large if unknown)."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return 1 << 62
+    return st.f_bavail * st.f_frsize
 
 
 def _prune(directory: Path, keep: int) -> None:

@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -126,6 +127,8 @@ def test_a_disk_that_fills_during_a_run_ends_it_with_a_summary(tmp_path: Path, m
     assert done.returncode == 1, text[-3000:]
     assert "Traceback" not in text, text[-3000:]
     assert "FAILED: result.json not written: cannot write" in done.stdout and "no space left" in done.stdout
+    failed = [line for line in done.stdout.splitlines() if line.startswith("FAILED: ")]
+    assert "no space left" in failed[0].lower(), failed  # the cause leads, not "no summary"
     assert "result: " not in done.stdout.splitlines()[-1]
     records = (where / "run" / "rank-0.jsonl").read_text(errors="replace").splitlines()
     assert len(records) > 10  # what was recorded before the disk filled stays
@@ -168,3 +171,26 @@ def test_a_read_only_checkpoint_dir_is_one_line_exit_2_and_a_writable_one_is_use
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert (tmp_path / "elsewhere" / "step-000004" / "complete.json").is_file()
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.distributed
+def test_a_checkpoint_on_a_full_disk_names_enospc_first_and_leaves_no_partial(tmp_path: Path,
+                                                                          mounts: list[Path]):
+    where = tmp_path / "small"
+    _mount(where, "size=1m")  # mlp's checkpoint on 2 ranks is ~3 MB: the first save fills it
+    mounts.append(where)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path), "DLAUNCH_CHECKPOINT_DIR": str(where)}
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "launcher.cli.main", "run", str(REPO / "workloads" / "mlp.py"),
+                           "--gpus", "2", "--steps", "6", "--checkpoint-every", "2", "--no-calibrate",
+                           "--run-dir", str(tmp_path / "run")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    text = done.stdout + done.stderr
+    assert done.returncode == 1 and "Traceback" not in text, text[-3000:]
+    failed = [line for line in done.stdout.splitlines() if line.startswith("FAILED: ")]
+    # DCP's own first line names only the ranks ("CheckpointException ranks:dict_keys([1])")
+    assert len(failed) == 2 and all("failed after 2 steps: ENOSPC: No space left on device writing" in line
+                                    and "step-000002.partial" in line for line in failed), failed
+    assert list(where.iterdir()) == []  # the partial checkpoint is gone, its space free again
+    # ~10 s alone on the 2-core AMD EPYC VM (2026-11-28): bound 120 s
+    assert time.monotonic() - started < 120
