@@ -23,6 +23,12 @@ from launcher.runtime.window import Clock
 from launcher.runtime.wrap import dp_rank
 from launcher.workload import Workload
 
+# a map-style dataset's sampler holds a Python list of every index (~36 bytes each: the int and
+# its slot); past 2^26 samples that is over 2 GiB per rank, so such a run fails at once, saying
+# why, instead of running the host out of memory
+MAX_INDEXED_SAMPLES = 2**26
+_INDEX_BYTES = 36
+
 
 def make_loader(workload: Workload, spec: LaunchSpec, ctx: RankContext, *,
                 start_step: int = 0) -> DataLoader[Any]:
@@ -48,6 +54,13 @@ def make_loader(workload: Workload, spec: LaunchSpec, ctx: RankContext, *,
         stream = RankStream(dataset, dp_size=dp_size, dp_rank=rank, micro_batch=spec.micro_batch,
                             skip_batches=start_step * spec.grad_accum)
         return DataLoader(stream, **kwargs)
+    samples = len(dataset)  # type: ignore[arg-type]  # a map-style dataset is Sized
+    if samples > MAX_INDEXED_SAMPLES:
+        raise WorkloadError(
+            f"the dataset holds {samples:,} samples (--steps {spec.steps:,} x global batch "
+            f"{spec.global_batch:,}), and DistributedSampler lists every index in each rank's memory "
+            f"(~{_INDEX_BYTES * samples / 2**30:,.0f} GiB); run fewer --steps, or let the workload's "
+            "make_dataset return an IterableDataset (streamed, never listed)")
     ranks: DistributedSampler[int] = DistributedSampler(
         dataset, num_replicas=dp_size, rank=rank, shuffle=spec.loader.shuffle, seed=spec.seed,
         drop_last=True)

@@ -1,5 +1,6 @@
 """A rank's failure line leads with the cause (runtime.recorder.error_line): the disk's error
-wherever a write failed, a DataLoader worker's own exception, a stream that ran dry said as such."""
+wherever a write failed, a DataLoader worker's own exception, a stream that ran dry said as such,
+a dataset too large to index refused before its sampler runs the host out of memory."""
 
 from __future__ import annotations
 
@@ -12,9 +13,14 @@ from torch.utils.data import DataLoader, Dataset
 
 from launcher.errors import WorkloadError
 from launcher.rundir import RunPaths
-from launcher.runtime.loader import fetch
+from launcher.runspec import LaunchSpec
+from launcher.runtime.context import RankContext
+from launcher.runtime.loader import MAX_INDEXED_SAMPLES, fetch, make_loader
 from launcher.runtime.recorder import RankRecorder, error_line
 from launcher.runtime.window import Clock
+from launcher.workload import load_workload
+
+from tests.helpers import REPO
 
 
 class CheckpointLike(BaseException):
@@ -68,3 +74,20 @@ def test_a_stream_that_runs_dry_says_so_and_the_summary_carries_the_line(tmp_pat
     recorder.finish("failed", error=CheckpointLike({1: (_full_disk(), None)}))
     summary = json.loads(RunPaths(root=tmp_path).summary(0).read_text())
     assert summary["error"].startswith("ENOSPC: No space left on device") and "Traceback" not in summary["error"]
+
+
+def test_a_dataset_too_large_to_index_fails_at_once_naming_steps_and_the_fix():
+    workload = load_workload(REPO / "workloads" / "mlp.py")
+    ctx = RankContext(rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0, host="h",
+                      device_type="cpu")
+
+    def loader(steps: int) -> DataLoader:
+        spec = LaunchSpec(workload=str(REPO / "workloads" / "mlp.py"), run_id="r", run_dir="/r", steps=steps,
+                          micro_batch=8, grad_accum=1, strategy="ddp", precision="fp32")
+        return make_loader(workload, spec, ctx)
+
+    # --steps 1e8 passes its bound, but the sampler would list 8e8 indices (~27 GiB) per rank
+    with pytest.raises(WorkloadError, match=r"holds 800,000,000 samples \(--steps 100,000,000 x global batch 8\)"
+                                            r".*~27 GiB.*IterableDataset"):
+        loader(10**8)
+    assert len(loader(MAX_INDEXED_SAMPLES // 8).dataset) == MAX_INDEXED_SAMPLES  # type: ignore[arg-type]
