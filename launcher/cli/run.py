@@ -13,7 +13,7 @@ import sys
 
 from launcher.cli.options import RunOptions, load
 from launcher.cli.prepare import build_request, open_run
-from launcher.drivers.launch import launch
+from launcher.drivers.launch import add_warnings, launch
 from launcher.errors import UsageError
 from launcher.results.trackers import TrackerFeed, check_trackers, tracker_params
 from launcher.results.types import RunResult
@@ -60,6 +60,7 @@ def cmd_run(args: argparse.Namespace, workload_args: list[str]) -> int:
         result = launch(rendered, backend, sys.stderr if opts.json else sys.stdout, out=sys.stdout,
                         as_json=opts.json, debug=bool(args.debug), note=request.plan_note, quiet=opts.quiet)
     finally:
-        if feed is not None:
-            feed.finish(result)
+        dropped = feed.finish(result) if feed is not None else {}
+        if dropped and result is not None:
+            add_warnings(spec.run_dir, result, [f"--log-to {name}: {why}" for name, why in dropped.items()])
     return 0 if result is None else exit_status(result)  # None: a detached SLURM job

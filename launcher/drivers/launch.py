@@ -175,6 +175,12 @@ def _how_far(result: RunResult, signum: int, *, steps: int) -> str:
             "rank files keep what was measured")
 
 
+def add_warnings(run_dir: str | Path, result: RunResult, lines: list[str]) -> RunResult:
+    """`result` with `lines` added to its warnings, in result.json too (what went wrong after
+    the result was written: a tracker dropped at the end)."""
+    return _write_result(RunPaths(root=run_dir), dataclasses.replace(result, warnings=(*result.warnings, *lines)))
+
+
 def _write_result(paths: RunPaths, result: RunResult) -> RunResult:
     """result.json; a run that could not be recorded failed (exit 1), said in one line."""
     try:

@@ -19,14 +19,20 @@ MLFLOW_EXPERIMENT_NAME) say, mlflow's defaults otherwise; ended FINISHED or FAIL
 run. W&B: `wandb.init(project=WANDB_PROJECT or "dlaunch", name=<run id>, dir=RUN_DIR)`, offline
 unless WANDB_MODE or WANDB_API_KEY is set: a launcher must never wait for a login prompt.
 
-A tracker that cannot start or log (no server, a bad URI) costs one warning line and is
-dropped: the run goes on, and its files keep every metric.
+A tracker that cannot start or log (no server, a bad URI, a server that hangs or dies) costs one
+warning line and is dropped: the run goes on, its files keep every metric, and result.json
+lists it under `warnings`. Tracker calls run on the feed's thread only, each MLflow request
+bounded (CALL_TIMEOUT_S, no retries unless the MLFLOW_HTTP_REQUEST_* variables ask), and at
+the end the trackers get FINISH_WAIT_S: a tracker never delays the result, the exit or the next
+job. With no MLFLOW_TRACKING_URI and an MLflow without its sqlite store (mlflow-skinny), the
+run goes to RUN_DIR/mlruns (a file store), said in one line.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
 import sys
 import threading
@@ -44,6 +50,8 @@ from launcher.runspec import LaunchSpec
 _NEEDS = {"tensorboard": ("tensorboard", "tensorboard"), "mlflow": ("mlflow", "mlflow-skinny"),
           "wandb": ("wandb", "wandb")}
 FEED_INTERVAL_S = 5.0
+FINISH_WAIT_S = 5.0  # at the end, the trackers' last calls get this long before they are dropped
+CALL_TIMEOUT_S = 5  # an MLflow request's timeout, unless MLFLOW_HTTP_REQUEST_TIMEOUT says otherwise
 TENSORBOARD_SUBDIR = "tensorboard"
 
 
@@ -83,8 +91,21 @@ class _TensorBoard:
 class _MLflow:
     def __init__(self, run_dir: Path, params: Mapping[str, Any]) -> None:
         import mlflow
+        import mlflow.environment_variables as mlflow_env
         from mlflow.entities import Metric, Param, RunTag
 
+        # one bounded try per request unless the user's MLFLOW_HTTP_REQUEST_* say otherwise
+        # (mlflow's defaults retry 7 times over minutes, a warning per retry)
+        mlflow_env.MLFLOW_HTTP_REQUEST_MAX_RETRIES.default = 0
+        mlflow_env.MLFLOW_HTTP_REQUEST_TIMEOUT.default = CALL_TIMEOUT_S
+        mlflow_env.MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT.default = True  # not into dlaunch's output
+        if mlflow_env.MLFLOW_TRACKING_URI.get() is None and importlib.util.find_spec("sqlalchemy") is None:
+            # mlflow's default store is sqlite, which mlflow-skinny cannot open: the run dir's own
+            store = run_dir / "mlruns"
+            mlflow_env.MLFLOW_ALLOW_FILE_STORE.default = True
+            mlflow.set_tracking_uri(f"file:{store}")
+            self.note = (f"no MLFLOW_TRACKING_URI, and this MLflow has no sqlite store: logging to {store} "
+                         f"(mlflow ui --backend-store-uri file:{store})")
         self.metric = Metric
         # the client, by run id: mlflow's fluent API keeps its active run per thread, and the
         # summary is logged from another thread than the steps
@@ -160,8 +181,11 @@ def summary_metrics(result: RunResult) -> dict[str, float]:
 
 
 class TrackerFeed:
-    """Tails rank 0's records into the trackers named while the run goes; `finish` logs the
-    summary and closes them."""
+    """Tails rank 0's records into the trackers named while the run goes; `finish` has the
+    summary logged and the trackers closed. Every tracker call runs on the feed's own thread,
+    never on the launcher's: a tracker that hangs delays nothing but itself, and at the end it
+    gets FINISH_WAIT_S before it is dropped. A dropped tracker is one warning line, kept in
+    `dropped` (the caller records it in result.json)."""
 
     def __init__(self, names: tuple[str, ...], run_dir: str | Path, params: Mapping[str, Any], *,
                  interval_s: float = FEED_INTERVAL_S, warn: Callable[[str], None] | None = None) -> None:
@@ -169,7 +193,10 @@ class TrackerFeed:
         self.interval_s = interval_s
         self.warn = warn or (lambda text: print(f"dlaunch: {text}", file=sys.stderr, flush=True))
         self.sinks: dict[str, Sink] = {}
+        self.dropped: dict[str, str] = {}  # tracker -> why, as warned
+        self.closed: set[str] = set()
         self.last_step = 0
+        self._result: RunResult | None = None
         self._offset, self._inode = 0, -1
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dlaunch-trackers", daemon=True)
@@ -178,19 +205,42 @@ class TrackerFeed:
         self._thread.start()
 
     def _run(self) -> None:
+        _quiet_libraries()
         self._open()  # here, not in start: mlflow's import alone takes a second
         while True:
             self._drain()
             if self._stop.wait(self.interval_s):
-                return
+                break
+        self._end()
+
+    def _end(self) -> None:
+        """What is left of rank 0's records, the summary, and every tracker closed."""
+        self._drain()
+        if self._result is not None:
+            self._log(summary_metrics(self._result), self.last_step)
+        ok = self._result is not None and self._result.status == "ok"
+        for name, sink in list(self.sinks.items()):
+            try:
+                sink.close(ok)
+                self.closed.add(name)
+            except Exception as e:  # noqa: BLE001
+                self._drop(name, f"closing failed ({_first_line(e)})")
+
+    def _drop(self, name: str, why: str) -> None:
+        self.sinks.pop(name, None)
+        if name not in self.dropped:
+            self.dropped[name] = why
+            self.warn(f"--log-to {name}: {why}; not logging to it (the run dir keeps every metric)")
 
     def _open(self) -> None:
         for name in self.names:
             try:
-                self.sinks[name] = _SINKS[name](self.run_dir, self.params)
+                self.sinks[name] = sink = _SINKS[name](self.run_dir, self.params)
             except Exception as e:  # noqa: BLE001 - any tracker failure costs a line, never the run
-                self.warn(f"--log-to {name}: could not start ({type(e).__name__}: "
-                          f"{str(e).splitlines()[0] if str(e) else ''}); not logging to it")
+                self._drop(name, f"could not start ({_first_line(e)})")
+                continue
+            if getattr(sink, "note", None):
+                self.warn(f"--log-to {name}: {getattr(sink, 'note')}")
 
     def _drain(self) -> None:
         """Log the step records rank 0 appended since the last call."""
@@ -220,20 +270,35 @@ class TrackerFeed:
             try:
                 sink.log(metrics, step)
             except Exception as e:  # noqa: BLE001
-                self.warn(f"--log-to {name}: logging failed ({type(e).__name__}: {e}); not logging to it")
-                del self.sinks[name]
+                self._drop(name, f"logging failed ({_first_line(e)})")
 
-    def finish(self, result: RunResult | None) -> None:
-        """Stop tailing, log what is left and the summary, and close every tracker."""
+    def finish(self, result: RunResult | None, *, wait_s: float = FINISH_WAIT_S) -> dict[str, str]:
+        """Have what is left and the summary logged and every tracker closed, waiting at most
+        `wait_s` (Ctrl-C: not at all); a tracker not done by then is dropped. Returns `dropped`."""
+        self._result = result
         self._stop.set()
-        if self._thread.ident is not None:  # started
-            self._thread.join()
-        self._drain()
-        if result is not None:
-            self._log(summary_metrics(result), self.last_step)
-        ok = result is not None and result.status == "ok"
-        for name, sink in self.sinks.items():
-            try:
-                sink.close(ok)
-            except Exception as e:  # noqa: BLE001
-                self.warn(f"--log-to {name}: closing failed ({type(e).__name__}: {e})")
+        if self._thread.ident is None:  # never started: nothing runs beside this thread
+            self._end()
+            return self.dropped
+        try:
+            self._thread.join(wait_s)
+        except KeyboardInterrupt:  # the result is written: stop waiting, exit
+            wait_s = 0.0
+        if self._thread.is_alive():
+            for name in self.names:
+                if name not in self.closed:
+                    self._drop(name, f"no answer within {wait_s:g} s of the run's end, its last metrics "
+                                     "not logged")
+        return self.dropped
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}".strip()
+
+
+def _quiet_libraries() -> None:
+    """The trackers' HTTP libraries log every retry and dropped connection as warnings into
+    dlaunch's stderr; dlaunch says a tracker's trouble once itself."""
+    for name in ("urllib3", "mlflow", "requests", "wandb"):
+        logging.getLogger(name).setLevel(logging.ERROR)

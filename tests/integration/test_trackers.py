@@ -1,14 +1,23 @@
 """`dlaunch run --log-to`: a real 2-rank CPU run logged to TensorBoard, MLflow (a file store in
 the test's folder) and W&B (offline); what each tracker holds is read back (W&B's offline log by
-a reader of its format here) and set against the rank files and result.json."""
+a reader of its format here) and set against the rank files and result.json. Then MLflow
+against a server that hangs, refuses or dies mid-run (a stand-in here), and with no MLflow
+variables set at all."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import socket
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -127,3 +136,98 @@ def _wandb_history(data: bytes) -> list[dict[str, object]]:
             rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
                          for item in record.history.item})
     return rows
+
+
+# --- a tracking server that misbehaves: a stand-in speaking just enough of MLflow's REST API ---
+
+_RUN = {"info": {"run_id": "r1", "run_uuid": "r1", "experiment_id": "0", "run_name": "r", "status": "RUNNING",
+                 "start_time": 1, "artifact_uri": "file:/nowhere", "lifecycle_stage": "active", "user_id": "u"},
+        "data": {}, "inputs": {}}
+_BODY = json.dumps({"run": _RUN, "experiment_id": "0"}).encode()
+
+
+class _Answers(BaseHTTPRequestHandler):
+    """Every request answered with a run; the server stops after `server.answers_left` answers."""
+
+    def _answer(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        server: Any = self.server
+        if server.answers_left <= 0:
+            threading.Thread(target=server.shutdown).start()  # the server dies mid-run
+            self.close_connection = True
+            return
+        server.answers_left -= 1
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(_BODY)))
+        self.end_headers()
+        self.wfile.write(_BODY)
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def misbehaving(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[Any, float, Path]]]:
+    root = tmp_path_factory.mktemp("servers")
+    hangs = socket.socket()  # listens, never accepts: every request waits for an answer
+    hangs.bind(("127.0.0.1", 0))
+    hangs.listen(16)
+    refuses = socket.socket()  # bound and closed: nothing there
+    refuses.bind(("127.0.0.1", 0))
+    refused_port = refuses.getsockname()[1]
+    refuses.close()
+    dies = ThreadingHTTPServer(("127.0.0.1", 0), _Answers)
+    dies.answers_left = 3  # type: ignore[attr-defined]  # the run's creation, its params, one batch
+    threading.Thread(target=dies.serve_forever, daemon=True).start()
+    uris = {"hang": f"http://127.0.0.1:{hangs.getsockname()[1]}", "refuse": f"http://127.0.0.1:{refused_port}",
+            "die": f"http://127.0.0.1:{dies.server_address[1]}", "defaults": None}
+    base = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    procs = {}
+    for name, uri in uris.items():
+        env = {**base, "OMP_NUM_THREADS": "1", "TMPDIR": str(root), **({"MLFLOW_TRACKING_URI": uri} if uri else {})}
+        procs[name] = subprocess.Popen(
+            [sys.executable, "-m", "launcher.cli.main", "run", str(REPO / "workloads" / "mlp.py"), "--gpus", "1",
+             "--steps", "60", "--no-calibrate", "--log-every", "1", "--log-to", "mlflow",
+             "--run-dir", str(root / name)], cwd=root, env=env, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True)
+    done = {}
+    for name, p in procs.items():
+        out, err = p.communicate(timeout=300)
+        done[name] = (subprocess.CompletedProcess(p.args, p.returncode, out, err), time.time(), root / name)
+    yield done
+    hangs.close()
+    dies.server_close()
+
+
+def _job_end(run: Path) -> float:
+    return max(json.loads(p.read_text())["time"] for p in run.glob("rank-*.summary.json"))
+
+
+@pytest.mark.parametrize("server", ["hang", "refuse", "die"])
+def test_a_tracking_server_that_fails_costs_one_line_and_never_the_result(misbehaving, server):
+    done, ended, run = misbehaving[server]
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]  # the job's own status
+    # the job ran 4 at once on the 2-core AMD EPYC VM: dlaunch left within 10 s of the ranks'
+    # end (the tracker's bounded request, 5 s, and the summary)
+    assert ended - _job_end(run) <= 10.0, ended - _job_end(run)
+    said = [line for line in done.stderr.splitlines() if "--log-to mlflow" in line]
+    assert len(said) == 1 and "not logging to it" in said[0], done.stderr
+    quiet = [line for line in (done.stdout + done.stderr).splitlines()
+             if not line.startswith(("dlaunch:", "[rank")) and any(w in line for w in (
+                 "Retry", "urllib3", "Traceback", "mlflow", "View run", "Connection"))]
+    assert quiet == [], quiet  # nothing printed by the tracker library
+    assert any(w.startswith("--log-to mlflow: ") for w in run_result(run)["warnings"])  # kept in result.json
+
+
+def test_mlflow_with_no_variables_set_logs_a_run_in_the_run_dir(misbehaving, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    done, _, run = misbehaving["defaults"]
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "--log-to mlflow: no MLFLOW_TRACKING_URI" in done.stderr and str(run / "mlruns") in done.stderr
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    [found] = MlflowClient(f"file:{run / 'mlruns'}").search_runs(experiment_ids=["0"])
+    assert found.info.status == "FINISHED" and found.info.run_name == run_result(run)["run_id"]

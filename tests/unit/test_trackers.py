@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +87,8 @@ def test_the_feed_logs_each_step_once_then_the_summary(tmp_path: Path, recorder)
     assert sink.closed is (result.status == "ok") is True
     # the tracker that could not start: one line (its error's first line), and nothing more
     assert said == ["--log-to mlflow: could not start (ConnectionError: no server at http://nowhere:5000); "
-                    "not logging to it"]
+                    "not logging to it (the run dir keeps every metric)"]
+    assert feed.dropped == {"mlflow": "could not start (ConnectionError: no server at http://nowhere:5000)"}
 
 
 def test_a_restart_s_new_rank_file_is_read_from_its_start(tmp_path: Path, recorder):
@@ -115,3 +117,24 @@ def test_the_thread_feeds_while_the_run_goes(tmp_path: Path, recorder):
         time.sleep(0.02)
     assert [s for s, _ in Recorder.made[0].logged] == [1, 2, 3]  # before finish
     feed.finish(None)
+
+
+class Hanging(Recorder):
+    def close(self, ok: bool) -> None:
+        time.sleep(600)  # a server that stopped answering
+
+
+def test_a_tracker_that_hangs_at_the_end_costs_the_wait_and_one_line(tmp_path: Path, monkeypatch):
+    monkeypatch.setitem(trackers._SINKS, "tensorboard", Hanging)
+    Recorder.made = []
+    run = write_run(tmp_path / "run", world_size=1, steps=3)
+    said: list[str] = []
+    feed = TrackerFeed(("tensorboard",), run, {"run_id": "r"}, interval_s=0.02, warn=said.append)
+    feed.start()
+    started = time.monotonic()
+    dropped = feed.finish(None, wait_s=0.3)
+    assert time.monotonic() - started < 2.0  # the wait, not the tracker, bounds the end
+    assert [s for s, _ in Recorder.made[0].logged] == [1, 2, 3]  # logged before it hung
+    assert dropped == {"tensorboard": "no answer within 0.3 s of the run's end, its last metrics not logged"}
+    assert said == [f"--log-to tensorboard: {dropped['tensorboard']}; not logging to it (the run dir keeps "
+                    "every metric)"]
