@@ -8,3 +8,4 @@ name its entry module as a string), results, report, drivers or cli.
 """
 
 RANK_ENTRY_MODULE = "launcher.runtime.entry"
+SCRIPT_BOOTSTRAP_MODULE = "launcher.runtime.bootstrap"  # what a plain script runs under

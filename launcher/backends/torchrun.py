@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from launcher.alloc_conf import alloc_conf_env, installed_torch_version
-from launcher.backends import RANK_ENTRY_MODULE
+from launcher.backends import RANK_ENTRY_MODULE, SCRIPT_BOOTSTRAP_MODULE
 from launcher.hardware.types import rank_threads
 from launcher.hardware.visible import cuda_order_env
 from launcher.rundir import CHECKPOINT_DIR_ENV, RunPaths, checkpoint_dir
@@ -73,8 +73,8 @@ def torchrun_argv(spec: LaunchSpec, *, python: str, rdzv_endpoint: str, node_ran
     ]
     if spec.nodes > 1:
         argv += ["--node-rank", str(node_rank)]
-    if spec.is_script:
-        argv += [spec.workload, *spec.workload_args]
+    if spec.is_script:  # run unchanged, measured by the bootstrap's hooks
+        argv += ["-m", SCRIPT_BOOTSTRAP_MODULE, spec.workload, *spec.workload_args]
     else:
         argv += ["-m", RANK_ENTRY_MODULE, str(RunPaths(root=spec.run_dir).launch)]
     return argv

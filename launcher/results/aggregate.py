@@ -150,7 +150,7 @@ def _rank_result(run_dir: Path, rank: int, records: list[dict[str, Any]],
         step_time_max_s=max(times),
         data_wait_share=(sum(r["data_wait_s"] for r in steady) / step_sum) if step_sum else 0.0,
         peak_mem_bytes=max(peaks) if peaks else None,
-        final_loss=steps[-1]["loss"] if steps else earlier_loss,
+        final_loss=steps[-1].get("loss") if steps else earlier_loss,
         error=error,
         log_tail=rank_log_tail(run_dir, node_rank, local_rank) if failed else (),
         exposed_comm_s=comm.get("exposed_comm_s"), busbw_gb_s=comm.get("busbw_gb_s"),
@@ -256,8 +256,9 @@ def aggregate(run_dir: str | Path, *, exit_code: int | None = None,
     code = exit_code if exit_code is not None else (0 if all_ok else 1)
     status = owner or ("ok" if code == 0 and all_ok else "failed")
     if spec.is_script and not measured:
-        notes.append("the script reported no steps (call launcher.runtime.meter.StepMeter.step() "
-                     "once per step to see its throughput)")
+        notes.append("the script reported no steps: no torch optimizer stepped and no StepMeter "
+                     "was called (launcher.runtime.meter.StepMeter.step() once per step shows its "
+                     "throughput)")
     if code != 0 and all_ok:
         failures = failures + (f"torchrun exited {code} although every rank reported success",)
     hosts = host_load(every)

@@ -67,11 +67,13 @@ def format_run(result: RunResult) -> str:
     """The summary printed at the end of `dlaunch run`.
 
     What was not measured shows as "-", never as 0: a rank without steady steps has no rate
-    or step time, and a plain script's data wait is not measured.
+    or step time, and a plain script's data wait when nothing measured it.
     """
     units = result.sample_units
     cpu = result.device == "cpu"
-    script = result.strategy == "script"
+    # a plain script's data wait is measured when its DataLoader was (launcher.runtime.bootstrap)
+    # or its own meter said it; all zero is nobody measuring it
+    script = result.strategy == "script" and not result.data_wait_share
     head = (f"run {result.run_id}: {result.world_size} rank(s) on {result.num_nodes} node(s), "
             f"{result.device}, {result.strategy} {result.precision}: {status_text(result).upper()} "
             f"(exit {result.exit_code}, wall {result.wall_time_s:.1f} s)")

@@ -187,14 +187,14 @@ def run_verdict(ranks: Sequence[RankResult], measured: Sequence[RankResult], *,
     The shares are `step_parts` averaged over ranks (seconds, then / the mean step), the same
     arithmetic as the report's breakdown. `nosync_s`: each rank's sync-off forward+backward
     from the calibration. A plain script (`script`) gets NOT_MEASURED: dlaunch sees its step
-    times only. None when no step was measured.
+    times and data wait, not its communication. None when no step was measured.
     """
     if not measured:
         return None
     if script:
         return {"name": NOT_MEASURED, "shares": {},
-                "evidence": "a plain script: dlaunch measures its step times only; its data wait "
-                            "and exposed communication are not measured, so there is no "
+                "evidence": "a plain script: dlaunch measures its step times and the time it waits "
+                            "on its DataLoader, not its exposed communication, so there is no "
                             "bottleneck verdict (run it as a workload for one)"}
     nosync_s = nosync_s or {}
     per_rank = [step_parts(r.step_time_mean_s or r.step_time_median_s,

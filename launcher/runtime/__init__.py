@@ -12,6 +12,7 @@ Torch-free, because something imports them before the door or without torch:
                        import torch when called, which is after the door
   preemption           the stop flag entry reads however the rank ended
   recorder, meter      also used by plain torchrun scripts (`StepMeter`)
+  bootstrap            the door of a plain script: it measures the script through torch's hooks
 
 Behind the door, torch submodules with a noticeable import of their own (on top of torch, on a
 2-core host: Dynamo 1.4 s, DCP 0.9 s, DTensor 0.8 s, FSDP2 0.6 s, torch.distributed.optim

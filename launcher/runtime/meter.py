@@ -25,14 +25,24 @@ from typing import Any
 
 from launcher.runtime.recorder import RankRecorder
 
+_made: list[StepMeter] = []  # the script's own meters (see `recorders_made`)
+
+
+def recorders_made() -> bool:
+    """Whether the script made a StepMeter of its own (launcher.runtime.bootstrap then records
+    nothing: the script measures itself)."""
+    return bool(_made)
+
 
 class StepMeter:
     """Records one step per `step()` call into RUN_DIR/rank-<r>.jsonl."""
 
     def __init__(self, *, samples_per_step: int, sample_units: str = "samples",
-                 units_per_sample: int = 1, flush_every: int = 10) -> None:
+                 units_per_sample: int = 1, flush_every: int = 10, auto: bool = False) -> None:
         run_dir = os.environ.get("DLAUNCH_RUN_DIR")
         self.enabled = run_dir is not None
+        if not auto:
+            _made.append(self)
         self.samples_per_step = samples_per_step
         self.units_per_step = samples_per_step * units_per_sample
         self.flush_every = flush_every
@@ -54,17 +64,21 @@ class StepMeter:
         })
         self._hook_exit()
 
-    def step(self, loss: Any = None, *, data_wait_s: float = 0.0) -> None:
-        """Mark the end of one optimizer step."""
+    def step(self, loss: Any = None, *, data_wait_s: float = 0.0, samples: int | None = None,
+             units: int | None = None) -> None:
+        """Mark the end of one optimizer step (`samples` / `units`: this step's, when they vary)."""
         if self._recorder is None:
             return
         now = time.perf_counter()
         self._step += 1
-        value = float(loss) if loss is not None else None  # tensors: one sync, the script's choice
+        # tensors: one sync, the script's choice; no loss given is no loss recorded (a null
+        # loss in a record is a NaN one)
+        loss_record = {} if loss is None else {"loss": float(loss)}
         self._recorder.add({"kind": "step", "step": self._step, "time": time.time(),
                             "step_time_s": now - self._last, "data_wait_s": data_wait_s,
-                            "samples": self.samples_per_step, "units": self.units_per_step,
-                            "loss": value, "peak_mem_bytes": None,
+                            "samples": self.samples_per_step if samples is None else samples,
+                            "units": self.units_per_step if units is None else units,
+                            **loss_record, "peak_mem_bytes": None,
                             "warmup": self._step <= self.warmup_steps})
         self._last = now
         if self._step % self.flush_every == 0:

@@ -173,6 +173,15 @@ class RankRecorder:
             # no fsync: this is rewritten every second; readers only need it whole, never durable
             atomic_write_text(self._heartbeat, json.dumps(beat), fsync=False)
 
+    def alive(self, what: str) -> None:
+        """A sign of life between steps (a batch fetched by an evaluation loop): progress for the
+        hang watcher, as `busy`'s beats are; at most one beat per BEAT_INTERVAL_S."""
+        if time.monotonic() - self._last_beat < BEAT_INTERVAL_S:
+            return
+        with self._beat_lock:
+            self._busy, self._busy_beats = what, self._busy_beats + 1
+        self.heartbeat(self.steps_done)
+
     @contextmanager
     def busy(self, what: str, interval_s: float = BEAT_INTERVAL_S) -> Iterator[None]:
         """Beat every `interval_s` from a thread while the caller does `what` (one long call with

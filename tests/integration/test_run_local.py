@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -59,6 +60,36 @@ def test_setup_runs_without_the_cyclic_gc_and_training_with_it_on_a_frozen_setup
     done = dlaunch("run", str(DATA / "gc_state.py"), "--steps", "3", "--no-calibrate",
                    "--run-dir", str(tmp_path / "run"))
     assert done.code == 0, done.out + done.err
+
+
+def _script_counts(out: str, rank: int) -> dict[str, int]:
+    """What a test script printed it counted: `... counted rank R...: N steps, M samples[, T tokens]`."""
+    line = next(x for x in out.splitlines() if x.startswith(f"[rank {rank}] ") and " counted rank " in x)
+    return {unit: int(n) for n, unit in re.findall(r"(\d+) (steps|samples|tokens)", line.split(":", 1)[1])}
+
+
+@pytest.mark.parametrize(("script", "args"), [("ddp_argparse.py", ("--steps", "12")),
+                                              ("hf_trainer.py", ("--max-steps", "12"))])
+def test_a_torchrun_script_is_measured_without_a_line_changed(dlaunch, tmp_path, script, args):
+    """Neither script imports dlaunch: the bootstrap's optimizer-step and DataLoader hooks count
+    what the script's own counters count (HF's Trainer through Accelerate, gradient
+    accumulation in both)."""
+    run = tmp_path / "run"
+    done = dlaunch("run", str(DATA / script), "--gpus", "2", "--run-dir", str(run), "--", *args)
+    assert done.code == 0, done.err[-3000:]
+    result = run_result(run)
+    for rank in (0, 1):
+        counted = _script_counts(done.out + done.err, rank)
+        steps = [r for r in rank_records(run, rank) if r["kind"] == "step"]
+        assert len(steps) == counted["steps"] == result["ranks"][rank]["steps"] == 12
+        # within 5%: Accelerate's DataLoader looks one batch ahead, which the first step counts
+        assert abs(sum(r["samples"] for r in steps) / counted["samples"] - 1) <= 0.05
+        if "tokens" in counted:
+            assert abs(sum(r["units"] for r in steps) / counted["tokens"] - 1) <= 0.05
+        ranked = result["ranks"][rank]
+        assert ranked["samples_per_s"] > 0 and ranked["step_time_median_s"] > 0 and ranked["data_wait_share"] > 0
+    assert result["sample_units"] == ("tokens" if script == "hf_trainer.py" else "samples")
+    assert "data wait" in done.out and "no steps reported" not in done.out + done.err
 
 
 def test_plain_script_runs_unchanged_and_is_measured(dlaunch, tmp_path):

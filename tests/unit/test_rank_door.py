@@ -12,8 +12,8 @@ import sys
 from tests.helpers import REPO
 
 RUNTIME = REPO / "launcher" / "runtime"
-# imported before the door (or by plain scripts): never torch at module level
-TORCH_FREE = ("entry", "doctor_rank", "context", "preemption", "recorder", "meter")
+# imported before the door (or by plain scripts, and their bootstrap): never torch at module level
+TORCH_FREE = ("entry", "doctor_rank", "bootstrap", "context", "preemption", "recorder", "meter")
 # behind the door, these alone are imported where they are needed (the costs: runtime/__init__)
 HEAVY = ("torch._dynamo", "torch.distributed.checkpoint", "torch.distributed.tensor",
          "torch.distributed.fsdp", "torch.distributed.optim")

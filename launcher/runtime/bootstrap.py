@@ -1,0 +1,111 @@
+"""Plain scripts measured without a line changed: torchrun starts each rank of a plain script
+as `python -m launcher.runtime.bootstrap SCRIPT ARGS...`, which runs SCRIPT as `__main__` (its
+own argv, its own directory first on sys.path, as `python SCRIPT` would) after hooking two
+things torch offers every training loop:
+
+  - torch's global optimizer-step hook: one step record per optimizer step (an HF `Trainer`,
+    Accelerate or a hand-written loop alike), with the host time since the previous step;
+  - the DataLoader iterator: the batches the step consumed (samples: the batch's first
+    dimension; tokens when the batch holds `input_ids`), and the time blocked in `__next__`
+    (data wait). Several batches per optimizer step (gradient accumulation) add up.
+
+Records go through the StepMeter a script could use itself; a script that makes its own
+StepMeter (or any rank recorder) is left to it, so nothing is counted twice. What is measured:
+step time (host wall time between optimizer steps), data wait, samples and tokens of the
+batches the DataLoader handed out (a script that feeds its model otherwise counts none). A
+batch fetched between steps (an evaluation loop) is a sign of life for the hang watcher, not a
+step. Without DLAUNCH_RUN_DIR it only runs the script.
+
+Never imports cli, backends, drivers or report.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import time
+from typing import Any
+
+from launcher.runtime import meter as meters
+
+
+class AutoMeter:
+    """Counts the DataLoader's batches and marks each optimizer step (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.meter: meters.StepMeter | None = None
+        self.samples = self.tokens = 0
+        self.data_wait_s = 0.0
+        self.started = time.perf_counter()
+
+    def batch(self, batch: Any, waited_s: float) -> None:
+        samples, tokens = batch_size(batch)
+        self.samples += samples
+        self.tokens += tokens
+        self.data_wait_s += waited_s
+        if self.meter is not None and self.meter._recorder is not None:
+            self.meter._recorder.alive("fetching batches")
+
+    def step(self) -> None:
+        if self.meter is None:
+            if meters.recorders_made():  # the script measures itself
+                return
+            units = "tokens" if self.tokens else "samples"
+            per = max(1, round(self.tokens / self.samples)) if self.tokens and self.samples else 1
+            self.meter = meters.StepMeter(samples_per_step=0, sample_units=units, units_per_sample=per, auto=True)
+            self.meter._last = self.started  # the first step from the script's start (a warm-up step)
+        self.meter.step(data_wait_s=self.data_wait_s, samples=self.samples, units=self.tokens or self.samples)
+        self.samples = self.tokens = 0
+        self.data_wait_s = 0.0
+
+
+def batch_size(batch: Any) -> tuple[int, int]:
+    """(samples, tokens) of one batch: the leading dimension of its first tensor (a tensor, a
+    tuple or list, a dict), and the elements of `input_ids` when it has them (0 otherwise)."""
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return (int(batch.shape[0]) if batch.dim() else 1), 0
+    if isinstance(batch, dict) or hasattr(batch, "keys"):
+        ids = batch.get("input_ids") if hasattr(batch, "get") else None
+        tokens = int(ids.numel()) if isinstance(ids, torch.Tensor) else 0
+        first = next((v for v in batch.values() if isinstance(v, torch.Tensor) and v.dim()), None)
+        return (int(first.shape[0]) if first is not None else 0), tokens
+    if isinstance(batch, tuple | list) and batch:
+        return batch_size(batch[0])[0], 0
+    return 0, 0
+
+
+def install(auto: AutoMeter) -> None:
+    """Hook torch's optimizer steps and DataLoader batches into `auto`."""
+    from torch.optim import optimizer
+    from torch.utils.data import dataloader
+
+    optimizer.register_optimizer_step_post_hook(lambda *_: auto.step())
+    fetch = dataloader._BaseDataLoaderIter.__next__
+
+    def timed_next(self: Any) -> Any:
+        began = time.perf_counter()
+        batch = fetch(self)
+        auto.batch(batch, time.perf_counter() - began)
+        return batch
+
+    dataloader._BaseDataLoaderIter.__next__ = timed_next  # type: ignore[method-assign]
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if not args:
+        print("usage: python -m launcher.runtime.bootstrap SCRIPT [ARGS...]", file=sys.stderr)
+        raise SystemExit(2)
+    script = os.path.abspath(args[0])
+    sys.argv = [args[0], *args[1:]]
+    sys.path[0] = os.path.dirname(script)  # as `python SCRIPT` sets it
+    if os.environ.get("DLAUNCH_RUN_DIR"):
+        install(AutoMeter())
+    runpy.run_path(script, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()
