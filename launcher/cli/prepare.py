@@ -39,8 +39,6 @@ log = logging.getLogger(__name__)
 # commands that run dlaunch's harness and so cannot take a plain torchrun script
 _NEEDS_WORKLOAD = {
     "lab": "dlaunch lab needs a workload, and {given!r} is a plain script",
-    "scale": "dlaunch scale needs a workload file (the harness sets each point's batch); {given} "
-             "is a plain script",
 }
 # the commands whose options build a RunRequest; `run` is a LabOptions with more
 RequestOptions = LabOptions | ScaleOptions | TuneOptions
@@ -92,6 +90,11 @@ def build_request(opts: RequestOptions, workload_args: Sequence[str]) -> tuple[R
     kind = inspect_file(opts.workload, force_script=script)
     if kind.is_script and command in _NEEDS_WORKLOAD:
         raise UsageError(_NEEDS_WORKLOAD[command].format(given=opts.workload))
+    if kind.is_script and isinstance(opts, ScaleOptions) and opts.mode == "strong":
+        # each point runs the script with its own arguments: its batch per rank is its own
+        raise UsageError(f"dlaunch scale --mode strong needs a workload file (the harness splits the global "
+                         f"batch over each point's ranks); {opts.workload} is a plain script, which sets "
+                         "its own batch per rank: use --mode weak")
     backend, place = placed(opts)
     kind.require_tp_plan(opts.settings.tp)
     fields = {**opts.settings.knob_values(), "nodes": place.nodes, "gpus": place.gpus}

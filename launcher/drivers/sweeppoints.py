@@ -164,8 +164,8 @@ class _Points:
         self.points[name] = point
         self.save()
         where = f" on {point.num_nodes} nodes" if point.num_nodes > 1 else ""
-        self.bar.update(index, f"{name} running ({point.world_size} rank(s){where}, micro-batch "
-                               f"{point.micro_batch})")
+        batch = "" if spec.is_script else f", micro-batch {point.micro_batch}"  # a script sets its own
+        self.bar.update(index, f"{name} running ({point.world_size} rank(s){where}{batch})")
         try:
             with open_log_stream(RunPaths(root=pdir).console_log) as console:
                 result = self.run_one(spec, console)

@@ -23,7 +23,7 @@ from launcher.results.types import RunResult
 from launcher.rundir import RunPaths, SweepPaths
 from launcher.runspec import LaunchSpec
 
-from tests.helpers import WORKLOADS, assert_one_line_error
+from tests.helpers import DATA, WORKLOADS, assert_one_line_error
 
 MLP = str(WORKLOADS / "mlp.py")
 TINY = ["--features", "32", "--hidden", "32", "--depth", "1"]
@@ -289,3 +289,17 @@ def test_a_sweep_dir_of_the_old_knob_names_resumes(tmp_path):
     more = FakeLauncher()
     sweep(tmp_path, more, sizes=(1, 2, 4))  # no "another configuration": only the new point runs
     assert [s.world_size for s in more.calls] == [4]
+
+
+def test_a_weak_sweep_of_a_plain_torchrun_script_draws_its_curve(dlaunch, tmp_path):
+    """The script runs unchanged at each world size (its own batch per rank: weak scaling);
+    the bootstrap measures every point, so the report has a throughput per size."""
+    sweep = tmp_path / "sweep"
+    done = dlaunch("scale", str(DATA / "ddp_argparse.py"), "--gpus", "1,2", "--sweep-dir", str(sweep),
+                   "--", "--steps", "12")
+    assert done.code == 0, done.err[-3000:]
+    assert re.search(r"1 rank\(s\): [\d,.]+ samples/s, efficiency 100%", done.out), done.out
+    assert re.search(r"2 rank\(s\): [\d,.]+ samples/s, efficiency \d+%", done.out), done.out
+    points = read_json(sweep / "report" / "report.json")["points"]
+    assert [p["world_size"] for p in points] == [1, 2] and all(p["samples_per_s"] > 0 for p in points)
+    assert (sweep / "report" / "efficiency.png").stat().st_size > 0

@@ -163,8 +163,8 @@ CASES = [
     _c("scale-gpus-twice", ["scale", MLP, "--gpus", "1,1"], "listed twice"),
     _c("scale-gpus-too-many", ["scale", MLP, "--gpus", "1,4096"], "more than"),
     _c("scale-no-gpus", ["scale", MLP], "required"),
-    _c("scale-plain-script", ["scale", str(DATA / "plain_train.py"), "--gpus", "1,2"],
-       "plain script"),
+    _c("scale-plain-script", ["scale", str(DATA / "plain_train.py"), "--gpus", "1,2", "--mode", "strong",
+                              "--global-batch", "16"], "plain script"),
     _c("scale-warmup-too-long", ["scale", MLP, "--gpus", "1", "--steps", "3", "--warmup-steps", "3"],
        "--warmup-steps must be below"),
     # --- numbers past their declared bound (issue 37): refused at parse time, naming the bound;
