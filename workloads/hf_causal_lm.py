@@ -18,7 +18,8 @@ What it owns:
   or else its largest layer list (`model.layers`, `transformer.h`);
 - the loss: next-token cross-entropy over the logits, as gpt.py's.
 
-Mixture-of-experts configs (Mixtral, ...): they train with transformers' own experts kernel.
+Mixture-of-experts configs (Mixtral, Qwen2/3-MoE, OLMoE, DeepSeek-V3: whatever the family calls its
+routed experts, `_EXPERT_COUNTS`): they train with transformers' own experts kernel.
 On the meta device that kernel cannot run (`torch._grouped_mm`'s meta function takes bf16 only;
 the eager path's `nonzero` has a data-dependent shape), so `dlaunch plan` profiles the experts
 through a stand-in registered here (`_balanced_experts`): every expert gets an equal share of
@@ -149,9 +150,14 @@ def _balanced_experts(self: nn.Module, hidden_states: torch.Tensor, top_k_index:
     return out.view(tokens, top_k, hidden).sum(dim=1).to(hidden_states.dtype)
 
 
+# what the MoE families call their routed experts per layer: Mixtral; Qwen2/3-MoE, OLMoE;
+# DeepSeek-V3
+_EXPERT_COUNTS = ("num_local_experts", "num_experts", "n_routed_experts")
+
+
 def _moe_experts(config: Any) -> int:
-    """The experts per layer of an MoE config (Mixtral's `num_local_experts`), 0 otherwise."""
-    return int(getattr(config, "num_local_experts", 0) or 0)
+    """The routed experts per layer of an MoE config, 0 for a dense one."""
+    return next((int(n) for name in _EXPERT_COUNTS if (n := getattr(config, name, 0))), 0)
 
 
 def build_model(cfg: SimpleNamespace) -> nn.Module:
