@@ -52,7 +52,9 @@ from launcher.errors import WorkloadError
 
 DEFAULTS = {"config": "tiny-llama", "seq_len": 0, "tokens": ""}
 SAMPLE_UNITS = "tokens"
-ATTENTION = "dlaunch_causal_sdpa"  # the name our attention function is registered under
+# the name our attention function is registered under (no "sdpa" in it: transformers would then
+# refuse families it has no SDPA path for, Gemma-2's soft-capping among them)
+ATTENTION = "dlaunch_causal"
 BALANCED_EXPERTS = "dlaunch_balanced"  # the meta-device stand-in for an MoE's experts kernel
 
 INSTALL_HINT = "workloads/hf_causal_lm.py needs transformers: pip install 'dlaunch[hf]'"
@@ -126,10 +128,31 @@ def units_per_sample(cfg: SimpleNamespace) -> int:
 
 def _causal_sdpa(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                  attention_mask: torch.Tensor | None, **kwargs: Any) -> Any:
-    """transformers' own SDPA attention, always plainly causal (`is_causal=True`, no mask)."""
+    """transformers' own SDPA attention, plainly causal (`is_causal=True`, no mask); a
+    sliding-window layer (Gemma-2, Mistral) gets its band as a mask built from shapes alone, and
+    soft-capped logits (Gemma-2) the eager arithmetic transformers' own eager attention does."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    return sdpa_attention_forward(module, query, key, value, None, **kwargs)
+    window, softcap = kwargs.get("sliding_window"), kwargs.get("softcap")
+    if not window and not softcap:
+        return sdpa_attention_forward(module, query, key, value, None, **kwargs)
+    q_len, k_len = query.shape[-2], key.shape[-2]
+    # key j is visible from query i when j <= i and, in a window, i - j < window (transformers'
+    # sliding-window overlay)
+    i = torch.arange(q_len, device=query.device).view(-1, 1) + (k_len - q_len)
+    j = torch.arange(k_len, device=query.device).view(1, -1)
+    hidden = (j > i) | (i - j >= window) if window else j > i
+    mask = torch.zeros(q_len, k_len, dtype=query.dtype, device=query.device).masked_fill(
+        hidden, torch.finfo(query.dtype).min)
+    if not softcap:
+        return sdpa_attention_forward(module, query, key, value, mask[None, None], **kwargs)
+    groups = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    scores = torch.matmul(query, key.transpose(2, 3)) * kwargs.get("scaling", query.shape[-1] ** -0.5)
+    scores = torch.tanh(scores / softcap) * softcap + mask
+    weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    weights = F.dropout(weights, p=kwargs.get("dropout", 0.0), training=module.training)
+    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
 
 
 def _balanced_experts(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
@@ -163,11 +186,7 @@ def _moe_experts(config: Any) -> int:
 def build_model(cfg: SimpleNamespace) -> nn.Module:
     transformers = _transformers()
     config = _config(cfg)
-    seq_len = units_per_sample(cfg)
-    window = getattr(config, "sliding_window", None)
-    if window and seq_len > window:
-        raise WorkloadError(f"--seq-len {seq_len} is longer than the config's sliding window of "
-                            f"{window} tokens, which this workload does not mask; use --seq-len {window}")
+    units_per_sample(cfg)  # checks --seq-len against the config
     config.use_cache = False  # training: no KV cache built in the forward (memory, meta-safety)
     # fp32 weights whatever the config says (transformers 5 builds at config.dtype, and a Hub
     # config says float16): the harness's precision plan casts, as for every workload

@@ -194,6 +194,29 @@ def test_every_moe_family_plans_through_the_experts_stand_in_and_trains(dlaunch,
     assert note.startswith("MoE (4 experts, top-2) profiled on the meta device with even routing"), note
 
 
+def test_a_gemma2_config_trains_past_its_window_with_transformers_own_masked_losses():
+    """Gemma-2 alternates sliding-window and full layers and soft-caps its logits: at 4x its
+    window the workload's attention (a band mask from shapes, the soft-cap's eager arithmetic)
+    gives the loss transformers' own eager attention gives with the masks it builds."""
+    workload = load_workload(HF, ["--config", str(DATA / "gemma2-tiny"), "--seq-len", "64"])
+    torch.manual_seed(0)
+    model = workload.build_model()
+    assert model.config.sliding_window * 4 == 64
+    data = workload.make_dataset(2)
+    batch = torch.utils.data.default_collate([data[i] for i in range(2)])
+    windowed = [m for m in model.modules() if getattr(m, "sliding_window", None)]
+    with torch.no_grad():
+        ours = float(workload.loss_fn(model, batch))
+        for module in windowed:  # the window matters at this length: without it, another loss
+            module.sliding_window = None
+        unmasked = float(workload.loss_fn(model, batch))
+        for module in windowed:
+            module.sliding_window = model.config.sliding_window
+        model.set_attn_implementation("eager")
+        theirs = float(workload.loss_fn(model, batch))
+    assert abs(ours - theirs) <= 1e-5 * abs(theirs) and abs(unmasked - theirs) > 1e-3
+
+
 def test_the_meta_experts_stand_in_computes_what_the_experts_do_when_routing_is_even():
     # the stand-in assigns pair p to expert p // share: with that routing it must give what the
     # experts compute by definition (the same matmuls: the same FLOPs and saved activations)
