@@ -199,19 +199,25 @@ class TrackerFeed:
         self._result: RunResult | None = None
         self._offset, self._inode = 0, -1
         self._stop = threading.Event()
+        # set when the thread is through: finish waits on it, not on join (Python before 3.13
+        # takes a thread whose join Ctrl-C interrupted for finished)
+        self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dlaunch-trackers", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
     def _run(self) -> None:
-        _quiet_libraries()
-        self._open()  # here, not in start: mlflow's import alone takes a second
-        while True:
-            self._drain()
-            if self._stop.wait(self.interval_s):
-                break
-        self._end()
+        try:
+            _quiet_libraries()
+            self._open()  # here, not in start: mlflow's import alone takes a second
+            while True:
+                self._drain()
+                if self._stop.wait(self.interval_s):
+                    break
+            self._end()
+        finally:
+            self._done.set()
 
     def _end(self) -> None:
         """What is left of rank 0's records, the summary, and every tracker closed."""
@@ -281,10 +287,10 @@ class TrackerFeed:
             self._end()
             return self.dropped
         try:
-            self._thread.join(wait_s)
+            self._done.wait(wait_s)
         except KeyboardInterrupt:  # the result is written: stop waiting, exit
             wait_s = 0.0
-        if self._thread.is_alive():
+        if not self._done.is_set():
             for name in self.names:
                 if name not in self.closed:
                     self._drop(name, f"no answer within {wait_s:g} s of the run's end, its last metrics "

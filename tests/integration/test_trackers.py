@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -152,6 +153,9 @@ class _Answers(BaseHTTPRequestHandler):
     def _answer(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
         server: Any = self.server
+        if getattr(server, "hang_on", None) and server.hang_on in self.path:
+            time.sleep(60)  # stops answering at the end: the run's closing call hangs
+            return
         if server.answers_left <= 0:
             threading.Thread(target=server.shutdown).start()  # the server dies mid-run
             self.close_connection = True
@@ -231,3 +235,34 @@ def test_mlflow_with_no_variables_set_logs_a_run_in_the_run_dir(misbehaving, mon
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     [found] = MlflowClient(f"file:{run / 'mlruns'}").search_runs(experiment_ids=["0"])
     assert found.info.status == "FINISHED" and found.info.run_name == run_result(run)["run_id"]
+
+
+def test_ctrl_c_while_a_tracker_holds_the_final_flush_exits_at_once(tmp_path):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Answers)
+    server.answers_left, server.hang_on = 10**6, "runs/update"  # type: ignore[attr-defined]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}, "OMP_NUM_THREADS": "1",
+           "TMPDIR": str(tmp_path), "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{server.server_address[1]}"}
+    proc = subprocess.Popen([sys.executable, "-m", "launcher.cli.main", "run", str(REPO / "workloads" / "mlp.py"),
+                             "--gpus", "1", "--steps", "20", "--no-calibrate", "--log-to", "mlflow",
+                             "--run-dir", str(tmp_path / "run")], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # the result is written and printed, then the trackers close
+            if line.startswith("result: "):
+                break
+        time.sleep(0.5)  # inside the final flush: the server holds the closing call
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGINT)
+        sent = time.monotonic()
+        code = proc.wait(timeout=30)
+        assert time.monotonic() - sent < 3.0  # at once: not the 5 s the flush may take, nor more
+    finally:
+        proc.kill()
+        server.shutdown()
+        server.server_close()
+    err = proc.stderr.read() if proc.stderr else ""
+    assert code == 0 and "Traceback" not in err, err[-3000:]  # the job's own status
+    assert "--log-to mlflow: no answer within 0 s of the run's end" in err
+    assert run_result(tmp_path / "run")["status"] == "ok"
