@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -80,6 +81,35 @@ def say(console: IO[str], text: str) -> bool:
         return False
 
 
+# a tqdm bar's line after torchrun's prefix: " 33%|███▎      | 2/6 [00:00<00:00, 15.70it/s]"
+# (a line with more after the bar, where another print joined it, is kept whole)
+_BAR = re.compile(r"^\[rank \d+\] \s*(\d{1,3})%\|[^|]*\|\s*\d+/\d+(?: \[[^\]]*\])?\s*$")
+BAR_EVERY_S = 10.0
+
+
+class BarThrottle:
+    """Which rank lines reach the console while a progress bar redraws (an HF Trainer's tqdm,
+    whose every redraw torchrun turns into a line): a bar line at most every BAR_EVERY_S per
+    rank, and its 100%; the blank lines of its redraws never. The rank log files keep all."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.last: dict[str, float] = {}
+
+    def keep(self, line: str) -> bool:
+        prefix, _, text = line.partition("] ")
+        if not text.strip():
+            return False
+        bar = _BAR.match(line)
+        if bar is None:
+            return True
+        now = self.clock()
+        if bar.group(1) == "100" or now - self.last.get(prefix, -BAR_EVERY_S) >= BAR_EVERY_S:
+            self.last[prefix] = now
+            return True
+        return False
+
+
 def _pump(stream: IO[bytes], emit: Callable[[str], bool], torchrun_log: IO[str], debug: bool,
           stopping: threading.Event | None = None, leftovers: list[str] | None = None) -> None:
     """Send rank lines to the console (`emit`: False once it has gone); torchrun's own lines to
@@ -91,10 +121,12 @@ def _pump(stream: IO[bytes], emit: Callable[[str], bool], torchrun_log: IO[str],
     (the rank lines are in the per-rank log files anyway).
     """
     shown = True
+    bars = BarThrottle()
     for raw in iter(stream.readline, b""):
         line = raw.decode("utf-8", errors="replace")
         if line.startswith("[rank "):
-            shown = shown and emit(line)
+            if bars.keep(line):
+                shown = shown and emit(line)
             continue
         if stopping is not None and "closing signal" in line:
             stopping.set()

@@ -422,3 +422,20 @@ def test_tune_runs_its_trials_on_a_test_double_backend(on_the_double: SyntheticB
     tuned = json.loads(TunePaths(root=tune_dir).tuned_plan.read_text())
     assert tuned["name"] == best["name"] and tuned["measured_samples_per_s"] == best["measured_samples_per_s"]
     assert json.loads(TunePaths(root=tune_dir).record.read_text())["chosen"] == best["name"]
+
+
+def test_a_progress_bar_reaches_the_console_every_ten_seconds_and_at_100_percent():
+    from launcher.backends.local import BarThrottle
+
+    t = [0.0]
+    bars = BarThrottle(clock=lambda: t[0])
+    line = "[rank 0]  {}%|██        | {}/6 [00:00<00:00, 15.70it/s]\n"
+    kept = []
+    for i, pct in enumerate((0, 17, 33, 50, 67, 83)):
+        t[0] = i * 3.0  # a redraw every 3 s
+        kept.append(bars.keep(line.format(pct, i)))
+    assert kept == [True, False, False, False, True, False]  # 0 s, then 12 s
+    assert bars.keep(line.format(100, 6)) and bars.keep("[rank 1]  17%|█▋ | 1/6 [00:00<00:00]\n")
+    assert not bars.keep("[rank 0] \n") and not bars.keep("[rank 0]                      \n")
+    assert bars.keep("[rank 0] {'loss': 5.5}\n") and bars.keep("[rank 0] 50% of the data read\n")
+    assert bars.keep(line.format(17, 1).rstrip("\n") + "[rank 0] {'loss': 5.5}\n")  # joined: kept whole
