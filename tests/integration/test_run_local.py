@@ -69,11 +69,12 @@ def _script_counts(out: str, rank: int) -> dict[str, int]:
 
 
 @pytest.mark.parametrize(("script", "args"), [("ddp_argparse.py", ("--steps", "12")),
-                                              ("hf_trainer.py", ("--max-steps", "12"))])
+                                              ("hf_trainer.py", ("--max-steps", "12")),
+                                              ("lightning_train.py", ("--max-steps", "12"))])
 def test_a_torchrun_script_is_measured_without_a_line_changed(dlaunch, tmp_path, script, args):
-    """Neither script imports dlaunch: the bootstrap's optimizer-step and DataLoader hooks count
-    what the script's own counters count (HF's Trainer through Accelerate, gradient
-    accumulation in both)."""
+    """No script imports dlaunch: the bootstrap's optimizer-step and DataLoader hooks count what
+    the script's own counters count (HF's Trainer through Accelerate, Lightning's DDP strategy,
+    gradient accumulation in all three)."""
     run = tmp_path / "run"
     done = dlaunch("run", str(DATA / script), "--gpus", "2", "--run-dir", str(run), "--", *args)
     assert done.code == 0, done.err[-3000:]
