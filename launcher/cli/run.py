@@ -15,7 +15,7 @@ from launcher.cli.options import RunOptions, load
 from launcher.cli.prepare import build_request, open_run
 from launcher.drivers.launch import add_warnings, launch
 from launcher.errors import UsageError
-from launcher.results.trackers import TrackerFeed, check_trackers, tracker_params
+from launcher.results.trackers import FINISH_WAIT_S, TrackerFeed, check_trackers, tracker_params
 from launcher.results.types import RunResult
 from launcher.rundir import new_run_id
 
@@ -56,11 +56,15 @@ def cmd_run(args: argparse.Namespace, workload_args: list[str]) -> int:
         feed = TrackerFeed(opts.log_to, spec.run_dir, tracker_params(spec))
         feed.start()
     result = None
+    wait_s = FINISH_WAIT_S
     try:
         result = launch(rendered, backend, sys.stderr if opts.json else sys.stdout, out=sys.stdout,
                         as_json=opts.json, debug=bool(args.debug), note=request.plan_note, quiet=opts.quiet)
+    except KeyboardInterrupt:
+        wait_s = 0.0  # Ctrl-C: the trackers get no time at the end either
+        raise
     finally:
-        dropped = feed.finish(result) if feed is not None else {}
+        dropped = feed.finish(result, wait_s=wait_s) if feed is not None else {}
         if dropped and result is not None:
             add_warnings(spec.run_dir, result, [f"--log-to {name}: {why}" for name, why in dropped.items()])
     return 0 if result is None else exit_status(result)  # None: a detached SLURM job

@@ -154,6 +154,7 @@ class _Answers(BaseHTTPRequestHandler):
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
         server: Any = self.server
         if getattr(server, "hang_on", None) and server.hang_on in self.path:
+            server.holding.set()
             time.sleep(60)  # stops answering at the end: the run's closing call hangs
             return
         if server.answers_left <= 0:
@@ -240,6 +241,7 @@ def test_mlflow_with_no_variables_set_logs_a_run_in_the_run_dir(misbehaving, mon
 def test_ctrl_c_while_a_tracker_holds_the_final_flush_exits_at_once(tmp_path):
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Answers)
     server.answers_left, server.hang_on = 10**6, "runs/update"  # type: ignore[attr-defined]
+    server.holding = threading.Event()  # type: ignore[attr-defined]
     threading.Thread(target=server.serve_forever, daemon=True).start()
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}, "OMP_NUM_THREADS": "1",
            "TMPDIR": str(tmp_path), "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{server.server_address[1]}"}
@@ -252,7 +254,9 @@ def test_ctrl_c_while_a_tracker_holds_the_final_flush_exits_at_once(tmp_path):
         for line in proc.stdout:  # the result is written and printed, then the trackers close
             if line.startswith("result: "):
                 break
-        time.sleep(0.5)  # inside the final flush: the server holds the closing call
+        # inside the final flush: the server holds the closing call
+        assert server.holding.wait(30)  # type: ignore[attr-defined]
+        time.sleep(0.2)
         assert proc.poll() is None
         proc.send_signal(signal.SIGINT)
         sent = time.monotonic()
