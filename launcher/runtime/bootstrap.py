@@ -44,8 +44,8 @@ class AutoMeter:
         self.samples += samples
         self.tokens += tokens
         self.data_wait_s += waited_s
-        if self.meter is not None and self.meter._recorder is not None:
-            self.meter._recorder.alive("fetching batches")
+        if self.meter is not None:
+            self.meter.alive("fetching batches")
 
     def step(self) -> None:
         if self.meter is None:
@@ -53,8 +53,9 @@ class AutoMeter:
                 return
             units = "tokens" if self.tokens else "samples"
             per = max(1, round(self.tokens / self.samples)) if self.tokens and self.samples else 1
-            self.meter = meters.StepMeter(samples_per_step=0, sample_units=units, units_per_sample=per, auto=True)
-            self.meter._last = self.started  # the first step from the script's start (a warm-up step)
+            # the first step timed from the script's start (a warm-up step)
+            self.meter = meters.StepMeter(samples_per_step=0, sample_units=units, units_per_sample=per, auto=True,
+                                          start_s=self.started)
         self.meter.step(data_wait_s=self.data_wait_s, samples=self.samples, units=self.tokens or self.samples)
         self.samples = self.tokens = 0
         self.data_wait_s = 0.0

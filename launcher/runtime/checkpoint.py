@@ -54,6 +54,7 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from launcher.files import atomic_write_json, read_json, shown
 from launcher.runtime import zero
+from launcher.runtime.recorder import rank_failures
 
 log = logging.getLogger(__name__)
 
@@ -199,9 +200,8 @@ def save(step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, di
 
 
 def _failure_text(e: BaseException) -> str:
-    """`e`'s message with those of every rank's failure DCP collected in it (`failures`)."""
-    failures = getattr(e, "failures", None) or {}
-    return " ".join([str(e), *(str(x[0] if isinstance(x, tuple) else x) for x in failures.values())])
+    """`e`'s message with those of every rank's failure DCP collected in it."""
+    return " ".join([str(e), *map(str, rank_failures(e))])
 
 
 def _free_bytes(path: Path) -> int:

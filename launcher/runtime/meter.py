@@ -38,7 +38,8 @@ class StepMeter:
     """Records one step per `step()` call into RUN_DIR/rank-<r>.jsonl."""
 
     def __init__(self, *, samples_per_step: int, sample_units: str = "samples",
-                 units_per_sample: int = 1, flush_every: int = 10, auto: bool = False) -> None:
+                 units_per_sample: int = 1, flush_every: int = 10, auto: bool = False,
+                 start_s: float | None = None) -> None:
         run_dir = os.environ.get("DLAUNCH_RUN_DIR")
         self.enabled = run_dir is not None
         if not auto:
@@ -48,7 +49,7 @@ class StepMeter:
         self.flush_every = flush_every
         self.warmup_steps = int(os.environ.get("DLAUNCH_WARMUP_STEPS", "0"))
         self._step = 0
-        self._last = time.perf_counter()
+        self._last = time.perf_counter() if start_s is None else start_s  # perf_counter seconds
         self._recorder: RankRecorder | None = None
         if not self.enabled:
             return
@@ -83,6 +84,11 @@ class StepMeter:
         self._last = now
         if self._step % self.flush_every == 0:
             self._recorder.flush()
+
+    def alive(self, what: str) -> None:
+        """A sign of life between steps (see RankRecorder.alive)."""
+        if self._recorder is not None:
+            self._recorder.alive(what)
 
     def close(self, error: BaseException | None = None) -> None:
         """Write the summary (called automatically at exit)."""

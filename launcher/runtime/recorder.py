@@ -237,13 +237,18 @@ _DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 _WORKER = re.compile(r"Caught \w+ in DataLoader worker process (\d+)")
 
 
+def rank_failures(e: BaseException) -> list[object]:
+    """The per-rank failures a distributed checkpoint's exception collected (`failures`: rank ->
+    (exception, stack)), each rank's exception; [] for any other exception."""
+    return [x[0] if isinstance(x, tuple) else x for x in (getattr(e, "failures", None) or {}).values()]
+
+
 def _disk_error(e: BaseException, seen: int = 0) -> OSError | None:
     """The disk's OSError behind `e`: itself, its cause or context, or a rank's failure inside a
     distributed checkpoint's exception (`failures`: rank -> (exception, stack))."""
     if isinstance(e, OSError) and e.errno in _DISK_FULL:
         return e
-    inner = [x[0] if isinstance(x, tuple) else x for x in (getattr(e, "failures", None) or {}).values()]
-    for nested in (e.__cause__, e.__context__, *inner):
+    for nested in (e.__cause__, e.__context__, *rank_failures(e)):
         if isinstance(nested, BaseException) and seen < 8:
             found = _disk_error(nested, seen + 1)
             if found is not None:
