@@ -14,6 +14,7 @@ Must never import argparse or launcher.cli (no argv here), torch, or the code th
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -78,7 +79,8 @@ class RunRequest(RunSettings):
         choice: dict[str, Any] = {"strategy": chosen.strategy.kind, "precision": chosen.strategy.precision,
                   "micro_batch": chosen.micro_batch, "grad_accum": chosen.grad_accum,
                   "checkpointing": chosen.strategy.checkpointing, "tp": chosen.strategy.tp,
-                  "compile": chosen.strategy.compile}
+                  "compile": chosen.strategy.compile, "offload": chosen.strategy.offload,
+                  "float8": chosen.strategy.float8}
         filled = {k: v for k, v in choice.items() if getattr(self, k) is None}
         warnings = [r for r in planned.plan.reasons if r.startswith("warning:")]
         compiled = " + torch.compile" if filled.get("compile") else ""
@@ -132,7 +134,7 @@ def point_plan(request: RunRequest, spec: LaunchSpec, *, topology: str | None = 
     point = dataclasses.replace(
         request, planned=None, plan_note=None, gpus=spec.gpus, nodes=spec.nodes, global_batch=None,
         **{k: getattr(spec, k) for k in ("micro_batch", "grad_accum", "strategy", "precision",
-                                         "checkpointing", "compile", "tp")})
+                                         "checkpointing", "compile", "tp", "offload", "float8")})
     return follow_plan(point, topology=topology).planned
 
 
@@ -147,6 +149,14 @@ def _planned(request: RunRequest, topology: str | None) -> Planned:
         goal = request.micro_batch * request.grad_accum * request.world_size
     overrides = Overrides(strategy=request.strategy, precision=request.precision,
                           micro_batch=request.micro_batch, checkpointing=request.checkpointing,
-                          compile=request.compile, tp=request.tp, **given_kernels(request))
+                          compile=request.compile, tp=request.tp, offload=request.offload,
+                          # a run weighs float8 only where its ranks can convert (torchao)
+                          float8=request.float8 if request.float8 is not None or has_torchao() else "none",
+                          **given_kernels(request))
     return plan_workload(request.workload, request.workload_args, topo, Goal(global_batch=goal),
                          overrides=overrides)
+
+
+def has_torchao() -> bool:
+    """Whether torchao, which float8 training converts the model with, is installed here."""
+    return importlib.util.find_spec("torchao") is not None

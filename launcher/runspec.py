@@ -37,10 +37,13 @@ from launcher.specs import (
     CUDA_GRAPH_MODES,
     DDP_KINDS,
     DEVICES,
+    FLOAT8_NEEDS_BF16,
+    FLOAT8_RECIPES,
     LOSS_KERNELS,
     MAX_TIMEOUT_S,
     MIN_HANG_TIMEOUT_S,
     NORM_KERNELS,
+    OFFLOAD_NEEDS_FSDP,
     PRECISIONS,
     STRATEGIES,
     LoaderSpec,
@@ -101,6 +104,15 @@ class RunSettings:
                           "block's matmuls (DTensor, sequence parallel), FSDP sharding over the rest; "
                           "needs the workload's tp_plan(model, tp) (default: the plan's; 1 on CPUs)",
                           unit="ranks", check=at_least(1, MAX_GPUS), planned=True, fallback=1)
+    float8: str | None = knob(None, "--float8", "float8 training of the linear layers (torchao's "
+                              "Float8Linear; CPU ranks emulate it), the rest in bf16: none, "
+                              "tensorwise or rowwise scaling (default: the plan's: none, or a "
+                              "recipe on GPUs with float8 tensor cores where predicted faster)",
+                              choices=FLOAT8_RECIPES, planned=True, fallback="none")
+    offload: bool | None = knob(None, "--offload", "FSDP CPU offload: sharded parameters, gradients "
+                                "and optimizer state in host memory, the optimizer step on the CPU "
+                                "(default: the plan's: on only where nothing else fits the GPUs)",
+                                kind="toggle", planned=True, fallback=False)
     attention_kernel: str | None = knob(
         None, "--attention-kernel", "the attention kernel the model calls: sdpa (PyTorch's "
         "scaled_dot_product_attention), fa2 (the flash-attn package), triton-fa (Triton "
@@ -170,6 +182,9 @@ class RunSettings:
               f"`compile_mode` {self.compile_mode} captures CUDA graphs, which FSDP "
               f"({self.strategy}) does not support; use `compile_mode` default or "
               "max-autotune-no-cudagraphs")
+        check(not self.offload or self.strategy not in DDP_KINDS, UsageError, OFFLOAD_NEEDS_FSDP)
+        check(self.float8 in (None, "none") or self.precision in (None, "bf16"), UsageError,
+              FLOAT8_NEEDS_BF16)
         check(self.shard_group_size is None or self.strategy in (None, "hybrid"), UsageError,
               f"`shard_group_size` applies to `strategy` hybrid only, got `strategy` {self.strategy}")
         # ranks beat at least every MIN_HANG_TIMEOUT_S / 2 while they advance (the harness
@@ -214,6 +229,8 @@ class LaunchSpec(RunSettings):
         compile: bool
         compile_mode: str
         tp: int
+        offload: bool
+        float8: str
         startup_timeout_s: float
 
     def __post_init__(self) -> None:
@@ -256,7 +273,8 @@ class LaunchSpec(RunSettings):
         """How each rank wraps and runs the model, as the planner and the runtime's wrap see it."""
         return Strategy(kind=self.strategy, precision=self.precision, checkpointing=self.checkpointing,
                         compile=self.compile, compile_mode=self.compile_mode,
-                        compile_strict=self.compile_strict, tp=self.tp)
+                        compile_strict=self.compile_strict, tp=self.tp, offload=self.offload,
+                        float8=self.float8)
 
     @property
     def loader(self) -> LoaderSpec:

@@ -27,6 +27,15 @@ STRATEGIES = ("ddp", "zero1", "fsdp_full", "fsdp_grad_op", "hybrid")
 # others (FSDP2) shard parameters, gradients and optimizer state
 DDP_KINDS = ("ddp", "zero1")
 PRECISIONS = ("fp32", "bf16", "fp16")
+# float8 training (torchao's Float8Linear, the rest in bf16): off, or its scaling recipe
+FLOAT8_RECIPES = ("none", "tensorwise", "rowwise")
+NO_TORCHAO = ("`float8` {recipe} converts the linear layers with torchao, which is not installed: "
+              "pip install 'dlaunch[float8]' (or drop `float8`)")
+FLOAT8_NEEDS_BF16 = ("`float8` runs the linear layers' GEMMs in float8 and everything else in bf16: "
+                     "use `precision` bf16 with it")
+OFFLOAD_NEEDS_FSDP = ("`offload` keeps FSDP's sharded state in host memory; DDP and ZeRO-1 keep "
+                      "whole parameters on the device: use `strategy` fsdp_full, fsdp_grad_op or "
+                      "hybrid, or drop `offload`")
 MIN_HANG_TIMEOUT_S = 10.0  # twice the harness's flush interval
 MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week; also keeps inf/nan out of the collective timeout
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -158,8 +167,16 @@ class Strategy:
     # tensor-parallel degree: ranks of one node that split every block's matmuls (DTensor, with
     # sequence parallelism), the FSDP kind sharding over the rest (a 2-D mesh ("dp", "tp"))
     tp: int = 1
+    # FSDP2's CPUOffloadPolicy: the sharded fp32 parameters, gradients and optimizer state live
+    # in host memory and the optimizer steps on the CPU (launcher.plan.offload prices it)
+    offload: bool = False
+    float8: str = "none"  # one of FLOAT8_RECIPES (launcher.runtime.float8, launcher.plan.float8)
 
     def __post_init__(self) -> None:
+        check(self.float8 in FLOAT8_RECIPES, UsageError,
+              f"unknown `float8` recipe {self.float8!r}; use one of {', '.join(FLOAT8_RECIPES)}")
+        check(self.float8 == "none" or self.precision == "bf16", UsageError, FLOAT8_NEEDS_BF16)
+        check(not self.offload or self.kind not in DDP_KINDS, UsageError, OFFLOAD_NEEDS_FSDP)
         check(isinstance(self.tp, int) and self.tp >= 1, UsageError,
               f"`tp` (the tensor-parallel degree) must be an integer >= 1, got {self.tp!r}")
         check(self.tp == 1 or self.kind not in DDP_KINDS, UsageError,

@@ -116,6 +116,11 @@ RUNS=(
   # refused in one line with exit 2, which the table checks
   "oom-snapshot|--strategy ddp --precision bf16 --checkpointing none --no-compile --micro-batch $OOM_MB --memory-snapshot"
 )
+if [ "$MODE" = gpu ]; then
+  # float8 (torchao's Float8Linear, compiled, FSDP's float8 all-gather): needs torchao on the
+  # device (pip install 'dlaunch[float8]', or its wheel carried over); without it one line, exit 2
+  RUNS+=("float8|--strategy fsdp_full --precision bf16 --float8 tensorwise --checkpointing none --compile")
+fi
 for entry in "${RUNS[@]}"; do
   name=${entry%%|*}
   read -r -a flags <<<"${entry#*|}"
@@ -123,6 +128,15 @@ for entry in "${RUNS[@]}"; do
     "${DL[@]}" run "${WL[@]}" "${RUN_FLAGS[@]}" --steps "$STEPS" "${flags[@]}" \
     --run-dir "$WORK/runs/$name" --force --json "${WL_ARGS[@]}"
 done
+
+if [ "$MODE" = gpu ]; then
+  # CPU offload: a 7B model on one GPU, its fp32 state in host memory (~100 GiB; the plan refuses
+  # a host without it in one line)
+  step run-offload-7b 420 "$WORK/offload-7b.json" \
+    "${DL[@]}" run "${WL[@]}" --gpus 1 --steps 6 --strategy fsdp_full --offload --precision bf16 \
+    --checkpointing full --micro-batch 1 --no-compile --run-dir "$WORK/runs/offload-7b" --force --json \
+    -- --size llama2-7b --seq-len 2048
+fi
 
 printf '%s\n' "${STEP_LINES[@]}" >"$WORK/steps.tsv"
 "$PY" benchmarks/gpu_acceptance_table.py --work "$WORK" --steps "$WORK/steps.tsv" --mode "$MODE" \

@@ -164,3 +164,15 @@ def strict_json(text: str) -> Any:
         raise ValueError(f"bare {name} is not JSON")
 
     return json.loads(text, parse_constant=refuse)
+
+
+def published_runner() -> Any:
+    """benchmarks/published/run.py as a module (it is a script, not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("published_run", REPO / "benchmarks" / "published" / "run.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module

@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT))
 
 from launcher.errors import PlanError  # noqa: E402
 from launcher.hardware.types import Topology  # noqa: E402
-from launcher.plan import attention, cost  # noqa: E402
+from launcher.plan import attention, cost, gemm  # noqa: E402
 from launcher.plan.candidates import profile_for_goal  # noqa: E402
 from launcher.plan.interval import COVERAGE, seq_band, step_interval  # noqa: E402
 from launcher.plan.kernels import KNOBS  # noqa: E402
@@ -134,7 +134,8 @@ def overrides(row: Mapping[str, Any]) -> Overrides:
                      checkpointing=row["checkpointing"],
                      # 2-D rows: tensor parallel inside a node (optional key); the others ran
                      # without: forced, or the planner may pick TP for them
-                     tp=row.get("tp", 1), **{knob: row[knob] for knob in KNOBS.values()})
+                     tp=row.get("tp", 1), float8=row.get("float8", "none"),
+                     **{knob: row[knob] for knob in KNOBS.values()})
 
 
 def plan_row(row: Mapping[str, Any], topology: Topology, goal: Goal,
@@ -279,7 +280,7 @@ def _stats_line(name: str, s: Mapping[str, Any]) -> str:
 
 # --- the FIT constants: a small grid (`--fit`, leave-one-source-out) ---------------------------
 # Each FIT constant of launcher/plan/cost.py (attention.py: the attention scales) and the
-# values tried; the rest of the model is physics with its source (cost.py: GEMM_HALF_WIDTH and
+# values tried; the rest of the model is physics with its source (gemm.py: GEMM_HALF_WIDTH and
 # GEMM_HALF_TOKENS from a measurement; refit freely on these rows T goes to 2048, which the
 # measured GEMMs contradict and which flips an 8 x A100 1.3B plan from DDP to FSDP on micro-batch
 # size alone), or FIT constants kept from the earlier fit: CONTENTION (its
@@ -304,20 +305,20 @@ FIT_TOLERANCE = 0.02
 @contextlib.contextmanager
 def fit_constants(point: Mapping[str, float]) -> Iterator[None]:
     """The cost model with the FIT constants of `point` (restored after)."""
-    saved = (dict(cost.GEMM_PEAK_FRACTION), cost.MEMORY_PASSES, dict(attention.ATTENTION_RUN_SCALE))
+    saved = (dict(gemm.GEMM_PEAK_FRACTION), cost.MEMORY_PASSES, dict(attention.ATTENTION_RUN_SCALE))
     try:
-        cost.GEMM_PEAK_FRACTION = {**saved[0], (8, 0): point["A100_GEMM_PEAK_FRACTION"]}
+        gemm.GEMM_PEAK_FRACTION = {**saved[0], (8, 0): point["A100_GEMM_PEAK_FRACTION"]}
         cost.MEMORY_PASSES = point["MEMORY_PASSES"]
         attention.ATTENTION_RUN_SCALE = {**saved[2], "triton-fa": point["TRITON_SCALE"],
                                          "fa2": point["FA2_SCALE"]}
         yield
     finally:
-        cost.GEMM_PEAK_FRACTION, cost.MEMORY_PASSES, attention.ATTENTION_RUN_SCALE = saved
+        gemm.GEMM_PEAK_FRACTION, cost.MEMORY_PASSES, attention.ATTENTION_RUN_SCALE = saved
 
 
 def current_point() -> dict[str, float]:
     """The FIT constants as cost.py (and attention.py) set them."""
-    return {"A100_GEMM_PEAK_FRACTION": cost.GEMM_PEAK_FRACTION[(8, 0)],
+    return {"A100_GEMM_PEAK_FRACTION": gemm.GEMM_PEAK_FRACTION[(8, 0)],
             "MEMORY_PASSES": cost.MEMORY_PASSES,
             "TRITON_SCALE": attention.ATTENTION_RUN_SCALE["triton-fa"],
             "FA2_SCALE": attention.ATTENTION_RUN_SCALE["fa2"]}
@@ -513,6 +514,23 @@ def cli_check(row: Mapping[str, Any]) -> str:
             f"kernels {kernels}")
 
 
+FLOAT8_PAIRS = Path(__file__).with_name("float8.yaml")
+
+
+def float8_pairs(path: Path = FLOAT8_PAIRS) -> list[tuple[str, float, float]]:
+    """(bf16 row id, published float8/bf16 ratio, the plan's) for each pair of `path`: the bf16
+    row planned as published, then again with the pair's float8 recipe through the --float8
+    override (`overrides`' float8, as a user gives it)."""
+    rows = {r["id"]: r for r in load_rows()}
+    out = []
+    for pair in yaml.safe_load(path.read_text(encoding="utf-8"))["pairs"]:
+        row = rows[pair["bf16_row"]]
+        bf16 = predict(row).predicted
+        f8 = predict({**row, "float8": pair["float8"]}).predicted
+        out.append((row["id"], pair["tokens_per_s_per_gpu"] / row["tokens_per_s_per_gpu"], f8 / bf16))
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run every row (or `--only` some) and print the comparison."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -545,6 +563,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("\n" + "\n".join(intervals_literal(results, summary["fit"]["held_out_ratio"])))
     if args.cli:
         print(cli_check(next(r for r in rows if r["id"] == args.cli)))
+    if not args.only:
+        print("\nfloat8 against bf16 (benchmarks/published/float8.yaml): published ratio, the plan's")
+        for rid, published, planned in float8_pairs():
+            print(f"  {rid:<45} {published:.3f}  {planned:.3f}  ({planned / published - 1:+.1%})")
     print(f"({len(rows)} rows in {time.perf_counter() - t0:.1f} s)")
     if args.json:
         print(json.dumps(summary, indent=2))

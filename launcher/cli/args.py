@@ -125,6 +125,8 @@ OPTIONS: tuple[Option, ...] = (
                 "result.json's summary) to these trackers, comma-separated: "
                 f"{', '.join(TRACKERS)} (needs the tracker's package; see docs/commands.md)"),
     knob_option("tp", commands=(*RUN, "plan", "scale")),
+    knob_option("offload", commands=(*RUN, "plan", "scale")),
+    knob_option("float8", commands=(*RUN, "plan", "scale")),
     *(knob_option(name, commands=(*RUN, "plan", "scale", "tune"))
       for name in ("attention_kernel", "loss_kernel", "norm_kernel")),
     *(knob_option(name, commands=RUN) for name in (

@@ -26,7 +26,7 @@ import psutil
 
 from launcher.hardware.gpu_probe import probe_gpus
 from launcher.hardware.nvtopo import gpu_spec, inter_node_link, intra_node_link, nvlink_gb_s
-from launcher.hardware.types import DeviceSpec, Link, Nic, Topology
+from launcher.hardware.types import DeviceSpec, Host, Link, Nic, Topology
 from launcher.specs import GIB
 
 log = logging.getLogger(__name__)
@@ -266,8 +266,9 @@ def detect_topology(*, env: Mapping[str, str] | None = None,
         return Topology(name=f"detected-{host}", device="cuda", num_nodes=num_nodes,
                         devices_per_node=n, intra_node=intra, accelerator=accel,
                         inter_node=inter, cpu_cores_per_node=cores, nics=nics,
-                        device_links=links, source=f"detected on {host} via {gpus.how}{note}")
-    mem_gib = psutil.virtual_memory().total / GIB
+                        device_links=links, host=detected_host(gpus.pcie_gb_s),
+                        source=f"detected on {host} via {gpus.how}{note}")
+    mem_gib = host_mem_gib()
     host_peaks = cpu_peak_tflops(cpu.flags, cpu.ghz, cores)
     accel = DeviceSpec(
         name=f"{cpu.model} - 1 core per process",
@@ -282,4 +283,29 @@ def detect_topology(*, env: Mapping[str, str] | None = None,
     return Topology(name=f"detected-{host}", device="cpu", num_nodes=num_nodes,
                     devices_per_node=cores, accelerator=accel, intra_node=intra,
                     inter_node=inter, cpu_cores_per_node=cores, nics=nics,
-                    source=f"detected on {host}: no usable GPU")
+                    host=detected_host(None), source=f"detected on {host}: no usable GPU")
+
+
+# An optimizer step on the host streams its state at the node's memory bandwidth, which no
+# probe here reads without timing it: a conservative figure for a server (one socket's DDR4
+# or DDR5 channels at ~half their line rate), labelled an assumption wherever it is printed
+ASSUMED_HOST_MEM_BW_GB_S = 100.0
+# pinned-memory copies reach ~85% of a PCIe link's line rate after encoding (CUDA's
+# bandwidthTest: ~55 GB/s host to device on an H100 SXM's gen 5 x16, 63 GB/s line rate)
+PINNED_COPY_EFFICIENCY = 0.85
+
+
+def host_mem_gib() -> float:
+    """This node's memory (psutil's total)."""
+    return psutil.virtual_memory().total / GIB
+
+
+def detected_host(pcie_gb_s: float | None) -> Host:
+    """This node's host side: memory from psutil; the device link NVML's PCIe generation and
+    width (`pcie_gb_s`; None on a CPU node: the link of a CPU rank is its own memory)."""
+    link = pcie_gb_s * PINNED_COPY_EFFICIENCY if pcie_gb_s is not None else ASSUMED_HOST_MEM_BW_GB_S
+    return Host(mem_gib=round(host_mem_gib(), 1), link_gb_s=link, mem_bw_gb_s=ASSUMED_HOST_MEM_BW_GB_S,
+                source="memory from psutil; " + ("device link: NVML's PCIe generation and width at "
+                                                 f"{PINNED_COPY_EFFICIENCY:.0%} (pinned copies); "
+                                                 if pcie_gb_s is not None else "")
+                + f"memory bandwidth {ASSUMED_HOST_MEM_BW_GB_S:g} GB/s assumed (not measured)")

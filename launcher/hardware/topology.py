@@ -21,7 +21,7 @@ import yaml
 
 from launcher.errors import TopologyError
 from launcher.files import atomic_write_text, read_yaml_capped, shown
-from launcher.hardware.types import DeviceSpec, Link, Nic, Topology
+from launcher.hardware.types import DeviceSpec, Host, Link, Nic, Topology
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,8 @@ log = logging.getLogger(__name__)
 TOPOLOGIES_DIR = Path(__file__).resolve().parents[2] / "topologies"
 
 _TOP_REQUIRED = ("name", "device", "num_nodes", "devices_per_node", "accelerator", "intra_node")
-_TOP_OPTIONAL = ("cpu_cores_per_node", "inter_node", "nics", "source")
+_TOP_OPTIONAL = ("cpu_cores_per_node", "inter_node", "nics", "host", "source")
+_HOST_REQUIRED = ("mem_gib", "link_gb_s", "mem_bw_gb_s")
 _ACC_REQUIRED = ("name", "mem_gib", "peak_tflops")
 _ACC_OPTIONAL = ("compute_capability", "source")
 _LINK_REQUIRED = ("kind", "bw_gb_s", "latency_us")
@@ -114,6 +115,10 @@ def topology_to_dict(t: Topology) -> dict[str, Any]:
     if t.nics:
         out["nics"] = [{"name": n.name, "kind": n.kind, "speed_gbit_s": n.speed_gbit_s}
                        for n in t.nics]
+    if t.host is not None:
+        out["host"] = {"mem_gib": t.host.mem_gib, "link_gb_s": t.host.link_gb_s,
+                       "mem_bw_gb_s": t.host.mem_bw_gb_s,
+                       **({"source": t.host.source} if t.host.source else {})}
     if t.source:
         out["source"] = t.source
     return out
@@ -264,6 +269,17 @@ def _nics(data: Any) -> tuple[Nic, ...]:
     return tuple(out)
 
 
+def _host(data: Any) -> Host | None:
+    if data is None:
+        return None
+    host = _mapping(data, "host")
+    _check_keys(host, "host", _HOST_REQUIRED, ("source",))
+    return Host(mem_gib=_positive(host["mem_gib"], "host.mem_gib", maximum=MAX_MEM_GIB),
+                link_gb_s=_positive(host["link_gb_s"], "host.link_gb_s", maximum=MAX_BW_GB_S),
+                mem_bw_gb_s=_positive(host["mem_bw_gb_s"], "host.mem_bw_gb_s", maximum=MAX_BW_GB_S),
+                source=_str(host.get("source") or "", "host.source", empty_ok=True))
+
+
 def _build(data: Any) -> Topology:
     if data is None:
         raise TopologyError("file is empty; see topologies/h100-sxm-8x.yaml for the schema")
@@ -288,5 +304,6 @@ def _build(data: Any) -> Topology:
         intra_node=_link(top["intra_node"], "intra_node", _INTRA_KINDS[device]),
         inter_node=None if inter is None else _link(inter, "inter_node", NETWORK_KINDS),
         nics=_nics(top.get("nics")),
+        host=_host(top.get("host")),
         source=_str(top.get("source") or "", "source", empty_ok=True),
     )

@@ -76,6 +76,23 @@ class DeviceSpec:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Host:
+    """A node's host side, what CPU offload runs on: its memory, the copy bandwidth between host
+    and each device (one direction, pinned memory), and the node's achievable memory bandwidth
+    (what an optimizer step on the CPU streams at)."""
+
+    mem_gib: float
+    link_gb_s: float
+    mem_bw_gb_s: float
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("mem_gib", "link_gb_s", "mem_bw_gb_s"):
+            check(getattr(self, name) > 0, TopologyError,
+                  f"host: {name} must be > 0, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True, kw_only=True)
 class Nic:
     """A network interface seen on a node."""
 
@@ -105,6 +122,7 @@ class Topology:
     nics: tuple[Nic, ...] = ()
     # pairwise link kinds from detection (row i, column j); empty for topology files
     device_links: tuple[tuple[str, ...], ...] = ()
+    host: Host | None = None  # None: not described (the plan then proposes no CPU offload)
     source: str = ""
 
     def __post_init__(self) -> None:

@@ -82,6 +82,10 @@ def format_topology(t: Topology, *, env: Mapping[str, str] | None = None) -> str
     nics = ", ".join(listed)
     lines.append(f"NICs       {nics or 'none'} per node")
     lines.append(f"CPU cores  {t.cpu_cores_per_node} per node")
+    if t.host is not None:
+        lines.append(f"Host       {t.host.mem_gib:,.1f} GiB memory per node; "
+                     + (f"{t.host.link_gb_s:g} GB/s to each GPU, " if t.device == "cuda" else "")
+                     + f"{t.host.mem_bw_gb_s:g} GB/s memory bandwidth (assumed) for CPU offload")
     slurm = slurm_allocation(env)
     if slurm:
         gpus = slurm.gpus_per_node if slurm.gpus_per_node is not None else "?"

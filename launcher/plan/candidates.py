@@ -16,7 +16,9 @@ from launcher.hardware.types import Topology
 from launcher.plan.compile_choice import compiles, worth_compiling
 from launcher.plan.compile_probe import CompileCheck
 from launcher.plan.cost import attention_flops_fwd, shard_group_size, step_time
+from launcher.plan.float8 import supported as float8_supported
 from launcher.plan.memory import estimate_memory
+from launcher.plan.offload import NO_HOST, host_fits
 from launcher.plan.step_probe import WorkloadTiming
 from launcher.plan.types import Candidate, Overrides, StepTimeEstimate
 from launcher.specs import CHECKPOINTING, DDP_KINDS, Goal, ModelProfile, Strategy
@@ -67,6 +69,8 @@ def profile_for_goal(profile: ModelProfile, goal: Goal) -> ModelProfile:
 def check_forced(ov: Overrides, profile: ModelProfile, topology: Topology) -> None:
     """PlanError, in one line, for a forced strategy or tp > 1 the workload or the topology
     cannot take (what `Overrides` checks alone needs neither)."""
+    if ov.offload and topology.device == "cuda" and topology.host is None:
+        raise PlanError(NO_HOST.format(topology.name))
     if ov.strategy == "hybrid" and topology.num_nodes <= 1:
         raise PlanError("strategy hybrid shards inside a node and replicates across nodes: it "
                         "needs more than one node; on one node use fsdp_full")
@@ -105,9 +109,21 @@ def _precisions(topology: Topology, ov: Overrides) -> list[str]:
     dev = topology.accelerator
     if ov.precision is not None:
         return [ov.precision]
+    if ov.float8 not in (None, "none"):
+        return ["bf16"]  # float8 runs everything but the converted GEMMs in bf16
     if topology.device == "cpu":
         return ["fp32", "bf16"] if "bf16" in dev.peak_tflops else ["fp32"]
     return ["bf16"] if dev.supports_bf16 else ["fp16"]
+
+
+def _float8s(topology: Topology, ov: Overrides, precision: str) -> list[str]:
+    """The float8 recipes to price with `precision`: the given one; else bf16 also as float8
+    tensorwise (torchao's fastest recipe) on GPUs with float8 tensor cores."""
+    if ov.float8 is not None:
+        return [ov.float8]
+    if precision == "bf16" and topology.device == "cuda" and float8_supported(topology.accelerator):
+        return ["none", "tensorwise"]
+    return ["none"]
 
 
 def _batches(goal: Goal, n: int, ov: Overrides,
@@ -164,41 +180,59 @@ def candidates(profile: ModelProfile, topology: Topology, goal: Goal, ov: Overri
     Dynamo's trace of the workload) and it is predicted worth its compile time."""
     n = topology.world_size
     kinds = [k for k in STRATEGY_ORDER if k != "hybrid" or topology.num_nodes > 1]
+    sharded = [k for k in kinds if k not in DDP_KINDS and ov.strategy in (None, k)]
     if n == 1 and ov.strategy is None:
         kinds = ["ddp"]  # one device: nothing to shard over; the runtime runs it unwrapped
     if (ov.tp or 1) > 1 and ov.strategy is None:
         kinds = [k for k in kinds if k not in DDP_KINDS] or ["fsdp_full"]
     batches, skipped = _batches(goal, n, ov, topology.device) if (ov.tp or 1) == 1 else ([], [])
-    out = []
-    for kind in kinds:
-        compiled = compiles(kind, topology, ov, compile_check)
-        for tp in tp_degrees(kind, profile, topology, ov):
-            group = shard_group_size(kind, topology, tp)
-            if tp == 1:
-                tp_batches = batches
-            else:
-                # with TP, world / tp ranks take samples: a batch that does not split over them
-                # rules this degree out (said by the error when the degree was forced)
-                try:
-                    tp_batches, tp_skipped = _batches(goal, n // tp, ov, topology.device)
-                except PlanError:
+
+    def priced(kinds: list[str], offload: bool) -> list[Candidate]:
+        nonlocal skipped
+        out = []
+        for kind in kinds:
+            compiled = compiles(kind, topology, ov, compile_check)
+            for tp in tp_degrees(kind, profile, topology, ov):
+                group = shard_group_size(kind, topology, tp)
+                if tp == 1:
+                    tp_batches = batches
+                else:
+                    # with TP, world / tp ranks take samples: a batch that does not split over
+                    # them rules this degree out (said by the error when the degree was forced)
+                    try:
+                        tp_batches, tp_skipped = _batches(goal, n // tp, ov, topology.device)
+                    except PlanError:
+                        if ov.tp is not None:
+                            raise
+                        continue
                     if ov.tp is not None:
-                        raise
-                    continue
-                if ov.tp is not None:
-                    skipped = tp_skipped
-            for precision in _precisions(topology, ov):
-                for ckpt in _modes(profile, ov):
-                    strategy = Strategy(kind=kind, precision=precision,
-                                        checkpointing=ckpt, compile=compiled,
-                                        compile_mode=ov.compile_mode or "default", tp=tp)
-                    for mb, accum in tp_batches:
-                        mem = estimate_memory(profile, strategy, micro_batch=mb, world_size=n,
-                                              shard_group_size=group, device=topology.device,
-                                              optimizer=goal.optimizer)
-                        s, t = _timed(profile, strategy, topology, mb, accum, ov, timing)
-                        out.append(Candidate(strategy=s, micro_batch=mb, grad_accum=accum,
-                                             memory=mem, time=t, fits=mem.total_bytes <= usable))
+                        skipped = tp_skipped
+                for precision, f8 in [(p, f) for p in _precisions(topology, ov)
+                                      for f in _float8s(topology, ov, p)]:
+                    for ckpt in _modes(profile, ov):
+                        strategy = Strategy(kind=kind, precision=precision, checkpointing=ckpt,
+                                            compile=compiled, compile_mode=ov.compile_mode or "default",
+                                            tp=tp, offload=offload, float8=f8)
+                        for mb, accum in tp_batches:
+                            mem = estimate_memory(profile, strategy, micro_batch=mb, world_size=n,
+                                                  shard_group_size=group, device=topology.device,
+                                                  optimizer=goal.optimizer)
+                            s, t = _timed(profile, strategy, topology, mb, accum, ov, timing)
+                            fits = mem.total_bytes <= usable and (
+                                not offload or topology.device != "cuda"
+                                or host_fits(mem.host_bytes, topology, goal.headroom))
+                            out.append(Candidate(strategy=s, micro_batch=mb, grad_accum=accum,
+                                                 memory=mem, time=t, fits=fits))
+        return out
+
+    if ov.offload:
+        return priced(sharded, True), skipped
+    out = priced(kinds, False)
+    # CPU offload on GPUs only where nothing else fits: it trades the host link and the CPU's
+    # optimizer step for the GPU memory of the model state
+    if (ov.offload is None and topology.device == "cuda" and topology.host is not None
+            and not any(c.fits for c in out)):
+        out += priced(sharded, True)
     return out, skipped
 
 
@@ -218,19 +252,22 @@ def units_per_s(c: Candidate, n: int, profile: ModelProfile) -> float:
             / c.time.step_time_s)
 
 
-def _preference(c: Candidate) -> tuple[int, int, int, int, float]:
+def _preference(c: Candidate) -> tuple[int, int, bool, int, int, float]:
     """Among near-ties: STRATEGY_ORDER, the smaller TP degree (fewer moving parts, more data
-    parallelism), the lighter checkpointing (none, selective, every-other, full: the order of
-    CHECKPOINTING), then the larger micro-batch (the model does not see the better kernel
-    efficiency of larger batches), then speed."""
+    parallelism), bf16 over float8 (no conversion, no float8 rounding), the lighter
+    checkpointing (none, selective, every-other, full: the order of CHECKPOINTING), then the
+    larger micro-batch (the model does not see the better kernel efficiency of larger
+    batches), then speed."""
     s = c.strategy
-    return (STRATEGY_ORDER.index(s.kind), s.tp, CHECKPOINTING.index(s.checkpointing),
+    return (STRATEGY_ORDER.index(s.kind), s.tp, s.float8 != "none", CHECKPOINTING.index(s.checkpointing),
             -c.micro_batch, per_sample(c))
 
 
 def choose(fitting: list[Candidate]) -> Candidate:
-    """Fastest per sample; among those within TIE_TOLERANCE of it, the preferred one."""
+    """Fastest per sample; among those within TIE_TOLERANCE of it, the preferred one (bf16 over
+    its float8 twin among them, `_preference`)."""
     best = min(per_sample(c) for c in fitting)
     return min((c for c in fitting if per_sample(c) <= best * (1 + TIE_TOLERANCE)),
                key=_preference)
+
 

@@ -1,6 +1,7 @@
 """Step-time model: compute by kind of work, communication from the alpha-beta model.
 
-Pure arithmetic on the frozen specs: no torch, no I/O; never imports cli, backends or runtime.
+Pure arithmetic on the frozen specs: no torch, no I/O; never imports cli, backends, jobs,
+runtime, results or report.
 
 One micro-batch's forward on a GPU is the sum of three kinds of work, each at its own rate:
 - matmuls (the profile's FLOPs minus attention) at the dtype's peak x a matmul efficiency that
@@ -20,7 +21,7 @@ Backward is twice the forward (flash attention's 2.5x); checkpointing recomputes
 forward inside backward, by mode (`checkpointing`: every block all of it, 4/3 the compute; every
 other block half; per-op selective the memory-bound work and every second matmul, priced on
 this forward's split). The optimizer step streams fp32 params, grads and AdamW state through
-HBM once.
+HBM once; offloaded (`offload`), it runs on the host after the shard's copies over its link.
 
 Communication (collectives.py) hides behind compute but is not free: NCCL's kernels take SMs and
 HBM bandwidth from the matmuls they overlap, so every hidden second costs CONTENTION seconds of
@@ -32,9 +33,6 @@ expected maximum over N ranks is sqrt(2 ln N) standard deviations above the mean
 CPU ranks have their own model (`cpu_cost`: the probe's per-core rates shared among the ranks
 and threads, gloo communication that overlaps nothing); `step_time`, `compute_s` and
 `optimizer_s` hand CPU devices (no compute capability) to it.
-
-Pure: never imports torch, does no I/O, and never imports cli, backends, jobs, runtime, results
-or report.
 """
 
 from __future__ import annotations
@@ -48,8 +46,18 @@ from launcher.plan.attention import ATTENTION_BWD_FACTOR, attention_efficiency
 from launcher.plan.checkpointing import recompute_share as mode_recompute
 from launcher.plan.collectives import ddp_comm, dp_topology, sharded_comm, tp_comm_s, zero1_sync_s
 from launcher.plan.cpu_cost import cpu_forward, cpu_step_time
+from launcher.plan.float8 import float8_terms, gemm_speedup
+from launcher.plan.gemm import (
+    attention_flops_fwd,
+    gemm_efficiency,
+    head_flops_fwd,
+    logits_bytes,
+    model_width,
+    peak_flops,
+)
 from launcher.plan.hbm import hbm_bytes_per_s
 from launcher.plan.memory import COMPUTE_DTYPE_BYTES
+from launcher.plan.offload import offload_s
 from launcher.plan.step_probe import WorkloadTiming, timing_key
 from launcher.plan.types import StepTimeEstimate
 from launcher.specs import ModelProfile, Strategy
@@ -57,35 +65,6 @@ from launcher.specs import ModelProfile, Strategy
 logger = logging.getLogger(__name__)
 
 # --- GPU compute -----------------------------------------------------------------------------
-# Best bf16 GEMM a GPU sustains, as a fraction of its dense peak, by compute capability: the
-# "maximum achievable matmul FLOPS" (MAMF) of stas00/ml-engineering, compute/accelerator/README.md:
-# A100 SXM 267.9 of 312 TFLOP/s, H100 SXM 792.1 of 989 (CUDA 12.1). Other GPUs: the H100 figure.
-# A100: FIT (see GEMM_HALF_WIDTH) between that measurement (0.859, a floor: llm-foundry's own A100
-# tables report up to 0.79 of peak sustained over whole steps, HFU of MPT-13B at 1k tokens, which
-# 0.859 x the time the rest takes cannot reach) and 0.93 (a cap: no published cuBLAS bf16 GEMM on
-# an A100 above ~290 TFLOP/s); the fit sits at 0.90.
-GEMM_PEAK_FRACTION = {(8, 0): 0.90, (9, 0): 0.801}
-GEMM_PEAK_FRACTION_DEFAULT = 0.80
-# Small GEMMs run below MAMF (tile and wave quantization, NVIDIA's "Matrix Multiplication
-# Background" guide): efficiency x w/(w + W) x t/(t + T) for width w and t tokens per micro-
-# batch. Both from the measurement (docs/benchmarks.md, GPU kernel rates, one H100): a 768-wide
-# block's GEMMs over 64k tokens at 0.60 of peak, 0.75 of MAMF: W = 768 (1/0.75 - 1) = 256 (768
-# wide keeps 75% of MAMF, 8192 wide 97%); 2048-wide blocks at 2k tokens run 0.80 of their
-# rate at 8k, 4096-wide 0.96: T = 100-750, taken as 512, the earlier fit's value (2048 tokens
-# keep 80%, 16k 97%).
-# FIT: the A100's GEMM_PEAK_FRACTION and ATTENTION_RUN_SCALE, jointly over the 80
-# `fit` rows of benchmarks/published (`run.py`: a grid, least mean |log(predicted/published)|;
-# among the points within 2% of the best, the one whose attention scales stay nearest 1, the
-# kernels' own benchmarks: the fit rows, at 2k-8k tokens, barely tell a Triton scale of 1.4
-# from 1.8). CONTENTION, COMPILE_MEMORY_FACTOR, STEP_JITTER and SCALE_TAX kept from the earlier
-# fit on the same rows (run.py's FIT_GRID says why). Refit after the run's loss, norm
-# and head were priced from their code (FUSED_LOSS_PASSES, NORM_AUTOCAST_BYTES, the head as a
-# wide GEMM) and MEMORY_PASSES was taken from its measurement: the A100's fraction 0.93 -> 0.90,
-# Triton's scale 1.4 -> 1.2 (FA2's 0.9 unchanged). The 97 `check` rows (llm-foundry at 512-1k
-# and 8k-64k tokens) are never fitted on; `run.py` reports them, and leave-one-source-out (each
-# fit source refit without it).
-GEMM_HALF_WIDTH = 256
-GEMM_HALF_TOKENS = 512
 # HBM round trips per byte of saved activations for the memory-bound work of one forward (eager
 # PyTorch runs each norm, activation, residual add, cast and rotary as separate kernels that read
 # and write whole activations). Measured, not fitted (docs/benchmarks.md, the step by kind of
@@ -168,72 +147,6 @@ class ForwardPass:
         return 2 * (self.gemm_s + self.memory_s) + ATTENTION_BWD_FACTOR * self.attention_s
 
 
-def peak_flops(device: DeviceSpec, precision: str) -> float:
-    """Dense peak FLOP/s for the precision's matmuls; fp32 stays fp32 (PyTorch leaves TF32 off
-    for matmuls by default). A dtype the device does not list falls back to its fp32 peak."""
-    tflops = device.peak_tflops.get(precision) or device.peak_tflops["fp32"]
-    return tflops * 1e12
-
-
-def model_width(profile: ModelProfile) -> float | None:
-    """The residual width of a sequence model: its first block's input (profiled in fp32) per
-    token / 4 bytes; None for other models."""
-    if profile.sample_units != "tokens" or profile.block_input_bytes_per_sample <= 0:
-        return None
-    return profile.block_input_bytes_per_sample / (4 * profile.units_per_sample)
-
-
-def attention_flops_fwd(profile: ModelProfile) -> float:
-    """Attention FLOPs per sample as the profile counts them (SDPA: 4 s^2 d per block, the
-    causal mask ignored): measured where SDPA was called, else (a profile from before that was
-    counted) one self-attention of the residual width per block."""
-    if profile.attention_flops_fwd_per_sample > 0:
-        return profile.attention_flops_fwd_per_sample
-    width = model_width(profile)
-    if width is None:
-        return 0.0
-    s = profile.units_per_sample
-    return min(4.0 * s * s * width * profile.num_blocks, 0.9 * profile.flops_fwd_per_sample)
-
-
-def gemm_efficiency(device: DeviceSpec, width: float | None, tokens: float,
-                    precision: str = "bf16") -> float:
-    """Fraction of the dense peak the matmuls of a micro-batch of `tokens` tokens run at.
-
-    What a small GEMM loses (loading operand tiles, the epilogue, partial waves) costs in
-    proportion to how fast its arithmetic is, so the half-saturation width and tokens scale with
-    the precision's peak over the tensor cores' bf16 peak: fp32 matmuls on CUDA cores (67 of 989
-    TFLOP/s on an H100) saturate at 1/15 the size. Measured on one H100 (docs/benchmarks.md, GPU
-    acceptance run 3): GPT-2 small (768 wide) in fp32 stepped in 0.631 s against 0.94 s
-    predicted with bf16's half-widths; the fp32 MAMF fraction is bf16's (an assumption)."""
-    eff = GEMM_PEAK_FRACTION.get(device.compute_capability or (0, 0), GEMM_PEAK_FRACTION_DEFAULT)
-    if width is not None:
-        bf16 = device.peak_tflops.get("bf16") or device.peak_tflops["fp32"]
-        scale = min(1.0, (device.peak_tflops.get(precision) or device.peak_tflops["fp32"]) / bf16)
-        # an infinite width: a GEMM with no short side but its tokens (a language model's head)
-        eff *= ((1.0 if math.isinf(width) else width / (width + GEMM_HALF_WIDTH * scale))
-                * tokens / (tokens + GEMM_HALF_TOKENS * scale))
-    return eff
-
-
-def logits_bytes(profile: ModelProfile) -> float:
-    """One logits-sized tensor per sample at the profiled dtype: half of backward's transient of
-    a language model (the profile's: the loss gradient over the vocabulary, two logits-sized
-    tensors); 0 for other models."""
-    if profile.sample_units != "tokens":
-        return 0.0
-    return profile.backward_transient_bytes_per_sample / 2
-
-
-def head_flops_fwd(profile: ModelProfile) -> float:
-    """FLOPs per sample of a language model's output head (2 x width x vocab a token, the vocab
-    from the logits' size, `logits_bytes`); 0 for other models."""
-    width = model_width(profile)
-    if width is None:
-        return 0.0
-    return 2.0 * width * logits_bytes(profile) / COMPUTE_DTYPE_BYTES["fp32"]
-
-
 def forward_pass(profile: ModelProfile, strategy: Strategy, micro_batch: int,
                  device: DeviceSpec) -> ForwardPass:
     """One micro-batch's forward on GPU `device`, by kind of work (see the module docstring).
@@ -257,7 +170,10 @@ def forward_pass(profile: ModelProfile, strategy: Strategy, micro_batch: int,
     if width is not None:
         width = width / tp
     head = min(head_flops_fwd(profile), profile.flops_fwd_per_sample - attn)
-    gemm = ((profile.flops_fwd_per_sample - attn - head)
+    # float8: the converted share of the blocks' matmuls at float8's rate, plus its casts
+    converted, casts = float8_terms(profile, strategy, micro_batch, device)
+    body = profile.flops_fwd_per_sample - attn - head
+    gemm = (body * (1 - converted + converted / gemm_speedup())
             / gemm_efficiency(device, width, tokens, strategy.precision)
             + head / gemm_efficiency(device, math.inf, tokens, strategy.precision)
             ) / tp * micro_batch / peak
@@ -273,7 +189,8 @@ def forward_pass(profile: ModelProfile, strategy: Strategy, micro_batch: int,
         # the fused loss saves no log_softmax output: its logits priced by its own passes
         logits = min(logits_bytes(profile), saved)
         saved, loss = saved - logits, FUSED_LOSS_PASSES * logits
-    traffic = (passes * saved + loss) / tp * micro_batch * to_compute_dtype
+    # compile fuses float8's amax and cast passes with their neighbours as it does the rest
+    traffic = (passes * saved + loss) / tp * micro_batch * to_compute_dtype + casts * passes / MEMORY_PASSES / tp
     full_width = model_width(profile)
     if (profile.norm_kernel == "low-precision" and full_width is not None
             and strategy.precision != "fp32"):
@@ -362,16 +279,20 @@ def step_time(profile: ModelProfile, strategy: Strategy, topology: Topology, mic
     fwd_s = fwd.total_s
     recompute = _recompute(strategy, profile, fwd.gemm_s, fwd.attention_s, fwd.memory_s)
     bwd_s = fwd.backward_s + recompute * fwd_s
-    # the optimizer steps this rank's shard of its TP slice: params / (tp x shard group)
-    opt = optimizer_s(profile, strategy.tp * shard_group_size(strategy.kind, topology,
-                                                              strategy.tp), device)
+    # the optimizer steps this rank's shard of its TP slice: params / (tp x shard group), on
+    # the GPU, or offloaded on the host after the shard's copies over the host link
+    group = shard_group_size(strategy.kind, topology, strategy.tp)
+    link_total, link_exposed, opt = (
+        offload_s(profile, strategy, topology, group, fwd_s, bwd_s, grad_accum) if strategy.offload
+        else (0.0, 0.0, optimizer_s(profile, strategy.tp * group, device)))
     compute = grad_accum * (fwd_s + bwd_s) + opt
     scale = grad_accum * (fwd_s + bwd_s) / fwd_s if fwd_s else 0.0
     parts = (("matmul", fwd.gemm_s * scale), ("attention", fwd.attention_s * scale),
-             ("memory-bound", fwd.memory_s * scale), ("optimizer", opt))
+             ("memory-bound", fwd.memory_s * scale),
+             ("host optimizer" if strategy.offload else "optimizer", opt))
     if n <= 1:
-        return StepTimeEstimate(compute_s=compute, comm_total_s=0.0, comm_exposed_s=0.0,
-                                compute_parts=parts)
+        return StepTimeEstimate(compute_s=compute, comm_total_s=link_total,
+                                comm_exposed_s=link_exposed, compute_parts=parts)
     ovl = OVERLAP_EFFICIENCY[kind]
     if not strategy.shards_params:
         total, exposed = ddp_comm(profile, topology, bwd_s * ovl)
@@ -387,6 +308,8 @@ def step_time(profile: ModelProfile, strategy: Strategy, topology: Topology, mic
         total, exposed = total + tp_s, exposed + tp_s
     hidden = max(0.0, total - exposed)
     contention = CONTENTION[kind] * hidden
+    # the host link's copies (offload) take no SMs: no contention
+    total, exposed = total + link_total, exposed + link_exposed
     busy = compute + exposed + contention
     sync = (STEP_JITTER[kind] * math.sqrt(2 * math.log(n))
             + SCALE_TAX[kind] * max(0.0, math.log2(topology.num_nodes / LEAF_NODES))) * busy

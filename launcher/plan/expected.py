@@ -26,8 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from launcher.hardware.types import Link, Topology
-from launcher.plan.cost import GEMM_PEAK_FRACTION, GEMM_PEAK_FRACTION_DEFAULT
 from launcher.plan.cpu_rates import PARALLEL_EFFICIENCY, ProbedCpu, gloo_of
+from launcher.plan.gemm import GEMM_PEAK_FRACTION, GEMM_PEAK_FRACTION_DEFAULT
 from launcher.plan.hbm import hbm_bytes_per_s
 
 # A device-to-device copy reaches ~90% of the datasheet HBM bandwidth on A100 and H100 (read +

@@ -24,9 +24,11 @@ from launcher.plan.candidates import (
 )
 from launcher.plan.checkpointing import LABELS as CKPT_LABELS
 from launcher.plan.checkpointing import describe
+from launcher.plan.float8 import converted_share, gemm_speedup
+from launcher.plan.float8 import supported as float8_supported
 from launcher.plan.memory import fmt_gib
 from launcher.plan.types import Candidate, CompileDecision
-from launcher.specs import CHECKPOINTING, Goal, ModelProfile
+from launcher.specs import CHECKPOINTING, GIB, Goal, ModelProfile
 
 LABELS = {"ddp": "DDP", "zero1": "ZeRO-1", "fsdp_grad_op": "FSDP grad-op", "fsdp_full": "FSDP full",
           "hybrid": "hybrid"}
@@ -42,8 +44,9 @@ def label(c: Candidate) -> str:
     """Short human name: `FSDP full bf16 + ckpt` (every block checkpointed; `+ sel-ckpt`
     selective, `+ ckpt/2` every other block), `FSDP full+tp8 bf16`."""
     s = c.strategy
-    return f"{kind_label(c)} {s.precision}" + (f" + {CKPT_LABELS[s.checkpointing]}"
-                                               if s.recomputes else "")
+    prec = f"float8 ({s.float8})" if s.float8 != "none" else s.precision
+    return (f"{kind_label(c)} {prec}" + (f" + {CKPT_LABELS[s.checkpointing]}" if s.recomputes else "")
+            + (" + offload" if s.offload else ""))
 
 
 def _speed(c: Candidate, goal: Goal, n: int, profile: ModelProfile) -> str:
@@ -89,7 +92,7 @@ def reasons(chosen: Candidate, cands: list[Candidate], profile: ModelProfile,
             best_by_kind[key] = choose(fit)
     others = [c for k, c in best_by_kind.items() if k != keyed(chosen)]
     name = kind_label(chosen)
-    if n == 1:
+    if n == 1 and not chosen.strategy.offload:
         head = f"one device: a plain process, nothing to shard ({mem}): {speed(chosen)}"
     elif not others:
         head = f"{name} fits ({mem}) and is the only strategy that fits: {speed(chosen)}"
@@ -131,6 +134,7 @@ def reasons(chosen: Candidate, cands: list[Candidate], profile: ModelProfile,
     else:
         out.append(f"{prec} on CPU" + ("" if "bf16" in dev.peak_tflops
                                        else " (this CPU lists no bf16 peak)"))
+    out += _float8_reason(chosen, cands, profile, topology)
     if chosen.strategy.recomputes and chosen.fits:
         out.append(_checkpointing_reason(chosen, cands, fitting, usable))
     if prec == "bf16" and not dev.supports_bf16:
@@ -154,6 +158,37 @@ def reasons(chosen: Candidate, cands: list[Candidate], profile: ModelProfile,
     return out
 
 
+def _float8_reason(chosen: Candidate, cands: list[Candidate], profile: ModelProfile,
+                   topology: Topology) -> list[str]:
+    """Float8 against bf16 for the chosen plan's shape (the same strategy, checkpointing and
+    batch): what it converts and its predicted gain, or why the plan does not use it."""
+    dev, s = topology.accelerator, chosen.strategy
+    if topology.device != "cuda" or s.precision != "bf16":
+        return []
+    if not float8_supported(dev):
+        return [f"float8: not weighed: {dev.name} has no float8 tensor cores (compute capability "
+                f"{'.'.join(map(str, dev.compute_capability or ()))} < 8.9)"]
+    twin = next((c for c in cands if c.strategy == dataclasses.replace(
+        s, float8="none" if s.float8 != "none" else "tensorwise")
+        and (c.micro_batch, c.grad_accum) == (chosen.micro_batch, chosen.grad_accum)), None)
+    f8, bf16 = (chosen, twin) if s.float8 != "none" else (twin, chosen)
+    if f8 is None or bf16 is None:
+        return [f"float8 ({s.float8}): as given" if s.float8 != "none" else "float8: as given (none)"]
+    share = converted_share(profile, f8.strategy.float8, s.tp)
+    gain = bf16.time.step_time_s / f8.time.step_time_s - 1
+    what = (f"torchao's Float8Linear on the blocks' linears that pass its {f8.strategy.float8} "
+            f"filter ({share:.0%} of their matmul FLOPs; the output head, attention and the "
+            f"memory-bound work stay bf16), its GEMMs at {gemm_speedup():g}x bf16's rate, its casts "
+            "as HBM traffic")
+    if s.float8 != "none":
+        return [f"float8 ({s.float8}): {bf16.time.step_time_s:.3g} -> {f8.time.step_time_s:.3g} "
+                f"s/step predicted ({gain:+.0%} throughput): {what}; needs torchao "
+                "(pip install 'dlaunch[float8]'), --float8 none keeps bf16"]
+    return [f"float8: weighed, not used: {f8.time.step_time_s:.3g} s/step against "
+            f"{bf16.time.step_time_s:.3g} in bf16 ({gain:+.0%} throughput{', a tie: bf16 kept' if gain > 0 else ''}): "
+            + ("no linear passes torchao's filter at this width" if not share else what)]
+
+
 def _checkpointing_reason(chosen: Candidate, cands: list[Candidate], fitting: list[Candidate],
                           usable: float) -> str:
     """Why the chosen checkpointing mode: what it recomputes (the extra compute against the
@@ -162,8 +197,8 @@ def _checkpointing_reason(chosen: Candidate, cands: list[Candidate], fitting: li
     s = chosen.strategy
     if {c.strategy.checkpointing for c in cands} == {s.checkpointing}:
         return f"activation checkpointing, {describe(s.checkpointing)}: as forced"
-    same = [c for c in cands if (c.strategy.kind, c.strategy.tp, c.strategy.precision,
-                                 c.micro_batch) == (s.kind, s.tp, s.precision, chosen.micro_batch)]
+    same = [c for c in cands if (c.strategy.kind, c.strategy.tp, c.strategy.precision, c.strategy.float8,
+                                 c.micro_batch) == (s.kind, s.tp, s.precision, s.float8, chosen.micro_batch)]
     base = next((c for c in same if not c.strategy.recomputes), None)
     extra = (f", {chosen.time.compute_s / base.time.compute_s - 1:.0%} more compute than without"
              if base is not None and base.time.compute_s > 0 else "")
@@ -233,8 +268,8 @@ def rejected(chosen: Candidate, cands: list[Candidate], goal: Goal, topology: To
     each with the reason it lost: slower, a tie the preferred plan won, or too big."""
     n = topology.world_size
     key = lambda c: (c.strategy.kind, c.strategy.tp, c.strategy.precision,  # noqa: E731
-                     c.strategy.checkpointing)
-    groups: dict[tuple[str, int, str, str], list[Candidate]] = {}
+                     c.strategy.float8, c.strategy.checkpointing)
+    groups: dict[tuple[str, int, str, str, str], list[Candidate]] = {}
     for c in cands:
         groups.setdefault(key(c), []).append(c)
     groups.pop(key(chosen), None)
@@ -260,3 +295,15 @@ def rejected(chosen: Candidate, cands: list[Candidate], goal: Goal, topology: To
         out.append(dataclasses.replace(best, reason=why))
     return sorted(out, key=lambda c: (not c.fits,
                                       per_sample(c) if c.fits else c.memory.total_bytes))
+
+
+def host_too_small(c: Candidate, topology: Topology, headroom: float) -> str:
+    """The one line for an offloaded plan whose state does not fit the node's host memory."""
+    host = topology.host
+    assert host is not None  # only offloaded candidates are priced, and only with a host
+    need = c.memory.host_bytes * topology.devices_per_node
+    return (f"nothing fits on {topology.world_size} x {topology.accelerator.name}, and CPU "
+            f"offload ({label(c)} at micro-batch {c.micro_batch}) needs {fmt_gib(need)} GiB of "
+            f"host memory per node for {topology.devices_per_node} rank(s) of "
+            f"{fmt_gib(c.memory.host_bytes)} GiB: the node has {fmt_gib(host.mem_gib * GIB)} GiB "
+            f"({1 - headroom:.0%} usable); use hosts with more memory, or add GPUs or nodes")

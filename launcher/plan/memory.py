@@ -63,6 +63,9 @@ The model, per rank (P = parameters, G = shard group size, c = compute-dtype byt
   autocast's fp32 loss with a compute-dtype gradient back into the head (x0.75), the compute
   dtype under FSDP's bf16 parameters (x0.5). One process reaches it before most gradients
   exist, so there it counts only where it exceeds the half of the gradients already made.
+- CPU offload (FSDP kinds, `offload`, on GPUs): the shard's fp32 params, grads and optimizer
+  state live in host memory (`host_bytes`, not in the GPU's total); the unsharded units and the
+  activations stay (`launcher.plan.offload` prices the copies and the host's optimizer step).
 - overhead: CUDA context, NCCL buffers and allocator slack on CUDA; nothing on CPU.
 
 Pure: never imports torch, does no I/O, and never imports cli, backends, jobs, runtime, results
@@ -332,6 +335,12 @@ def estimate_memory(profile: ModelProfile, strategy: Strategy, *, micro_batch: i
                      "on meta) in activations")
     notes.append(act_note)
 
+    host = 0.0
+    if strategy.offload and device == "cuda":
+        # the shard's fp32 params, grads and optimizer state move to pinned host memory
+        host, params, grads, opt = params + grads + opt, 0.0, 0.0, 0.0
+        notes.append(f"CPU offload: the shard's params, grads and optimizer state in host memory "
+                     f"({fmt_gib(host)} GiB per rank), none on the GPU")
     state = params + grads + opt + activations + units
     overhead = units
     if device == "cuda":
@@ -347,7 +356,7 @@ def estimate_memory(profile: ModelProfile, strategy: Strategy, *, micro_batch: i
         notes.append("CPU: no context or allocator overhead counted")
     est = MemoryEstimate(params_bytes=params, grads_bytes=grads, optimizer_bytes=opt,
                          activations_bytes=activations, overhead_bytes=overhead,
-                         assumptions="; ".join(notes))
+                         assumptions="; ".join(notes), host_bytes=host)
     logger.debug("memory %s %s mb=%d G=%d: %.2f GiB", strategy.kind, strategy.precision,
                  micro_batch, g, est.total_gib)
     return est

@@ -33,12 +33,12 @@ from launcher.plan.candidates import (
 from launcher.plan.compile_choice import decide
 from launcher.plan.compile_probe import CompileCheck
 from launcher.plan.cost import step_time
-from launcher.plan.explain import label, per_device, reasons, rejected, too_big
+from launcher.plan.explain import host_too_small, label, per_device, reasons, rejected, too_big
 from launcher.plan.interval import step_interval
 from launcher.plan.kernels import assumed_spread, priced, with_kernels
 from launcher.plan.memory import fmt_gib, usable_mem_bytes
 from launcher.plan.step_probe import WorkloadTiming
-from launcher.plan.types import Overrides, Plan
+from launcher.plan.types import Candidate, Overrides, Plan
 from launcher.specs import Goal, ModelProfile
 
 logger = logging.getLogger(__name__)
@@ -108,6 +108,8 @@ def plan(profile: ModelProfile, topology: Topology, goal: Goal, *,
                         f"memory" + (f" ({label(choose(alt))} would fit)" if alt else ""))
     else:
         smallest = min(cands, key=lambda c: c.memory.total_bytes)
+        if smallest.strategy.offload and smallest.memory.total_bytes <= usable and topology.host:
+            raise PlanError(host_too_small(smallest, topology, goal.headroom))
         fixes = ["add GPUs or nodes (FSDP shards the model state over them)"]
         if not smallest.strategy.recomputes:
             fixes.append("enable activation checkpointing")
@@ -125,6 +127,10 @@ def plan(profile: ModelProfile, topology: Topology, goal: Goal, *,
     why = warnings + reasons(chosen, allowed, profile, topology, goal, usable, skipped, compiled)
     if correction_note:
         why.insert(1, correction_note)
+    if chosen.strategy.offload:
+        why.insert(1, _offload_reason(chosen, profile, topology, goal, ov, timing)
+                   if topology.device == "cuda" else "CPU offload on CPU ranks: the state already "
+                   "lives in host memory; FSDP's offload policy runs as on GPUs and moves nothing")
     if timing is not None:
         why.append(f"step time: {timing.describe()}, plus the model's FSDP work and gloo "
                    "collectives")
@@ -152,3 +158,39 @@ def plan(profile: ModelProfile, topology: Topology, goal: Goal, *,
                  label(chosen), len(cands))
     return result
 
+
+def _offload_reason(c: Candidate, profile: ModelProfile, topology: Topology, goal: Goal,
+                    ov: Overrides, timing: WorkloadTiming | None) -> str:
+    """What CPU offload keeps on the host and costs a step, against the fewest GPUs (doubling,
+    nodes of the topology's size beyond one node) on which a plan fits without it."""
+    host, t, n = topology.host, c.time, topology.world_size
+    assert host is not None  # offload is priced only with a described host
+    host_opt = dict(t.compute_parts).get("host optimizer", 0.0)
+    cost = host_opt + t.comm_exposed_s if n == 1 else host_opt
+    out = (f"CPU offload: {'nothing fits without it; ' if not ov.offload else ''}each rank's fp32 "
+           f"params, grads and optimizer state ({fmt_gib(c.memory.host_bytes)} GiB) live in host "
+           f"memory ({fmt_gib(c.memory.host_bytes * topology.devices_per_node)} of the node's "
+           f"{host.mem_gib:,.0f} GiB) and the optimizer steps on the CPU: {host_opt:.3g} s a step at "
+           f"{host.mem_bw_gb_s:g} GB/s of host memory bandwidth (the topology's figure) shared by "
+           f"{topology.devices_per_node} rank(s), plus copies over the {host.link_gb_s:g} GB/s "
+           f"host link, {t.comm_total_s:.3g} s of traffic a step: {cost / t.step_time_s:.0%} of the "
+           "step is offload's")
+    here = units_per_s(c, n, profile) / n
+    node = max(topology.devices_per_node, 8)
+    g = n * 2
+    while g <= 64 * node and (g <= node or topology.inter_node is not None):
+        shaped = topology.with_shape(num_nodes=max(1, g // node), devices_per_node=min(g, node))
+        usable = usable_mem_bytes(shaped.accelerator, goal.headroom)
+        try:
+            cands, _ = candidates(profile, shaped, dataclasses.replace(goal, global_batch=None),
+                                  dataclasses.replace(ov, offload=False, micro_batch=None), usable, timing)
+        except PlanError:
+            cands = []
+        fitting = [x for x in cands if x.fits]
+        if fitting:
+            best = choose(fitting)
+            return (out + f"; without it {label(best)} fits from {g} GPUs: "
+                    f"{units_per_s(best, g, profile) / g:,.0f} {profile.sample_units}/s per GPU "
+                    f"against {here:,.0f} here")
+        g *= 2
+    return out

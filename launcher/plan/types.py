@@ -17,6 +17,7 @@ from launcher.errors import PlanError
 from launcher.specs import (
     ATTENTION_KERNELS,
     DDP_KINDS,
+    FLOAT8_RECIPES,
     GIB,
     LOSS_KERNELS,
     NORM_KERNELS,
@@ -56,6 +57,8 @@ class Overrides:
     compile: bool | None = None
     compile_mode: str | None = None
     tp: int | None = None
+    offload: bool | None = None  # FSDP CPU offload (None: only where nothing else fits)
+    float8: str | None = None  # one of FLOAT8_RECIPES (None: where predicted faster)
     attention_kernel: str | None = None  # one of ATTENTION_KERNELS
     loss_kernel: str | None = None  # one of LOSS_KERNELS
     norm_kernel: str | None = None  # one of NORM_KERNELS
@@ -75,6 +78,16 @@ class Overrides:
         # Strategy validates kind/precision/compile_mode with an actionable message
         Strategy(kind=self.strategy or "ddp", precision=self.precision or "fp32",
                  compile_mode=self.compile_mode or "default")
+        if self.float8 not in (None, "none") and self.precision not in (None, "bf16"):
+            raise PlanError(f"--float8 {self.float8} runs the linear layers' GEMMs in float8 and "
+                            f"the rest in bf16; --precision {self.precision} does not: use "
+                            "--precision bf16 or drop --float8")
+        if self.float8 not in (None, *FLOAT8_RECIPES):
+            raise PlanError(f"unknown --float8 {self.float8!r}; use one of {', '.join(FLOAT8_RECIPES)}")
+        if self.offload and self.strategy in DDP_KINDS:
+            raise PlanError(f"--offload keeps FSDP's sharded state in host memory; --strategy "
+                            f"{self.strategy} keeps whole parameters on the device: use "
+                            "--strategy fsdp_full, fsdp_grad_op or hybrid, or drop --offload")
         for role, known in KERNEL_ROLES.items():
             value = getattr(self, f"{role}_kernel")
             if value is not None and value not in known:
@@ -98,6 +111,8 @@ class MemoryEstimate:
     activations_bytes: float
     overhead_bytes: float  # CUDA context, allocator slack, DDP buckets, FSDP unsharded units
     assumptions: str = ""
+    # CPU offload: what the rank's shard keeps in host memory instead (not in the total)
+    host_bytes: float = 0.0
 
     @property
     def total_bytes(self) -> float:

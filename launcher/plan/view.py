@@ -22,9 +22,11 @@ def format_plan(plan: Plan, profile: ModelProfile, topology: Topology) -> str:
     s, m, t = c.strategy, c.memory, c.time
     intra = topology.intra_node.kind + (f", {topology.inter_node.kind} between nodes"
                                         if topology.inter_node and topology.num_nodes > 1 else "")
-    flags = [s.precision + (" + GradScaler" if s.uses_grad_scaler else ""),
+    flags = [s.precision + (" + GradScaler" if s.uses_grad_scaler else "")
+             + (f" + float8 ({s.float8})" if s.float8 != "none" else ""),
              describe(s.checkpointing),
-             f"compile ({s.compile_mode})" if s.compile else "no compile"]
+             f"compile ({s.compile_mode})" if s.compile else "no compile",
+             *(["CPU offload"] if s.offload else [])]
     per_gpu = plan.units_per_s / plan.world_size
     hidden = 1 - t.comm_exposed_s / t.comm_total_s if t.comm_total_s else 1.0
     lines = [
@@ -41,7 +43,8 @@ def format_plan(plan: Plan, profile: ModelProfile, topology: Topology) -> str:
         f"({dev.mem_gib:g} GiB total){'' if c.fits else '  DOES NOT FIT'}",
         f"               params {fmt_gib(m.params_bytes)}  grads {fmt_gib(m.grads_bytes)}  "
         f"optimizer {fmt_gib(m.optimizer_bytes)}  activations {fmt_gib(m.activations_bytes)}  "
-        f"overhead {fmt_gib(m.overhead_bytes)}",
+        f"overhead {fmt_gib(m.overhead_bytes)}"
+        + (f"; host {fmt_gib(m.host_bytes)} GiB per rank (offloaded state)" if m.host_bytes else ""),
         f"  step time    {t.step_time_s:.3g} s"
         + (f" ({plan.step_interval.label()})" if plan.step_interval else "")
         + f" = compute {t.compute_s:.3g} + exposed "
@@ -69,12 +72,13 @@ def format_plan(plan: Plan, profile: ModelProfile, topology: Topology) -> str:
         # as wide as the longest label ("FSDP grad-op+tp8"); 14 without TP, as before
         w = max(14, *(len(kind_label(r)) + 2 for r in plan.rejected))
         lines += ["Other candidates",
-                  f"  {'strategy':<{w}}{'prec':<6}{'ckpt':<12}{'mb x acc':<10}"
+                  f"  {'strategy':<{w}}{'prec':<8}{'ckpt':<12}{'mb x acc':<10}"
                   f"{'GiB/' + per_device(topology):>9}"
                   f"{'step s':>9}  why not"]
         for r in plan.rejected:
             rs = r.strategy
-            lines.append(f"  {kind_label(r):<{w}}{rs.precision:<6}"
+            prec = {"none": rs.precision, "tensorwise": "fp8-tw", "rowwise": "fp8-rw"}[rs.float8]
+            lines.append(f"  {kind_label(r):<{w}}{prec:<8}"
                          f"{rs.checkpointing:<12}"
                          f"{f'{r.micro_batch} x {r.grad_accum}':<10}"
                          f"{fmt_gib(r.memory.total_bytes):>9}{r.time.step_time_s:>9.3g}  "

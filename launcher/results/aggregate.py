@@ -283,6 +283,7 @@ def aggregate(run_dir: str | Path, *, exit_code: int | None = None,
         attempts=attempts, throughput_basis=basis, prediction=prediction,
         host_load=hosts, warnings=(*run_warnings(ranks, hosts, prediction), *_launcher_warnings(rd)),
         last_eval=next((r.last_eval for r in ranks if r.last_eval), None),
+        offload=bool(spec.offload), float8=spec.float8 or "none",
     )
 
 

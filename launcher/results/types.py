@@ -119,6 +119,8 @@ class RunResult:
     warnings: tuple[str, ...] = ()
     # the last evaluation (--eval-every), averaged over ranks by the ranks themselves
     last_eval: Mapping[str, Any] | None = None
+    offload: bool = False  # FSDP's CPU offload (the strategy's `offload`)
+    float8: str = "none"  # float8 training's recipe (the strategy's `float8`)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""

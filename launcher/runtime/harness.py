@@ -171,7 +171,8 @@ def _setup(workload: Workload, spec: LaunchSpec, ctx: RankContext, recorder: Ran
     recorder.add({"kind": "wrap", "strategy": spec.strategy, "compiled": wrapped.compiled,
                   "mesh_shape": list(wrapped.mesh_shape) if wrapped.mesh_shape else None,
                   "mesh_dims": list(wrapped.mesh_dims) if wrapped.mesh_dims else None,
-                  "tp": tp, "dp": ctx.world_size // tp})
+                  "tp": tp, "dp": ctx.world_size // tp,
+                  **({"float8": wrapped.float8} if wrapped.float8 else {})})
     params = [p for p in wrapped.module.parameters() if p.requires_grad]
     optimizer, scheduler = make_optimizer(workload, model, ctx, spec.parallel)
     scaler = torch.amp.GradScaler(ctx.device_type, enabled=spec.parallel.uses_grad_scaler)

@@ -16,6 +16,7 @@ only when a strategy shards (see runtime/__init__).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -31,6 +32,7 @@ from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from launcher.errors import UsageError
+from launcher.runtime import float8
 from launcher.runtime.compiling import compile_forward
 from launcher.runtime.context import RankContext
 from launcher.runtime.inject import comm_delay_ms, install_comm_delay
@@ -59,6 +61,7 @@ class Wrapped:
     mesh_shape: tuple[int, ...] | None = None  # FSDP's device mesh; (replicas, shards) for hybrid
     mesh_dims: tuple[str, ...] | None = None  # its dimensions' names: ("dp", "tp") with tp > 1
     tp_group: str | None = None  # the tensor-parallel process group's name (runtime.tp_comm)
+    float8: dict[str, Any] | None = None  # the layers converted and skipped (runtime.float8)
 
 
 def _switched_off(setting: Callable[[bool], None]) -> Callable[[], contextlib.AbstractContextManager[None]]:
@@ -240,6 +243,17 @@ def wrap(model: torch.nn.Module, strategy: Strategy, ctx: RankContext, blocks: l
     if strategy.tp > 1 and tp_plan is None:
         raise UsageError(f"--tp {strategy.tp}: the workload's tp_plan does not split this model "
                          f"{strategy.tp} ways (heads, hidden sizes)")
+    if strategy.float8 != "none":
+        # torchao's order: convert the linear layers first, then checkpointing, compile and
+        # FSDP wrap the converted model (its float8 all-gather needs Float8Linear's weights)
+        float8_record = float8.convert(model, strategy, ctx.device_type)
+        return dataclasses.replace(_wrap(model, strategy, ctx, blocks, shard_group_size, tp_plan),
+                                   float8=float8_record)
+    return _wrap(model, strategy, ctx, blocks, shard_group_size, tp_plan)
+
+
+def _wrap(model: torch.nn.Module, strategy: Strategy, ctx: RankContext, blocks: list[torch.nn.Module],
+          shard_group_size: int | None, tp_plan: dict[str, Any] | None) -> Wrapped:
     if strategy.shards_params:
         # the mesh first: tensor parallelism needs it before checkpointing renames the blocks
         return _wrap_fsdp(model, strategy, ctx, blocks, shard_group_size, tp_plan)
@@ -263,7 +277,7 @@ def _wrap_fsdp(model: torch.nn.Module, strategy: Strategy, ctx: RankContext,
                blocks: list[torch.nn.Module], shard_group_size: int | None,
                tp_plan: dict[str, Any] | None) -> Wrapped:
     # deferred: 0.6 s of imports that only a sharded run needs (see runtime/__init__)
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     if not dist.is_initialized():
         # init_device_mesh would start the default group itself, one rank included: without
@@ -296,12 +310,16 @@ def _wrap_fsdp(model: torch.nn.Module, strategy: Strategy, ctx: RankContext,
     # params gathered at the compute dtype, gradients reduced in fp32
     mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else MixedPrecisionPolicy()
     reshard = strategy.kind != "fsdp_grad_op"
+    # offload: the shards live in host memory, pinned where there is a device to copy to (CPU
+    # ranks have none: pinning needs CUDA, and the same policy then moves nothing)
+    offload = (CPUOffloadPolicy(pin_memory=ctx.device_type == "cuda") if strategy.offload
+               else OffloadPolicy())
     if dtype is not None:
         for norm in batch_norms(model):
             # batch norm's kernels take low-precision inputs but not low-precision weights beside
             # fp32 running statistics ("expected scalar type BFloat16 but found Float"): each is
             # a unit of its own that keeps fp32 weights and hands its output back at `dtype`
-            fully_shard(norm, mesh=mesh, reshard_after_forward=reshard,
+            fully_shard(norm, mesh=mesh, reshard_after_forward=reshard, offload_policy=offload,
                         mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32,
                                                        reduce_dtype=torch.float32, output_dtype=dtype))
     compiled = False
@@ -310,8 +328,10 @@ def _wrap_fsdp(model: torch.nn.Module, strategy: Strategy, ctx: RankContext,
             # compile each block, not the root: FSDP's block loop breaks a whole-model graph
             compile_forward(block, strategy)
             compiled = True
-        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
-    sharded = fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)  # `model`, as FSDPModule
+        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard,
+                    offload_policy=offload)
+    sharded = fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard,
+                          offload_policy=offload)  # `model`, as FSDPModule
     if strategy.compile and not blocks:
         # no units declared: the whole model is one FSDP unit, so compiling it breaks nothing
         compile_forward(model, strategy)

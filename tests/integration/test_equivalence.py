@@ -5,6 +5,7 @@ test_bf16_ddp_matches_one_process for why). Hybrid shard runs 4 processes on thi
 (2 replicas x 2 shards) mesh: `--shard-group-size 2` stands in for two nodes of two GPUs.
 """
 
+import json
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,17 @@ def test_strategy_matches_one_process(single, tmp_path, strategy, accum):
     got = train(tmp_path / "run", gpus=2, strategy=strategy, accum=accum)
     worst = worst_relative(single, got)
     assert worst < 1e-4, (worst, single, got)
+
+
+def test_fsdp_with_cpu_offload_matches_one_process(single, tmp_path):
+    """--offload runs FSDP2's CPUOffloadPolicy: the host-side gradient accumulation and the
+    optimizer over host shards. On CPU ranks it moves no bytes, so the losses are full shard's;
+    the run's summary says it was offloaded."""
+    got = train(tmp_path / "run", gpus=2, strategy="fsdp_full", accum=4, extra=("--offload",))
+    worst = worst_relative(single, got)
+    assert worst < 1e-4, (worst, single, got)
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert result["offload"] is True and result["strategy"] == "fsdp_full"
 
 
 def test_zero1_on_4_ranks_matches_one_process(single, tmp_path):

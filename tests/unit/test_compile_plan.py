@@ -206,7 +206,8 @@ def test_a_gpu_too_old_for_triton_is_not_proposed_compile():
 def test_a_gain_within_the_models_accuracy_is_not_worth_compiling():
     # next to no saved activations: nothing memory-bound for compile to fuse
     lean = dataclasses.replace(GPT_SMALL, activation_bytes_per_sample=1.0)
-    p = plan(lean, H100, Goal(global_batch=256), compile_check=CLEAN)
+    # bf16: float8's casts are memory-bound work compile would fuse
+    p = plan(lean, H100, Goal(global_batch=256), compile_check=CLEAN, overrides=Overrides(float8="none"))
     assert not p.chosen.strategy.compile and p.compile.graph_breaks == 0
     assert f"a gain under {MIN_COMPILE_GAIN:.0%}" in p.compile.reason
 

@@ -8,16 +8,14 @@ the module docstrings, not by calling the function under test another way.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import math
-import sys
 from pathlib import Path
 
 import pytest
 
 from launcher.errors import PlanError
 from launcher.hardware.types import DeviceSpec, Link, Topology
-from launcher.plan import attention, collectives, cost
+from launcher.plan import attention, collectives, cost, gemm
 from launcher.plan.attention import ATTENTION_CURVES, AttentionCurve, attention_efficiency
 from launcher.plan.candidates import profile_for_goal
 from launcher.plan.collectives import (
@@ -47,6 +45,8 @@ from launcher.specs import (
     ModelProfile,
     Strategy,
 )
+
+from tests.helpers import published_runner
 
 GPU = DeviceSpec(name="test-gpu", mem_gib=80, peak_tflops={"fp32": 50, "bf16": 100},
                  compute_capability=(9, 0))
@@ -391,23 +391,14 @@ def test_the_lm_head_is_priced_as_a_wide_gemm():
     assert forward_pass(d, BF16, 2, A100).gemm_s == pytest.approx(expected)
     # the head keeps the tokens' factor but not the width's
     assert cost.gemm_efficiency(A100, math.inf, tokens) == pytest.approx(
-        cost.GEMM_PEAK_FRACTION[(8, 0)] * tokens / (tokens + cost.GEMM_HALF_TOKENS))
+        gemm.GEMM_PEAK_FRACTION[(8, 0)] * tokens / (tokens + gemm.GEMM_HALF_TOKENS))
     # without a measured transient (no logits known) every matmul is priced at the width
     assert cost.head_flops_fwd(transformer(768, layers=12, seq=seq)) == 0.0
 
 
 # --- the published-results benchmark's data -----------------------------------------------------
-def _published_runner():
-    spec = importlib.util.spec_from_file_location("published_run",
-                                                  ROOT / "benchmarks" / "published" / "run.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_published_rows_load_and_every_row_is_sourced():
-    run = _published_runner()
+    run = published_runner()
     rows = run.load_rows()
     assert len(rows) >= 40
     assert len({r["id"] for r in rows}) == len(rows)
@@ -425,7 +416,7 @@ def test_published_rows_load_and_every_row_is_sourced():
 
 
 def test_published_loader_rejects_an_unsourced_row(tmp_path):
-    run = _published_runner()
+    run = published_runner()
     text = (ROOT / "benchmarks" / "published" / "results.yaml").read_text(encoding="utf-8")
     bad = tmp_path / "results.yaml"
     bad.write_text(text.replace("    where: ", "    wher: ", 1), encoding="utf-8")
@@ -438,7 +429,7 @@ def test_published_megatron_zero3_rows_agree_with_their_papers_training_time():
     # tokens/s/GPU by the paper's own FLOPs per token, and the table's "training time for 300B
     # tokens (days)" column must follow from the converted rate, within the table's rounding
     # (whole days, whole TFLOP/s) and the row's (0.1 tokens/s)
-    rows = [r for r in _published_runner().load_rows() if r["id"].startswith("megatron-zero3-")]
+    rows = [r for r in published_runner().load_rows() if r["id"].startswith("megatron-zero3-")]
     assert len(rows) == 6 and all(r["split"] == "check" for r in rows)
     for r in rows:
         tflops = float(r["derived"].split("= ", 1)[1].split(" TFLOP/s", 1)[0])

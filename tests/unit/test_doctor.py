@@ -15,9 +15,9 @@ from launcher.errors import UsageError
 from launcher.files import append_lines, atomic_write_json
 from launcher.hardware.gpu_probe import count_gpus
 from launcher.hardware.topology import load_topology
-from launcher.plan.cost import GEMM_PEAK_FRACTION
 from launcher.plan.cpu_rates import CpuRates, GlooRates, ProbedCpu
 from launcher.plan.expected import COPY_PEAK_FRACTION, cpu_expectations, gpu_expectations, no_expectations
+from launcher.plan.gemm import GEMM_PEAK_FRACTION
 from launcher.results.doctor import RankReading, judge, read_readings, reading_from_summary
 from launcher.results.doctor_view import format_doctor
 from launcher.rundir import RunPaths

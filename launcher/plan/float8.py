@@ -1,0 +1,92 @@
+"""Float8 training's price on a GPU (strategy field `float8`): which matmuls convert, how fast
+they run, and what their casts cost.
+
+- Float8 tensor cores run at twice bf16's dense rate from compute capability 8.9 (Ada, Hopper,
+  Blackwell datasheets, dense: H100 SXM 1,979 against 989 TFLOP/s, L40S 733 against 362, B200
+  4.5 against 2.25 PFLOP/s); below 8.9 there are none, and the plan never proposes float8.
+- A float8 GEMM reaches FLOAT8_GEMM_FRACTION of the share of its peak a bf16 GEMM of the same
+  shape reaches (`gemm.gemm_efficiency`).
+- Dynamic scaling reads each operand for its amax, then casts it (a read and a one-byte write),
+  and backward transposes the float8 copies: FLOAT8_CAST_BYTES of HBM traffic per element of each
+  converted layer's input, weight and output gradient, per micro-batch; torch.compile fuses
+  these passes with their neighbours to COMPILE_MEMORY_FACTOR of it, as it does the model's
+  other memory-bound work (`cost`).
+- The layers that convert are those torchao's filter keeps (`passes`, its thresholds for each
+  recipe, as `launcher.runtime.float8` applies them on GPUs), never the output head; attention
+  and the memory-bound work stay bf16.
+Both constants are fit to torchao's microbenchmark of one Float8Linear's forward and backward on
+an H100 against bf16 (pytorch/ao, torchao/float8/README.md, "Performance"): 0.80x at M, K, N =
+1024, 2048, 1024 and 1.39x at 4096, 8192, 16384, which the model gives as 0.82x and 1.36x. Whole
+steps are checked, never fitted, against torchtitan's published float8/bf16 pairs
+(benchmarks/published). Not priced: FSDP's float8 all-gather (half of bf16's bytes; the plan
+counts bf16's, which errs slow where communication is exposed).
+
+Pure arithmetic on the frozen specs (no torch, no I/O).
+"""
+
+from __future__ import annotations
+
+from launcher.hardware.types import DeviceSpec
+from launcher.plan.gemm import model_width
+from launcher.specs import ModelProfile, Strategy
+
+FLOAT8_MIN_CC = (8, 9)
+FLOAT8_PEAK_OVER_BF16 = 2.0
+FLOAT8_GEMM_FRACTION = 0.85
+FLOAT8_CAST_BYTES = 7.0
+# the inputs and outputs of a block's linears per token, summed, over the block's parameters /
+# width: 1.5 for a GPT block (q, k, v, o and a 4x MLP: 18 d over 12 d) and for Llama 3 8B's (GQA,
+# SwiGLU at 3.5x: 81,920 over 218M / 4,096)
+LINEAR_ELEMENTS_PER_PARAM = 1.5
+# a transformer block's linears as (in, out) in units of the width, and each one's share of the
+# block's matmul FLOPs: q, k, v, o (d x d) and the MLP's up and down projections (d x 4d)
+_BLOCK = ((1, 1, 1 / 12), (1, 1, 1 / 12), (1, 1, 1 / 12), (1, 1, 1 / 12), (1, 4, 4 / 12), (4, 1, 4 / 12))
+
+
+def supported(device: DeviceSpec) -> bool:
+    """Whether the GPU has float8 tensor cores (compute capability >= 8.9)."""
+    return device.compute_capability is not None and device.compute_capability >= FLOAT8_MIN_CC
+
+
+def passes(recipe: str, k: float, n: float) -> bool:
+    """torchao's filter for a linear of `k` inputs and `n` outputs (float8_linear_utils,
+    `_auto_filter_for_recipe`, thresholds from its H100 benchmarks): multiples of 16, and large
+    enough to gain."""
+    if k % 16 or n % 16:
+        return False
+    if recipe == "rowwise":
+        return not (n <= 2048 or k <= 1024 or (n <= 4096 and k <= 2048))
+    return not (k <= 4096 and n <= 1024)
+
+
+def converted_share(profile: ModelProfile, recipe: str, tp: int = 1) -> float:
+    """Share of the blocks' matmul FLOPs that run in float8: the linears of a transformer block
+    of the profile's width (split `tp` ways) that pass the recipe's filter; 0 for a model
+    without a residual width (not a sequence model)."""
+    width = model_width(profile)
+    if width is None or recipe == "none":
+        return 0.0
+    d = width / tp
+    return sum(share for k, n, share in _BLOCK if passes(recipe, round(k * d), round(n * d)))
+
+
+def float8_terms(profile: ModelProfile, strategy: Strategy, micro_batch: int,
+                 device: DeviceSpec) -> tuple[float, float]:
+    """(share of the blocks' matmul FLOPs converted, HBM bytes of the casts in one micro-batch's
+    forward: a third of forward and backward's, as backward is priced at twice the forward's
+    memory-bound work). (0, 0) without float8 or without float8 tensor cores."""
+    if strategy.float8 == "none" or not supported(device):
+        return 0.0, 0.0
+    share = converted_share(profile, strategy.float8, strategy.tp)
+    width = model_width(profile)
+    if not share or width is None:
+        return 0.0, 0.0
+    params = share * profile.num_blocks * profile.largest_block_params
+    tokens = micro_batch * profile.units_per_sample
+    elements = tokens * LINEAR_ELEMENTS_PER_PARAM * params / width + params
+    return share, FLOAT8_CAST_BYTES * elements / 3
+
+
+def gemm_speedup() -> float:
+    """A converted GEMM's rate over bf16's at the same shape."""
+    return FLOAT8_PEAK_OVER_BF16 * FLOAT8_GEMM_FRACTION

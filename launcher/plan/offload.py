@@ -1,0 +1,84 @@
+"""CPU offload (FSDP2's `CPUOffloadPolicy`, strategy field `offload`): what it keeps in host
+memory and what it adds to a GPU step.
+
+With the policy each rank's shard of the fp32 parameters, their gradients and the optimizer's
+state live in pinned host memory, and FSDP2 (torch.distributed.fsdp._fully_shard):
+- copies a unit's fp32 shard to the GPU before each all-gather (`FSDPParam.all_gather_inputs`):
+  a unit that reshards after forward (full shard, hybrid) crosses the host link twice per
+  micro-batch, in forward and in backward's re-gather; grad-op once. The copies run on the
+  all-gather stream, behind the other units' compute;
+- copies each reduce-scattered fp32 gradient shard back to the host in backward (the link's
+  other direction: concurrent with backward's copies in);
+- under accumulation adds each micro-batch's gradient shard to the host copy on the CPU;
+- and the optimizer then steps on the CPU over the host shard, after backward: nothing hides it.
+
+Pure arithmetic on the frozen specs (no torch, no I/O); the link and the host's memory bandwidth
+come from the topology (`Host`), where each figure has its source or is labelled assumed.
+"""
+
+from __future__ import annotations
+
+from launcher.errors import PlanError
+from launcher.hardware.types import Topology
+from launcher.specs import GIB, ModelProfile, Strategy
+
+NO_HOST = ("CPU offload: topology {} does not describe its hosts (memory, the link to each GPU, "
+           "memory bandwidth); add a `host:` block (topologies/h100-sxm-8x.yaml has one) or drop "
+           "--offload")
+
+# Host bytes per parameter of the shard: fp32 parameters, fp32 gradients (the optimizer's state
+# is the profile's or the goal's, added by the caller)
+HOST_PARAM_GRAD_BYTES = 4 + 4
+# Bytes one parameter costs an optimizer step on the host, in units of the node's memory
+# bandwidth: torch's AdamW on CPU tensors (its default there is the per-tensor loop, not foreach)
+# makes a pass per elementwise op over param, grad, exp_avg and exp_avg_sq. Measured (torch 2.13,
+# one thread, 16M fp32 parameters in 16 tensors, AMD EPYC): 200 M params/s against a 12.7 GB/s
+# copy, 64 B per parameter; foreach=True 94 B; fused=True (one kernel) 18 B, which a workload
+# may choose for itself (priced as the default: the profile records the class, not its flags).
+HOST_ADAMW_BYTES_PER_PARAM = 64.0
+# fp32 bytes per parameter a gradient accumulation adds on the host (read both, write one)
+HOST_ACCUMULATE_BYTES = 12.0
+# bytes per parameter crossing the link: the fp32 shard in before each all-gather, the fp32
+# gradient shard out after each reduce-scatter
+LINK_PARAM_BYTES = 4.0
+LINK_GRAD_BYTES = 4.0
+
+
+def shard_params(profile: ModelProfile, strategy: Strategy, group_size: int) -> float:
+    """Parameters of this rank's shard (of its TP slice)."""
+    return profile.num_params / max(1, strategy.tp * group_size)
+
+
+def host_bytes(profile: ModelProfile, strategy: Strategy, group_size: int,
+               optimizer_state_bytes: float) -> float:
+    """Host memory one rank's offloaded shard holds: params, grads and optimizer state."""
+    return (HOST_PARAM_GRAD_BYTES + optimizer_state_bytes) * shard_params(profile, strategy, group_size)
+
+
+def host_fits(host_bytes_per_rank: float, topology: Topology, headroom: float) -> bool:
+    """Whether a node's ranks' offloaded state fits its host memory, `headroom` left free."""
+    host = topology.host
+    return host is not None and (host_bytes_per_rank * topology.devices_per_node
+                                 <= host.mem_gib * GIB * (1.0 - headroom))
+
+
+def offload_s(profile: ModelProfile, strategy: Strategy, topology: Topology, group_size: int,
+              fwd_s: float, bwd_s: float, grad_accum: int) -> tuple[float, float, float]:
+    """(link seconds in all, of them exposed, host seconds of the optimizer step and the
+    accumulation) for one optimizer step of one rank. The link's copies in hide behind the
+    pass they feed (forward, backward), the copies out run beside backward's copies in; the
+    host's work is exposed, its memory bandwidth shared by the node's ranks."""
+    host = topology.host
+    if host is None:
+        raise PlanError(NO_HOST.format(topology.name))
+    local = shard_params(profile, strategy, group_size)
+    link = host.link_gb_s * 1e9
+    regathers = 0 if strategy.kind == "fsdp_grad_op" else 1  # grad-op keeps forward's gather
+    fwd_in = LINK_PARAM_BYTES * local / link
+    bwd_in, bwd_out = regathers * LINK_PARAM_BYTES * local / link, LINK_GRAD_BYTES * local / link
+    total = grad_accum * (fwd_in + bwd_in + bwd_out)
+    exposed = grad_accum * (max(0.0, fwd_in - fwd_s) + max(0.0, max(bwd_in, bwd_out) - bwd_s))
+    host_bw = host.mem_bw_gb_s * 1e9 / topology.devices_per_node
+    host_s = (HOST_ADAMW_BYTES_PER_PARAM + HOST_ACCUMULATE_BYTES * (grad_accum - 1)) * local / host_bw
+    return total, exposed, host_s
+

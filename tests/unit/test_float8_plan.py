@@ -1,0 +1,72 @@
+"""Float8 in the plan: weighed on GPUs with float8 tensor cores, priced from torchao's kernel
+measurements, checked against torchtitan's published float8/bf16 pairs; and which layers the
+runtime converts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from launcher.errors import PlanError
+from launcher.hardware.topology import load_topology
+from launcher.plan.float8 import converted_share, passes
+from launcher.plan.search import plan
+from launcher.plan.types import Overrides
+from launcher.plan.view import format_plan
+from launcher.runtime.float8 import eligible
+from launcher.specs import Goal
+
+from tests.helpers import published_runner
+from tests.unit.test_planner import GPT_125M, gpt
+
+LLAMA3_8B = gpt("llama3-8b", 4096, 32, 32, 128256, 2048, params=8.03e9, tied=False)
+
+
+def test_each_published_float8_pair_is_predicted_within_10_percent():
+    pairs = published_runner().float8_pairs()
+    assert len(pairs) >= 2
+    for rid, published, planned in pairs:
+        assert published > 1.2 and abs(planned / published - 1) < 0.10, (rid, published, planned)
+
+
+def test_torchaos_filter_decides_the_converted_share():
+    assert passes("tensorwise", 4096, 4096) and not passes("tensorwise", 2048, 1024)
+    assert not passes("tensorwise", 4096, 4100)  # not a multiple of 16
+    assert not passes("rowwise", 4096, 2048) and passes("rowwise", 4096, 8192)
+    assert converted_share(LLAMA3_8B, "tensorwise") == pytest.approx(1.0)
+    # a 768-wide GPT: only the MLP's up projection passes tensorwise's thresholds, none rowwise's
+    assert converted_share(GPT_125M, "tensorwise") == pytest.approx(4 / 12)
+    assert converted_share(GPT_125M, "rowwise") == 0
+
+
+def test_an_h100_plan_weighs_float8_and_states_its_gain():
+    topo = load_topology("h100-sxm-8x")
+    p = plan(LLAMA3_8B, topo, Goal())
+    assert p.chosen.strategy.float8 == "tensorwise" and p.chosen.strategy.precision == "bf16"
+    why = next(r for r in p.reasons if r.startswith("float8 (tensorwise)"))
+    assert "s/step predicted (+" in why and "needs torchao" in why
+    assert "bf16 + float8 (tensorwise)" in format_plan(p, LLAMA3_8B, topo)
+    bf16 = plan(LLAMA3_8B, topo, Goal(), overrides=Overrides(float8="none"))
+    assert bf16.chosen.strategy.float8 == "none"
+    assert p.units_per_s > 1.1 * bf16.units_per_s
+
+
+def test_float8_is_not_weighed_without_float8_tensor_cores_or_on_cpu():
+    a100 = plan(LLAMA3_8B, load_topology("a100-sxm-8x"), Goal())
+    assert a100.chosen.strategy.float8 == "none"
+    assert any("no float8 tensor cores (compute capability 8.0 < 8.9)" in r for r in a100.reasons)
+    cpu = plan(GPT_125M, load_topology("cpu-local"), Goal())
+    assert cpu.chosen.strategy.float8 == "none"
+    with pytest.raises(PlanError, match="--float8 tensorwise runs the linear layers' GEMMs in float8"):
+        Overrides(float8="tensorwise", precision="fp32")
+
+
+def test_the_runtime_converts_the_blocks_linears_but_not_the_head_or_odd_shapes():
+    model = torch.nn.ModuleDict({"up": torch.nn.Linear(64, 256), "odd": torch.nn.Linear(64, 24),
+                                 "head": torch.nn.Linear(256, 1000)})
+    convert, skipped = eligible(model, "tensorwise", "cpu")
+    assert convert == ["up"]
+    assert dict(skipped) == {"odd": "64x24: float8 GEMMs need multiples of 16",
+                             "head": "the output head (kept in bf16 for the loss)"}
+    # on a GPU torchao's speed thresholds apply too: 64x256 is too small to gain
+    assert eligible(model, "tensorwise", "cuda")[0] == []

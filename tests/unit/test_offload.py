@@ -1,0 +1,101 @@
+"""CPU offload (FSDP2's CPUOffloadPolicy): the plan proposes it where nothing else fits the GPUs,
+prices the host's memory, link and optimizer step, and refuses a host too small in one line."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from launcher.errors import PlanError, UsageError
+from launcher.hardware.topology import load_topology, topology_from_dict, topology_to_dict
+from launcher.plan.cost import step_time
+from launcher.plan.offload import HOST_ADAMW_BYTES_PER_PARAM, host_bytes, offload_s
+from launcher.plan.search import plan
+from launcher.plan.types import Overrides
+from launcher.plan.view import format_plan
+from launcher.runspec import RunSettings
+from launcher.specs import GIB, Goal, Strategy
+
+from tests.unit.test_planner import gpt
+
+LLAMA_7B = gpt("llama-7b", 4096, 32, 32, 32000, 4096, params=6.74e9, tied=False)
+
+
+def one_h100(**host):
+    t = load_topology("h100-sxm-8x").with_shape(num_nodes=1, devices_per_node=1)
+    return dataclasses.replace(t, host=dataclasses.replace(t.host, **host)) if host else t
+
+
+def test_a_7b_model_on_one_h100_is_planned_with_cpu_offload():
+    topo = one_h100()
+    p = plan(LLAMA_7B, topo, Goal())
+    c = p.chosen
+    assert c.strategy.offload and c.strategy.shards_params and c.fits
+    assert c.memory.total_bytes <= p.usable_mem_bytes
+    # params, grads and AdamW state (16 B/param) on the host, none on the GPU
+    assert c.memory.params_bytes == c.memory.grads_bytes == c.memory.optimizer_bytes == 0
+    assert c.memory.host_bytes == pytest.approx(16 * LLAMA_7B.num_params)
+    host_opt = dict(c.time.compute_parts)["host optimizer"]
+    assert host_opt == pytest.approx(HOST_ADAMW_BYTES_PER_PARAM * LLAMA_7B.num_params / 400e9)
+    why = " ".join(p.reasons)
+    assert "CPU offload: nothing fits without it" in why and "fits from 2 GPUs" in why
+    text = format_plan(p, LLAMA_7B, topo)
+    assert "CPU offload" in text and "host 100.4 GiB per rank" in text
+
+
+def test_a_host_too_small_is_one_line_naming_what_is_needed():
+    with pytest.raises(PlanError) as err:
+        plan(LLAMA_7B, one_h100(mem_gib=64), Goal())
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert "needs 100.4 GiB of host memory per node" in msg and "the node has 64.0 GiB" in msg
+
+
+def test_offload_is_not_proposed_where_the_model_fits_without_it():
+    p = plan(LLAMA_7B, load_topology("h100-sxm-8x"), Goal())
+    assert not p.chosen.strategy.offload
+    assert not any("offload" in r for r in p.reasons)
+
+
+def test_forced_offload_costs_time_and_needs_fsdp_and_a_described_host():
+    topo = one_h100()
+    forced = plan(LLAMA_7B, load_topology("h100-sxm-8x"), Goal(global_batch=8),
+                  overrides=Overrides(strategy="fsdp_full", micro_batch=1, offload=True))
+    free = plan(LLAMA_7B, load_topology("h100-sxm-8x"), Goal(global_batch=8),
+                overrides=Overrides(strategy="fsdp_full", micro_batch=1, checkpointing=
+                                    forced.chosen.strategy.checkpointing, offload=False))
+    assert forced.chosen.strategy.offload and not free.chosen.strategy.offload
+    assert forced.chosen.time.step_time_s > free.chosen.time.step_time_s
+    assert forced.chosen.memory.total_bytes < free.chosen.memory.total_bytes
+    with pytest.raises(PlanError, match="--offload keeps FSDP's sharded state"):
+        Overrides(strategy="ddp", offload=True)
+    with pytest.raises(PlanError, match="does not describe its hosts"):
+        plan(LLAMA_7B, dataclasses.replace(topo, host=None), Goal(), overrides=Overrides(offload=True))
+    with pytest.raises(UsageError, match="`offload` keeps FSDP's sharded state"):
+        RunSettings(strategy="zero1", offload=True)
+
+
+def test_the_link_hides_behind_compute_until_it_is_longer():
+    topo = one_h100()
+    s = Strategy(kind="fsdp_full", precision="bf16", offload=True)
+    local = LLAMA_7B.num_params
+    total, exposed, host = offload_s(LLAMA_7B, s, topo, 1, fwd_s=100.0, bwd_s=200.0, grad_accum=2)
+    assert total == pytest.approx(2 * 12 * local / 55e9) and exposed == 0
+    _, exposed, _ = offload_s(LLAMA_7B, s, topo, 1, fwd_s=0.0, bwd_s=0.0, grad_accum=1)
+    assert exposed == pytest.approx(8 * local / 55e9)  # forward's copy in + backward's (out beside it)
+    grad_op = dataclasses.replace(s, kind="fsdp_grad_op")
+    assert offload_s(LLAMA_7B, grad_op, topo, 1, 0.0, 0.0, 1)[0] == pytest.approx(8 * local / 55e9)
+    assert host_bytes(LLAMA_7B, s, 4, 8.0) == pytest.approx(16 * local / 4)
+    t = step_time(LLAMA_7B, s, topo, 1, 1)
+    assert t.comm_total_s == pytest.approx(12 * local / 55e9)
+
+
+def test_the_host_block_round_trips_and_is_checked():
+    t = load_topology("h100-sxm-8x")
+    assert topology_from_dict(topology_to_dict(t)) == t
+    bad = topology_to_dict(t)
+    bad["host"]["link_gb_s"] = -1
+    with pytest.raises(Exception, match="host.link_gb_s"):
+        topology_from_dict(bad)
+    assert t.host is not None and t.host.mem_gib * GIB > 1e12
