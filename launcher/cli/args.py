@@ -334,7 +334,7 @@ def name_flags(message: str) -> str:
     """`message` with each backticked field name (`micro_batch`) replaced by its flag: specs and
     the request name fields, and the command line speaks in flags."""
     names = {o.dest: o.flag for o in OPTIONS if not o.positional}
-    return re.sub(r"`([a-z_]+)`", lambda m: names.get(m.group(1), m.group(0)), message)
+    return re.sub(r"`([a-z_][a-z0-9_]*)`", lambda m: names.get(m.group(1), m.group(0)), message)
 
 
 def no_extra_args(command: str, extra: list[str]) -> None:

@@ -70,3 +70,12 @@ def test_the_runtime_converts_the_blocks_linears_but_not_the_head_or_odd_shapes(
                              "head": "the output head (kept in bf16 for the loss)"}
     # on a GPU torchao's speed thresholds apply too: 64x256 is too small to gain
     assert eligible(model, "tensorwise", "cuda")[0] == []
+
+
+def test_the_command_line_names_the_float8_and_offload_flags():
+    from launcher.cli.args import name_flags
+    from launcher.specs import FLOAT8_NEEDS_BF16, OFFLOAD_NEEDS_FSDP
+
+    assert name_flags(FLOAT8_NEEDS_BF16).startswith("--float8 runs the linear layers' GEMMs")
+    assert "--precision bf16" in name_flags(FLOAT8_NEEDS_BF16)
+    assert name_flags(OFFLOAD_NEEDS_FSDP).startswith("--offload keeps FSDP's sharded state")
