@@ -14,7 +14,6 @@ Must never import argparse or launcher.cli (no argv here), torch, or the code th
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +25,7 @@ from launcher.plan.kernels import given as given_kernels
 from launcher.plan.resolve import Planned, plan_workload, resolve_topology
 from launcher.plan.types import Overrides
 from launcher.runspec import LaunchSpec, RunSettings
-from launcher.specs import DEVICES, Goal, SlurmSpec, check
+from launcher.specs import DEVICES, Goal, SlurmSpec, check, has_torchao
 
 log = logging.getLogger(__name__)
 
@@ -151,12 +150,13 @@ def _planned(request: RunRequest, topology: str | None) -> Planned:
                           micro_batch=request.micro_batch, checkpointing=request.checkpointing,
                           compile=request.compile, tp=request.tp, offload=request.offload,
                           # a run weighs float8 only where its ranks can convert (torchao)
-                          float8=request.float8 if request.float8 is not None or has_torchao() else "none",
+                          float8=weighed_float8(request.float8),
                           **given_kernels(request))
     return plan_workload(request.workload, request.workload_args, topo, Goal(global_batch=goal),
                          overrides=overrides)
 
 
-def has_torchao() -> bool:
-    """Whether torchao, which float8 training converts the model with, is installed here."""
-    return importlib.util.find_spec("torchao") is not None
+def weighed_float8(given: str | None) -> str | None:
+    """The float8 override a run plans with: the given recipe, else the plan's choice where
+    torchao is installed (the ranks can convert), else none."""
+    return given if given is not None or has_torchao() else "none"

@@ -12,6 +12,7 @@ bad value is caught where it is made, not deep in a rank. Messages name fields i
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -61,6 +62,17 @@ NORM_KERNELS = ("eager", "low-precision")
 TRIAL_STEPS = 12
 TRIAL_TIMED_S = 2.0
 DEFAULT_TIME_MIN = 60.0  # SLURM time limit; > 10 min: below that, submitit takes every USR2 for a time-out
+
+
+def has_torchao() -> bool:
+    """Whether torchao, which float8 training converts the model with, is installed here (found,
+    not imported: the CLI stays fast)."""
+    return importlib.util.find_spec("torchao") is not None
+
+
+def require_torchao(recipe: str) -> None:
+    """UsageError in one line when `float8` `recipe` is asked for and torchao is missing."""
+    check(recipe in (None, "none") or has_torchao(), UsageError, NO_TORCHAO.format(recipe=recipe))
 
 
 def check(cond: bool, err: type[Exception], msg: str) -> None:

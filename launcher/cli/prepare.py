@@ -29,10 +29,10 @@ from launcher.errors import PlanError, UsageError
 from launcher.plan.explain import label
 from launcher.plan.planfile import write_plan
 from launcher.plan.time_to_train import format_duration
-from launcher.request import RunRequest, follow_plan, has_torchao
+from launcher.request import RunRequest, follow_plan
 from launcher.rundir import check_checkpoint_dir, checkpoint_dir, create_run_dir
 from launcher.runspec import LaunchSpec
-from launcher.specs import NO_TORCHAO
+from launcher.specs import require_torchao
 from launcher.workload import inspect_file
 
 log = logging.getLogger(__name__)
@@ -98,9 +98,7 @@ def build_request(opts: RequestOptions, workload_args: Sequence[str]) -> tuple[R
                          "its own batch per rank: use --mode weak")
     backend, place = placed(opts)
     kind.require_tp_plan(opts.settings.tp)
-    recipe = opts.settings.float8
-    if recipe not in (None, "none") and not has_torchao():
-        raise UsageError(NO_TORCHAO.format(recipe=recipe))
+    require_torchao(opts.settings.float8 or "none")
     fields = {**opts.settings.knob_values(), "nodes": place.nodes, "gpus": place.gpus}
     if isinstance(opts, TuneOptions):
         # no steps given: a placeholder the warm-up fits in (cmd_tune sets the trial length)

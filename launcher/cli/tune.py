@@ -43,7 +43,7 @@ from launcher.plan.planfile import write_plan
 from launcher.plan.resolve import cache_root, plan_workload, store_tune_trials
 from launcher.plan.types import Candidate, Overrides
 from launcher.report.tune import read_tune, table_text
-from launcher.request import has_torchao
+from launcher.request import weighed_float8
 from launcher.rundir import new_run_id
 from launcher.runspec import LaunchSpec
 from launcher.specs import Goal
@@ -72,7 +72,7 @@ def cmd_tune(args: argparse.Namespace, workload_args: list[str]) -> int:
     # the model itself, not corrected by earlier tunes: the ratios stored must be against it
     planned = plan_workload(request.workload, request.workload_args, request.planned.topology,
                             Goal(global_batch=request.global_batch), corrected=False,
-                            overrides=Overrides(float8=None if has_torchao() else "none",
+                            overrides=Overrides(float8=weighed_float8(None),
                                                 **given_kernels(request)))
     candidates = select_trials(planned.plan, request.device, opts.trials)
     if opts.steps is None:

@@ -34,13 +34,13 @@ FLOAT8_MIN_CC = (8, 9)
 FLOAT8_PEAK_OVER_BF16 = 2.0
 FLOAT8_GEMM_FRACTION = 0.85
 FLOAT8_CAST_BYTES = 7.0
-# the inputs and outputs of a block's linears per token, summed, over the block's parameters /
-# width: 1.5 for a GPT block (q, k, v, o and a 4x MLP: 18 d over 12 d) and for Llama 3 8B's (GQA,
-# SwiGLU at 3.5x: 81,920 over 218M / 4,096)
-LINEAR_ELEMENTS_PER_PARAM = 1.5
 # a transformer block's linears as (in, out) in units of the width, and each one's share of the
 # block's matmul FLOPs: q, k, v, o (d x d) and the MLP's up and down projections (d x 4d)
 _BLOCK = ((1, 1, 1 / 12), (1, 1, 1 / 12), (1, 1, 1 / 12), (1, 1, 1 / 12), (1, 4, 4 / 12), (4, 1, 4 / 12))
+# the inputs and outputs of a block's linears per token, summed, over the block's parameters /
+# width: 1.5 for that block (18 d over 12 d^2), as for Llama 3 8B's (GQA, SwiGLU at 3.5x:
+# 81,920 over 218M / 4,096)
+LINEAR_ELEMENTS_PER_PARAM = sum(k + n for k, n, _ in _BLOCK) / sum(k * n for k, n, _ in _BLOCK)
 
 
 def supported(device: DeviceSpec) -> bool:

@@ -17,20 +17,12 @@ run converts.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import logging
 from typing import Any
 
 import torch
 
-from launcher.errors import UsageError
-from launcher.specs import NO_TORCHAO, Strategy
-
-
-def require_torchao(recipe: str) -> None:
-    """UsageError in one line when torchao is missing (checked before anything is launched)."""
-    if importlib.util.find_spec("torchao") is None:
-        raise UsageError(NO_TORCHAO.format(recipe=recipe))
+from launcher.specs import Strategy, require_torchao
 
 
 def _head(model: torch.nn.Module) -> str | None:
