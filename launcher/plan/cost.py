@@ -51,12 +51,11 @@ from launcher.plan.gemm import (
     attention_flops_fwd,
     gemm_efficiency,
     head_flops_fwd,
-    logits_bytes,
     model_width,
     peak_flops,
 )
 from launcher.plan.hbm import hbm_bytes_per_s
-from launcher.plan.memory import COMPUTE_DTYPE_BYTES
+from launcher.plan.memory import COMPUTE_DTYPE_BYTES, logits_bytes
 from launcher.plan.offload import offload_s
 from launcher.plan.step_probe import WorkloadTiming, timing_key
 from launcher.plan.types import StepTimeEstimate

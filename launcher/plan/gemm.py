@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from launcher.hardware.types import DeviceSpec
-from launcher.plan.memory import COMPUTE_DTYPE_BYTES
+from launcher.plan.memory import COMPUTE_DTYPE_BYTES, logits_bytes
 from launcher.specs import ModelProfile
 
 # Best bf16 GEMM a GPU sustains, as a fraction of its dense peak, by compute capability: the
@@ -91,15 +91,6 @@ def gemm_efficiency(device: DeviceSpec, width: float | None, tokens: float,
         eff *= ((1.0 if math.isinf(width) else width / (width + GEMM_HALF_WIDTH * scale))
                 * tokens / (tokens + GEMM_HALF_TOKENS * scale))
     return eff
-
-
-def logits_bytes(profile: ModelProfile) -> float:
-    """One logits-sized tensor per sample at the profiled dtype: half of backward's transient of
-    a language model (the profile's: the loss gradient over the vocabulary, two logits-sized
-    tensors); 0 for other models."""
-    if profile.sample_units != "tokens":
-        return 0.0
-    return profile.backward_transient_bytes_per_sample / 2
 
 
 def head_flops_fwd(profile: ModelProfile) -> float:

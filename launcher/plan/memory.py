@@ -63,13 +63,16 @@ The model, per rank (P = parameters, G = shard group size, c = compute-dtype byt
   autocast's fp32 loss with a compute-dtype gradient back into the head (x0.75), the compute
   dtype under FSDP's bf16 parameters (x0.5). One process reaches it before most gradients
   exist, so there it counts only where it exceeds the half of the gradients already made.
+- a fused loss (`profile.loss_kernel`): flash-attn's CrossEntropyLoss saves its compute-dtype
+  logits and a log-sum-exp per token (not eager's fp32 log_softmax) and its backward makes one
+  gradient like them (`empty_like(logits)`; Liger's, in place, takes less): so one such tensor
+  saved outside the blocks and one as the transient.
 - CPU offload (FSDP kinds, `offload`, on GPUs): the shard's fp32 params, grads and optimizer
   state live in host memory (`host_bytes`, not in the GPU's total); the unsharded units and the
   activations stay (`launcher.plan.offload` prices the copies and the host's optimizer step).
 - overhead: CUDA context, NCCL buffers and allocator slack on CUDA; nothing on CPU.
 
-Pure: never imports torch, does no I/O, and never imports cli, backends, jobs, runtime, results
-or report.
+Pure: no torch, no I/O; never imports cli, backends, jobs, runtime, results or report.
 """
 
 from __future__ import annotations
@@ -195,6 +198,22 @@ def compile_factor(profile: ModelProfile, strategy: Strategy) -> float:
     return COMPILE_SAVED_FACTOR if profile.attention_flops_fwd_per_sample > 0 else COMPILE_NO_ATTENTION_FACTOR
 
 
+def logits_bytes(profile: ModelProfile) -> float:
+    """One fp32 logits tensor per sample: half the profiled transient of a language model (the
+    loss gradient, two logits-sized tensors); 0 for other models."""
+    if profile.sample_units != "tokens":
+        return 0.0
+    return profile.backward_transient_bytes_per_sample / 2
+
+
+def fused_loss_bytes(profile: ModelProfile, strategy: Strategy) -> float:
+    """Per sample, the compute-dtype logits a fused loss saves (its gradient is as many bytes);
+    0 for an eager loss or a model without logits."""
+    if profile.loss_kernel != "fused":
+        return 0.0
+    return logits_bytes(profile) * COMPUTE_DTYPE_BYTES[strategy.precision] / COMPUTE_DTYPE_BYTES["fp32"]
+
+
 def activation_bytes(profile: ModelProfile, strategy: Strategy, micro_batch: int, *,
                      device: str = "") -> float:
     """Saved-for-backward bytes of one micro-batch, with the strategy's checkpointing mode.
@@ -206,22 +225,23 @@ def activation_bytes(profile: ModelProfile, strategy: Strategy, micro_batch: int
     saved = profile.activation_bytes_per_sample
     if device == "cpu" and not strategy.compile:
         saved += profile.math_attention_bytes_per_sample
-    full = saved * factor * compile_factor(profile, strategy)
-    if not strategy.recomputes or profile.num_blocks < 1:
-        return full * micro_batch
-    return kept_activation_bytes(strategy.checkpointing, saved_bytes=full,
-                                 block_input_bytes=profile.block_input_bytes_per_sample * input_factor,
-                                 num_blocks=profile.num_blocks) * micro_batch
+    loss = fused_loss_bytes(profile, strategy)
+    if loss:  # the eager loss's fp32 log_softmax output is not saved; the fused loss's logits are
+        saved -= min(logits_bytes(profile), saved)
+    kept = saved * factor * compile_factor(profile, strategy)
+    if strategy.recomputes and profile.num_blocks >= 1:
+        kept = kept_activation_bytes(strategy.checkpointing, saved_bytes=kept,
+                                     block_input_bytes=profile.block_input_bytes_per_sample * input_factor,
+                                     num_blocks=profile.num_blocks)
+    return (kept + loss) * micro_batch
 
 
 def transient_bytes(profile: ModelProfile, strategy: Strategy, micro_batch: int) -> float:
     """Backward's peak bytes beyond the saved activations, for one micro-batch."""
-    if strategy.precision == "fp32":
-        factor = 1.0
-    elif not strategy.shards_params:
-        factor = AUTOCAST_TRANSIENT_FACTOR
-    else:
-        factor = PARAM_DTYPE_ACTIVATION_FACTOR
+    if loss := fused_loss_bytes(profile, strategy):
+        return loss * micro_batch
+    factor = (1.0 if strategy.precision == "fp32" else PARAM_DTYPE_ACTIVATION_FACTOR
+              if strategy.shards_params else AUTOCAST_TRANSIENT_FACTOR)
     return profile.backward_transient_bytes_per_sample * factor * micro_batch
 
 
@@ -331,8 +351,10 @@ def estimate_memory(profile: ModelProfile, strategy: Strategy, *, micro_batch: i
                          "split, Korthikanti et al. 2022); the loss gradient whole (logits "
                          "gathered, no loss parallel); norm weights replicated (negligible)")
     if transient > 0:
-        act_note += (f"; backward transient {fmt_gib(transient)} GiB (the loss gradient, measured "
-                     "on meta) in activations")
+        act_note += (f"; backward transient {fmt_gib(transient)} GiB ("
+                     + ("the fused loss's saved logits and their gradient at the compute dtype"
+                        if fused_loss_bytes(profile, strategy) else "the loss gradient, measured on meta")
+                     + ") in activations")
     notes.append(act_note)
 
     host = 0.0
@@ -368,13 +390,11 @@ def fmt_gib(nbytes: float) -> str:
     return f"{gib:.1f}" if gib >= 1 or gib == 0 else f"{gib:.2g}"
 
 
-__all__ = ["estimate_memory", "optimizer_state_bytes", "transient_bytes", "AUTOCAST_TRANSIENT_FACTOR",
-           "usable_mem_bytes", "activation_bytes", "unsharded_root_params",
-           "fmt_gib", "MASTER_PARAM_BYTES", "GRAD_BYTES", "OPTIMIZER_STATE_BYTES",
-           "COMPUTE_DTYPE_BYTES", "AUTOCAST_ACTIVATION_FACTOR", "AUTOCAST_BLOCK_INPUT_FACTOR",
-           "PARAM_DTYPE_ACTIVATION_FACTOR", "activation_factors", "AUTOCAST_NO_ATTENTION_FACTOR",
-           "PARAM_DTYPE_BATCH_NORM_FACTOR", "COMPILE_SAVED_FACTOR", "COMPILE_NO_ATTENTION_FACTOR",
-           "compile_factor",
-           "DDP_GRADIENT_AS_BUCKET_VIEW", "DDP_BUCKET_CAP_BYTES", "CUDA_CONTEXT_BYTES", "CUBLAS_WORKSPACE_BYTES",
-           "NCCL_BUFFER_BYTES", "CUDA_ALLOCATOR_SLACK", "SINGLE_PROCESS_GRAD_OVERLAP",
-           "FOREACH_ADAMW_TEMP_FACTOR"]
+__all__ = ["estimate_memory", "optimizer_state_bytes", "transient_bytes", "logits_bytes", "fused_loss_bytes",
+           "AUTOCAST_TRANSIENT_FACTOR", "usable_mem_bytes", "activation_bytes", "unsharded_root_params", "fmt_gib",
+           "MASTER_PARAM_BYTES", "GRAD_BYTES", "OPTIMIZER_STATE_BYTES", "COMPUTE_DTYPE_BYTES",
+           "AUTOCAST_ACTIVATION_FACTOR", "AUTOCAST_BLOCK_INPUT_FACTOR", "PARAM_DTYPE_ACTIVATION_FACTOR",
+           "activation_factors", "AUTOCAST_NO_ATTENTION_FACTOR", "PARAM_DTYPE_BATCH_NORM_FACTOR",
+           "COMPILE_SAVED_FACTOR", "COMPILE_NO_ATTENTION_FACTOR", "compile_factor", "DDP_GRADIENT_AS_BUCKET_VIEW",
+           "DDP_BUCKET_CAP_BYTES", "CUDA_CONTEXT_BYTES", "CUBLAS_WORKSPACE_BYTES", "NCCL_BUFFER_BYTES",
+           "CUDA_ALLOCATOR_SLACK", "SINGLE_PROCESS_GRAD_OVERLAP", "FOREACH_ADAMW_TEMP_FACTOR"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from launcher.hardware.types import DeviceSpec
+from launcher.plan.checkpointing import kept_activation_bytes
 from launcher.plan.memory import (
     AUTOCAST_ACTIVATION_FACTOR,
     AUTOCAST_NO_ATTENTION_FACTOR,
@@ -198,3 +199,30 @@ def test_the_profile_counts_the_math_path_of_attention_with_dropout_only():
         F.scaled_dot_product_attention(q, q, q, dropout_p=0.1, is_causal=True)
     # probabilities, mask and dropped probabilities per score: batch x heads x s x s
     assert mode.math_attention_bytes == MATH_ATTENTION_BYTES_PER_SCORE * 2 * 4 * 128 * 128
+
+
+def test_a_fused_loss_saves_its_logits_and_one_gradient_at_the_compute_dtype():
+    # a language model: two fp32 logits tensors (LOGITS each) of backward transient per sample,
+    # and the eager loss's fp32 log_softmax output (LOGITS) among its saved bytes
+    LOGITS = 2e8
+    eager = model(backward_transient_bytes_per_sample=2 * LOGITS, sample_units="tokens")
+    fused = model(backward_transient_bytes_per_sample=2 * LOGITS, sample_units="tokens",
+                  loss_kernel="fused")
+    # FSDP bf16, 2 samples: the log_softmax output (x0.5) out, the bf16 logits in: equal saved
+    # bytes; the transient one bf16 gradient instead of two logits tensors at x0.5
+    e, f = est("fsdp_full", "bf16", profile=eager), est("fsdp_full", "bf16", profile=fused)
+    assert f.activations_bytes == pytest.approx(0.5 * ACT * 2 + 0.5 * LOGITS * 2)
+    assert e.activations_bytes - f.activations_bytes == pytest.approx((LOGITS - 0.5 * LOGITS) * 2)
+    assert "fused loss" in f.assumptions and "fused loss" not in e.assumptions
+    # DDP autocast: the eager loss also saved its fp32 output at x0.7 and made 2 x 0.75 of it
+    e, f = est("ddp", "bf16", profile=eager), est("ddp", "bf16", profile=fused)
+    saved_eager, saved_fused = AUTOCAST_ACTIVATION_FACTOR * ACT, AUTOCAST_ACTIVATION_FACTOR * (ACT - LOGITS)
+    assert e.activations_bytes - f.activations_bytes == pytest.approx(
+        2 * (saved_eager + 1.5 * LOGITS - saved_fused - 0.5 * 2 * LOGITS))
+    # full checkpointing drops the blocks' activations, never the loss's saved logits
+    blocks = kept_activation_bytes("full", saved_bytes=0.5 * (ACT - LOGITS), block_input_bytes=0.5 * BLOCK_IN,
+                                   num_blocks=10)
+    ck = est("fsdp_full", "bf16", ckpt=True, profile=fused)
+    assert ck.activations_bytes == pytest.approx(2 * (blocks + 0.5 * LOGITS + 0.5 * LOGITS))
+    # an eager loss, or a model without logits, is unchanged by the kernel
+    assert est(profile=model(loss_kernel="fused")).total_bytes == est().total_bytes
