@@ -49,6 +49,7 @@ import math
 from collections.abc import Callable
 
 from launcher.hardware.types import Link, Topology
+from launcher.plan.float8 import fsdp_float8_gather
 from launcher.plan.memory import (
     COMPUTE_DTYPE_BYTES,
     DDP_BUCKET_CAP_BYTES,
@@ -70,6 +71,8 @@ FSDP_COLLECTIVE_OVERHEAD_S = 50e-6
 # FSDP reduces gradients in fp32 (MixedPrecisionPolicy(reduce_dtype=float32)); DDP all-reduces
 # the fp32 .grad buckets.
 REDUCE_DTYPE_BYTES = 4
+FLOAT8_BYTES = 1  # a float8 weight's all-gathered bytes a parameter
+AMAX_BYTES = 4  # the fp32 amax all-reduced before each float8 weight's gather
 
 Collective = Callable[[float], float]
 
@@ -258,9 +261,13 @@ def fsdp_traffic(profile: ModelProfile, strategy: Strategy,
     grad_op = strategy.kind == "fsdp_grad_op"
     # fixed per-collective cost: cannot overlap (it sits on the compute stream / CPU thread)
     collectives = 2 * units + (0 if grad_op else nb)
-    return {"ag_fwd": split(ops["ag"], c * p, units),
-            "first_ag": ops["ag"](c * (root + block)),
-            "ag_bwd": 0.0 if grad_op else split(ops["ag"], c * (p - root), nb),
+    # float8 weights gather at 1 B, each after an all-reduce of its amax (plan.float8)
+    float8_params, weights = fsdp_float8_gather(profile, strategy, topology.accelerator)
+    saved = (c - FLOAT8_BYTES) * float8_params
+    amax = weights * ops["ar"](AMAX_BYTES) if weights else 0.0
+    return {"ag_fwd": split(ops["ag"], c * p - saved, units) + nb * amax,
+            "first_ag": ops["ag"](c * (root + block) - saved / nb) + amax,
+            "ag_bwd": 0.0 if grad_op else split(ops["ag"], c * (p - root) - saved, nb) + nb * amax,
             "rs": split(ops["rs"], REDUCE_DTYPE_BYTES * p, units),
             "last_rs": ops["rs"](REDUCE_DTYPE_BYTES * max(root, block)),
             "fixed": collectives * FSDP_COLLECTIVE_OVERHEAD_S,
@@ -294,6 +301,6 @@ def sharded_comm(profile: ModelProfile, strategy: Strategy, topology: Topology,
 __all__ = ["ring_allreduce_s", "tree_allreduce_s", "allgather_s", "reduce_scatter_s",
            "hierarchical_allreduce_s", "shared_link", "slowest_link", "group_collectives",
            "replica_allreduce", "split", "Collective", "ddp_comm", "fsdp_traffic", "fsdp_units",
-           "zero1_sync_bytes", "zero1_sync_s",
+           "zero1_sync_bytes", "zero1_sync_s", "FLOAT8_BYTES", "AMAX_BYTES",
            "sharded_comm", "FSDP_COLLECTIVE_OVERHEAD_S", "REDUCE_DTYPE_BYTES", "dp_topology",
            "tp_comm_s", "TP_COLLECTIVES_PER_BLOCK", "TP_COLLECTIVES_OUTSIDE"]

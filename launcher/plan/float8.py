@@ -14,12 +14,16 @@ they run, and what their casts cost.
 - The layers that convert are those torchao's filter keeps (`passes`, its thresholds for each
   recipe, as `launcher.runtime.float8` applies them on GPUs), never the output head; attention
   and the memory-bound work stay bf16.
+- Under FSDP with tensorwise scaling the runtime all-gathers the converted weights in float8
+  (torchao's `enable_fsdp_float8_all_gather`): 1 B a parameter instead of the compute dtype's.
+  Each weight's scale comes first from an all-reduce of its amax over the group (torchao's
+  `reduce_amax`; the runtime precomputes no scales), one latency-bound all-reduce per converted
+  weight before each gather of its block (`fsdp_float8_gather`, priced by plan.collectives).
 Both constants are fit to torchao's microbenchmark of one Float8Linear's forward and backward on
 an H100 against bf16 (pytorch/ao, torchao/float8/README.md, "Performance"): 0.80x at M, K, N =
 1024, 2048, 1024 and 1.39x at 4096, 8192, 16384, which the model gives as 0.82x and 1.36x. Whole
 steps are checked, never fitted, against torchtitan's published float8/bf16 pairs
-(benchmarks/published). Not priced: FSDP's float8 all-gather (half of bf16's bytes; the plan
-counts bf16's, which errs slow where communication is exposed).
+(benchmarks/published).
 
 Pure arithmetic on the frozen specs (no torch, no I/O).
 """
@@ -68,6 +72,20 @@ def converted_share(profile: ModelProfile, recipe: str, tp: int = 1) -> float:
         return 0.0
     d = width / tp
     return sum(share for k, n, share in _BLOCK if passes(recipe, round(k * d), round(n * d)))
+
+
+def fsdp_float8_gather(profile: ModelProfile, strategy: Strategy, device: DeviceSpec) -> tuple[float, int]:
+    """(parameters of one TP slice that FSDP all-gathers in float8, converted weights per block,
+    each one amax all-reduce before its block's gather): tensorwise float8 under FSDP on a GPU
+    with float8 tensor cores; (0, 0) otherwise."""
+    width = model_width(profile)
+    if (strategy.float8 != "tensorwise" or not strategy.shards_params or not supported(device)
+            or width is None):
+        return 0.0, 0
+    d = width / strategy.tp
+    weights = sum(1 for k, n, _ in _BLOCK if passes("tensorwise", round(k * d), round(n * d)))
+    share = converted_share(profile, "tensorwise", strategy.tp)
+    return share * profile.num_blocks * profile.largest_block_params / strategy.tp, weights
 
 
 def float8_terms(profile: ModelProfile, strategy: Strategy, micro_batch: int,

@@ -9,12 +9,13 @@ import torch
 
 from launcher.errors import PlanError
 from launcher.hardware.topology import load_topology
-from launcher.plan.float8 import converted_share, passes
+from launcher.plan.collectives import AMAX_BYTES, fsdp_traffic, group_collectives, split
+from launcher.plan.float8 import converted_share, fsdp_float8_gather, passes
 from launcher.plan.search import plan
 from launcher.plan.types import Overrides
 from launcher.plan.view import format_plan
 from launcher.runtime.float8 import eligible
-from launcher.specs import Goal
+from launcher.specs import Goal, Strategy
 
 from tests.helpers import published_runner
 from tests.unit.test_planner import GPT_125M, gpt
@@ -49,6 +50,27 @@ def test_an_h100_plan_weighs_float8_and_states_its_gain():
     bf16 = plan(LLAMA3_8B, topo, Goal(), overrides=Overrides(float8="none"))
     assert bf16.chosen.strategy.float8 == "none"
     assert p.units_per_s > 1.1 * bf16.units_per_s
+
+
+def test_fsdp_gathers_the_converted_weights_in_float8_after_their_amax_all_reduces():
+    topo = load_topology("h100-sxm-8x")
+    ops = group_collectives(topo)
+
+    def traffic(kind: str, float8: str, t=topo):
+        return fsdp_traffic(LLAMA3_8B, Strategy(kind=kind, precision="bf16", float8=float8), t)
+
+    bf16, f8 = traffic("fsdp_full", "none"), traffic("fsdp_full", "tensorwise")
+    blocks = LLAMA3_8B.num_blocks * LLAMA3_8B.largest_block_params  # every block linear converts
+    # each block's six converted weights: one amax all-reduce each before every gather
+    amax = LLAMA3_8B.num_blocks * 6 * ops["ar"](AMAX_BYTES)
+    assert f8["ag_fwd"] == pytest.approx(split(ops["ag"], 2 * LLAMA3_8B.num_params - blocks, bf16["units"]) + amax)
+    assert f8["ag_bwd"] < bf16["ag_bwd"] and f8["rs"] == bf16["rs"]  # gradients reduce in fp32
+    # rowwise gathers bf16, and neither DDP nor an A100 gathers anything in float8
+    assert traffic("fsdp_full", "rowwise") == bf16
+    assert fsdp_float8_gather(LLAMA3_8B, Strategy(kind="ddp", precision="bf16", float8="tensorwise"),
+                              topo.accelerator) == (0.0, 0)
+    a100 = load_topology("a100-sxm-8x")
+    assert traffic("fsdp_full", "tensorwise", a100) == traffic("fsdp_full", "none", a100)
 
 
 def test_float8_is_not_weighed_without_float8_tensor_cores_or_on_cpu():
