@@ -70,8 +70,12 @@ def converted_share(profile: ModelProfile, recipe: str, tp: int = 1) -> float:
     width = model_width(profile)
     if width is None or recipe == "none":
         return 0.0
-    d = width / tp
-    return sum(share for k, n, share in _BLOCK if passes(recipe, round(k * d), round(n * d)))
+    return sum(_converted(width / tp, recipe))
+
+
+def _converted(d: float, recipe: str) -> list[float]:
+    """The FLOP shares of the block linears at width `d` that pass the recipe's filter."""
+    return [share for k, n, share in _BLOCK if passes(recipe, round(k * d), round(n * d))]
 
 
 def fsdp_float8_gather(profile: ModelProfile, strategy: Strategy, device: DeviceSpec) -> tuple[float, int]:
@@ -82,10 +86,8 @@ def fsdp_float8_gather(profile: ModelProfile, strategy: Strategy, device: Device
     if (strategy.float8 != "tensorwise" or not strategy.shards_params or not supported(device)
             or width is None):
         return 0.0, 0
-    d = width / strategy.tp
-    weights = sum(1 for k, n, _ in _BLOCK if passes("tensorwise", round(k * d), round(n * d)))
-    share = converted_share(profile, "tensorwise", strategy.tp)
-    return share * profile.num_blocks * profile.largest_block_params / strategy.tp, weights
+    shares = _converted(width / strategy.tp, "tensorwise")
+    return sum(shares) * profile.num_blocks * profile.largest_block_params / strategy.tp, len(shares)
 
 
 def float8_terms(profile: ModelProfile, strategy: Strategy, micro_batch: int,
