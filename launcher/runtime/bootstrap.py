@@ -87,6 +87,10 @@ def install(auto: AutoMeter) -> None:
     fetch = dataloader._BaseDataLoaderIter.__next__
 
     def timed_next(self: Any) -> Any:
+        if not getattr(self, "_dlaunch_checked", False):  # before a first batch that would hang
+            from launcher.runtime.loader import check_worker_sockets
+            check_worker_sockets(getattr(self, "_num_workers", 0))
+            self._dlaunch_checked = True
         began = time.perf_counter()
         batch = fetch(self)
         auto.batch(batch, time.perf_counter() - began)

@@ -7,6 +7,9 @@ Never imports cli, backends, jobs or report; torch at module level (see runtime/
 
 from __future__ import annotations
 
+import multiprocessing.util
+import os
+import sys
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -14,7 +17,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
-from launcher.errors import WorkloadError
+from launcher.errors import LaunchError, WorkloadError
 from launcher.runspec import LaunchSpec
 from launcher.runtime.context import RankContext
 from launcher.runtime.resume import SkipSampler
@@ -28,6 +31,35 @@ from launcher.workload import Workload
 # why, instead of running the host out of memory
 MAX_INDEXED_SAMPLES = 2**26
 _INDEX_BYTES = 36
+# Linux's sockaddr_un.sun_path: 108 bytes with the terminating NUL
+_SUN_PATH_MAX = 108
+# the name multiprocessing gives a listener inside its pymp-* directory ("listener-" + 8 chars)
+_LISTENER_NAME = "listener-xxxxxxxx"
+
+
+def worker_socket_problem(pymp_dir: str, workers: int) -> str | None:
+    """Why DataLoader workers would hang under `pymp_dir` (multiprocessing's temporary
+    directory), or None. A worker hands each batch's shared memory to its rank over a Unix socket
+    created in that directory; a path past sun_path's limit fails inside the worker's queue
+    thread, which drops the batch, and the rank waits for it forever."""
+    path = os.path.join(pymp_dir, _LISTENER_NAME)
+    if workers == 0 or not sys.platform.startswith("linux") or len(os.fsencode(path)) < _SUN_PATH_MAX:
+        return None
+    return (f"TMPDIR is too long for DataLoader workers: they pass batches over Unix sockets under "
+            f"{pymp_dir} ({len(os.fsencode(path))} bytes with the socket's name, the limit is "
+            f"{_SUN_PATH_MAX - 1}), so the first batch would never arrive; set TMPDIR to a shorter "
+            "directory (e.g. TMPDIR=/tmp), or run with --num-workers 0")
+
+
+def check_worker_sockets(workers: int) -> None:
+    """Raise LaunchError where this process's DataLoader workers would hang on their sockets
+    (`worker_socket_problem`); only the file-descriptor sharing strategy (Linux's default)
+    passes batches over sockets."""
+    if workers == 0 or torch.multiprocessing.get_sharing_strategy() != "file_descriptor":
+        return
+    problem = worker_socket_problem(multiprocessing.util.get_temp_dir(), workers)
+    if problem:
+        raise LaunchError(problem)
 
 
 def make_loader(workload: Workload, spec: LaunchSpec, ctx: RankContext, *,
@@ -45,6 +77,7 @@ def make_loader(workload: Workload, spec: LaunchSpec, ctx: RankContext, *,
     dataset = workload.make_dataset(spec.steps * spec.global_batch)
     dp_size, rank = ctx.world_size // spec.tp, dp_rank(ctx.rank, spec.tp)
     workers = spec.loader.num_workers
+    check_worker_sockets(workers)
     kwargs: dict[str, Any] = {
         "batch_size": spec.micro_batch, "drop_last": True, "num_workers": workers,
         "pin_memory": spec.loader.pin_memory and ctx.device_type == "cuda",

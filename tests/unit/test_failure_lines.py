@@ -1,11 +1,15 @@
 """A rank's failure line leads with the cause (runtime.recorder.error_line): the disk's error
 wherever a write failed, a DataLoader worker's own exception, a stream that ran dry said as such,
-a dataset too large to index refused before its sampler runs the host out of memory."""
+a dataset too large to index refused before its sampler runs the host out of memory, DataLoader
+workers under a TMPDIR too long for their sockets refused before their first batch hangs."""
 
 from __future__ import annotations
 
 import errno
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -15,7 +19,7 @@ from launcher.errors import WorkloadError
 from launcher.rundir import RunPaths
 from launcher.runspec import LaunchSpec
 from launcher.runtime.context import RankContext
-from launcher.runtime.loader import MAX_INDEXED_SAMPLES, fetch, make_loader
+from launcher.runtime.loader import MAX_INDEXED_SAMPLES, fetch, make_loader, worker_socket_problem
 from launcher.runtime.recorder import RankRecorder, error_line
 from launcher.runtime.window import Clock
 from launcher.workload import load_workload
@@ -91,3 +95,60 @@ def test_a_dataset_too_large_to_index_fails_at_once_naming_steps_and_the_fix():
                                             r".*~27 GiB.*IterableDataset"):
         loader(10**8)
     assert len(loader(MAX_INDEXED_SAMPLES // 8).dataset) == MAX_INDEXED_SAMPLES  # type: ignore[arg-type]
+
+
+# In a fresh process under TMPDIR: torch's own DataLoader with one worker (3 s timeout), then
+# make_loader and a script's DataLoader under the bootstrap's hooks.
+_UNDER_TMPDIR = """
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from launcher.errors import LaunchError
+from launcher.runspec import LaunchSpec
+from launcher.runtime.bootstrap import AutoMeter, install
+from launcher.runtime.context import RankContext
+from launcher.runtime.loader import make_loader
+from launcher.workload import load_workload
+data = TensorDataset(torch.zeros(8, 2))
+try:
+    next(iter(DataLoader(data, batch_size=2, num_workers=1, timeout=3)))
+    print("torch: ok")
+except RuntimeError as e:
+    print("torch:", "timed out" if "timed out" in str(e) else e)
+spec = LaunchSpec(workload=WORKLOAD, run_id="r", run_dir="/r", steps=2, micro_batch=2, grad_accum=1,
+                  strategy="ddp", precision="fp32", num_workers=1)
+ctx = RankContext(rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0, host="h",
+                  device_type="cpu")
+for name, first_batch in [("make_loader", lambda: next(iter(make_loader(load_workload(WORKLOAD), spec, ctx)))),
+                          ("script", lambda: (install(AutoMeter()), next(iter(DataLoader(data, num_workers=1)))))]:
+    try:
+        first_batch()
+        print(name + ": ok")
+    except LaunchError as e:
+        print(name + ":", e)
+"""
+
+
+@pytest.mark.parametrize("long", [False, True])
+def test_dataloader_workers_under_a_tmpdir_too_long_for_their_sockets_fail_at_once(tmp_path, long):
+    # 95 characters: multiprocessing's pymp-XXXXXXXX/listener-XXXXXXXX takes the socket's path to 127
+    tmpdir = tmp_path / ("t" * (95 - len(str(tmp_path)) - 1)) if long else tmp_path
+    tmpdir.mkdir(exist_ok=True)
+    code = f"WORKLOAD = {str(REPO / 'workloads' / 'mlp.py')!r}\n" + _UNDER_TMPDIR
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "TMPDIR": str(tmpdir), "OMP_NUM_THREADS": "1"})
+    lines = dict(x.split(": ", 1) for x in done.stdout.splitlines())
+    if not long:
+        assert lines == {"torch": "ok", "make_loader": "ok", "script": "ok"}, done.stdout + done.stderr
+        return
+    assert lines["torch"] == "timed out", done.stdout + done.stderr  # what the check prevents: a hang
+    for name in ("make_loader", "script"):
+        assert lines[name].startswith("TMPDIR is too long for DataLoader workers") and "127 bytes" in lines[name] \
+            and "TMPDIR=/tmp" in lines[name] and "--num-workers 0" in lines[name], done.stdout
+
+
+def test_the_socket_limit_is_sun_paths():
+    assert worker_socket_problem("/tmp/pymp-abcdefgh", 2) is None
+    edge = "/" + "d" * (107 - len("/listener-xxxxxxxx") - 1)  # 107 bytes with the socket's name: fits
+    assert worker_socket_problem(edge, 2) is None
+    assert "108 bytes" in (worker_socket_problem(edge + "d", 2) or "")
+    assert worker_socket_problem(edge + "d", 0) is None  # no workers, no sockets
