@@ -42,19 +42,11 @@ case "${1:-}" in
     if [ "$#" -gt 0 ]; then
       "$VENV/bin/python" -m pytest -q -rs "$@"
     else
-      # unit tests start no torchrun and time nothing: two workers halve their minutes.
-      # The torchrun tests run two at a time too, a file per worker (--dist loadfile: a file's
-      # shared runs stay on one worker): a launch leaves a core idle for much of its life
-      # (process start, rendezvous, teardown). A short --basetemp keeps each test's TMPDIR short
-      # enough for DataLoader workers' Unix sockets (runtime.loader.worker_socket_problem).
-      # The tests that time themselves (marker `timing`) and the SLURM tests then run alone.
+      # unit tests start no torchrun and time nothing: two workers halve their minutes; the
+      # torchrun and SLURM tests run one at a time (they share 2 cores and time their steps)
       # --durations: the slowest tests in the log, where the suite's 25-minute budget goes
       "$VENV/bin/python" -m pytest -q -rs -n 2 --durations=10 tests/unit
-      basetemp=$(mktemp -d "${TMPDIR:-/tmp}/dlt.XXXXXX")
-      "$VENV/bin/python" -m pytest -q -rs -n 2 --dist loadfile --basetemp "$basetemp" -m "not timing" \
-        --durations=25 tests/integration
-      "$VENV/bin/python" -m pytest -q -rs -m timing --durations=10 tests/integration
-      "$VENV/bin/python" -m pytest -q -rs --durations=10 tests/slurm
+      "$VENV/bin/python" -m pytest -q -rs --durations=25 tests/integration tests/slurm
     fi
     ;;
   *)

@@ -8,9 +8,6 @@ from launcher.rundir import RunPaths
 
 from tests.helpers import DATA, REPO, assert_one_line_error, rank_records, run_result
 
-# timed assertions: run alone, not beside another test (scripts/dev.sh)
-pytestmark = pytest.mark.timing
-
 MLP = str(REPO / "workloads" / "mlp.py")
 SLOW = str(DATA / "slow_data.py")
 

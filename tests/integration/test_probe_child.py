@@ -20,9 +20,6 @@ import pytest
 
 from tests.helpers import DATA, REPO, assert_processes_gone
 
-# timed assertions: run alone, not beside another test (scripts/dev.sh)
-pytestmark = pytest.mark.timing
-
 WORKLOAD = str(DATA / "probe_hostile.py")
 DECIDED = ("--gpus", "1", "--strategy", "ddp", "--precision", "fp32", "--micro-batch", "4",
            "--checkpointing", "none")

@@ -16,7 +16,7 @@ import pytest
 
 from tests.helpers import DATA, REPO, dlaunch_env, rank_records
 
-pytestmark = [pytest.mark.distributed, pytest.mark.timing]
+pytestmark = pytest.mark.distributed
 
 STEADY = str(DATA / "steady.py")
 FIXED = ["--no-calibrate", "--strategy", "ddp", "--precision", "fp32", "--micro-batch", "4"]

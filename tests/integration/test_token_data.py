@@ -24,9 +24,6 @@ from launcher.workload import load_workload
 
 from tests.helpers import REPO, WORKLOADS, assert_one_line_error, log_tails, rank_records, run_result
 
-# timed assertions: run alone, not beside another test (scripts/dev.sh)
-pytestmark = pytest.mark.timing
-
 TOKENS = str(WORKLOADS / "tokens.py")
 MODEL = ("--dim", "128", "--layers", "2", "--ffn", "384", "--seq-len", "128")
 MICRO_BATCH = 8
