@@ -87,9 +87,10 @@ def install(auto: AutoMeter) -> None:
     fetch = dataloader._BaseDataLoaderIter.__next__
 
     def timed_next(self: Any) -> Any:
-        if not getattr(self, "_dlaunch_checked", False):  # before a first batch that would hang
+        if getattr(self, "_num_workers", 0) > 0 and not getattr(self, "_dlaunch_checked", False):
+            # before a first batch that would hang (imported here: most loaders have no workers)
             from launcher.runtime.loader import check_worker_sockets
-            check_worker_sockets(getattr(self, "_num_workers", 0))
+            check_worker_sockets(self._num_workers)
             self._dlaunch_checked = True
         began = time.perf_counter()
         batch = fetch(self)
