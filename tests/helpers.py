@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -48,12 +49,45 @@ def run_dlaunch(*args: str, cwd: Path | None = None, env: dict[str, str] | None 
 
 def dlaunch_env(tmp: Path, *, own_cache: bool = False, **extra: str) -> dict[str, str]:
     """This process's environment for a dlaunch subprocess: TMPDIR `tmp`, one thread per rank,
-    no DLAUNCH_DEBUG; `own_cache`: a fresh profile cache under `tmp`; `extra` on top."""
+    no DLAUNCH_DEBUG; `own_cache`: a cache of its own under `tmp` (`seeded_cache`); `extra` on
+    top."""
     env = {**os.environ, "TMPDIR": str(tmp), "OMP_NUM_THREADS": "1", **extra}
     if own_cache:
-        env["DLAUNCH_CACHE_DIR"] = str(tmp / "cache")
+        env["DLAUNCH_CACHE_DIR"] = str(seeded_cache(tmp / "cache"))
     env.pop("DLAUNCH_DEBUG", None)
     return env
+
+
+# What dlaunch measured of this host and of the workloads (the CPU and gloo probes, the
+# profiles, the step timings): each entry is keyed by what it measured, so one test's entry is
+# every test's. corrections/ (what tune learns) and the locks stay each test's own.
+MEASURED = ("cpu-probe", "profiles", "steps")
+_handed_out: list[Path] = []
+
+
+def seeded_cache(cache: Path) -> Path:
+    """`cache`, a dlaunch cache of its own holding the measurements (MEASURED) of the suite's
+    shared cache and of every cache this function handed out before in this process: a test
+    isolates what it changes, and the suite measures a host and a workload once, not 4-12 s
+    again in every test's first plan."""
+    from launcher.plan.resolve import cache_root  # the shared cache: where DLAUNCH_CACHE_DIR is unset
+
+    if cache in _handed_out:  # a second launch of the same test: its cache is seeded already
+        return cache
+    for source in (cache_root(), *_handed_out):
+        _copy_missing(source, cache)
+    cache.mkdir(parents=True, exist_ok=True)
+    _handed_out.append(cache)
+    return cache
+
+
+def _copy_missing(src: Path, dst: Path) -> None:
+    """Each MEASURED entry of cache `src` that cache `dst` lacks (never a writer's .tmp file)."""
+    for name in MEASURED:
+        for entry in (src / name).glob("[!.]*.json"):
+            if not (dst / name / entry.name).exists():
+                (dst / name).mkdir(parents=True, exist_ok=True)
+                shutil.copy2(entry, dst / name / entry.name)
 
 
 def start_dlaunch(argv: list[str], tmp: Path) -> subprocess.Popen[str]:

@@ -37,13 +37,13 @@ _SUN_PATH_MAX = 108
 _LISTENER_NAME = "listener-xxxxxxxx"
 
 
-def worker_socket_problem(pymp_dir: str, workers: int) -> str | None:
+def worker_socket_problem(pymp_dir: str) -> str | None:
     """Why DataLoader workers would hang under `pymp_dir` (multiprocessing's temporary
     directory), or None. A worker hands each batch's shared memory to its rank over a Unix socket
     created in that directory; a path past sun_path's limit fails inside the worker's queue
     thread, which drops the batch, and the rank waits for it forever."""
     path = os.path.join(pymp_dir, _LISTENER_NAME)
-    if workers == 0 or not sys.platform.startswith("linux") or len(os.fsencode(path)) < _SUN_PATH_MAX:
+    if not sys.platform.startswith("linux") or len(os.fsencode(path)) < _SUN_PATH_MAX:
         return None
     return (f"TMPDIR is too long for DataLoader workers: they pass batches over Unix sockets under "
             f"{pymp_dir} ({len(os.fsencode(path))} bytes with the socket's name, the limit is "
@@ -57,7 +57,7 @@ def check_worker_sockets(workers: int) -> None:
     passes batches over sockets."""
     if workers == 0 or torch.multiprocessing.get_sharing_strategy() != "file_descriptor":
         return
-    problem = worker_socket_problem(multiprocessing.util.get_temp_dir(), workers)
+    problem = worker_socket_problem(multiprocessing.util.get_temp_dir())
     if problem:
         raise LaunchError(problem)
 

@@ -48,15 +48,17 @@ def single_16(tmp_path_factory) -> list[float]:
                  global_batch=HYBRID_GLOBAL_BATCH)
 
 
-# DDP without accumulation is checked at 1e-5 in tests/integration/test_run_local.py
-CASES = [("ddp", 4), ("fsdp_full", 1), ("fsdp_full", 4), ("fsdp_grad_op", 1), ("fsdp_grad_op", 4)]
+# (strategy, accumulation, tolerance): plain DDP only reorders the gradient sum, so it is held
+# to 1e-5; sharding and accumulation reorder more of the arithmetic
+CASES = [("ddp", 1, 1e-5), ("ddp", 4, 1e-4), ("fsdp_full", 1, 1e-4), ("fsdp_full", 4, 1e-4),
+         ("fsdp_grad_op", 1, 1e-4), ("fsdp_grad_op", 4, 1e-4)]
 
 
-@pytest.mark.parametrize("strategy, accum", CASES)
-def test_strategy_matches_one_process(single, tmp_path, strategy, accum):
+@pytest.mark.parametrize("strategy, accum, tolerance", CASES)
+def test_strategy_matches_one_process(single, tmp_path, strategy, accum, tolerance):
     got = train(tmp_path / "run", gpus=2, strategy=strategy, accum=accum)
     worst = worst_relative(single, got)
-    assert worst < 1e-4, (worst, single, got)
+    assert worst < tolerance, (worst, single, got)
 
 
 def test_fsdp_with_cpu_offload_matches_one_process(single, tmp_path):

@@ -22,7 +22,15 @@ from launcher.backends.monitor import read_heartbeats
 from launcher.errors import LaunchError
 from launcher.rundir import RunPaths, SweepPaths, create_run_dir
 
-from tests.helpers import DATA, REPO, assert_one_line_error, assert_processes_gone, rank_pids, rank_records
+from tests.helpers import (
+    DATA,
+    REPO,
+    assert_one_line_error,
+    assert_processes_gone,
+    dlaunch_env,
+    rank_pids,
+    rank_records,
+)
 
 pytestmark = pytest.mark.distributed
 
@@ -31,18 +39,11 @@ FIXED = ["--no-calibrate", "--strategy", "ddp", "--precision", "fp32", "--micro-
 START_TIMEOUT_S = 120  # imports, planning and rendezvous of 2 ranks on a busy 2-core machine
 
 
-def _env(tmp: Path) -> dict[str, str]:
-    env = {**os.environ, "TMPDIR": str(tmp), "OMP_NUM_THREADS": "1",
-           "DLAUNCH_CACHE_DIR": str(tmp / "cache")}
-    env.pop("DLAUNCH_DEBUG", None)
-    return env
-
-
 def _start(tmp: Path, *args: str, stdout: object = None, name: str = "dlaunch") -> subprocess.Popen:
     """dlaunch ARGS in the background; stderr (and stdout unless given) to files in `tmp`."""
     out = stdout if stdout is not None else open(tmp / f"{name}.out", "w")  # noqa: SIM115
     return subprocess.Popen([sys.executable, "-m", "launcher.cli.main", *args], cwd=REPO,
-                            env=_env(tmp), stdout=out, stderr=open(tmp / f"{name}.err", "w"))  # noqa: SIM115
+                            env=dlaunch_env(tmp, own_cache=True), stdout=out, stderr=open(tmp / f"{name}.err", "w"))  # noqa: SIM115
 
 
 def _wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, ranks: int = 2) -> None:

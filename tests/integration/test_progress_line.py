@@ -25,7 +25,7 @@ LINE = re.compile(r"dlaunch: step (\d+)/(\d+) \(\d+%\)  ([\d,]+) samples/s  .*ET
 
 def test_in_a_pipe_a_line_per_interval_and_the_eta_holds(tmp_path: Path):
     run_dir = tmp_path / "run"
-    argv = [sys.executable, "-m", "launcher.cli.main", "run", STEADY, "--gpus", "1", "--steps", "200",
+    argv = [sys.executable, "-m", "launcher.cli.main", "run", STEADY, "--gpus", "1", "--steps", "120",
             *FIXED, "--run-dir", str(run_dir), "--", "--step-sleep-s", "0.1"]
     out = tmp_path / "stdout"
     with open(out, "w") as stdout:
@@ -42,11 +42,11 @@ def test_in_a_pipe_a_line_per_interval_and_the_eta_holds(tmp_path: Path):
     assert len(lines) >= 5, "".join(x for _, x in seen)
     # no terminal: whole lines, no cursor movement
     assert not any("\r" in x or "\x1b" in x for _, x in seen)
-    # the ETA of the first line past step 50 against when step 200 really ended
-    t_line, m = next((t, m) for t, m in lines if int(m.group(1)) >= 50)
+    # the ETA of the first line past step 30 against when step 120 really ended
+    t_line, m = next((t, m) for t, m in lines if int(m.group(1)) >= 30)
     eta_s = 60 * int(m.group(4)) + int(m.group(5))
     ends = {r["step"]: r["end_time"] for r in rank_records(run_dir) if r["kind"] == "step"}
-    real_s = ends[200] - t_line
+    real_s = ends[120] - t_line
     assert real_s > 5, (real_s, m.group(0))
     assert abs(eta_s - real_s) <= 0.15 * real_s + 0.5, (eta_s, real_s, m.group(0))  # 0.5: m:ss rounding
 
@@ -54,7 +54,7 @@ def test_in_a_pipe_a_line_per_interval_and_the_eta_holds(tmp_path: Path):
 def test_on_a_terminal_one_line_is_redrawn_and_quiet_turns_it_off(tmp_path: Path):
     def run(*extra: str) -> str:
         primary, secondary = pty.openpty()
-        argv = [sys.executable, "-m", "launcher.cli.main", "run", STEADY, "--gpus", "1", "--steps", "40",
+        argv = [sys.executable, "-m", "launcher.cli.main", "run", STEADY, "--gpus", "1", "--steps", "30",
                 *FIXED, "--run-dir", str(tmp_path / f"run{len(extra)}"), *extra,
                 "--", "--step-sleep-s", "0.1"]
         proc = subprocess.Popen(argv, cwd=REPO, env=dlaunch_env(tmp_path, own_cache=True), stdout=secondary,
@@ -83,7 +83,7 @@ def test_on_a_terminal_one_line_is_redrawn_and_quiet_turns_it_off(tmp_path: Path
 def test_a_rank_slowed_after_warm_up_raises_the_drift_warning(tmp_path: Path):
     run_dir = tmp_path / "run"
     done = subprocess.run(
-        [sys.executable, "-m", "launcher.cli.main", "run", STEADY, "--gpus", "2", "--steps", "160",
+        [sys.executable, "-m", "launcher.cli.main", "run", STEADY, "--gpus", "2", "--steps", "130",
          *FIXED, "--run-dir", str(run_dir), "--json", "--",
          "--step-sleep-s", "0.1", "--slow-rank", "1", "--slow-from", "40", "--slow-sleep-s", "0.3"],
         cwd=REPO, env=dlaunch_env(tmp_path, own_cache=True), capture_output=True, text=True, timeout=300)

@@ -1,6 +1,5 @@
 """`dlaunch run` with real torchrun processes and gloo on CPU (no mocks)."""
 
-import json
 import os
 import re
 import subprocess
@@ -29,14 +28,14 @@ GPT = str(REPO / "workloads" / "gpt.py")
 
 
 def test_gpt_two_ranks_json(dlaunch, tmp_path):
-    done = dlaunch("run", "workloads/gpt.py", "--gpus", "2", "--steps", "30", "--micro-batch", "4",
+    done = dlaunch("run", "workloads/gpt.py", "--gpus", "2", "--steps", "12", "--micro-batch", "4",
                    "--run-dir", str(tmp_path / "run"), "--json")
     assert done.code == 0, done.err
     result = done.json()
     assert [r["rank"] for r in result["ranks"]] == [0, 1]
     assert all(r["samples_per_s"] > 0 and r["status"] == "ok" for r in result["ranks"])
     assert result["sample_units"] == "tokens" and result["units_per_s"] > result["samples_per_s"]
-    assert result["ranks"][0]["steps"] == 30 and result["ranks"][0]["steady_steps"] == 27
+    assert result["ranks"][0]["steps"] == 12 and result["ranks"][0]["steady_steps"] == 9
     # ranks' output streamed with a prefix, on stderr in --json mode
     assert "running 2 CPU process(es) with gloo" in done.err
     on_disk = run_result(tmp_path / "run")
@@ -121,33 +120,6 @@ def test_rank_failure_names_rank_and_keeps_metrics(dlaunch, tmp_path):
     assert result["status"] == "failed" and result["exit_code"] != 0
 
 
-def test_two_ranks_match_one_process_on_the_doubled_batch(dlaunch, tmp_path):
-    common = ["--steps", "10", "--warmup-steps", "0", "--log-every", "5", "--strategy", "ddp", "--precision", "fp32",
-              "--", "--size", "tiny", "--seq-len", "32"]
-    one = dlaunch("run", "workloads/gpt.py", "--gpus", "1", "--micro-batch", "8",
-                  "--run-dir", str(tmp_path / "one"), *common)
-    two = dlaunch("run", "workloads/gpt.py", "--gpus", "2", "--micro-batch", "4",
-                  "--run-dir", str(tmp_path / "two"), *common)
-    assert one.code == 0 and two.code == 0, one.err + two.err
-    a, b = rank_losses(tmp_path / "one"), rank_losses(tmp_path / "two")
-    assert len(a) == len(b) == 10
-    worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
-    assert worst < 1e-5, (worst, a, b)
-
-
-def test_two_runs_started_together_both_succeed(tmp_path):
-    # default run dirs (runs/<id> under the working directory): the ids must differ
-    env = {**os.environ, "TMPDIR": str(tmp_path)}
-    procs = [subprocess.Popen([sys.executable, "-m", "launcher.cli.main", "run", str(REPO / "workloads/mlp.py"),
-                               "--gpus", "2", "--steps", "5", "--json"], cwd=tmp_path, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]
-    outs = [p.communicate(timeout=180) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
-    dirs = {json.loads(o[0])["run_dir"] for o in outs}
-    assert len(dirs) == 2 and all(Path(d).parent == tmp_path / "runs" for d in dirs)
-
-
 @pytest.mark.parametrize("args, needle", [
     (["run", "missing.py", "--gpus", "2"], "does not exist"),
     (["run", GPT, "--gpus", "0"], "--gpus must be an integer >= 1, got 0"),
@@ -182,10 +154,10 @@ def test_dry_run_prints_command_and_starts_nothing(dlaunch, tmp_path):
 @pytest.mark.distributed
 def test_a_meter_script_hanging_after_its_first_steps_is_caught_by_the_hang_timeout(dlaunch, tmp_path):
     # fast steps 1-5 then a hang: the first step ends the start-up phase (15 min), so the
-    # 20 s hang timeout applies and names how far each rank got
+    # 12 s hang timeout applies and names how far each rank got
     import time
 
-    done = dlaunch("run", str(DATA / "meter_hang.py"), "--gpus", "2", "--hang-timeout-s", "20",
+    done = dlaunch("run", str(DATA / "meter_hang.py"), "--gpus", "2", "--hang-timeout-s", "12",
                    "--run-dir", str(tmp_path / "run"), timeout=150)
     ended = time.time()
     assert done.code == 124, done.err[-3000:]
@@ -193,9 +165,9 @@ def test_a_meter_script_hanging_after_its_first_steps_is_caught_by_the_hang_time
     steps = [r for r in rank_records(tmp_path / "run", 0) if r["kind"] == "step"]
     assert [r["step"] for r in steps] == [1, 2, 3, 4, 5], steps
     took = ended - steps[-1]["time"]
-    # 20 s of silence, then the stop and the summary: measured 22.6 s on the 2-core AMD EPYC VM
-    # at load 1-2 (2026-11-28); the bound leaves 15 s for the stop and summary, 5.8x their 2.6 s
-    assert took < 35, took
+    # 12 s of silence, then the stop and the summary (2.6 s of it, measured after a 20 s timeout
+    # on the 2-core AMD EPYC VM at load 1-2, 2026-11-28): the bound leaves them 15 s, 5.8x
+    assert took < 27, took
     text = done.out + done.err
     assert "no rank advanced for" in text and "still starting up" not in text, text[-3000:]
     assert "rank 0 at step 5, rank 1 at step 5" in text, text[-3000:]

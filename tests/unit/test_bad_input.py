@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
-from tests.helpers import DATA, REPO, WORKLOADS, run_dlaunch
+from tests.helpers import DATA, REPO, WORKLOADS, run_dlaunch, seeded_cache
 
 MLP = str(WORKLOADS / "mlp.py")
 GPT = str(WORKLOADS / "gpt.py")
@@ -236,7 +236,7 @@ def _run(case: Case, root: Path, cache: Path) -> Outcome:
 
 
 def _run_all(root: Path) -> dict[str, Outcome]:
-    cache = root / "cache"
+    cache = seeded_cache(root / "cache")
     with ThreadPoolExecutor(max_workers=4) as pool:
         futures = {c.id: pool.submit(_run, c, root, cache) for c in CASES}
         return {k: f.result() for k, f in futures.items()}
@@ -292,7 +292,7 @@ def test_force_launches_what_the_plan_calls_absurd(tmp_path: Path):
     # real run would start, and its ranks die of it)
     done = run_dlaunch("run", GPT, "--strategy", "ddp", "--precision", "fp32", "--micro-batch", "1000000",
                        "--force", "--dry-run", cwd=tmp_path,
-                       env={"DLAUNCH_CACHE_DIR": str(tmp_path / "cache"), "CUDA_VISIBLE_DEVICES": ""})
+                       env={"DLAUNCH_CACHE_DIR": str(seeded_cache(tmp_path / "cache")), "CUDA_VISIBLE_DEVICES": ""})
     assert done.code == 0, done.err
     assert "# command" in done.out and "torch.distributed.run" in done.out
     assert not (tmp_path / "runs").exists()

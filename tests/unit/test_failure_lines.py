@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import json
+import multiprocessing.util
 import os
 import subprocess
 import sys
@@ -15,11 +16,17 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from launcher.errors import WorkloadError
+from launcher.errors import LaunchError, WorkloadError
 from launcher.rundir import RunPaths
 from launcher.runspec import LaunchSpec
 from launcher.runtime.context import RankContext
-from launcher.runtime.loader import MAX_INDEXED_SAMPLES, fetch, make_loader, worker_socket_problem
+from launcher.runtime.loader import (
+    MAX_INDEXED_SAMPLES,
+    check_worker_sockets,
+    fetch,
+    make_loader,
+    worker_socket_problem,
+)
 from launcher.runtime.recorder import RankRecorder, error_line
 from launcher.runtime.window import Clock
 from launcher.workload import load_workload
@@ -147,8 +154,16 @@ def test_dataloader_workers_under_a_tmpdir_too_long_for_their_sockets_fail_at_on
 
 
 def test_the_socket_limit_is_sun_paths():
-    assert worker_socket_problem("/tmp/pymp-abcdefgh", 2) is None
+    assert worker_socket_problem("/tmp/pymp-abcdefgh") is None
     edge = "/" + "d" * (107 - len("/listener-xxxxxxxx") - 1)  # 107 bytes with the socket's name: fits
-    assert worker_socket_problem(edge, 2) is None
-    assert "108 bytes" in (worker_socket_problem(edge + "d", 2) or "")
-    assert worker_socket_problem(edge + "d", 0) is None  # no workers, no sockets
+    assert worker_socket_problem(edge) is None
+    assert "108 bytes" in (worker_socket_problem(edge + "d") or "")
+
+
+def test_no_workers_no_sockets(monkeypatch):
+    """The check asks about the sockets only where workers would open them."""
+    monkeypatch.setattr(multiprocessing.util, "get_temp_dir", lambda: "/" + "d" * 120)
+    monkeypatch.setattr(torch.multiprocessing, "get_sharing_strategy", lambda: "file_descriptor")
+    check_worker_sockets(0)
+    with pytest.raises(LaunchError, match="TMPDIR is too long"):
+        check_worker_sockets(2)

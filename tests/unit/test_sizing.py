@@ -9,7 +9,7 @@ from launcher.errors import PlanError, UsageError
 from launcher.plan.sizing import SizeRow, parse_duration_s, parse_world_sizes, pick, with_efficiency
 from launcher.plan.time_to_train import PlanRate, TrainGoal, time_to_train
 
-from tests.helpers import assert_one_line_error, run_dlaunch
+from tests.helpers import assert_one_line_error, run_dlaunch, seeded_cache
 
 GOAL = TrainGoal(tokens=1e12)
 
@@ -70,7 +70,7 @@ def test_without_a_price_the_budget_is_gpu_hours():
 
 
 def test_rows_agree_with_single_plans_and_bad_input_is_one_line(tmp_path):
-    env = {"DLAUNCH_CACHE_DIR": str(tmp_path / "cache")}
+    env = {"DLAUNCH_CACHE_DIR": str(seeded_cache(tmp_path / "cache"))}
     common = ["plan", "workloads/gpt.py", "--topology", "h100-sxm-8x128node-ib", "--global-batch", "256",
               "--tokens", "1e10", "--json"]
     table = run_dlaunch(*common, "--world-sizes", "8,16", env=env)

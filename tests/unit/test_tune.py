@@ -45,7 +45,7 @@ from launcher.rundir import RunPaths, create_run_dir
 from launcher.runspec import LaunchSpec
 from launcher.specs import Goal, Strategy
 
-from tests.helpers import REPO, assert_one_line_error, run_dlaunch
+from tests.helpers import REPO, assert_one_line_error, run_dlaunch, seeded_cache
 from tests.unit import test_planner as planner
 
 
@@ -263,7 +263,7 @@ def test_tune_slurm_needs_the_partitions_topology_and_slurm_flags_need_slurm(tmp
 
 
 def test_tune_dry_run_prints_every_trials_job_and_starts_nothing(tmp_path: Path):
-    env = {"DLAUNCH_CACHE_DIR": str(tmp_path / "cache")}
+    env = {"DLAUNCH_CACHE_DIR": str(seeded_cache(tmp_path / "cache"))}
     common = (str(REPO / "workloads" / "mlp.py"), "--trials", "2", "--dry-run", "--tune-dir", str(tmp_path / "t"))
     local = run_dlaunch("tune", *common, "--gpus", "2", cwd=tmp_path, env=env)
     assert local.code == 0, local.err

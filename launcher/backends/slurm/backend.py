@@ -117,21 +117,23 @@ class SlurmBackend:
         if (ask.sizes is None and per_node and ask.gpus not in (None, per_node)
                 and (ask.gpus != 1 or ask.command == "doctor")):
             raise UsageError(f"--gpus {ask.gpus} and --gpus-per-node {per_node} disagree; give one")
+        # one sinfo for all that follows: each call waits out a controller that is down (~9 s)
+        shape = partition_shape(flags.partition) if _has_sinfo() else None
         cpus = flags.cpus_per_node
-        if cpus is None and _has_sinfo():
-            cpus = partition_shape(flags.partition)[0]
+        if cpus is None and shape:
+            cpus = shape[0]
         spec = SlurmSpec(partition=flags.partition, account=flags.account, qos=flags.qos,
                          constraint=flags.constraint, time_min=flags.time_min, opts=flags.slurm_opt,
                          cpus_per_node=cpus, queue_timeout_min=flags.queue_timeout_min, detach=ask.detach)
         if not ask.dry_run:
             submit.check_slurm_available()
         # the login node's own hardware says nothing about the compute nodes
-        gres = partition_shape(spec.partition)[1] if _has_sinfo() else None
+        gres = shape[1] if shape else None
         device = "cuda" if (gres if gres is not None else flags.gpus_per_node) else "cpu"
         nodes = Placement(device=device, here=False, where="SLURM jobs", slurm=spec, topology=ask.topology)
         if ask.sizes is not None:
-            if per_node is None and _has_sinfo():
-                per_node = gres if device == "cuda" else (spec.cpus_per_node or partition_shape(spec.partition)[0])
+            if per_node is None and shape:
+                per_node = gres if device == "cuda" else (spec.cpus_per_node or shape[0])
             if not per_node:
                 raise UsageError("dlaunch scale --slurm: give --gpus-per-node (processes per node); "
                                  "sinfo could not tell how many the partition's nodes have")
@@ -140,7 +142,7 @@ class SlurmBackend:
                                        per_node=per_node)
         ranks = per_node or ask.gpus
         if not ranks and device == "cuda":  # one rank per GPU of the partition's nodes
-            ranks = partition_shape(spec.partition)[1]
+            ranks = shape[1] if shape else 0
             if not ranks:
                 raise UsageError(f"dlaunch {ask.command} --slurm: give --gpus-per-node; sinfo could not "
                                  "tell how many GPUs the partition's nodes have")
