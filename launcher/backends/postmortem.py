@@ -43,6 +43,9 @@ _RANK_PREFIX_RE = re.compile(r"^\[rank\d+\]: ?")
 # a rank's own error when a collective it waited in timed out (gloo's recv/send, NCCL's watchdog)
 _COLLECTIVE_TIMEOUT_RE = re.compile(r"Timed out waiting \d+ms for (?:recv|send)|collective operation timeout|"
                                     r"Watchdog caught collective", re.I)
+# what a rank raises when a peer's process vanished under a collective (gloo's TCP pair, NCCL's
+# remote error): the consequence of that peer's death, never its cause
+_PEER_LOST_RE = re.compile(r"(?:closed|reset) by peer|remote (?:worker|process)|ncclRemoteError", re.I)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,6 +85,12 @@ def _rank_facts(run_dir: Path, rank: int, beats: dict[int, Beat]) -> tuple[int, 
     step = max(steps + ([beat.step] if beat else []), default=0)
     last = max(times + ([beat.time] if beat else []), default=None)
     return step, last, bool(records)
+
+
+def _lost_a_peer(run_dir: Path, rank: int) -> bool:
+    """Whether `rank` says it failed because a peer's process vanished under a collective."""
+    own = _read_summary(run_dir, rank)
+    return own is not None and bool(_PEER_LOST_RE.search(str(own.get("error", ""))))
 
 
 def write_missing_summaries(run_dir: str | Path, world_size: int, *, expected_steps: int,
@@ -133,10 +142,12 @@ def write_missing_summaries(run_dir: str | Path, world_size: int, *, expected_st
                 if (cause := abort_cause(rd, rank)) is not None:
                     error += f": {cause}"
                 left = stall is not None and stall.kind == "exited" and rank not in stall.ranks
-                if left or (not ex.root and any(e.root for e in exits.values())):
+                caused = any(e.root and not _lost_a_peer(rd, r) for r, e in exits.items())
+                if left or (not ex.root and caused):
                     # another rank failed first (torchrun's root cause) or left early (dlaunch
                     # stopped the job for it), and this one died of the stopping (a SIGABRT in
-                    # teardown): listed after the cause
+                    # teardown): listed after the cause. A root cause that only lost its peer
+                    # (torchrun saw its exit code before this rank's signal) is not one.
                     when = now
         elif ex is not None:
             status, error = "failed", f"exit code {ex.code} without a summary"

@@ -214,6 +214,32 @@ def test_sigkilled_rank_gets_a_summary_that_sorts_before_the_ranks_it_took_down(
     assert lines == [f"rank 1: killed: {s1['error']}"]
 
 
+def test_a_sigkilled_rank_leads_when_torchruns_root_cause_only_lost_its_peer(tmp_path):
+    # rank 0's gloo pair raised the moment rank 1 vanished and exited 1 before torchrun saw the
+    # signal, so torchrun calls rank 0 the root cause: its own error says it lost a peer
+    rd = _run_dir(tmp_path)
+    lost = ("RuntimeError: [../gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+            "[127.0.0.1]:17832. This is typically caused by a remote worker crashing.")
+    atomic_write_json(RunPaths(root=rd).summary(0), {"status": "failed", "time": 1.5e9, "error": lost})
+    report = (TORCHRUN_REPORT.replace("rank      : 0 (local_rank: 0)", "rank      : X")
+              .replace("rank      : 1 (local_rank: 1)", "rank      : 0 (local_rank: 0)")
+              .replace("rank      : X", "rank      : 1 (local_rank: 1)")
+              .replace("-15 (pid: 14282)  (SIGTERM)", "-9 (pid: 14282)  (SIGKILL)", 1)
+              .replace("-9 (pid: 14283)  (SIGKILL)\n  error_file", "1 (pid: 14283)\n  error_file"))
+    exits = parse_torchrun_exits(report)
+    assert exits[0].root and exits[0].code == 1 and not exits[1].root and exits[1].code == -9
+    write_missing_summaries(rd, 2, expected_steps=8, beats={}, torchrun_log=report)
+    s1 = _summary(rd, 1)
+    assert s1["status"] == "killed" and "SIGKILL (9)" in s1["error"]
+    assert s1["time"] < 1.5e9  # its last step: aggregate lists rank 1, the cause, first
+    # a root cause that failed of its own is still the cause
+    atomic_write_json(RunPaths(root=rd).summary(0), {"status": "failed", "time": 1.5e9,
+                                                     "error": "ValueError: injected"})
+    RunPaths(root=rd).summary(1).unlink()
+    write_missing_summaries(rd, 2, expected_steps=8, beats={}, torchrun_log=report)
+    assert _summary(rd, 1)["time"] > 1.5e9
+
+
 def test_a_rank_dying_while_torchrun_stops_it_is_listed_after_the_root_cause(tmp_path):
     # rank 1 raised (torchrun's first observed failure); rank 0, sent SIGTERM, aborted in
     # teardown: its last step predates rank 1's error, but it is not the cause
