@@ -12,7 +12,7 @@ import pytest
 
 from launcher.rundir import RunPaths, TunePaths
 
-from tests.helpers import DATA, REPO, Done, run_dlaunch, seeded_cache
+from tests.helpers import DATA, REPO, Done, run_dlaunch
 
 pytestmark = pytest.mark.slurm
 
@@ -33,7 +33,7 @@ def sl(slurm_cluster, tmp_path: Path):
     slurm_cluster.wait_idle()
 
     def call(*args: str, **kw) -> Done:
-        env = {"TMPDIR": str(tmp), "OMP_NUM_THREADS": "1", "DLAUNCH_CACHE_DIR": str(seeded_cache(tmp_path / "cache"))}
+        env = {"TMPDIR": str(tmp), "OMP_NUM_THREADS": "1", "DLAUNCH_CACHE_DIR": str(tmp_path / "cache")}
         return run_dlaunch(*args, cwd=tmp_path, env=env, **kw)
 
     return call
