@@ -58,32 +58,33 @@ def dlaunch_env(tmp: Path, *, own_cache: bool = False, **extra: str) -> dict[str
     return env
 
 
-# What dlaunch measured of this host and of the workloads (the CPU and gloo probes, the
-# profiles, the step timings): each entry is keyed by what it measured, so one test's entry is
-# every test's. corrections/ (what tune learns) and the locks stay each test's own.
-MEASURED = ("cpu-probe", "profiles", "steps")
 _handed_out: list[Path] = []
 
 
 def seeded_cache(cache: Path) -> Path:
-    """`cache`, a dlaunch cache of its own holding the measurements (MEASURED) of the suite's
-    shared cache and of every cache this function handed out before in this process: a test
-    isolates what it changes, and the suite measures a host and a workload once, not 4-12 s
-    again in every test's first plan."""
-    from launcher.plan.resolve import cache_root  # the shared cache: where DLAUNCH_CACHE_DIR is unset
+    """`cache`, a dlaunch cache of its own holding what dlaunch measured in the suite's shared
+    cache and in every cache this function handed out before in this process: the CPU and gloo
+    probes, the profiles, the step timings. Each entry is keyed by what it measured, so one
+    test's is every test's; corrections/ (what tune learns) and the locks stay each test's own.
+    A test isolates what it changes, and the suite measures a host and a workload once, not
+    4-12 s again in every test's first plan."""
+    from launcher.plan import resolve  # the shared cache: where DLAUNCH_CACHE_DIR is unset
 
     if cache in _handed_out:  # a second launch of the same test: its cache is seeded already
         return cache
-    for source in (cache_root(), *_handed_out):
-        _copy_missing(source, cache)
+    root = resolve.cache_root()
+    measured = [d().relative_to(root) for d in (resolve.probe_cache_dir, resolve.profile_cache_dir,
+                                                 resolve.step_cache_dir)]
+    for source in (root, *_handed_out):
+        _copy_missing(source, cache, measured)
     cache.mkdir(parents=True, exist_ok=True)
     _handed_out.append(cache)
     return cache
 
 
-def _copy_missing(src: Path, dst: Path) -> None:
-    """Each MEASURED entry of cache `src` that cache `dst` lacks (never a writer's .tmp file)."""
-    for name in MEASURED:
+def _copy_missing(src: Path, dst: Path, measured: list[Path]) -> None:
+    """Each entry of cache `src`'s `measured` dirs that cache `dst` lacks (never a writer's .tmp file)."""
+    for name in measured:
         for entry in (src / name).glob("[!.]*.json"):
             if not (dst / name / entry.name).exists():
                 (dst / name).mkdir(parents=True, exist_ok=True)

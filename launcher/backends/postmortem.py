@@ -107,6 +107,9 @@ def write_missing_summaries(run_dir: str | Path, world_size: int, *, expected_st
     torchrun_reported = bool(exits)
     hung = set(stall.ranks) if stall is not None and stall.kind == "hang" else set()
     culprits = _culprits(hung, stacks, beats)
+    # torchrun's root cause, unless it only lost its peer (it exited before torchrun saw the
+    # signal of the rank that died): read once, not per rank
+    rooted = any(e.root and not _lost_a_peer(rd, r) for r, e in exits.items())
     now = time.time()
     lines: list[str] = []
     for rank in range(world_size):
@@ -142,12 +145,10 @@ def write_missing_summaries(run_dir: str | Path, world_size: int, *, expected_st
                 if (cause := abort_cause(rd, rank)) is not None:
                     error += f": {cause}"
                 left = stall is not None and stall.kind == "exited" and rank not in stall.ranks
-                caused = any(e.root and not _lost_a_peer(rd, r) for r, e in exits.items())
-                if left or (not ex.root and caused):
+                if left or (not ex.root and rooted):
                     # another rank failed first (torchrun's root cause) or left early (dlaunch
                     # stopped the job for it), and this one died of the stopping (a SIGABRT in
-                    # teardown): listed after the cause. A root cause that only lost its peer
-                    # (torchrun saw its exit code before this rank's signal) is not one.
+                    # teardown): listed after the cause
                     when = now
         elif ex is not None:
             status, error = "failed", f"exit code {ex.code} without a summary"

@@ -137,6 +137,11 @@ def probe_cache_dir() -> Path:
     return cache_root() / "cpu-probe"
 
 
+def step_cache_dir() -> Path:
+    """Where the step probe's timings are cached: <cache root>/steps."""
+    return cache_root() / "steps"
+
+
 def corrections_path(topology: Topology) -> Path:
     """This machine's tune trials: <cache root>/corrections/<fingerprint>.json."""
     return cache_root() / "corrections" / f"{fingerprint(topology, torch_version())}.json"
@@ -331,7 +336,7 @@ def cached_step_timing(workload: str, workload_args: Sequence[str], profile: Mod
     info = cpu_info()
     key = (f"{_cache_key(workload, workload_args)}-"
            f"{cache_key(info.model, info.usable_cores, torch_version())}-t{threads}-v{STEP_PROBE_FORMAT}")
-    path = cache_root() / "steps" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
+    path = step_cache_dir() / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
     try:
         stored = json.loads(path.read_text(encoding="utf-8"))
         if isinstance(stored, dict) and "failed" in stored:
