@@ -4,10 +4,9 @@ fragmentation OOMs with changing shapes; the planner's memory model assumes it).
 torch 2.9 renamed the variable: `PYTORCH_ALLOC_CONF` (every accelerator's allocator) replaces
 `PYTORCH_CUDA_ALLOC_CONF`, which still works there but is deprecated; before 2.9 only the old
 name exists. Which of the two torch reads first when both are set has changed between versions,
-so a user who set either one gets nothing added: a second variable could override theirs.
-
-One rule for the ranks' environment (backends.torchrun) and the plan's (plan.search). Pure but
-for `installed_torch_version`, which reads the package metadata once (never imports torch).
+so a user who set either one gets nothing added: a second variable could override theirs. One
+rule for the ranks' environment (backends.torchrun) and the plan's (plan.search); pure but for
+`installed_torch_version`, which reads the package metadata once (never imports torch).
 """
 
 from __future__ import annotations
@@ -25,8 +24,7 @@ RENAMED_IN = (2, 9)
 
 @functools.cache
 def installed_torch_version() -> str | None:
-    """The version of the torch this interpreter would import (the ranks run this interpreter);
-    None without torch."""
+    """The version of the torch this interpreter (the ranks') would import; None without torch."""
     try:
         return metadata.version("torch")
     except metadata.PackageNotFoundError:
@@ -43,14 +41,10 @@ def alloc_conf_name(torch_version: str | None) -> str:
         return CUDA_ALLOC_CONF
     minor = (int(found[1]), int(found[2]))
     unreleased = re.match(r"(a\d|\.?dev)", found[3]) is not None
-    if minor > RENAMED_IN or (minor == RENAMED_IN and not unreleased):
-        return ALLOC_CONF
-    return CUDA_ALLOC_CONF
+    return ALLOC_CONF if minor > RENAMED_IN or (minor == RENAMED_IN and not unreleased) else CUDA_ALLOC_CONF
 
 
 def alloc_conf_env(user_env: Mapping[str, str], torch_version: str | None) -> dict[str, str]:
-    """What to add for a CUDA rank: expandable segments under the name `torch_version` reads,
-    or nothing when `user_env` sets either name (the user's setting wins, whatever it says)."""
-    if ALLOC_CONF in user_env or CUDA_ALLOC_CONF in user_env:
-        return {}
-    return {alloc_conf_name(torch_version): EXPANDABLE_SEGMENTS}
+    """Expandable segments under the name `torch_version` reads; nothing when `user_env` sets either name."""
+    user_set = ALLOC_CONF in user_env or CUDA_ALLOC_CONF in user_env
+    return {} if user_set else {alloc_conf_name(torch_version): EXPANDABLE_SEGMENTS}

@@ -64,11 +64,10 @@ class RunDirError(DlaunchError):
 
 
 class Interrupted(KeyboardInterrupt):
-    """A SIGTERM or SIGHUP to dlaunch, raised where Ctrl-C's KeyboardInterrupt would be (the
-    CLI installs the handlers), so that every `finally`, `with` and `except KeyboardInterrupt`
-    that cleans up after Ctrl-C (a probe's child ended, its temp dir removed) does so after
-    these too. Not a DlaunchError: an `except Exception` (a probe that fails is "planning
-    without it") must not swallow it. Exits 128 + the signal, as an interrupted run does."""
+    """A SIGTERM or SIGHUP to dlaunch, raised where Ctrl-C's KeyboardInterrupt would be (the CLI
+    installs the handlers), so that every `finally`, `with` and `except KeyboardInterrupt` that cleans
+    up after Ctrl-C does so after these too. Not a DlaunchError: an `except Exception` (a probe that
+    fails is "planning without it") must not swallow it. Exits 128 + the signal, as an interrupted run does."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signum)

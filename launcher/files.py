@@ -6,11 +6,10 @@ never see half a JSON document; see `read_jsonl` for the reading side. Every JSO
 strict JSON (a NaN loss is written as null): other tools' parsers refuse bare `NaN`.
 
 Reads of user-supplied YAML (topology files, dlaunch.yaml) go through `read_yaml_capped`, which
-refuses what would make a small file expensive (size, nesting, alias expansion, giant numbers)
-before `yaml.safe_load` builds anything; `shown` bounds any value echoed back in an error.
-A write that fails because the file system is full, over quota or read-only raises
-`StorageError`: one line naming the path and what to do, never a traceback.
-Imports nothing from launcher but `errors`.
+refuses what would make a small file expensive before `yaml.safe_load` builds anything; `shown`
+bounds any value echoed back in an error. A write the file system refuses (full, over quota,
+read-only) raises `StorageError`: one line naming the path and what to do. Imports nothing from
+launcher but `errors`.
 """
 
 from __future__ import annotations
@@ -31,9 +30,8 @@ import yaml
 
 from launcher.errors import DlaunchError, StorageError
 
-# A topology or dlaunch.yaml is a few hundred bytes; these bounds are far above any real file
-# and far below what makes parsing, building or printing it slow (a billion-laughs alias chain
-# is a few hundred bytes that expands to 10^9 nodes)
+# A topology or dlaunch.yaml is a few hundred bytes; these bounds are far above any real file and far
+# below what makes parsing it slow (a billion-laughs alias chain is a few hundred bytes: 10^9 nodes)
 MAX_YAML_BYTES = 1 << 20
 MAX_YAML_DEPTH = 20
 MAX_YAML_NODES = 20_000  # after alias expansion
@@ -64,12 +62,9 @@ def storage(path: str | Path) -> Iterator[None]:
 
 
 def atomic_write_text(path: str | Path, text: str, *, fsync: bool = True) -> None:
-    """Write `text` to `path` through a temp file in the same directory and a rename.
-
-    The temp file is created 0600 (mkstemp), so the result is never world-writable whatever
-    the umask. `fsync=False` is for files rewritten every second (heartbeats): a crash of the
-    machine may lose the last version, but a reader never sees a partial one.
-    """
+    """Write `text` to `path` through a 0600 temp file (mkstemp: never world-writable) and a rename.
+    `fsync=False` is for files rewritten every second (heartbeats): a crash of the machine may lose
+    the last version, but a reader never sees a partial one."""
     p = Path(path)
     with storage(p):
         fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
@@ -97,10 +92,7 @@ def _finite(data: Any) -> Any:
 
 
 def json_text(data: Any, *, indent: int | None = 2) -> str:
-    """Strict JSON text of `data`: NaN and infinities become null (bare `NaN` is not JSON).
-
-    `indent=None` gives one compact line (a JSON-lines record).
-    """
+    """Strict JSON text of `data` (NaN and infinities as null); `indent=None`: one line (a JSON-lines record)."""
     separators = (",", ":") if indent is None else None
     return json.dumps(_finite(data), indent=indent, separators=separators, allow_nan=False)
 
@@ -111,11 +103,8 @@ def atomic_write_json(path: str | Path, data: Any) -> None:
 
 
 def open_log_stream(path: str | Path) -> IO[str]:
-    """Open a console log for line-by-line writing, 0640 whatever the umask.
-
-    A log stream is the one file written in place rather than atomically: a reader
-    following a live run wants every line as it is printed, not the whole at the end.
-    """
+    """Open a console log for line-by-line writing, 0640 whatever the umask: the one file written
+    in place, not atomically, as a reader following a live run wants every line as it is printed."""
     with storage(path):
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
     return open(fd, "w", encoding="utf-8")
@@ -123,10 +112,9 @@ def open_log_stream(path: str | Path) -> IO[str]:
 
 def append_lines(path: str | Path, records: Iterable[dict[str, Any]]) -> None:
     """Append strict JSON records, one per line, in a single write so lines never interleave."""
-    payload = "".join(json_text(r, indent=None) + "\n" for r in records)
-    if not payload:
+    data = "".join(json_text(r, indent=None) + "\n" for r in records).encode("utf-8")
+    if not data:
         return
-    data = payload.encode("utf-8")
     with storage(path):
         # O_APPEND makes each write land at the end even with several writers
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -141,9 +129,8 @@ def append_lines(path: str | Path, records: Iterable[dict[str, Any]]) -> None:
 
 
 def read_new(path: Path, offsets: dict[Path, int], *, whole_lines: bool) -> str:
-    """The text appended to `path` since the last call (`offsets[path]` remembers where it
-    stopped); with `whole_lines`, only up to the last newline: a line being written waits for
-    the next call (`logs --follow`)."""
+    """The text appended to `path` since the last call (`offsets[path]` remembers where it stopped);
+    with `whole_lines`, only up to the last newline (`logs --follow`: a half-written line waits)."""
     with open(path, "rb") as f:
         f.seek(offsets.get(path, 0))
         data = f.read()
@@ -179,10 +166,7 @@ def read_json(path: str | Path) -> dict[str, Any]:
 
 
 def shown(value: Any, limit: int = SHOWN_CHARS) -> str:
-    """`repr(value)` for an error message, at most `limit` characters.
-
-    reprlib never builds the whole repr, so a huge value from a hostile file costs nothing.
-    """
+    """`repr(value)` for an error message, at most `limit` characters (reprlib never builds all of a huge one)."""
     short = reprlib.Repr()
     short.maxstring = short.maxother = short.maxlong = limit
     text = short.repr(value)
@@ -190,12 +174,9 @@ def shown(value: Any, limit: int = SHOWN_CHARS) -> str:
 
 
 def read_yaml_capped(path: str | Path, *, error: type[DlaunchError] = DlaunchError) -> object:
-    """`yaml.safe_load` of a user's YAML file, refusing hostile input with one `error` line.
-
-    Refused before anything is built: a file over MAX_YAML_BYTES, nesting deeper than
-    MAX_YAML_DEPTH, more than MAX_YAML_NODES nodes once aliases are expanded, and numbers longer
-    than MAX_NUMBER_CHARS characters. Every message starts with the path.
-    """
+    """`yaml.safe_load` of a user's YAML file, refusing hostile input before anything is built with one
+    `error` line that starts with the path: over MAX_YAML_BYTES, nested deeper than MAX_YAML_DEPTH, over
+    MAX_YAML_NODES nodes with aliases expanded, or numbers longer than MAX_NUMBER_CHARS."""
     p = Path(path)
     try:
         with open(p, "rb") as f:
@@ -221,19 +202,15 @@ def read_yaml_capped(path: str | Path, *, error: type[DlaunchError] = DlaunchErr
             # sees the events: the same refusal, said the same way
             mark = getattr(e, "problem_mark", None)
             line = f" line {mark.line + 1}:" if mark is not None else ""
-            raise error(f"{p}:{line} nested more than {MAX_YAML_DEPTH} levels deep; is it the "
-                        "right file?") from None
+            raise error(f"{p}:{line} nested more than {MAX_YAML_DEPTH} levels deep; is it the right file?") from None
         raise error(f"{p}: malformed YAML{_yaml_where(e)} (not valid YAML)") from None
     except (ValueError, RecursionError) as e:  # a value the constructor cannot build
         raise error(f"{p}: a value cannot be read: {shown(str(e))}") from None
 
 
 def _check_yaml_shape(text: str, path: Path, error: type[DlaunchError]) -> None:
-    """Walk the parser's events (flat, nothing built) and refuse depth, size and long numbers.
-
-    An alias counts as the whole node it repeats, so the count is the size of the document
-    `safe_load` would hand to the caller, however few bytes describe it.
-    """
+    """Walk the parser's events (flat, nothing built) and refuse depth, size and long numbers. An
+    alias counts as the whole node it repeats: the count is the size of what `safe_load` builds."""
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     size_of: dict[str, int] = {}  # anchor -> expanded nodes under it
     open_nodes: list[tuple[str | None, int]] = []  # (anchor, expanded nodes before it)
@@ -247,11 +224,9 @@ def _check_yaml_shape(text: str, path: Path, error: type[DlaunchError]) -> None:
             if event.anchor:
                 size_of[event.anchor] = 1
             value = event.value
-            if (not event.style and len(value) > MAX_NUMBER_CHARS
-                    and _NUMBER_LIKE.fullmatch(value)):
+            if not event.style and len(value) > MAX_NUMBER_CHARS and _NUMBER_LIKE.fullmatch(value):
                 raise error(f"{path}: line {line}: a number of {len(value)} characters "
-                            f"({shown(value, 24)}); numbers here have at most "
-                            f"{MAX_NUMBER_CHARS}")
+                            f"({shown(value, 24)}); numbers here have at most {MAX_NUMBER_CHARS}")
         elif isinstance(event, yaml.CollectionStartEvent):
             total += 1
             open_nodes.append((event.anchor, total))
@@ -270,8 +245,7 @@ def _check_yaml_shape(text: str, path: Path, error: type[DlaunchError]) -> None:
 def _yaml_where(exc: yaml.YAMLError) -> str:
     """` at line L, column C: problem` of a YAML error (one line, bounded)."""
     mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-    problem = getattr(exc, "problem", None) or (str(exc).splitlines() or [type(exc).__name__])[0]
-    problem = problem[:SHOWN_CHARS]
+    problem = (getattr(exc, "problem", None) or (str(exc).splitlines() or [type(exc).__name__])[0])[:SHOWN_CHARS]
     if mark is None:
         return f": {problem}"
     return f" at line {mark.line + 1}, column {mark.column + 1}: {problem}"

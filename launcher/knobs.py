@@ -1,15 +1,13 @@
-"""A run's knobs, each declared once: `knob()` puts its flag, help, unit and check on the field
-of the frozen dataclass that holds it (`launcher.specs.RunSettings`), and `Check` says what a
-number must be.
+"""A run's knobs, each declared once: `knob()` puts its flag, help, unit and check on the field of
+the frozen dataclass that holds it (`launcher.runspec.RunSettings`); `Check` says what a number must be.
 
 Everything else derives from those fields (`knobs_of`): the CLI's option table and typed
 options, the plan's fallbacks, LaunchSpec and launch.json, so a knob keeps one name from its flag
 to the JSON (`--grad-accum`, `grad_accum`). A check is written once: argparse parses with it (the
 message names the flag), the settings validate with it (the message names the field in
-backticks, which the CLI turns into the flag). The CLI's other numeric options (plan goals, SLURM
-minutes, the doctor's threshold) use the same checks. Every number has an upper bound far above
-any real run (`high`): past it a value is a typo, and would overflow or plan absurd counts deep
-in a rank. `migrate` reads the names launch.json used before. Imports only launcher.errors.
+backticks, which the CLI turns into the flag); the CLI's other numeric options use it too. Every
+number has an upper bound far above any real run (`high`): past it a value is a typo. `migrate`
+reads the names launch.json used before. Imports only launcher.errors.
 """
 
 from __future__ import annotations
@@ -54,9 +52,7 @@ class Check:
 
     def ok(self, value: Any) -> bool:
         """Whether `value` passes (a bool is no number here)."""
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            return False
-        if self.kind is int and not isinstance(value, int):
+        if isinstance(value, bool) or not isinstance(value, int if self.kind is int else int | float):
             return False
         if not math.isfinite(value) or (self.high is not None and value > self.high):
             return False
@@ -69,19 +65,15 @@ class Check:
             return
         shown = given if given is not None else (
             f"{value:g}" if isinstance(value, float) else repr(value) if isinstance(value, str) else value)
-        # above the bound (and otherwise good): say the bound, the one thing to fix; a phrase
-        # words the whole range itself ('a fraction in (0, 1]')
-        if (not self.phrase and self.high is not None and not isinstance(value, bool)
-                and isinstance(value, int | float)
-                and (self.kind is not int or isinstance(value, int)) and math.isfinite(value)
-                and value > self.high):
+        # good but for the bound: say the bound, the one thing to fix; a phrase words the whole
+        # range itself ('a fraction in (0, 1]')
+        if not self.phrase and self.high is not None and dataclasses.replace(self, high=None).ok(value):
             raise UsageError(f"{name} must be at most {self.bound()} (no real run needs more), got {shown}")
         raise UsageError(f"{name} must be {self.describe()}, got {shown}")
 
     def parser(self, flag: str) -> Callable[[str], Any]:
-        """An argparse `type` that converts and checks, naming `flag` when it refuses. An
-        integer may be written as a whole number in scientific notation (`--global-batch 1e6`),
-        as people write counts."""
+        """An argparse `type` that converts and checks, naming `flag` when it refuses. An integer
+        may be written in scientific notation (`--global-batch 1e6`), as people write counts."""
 
         def parse(text: str) -> Any:
             try:
@@ -125,9 +117,8 @@ def number(high: float) -> Check:
     return Check(kind=float, high=high)
 
 
-# the bounds a real run never reaches: 10^9 steps is 30 years at 1 s/step; 10^6 samples per
-# rank per forward pass is 100x the largest micro-batch of a tiny model that fits a GPU; a global
-# batch of 10^9 samples is 1,000x the largest in use
+# the bounds a real run never reaches: 10^9 steps is 30 years at 1 s/step; 10^6 samples per rank per
+# forward pass is 100x a tiny model's largest micro-batch on a GPU; 10^9 is 1,000x the largest global batch
 MAX_STEPS = 10**9
 MAX_SAMPLES = 10**6
 MAX_GLOBAL_BATCH = 10**9
@@ -164,8 +155,7 @@ def knob(default: T, flag: str, help: str, *, unit: str = "", check: Check | Non
         raise ValueError(f"knob {flag}: kind must be one of {KINDS}, got {kind!r}")
     declared = Knob(flag=flag, help=help, unit=unit, check=check, choices=choices, kind=kind,
                     planned=planned, fallback=fallback, script=script)
-    field: T = dataclasses.field(default=default, metadata={"knob": declared})
-    return field
+    return dataclasses.field(default=default, metadata={"knob": declared})
 
 
 def knobs_of(cls: Any) -> dict[str, Knob]:
@@ -176,8 +166,7 @@ def knobs_of(cls: Any) -> dict[str, Knob]:
 def validate_knobs(obj: Any) -> None:
     """Each knob of the dataclass instance `obj` that holds a value, against its declaration."""
     for name, k in knobs_of(type(obj)).items():
-        value = getattr(obj, name)
-        if value is None:
+        if (value := getattr(obj, name)) is None:
             continue
         if k.check is not None:
             k.check.validate(f"`{name}`", value)
@@ -188,12 +177,8 @@ def validate_knobs(obj: Any) -> None:
 def set_for_script(obj: Any) -> list[str]:
     """The knobs of `obj` a plain script would ignore (`Knob.script` False) that hold neither
     their default nor their fallback: set on purpose, and silently dropped if launched."""
-    out = []
-    for f in dataclasses.fields(obj):
-        k = f.metadata.get("knob")
-        if k is not None and not k.script and getattr(obj, f.name) not in (f.default, k.fallback):
-            out.append(f.name)
-    return out
+    return [f.name for f in dataclasses.fields(obj) if (k := f.metadata.get("knob")) is not None
+            and not k.script and getattr(obj, f.name) not in (f.default, k.fallback)]
 
 
 # launch.json and plan files written before each knob had one name: old -> new (`migrate`)
@@ -202,9 +187,8 @@ RENAMED = {"nproc_per_node": "gpus", "num_nodes": "nodes", "grad_accum_steps": "
 
 
 def migrate(data: Mapping[str, Any]) -> dict[str, Any]:
-    """A launch spec as launch.json held it in any version, in today's names: the renamed keys,
-    the nested `strategy` and `loader` flattened, checkpointing's old bool as its mode, and 0
-    for 'auto' as None."""
+    """A launch spec as launch.json held it in any version, in today's names: keys renamed, the nested
+    `strategy` and `loader` flattened, checkpointing's old bool as its mode, 0 for 'auto' as None."""
     d = {RENAMED.get(k, k): v for k, v in data.items()}
     strategy = d.get("strategy")
     if isinstance(strategy, Mapping):

@@ -2,8 +2,7 @@
 
 Run dirs (`owner.json`), sweep locks and rank heartbeats name pids; a pid is reused by the
 system once its process is gone, so a pid counts only if its process started no later than the
-moment the file named it. A zombie does not count: it has finished, only its parent has not
-reaped it.
+moment the file named it. A zombie does not count: it has finished, unreaped by its parent.
 
 A leaf module: imports psutil and nothing of launcher.
 """
@@ -17,8 +16,7 @@ _CLOCK_SLACK_S = 1.0
 
 
 def pid_alive(pid: int, *, not_after: float | None = None) -> bool:
-    """True when `pid` runs (a zombie does not) and, given `not_after` (a time.time() value),
-    was started by then."""
+    """True when `pid` runs (a zombie does not) and, given `not_after` (a time.time()), started by then."""
     try:
         proc = psutil.Process(pid)
         if proc.status() == psutil.STATUS_ZOMBIE:

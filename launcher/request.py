@@ -2,11 +2,9 @@
 
 The CLI merges flags and dlaunch.yaml into one RunRequest (`launcher.cli.prepare`); decisions
 left open (None) are filled by the plan for the hardware the ranks will run on (`follow_plan`),
-and only those: a decision the user made is passed to the planner as an override and kept.
-Whatever is still open when nothing was planned (a plain script, a SLURM run without a topology
-of its partition) takes each knob's fallback (launcher.runspec). Compile left open (None) is the plan's too: on for GPUs
-where Dynamo traces the workload whole (`plan.compile_choice`), off when nothing was planned.
-Messages name fields in backticks (`micro_batch`); the CLI turns them into its flags.
+and only those: a decision the user made goes to the planner as an override and is kept. What is
+still open when nothing was planned takes each knob's fallback (compile too: the plan turns it on
+where Dynamo traces the workload whole). Messages name fields in backticks (`micro_batch`).
 
 Must never import argparse or launcher.cli (no argv here), torch, or the code that runs a job.
 """
@@ -49,37 +47,23 @@ class RunRequest(RunSettings):
         check(self.device in DEVICES, UsageError, f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
         if self.global_batch is not None:
             at_least(1, MAX_GLOBAL_BATCH).validate("`global_batch`", self.global_batch)
-        check(self.tp is None or self.tp == 1 or (not self.is_script and self.gpus % self.tp == 0),
-              UsageError, f"`tp` {self.tp} splits each block over ranks of one node under FSDP: it "
-                          f"needs a workload (not a plain script), a strategy other than ddp and a "
-                          f"divisor of the processes per node ({self.gpus})")
+        check(self.tp is None or self.tp == 1 or (not self.is_script and self.gpus % self.tp == 0), UsageError,
+              f"`tp` {self.tp} splits each block over ranks of one node under FSDP: it needs a workload (not a "
+              f"plain script), a strategy other than ddp and a divisor of the processes per node ({self.gpus})")
         check(self.planned is None or not self.open_decisions, PlanError,
               f"a planned request leaves no decision open, got {', '.join(self.open_decisions)}")
 
     @property
-    def world_size(self) -> int:
-        """Total ranks."""
-        return self.nodes * self.gpus
-
-    @property
-    def warmup(self) -> int:
-        """Steps left out of throughput."""
-        return self.warmup_steps if self.warmup_steps is not None else min(3, self.steps - 1)
-
-    @property
     def open_decisions(self) -> tuple[str, ...]:
-        """Those of strategy, precision and micro-batch still None: with none open, nothing is
-        left to plan (the plan is made for its prediction only)."""
+        """Those of strategy, precision and micro-batch still None (none open: planned for its prediction only)."""
         return tuple(k for k in ("strategy", "precision", "micro_batch") if getattr(self, k) is None)
 
     def with_plan(self, planned: Planned) -> RunRequest:
         """This request with the plan's choice for each decision left open, and a note on it."""
-        chosen = planned.plan.chosen
-        choice: dict[str, Any] = {"strategy": chosen.strategy.kind, "precision": chosen.strategy.precision,
-                  "micro_batch": chosen.micro_batch, "grad_accum": chosen.grad_accum,
-                  "checkpointing": chosen.strategy.checkpointing, "tp": chosen.strategy.tp,
-                  "compile": chosen.strategy.compile, "offload": chosen.strategy.offload,
-                  "float8": chosen.strategy.float8}
+        chosen, s = planned.plan.chosen, planned.plan.chosen.strategy
+        choice: dict[str, Any] = {"strategy": s.kind, "precision": s.precision, "micro_batch": chosen.micro_batch,
+                                  "grad_accum": chosen.grad_accum, "checkpointing": s.checkpointing, "tp": s.tp,
+                                  "compile": s.compile, "offload": s.offload, "float8": s.float8}
         filled = {k: v for k, v in choice.items() if getattr(self, k) is None}
         warnings = [r for r in planned.plan.reasons if r.startswith("warning:")]
         compiled = " + torch.compile" if filled.get("compile") else ""
@@ -90,22 +74,17 @@ class RunRequest(RunSettings):
                                    plan_note="\n".join([note, *(f"dlaunch: {w}" for w in warnings)]))
 
     def launch_spec(self, *, run_id: str, run_dir: str) -> LaunchSpec:
-        """The LaunchSpec of this request in `run_dir` (absolute); it validates everything, and
-        a decision still open takes its fallback."""
-        return LaunchSpec(run_id=run_id, run_dir=run_dir, workload=self.workload,
-                          workload_args=self.workload_args, is_script=self.is_script,
-                          device=self.device, **self.knob_values())
+        """The LaunchSpec of this request in `run_dir` (absolute): validated, open decisions at their fallback."""
+        return LaunchSpec(run_id=run_id, run_dir=run_dir, workload=self.workload, workload_args=self.workload_args,
+                          is_script=self.is_script, device=self.device, **self.knob_values())
 
 
 def follow_plan(request: RunRequest, *, topology: str | None = None) -> RunRequest:
     """Plan the request's open decisions for this machine, or for `topology` (a file: a SLURM
-    partition's nodes, whose device must be the request's), shaped `nodes` x `gpus`.
-
-    The user's decisions go to the planner as overrides: one predicted not to fit is warned
-    about in the note, not refused. With every decision given, the plan is kept only for its
-    prediction (the run sets it against what it measures): no note, and a plan that cannot be
-    made leaves the request as it was. A plain script is returned unchanged.
-    """
+    partition's nodes, whose device must be the request's), shaped `nodes` x `gpus`. The user's
+    decisions go to the planner as overrides: one predicted not to fit is warned about in the note,
+    not refused. With every decision given, the plan is kept only for its prediction (no note; a
+    plan that cannot be made leaves the request as it was). A plain script is returned unchanged."""
     if request.is_script:
         return request
     if not request.open_decisions:
@@ -125,9 +104,8 @@ def follow_plan(request: RunRequest, *, topology: str | None = None) -> RunReque
 
 
 def point_plan(request: RunRequest, spec: LaunchSpec, *, topology: str | None = None) -> Planned | None:
-    """The prediction for one point of a sweep of `request`: the plan at the point's shape with
-    every decision the point runs given; None where the sweep was not planned (a plain script,
-    SLURM nodes without a topology) or the point's plan cannot be made."""
+    """The prediction for one point of a sweep of `request`: the plan at its shape with every decision
+    given; None where the sweep was not planned or the point's plan cannot be made."""
     if request.planned is None:
         return None
     point = dataclasses.replace(
@@ -150,13 +128,10 @@ def _planned(request: RunRequest, topology: str | None) -> Planned:
                           micro_batch=request.micro_batch, checkpointing=request.checkpointing,
                           compile=request.compile, tp=request.tp, offload=request.offload,
                           # a run weighs float8 only where its ranks can convert (torchao)
-                          float8=weighed_float8(request.float8),
-                          **given_kernels(request))
-    return plan_workload(request.workload, request.workload_args, topo, Goal(global_batch=goal),
-                         overrides=overrides)
+                          float8=weighed_float8(request.float8), **given_kernels(request))
+    return plan_workload(request.workload, request.workload_args, topo, Goal(global_batch=goal), overrides=overrides)
 
 
 def weighed_float8(given: str | None) -> str | None:
-    """The float8 override a run plans with: the given recipe, else the plan's choice where
-    torchao is installed (the ranks can convert), else none."""
+    """The float8 override a run plans with: the given recipe, else the plan's where torchao is installed."""
     return given if given is not None or has_torchao() else "none"

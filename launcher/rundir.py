@@ -82,16 +82,13 @@ class RunPaths(_Dir):
     slurm = _In(SLURM_FILE, "The SLURM job record.")
     submitit = _In("slurm", "submitit's folder: its pickles and per-task logs.")
     attempts_record = _In("attempts.json", "Why each attempt of a restarted run ended.")
-    launcher_warnings = _In("launcher-warnings.json", "What the launcher warned of while the ranks "
-                            "ran (drift from the plan, processes the job left): a JSON list.")
-    attempts = _In("attempts", "The folder of the earlier attempts: attempts/<n>/ holds attempt "
-                   "n's rank files and logs.")
+    launcher_warnings = _In("launcher-warnings.json", "The launcher's warnings while the ranks ran: a JSON list.")
+    attempts = _In("attempts", "The earlier attempts' folder: attempts/<n>/ holds attempt n's rank files and logs.")
     lab = _In("lab.json", "`dlaunch lab`'s comparison, beside the base run.")
     torchrun_log = _In("torchrun.log", "torchrun's own output (rank lines go to the console).")
     console_log = _In("console.log", "The console output of a run launched by a sweep or a tune.")
     logs = _In("logs", "torchrun's log folder, one subfolder per node (node-<n>/).")
-    checkpoints = _In("checkpoints", "The default checkpoint folder (DLAUNCH_CHECKPOINT_DIR "
-                      "overrides it).")
+    checkpoints = _In("checkpoints", "The default checkpoint folder (DLAUNCH_CHECKPOINT_DIR overrides it).")
     report = _In(REPORT_SUBDIR, "Where `dlaunch report` writes the run's report by default.")
 
     def attempt(self, attempt: int) -> RunPaths:
@@ -123,12 +120,8 @@ class RunPaths(_Dir):
 
     def rank_files(self, suffix: str) -> dict[int, Path]:
         """rank -> its existing `rank-<r><suffix>` file, in rank order."""
-        found = {}
-        for path in self.root.glob(f"{_RANK_PREFIX}*{suffix}"):
-            number = path.name[len(_RANK_PREFIX):-len(suffix)]
-            if number.isdigit():
-                found[int(number)] = path
-        return dict(sorted(found.items()))
+        numbered = ((p.name[len(_RANK_PREFIX):-len(suffix)], p) for p in self.root.glob(f"{_RANK_PREFIX}*{suffix}"))
+        return dict(sorted((int(number), p) for number, p in numbered if number.isdigit()))
 
     def records(self, rank: int) -> Path:
         """Rank `rank`'s records (JSON lines)."""
@@ -203,21 +196,16 @@ def check_checkpoint_dir(path: Path) -> None:
                           f"not a directory; {fix}")
     if not os.access(existing, os.W_OK | os.X_OK):
         read_only = bool(os.statvfs(existing).f_flag & os.ST_RDONLY)
-        raise LaunchError(f"cannot write checkpoints to {str(path)!r}: "
-                          f"{'read-only file system' if read_only else 'permission denied'} at "
-                          f"{str(existing)!r}; {fix}")
+        why = "read-only file system" if read_only else "permission denied"
+        raise LaunchError(f"cannot write checkpoints to {str(path)!r}: {why} at {str(existing)!r}; {fix}")
 
 
 def create_run_dir(path: str | Path | None, run_id: str, *, root: str | Path = "runs") -> Path:
-    """Create the run directory (mode 0750, never world-writable) and return its absolute path.
-
-    An explicit path may exist only if it is empty, and the dir is claimed by creating its
-    owner file exclusively, so of two runs started at once with one path, one is refused.
-    """
-    p = Path(path) if path is not None else Path(root) / run_id
-    p = p.expanduser().absolute()
-    blocker = next((a for a in p.parents if a.exists() and not a.is_dir()), None)
-    if blocker is not None:
+    """Create the run directory (mode 0750, never world-writable) and return its absolute path. An
+    explicit path may exist only if it is empty, and the dir is claimed by creating its owner file
+    exclusively, so of two runs started at once with one path, one is refused."""
+    p = (Path(path) if path is not None else Path(root) / run_id).expanduser().absolute()
+    if (blocker := next((a for a in p.parents if a.exists() and not a.is_dir()), None)) is not None:
         raise LaunchError(f"cannot create run dir {str(p)!r}: {str(blocker)!r} is a file, not a "
                           "directory; give a writable --run-dir")
     made = False  # this call made the dir: a failure removes it again (nothing half-made)
@@ -235,14 +223,11 @@ def create_run_dir(path: str | Path | None, run_id: str, *, root: str | Path = "
                                   "give a new or empty directory") from None
         _claim(p, path, run_id)
         os.chmod(p, 0o750)  # an existing empty --run-dir too: never world-writable
-    except PermissionError:
-        _unmake(p, made)
-        raise LaunchError(f"cannot write to run dir {str(p)!r} (permission denied); "
-                          "give a writable --run-dir") from None
     except OSError as e:
         _unmake(p, made)
-        raise LaunchError(f"cannot create run dir {str(p)!r}: {e.strerror}; "
-                          "give a writable --run-dir") from None
+        why = (f"write to run dir {str(p)!r} (permission denied)" if isinstance(e, PermissionError)
+               else f"create run dir {str(p)!r}: {e.strerror}")
+        raise LaunchError(f"cannot {why}; give a writable --run-dir") from None
     return p
 
 
@@ -271,15 +256,13 @@ def _claim(p: Path, given: str | Path | None, run_id: str) -> None:
         raise LaunchError(f"--run-dir {str(given if given is not None else p)!r} is taken by {who}; "
                           "give a new directory") from None
     with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump({"pid": os.getpid(), "host": socket.gethostname(), "time": time.time(),
-                   "run_id": run_id}, f)
+        json.dump({"pid": os.getpid(), "host": socket.gethostname(), "time": time.time(), "run_id": run_id}, f)
 
 
 def _make_parents(p: Path) -> None:
     """mkdir -p of p's parents, each new one 0755 whatever the umask (`runs/` is shared by
     every run; with umask 000 `Path.mkdir(parents=True)` would make it world-writable)."""
-    missing = [a for a in reversed(p.parents) if not a.exists()]
-    for d in missing:
+    for d in [a for a in reversed(p.parents) if not a.exists()]:
         try:
             d.mkdir(mode=0o755)
         except FileExistsError:  # a concurrent launch made it first

@@ -1,12 +1,10 @@
 """What a run is: every knob, declared once (`RunSettings`), and the `LaunchSpec` a backend
 starts and every rank reads back (launch.json).
 
-A knob is a field of `RunSettings` declared with `launcher.knobs.knob` (flag, help, unit,
-check); the CLI's option table and typed options, the request and LaunchSpec derive from those
-fields, so a knob has one name from its flag to launch.json, and its check runs where the
-settings are made. LaunchSpec is the settings with every decision made (the plan's, else the
-knob's fallback) plus the run's identity. Plain values: no torch, no I/O; imported by every part
-of dlaunch, ranks included, so it imports only the foundation (errors, knobs, specs).
+A knob is a field of `RunSettings` declared with `launcher.knobs.knob`; the CLI's options, the
+request and LaunchSpec derive from those fields. LaunchSpec is the settings with every decision
+made (the plan's, else the knob's fallback) plus the run's identity. Plain values: no torch, no
+I/O; imported by every part of dlaunch, ranks included, so it imports only errors, knobs, specs.
 """
 
 from __future__ import annotations
@@ -63,74 +61,61 @@ _KERNEL = (" (the plan prices it; default: the workload's KERNELS table, else wh
 
 @dataclass(frozen=True, kw_only=True)
 class RunSettings:
-    """Every knob of a run, declared once (`launcher.knobs.knob`): the option table, each
-    command's typed options, the request and LaunchSpec (and so launch.json) derive from these
-    fields. A decision the plan makes is None until made (`planned`); each value is checked
-    here, when the settings are made, before anything is planned or written."""
+    """Every knob of a run, declared once (`launcher.knobs.knob`). A decision the plan makes is
+    None until made (`planned`); each value is checked here, before anything is planned or written."""
 
     gpus: int = knob(1, "--gpus", "processes per node: GPUs, or CPU processes when there is no GPU",
                      unit="processes", check=at_least(1, MAX_GPUS), script=True)
-    nodes: int = knob(1, "--nodes", "nodes (default 1)", unit="nodes", check=at_least(1, MAX_NODES),
-                      script=True)
+    nodes: int = knob(1, "--nodes", "nodes (default 1)", unit="nodes", check=at_least(1, MAX_NODES), script=True)
     steps: int = knob(20, "--steps", "optimizer steps", unit="steps", check=at_least(1, MAX_STEPS))
-    warmup_steps: int | None = knob(None, "--warmup-steps", "steps left out of throughput (default: "
-                                    "min(3, steps - 1))", unit="steps", check=at_least(0, MAX_STEPS),
-                                    script=True)
-    micro_batch: int | None = knob(None, "--micro-batch", "samples per rank per forward pass" + _PLANS,
-                                   unit="samples", check=at_least(1, MAX_SAMPLES), planned=True,
-                                   fallback=8)
+    warmup_steps: int | None = knob(None, "--warmup-steps", "steps left out of throughput (default: min(3, steps - 1))",
+                                    unit="steps", check=at_least(0, MAX_STEPS), script=True)
+    micro_batch: int | None = knob(None, "--micro-batch", "samples per rank per forward pass" + _PLANS, unit="samples",
+                                   check=at_least(1, MAX_SAMPLES), planned=True, fallback=8)
     grad_accum: int | None = knob(None, "--grad-accum", "micro-batches per optimizer step" + _PLANS,
                                   unit="micro-batches", check=at_least(1, MAX_GLOBAL_BATCH),
                                   planned=True, fallback=1)  # the plan's reach: the global batch's bound
-    strategy: str | None = knob(None, "--strategy", "how the ranks share the model: ddp, zero1, "
-                                "fsdp_full, fsdp_grad_op or hybrid" + _PLANS, choices=STRATEGIES, planned=True,
-                                fallback="ddp")
+    strategy: str | None = knob(None, "--strategy", "how the ranks share the model: ddp, zero1, fsdp_full, "
+                                "fsdp_grad_op or hybrid" + _PLANS, choices=STRATEGIES, planned=True, fallback="ddp")
     precision: str | None = knob(None, "--precision", "the compute dtype (autocast)" + _PLANS,
                                  choices=PRECISIONS, planned=True, fallback="fp32")
     checkpointing: str | None = knob(
-        None, "--checkpointing", "activation checkpointing of the workload's blocks: none; "
-        "selective (per op: matmul and attention outputs saved, the rest recomputed); every-other "
-        "(every second block recomputed whole); full (every block)" + _PLANS, choices=CHECKPOINTING,
-        planned=True, fallback="none")
+        None, "--checkpointing", "activation checkpointing of the workload's blocks: none; selective (per op: matmul "
+        "and attention outputs saved, the rest recomputed); every-other (every second block recomputed whole); full "
+        "(every block)" + _PLANS, choices=CHECKPOINTING, planned=True, fallback="none")
     compile: bool | None = knob(None, "--compile", "torch.compile the model (default: the plan's: on "
                                 "for GPUs where Dynamo traces the workload without a graph break, off "
                                 "on CPUs)", kind="toggle", planned=True, fallback=False)
     compile_mode: str | None = knob(None, "--compile-mode", "torch.compile mode (implies --compile; "
                                     "default: default)", choices=COMPILE_MODES, fallback="default")
-    compile_strict: bool = knob(False, "--compile-strict", "fullgraph=True, and a compile failure "
-                                "fails the run instead of falling back to eager (implies --compile)",
-                                kind="switch")
+    compile_strict: bool = knob(False, "--compile-strict", "fullgraph=True, and a compile failure fails the run "
+                                "instead of falling back to eager (implies --compile)", kind="switch")
     tp: int | None = knob(None, "--tp", "tensor-parallel degree: ranks of one node that split every "
                           "block's matmuls (DTensor, sequence parallel), FSDP sharding over the rest; "
                           "needs the workload's tp_plan(model, tp) (default: the plan's; 1 on CPUs)",
                           unit="ranks", check=at_least(1, MAX_GPUS), planned=True, fallback=1)
-    float8: str | None = knob(None, "--float8", "float8 training of the linear layers (torchao's "
-                              "Float8Linear; CPU ranks emulate it), the rest in bf16: none, "
-                              "tensorwise or rowwise scaling (default: the plan's: none, or a "
-                              "recipe on GPUs with float8 tensor cores where predicted faster)",
+    float8: str | None = knob(None, "--float8", "float8 training of the linear layers (torchao's Float8Linear; CPU "
+                              "ranks emulate it), the rest in bf16: none, tensorwise or rowwise scaling (default: the "
+                              "plan's: none, or a recipe on GPUs with float8 tensor cores where predicted faster)",
                               choices=FLOAT8_RECIPES, planned=True, fallback="none")
-    offload: bool | None = knob(None, "--offload", "FSDP CPU offload: sharded parameters, gradients "
-                                "and optimizer state in host memory, the optimizer step on the CPU "
-                                "(default: the plan's: on only where nothing else fits the GPUs)",
-                                kind="toggle", planned=True, fallback=False)
+    offload: bool | None = knob(None, "--offload", "FSDP CPU offload: sharded parameters, gradients and optimizer "
+                                "state in host memory, the optimizer step on the CPU (default: the plan's: on only "
+                                "where nothing else fits the GPUs)", kind="toggle", planned=True, fallback=False)
     attention_kernel: str | None = knob(
         None, "--attention-kernel", "the attention kernel the model calls: sdpa (PyTorch's "
         "scaled_dot_product_attention), fa2 (the flash-attn package), triton-fa (Triton "
         "FlashAttention)" + _KERNEL.format("sdpa"), choices=ATTENTION_KERNELS)
     loss_kernel: str | None = knob(
-        None, "--loss-kernel", "the loss over the vocabulary: eager (F.cross_entropy), fused (one "
-        "kernel that saves no log-softmax: flash-attn's or Liger's cross entropy)"
-        + _KERNEL.format("eager"), choices=LOSS_KERNELS)
+        None, "--loss-kernel", "the loss over the vocabulary: eager (F.cross_entropy), fused (one kernel that saves no "
+        "log-softmax: flash-attn's or Liger's cross entropy)" + _KERNEL.format("eager"), choices=LOSS_KERNELS)
     norm_kernel: str | None = knob(
         None, "--norm-kernel", "the norms: eager (as autocast runs them, in fp32), low-precision "
         "(in the compute dtype, one pass: llm-foundry's low-precision norms, fused RMSNorm and "
         "LayerNorm kernels)" + _KERNEL.format("eager"), choices=NORM_KERNELS)
-    shard_group_size: int | None = knob(None, "--shard-group-size", "hybrid shard: ranks per shard "
-                                        "group (default: the ranks of a node)", unit="ranks",
-                                        check=at_least(1, MAX_GPUS * MAX_NODES))
-    profile: bool = knob(False, "--profile", "torch.profiler over 3 steps after warm-up: "
-                         "trace-rank<r>.json per rank and the top operators in the summary",
-                         kind="switch")
+    shard_group_size: int | None = knob(None, "--shard-group-size", "hybrid shard: ranks per shard group (default: the "
+                                        "ranks of a node)", unit="ranks", check=at_least(1, MAX_GPUS * MAX_NODES))
+    profile: bool = knob(False, "--profile", "torch.profiler over 3 steps after warm-up: trace-rank<r>.json per rank "
+                         "and the top operators in the summary", kind="switch")
     memory_snapshot: bool = knob(False, "--memory-snapshot", "CUDA only: record allocations, dump "
                                  "memory-rank<r>.pickle at the end or on out-of-memory", kind="switch")
     detect_anomaly: bool = knob(False, "--detect-anomaly", "autograd anomaly detection: find the op "
@@ -141,10 +126,9 @@ class RunSettings:
                            "optimizer steps (0: never)", unit="steps", check=at_least(0, MAX_STEPS))
     seed: int = knob(0, "--seed", "the one seed of model init and data order",
                      check=at_least(0, 2**32 - 1))  # numpy's seeds end there
-    log_every: int | None = knob(None, "--log-every", "steps per logging window (one host sync and "
-                                 "one all-reduce of the losses per window; default: 10, or as many "
-                                 "as take 0.5 s when 10 steps take less)", unit="steps",
-                                 check=at_least(1, MAX_STEPS))
+    log_every: int | None = knob(None, "--log-every", "steps per logging window (one host sync and one all-reduce of "
+                                 "the losses per window; default: 10, or as many as take 0.5 s when 10 steps take "
+                                 "less)", unit="steps", check=at_least(1, MAX_STEPS))
     max_grad_norm: float = knob(0.0, "--max-grad-norm", "clip the global gradient norm once per "
                                 "optimizer step (0: off)", check=non_negative(1e9))
     calibrate: bool = knob(True, "--calibrate", "measure exposed communication and busbw in a "
@@ -155,17 +139,15 @@ class RunSettings:
     hang_timeout_s: float = knob(300.0, "--hang-timeout-s", "end the job when no rank advanced for "
                                  "this long (0: never); the collective timeout is twice this "
                                  "(default 300)", unit="s", check=number(MAX_TIMEOUT_S), script=True)
-    startup_timeout_s: float | None = knob(None, "--startup-timeout-s", "allowance before every rank "
-                                           "finished step 1: imports, model build, compile, "
-                                           "rendezvous (default max(900, --hang-timeout-s))",
-                                           unit="s", check=number(MAX_TIMEOUT_S), script=True)
+    startup_timeout_s: float | None = knob(None, "--startup-timeout-s", "allowance before every rank finished step 1: "
+                                           "imports, model build, compile, rendezvous (default max(900, "
+                                           "--hang-timeout-s))", unit="s", check=number(MAX_TIMEOUT_S), script=True)
     max_restarts: int = knob(0, "--max-restarts", "relaunch a failed job up to N times (fresh "
                              "rendezvous, same run dir); it resumes from the last checkpoint (see "
                              "--checkpoint-every)", check=at_least(0, 10_000), script=True)
-    checkpoint_every: int = knob(0, "--checkpoint-every", "save a checkpoint "
-                                 "(torch.distributed.checkpoint, RUN_DIR/checkpoints) every N "
-                                 "optimizer steps (0: only on the preemption signal); restarts and "
-                                 "SLURM requeues resume from the newest with the same data order",
+    checkpoint_every: int = knob(0, "--checkpoint-every", "save a checkpoint (torch.distributed.checkpoint, "
+                                 "RUN_DIR/checkpoints) every N optimizer steps (0: only on the preemption signal); "
+                                 "restarts and SLURM requeues resume from the newest with the same data order",
                                  unit="steps", check=at_least(0, MAX_STEPS))
 
     def __post_init__(self) -> None:
@@ -174,17 +156,13 @@ class RunSettings:
         check(self.warmup_steps is None or self.warmup_steps < self.steps, UsageError,
               f"`warmup_steps` must be below `steps` ({self.steps}), got {self.warmup_steps}")
         check(not self.tp or self.tp == 1 or self.strategy not in DDP_KINDS, UsageError,
-              f"`tp` {self.tp} composes tensor parallelism with FSDP on the data-parallel "
-              "dimension; DDP does not, nor does ZeRO-1: use `strategy` fsdp_full, fsdp_grad_op "
-              "or hybrid")
-        check(not (self.compile and self.strategy not in (None, *DDP_KINDS)
-                   and self.compile_mode in CUDA_GRAPH_MODES), UsageError,
-              f"`compile_mode` {self.compile_mode} captures CUDA graphs, which FSDP "
-              f"({self.strategy}) does not support; use `compile_mode` default or "
-              "max-autotune-no-cudagraphs")
+              f"`tp` {self.tp} composes tensor parallelism with FSDP on the data-parallel dimension; DDP does not, "
+              "nor does ZeRO-1: use `strategy` fsdp_full, fsdp_grad_op or hybrid")
+        check(not (self.compile and self.strategy not in (None, *DDP_KINDS) and self.compile_mode in CUDA_GRAPH_MODES),
+              UsageError, f"`compile_mode` {self.compile_mode} captures CUDA graphs, which FSDP ({self.strategy}) does "
+                          "not support; use `compile_mode` default or max-autotune-no-cudagraphs")
         check(not self.offload or self.strategy not in DDP_KINDS, UsageError, OFFLOAD_NEEDS_FSDP)
-        check(self.float8 in (None, "none") or self.precision in (None, "bf16"), UsageError,
-              FLOAT8_NEEDS_BF16)
+        check(self.float8 in (None, "none") or self.precision in (None, "bf16"), UsageError, FLOAT8_NEEDS_BF16)
         check(self.shard_group_size is None or self.strategy in (None, "hybrid"), UsageError,
               f"`shard_group_size` applies to `strategy` hybrid only, got `strategy` {self.strategy}")
         # ranks beat at least every MIN_HANG_TIMEOUT_S / 2 while they advance (the harness
@@ -192,10 +170,9 @@ class RunSettings:
         check(self.hang_timeout_s == 0 or MIN_HANG_TIMEOUT_S <= self.hang_timeout_s <= MAX_TIMEOUT_S,
               UsageError, f"`hang_timeout_s` must be 0 (off) or between {MIN_HANG_TIMEOUT_S:g} "
                           f"and {MAX_TIMEOUT_S:g} seconds, got {self.hang_timeout_s:g}")
-        check(self.startup_timeout_s is None
-              or self.hang_timeout_s <= self.startup_timeout_s <= MAX_TIMEOUT_S, UsageError,
-              f"`startup_timeout_s` must be between `hang_timeout_s` ({self.hang_timeout_s:g}) "
-              f"and {MAX_TIMEOUT_S:g} seconds, got {self.startup_timeout_s or 0:g}")
+        check(self.startup_timeout_s is None or self.hang_timeout_s <= self.startup_timeout_s <= MAX_TIMEOUT_S,
+              UsageError, f"`startup_timeout_s` must be between `hang_timeout_s` ({self.hang_timeout_s:g}) "
+                          f"and {MAX_TIMEOUT_S:g} seconds, got {self.startup_timeout_s or 0:g}")
 
     def decided(self) -> dict[str, Any]:
         """Each plan decision as made, else its fallback (what runs when nothing planned)."""
@@ -205,6 +182,11 @@ class RunSettings:
     def knob_values(self) -> dict[str, Any]:
         """Every knob by name (a shallow copy: what LaunchSpec is made from)."""
         return {k: getattr(self, k) for k in knobs_of(RunSettings)}
+
+    @property
+    def world_size(self) -> int:
+        """Total ranks across all nodes."""
+        return self.nodes * self.gpus
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -234,47 +216,40 @@ class LaunchSpec(RunSettings):
         startup_timeout_s: float
 
     def __post_init__(self) -> None:
-        for name, value in {**self.decided(), "compile_mode": self.compile_mode or "default",
-                            "warmup_steps": (self.warmup_steps if self.warmup_steps is not None
-                                             else min(3, self.steps - 1)),
-                            "startup_timeout_s": (self.startup_timeout_s if self.startup_timeout_s
-                                                  is not None else max(900.0, self.hang_timeout_s))
-                            }.items():
+        warmup = min(3, self.steps - 1) if self.warmup_steps is None else self.warmup_steps
+        startup = max(900.0, self.hang_timeout_s) if self.startup_timeout_s is None else self.startup_timeout_s
+        made = {"compile_mode": self.compile_mode or "default", "warmup_steps": warmup, "startup_timeout_s": startup}
+        for name, value in {**self.decided(), **made}.items():
             object.__setattr__(self, name, value)
         super().__post_init__()
         check(self.device in DEVICES, UsageError, f"device must be one of {DEVICES}")
-        check(self.gpus % self.tp == 0, UsageError,
-              f"`tp` {self.tp} must divide the processes per node ({self.gpus}): tensor "
-              "parallelism stays inside a node")
-        check(self.shard_group_size is None or self.world_size % self.shard_group_size == 0,
-              UsageError, f"`shard_group_size` must divide the world size ({self.world_size}), "
-                          f"got {self.shard_group_size}")
+        check(self.gpus % self.tp == 0, UsageError, f"`tp` {self.tp} must divide the processes per node "
+                                                    f"({self.gpus}): tensor parallelism stays inside a node")
+        check(self.shard_group_size is None or self.world_size % self.shard_group_size == 0, UsageError,
+              f"`shard_group_size` must divide the world size ({self.world_size}), got {self.shard_group_size}")
         # the profiler skips warm-up, then needs one step of its own warm-up and one to record
         check(not self.profile or self.steps >= self.warmup_steps + 2, UsageError,
               f"`profile` needs `steps` >= warm-up steps + 2 ({self.warmup_steps + 2}), got {self.steps}")
         check(not self.memory_snapshot or self.device == "cuda", UsageError,
-              "`memory_snapshot` records CUDA allocations and needs a GPU; this run is on CPU "
-              "(use `profile` for CPU time per operator)")
+              "`memory_snapshot` records CUDA allocations and needs a GPU; this run is on CPU (use `profile` for CPU "
+              "time per operator)")
         check(not (self.eval_every and self.is_script), UsageError,
-              "`eval_every` needs a workload with evaluate(model, cfg); a plain script "
-              "evaluates itself")
+              "`eval_every` needs a workload with evaluate(model, cfg); a plain script evaluates itself")
         check(not (self.checkpoint_every and self.is_script), UsageError,
-              "`checkpoint_every` needs a workload: dlaunch's harness saves the checkpoints, "
-              "and a plain script saves its own")
+              "`checkpoint_every` needs a workload: dlaunch's harness saves the checkpoints, and a plain script saves "
+              "its own")
         for name in set_for_script(self) if self.is_script else ():
             value = getattr(self, name)
             given = "" if isinstance(value, bool) else f" {value}"
-            raise UsageError(f"`{name}`{given} is for workloads: a plain script runs its own "
-                             "training loop and would ignore it; drop it, or give the script its own "
-                             "flag after `--`")
+            raise UsageError(f"`{name}`{given} is for workloads: a plain script runs its own training loop and would "
+                             "ignore it; drop it, or give the script its own flag after `--`")
 
     @property
     def parallel(self) -> Strategy:
         """How each rank wraps and runs the model, as the planner and the runtime's wrap see it."""
         return Strategy(kind=self.strategy, precision=self.precision, checkpointing=self.checkpointing,
-                        compile=self.compile, compile_mode=self.compile_mode,
-                        compile_strict=self.compile_strict, tp=self.tp, offload=self.offload,
-                        float8=self.float8)
+                        compile=self.compile, compile_mode=self.compile_mode, compile_strict=self.compile_strict,
+                        tp=self.tp, offload=self.offload, float8=self.float8)
 
     @property
     def loader(self) -> LoaderSpec:
@@ -283,23 +258,13 @@ class LaunchSpec(RunSettings):
 
     @property
     def collective_timeout_s(self) -> float:
-        """The process group's timeout: twice the hang timeout (the default 30 min when off).
-
-        The launcher's watcher acts at `hang_timeout_s` and can name the stuck rank; the
-        collective timeout is the backstop for when nothing watches (a rank's error then names
-        the rank that waited, not the one that hung), so it must come later.
-        """
+        """The process group's timeout: twice the hang timeout (30 min when off), so that the launcher's
+        watcher, which can name the stuck rank, acts first; this is the backstop when nothing watches."""
         return 2 * self.hang_timeout_s if self.hang_timeout_s > 0 else 1800.0
 
     @property
-    def world_size(self) -> int:
-        """Total ranks across all nodes."""
-        return self.nodes * self.gpus
-
-    @property
     def dp_size(self) -> int:
-        """Data-parallel ranks: the world over the tensor-parallel degree (the ranks of one TP
-        group read the same micro-batch)."""
+        """Data-parallel ranks: the world over the TP degree (one TP group's ranks read the same micro-batch)."""
         return self.world_size // self.tp
 
     @property
@@ -308,8 +273,7 @@ class LaunchSpec(RunSettings):
         return self.micro_batch * self.grad_accum * self.dp_size
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (what ranks read back with `from_dict`): one key per knob, named as
-        the knob is."""
+        """A JSON-ready dict (what ranks read back with `from_dict`): one key per knob, as named."""
         return dataclasses.asdict(self)
 
     @classmethod

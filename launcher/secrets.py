@@ -3,9 +3,8 @@
 A variable is secret when its name contains TOKEN, KEY, SECRET, PASSWORD, PASSWD or
 CREDENTIAL (any case): `HF_TOKEN`, `WANDB_API_KEY`, `AWS_SECRET_ACCESS_KEY`, `DB_PASSWORD`.
 The rule errs on the side of masking (`KEYBOARD_LAYOUT` is masked too): a masked harmless value
-costs nothing, a printed token in a shared run dir or a CI log cannot be taken back.
-
-Only what is printed or written is masked; the processes themselves still get the real values.
+costs nothing, a printed token in a shared run dir or a CI log cannot be taken back. Only what
+is printed or written is masked; the processes themselves still get the real values.
 
 Never imports any other part of dlaunch.
 """
@@ -31,11 +30,8 @@ def mask_env(env: Mapping[str, str]) -> dict[str, str]:
 
 
 def masked_spec_dict(spec: Any) -> dict[str, Any]:
-    """`spec.to_dict()` with its `env` masked: what goes into `launch.json`.
-
-    Safe because the ranks get their environment from the process, not from the file: the
-    `env` entry in launch.json is a record of what dlaunch added, not a channel.
-    """
+    """`spec.to_dict()` with its `env` masked: what goes into `launch.json`. Safe because the ranks
+    get their environment from the process: launch.json's `env` records what dlaunch added."""
     data = spec.to_dict()
     if isinstance(data.get("env"), Mapping):
         data["env"] = mask_env(data["env"])

@@ -1,13 +1,12 @@
 """Frozen, keyword-only dataclasses that describe a job: what to run, how, and what for.
 
 `Strategy` and `LoaderSpec` are how a rank runs (launcher.runspec holds the knobs and the
-LaunchSpec made of them); `ModelProfile` and `Goal` are what the planner plans from. The hardware they run on is
-described in `launcher.hardware.types`. They are plain values: no torch, no I/O. Each
-validates itself in `__post_init__` (with `check`) and raises a `DlaunchError` subclass, so a
-bad value is caught where it is made, not deep in a rank. Messages name fields in backticks
-(`micro_batch`), never command-line flags: the CLI puts its flags in. Units are in the names: `_bytes`,
-`_gib`, `_s`. Every part of dlaunch imports this module, ranks included: it imports only
-`launcher.errors`, never another part of dlaunch or torch.
+LaunchSpec made of them); `ModelProfile` and `Goal` are what the planner plans from; the hardware
+is `launcher.hardware.types`'. Plain values, no torch, no I/O: each validates itself in
+`__post_init__` (with `check`) and raises a `DlaunchError` subclass, so a bad value is caught
+where it is made. Messages name fields in backticks (`micro_batch`), never flags: the CLI puts
+its flags in. Units are in the names: `_bytes`, `_gib`, `_s`. Every part of dlaunch imports this
+module, ranks included: it imports only `launcher.errors`, never another part of dlaunch or torch.
 """
 
 from __future__ import annotations
@@ -23,9 +22,8 @@ GIB = 1024**3
 
 DEVICES = ("cuda", "cpu")
 STRATEGIES = ("ddp", "zero1", "fsdp_full", "fsdp_grad_op", "hybrid")
-# the kinds under DDP's wrapper: every rank keeps every parameter whole and autocast runs mixed
-# precision; zero1 shards the optimizer's state over the ranks (ZeroRedundancyOptimizer), the
-# others (FSDP2) shard parameters, gradients and optimizer state
+# the kinds under DDP's wrapper: every rank keeps every parameter whole and autocast runs mixed precision;
+# zero1 shards the optimizer's state (ZeroRedundancyOptimizer), the others (FSDP2) shard all the state
 DDP_KINDS = ("ddp", "zero1")
 PRECISIONS = ("fp32", "bf16", "fp16")
 # float8 training (torchao's Float8Linear, the rest in bf16): off, or its scaling recipe
@@ -34,9 +32,8 @@ NO_TORCHAO = ("`float8` {recipe} converts the linear layers with torchao, which 
               "pip install 'dlaunch[float8]' (or drop `float8`)")
 FLOAT8_NEEDS_BF16 = ("`float8` runs the linear layers' GEMMs in float8 and everything else in bf16: "
                      "use `precision` bf16 with it")
-OFFLOAD_NEEDS_FSDP = ("`offload` keeps FSDP's sharded state in host memory; DDP and ZeRO-1 keep "
-                      "whole parameters on the device: use `strategy` fsdp_full, fsdp_grad_op or "
-                      "hybrid, or drop `offload`")
+OFFLOAD_NEEDS_FSDP = ("`offload` keeps FSDP's sharded state in host memory; DDP and ZeRO-1 keep whole parameters "
+                      "on the device: use `strategy` fsdp_full, fsdp_grad_op or hybrid, or drop `offload`")
 MIN_HANG_TIMEOUT_S = 10.0  # twice the harness's flush interval
 MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week; also keeps inf/nan out of the collective timeout
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -48,12 +45,11 @@ SWEEP_MODES = ("weak", "strong")  # `dlaunch scale --mode`
 # launcher.plan.checkpointing prices each, launcher.runtime.wrap applies it
 CHECKPOINTING = ("none", "selective", "every-other", "full")
 TRACKERS = ("tensorboard", "mlflow", "wandb")  # `dlaunch run --log-to` (launcher.results.trackers)
-# kernels a run calls where the meta-device profile cannot tell (it records the op, not its
-# implementation): attention (PyTorch SDPA; flash-attn 2; Triton FlashAttention, flash_attn_triton),
-# the loss (cross entropy as eager aten ops; flash-attn's fused cross entropy) and the norms (as
-# autocast runs them, in fp32; in the compute dtype, llm-foundry's low_precision_layernorm). The
-# cost model prices each (launcher.plan.attention: ATTENTION_CURVES; launcher.plan.cost: FUSED_LOSS_PASSES,
-# NORM_AUTOCAST_BYTES).
+# kernels a run calls where the meta-device profile cannot tell (it records the op, not its implementation):
+# attention (PyTorch SDPA; flash-attn 2; Triton FlashAttention, flash_attn_triton), the loss (cross entropy as
+# eager aten ops; flash-attn's fused cross entropy) and the norms (as autocast runs them, in fp32; in the compute
+# dtype, llm-foundry's low_precision_layernorm). The cost model prices each (launcher.plan.attention:
+# ATTENTION_CURVES; launcher.plan.cost: FUSED_LOSS_PASSES, NORM_AUTOCAST_BYTES).
 ATTENTION_KERNELS = ("sdpa", "fa2", "triton-fa")
 LOSS_KERNELS = ("eager", "fused")
 NORM_KERNELS = ("eager", "low-precision")
@@ -65,8 +61,7 @@ DEFAULT_TIME_MIN = 60.0  # SLURM time limit; > 10 min: below that, submitit take
 
 
 def has_torchao() -> bool:
-    """Whether torchao, which float8 training converts the model with, is installed here (found,
-    not imported: the CLI stays fast)."""
+    """Whether torchao (which float8 training needs) is installed: found, not imported (the CLI stays fast)."""
     return importlib.util.find_spec("torchao") is not None
 
 
@@ -118,13 +113,11 @@ class ModelProfile:
     attention_flops_fwd_per_sample: float = 0.0
     conv_flops_fwd_per_sample: float = 0.0
     batch_norms: int = 0  # BatchNorm modules: FSDP units of their own under bf16/fp16
-    # the most bytes backward holds at once beyond the saved activations, per sample, at the
-    # profiled dtype (a language model's loss gradient over its vocabulary: two logits-sized
-    # tensors); 0 = none, or not profiled
+    # the most bytes backward holds at once beyond the saved activations, per sample at the profiled dtype
+    # (a language model's loss gradient over its vocabulary: two logits-sized tensors); 0 = none, or not profiled
     backward_transient_bytes_per_sample: float = 0.0
-    # what SDPA saves beyond flash attention's where it runs its math path, per sample at the
-    # profiled dtype: attention with dropout on CPU (PyTorch's CPU flash kernel takes no dropout;
-    # CUDA's flash does); 0 = no dropout in attention, or not profiled
+    # what SDPA saves beyond flash attention's where it runs its math path (attention with dropout on CPU, whose
+    # flash kernel takes none; CUDA's does), per sample at the profiled dtype; 0 = none, or not profiled
     math_attention_bytes_per_sample: float = 0.0
     # tensor-parallel degrees above 1 the workload's `tp_plan(model, tp)` accepts (those that
     # divide its heads); () = no tp_plan, or not profiled: the plan never proposes TP
@@ -132,9 +125,8 @@ class ModelProfile:
     # how the model was profiled where that is not as it trains (the workload's word, e.g. an
     # MoE's routing stood in for on the meta device); "" = as it trains
     profile_note: str = ""
-    # the run's attention, loss and norm kernels (ATTENTION_KERNELS, LOSS_KERNELS, NORM_KERNELS):
-    # inputs of the plan, not measured; the defaults are what dlaunch's workloads call
-    # (F.scaled_dot_product_attention, F.cross_entropy, nn.LayerNorm / nn.RMSNorm under autocast)
+    # the run's attention, loss and norm kernels: inputs of the plan, not measured; the defaults are what
+    # dlaunch's workloads call (F.scaled_dot_product_attention, F.cross_entropy, nn.LayerNorm/RMSNorm under autocast)
     attention_kernel: str = "sdpa"
     loss_kernel: str = "eager"
     norm_kernel: str = "eager"
@@ -143,18 +135,16 @@ class ModelProfile:
         check(self.num_params > 0, PlanError, f"model {self.name} has no parameters")
         check(self.attention_kernel in ATTENTION_KERNELS and self.loss_kernel in LOSS_KERNELS
               and self.norm_kernel in NORM_KERNELS, PlanError,
-              f"model {self.name}: attention kernel {self.attention_kernel!r} (one of "
-              f"{', '.join(ATTENTION_KERNELS)}), loss kernel {self.loss_kernel!r} (one of "
-              f"{', '.join(LOSS_KERNELS)}), norm kernel {self.norm_kernel!r} (one of "
-              f"{', '.join(NORM_KERNELS)})")
+              f"model {self.name}: attention kernel {self.attention_kernel!r} (one of {', '.join(ATTENTION_KERNELS)}), "
+              f"loss kernel {self.loss_kernel!r} (one of {', '.join(LOSS_KERNELS)}), norm kernel "
+              f"{self.norm_kernel!r} (one of {', '.join(NORM_KERNELS)})")
         check(self.forward_ops >= 0 and self.param_tensors >= 0, PlanError,
-               f"model {self.name}: negative op or parameter tensor count")
+              f"model {self.name}: negative op or parameter tensor count")
         check(self.optimizer_state_bytes_per_param >= 0, PlanError,
-               f"model {self.name}: negative optimizer state bytes")
+              f"model {self.name}: negative optimizer state bytes")
         check(self.activation_bytes_per_sample >= 0 and self.backward_transient_bytes_per_sample >= 0,
               PlanError, f"model {self.name}: negative activation bytes")
-        check(self.units_per_sample >= 1, PlanError,
-               f"model {self.name}: units_per_sample must be >= 1")
+        check(self.units_per_sample >= 1, PlanError, f"model {self.name}: units_per_sample must be >= 1")
         check(0 <= self.attention_flops_fwd_per_sample + self.conv_flops_fwd_per_sample
               <= self.flops_fwd_per_sample * (1 + 1e-9) and self.attention_flops_fwd_per_sample >= 0
               and self.conv_flops_fwd_per_sample >= 0 and self.batch_norms >= 0, PlanError,
@@ -192,21 +182,20 @@ class Strategy:
         check(isinstance(self.tp, int) and self.tp >= 1, UsageError,
               f"`tp` (the tensor-parallel degree) must be an integer >= 1, got {self.tp!r}")
         check(self.tp == 1 or self.kind not in DDP_KINDS, UsageError,
-              f"`tp` {self.tp} composes tensor parallelism with FSDP on the data-parallel "
-              f"dimension; {'DDP' if self.kind == 'ddp' else self.kind} does not: use `strategy` "
-              "fsdp_full, fsdp_grad_op or hybrid")
+              f"`tp` {self.tp} composes tensor parallelism with FSDP on the data-parallel dimension; "
+              f"{'DDP' if self.kind == 'ddp' else self.kind} does not: use `strategy` fsdp_full, fsdp_grad_op or "
+              "hybrid")
         check(self.kind in STRATEGIES, UsageError,
-               f"unknown strategy {self.kind!r}; use one of {', '.join(STRATEGIES)}")
+              f"unknown strategy {self.kind!r}; use one of {', '.join(STRATEGIES)}")
         check(self.precision in PRECISIONS, UsageError,
-               f"unknown precision {self.precision!r}; use one of {', '.join(PRECISIONS)}")
+              f"unknown precision {self.precision!r}; use one of {', '.join(PRECISIONS)}")
         check(self.compile_mode in COMPILE_MODES, UsageError,
-               f"unknown compile mode {self.compile_mode!r}; use one of {', '.join(COMPILE_MODES)}")
+              f"unknown compile mode {self.compile_mode!r}; use one of {', '.join(COMPILE_MODES)}")
         check(self.checkpointing in CHECKPOINTING, UsageError,
               f"unknown `checkpointing` {self.checkpointing!r}; use one of {', '.join(CHECKPOINTING)}")
-        check(not (self.compile and self.shards_params and self.compile_mode in CUDA_GRAPH_MODES),
-               UsageError, f"`compile_mode` {self.compile_mode} captures CUDA graphs, which FSDP "
-                           f"({self.kind}) does not support; use `compile_mode` default or "
-                           "max-autotune-no-cudagraphs")
+        check(not (self.compile and self.shards_params and self.compile_mode in CUDA_GRAPH_MODES), UsageError,
+              f"`compile_mode` {self.compile_mode} captures CUDA graphs, which FSDP ({self.kind}) does not support; "
+              "use `compile_mode` default or max-autotune-no-cudagraphs")
 
     @property
     def shards_params(self) -> bool:
@@ -227,8 +216,7 @@ class Strategy:
 
 @dataclass(frozen=True, kw_only=True)
 class LoaderSpec:
-    """DataLoader settings the harness applies to every workload's dataset (only the number of
-    workers is a knob)."""
+    """DataLoader settings the harness applies to every workload's dataset (only `num_workers` is a knob)."""
 
     num_workers: int = 0
     prefetch_factor: int = 2
@@ -248,13 +236,10 @@ class Goal:
 
     def __post_init__(self) -> None:
         check(self.global_batch is None or self.global_batch >= 1, UsageError,
-               f"`global_batch` must be >= 1, got {self.global_batch}")
-        check(self.seq_len is None or self.seq_len >= 1, UsageError,
-               f"`seq_len` must be >= 1, got {self.seq_len}")
-        check(self.optimizer in ("adamw", "sgd"), UsageError,
-               f"unknown optimizer {self.optimizer!r}; use adamw or sgd")
-        check(0 <= self.headroom < 1, UsageError,
-               f"headroom must be in [0, 1), got {self.headroom}")
+              f"`global_batch` must be >= 1, got {self.global_batch}")
+        check(self.seq_len is None or self.seq_len >= 1, UsageError, f"`seq_len` must be >= 1, got {self.seq_len}")
+        check(self.optimizer in ("adamw", "sgd"), UsageError, f"unknown optimizer {self.optimizer!r}; use adamw or sgd")
+        check(0 <= self.headroom < 1, UsageError, f"headroom must be in [0, 1), got {self.headroom}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -279,8 +264,7 @@ class SlurmSpec:
         if self.cpus_per_node is not None and self.cpus_per_node < 1:
             raise UsageError(f"--cpus-per-node must be >= 1, got {self.cpus_per_node}")
         for name in ("partition", "account", "qos", "constraint"):
-            value = getattr(self, name)
-            if value is not None:
+            if (value := getattr(self, name)) is not None:
                 check_slurm_value(f"--{name}", value)
 
 

@@ -1,9 +1,7 @@
 """The sweep manifest (`SweepPaths.manifest`, sweep.json): its typed form, its writer and its
 reader. Beside rundir.py, because both the sweep driver (launcher/drivers/sweep.py) and the
-report read it and neither may import the other.
-
-A manifest written before the knobs were renamed is read in today's names (`knobs.migrate` on
-its configuration's spec), so a sweep started by an older dlaunch resumes in the same dir.
+report read it and neither may import the other. A manifest written before the knobs were
+renamed is read in today's names (`knobs.migrate`), so an older dlaunch's sweep resumes in place.
 
 Imports only launcher.errors, launcher.files, launcher.knobs and launcher.rundir.
 """
@@ -57,10 +55,9 @@ class Manifest:
     def to_dict(self) -> dict[str, Any]:
         """sweep.json's content, its keys in the order they always had."""
         ordered = sorted(self.points, key=lambda p: (p.world_size, p.repeat))
-        return {"kind": "sweep", "version": 1, "name": self.name, "mode": self.mode,
-                "config": dict(self.config), "created": self.created, "topology": self.topology,
-                "points": [dataclasses.asdict(p) for p in ordered], "updated": self.updated,
-                "world_sizes": sorted({p.world_size for p in ordered})}
+        return {"kind": "sweep", "version": 1, "name": self.name, "mode": self.mode, "config": dict(self.config),
+                "created": self.created, "topology": self.topology, "points": [dataclasses.asdict(p) for p in ordered],
+                "updated": self.updated, "world_sizes": sorted({p.world_size for p in ordered})}
 
 
 def write_manifest(sweep_dir: str | Path, manifest: Manifest) -> None:
@@ -84,8 +81,7 @@ def read_manifest(sweep_dir: str | Path) -> Manifest | None:
         config["spec"] = migrate(config["spec"])
     names = {f.name for f in dataclasses.fields(SweepPoint)}
     try:
-        points = tuple(SweepPoint(**{k: v for k, v in p.items() if k in names})
-                       for p in data.get("points") or [])
+        points = tuple(SweepPoint(**{k: v for k, v in p.items() if k in names}) for p in data.get("points") or [])
         return Manifest(name=str(data.get("name", Path(sweep_dir).name)), mode=data.get("mode"),
                         config=config, created=float(data.get("created") or 0.0),
                         topology=data.get("topology"), points=points, updated=data.get("updated"))

@@ -44,6 +44,7 @@ import ast
 import contextlib
 import importlib.util
 import io
+import itertools
 import logging
 import sys
 import types
@@ -79,12 +80,9 @@ class FileKind:
     has_tp_plan: bool = False  # defines `tp_plan` at top level: may be given tensor parallelism
 
     def require_tp_plan(self, tp: int | None) -> None:
-        """WorkloadError unless a tensor-parallel degree `tp` (None or 1: none) can apply here:
-        checked from the file alone, before anything is profiled or started."""
-        if tp is None or tp == 1 or self.has_tp_plan:
-            return
-        raise WorkloadError(no_tp_plan(tp, "a plain script" if self.is_script
-                                       else f"workload {self.path.name}"))
+        """WorkloadError unless tensor parallelism of degree `tp` (None or 1: none) can apply, from the file alone."""
+        if tp not in (None, 1) and not self.has_tp_plan:
+            raise WorkloadError(no_tp_plan(tp, "a plain script" if self.is_script else f"workload {self.path.name}"))
 
 
 def _resolve(path: str | Path) -> Path:
@@ -99,13 +97,10 @@ def _resolve(path: str | Path) -> Path:
 
 
 def _has_main_guard(tree: ast.Module) -> bool:
-    for node in tree.body:
-        if isinstance(node, ast.If) and isinstance(node.test, ast.Compare):
-            names = {n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)}
-            consts = {n.value for n in ast.walk(node.test) if isinstance(n, ast.Constant)}
-            if "__name__" in names and "__main__" in consts:
-                return True
-    return False
+    return any(isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
+               and "__name__" in {n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)}
+               and "__main__" in {n.value for n in ast.walk(node.test) if isinstance(n, ast.Constant)}
+               for node in tree.body)
 
 
 def _top_level_names(tree: ast.Module) -> set[str]:
@@ -122,11 +117,8 @@ def _top_level_names(tree: ast.Module) -> set[str]:
 
 
 def inspect_file(path: str | Path, *, force_script: bool = False) -> FileKind:
-    """Classify a file as a workload or a plain script without running it.
-
-    Raises WorkloadError for a missing file, a syntax error, a partial contract, or a file that
-    is neither a workload nor a script.
-    """
+    """Classify a file as a workload or a plain script without running it; WorkloadError for a
+    missing file, a syntax error, a partial contract, or a file that is neither."""
     p = _resolve(path)
     try:
         tree = ast.parse(p.read_text(encoding="utf-8"), filename=str(p))
@@ -147,9 +139,8 @@ def inspect_file(path: str | Path, *, force_script: bool = False) -> FileKind:
         return FileKind(path=p, is_script=False, has_tp_plan="tp_plan" in names)
     if _has_main_guard(tree):
         return FileKind(path=p, is_script=True)
-    raise WorkloadError(f"{str(path)!r} is neither a workload (it defines none of "
-                        f"{', '.join(REQUIRED)}) nor a script (no `if __name__ == \"__main__\":` "
-                        "block); see workloads/mlp.py for the contract")
+    raise WorkloadError(f"{str(path)!r} is neither a workload (it defines none of {', '.join(REQUIRED)}) nor a "
+                        "script (no `if __name__ == \"__main__\":` block); see workloads/mlp.py for the contract")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -175,10 +166,7 @@ class Workload:
     def first_samples(self, n: int) -> list[Any]:
         """The first `n` samples of `make_dataset(n)`, map-style or a stream alike (what the
         planner's probes collate); WorkloadError when it holds fewer."""
-        # deferred: the launcher reads workloads without torch (see the module docstring)
-        import itertools
-
-        from torch.utils.data import IterableDataset
+        from torch.utils.data import IterableDataset  # deferred: the launcher reads workloads without torch
 
         dataset = self.make_dataset(n)
         if isinstance(dataset, IterableDataset):
@@ -187,7 +175,7 @@ class Workload:
             samples = [dataset[i] for i in range(min(n, len(dataset)))]  # type: ignore[arg-type]
         if len(samples) < n:
             raise WorkloadError(f"workload {self.path.name}: make_dataset({n}) gave {len(samples)} "
-                                f"sample(s); it must hold at least the number asked for")
+                                "sample(s); it must hold at least the number asked for")
         return samples
 
     def loss_fn(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
@@ -202,29 +190,23 @@ class Workload:
     def make_optimizer(self, model: torch.nn.Module, *, fused: bool = False) -> torch.optim.Optimizer:
         """The workload's `make_optimizer(cfg, model)`, else AdamW(lr=1e-3) over the trainable
         parameters (`fused`: the fused kernel, CUDA only)."""
-        # deferred: the launcher reads workloads without torch (see the module docstring)
-        import torch
+        import torch  # deferred: the launcher reads workloads without torch
 
         if not hasattr(self.module, "make_optimizer"):
-            params = [p for p in model.parameters() if p.requires_grad]
-            return torch.optim.AdamW(params, lr=DEFAULT_LR, fused=fused)
+            return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=DEFAULT_LR, fused=fused)
         optimizer = self._call("make_optimizer", self.cfg, model)
         if not isinstance(optimizer, torch.optim.Optimizer):
-            raise WorkloadError(f"workload {self.path.name}: make_optimizer() returned "
-                                f"{type(optimizer).__name__}; it must return a torch.optim.Optimizer")
+            raise self._returned("make_optimizer", optimizer, "a torch.optim.Optimizer")
         return optimizer
 
     def make_scheduler(self, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler | None:
-        """The workload's `make_scheduler(cfg, optimizer)` (an LRScheduler or None); None when
-        not declared. Stepped once per optimizer step."""
+        """The workload's `make_scheduler(cfg, optimizer)`, stepped once per optimizer step; None if not declared."""
         if not hasattr(self.module, "make_scheduler"):
             return None
         scheduler = self._call("make_scheduler", self.cfg, optimizer)
         if scheduler is not None and not (callable(getattr(scheduler, "step", None))
                                           and callable(getattr(scheduler, "state_dict", None))):
-            raise WorkloadError(f"workload {self.path.name}: make_scheduler() returned "
-                                f"{type(scheduler).__name__}; it must return a "
-                                "torch.optim.lr_scheduler.LRScheduler or None")
+            raise self._returned("make_scheduler", scheduler, "a torch.optim.lr_scheduler.LRScheduler or None")
         return cast("torch.optim.lr_scheduler.LRScheduler | None", scheduler)
 
     @property
@@ -239,11 +221,8 @@ class Workload:
         if not self.has_tp_plan:
             raise WorkloadError(no_tp_plan(tp, f"workload {self.path.name}"))
         plan = self._call("tp_plan", model, tp)
-        if plan is not None and not (isinstance(plan, Mapping)
-                                     and all(isinstance(k, str) for k in plan)):
-            raise WorkloadError(f"workload {self.path.name}: tp_plan() returned "
-                                f"{type(plan).__name__}; it must return a dict of module name -> "
-                                "ParallelStyle, or None")
+        if plan is not None and not (isinstance(plan, Mapping) and all(isinstance(k, str) for k in plan)):
+            raise self._returned("tp_plan", plan, "a dict of module name -> ParallelStyle, or None")
         return None if plan is None else dict(plan)
 
     @property
@@ -257,9 +236,12 @@ class Workload:
         try:
             return {str(k): float(v) for k, v in dict(result).items()}
         except (TypeError, ValueError):
-            raise WorkloadError(f"workload {self.path.name}: evaluate() returned "
-                                f"{type(result).__name__}; it must return a dict of name -> "
-                                "number") from None
+            raise self._returned("evaluate", result, "a dict of name -> number") from None
+
+    def _returned(self, name: str, value: Any, what: str) -> WorkloadError:
+        """The error for hook `name` returning `value` where it must return `what`."""
+        return WorkloadError(f"workload {self.path.name}: {name}() returned {type(value).__name__}; "
+                             f"it must return {what}")
 
     def _call(self, name: str, *args: Any) -> Any:
         try:
@@ -267,22 +249,17 @@ class Workload:
         except WorkloadError:
             raise
         except Exception as e:
-            raise WorkloadError(f"workload {self.path.name}: {name}() raised "
-                                f"{type(e).__name__}: {e}") from e
+            raise WorkloadError(f"workload {self.path.name}: {name}() raised {type(e).__name__}: {e}") from e
 
 
-def parse_options(defaults: Mapping[str, Any], args: Sequence[str], *,
-                  source: str) -> dict[str, Any]:
-    """Apply `--key value` / `--key=value` / `--flag` pairs to a workload's DEFAULTS.
-
-    Values take the type of the default (bool accepts true/false/1/0); unknown keys are errors.
-    """
+def parse_options(defaults: Mapping[str, Any], args: Sequence[str], *, source: str) -> dict[str, Any]:
+    """Apply `--key value` / `--key=value` / `--flag` pairs to a workload's DEFAULTS. Values take
+    the type of the default (bool accepts true/false/1/0); unknown keys are errors."""
     cfg = dict(defaults)
     options = ", ".join("--" + k for k in defaults) or "none"
-    items = list(args)
     i = 0
-    while i < len(items):
-        tok = items[i]
+    while i < len(args):
+        tok = args[i]
         if not tok.startswith("--") or tok == "--":
             raise WorkloadError(f"{source}: expected --option, got {tok!r}; options: {options}")
         key, _, value = tok[2:].partition("=")
@@ -291,11 +268,11 @@ def parse_options(defaults: Mapping[str, Any], args: Sequence[str], *,
             raise WorkloadError(f"{source}: unknown option --{key}; options: {options}")
         default = defaults[key]
         if not value and "=" not in tok:
-            if isinstance(default, bool) and (i + 1 >= len(items) or items[i + 1].startswith("--")):
+            if isinstance(default, bool) and (i + 1 >= len(args) or args[i + 1].startswith("--")):
                 value = "true"
-            elif i + 1 < len(items):
+            elif i + 1 < len(args):
                 i += 1
-                value = items[i]
+                value = args[i]
             else:
                 raise WorkloadError(f"{source}: --{key} needs a value")
         cfg[key] = _coerce(default, value, key=key, source=source)
@@ -315,8 +292,7 @@ def _coerce(default: Any, value: str, *, key: str, source: str) -> Any:
         if isinstance(default, float):
             return float(value)
     except ValueError:
-        raise WorkloadError(f"{source}: --{key} expects a {type(default).__name__}, "
-                            f"got {value!r}") from None
+        raise WorkloadError(f"{source}: --{key} expects a {type(default).__name__}, got {value!r}") from None
     return value
 
 
@@ -342,11 +318,9 @@ def load_workload(path: str | Path, args: Sequence[str] = ()) -> Workload:
         spec.loader.exec_module(module)
     except Exception as e:
         sys.modules.pop(mod_name, None)
-        raise WorkloadError(f"workload {str(path)!r} raised on import: "
-                            f"{type(e).__name__}: {e}") from e
+        raise WorkloadError(f"workload {str(path)!r} raised on import: {type(e).__name__}: {e}") from e
     defaults = dict(getattr(module, "DEFAULTS", {}) or {})
-    cfg_dict = parse_options(defaults, args, source=f"workload {p.name}")
-    cfg = types.SimpleNamespace(**cfg_dict)
+    cfg = types.SimpleNamespace(**parse_options(defaults, args, source=f"workload {p.name}"))
     units_fn = getattr(module, "units_per_sample", None)
     try:
         units = int(units_fn(cfg)) if callable(units_fn) else 1
@@ -362,26 +336,21 @@ def load_workload(path: str | Path, args: Sequence[str] = ()) -> Workload:
         raise WorkloadError(f"workload {p.name}: KERNELS must be a dict of role -> kernel name, "
                             "e.g. {\"attention\": \"fa2\", \"loss\": \"fused\"}")
     return Workload(path=p, module=module, cfg=cfg, defaults=defaults, kernels=dict(kernels),
-                    sample_units=str(getattr(module, "SAMPLE_UNITS", "samples")),
-                    units_per_sample=units)
+                    sample_units=str(getattr(module, "SAMPLE_UNITS", "samples")), units_per_sample=units)
 
 
 def batch_norms(model: Any) -> list[Any]:
-    """The batch-norm modules of a workload's model (BatchNorm1d/2d/3d, SyncBatchNorm, lazy
-    variants): FSDP with a low-precision policy makes each an fp32 unit of its own
-    (runtime.wrap), and the planner counts (plan.profile) and times (plan.step_probe) them so."""
-    # deferred: the CLI reads workload files without torch
-    from torch.nn.modules.batchnorm import _BatchNorm
+    """The batch-norm modules of a workload's model (BatchNorm*, SyncBatchNorm, lazy variants): FSDP
+    under low precision makes each an fp32 unit of its own (runtime.wrap), as the planner prices them."""
+    from torch.nn.modules.batchnorm import _BatchNorm  # deferred: the CLI reads workloads without torch
 
     return [m for m in model.modules() if isinstance(m, _BatchNorm)]
 
 
 @contextlib.contextmanager
 def workload_prints_held(what: str) -> Iterator[None]:
-    """Run workload code in dlaunch's own process (the planner's profile and step probe) with
-    its prints to sys.stdout/sys.stderr held and logged at debug level: dlaunch's stdout carries
-    only dlaunch's results (JSON, a dry run's command, then the ranks' lines), which scripts and
-    `| head` read. dlaunch's own warnings go through logging, whose handlers keep their stream."""
+    """Run workload code in dlaunch's own process (the planner's probes) with its prints held and
+    logged at debug level: dlaunch's stdout carries only its results, which scripts read."""
     held = io.StringIO()
     with contextlib.redirect_stdout(held), contextlib.redirect_stderr(held):
         try:

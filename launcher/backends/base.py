@@ -9,10 +9,10 @@ Modelled on TorchX's schedulers (`submit = dryrun + schedule`) and submitit's ex
 
 `Ended` says only how the launch ended; the driver (`launcher.drivers.launch`) owns the rest:
 launch.json, restarts, the summaries of ranks that died, aggregation, result.json and the
-summary. For a run that exists (a run dir, a SLURM job id) there are `status`, `logs` and
-`cancel`; which backend a run is is asked of each backend in the registry in turn
-(`owner_of`): a third backend (a Kubernetes JobSet, say) is one more entry in the registry
-(`launcher.backends.registry`). Never imports results, report, drivers, cli or runtime.
+summary. A run that exists (a run dir, a SLURM job id) has `status`, `logs` and `cancel`, from
+the first backend in the registry that claims it (`owner_of`): a third backend (a Kubernetes
+JobSet, say) is one more entry in `launcher.backends.registry`. Never imports results, report,
+drivers, cli or runtime.
 """
 
 from __future__ import annotations
@@ -51,8 +51,7 @@ class State(enum.Enum):
 
 @dataclass(frozen=True, kw_only=True)
 class Evidence:
-    """What the launcher saw of the ranks as they ended, for the summary of each rank that died
-    without writing its own (`launcher.backends.postmortem.write_missing_summaries`)."""
+    """What the launcher saw of the ranks as they ended, for `postmortem.write_missing_summaries`."""
 
     beats: Mapping[int, Beat] = field(default_factory=dict)  # the last heartbeats seen
     stacks: Mapping[int, StackInfo] = field(default_factory=dict)  # of hung ranks
@@ -77,12 +76,8 @@ class Ended:
 
 @dataclass(frozen=True, kw_only=True)
 class JobStatus:
-    """What `status` says about one run: the state, why, and how far the ranks got.
-
-    `text` (its first lines), `progress` (the line shown while there is no result) and `data`
-    are what `dlaunch status` prints (with --json: `data`): each backend words its own (SLURM's
-    queue line, a local run's owner); the driver adds the run summary once the run is over.
-    """
+    """What `status` says of one run: `text` (first lines), `progress` (shown while there is no
+    result) and `data` (--json), in the backend's words; the driver adds the summary once it is over."""
 
     state: State
     reason: str = ""  # why it is in this state, in words ('' when nothing to add)
@@ -146,8 +141,7 @@ class Ask:
 
 @dataclass(frozen=True, kw_only=True)
 class Placement:
-    """Where a request's ranks run, as its backend placed them; for a sweep, its largest point
-    (which the plan is for) and every point's shape."""
+    """Where a request's ranks run, as placed; for a sweep, its largest point (the plan's) and every point's shape."""
 
     device: str
     nodes: int = 1
@@ -170,7 +164,6 @@ class Rendered(Protocol):
     @property
     def dry_run_text(self) -> str:
         """What `--dry-run` prints for it."""
-        ...
 
 
 class Handle(Protocol):
@@ -178,7 +171,6 @@ class Handle(Protocol):
 
     def follow(self, console: IO[str]) -> Ended:
         """Wait for the run's end, showing its progress on `console`; how it ended."""
-        ...
 
 
 class Backend(Protocol):
@@ -187,37 +179,27 @@ class Backend(Protocol):
     name: str
 
     def claims(self, ref: str) -> bool:
-        """True when `ref` (what the user typed after status/logs/cancel) is one of this
-        backend's runs; checks files only, asks no scheduler."""
-        ...
+        """Whether `ref` (typed after status/logs/cancel) is this backend's run; from files only."""
 
     def place(self, ask: Ask) -> Placement:
         """Where the ranks go (raises on what cannot run there: bad flags fail here)."""
-        ...
 
     def render(self, spec: LaunchSpec, placement: Placement) -> Rendered:
         """The run, rendered (nothing starts; raises on what cannot run here)."""
-        ...
 
     def start(self, rendered: Rendered, *, attempt: int = 0, debug: bool = False,
               note: str | None = None, progress: ProgressSpec | None = None) -> Handle:
-        """Start (or submit) attempt `attempt` of the run. `note` (the plan's) is printed once
-        the run is accepted, so a refusal stays a single error line; `progress`: the live
-        progress line's measure (None: no line)."""
-        ...
+        """Start (or submit) attempt `attempt`; `note` (the plan's) is printed once the run is accepted
+        (a refusal stays one error line); `progress`: the live progress line's measure (None: none)."""
 
     def status(self, ref: str) -> JobStatus:
         """Where the run stands now."""
-        ...
 
-    def logs(self, ref: str, *, out: IO[str], rank: int | None = None,
-             follow: bool = False) -> None:
+    def logs(self, ref: str, *, out: IO[str], rank: int | None = None, follow: bool = False) -> None:
         """Print the ranks' output (one rank's with `rank`); `follow` until the run is over."""
-        ...
 
     def cancel(self, ref: str) -> Cancelled:
         """Stop the run if it runs, waiting briefly for it to stop; say what was done."""
-        ...
 
 
 Registry = Mapping[str, Backend]
@@ -243,8 +225,7 @@ def owner_of(registry: Registry, ref: str) -> Backend:
 
 def parse_world_sizes(text: str, *, available: int | None = None, flag: str = "--gpus",
                       what: str = "devices") -> list[int]:
-    """`"1,2,4"` -> `[1, 2, 4]` (sorted); one-line UsageError for empty items, non-integers,
-    values below 1, duplicates, or values above `available` (when given)."""
+    """`"1,2,4"` -> `[1, 2, 4]` (sorted); a one-line UsageError for a bad item or one above `available`."""
     if not str(text).strip():
         raise UsageError(f"{flag} needs a comma-separated list of world sizes, e.g. {flag} 1,2,4")
     sizes: list[int] = []
@@ -255,8 +236,7 @@ def parse_world_sizes(text: str, *, available: int | None = None, flag: str = "-
         try:
             n = int(item)
         except ValueError:
-            raise UsageError(f"{flag} {text!r}: {item!r} is not an integer; give world sizes "
-                             "like 1,2,4") from None
+            raise UsageError(f"{flag} {text!r}: {item!r} is not an integer; give world sizes like 1,2,4") from None
         if n < 1:
             raise UsageError(f"{flag} {text!r}: world sizes must be >= 1, got {n}")
         if n in sizes:
@@ -270,9 +250,8 @@ def parse_world_sizes(text: str, *, available: int | None = None, flag: str = "-
 
 
 def point_shapes(sizes: list[int], per_node: int | None) -> tuple[tuple[int, int, int], ...]:
-    """(world size, nodes, processes per node) of each point: one node while it fits, else
-    whole nodes of `per_node` (None: one host). UsageError when a world size beyond one node is
-    not a multiple of it."""
+    """(world size, nodes, processes per node) of each point: one node while it fits, else whole
+    nodes of `per_node` (None: one host); a UsageError for a size beyond one node not a multiple."""
     out = []
     for n in sizes:
         if per_node is None or n <= per_node:

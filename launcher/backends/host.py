@@ -1,9 +1,7 @@
 """`LocalBackend`: the Backend of this host (launcher.backends.base). It places ranks on this
 host's GPUs (else CPU processes), renders the torchrun command with its dry run, starts and
 follows one attempt at a time (`launcher.backends.local`), and reads a local run dir's status,
-logs and cancel (`launcher.backends.localrun`).
-
-Never imports results, report, drivers, cli or runtime.
+logs and cancel (`launcher.backends.localrun`). Never imports results, report, drivers, cli or runtime.
 """
 
 from __future__ import annotations
@@ -47,8 +45,7 @@ class LocalRendered:
 
     @property
     def dry_run_text(self) -> str:
-        """The command, the environment dlaunch adds (secret-looking values masked: see
-        launcher.secrets) and the spec."""
+        """The command, the environment dlaunch adds (secrets masked: launcher.secrets) and the spec."""
         spec, env = self.spec, "\n".join(f"  {k}={v}" for k, v in sorted(mask_env(self.command.env).items()))
         restarts = (f"# up to {spec.max_restarts} restart(s); each adds DLAUNCH_ATTEMPT=<n> "
                     "DLAUNCH_RESUME=1\n" if spec.max_restarts else "")
@@ -87,11 +84,9 @@ class LocalBackend:
         only with `ask.force`); a sweep's every world size, if this host holds them."""
         if ask.sizes is not None:
             gpus, cores = count_gpus(), usable_cores()
-            sizes = parse_world_sizes(ask.sizes, available=gpus or ask.per_core * cores,
-                                      what="GPUs" if gpus else (f"CPU processes ({ask.per_core} per "
-                                                                f"usable core, {cores} cores)"))
-            return Placement(device="cuda" if gpus else "cpu", gpus=max(sizes),
-                             shapes=point_shapes(sizes, None))
+            sizes = parse_world_sizes(ask.sizes, available=gpus or ask.per_core * cores, what="GPUs" if gpus
+                                      else f"CPU processes ({ask.per_core} per usable core, {cores} cores)")
+            return Placement(device="cuda" if gpus else "cpu", gpus=max(sizes), shapes=point_shapes(sizes, None))
         found = count_gpus()
         n = ask.gpus or found or CPU_RANKS  # no --gpus: one rank per device (doctor)
         if 0 < found < n:
@@ -101,9 +96,8 @@ class LocalBackend:
         if device == "cpu" and not ask.force:
             cores = usable_cores()
             if n > ask.per_core * cores:
-                raise UsageError(f"--gpus {n}: no GPU here, and {n} CPU processes "
-                                 f"on {cores} usable core(s) would measure contention (at most "
-                                 f"{ask.per_core * cores}); use fewer, or --force")
+                raise UsageError(f"--gpus {n}: no GPU here, and {n} CPU processes on {cores} usable core(s) "
+                                 f"would measure contention (at most {ask.per_core * cores}); use fewer, or --force")
         return Placement(device=device, gpus=n, notice=NO_GPU if device == "cpu" else "")
 
     def render(self, spec: LaunchSpec, placement: Placement | None = None) -> LocalRendered:
@@ -122,17 +116,14 @@ class LocalBackend:
     def status(self, ref: str) -> JobStatus:
         """From the run dir's files: see launcher.backends.localrun."""
         st = localrun.read_state(localrun.run_dir_of(ref))
-        data = {"run_dir": str(st.run_dir), "state": st.state.value, "reason": st.reason,
-                "pid": st.pid, "host": st.host, "steps": {str(r): s for r, s in st.steps.items()},
-                "total_steps": st.total_steps, "last_heartbeat_s": st.beat_age_s,
-                "step_s": st.step_s, "result": None}
-        return JobStatus(state=st.state, reason=st.reason, run_dir=str(st.run_dir),
-                         steps=st.steps, total_steps=st.total_steps,
-                         text=f"run {st.run_dir}: {st.state.value}" + (f" ({st.reason})" if st.reason else ""),
-                         progress=localrun.progress_line(st), data=data)
+        data = {"run_dir": str(st.run_dir), "state": st.state.value, "reason": st.reason, "pid": st.pid,
+                "host": st.host, "steps": {str(r): s for r, s in st.steps.items()}, "total_steps": st.total_steps,
+                "last_heartbeat_s": st.beat_age_s, "step_s": st.step_s, "result": None}
+        return JobStatus(state=st.state, reason=st.reason, run_dir=str(st.run_dir), steps=st.steps,
+                         total_steps=st.total_steps, progress=localrun.progress_line(st), data=data,
+                         text=f"run {st.run_dir}: {st.state.value}" + (f" ({st.reason})" if st.reason else ""))
 
-    def logs(self, ref: str, *, out: IO[str], rank: int | None = None,
-             follow: bool = False) -> None:
+    def logs(self, ref: str, *, out: IO[str], rank: int | None = None, follow: bool = False) -> None:
         """torchrun's per-rank log files (logs/node-0/...)."""
         localrun.logs(localrun.run_dir_of(ref), out=out, rank=rank, follow=follow)
 

@@ -2,29 +2,25 @@
 
 Linux sends a child its parent-death signal (PR_SET_PDEATHSIG) whenever the thread that is its
 parent exits, and a child of a process with several threads is handed from each exiting thread
-to the next: torchrun started straight from dlaunch (main thread, output follower, heartbeat
-watcher, whatever torch left running in planning) got one SIGTERM per thread when dlaunch was
-SIGKILLed. torchrun turns each SIGTERM into an exception; a third one that lands inside its own
-shutdown abandons it, leaving its ranks running and its log tailers holding it alive.
+to the next: torchrun started straight from dlaunch (main thread, output follower, watcher, what
+torch left running) got one SIGTERM per thread when dlaunch was SIGKILLed, and one that lands
+inside torchrun's own shutdown abandons it, leaving its ranks running.
 
 So dlaunch starts this process instead (`python -m launcher.backends.keeper TORCHRUN_ARGV...`),
 with SIGKILL as its death signal, and this process, with one thread, starts torchrun with SIGTERM
-as torchrun's: dlaunch's death reaches torchrun exactly once, and torchrun stops its ranks as it
-does on any SIGTERM. It waits for torchrun and exits as torchrun did (the same code, or killed
-by the same signal). A SIGTERM, SIGINT or SIGHUP it gets (`local.stop_job` ending the job) it
-passes on to torchrun, once each, and waits for torchrun's exit; one that comes before torchrun
-started means torchrun never starts.
+as torchrun's: dlaunch's death reaches torchrun exactly once. It exits as torchrun did (the same
+code, or killed by the same signal). A SIGTERM, SIGINT or SIGHUP it gets (`local.stop_job`) it
+passes on to torchrun, once each; one that comes before torchrun started means it never starts.
 
-It is also the job's child subreaper: a process a rank started that outlives its rank (a helper
-that ignores SIGTERM, say) is handed to the keeper instead of init, so when torchrun has exited
-the keeper ends what is left of the job (SIGTERM, SIGKILL after LEFTOVER_GRACE_S) and says so
-in one line starting with LEFTOVER_PREFIX: no process of a finished job is left running.
-
-A leaf module (standard library only): it starts before torch is needed anywhere.
+It is also the job's child subreaper: a process a rank started that outlives its rank is handed
+to the keeper instead of init, so once torchrun has exited the keeper ends what is left (SIGTERM,
+SIGKILL after LEFTOVER_GRACE_S) and says so in one line starting with LEFTOVER_PREFIX. A leaf
+module (standard library only): it starts before torch is needed anywhere.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -55,8 +51,7 @@ def _prctl() -> Callable[..., int] | None:
 
 def tie_to_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
     """A `preexec_fn` after which the child gets `sig` when the calling thread's process dies
-    (once per thread of it that exits: see the module docstring). None where Linux's
-    parent-death signal does not exist."""
+    (once per thread of it that exits: see the module docstring); None off Linux."""
     prctl = _prctl()  # looked up here: never after fork
     if prctl is None:
         return None
@@ -96,21 +91,15 @@ def _children() -> dict[int, str]:
 
 def _reap() -> None:
     """Collect every child that has exited (the leftovers handed to this subreaper)."""
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
+    with contextlib.suppress(ChildProcessError):  # no child left
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
 
 
 def _signal(pids: Sequence[int], sig: int) -> None:
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
 
 
 def end_leftovers(grace_s: float = LEFTOVER_GRACE_S) -> dict[int, str]:
@@ -146,9 +135,8 @@ def _say_leftovers(found: dict[int, str]) -> None:
     shown = "; ".join(f"pid {pid}: {' '.join(cmd.split())[:120] or '?'}"
                       for pid, cmd in sorted(found.items())[:5])
     more = f" and {len(found) - 5} more" if len(found) > 5 else ""
-    print(f"{LEFTOVER_PREFIX}{len(found)} process(es) running after torchrun exited ({shown}{more}); "
-          "dlaunch ended them (SIGTERM, then SIGKILL): a process a rank starts should end with it",
-          file=sys.stderr, flush=True)
+    print(f"{LEFTOVER_PREFIX}{len(found)} process(es) running after torchrun exited ({shown}{more}); dlaunch "
+          "ended them (SIGTERM, then SIGKILL): a process a rank starts should end with it", file=sys.stderr, flush=True)
 
 
 def main(argv: Sequence[str]) -> int:

@@ -1,16 +1,15 @@
 """Run a job on this host with torchrun (`python -m torch.distributed.run`).
 
-Rendezvous is c10d on 127.0.0.1 port 0: the store binds a free port itself, so two jobs
-started at the same moment cannot race for one. Each rank's stdout and stderr are teed by
-torchrun into per-rank files and onto its stdout with a `[rank N]` prefix; the launcher reads
-that stream and shows rank lines live, keeping torchrun's own chatter in `torchrun.log`.
-
+Rendezvous is c10d on 127.0.0.1 port 0: the store binds a free port itself, so two jobs started
+at once cannot race for one. torchrun tees each rank's output into per-rank files and onto its
+stdout with a `[rank N]` prefix; dlaunch shows those lines live, torchrun's own in `torchrun.log`.
 `LocalBackend` (launcher.backends.host) wraps it. Never imports launcher.runtime (the ranks are
 started by module name), results, report, drivers or cli.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -55,12 +54,11 @@ class Rendered:
     cwd: str = "."
 
 
-def render(spec: LaunchSpec, *, python: str | None = None,
-           base_env: Mapping[str, str] | None = None, cores: int | None = None) -> Rendered:
+def render(spec: LaunchSpec, *, python: str | None = None, base_env: Mapping[str, str] | None = None,
+           cores: int | None = None) -> Rendered:
     """The torchrun command for a single-node job, rendezvous on loopback."""
     if spec.nodes != 1:
-        raise LaunchError(f"the local backend runs one node, got --nodes {spec.nodes}; "
-                          "use --slurm for several nodes")
+        raise LaunchError(f"the local backend runs one node, got --nodes {spec.nodes}; use --slurm for several nodes")
     argv = torchrun_argv(spec, python=python or sys.executable, rdzv_endpoint="127.0.0.1:0",
                          log_dir=str(RunPaths(root=spec.run_dir).node_logs(0)))
     env = rank_env(spec, base_env=os.environ if base_env is None else base_env,
@@ -70,9 +68,7 @@ def render(spec: LaunchSpec, *, python: str | None = None,
 
 def say(console: IO[str], text: str) -> bool:
     """Write to the console; False when it has gone away (a closed pipe: `dlaunch run | head`).
-
-    Console output is a courtesy: losing it must never stop the job's teardown or its logs.
-    """
+    Console output is a courtesy: losing it must never stop the job's teardown or its logs."""
     try:
         console.write(text)
         console.flush()
@@ -111,15 +107,11 @@ class BarThrottle:
 
 
 def _pump(stream: IO[bytes], emit: Callable[[str], bool], torchrun_log: IO[str], debug: bool,
-          stopping: threading.Event | None = None, leftovers: list[str] | None = None) -> None:
-    """Send rank lines to the console (`emit`: False once it has gone); torchrun's own lines to
-    its log (and the console if debug). The keeper's line on processes the job left running
-    goes to both, and into `leftovers`.
-
-    `stopping` is set when torchrun says it is stopping the ranks (one of them failed). Reads
-    to the end even once the console has gone: torchrun would block on a full pipe otherwise
-    (the rank lines are in the per-rank log files anyway).
-    """
+          stopping: threading.Event, leftovers: list[str]) -> None:
+    """Send rank lines to the console (`emit`: False once it has gone); torchrun's own lines to its
+    log (and the console if debug); the keeper's line on processes the job left running to both,
+    and into `leftovers`. Sets `stopping` when torchrun says it stops the ranks (one failed). Reads
+    to the end even once the console has gone: torchrun would block on a full pipe otherwise."""
     shown = True
     bars = BarThrottle()
     for raw in iter(stream.readline, b""):
@@ -128,28 +120,24 @@ def _pump(stream: IO[bytes], emit: Callable[[str], bool], torchrun_log: IO[str],
             if bars.keep(line):
                 shown = shown and emit(line)
             continue
-        if stopping is not None and "closing signal" in line:
+        if "closing signal" in line:
             stopping.set()
         torchrun_log.write(line)
         torchrun_log.flush()
-        if line.startswith(LEFTOVER_PREFIX) and leftovers is not None:
+        if line.startswith(LEFTOVER_PREFIX):
             leftovers.append(line.strip().removeprefix("dlaunch: "))
         if debug or line.startswith(LEFTOVER_PREFIX):
             shown = shown and emit(line)
 
 
-def launch(rendered: Rendered, spec: LaunchSpec, *, console: IO[str] = sys.stdout,
-           debug: bool = False, extra_env: Mapping[str, str] | None = None,
-           attempt: int = 0, progress: ProgressSpec | None = None) -> Ended:
-    """Run the rendered command to completion while watching the ranks' heartbeats.
-
-    The watcher (launcher.backends.monitor) ends the job when no rank advanced for
-    `spec.hang_timeout_s` or a rank left without a summary while torchrun waits for it.
-    Ctrl-C / SIGTERM / SIGHUP stop the whole job the same way (torchrun and every rank) and come back
-    as `Ended.interrupted`; torchrun dies with dlaunch (see `launcher.backends.keeper`).
-    `progress`: draw the live progress line (launcher.backends.progress) against it.
-    """
-    env = {**os.environ, **rendered.env, **(extra_env or {})}
+def launch(rendered: Rendered, spec: LaunchSpec, *, console: IO[str] = sys.stdout, debug: bool = False,
+           extra_env: Mapping[str, str] | None = None, attempt: int = 0,
+           progress: ProgressSpec | None = None) -> Ended:
+    """Run the rendered command to completion while watching the ranks' heartbeats: the watcher
+    (launcher.backends.monitor) ends the job when no rank advanced for `spec.hang_timeout_s` or a
+    rank left without a summary while torchrun waits for it. Ctrl-C / SIGTERM / SIGHUP stop the
+    whole job (torchrun and every rank) and come back as `Ended.interrupted`; torchrun dies with
+    dlaunch (`launcher.backends.keeper`). `progress`: the live progress line's measure."""
     paths = RunPaths(root=spec.run_dir)
     # never world-writable, whatever the user's umask: torchrun and the ranks create the logs
     umask = os.umask(0o022)
@@ -157,9 +145,8 @@ def launch(rendered: Rendered, spec: LaunchSpec, *, console: IO[str] = sys.stdou
     # 0640 whatever the umask (open() would make it 0666 under umask 000)
     fd = os.open(paths.torchrun_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
     job: dict[str, Any] = {}  # proc, stall, stacks, interrupted: shared with the threads
-    watcher = Watcher(run_dir=Path(spec.run_dir), world_size=spec.world_size,
-                      hang_timeout_s=spec.hang_timeout_s, startup_timeout_s=spec.startup_timeout_s,
-                      expect_heartbeats=not spec.is_script)
+    watcher = Watcher(run_dir=Path(spec.run_dir), world_size=spec.world_size, hang_timeout_s=spec.hang_timeout_s,
+                      startup_timeout_s=spec.startup_timeout_s, expect_heartbeats=not spec.is_script)
     # from before torchrun exists: a Ctrl-C while it starts must stop it too
     restore = _catch_interrupts(job, watcher)
     # backslashreplace: a run dir or argument may hold any bytes the OS allows (not UTF-8)
@@ -170,10 +157,11 @@ def launch(rendered: Rendered, spec: LaunchSpec, *, console: IO[str] = sys.stdou
         try:
             try:
                 # torchrun under a one-threaded keeper: dlaunch's death reaches it once
-                proc = subprocess.Popen(keeper_argv(sys.executable, rendered.argv), env=env, cwd=rendered.cwd,
-                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, start_new_session=True,
-                                        preexec_fn=tie_to_parent(signal.SIGKILL), umask=umask | 0o002)
+                proc = subprocess.Popen(keeper_argv(sys.executable, rendered.argv), cwd=rendered.cwd,
+                                        env={**os.environ, **rendered.env, **(extra_env or {})},
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        start_new_session=True, preexec_fn=tie_to_parent(signal.SIGKILL),
+                                        umask=umask | 0o002)
             except OSError as e:
                 raise LaunchError(f"cannot start {rendered.argv[0]!r}: {e.strerror}") from None
             job["proc"] = proc
@@ -198,20 +186,17 @@ def launch(rendered: Rendered, spec: LaunchSpec, *, console: IO[str] = sys.stdou
                  evidence=Evidence(beats=beats, stacks=job.get("stacks", {}), torchrun_log=text))
 
 
-def _follow(proc: subprocess.Popen[bytes], spec: LaunchSpec, console: IO[str], tlog: IO[str],
-            debug: bool, watcher: Watcher, job: dict[str, Any],
-            progress: ProgressSpec | None = None) -> int:
+def _follow(proc: subprocess.Popen[bytes], spec: LaunchSpec, console: IO[str], tlog: IO[str], debug: bool,
+            watcher: Watcher, job: dict[str, Any], progress: ProgressSpec | None) -> int:
     """Pump torchrun's output and watch the ranks until torchrun exits; its exit code."""
     stopping = threading.Event()
     watcher.torchrun_stopping = stopping.is_set
     live = None if progress is None else LiveLine(
-        Progress(spec=progress, start_s=time.monotonic()), console,
-        beats=lambda: dict(watcher.beats), write=say,
+        Progress(spec=progress, start_s=time.monotonic()), console, beats=lambda: dict(watcher.beats), write=say,
         locate=lambda: name_straggler(spec.run_dir, dict(watcher.beats)))
     emit: Callable[[str], bool] = (lambda text: say(console, text)) if live is None else live.above
     leftovers: list[str] = []
-    pump = threading.Thread(target=_pump, args=(proc.stdout, emit, tlog, debug, stopping, leftovers),
-                            daemon=True)
+    pump = threading.Thread(target=_pump, args=(proc.stdout, emit, tlog, debug, stopping, leftovers), daemon=True)
     pump.start()
     if live is not None:
         live.start()
@@ -225,10 +210,8 @@ def _follow(proc: subprocess.Popen[bytes], spec: LaunchSpec, console: IO[str], t
         stop_job(proc, watcher.beats)
 
     exited = threading.Event()
-    watch_thread = threading.Thread(
-        target=watch, args=(watcher,),
-        kwargs={"running": lambda: proc.poll() is None and "interrupted" not in job,
-                "on_stall": on_stall, "done": exited}, daemon=True)
+    watch_thread = threading.Thread(target=watch, args=(watcher,), daemon=True, kwargs={
+        "running": lambda: proc.poll() is None and "interrupted" not in job, "on_stall": on_stall, "done": exited})
     watch_thread.start()
     try:
         return proc.wait()
@@ -242,38 +225,29 @@ def _follow(proc: subprocess.Popen[bytes], spec: LaunchSpec, console: IO[str], t
 
 
 def stop_job(proc: subprocess.Popen[bytes], beats: Mapping[int, Beat] | None = None, *,
-             grace_s: float | None = None) -> None:
-    """SIGTERM torchrun and every rank, then SIGKILL whatever is left after `grace_s`.
-
-    torchrun starts each rank in a session of its own, so signalling torchrun's process group
-    does not reach them; and a rank blocked inside a collective never runs its Python SIGTERM
-    handler. So every process of the job is signalled by pid: torchrun's descendants (found
-    through /proc) plus the ranks that wrote a heartbeat on this host. torchrun itself hears it
-    from its keeper (`proc`, which passes it on), never twice: a second SIGTERM inside torchrun's
-    shutdown can abandon it (see `launcher.backends.keeper`).
-    """
-    grace = STOP_GRACE_S if grace_s is None else grace_s
+             grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM torchrun and every rank, then SIGKILL whatever is left after `grace_s`. torchrun
+    starts each rank in a session of its own, so signalling its process group does not reach
+    them, and a rank blocked in a collective never runs its Python SIGTERM handler: so every
+    process of the job is signalled by pid (torchrun's descendants, and the ranks that wrote a
+    heartbeat on this host). torchrun hears it once, from its keeper (`proc`): a second SIGTERM
+    inside torchrun's shutdown can abandon it (see `launcher.backends.keeper`)."""
     victims: dict[int, psutil.Process] = {}
     passed_on: set[int] = set()  # torchrun: its keeper (the root) passes the SIGTERM on, once
-    try:
+    with contextlib.suppress(psutil.NoSuchProcess):
         root = psutil.Process(proc.pid)
         passed_on = {p.pid for p in root.children()}
-        for p in [root, *root.children(recursive=True)]:
-            victims[p.pid] = p
-    except psutil.NoSuchProcess:
-        pass
+        victims = {p.pid: p for p in [root, *root.children(recursive=True)]}
     for pid in host_pids(dict(beats or {})).values():
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             victims.setdefault(pid, psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            pass
     _signal_all([p for p in victims.values() if p.pid not in passed_on], signal.SIGTERM)
-    deadline = time.monotonic() + grace
+    deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline and any(_running(p) for p in victims.values()):
         time.sleep(0.1)
     left = [p for p in victims.values() if _running(p)]
     if left:
-        log.warning("SIGKILL to %d process(es) still running %.0f s after SIGTERM", len(left), grace)
+        log.warning("SIGKILL to %d process(es) still running %.0f s after SIGTERM", len(left), grace_s)
         _signal_all(left, signal.SIGKILL)
 
 
@@ -286,16 +260,13 @@ def _running(p: Any) -> bool:
 
 def _signal_all(procs: Any, sig: int) -> None:
     for p in procs:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
             p.send_signal(sig)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
 
 
 def _catch_interrupts(job: dict[str, Any], watcher: Watcher) -> Callable[[], None]:
-    """On SIGINT/SIGTERM/SIGHUP note the signal in `job` and stop the whole job (if it has
-    started); returns a function that restores the handlers. An ignored SIGHUP stays ignored
-    (`nohup dlaunch run ...` outlives its terminal)."""
+    """On SIGINT/SIGTERM/SIGHUP note the signal in `job` and stop the job (if started); returns what
+    restores the handlers. An ignored SIGHUP stays ignored (`nohup dlaunch run` outlives its terminal)."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
 

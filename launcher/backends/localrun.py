@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from launcher.backends.base import Cancelled, State
-from launcher.backends.monitor import read_heartbeats
+from launcher.backends.monitor import read_heartbeats, read_json_object
 from launcher.backends.progress import clock
 from launcher.errors import LaunchError, UsageError
-from launcher.files import read_json, read_jsonl, read_new
+from launcher.files import read_jsonl, read_new
 from launcher.knobs import migrate
 from launcher.procs import pid_alive
 from launcher.rundir import LAUNCH_FILE, SLURM_FILE, RunPaths
@@ -56,8 +56,7 @@ class LocalState:
     total_steps: int | None = None
     world_size: int | None = None
     result: Mapping[str, Any] | None = None  # result.json, when written
-    # rank 0's seconds per step after warm-up, from its step records (None: too few written)
-    step_s: float | None = None
+    step_s: float | None = None  # rank 0's seconds per step after warm-up (None: too few step records)
 
 
 def run_dir_of(ref: str) -> Path:
@@ -65,9 +64,8 @@ def run_dir_of(ref: str) -> Path:
     path = Path(ref).expanduser()
     paths = RunPaths(root=path)
     if not path.is_dir() or not (paths.launch.is_file() or paths.owner.is_file()):
-        raise UsageError(f"{ref!r} is not a run directory: not a SLURM run (no {SLURM_FILE}) nor a "
-                         f"local one (no {LAUNCH_FILE}); give the run dir of a `dlaunch run` "
-                         "or a SLURM job id")
+        raise UsageError(f"{ref!r} is not a run directory: not a SLURM run (no {SLURM_FILE}) nor a local one "
+                         f"(no {LAUNCH_FILE}); give the run dir of a `dlaunch run` or a SLURM job id")
     return path.resolve()
 
 
@@ -76,14 +74,6 @@ def world_size(launch: Mapping[str, Any]) -> int | None:
     current = migrate(launch)
     nodes, procs = current.get("nodes"), current.get("gpus")
     return nodes * procs if isinstance(nodes, int) and isinstance(procs, int) else None
-
-
-def _read(path: Path) -> dict[str, Any]:
-    try:
-        data = read_json(path)
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def _step_s(paths: RunPaths, warmup: object) -> float | None:
@@ -105,7 +95,7 @@ def _step_s(paths: RunPaths, warmup: object) -> float | None:
 def read_state(run_dir: Path, *, now: Callable[[], float] = time.time) -> LocalState:
     """Where the local run in `run_dir` stands (see the module docstring)."""
     paths = RunPaths(root=run_dir)
-    owner, launch = _read(paths.owner), _read(paths.launch)
+    owner, launch = read_json_object(paths.owner), read_json_object(paths.launch)
     pid, host, since = owner.get("pid"), owner.get("host"), owner.get("time")
     beats = read_heartbeats(run_dir)
     steps = {r: b.step for r, b in beats.items()}
@@ -114,9 +104,8 @@ def read_state(run_dir: Path, *, now: Callable[[], float] = time.time) -> LocalS
         "run_dir": run_dir, "pid": pid if isinstance(pid, int) else None,
         "host": host if isinstance(host, str) else None, "steps": steps, "beat_age_s": age,
         "total_steps": launch.get("steps") if isinstance(launch.get("steps"), int) else None,
-        "world_size": world_size(launch),
-        "step_s": _step_s(paths, launch.get("warmup_steps"))}
-    result = _read(paths.result) if paths.result.is_file() else None
+        "world_size": world_size(launch), "step_s": _step_s(paths, launch.get("warmup_steps"))}
+    result = read_json_object(paths.result) if paths.result.is_file() else None
     if result:
         status = str(result.get("status", "?"))
         failures = result.get("failures") or []
@@ -127,15 +116,12 @@ def read_state(run_dir: Path, *, now: Callable[[], float] = time.time) -> LocalS
         reason = why or ("" if state is State.COMPLETED else f"result.json says {status}")
         return LocalState(state=state, reason=reason, result=result, **common)
     if common["pid"] is None:
-        return LocalState(state=State.GONE, reason="no owner in owner.json and no result.json",
-                          **common)
+        return LocalState(state=State.GONE, reason="no owner in owner.json and no result.json", **common)
     if common["host"] != socket.gethostname():
-        return LocalState(state=State.UNKNOWN, reason=f"run by dlaunch pid {pid} on host {host}; "
-                          "ask there", **common)
+        return LocalState(state=State.UNKNOWN, reason=f"run by dlaunch pid {pid} on host {host}; ask there", **common)
     alive = pid_alive(common["pid"], not_after=since if isinstance(since, (int, float)) else None)
     if not alive:
-        return LocalState(state=State.GONE, reason=f"dlaunch (pid {pid}) is gone and wrote no "
-                          "result.json", **common)
+        return LocalState(state=State.GONE, reason=f"dlaunch (pid {pid}) is gone and wrote no result.json", **common)
     if age is None:
         reason = f"dlaunch pid {pid}; no rank heartbeat yet (starting)"
     elif age > STALE_BEAT_S:
@@ -160,18 +146,14 @@ def progress_line(st: LocalState) -> str:
 
 
 def cancel(run_dir: Path, *, wait_s: float = CANCEL_WAIT_S) -> Cancelled:
-    """SIGTERM the dlaunch that owns a RUNNING local run and wait until it has exited.
-
-    A finished (or gone) run is left alone and says so. A dlaunch still alive after `wait_s`
-    is a LaunchError naming its pid (it may be stuck; SIGKILL it by hand).
-    """
+    """SIGTERM the dlaunch that owns a RUNNING local run and wait until it has exited (a
+    finished or gone run is left alone; one alive after `wait_s` is a LaunchError)."""
     st = read_state(run_dir)
     if st.state is State.UNKNOWN:
         raise LaunchError(f"{run_dir} is {st.reason}; cancel it on that host")
     if st.state is not State.RUNNING or st.pid is None:
         return Cancelled(before=st.state, after=st.state,
-                         message=f"run {run_dir} already ended ({st.state.value}: {st.reason}); "
-                                 "nothing to cancel")
+                         message=f"run {run_dir} already ended ({st.state.value}: {st.reason}); nothing to cancel")
     t0 = time.monotonic()
     try:
         os.kill(st.pid, signal.SIGTERM)
@@ -179,45 +161,33 @@ def cancel(run_dir: Path, *, wait_s: float = CANCEL_WAIT_S) -> Cancelled:
         pass
     except PermissionError:
         raise LaunchError(f"not allowed to signal dlaunch pid {st.pid} (another user's run?)") from None
-    owner = _read(RunPaths(root=run_dir).owner)
-    since = owner.get("time")
-    not_after = since if isinstance(since, (int, float)) else None
-    while pid_alive(st.pid, not_after=not_after):
+    since = read_json_object(RunPaths(root=run_dir).owner).get("time")
+    while pid_alive(st.pid, not_after=since if isinstance(since, (int, float)) else None):
         if time.monotonic() - t0 > wait_s:
             raise LaunchError(f"dlaunch pid {st.pid} is still running {wait_s:.0f} s after SIGTERM; "
                               f"check it with `ps -p {st.pid}` (kill -9 leaves no result.json)")
         time.sleep(POLL_S)
     after = read_state(run_dir)
     return Cancelled(before=st.state, after=after.state,
-                     message=f"run {run_dir} cancelled: sent SIGTERM to dlaunch (pid {st.pid}), "
-                             f"which stopped the job in {time.monotonic() - t0:.1f} s "
-                             f"(now {after.state.value}"
+                     message=f"run {run_dir} cancelled: sent SIGTERM to dlaunch (pid {st.pid}), which stopped the "
+                             f"job in {time.monotonic() - t0:.1f} s (now {after.state.value}"
                              + (f", {progress_line(st)} when cancelled" if st.steps else "") + ")")
-
-
-def rank_log_files(run_dir: Path, rank: int | None) -> dict[int, list[Path]]:
-    """rank -> torchrun's stdout and stderr files of it (one node: global rank = local rank)."""
-    paths = RunPaths(root=run_dir)
-    world = world_size(_read(paths.launch)) or 0
-    ranks = [rank] if rank is not None else range(world)
-    return {r: paths.rank_logs(0, r, "stdout") + paths.rank_logs(0, r, "stderr") for r in ranks}
 
 
 def logs(run_dir: Path, *, out: IO[str], rank: int | None = None, follow: bool = False,
          poll_s: float = 0.5) -> None:
-    """Print the ranks' log files (`==> file <==` before each, as tail does), or one rank's.
-
-    `follow` keeps printing whole new lines, each with its `[rank N]` prefix unless one rank
-    was asked for, until the run is no longer RUNNING.
-    """
-    world = world_size(_read(RunPaths(root=run_dir).launch))
+    """Print the ranks' log files (`==> file <==` before each, as tail does), or one rank's; `follow`
+    prints whole new lines (`[rank N]` before each, unless one rank) until the run is not RUNNING."""
+    paths = RunPaths(root=run_dir)
+    world = world_size(read_json_object(paths.launch))
     if rank is not None and world is not None and rank >= world:
         raise UsageError(f"--rank {rank} is out of range: the run has ranks 0-{world - 1}")
     offsets: dict[Path, int] = {}
 
     def drain() -> None:
-        for r, files in rank_log_files(run_dir, rank).items():
-            for path in files:
+        for r in [rank] if rank is not None else range(world or 0):
+            # torchrun's files of the rank, every attempt (one node: global rank = local rank)
+            for path in paths.rank_logs(0, r, "stdout") + paths.rank_logs(0, r, "stderr"):
                 text = read_new(path, offsets, whole_lines=follow)
                 if not text:
                     continue

@@ -4,29 +4,17 @@ Every rank replaces `RUN_DIR/rank-<r>.heartbeat` ({step, time, pid, host, stacks
 every few seconds while it advances (see runtime.recorder). `Watcher.poll()` turns those files
 into a verdict, a `Stall`, when
   - no rank has advanced for `hang_timeout_s` (after every rank finished step 1; before that,
-    `startup_timeout_s` counted from the launch covers imports, model build, compile and
-    rendezvous), or
-  - a rank on this host has exited without writing its summary while the job goes on
-    (`os._exit(0)` mid-training: torchrun counts exit 0 as success and waits for the others,
-    which wait in a collective for the rank that left).
+    `startup_timeout_s` from the launch covers imports, model build, compile and rendezvous), or
+  - a rank on this host has exited without its summary while the job goes on (`os._exit(0)`:
+    torchrun counts exit 0 as success and waits for the others, stuck in a collective).
 It only reads files (and, for ranks on this host, asks the kernel whether their pid lives), so
-the SLURM backend can run the same watcher over a run dir on a shared file system.
+the same watcher can run over a run dir on a shared file system (`check_pids=False`: the ranks
+run on other hosts). The local backend runs `watch` in a thread beside torchrun; a backend with
+a wait loop of its own calls `Watcher.poll()` there, then `postmortem.write_missing_summaries`.
 
-Time is the watcher's own monotonic clock at which it *saw* a change, never the ranks' wall
-clocks: nodes' clocks may disagree, and a rank that stops cannot lie about stopping.
-
-Use from a backend (the local one runs `watch` in a thread beside torchrun):
-
-    watcher = Watcher(run_dir=..., world_size=spec.world_size, hang_timeout_s=spec.hang_timeout_s,
-                      startup_timeout_s=spec.startup_timeout_s, expect_heartbeats=not spec.is_script,
-                      check_pids=False)            # SLURM: the ranks run on other hosts
-    while job_running():
-        if (stall := watcher.poll()) is not None:
-            cancel_job(); break                    # then postmortem.write_missing_summaries(...)
-        time.sleep(POLL_INTERVAL_S)
-
-Never imports launcher.runtime (it reads the heartbeat files the ranks write), drivers, cli or
-report.
+Time is the watcher's own monotonic clock at which it *saw* a change, never the ranks' wall clocks:
+nodes' clocks may disagree, and a rank that stops cannot lie about stopping. Never imports
+launcher.runtime (it reads the ranks' heartbeat files), drivers, cli or report.
 """
 
 from __future__ import annotations
@@ -40,6 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from launcher.files import atomic_write_json, read_json
 from launcher.procs import pid_alive
@@ -85,9 +74,8 @@ def read_heartbeats(run_dir: str | Path) -> dict[int, Beat]:
     for rank, path in RunPaths(root=run_dir).rank_files(HEARTBEAT).items():
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
-            beats[rank] = Beat(rank=rank, step=int(data.get("step", 0)),
-                               time=float(data.get("time", 0.0)), pid=data.get("pid"),
-                               host=data.get("host"), stacks=bool(data.get("stacks")),
+            beats[rank] = Beat(rank=rank, step=int(data.get("step", 0)), time=float(data.get("time", 0.0)),
+                               pid=data.get("pid"), host=data.get("host"), stacks=bool(data.get("stacks")),
                                busy_beats=int(data.get("busy_beats", 0)))
         except (OSError, ValueError, TypeError, AttributeError):
             continue
@@ -137,10 +125,7 @@ class Watcher:
         if done - self._done:
             self._done |= done
             self._last_advance = now
-        gone = self._exited_without_summary(now)
-        if gone is not None:
-            return gone
-        return self._hang(now)
+        return self._exited_without_summary(now) or self._hang(now)
 
     def _exited_without_summary(self, now: float) -> Stall | None:
         if not self.check_pids or self.torchrun_stopping():
@@ -156,7 +141,7 @@ class Watcher:
                 others = [r for r in range(self.world_size) if r != rank and r not in self._done]
                 msg = f"rank {rank} exited without writing its summary after step {beat.step}"
                 if others:
-                    msg += f" while rank(s) {_list(others)} went on (torchrun waits for them)"
+                    msg += f" while rank(s) {', '.join(map(str, others))} went on (torchrun waits for them)"
                 return Stall(kind="exited", message=msg, steps={rank: beat.step}, ranks=(rank,))
         return None
 
@@ -169,14 +154,11 @@ class Watcher:
             # every rank said how it ended; torchrun should be gone within seconds
             if idle > self.hang_timeout_s:
                 return Stall(kind="teardown", steps=dict(self._steps), ranks=(), idle_s=idle,
-                             message=f"every rank finished but the job did not exit for "
-                                     f"{idle:.0f} s")
+                             message=f"every rank finished but the job did not exit for {idle:.0f} s")
             return None
-        if not self.beats and not self.expect_heartbeats:
+        if idle <= self.hang_timeout_s or (not self.beats and not self.expect_heartbeats):
             return None
         started = all(r in self._done or self._steps.get(r, 0) >= 1 for r in range(self.world_size))
-        if idle <= self.hang_timeout_s:
-            return None
         if not started and now - self._t0 <= self.startup_timeout_s:
             return None
         steps = {r: self._steps.get(r, -1) for r in running}
@@ -188,15 +170,9 @@ class Watcher:
 
 
 def watch(watcher: Watcher, *, running: Callable[[], bool], on_stall: Callable[[Stall], None],
-          interval_s: float = POLL_INTERVAL_S,
-          done: threading.Event | None = None) -> Stall | None:
-    """Poll while `running()` and `done` is not set; call `on_stall` once with the first Stall
-    and return it. Setting `done` ends the loop at once, not at the next poll (a finished job
-    must not wait up to `interval_s` for its watcher).
-
-    The loop for a backend that has no better place to poll (a thread beside a local torchrun,
-    or the SLURM launcher's wait loop can call `watcher.poll()` itself).
-    """
+          interval_s: float = POLL_INTERVAL_S, done: threading.Event | None = None) -> Stall | None:
+    """Poll while `running()` and `done` is not set; call `on_stall` once with the first Stall and
+    return it. Setting `done` ends the loop at once (a finished job must not wait for a poll)."""
     done = done or threading.Event()
     while running() and not done.is_set():
         stall = watcher.poll()
@@ -208,10 +184,6 @@ def watch(watcher: Watcher, *, running: Callable[[], bool], on_stall: Callable[[
     return None
 
 
-def _list(ranks: list[int]) -> str:
-    return ", ".join(str(r) for r in ranks) or "none"
-
-
 def host_pids(beats: dict[int, Beat]) -> dict[int, int]:
     """Ranks whose process runs on this host -> pid (what the local backend may signal)."""
     here = socket.gethostname()
@@ -219,23 +191,18 @@ def host_pids(beats: dict[int, Beat]) -> dict[int, int]:
             if b.pid is not None and b.host == here and pid_alive(int(b.pid), not_after=b.time)}
 
 
-
 def record_owner(paths: RunPaths, *, torchrun_pid: int) -> None:
     """Add the torchrun dlaunch started to the run dir's owner file (see `job_pids`)."""
-    owner = _read_owner(paths)
-    owner.update(torchrun_pid=torchrun_pid, torchrun_started=time.time())
-    atomic_write_json(paths.owner, owner)
+    atomic_write_json(paths.owner, {**read_json_object(paths.owner), "torchrun_pid": torchrun_pid,
+                                    "torchrun_started": time.time()})
 
 
 def job_pids(run_dir: str | Path) -> dict[int, str]:
-    """Processes of the run in `run_dir` still alive on this host: pid -> what it is.
-
-    The dlaunch that claimed the dir and its torchrun (owner file), and every rank that wrote a
-    heartbeat; a pid counts only if its process started before the file named it, so a
-    recycled pid is never mistaken for the run's.
-    """
+    """Processes of the run in `run_dir` still alive on this host: pid -> what it is. The dlaunch
+    that claimed the dir and its torchrun (owner file), and every rank that wrote a heartbeat; a
+    pid counts only if its process started before the file named it (never a recycled pid)."""
     paths = RunPaths(root=run_dir)
-    owner = _read_owner(paths)
+    owner = read_json_object(paths.owner)
     found: dict[int, str] = {}
     if owner.get("host") == socket.gethostname():
         for key, when, what in (("pid", "time", "dlaunch"), ("torchrun_pid", "torchrun_started", "torchrun")):
@@ -248,9 +215,10 @@ def job_pids(run_dir: str | Path) -> dict[int, str]:
     return found
 
 
-def _read_owner(paths: RunPaths) -> dict:
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A JSON file that should hold an object; {} when it is missing, unreadable or not one."""
     try:
-        data = read_json(paths.owner)
+        data = read_json(path)
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}

@@ -9,16 +9,13 @@ on its behalf (`"written_by": "dlaunch"`), from what it knows:
   - stack dumps the hung ranks wrote on SIGUSR1 (which rank is inside its own code or its
     DataLoader, which ones wait inside torch for it), and where a rank stopped by SIGTERM
     was when a peer's collective timed out waiting for it (`launcher.backends.stacks`).
-The summaries carry the time the rank stopped, so `report.aggregate` lists the rank that
-caused the failure first; and because they are files, re-reading the run dir later gives the
-same result as the launcher printed.
-
-Never imports launcher.runtime (it reads what the ranks left in files), drivers, cli or report.
+The summaries carry the time the rank stopped, so `report.aggregate` lists the rank that caused
+the failure first, and re-reading the run dir later gives what the launcher printed. Never
+imports launcher.runtime (it reads what the ranks left in files), drivers, cli or report.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import signal
@@ -30,8 +27,6 @@ from launcher.backends.monitor import Beat, Stall
 from launcher.backends.stacks import StackInfo, stopped_where
 from launcher.files import atomic_write_json, read_json, read_jsonl
 from launcher.rundir import RunPaths
-
-log = logging.getLogger(__name__)
 
 _EXIT_RE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
 # a C++ exception nobody caught ends the rank with SIGABRT; its text is only in the stderr log
@@ -60,11 +55,8 @@ class RankExit:
 def parse_torchrun_exits(text: str) -> dict[int, RankExit]:
     """Global rank -> exit of every rank in torchrun's ChildFailedError report in `text`."""
     root_at = text.rfind("Root Cause")
-    exits: dict[int, RankExit] = {}
-    for m in _EXIT_RE.finditer(text):
-        rank, code = int(m.group(1)), int(m.group(2))
-        exits[rank] = RankExit(rank=rank, code=code, root=root_at >= 0 and m.start() > root_at)
-    return exits
+    return {int(m[1]): RankExit(rank=int(m[1]), code=int(m[2]), root=root_at >= 0 and m.start() > root_at)
+            for m in _EXIT_RE.finditer(text)}
 
 
 def signal_name(code: int) -> str:
@@ -93,18 +85,14 @@ def _lost_a_peer(run_dir: Path, rank: int) -> bool:
     return own is not None and bool(_PEER_LOST_RE.search(str(own.get("error", ""))))
 
 
-def write_missing_summaries(run_dir: str | Path, world_size: int, *, expected_steps: int,
-                            beats: dict[int, Beat], stall: Stall | None = None,
-                            stacks: dict[int, StackInfo] | None = None,
+def write_missing_summaries(run_dir: str | Path, world_size: int, *, expected_steps: int, beats: dict[int, Beat],
+                            stall: Stall | None = None, stacks: dict[int, StackInfo] | None = None,
                             torchrun_log: str = "") -> list[str]:
     """Write a summary for every rank that has none, saying how it ended; returns the lines.
-
-    Call it after the job is over (every rank process gone), before aggregating.
-    """
+    Call it after the job is over (every rank process gone), before aggregating."""
     rd = Path(run_dir)
     stacks = stacks or {}
     exits = parse_torchrun_exits(torchrun_log)
-    torchrun_reported = bool(exits)
     hung = set(stall.ranks) if stall is not None and stall.kind == "hang" else set()
     culprits = _culprits(hung, stacks, beats)
     # torchrun's root cause, unless it only lost its peer (it exited before torchrun saw the
@@ -125,8 +113,7 @@ def write_missing_summaries(run_dir: str | Path, world_size: int, *, expected_st
             st = stacks.get(rank)
             if rank in culprits:
                 assert stall is not None  # narrowing: hung ranks come from the stall
-                status = "hung"
-                error = stall.message + (f"; stuck {st.where()}" if st else "")
+                status, error = "hung", stall.message + (f"; stuck {st.where()}" if st else "")
             else:
                 status, when = "hung", now
                 waiting = (f"waiting {st.where()}" if st and st.in_torch else
@@ -155,18 +142,16 @@ def write_missing_summaries(run_dir: str | Path, world_size: int, *, expected_st
             if (raised := raised_error(rd, rank)) is not None:
                 error = f"{raised} (exit code {ex.code})"
         elif (stall is not None and stall.kind == "exited" and rank in stall.ranks) or (
-                torchrun_reported and has_file):
+                exits and has_file):
             # torchrun lists every rank that failed or that it stopped; one it does not list
             # but that left no summary returned exit code 0 before finishing
-            status = "exited"
-            error = f"exit code 0 before finishing its {expected_steps} steps (no summary)"
+            status, error = "exited", f"exit code 0 before finishing its {expected_steps} steps (no summary)"
         elif stall is not None:
             status, when = "stopped", now
             error = f"by dlaunch ({stall.kind}: {stall.message})"
         else:
             continue
-        summary = {"rank": rank, "status": status, "steps": step, "time": when, "error": error,
-                   "written_by": "dlaunch"}
+        summary = {"rank": rank, "status": status, "steps": step, "time": when, "error": error, "written_by": "dlaunch"}
         if own is not None:
             summary = {**own, **summary, "rank_error": own.get("error"),
                        "time": min(when, float(own.get("time", when)))}
@@ -178,10 +163,9 @@ def write_missing_summaries(run_dir: str | Path, world_size: int, *, expected_st
 
 
 def _blame_the_stuck(run_dir: Path, world_size: int, beats: dict[int, Beat]) -> list[str]:
-    """When a rank's collective timed out before dlaunch called the job hung (a rank stuck
-    from the first step is still 'starting up'), the rank it waited for: one stopped while
-    outside torch (its input pipeline, its own code). Its summary says where it stuck and takes
-    its last sign of life as its time, so the failure list leads with it."""
+    """When a rank's collective timed out before dlaunch called the job hung (a rank stuck from the
+    first step is still 'starting up'), blame the rank it waited for: one stopped outside torch.
+    Its summary says where it stuck and takes its last sign of life as its time (listed first)."""
     summaries = {r: s for r in range(world_size) if (s := _read_summary(run_dir, r)) is not None}
     timed_out = {r: float(s.get("time", 0.0)) for r, s in summaries.items() if s.get("status") == "failed"
                  and _COLLECTIVE_TIMEOUT_RE.search(str(s.get("error", "")))}
@@ -207,12 +191,11 @@ def _blame_the_stuck(run_dir: Path, world_size: int, beats: dict[int, Beat]) -> 
 def abort_cause(run_dir: Path, rank: int) -> str | None:
     """What the C++ exception that aborted rank `rank` said, from its newest stderr log:
     `uncaught gloo::EnforceNotMet: ... Received data size doesn't match expected size ...`."""
-    node_rank, local_rank = _placement(run_dir, rank)
-    logs = RunPaths(root=run_dir).rank_logs(node_rank, local_rank, "stderr")
-    if not logs:
+    path = _stderr_log(run_dir, rank)
+    if path is None:
         return None
     try:
-        with open(logs[-1], "rb") as f:
+        with open(path, "rb") as f:
             f.seek(max(0, f.seek(0, os.SEEK_END) - _LOG_TAIL_BYTES))
             text = f.read().decode("utf-8", errors="replace")
     except OSError:
@@ -225,17 +208,15 @@ def abort_cause(run_dir: Path, rank: int) -> str | None:
             what = m["msg"].strip()
     if kind is None:
         return None
-    cause = f"uncaught C++ exception {kind}" + (f": {what}" if what else "")
-    return cause if len(cause) <= _CAUSE_CHARS else cause[:_CAUSE_CHARS - 3] + "..."
+    return _clip(f"uncaught C++ exception {kind}" + (f": {what}" if what else ""))
 
 
 def raised_error(run_dir: Path, rank: int) -> str | None:
     """The exception line of the last Python traceback in rank `rank`'s newest stderr log
     (`RuntimeError: Distributed package doesn't have NCCL built in`), or None."""
-    node_rank, local_rank = _placement(run_dir, rank)
-    logs = RunPaths(root=run_dir).rank_logs(node_rank, local_rank, "stderr")
+    path = _stderr_log(run_dir, rank)
     try:
-        text = logs[-1].read_text(encoding="utf-8", errors="replace") if logs else ""
+        text = path.read_text(encoding="utf-8", errors="replace") if path else ""
     except OSError:
         return None
     # after init_process_group torch prefixes a rank's traceback lines with "[rank<r>]: "
@@ -246,20 +227,24 @@ def raised_error(run_dir: Path, rank: int) -> str | None:
     # the exception line is the first unindented line after the frames
     tail = (line for line in lines[starts[-1] + 1:] if line.strip() and not line[0].isspace())
     what = next(tail, None)
-    if what is None:
-        return None
-    return what if len(what) <= _CAUSE_CHARS else what[:_CAUSE_CHARS - 3] + "..."
+    return None if what is None else _clip(what)
 
 
-def _placement(run_dir: Path, rank: int) -> tuple[int, int]:
-    """(node rank, local rank) of `rank` from its start record; (0, rank) on one node."""
+def _clip(cause: str) -> str:
+    return cause if len(cause) <= _CAUSE_CHARS else cause[:_CAUSE_CHARS - 3] + "..."
+
+
+def _stderr_log(run_dir: Path, rank: int) -> Path | None:
+    """The newest stderr log of `rank` (where its start record places it; node 0 without one)."""
     path = RunPaths(root=run_dir).records(rank)
     records = read_jsonl(path)[0] if path.exists() else []
     start = next((r for r in records if isinstance(r, dict) and r.get("kind") == "start"), {})
     try:
-        return int(start.get("node_rank", 0)), int(start.get("local_rank", rank))
+        node_rank, local_rank = int(start.get("node_rank", 0)), int(start.get("local_rank", rank))
     except (TypeError, ValueError):
-        return 0, rank
+        node_rank, local_rank = 0, rank
+    logs = RunPaths(root=run_dir).rank_logs(node_rank, local_rank, "stderr")
+    return logs[-1] if logs else None
 
 
 def _read_summary(run_dir: Path, rank: int) -> dict | None:

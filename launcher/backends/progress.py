@@ -1,18 +1,16 @@
 """The live progress line of a running job: step k of N, throughput, elapsed, ETA, and the
 measured step time against the plan's, with a drift warning when they part for long.
 
-Everything comes from the heartbeat files the ranks replace while they advance (see
-launcher.backends.monitor): each carries the step the rank had finished and the rank's wall
-clock at that moment. A rank's rate is the steps between two of its own beats over the time
-between them on its own clock (never another host's), measured from its first beat after
-warm-up, so compile and the first steps do not count. The job goes as fast as its slowest
-rank (every step synchronises the ranks), so the line reports the slowest rank's rate.
+Everything comes from the heartbeat files the ranks replace while they advance (the step each
+had finished and its wall clock then: launcher.backends.monitor). A rank's rate is the steps
+between two of its own beats over the time between them on its own clock (never another
+host's), from its first beat after warm-up, so compile and the first steps do not count. The
+line reports the slowest rank's rate: every step synchronises the ranks.
 
-`Progress` is pure (beats in, text out); `LiveLine` draws it: redrawn in place on a terminal
-(rank output scrolls above it); when the console is a pipe or file, one line every
-`PIPE_INTERVAL_S` on stderr, so logs stay readable and scripts that parse stdout see only what
-they did before (progress on stderr, as pip and git do). Never imports runtime, drivers, cli or
-report.
+`Progress` is pure (beats in, text out); `LiveLine` draws it: in place on a terminal (rank output
+scrolls above it), else one line every `PIPE_INTERVAL_S` on stderr, so logs stay readable and
+scripts that parse stdout see only what they did before (as pip and git do). Never imports
+runtime, drivers, cli or report.
 """
 
 from __future__ import annotations
@@ -85,21 +83,14 @@ class Progress:
         return min((b.step for b in self._last.values()), default=0)
 
     def step_time_s(self) -> tuple[float, float] | None:
-        """(seconds per step of the slowest rank since warm-up, seconds measured), or None
-        before any rank has two beats a step apart after warm-up."""
-        rates = []
-        for rank, first in self._first.items():
-            last = self._last[rank]
-            if last.step > first.step and last.time > first.time:
-                rates.append(((last.time - first.time) / (last.step - first.step),
-                              last.time - first.time))
+        """(seconds per step of the slowest rank since warm-up, seconds measured); None until one advanced."""
+        rates = [p[:2] for rank, first in self._first.items() if (p := _pace(first, self._last[rank]))]
         return max(rates) if rates else None
 
     def line(self, now_s: float, wall_s: float | None = None) -> str:
-        """`step 57/200 (28%)  1,234 tokens/s  0.21 s/step (plan 0.19, x1.11)  elapsed 0:42
-        ETA 0:30`; before the rate is known: `step 3/200  elapsed 0:05  warming up`. `wall_s`:
-        this host's wall clock, to count the time since the slowest rank's last beat as spent
-        (ranks on other hosts: their clocks may differ, so leave it None)."""
+        """`step 57/200 (28%)  1,234 tokens/s  0.21 s/step (plan 0.19, x1.11)  elapsed 0:42  ETA 0:30`;
+        before the rate is known `step 3/200  elapsed 0:05  warming up`. `wall_s`: this host's clock,
+        to count the time since the slowest rank's last beat as spent (None: ranks on other hosts)."""
         s = self.spec
         done = self.step()
         head = f"step {done}/{s.total_steps} ({100 * done // max(1, s.total_steps)}%)"
@@ -126,15 +117,13 @@ class Progress:
         for recent in self._recent.values():
             last = recent[-1]
             first = next((b for b in reversed(recent) if b.time <= last.time - span_s), recent[0])
-            if last.step > first.step and last.time > first.time:
-                windows.append(((last.time - first.time) / (last.step - first.step),
-                                last.time - first.time, last.step - first.step))
+            if (pace := _pace(first, last)) is not None:
+                windows.append(pace)
         return max(windows) if windows else None
 
     def drift(self) -> str | None:
-        """The drift warning, once: over a whole window of DRIFT_SUSTAIN_S (and at least
-        DRIFT_MIN_STEPS steps) after warm-up the measured step time stayed outside DRIFT_BAND of
-        the plan's; None otherwise (and ever after)."""
+        """The drift warning, once: the step time stayed outside DRIFT_BAND of the plan's for a whole
+        DRIFT_SUSTAIN_S window (>= DRIFT_MIN_STEPS steps) after warm-up; None otherwise and after."""
         s = self.spec
         window = self.recent_step_time_s()
         if self.warnings or not s.predicted_step_s or window is None:
@@ -145,15 +134,20 @@ class Progress:
             return None
         now = self.recent_step_time_s(DRIFT_NOW_S) or window
         way = "slower" if mean > 1 else "faster"
-        self.warnings.append(
-            f"step time left the plan's +-{DRIFT_BAND:.0%} band during the run: "
-            f"{now[0]:.3g} s a step ({now[0] / s.predicted_step_s:.2f}x the plan's "
-            f"{s.predicted_step_s:.3g} s) at step {self.step()}")
+        self.warnings.append(f"step time left the plan's +-{DRIFT_BAND:.0%} band during the run: {now[0]:.3g} s a "
+                             f"step ({now[0] / s.predicted_step_s:.2f}x the plan's {s.predicted_step_s:.3g} s) at "
+                             f"step {self.step()}")
         return (f"warning: steps take {now[0]:.3g} s now, {now[0] / s.predicted_step_s:.2f}x the plan's "
-                f"{s.predicted_step_s:.3g} s ({mean:.2f}x over the last {span_s:.0f} s: {way} than "
-                f"its +-{DRIFT_BAND:.0%} band); "
-                "`dlaunch report` on the run dir says which part (compute, communication, data "
-                "wait, a straggler rank) moved")
+                f"{s.predicted_step_s:.3g} s ({mean:.2f}x over the last {span_s:.0f} s: {way} than its "
+                f"+-{DRIFT_BAND:.0%} band); `dlaunch report` on the run dir says which part (compute, "
+                "communication, data wait, a straggler rank) moved")
+
+
+def _pace(first: Beat, last: Beat) -> tuple[float, float, int] | None:
+    """(seconds per step, seconds, steps) from `first` to `last`; None unless both advanced."""
+    if last.step > first.step and last.time > first.time:
+        return (last.time - first.time) / (last.step - first.step), last.time - first.time, last.step - first.step
+    return None
 
 
 def clock(seconds: float) -> str:
@@ -199,8 +193,7 @@ class LiveLine:
         with self._lock:
             if not self._drawn:
                 return self._write(self.console, text)
-            ok = self._write(self.console, "\r\x1b[2K" + text + self._drawn)
-            return ok
+            return self._write(self.console, "\r\x1b[2K" + text + self._drawn)
 
     def _run(self) -> None:
         interval = TTY_INTERVAL_S if self.tty else PIPE_INTERVAL_S

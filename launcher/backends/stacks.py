@@ -2,9 +2,8 @@
 threads) and the traceback a rank keeps when a SIGTERM stopped it, read as a `StackInfo`: in
 the rank's own code, inside torch (most likely waiting for a peer in a collective), or
 waiting for its DataLoader's next batch. The post-mortem blames hung ranks from it, and the
-drift alarm names a straggler from repeated samples (`name_straggler`).
-
-Never imports launcher.runtime (it reads what the ranks left in files), drivers, cli or report.
+drift alarm names a straggler from repeated samples (`name_straggler`). Never imports
+launcher.runtime (it reads what the ranks left in files), drivers, cli or report.
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ import os
 import re
 import signal
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +28,7 @@ _TORCH_DIR = f"{os.sep}torch{os.sep}"
 _FRAME_RE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 _TRACEBACK_FRAME_RE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)', re.M)
 _DATA_DIR = f"{_TORCH_DIR}utils{os.sep}data{os.sep}"
-_SIGTERM_HANDLER = f"runtime{os.sep}entry.py"  # the frame a rank's SIGTERM handler adds
+_ENTRY = f"runtime{os.sep}entry.py"  # a rank's entry point; also the frame its SIGTERM handler adds
 STRAGGLER_SAMPLES = 15  # stack samples per rank when naming a straggler (`name_straggler`)
 
 
@@ -51,9 +51,8 @@ class StackInfo:
 
 
 def _stack_info(frames: list[tuple[str, int, str]]) -> StackInfo | None:
-    """Where a thread was, from its frames (outermost first): the call into torch's DataLoader
-    when it waited there (a rank stuck on its input pipeline, not on a peer), else the innermost
-    frame."""
+    """Where a thread was, from its frames (outermost first): the call into torch's DataLoader when
+    it waited there (stuck on its input pipeline, not on a peer), else the innermost frame."""
     if not frames:
         return None
     into_data = next((i for i, (f, _, _) in enumerate(frames) if _DATA_DIR in f), 0)
@@ -94,30 +93,28 @@ def dump_stacks(run_dir: str | Path, beats: dict[int, Beat], *,
 
 def name_straggler(run_dir: str | Path, beats: dict[int, Beat], *, samples: int = STRAGGLER_SAMPLES,
                    gap_s: float = 0.2) -> str | None:
-    """Which rank keeps the others waiting, from `samples` stack dumps of every rank a
-    `gap_s` apart: in lockstep training the slow rank is the one found in its own code while the
-    others wait inside torch (a collective). A sentence naming it when one rank was in its own
-    code in at least 70% of the samples and 30 points more often than any other; one saying no
-    rank stood out otherwise; None when fewer than two ranks could be sampled."""
-    own: dict[int, int] = {}
-    seen: dict[int, int] = {}
+    """Which rank keeps the others waiting, from `samples` stack dumps of every rank `gap_s` apart:
+    in lockstep training the slow rank is found in its own code while the others wait in torch (a
+    collective). A sentence naming it when one rank was in its own code in >= 70% of the samples
+    and 30 points more often than any other, else one saying none stood out; None below 2 ranks."""
+    own: Counter[int] = Counter()
+    seen: Counter[int] = Counter()
     where: dict[int, str] = {}
     for i in range(samples):
         for rank, info in dump_stacks(run_dir, beats, wait_s=1.0).items():
-            seen[rank] = seen.get(rank, 0) + 1
+            seen[rank] += 1
             if not info.in_torch:
-                own[rank] = own.get(rank, 0) + 1
+                own[rank] += 1
                 where[rank] = info.where()
         if i + 1 < samples:
             time.sleep(gap_s)
     if len(seen) < 2:
         return None
-    shares = sorted(((own.get(r, 0) / n, r) for r, n in seen.items()), reverse=True)
+    shares = sorted(((own[r] / n, r) for r, n in seen.items()), reverse=True)
     (top, rank), (second, _) = shares[0], shares[1]
     if top >= 0.7 and top - second >= 0.3:
-        return (f"rank {rank} was in its own code in {own[rank]} of {seen[rank]} stack samples "
-                f"({where[rank]}) while the others mostly waited in torch: it is most likely the "
-                f"straggler")
+        return (f"rank {rank} was in its own code in {own[rank]} of {seen[rank]} stack samples ({where[rank]}) "
+                "while the others mostly waited in torch: it is most likely the straggler")
     return (f"no rank stood out in {samples} stack samples of each (in own code: "
             + ", ".join(f"rank {r} {share:.0%}" for share, r in sorted(shares, key=lambda x: x[1]))
             + "): the ranks slowed alike (the host, the data or the network)")
@@ -132,16 +129,15 @@ def parse_stack_dump(text: str) -> StackInfo | None:
         elif (m := _FRAME_RE.match(line)) and threads:
             threads[-1].append((m["file"], int(m["line"]), m["func"]))
     # the main thread is the one running the rank's entry point (or a script's __main__)
-    main = next((t for t in threads if any(f.endswith(f"runtime{os.sep}entry.py") for f, _, _ in t)),
+    main = next((t for t in threads if any(f.endswith(_ENTRY) for f, _, _ in t)),
                 next((t for t in threads if t and t[-1][2] == "<module>"), None))
     return _stack_info(main[::-1]) if main else None  # faulthandler lists the innermost first
 
 
 def stopped_where(traceback: str) -> StackInfo | None:
-    """Where a rank was when a SIGTERM stopped it, from the traceback its summary keeps (the
-    handler's own frames left out)."""
+    """Where a rank was when a SIGTERM stopped it, from its summary's traceback (minus the handler's frames)."""
     frames = [(m["file"], int(m["line"]), m["func"]) for m in _TRACEBACK_FRAME_RE.finditer(traceback)]
-    while frames and frames[-1][0].endswith(_SIGTERM_HANDLER):
+    while frames and frames[-1][0].endswith(_ENTRY):
         frames.pop()
     return _stack_info(frames)
 

@@ -33,7 +33,6 @@ def rank_env(spec: LaunchSpec, *, base_env: Mapping[str, str], cores: int) -> di
         "DLAUNCH_WARMUP_STEPS": str(spec.warmup_steps),
         "PYTHONUNBUFFERED": "1",
         "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": LINE_PREFIX,
-        # the package may be used from a checkout without being installed
         "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), base_env.get("PYTHONPATH", "")) if p),
     }
     # set but empty is unset (as OpenMP reads it): each rank would otherwise take every core
@@ -57,20 +56,11 @@ def rank_env(spec: LaunchSpec, *, base_env: Mapping[str, str], cores: int) -> di
     return env
 
 
-def torchrun_argv(spec: LaunchSpec, *, python: str, rdzv_endpoint: str, node_rank: int = 0,
-                  log_dir: str) -> list[str]:
+def torchrun_argv(spec: LaunchSpec, *, python: str, rdzv_endpoint: str, node_rank: int = 0, log_dir: str) -> list[str]:
     """The torchrun command line shared by the local and the SLURM backend."""
-    argv = [
-        python, "-m", "torch.distributed.run",
-        "--nnodes", str(spec.nodes),
-        "--nproc-per-node", str(spec.gpus),
-        "--rdzv-backend", "c10d",
-        "--rdzv-endpoint", rdzv_endpoint,
-        "--rdzv-id", spec.run_id,
-        "--max-restarts", "0",
-        "--log-dir", log_dir,
-        "--tee", "3",
-    ]
+    argv = [python, "-m", "torch.distributed.run", "--nnodes", str(spec.nodes), "--nproc-per-node", str(spec.gpus),
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", rdzv_endpoint, "--rdzv-id", spec.run_id,
+            "--max-restarts", "0", "--log-dir", log_dir, "--tee", "3"]
     if spec.nodes > 1:
         argv += ["--node-rank", str(node_rank)]
     if spec.is_script:  # run unchanged, measured by the bootstrap's hooks

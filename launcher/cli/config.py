@@ -109,7 +109,5 @@ def load_config(directory: str | Path | None = None) -> Config:
         if key not in sections:
             raise ConfigError(f"{where}: unknown key {key!r}; known keys: {', '.join(sections)}")
     log.debug("read %s", where)
-    values: dict[str, Any] = {}
-    for name in sections:
-        values.update(_section(name, data.get(name), where))
+    values = {k: v for name in sections for k, v in _section(name, data.get(name), where).items()}
     return Config(path=where, values=values)

@@ -1,12 +1,10 @@
 """`dlaunch doctor`: a preflight of this host (or, with --slurm, of every node of a SLURM job).
 
 Flags -> the backend and its placement (`launcher.cli.prepare.placed`: where the ranks run, how
-many) -> DoctorRequest (plus the GEMM's precision, the verdict threshold, the topology to judge
-against), then launcher.drivers.doctor starts the ranks through the driver, collects and judges.
-Prints one line per rank and per node (measured / expected, ok or SLOW), the expected figures
-with their sources and the SLOW ranks and nodes with a ready `--exclude`; `--json` prints the
-report as JSON. Exit 0 when every rank is within the threshold of the median, 1 when one is
-SLOW or failed, 2 for bad input. Must never import torch, runtime or launcher.backends.slurm.
+many) -> DoctorRequest, then launcher.drivers.doctor starts the ranks through the driver,
+collects and judges; the verdicts are printed (`launcher.results.doctor_view`) or, with --json,
+the report. Exit 0 when every rank is within the threshold of the median, 1 when one is SLOW or
+failed, 2 for bad input. Must never import torch, runtime or launcher.backends.slurm.
 """
 
 from __future__ import annotations
@@ -15,43 +13,31 @@ import argparse
 import json
 import sys
 
-from launcher.cli.args import no_extra_args
 from launcher.cli.options import DoctorOptions, load
 from launcher.cli.prepare import placed
-from launcher.drivers.doctor import (
-    DoctorRequest,
-    doctor_spec,
-    expectation_topology,
-    run_doctor,
-    run_path,
-    topology_file,
-)
+from launcher.drivers.doctor import DoctorRequest, doctor_spec, expectation_topology, run_doctor, topology_file
 from launcher.results.doctor_view import format_doctor
 from launcher.rundir import new_run_id
 
 
 def cmd_doctor(args: argparse.Namespace, extra: list[str]) -> int:
     """`dlaunch doctor`: measure, compare, name the slow ranks and nodes."""
-    no_extra_args("doctor", extra)
     opts = load(DoctorOptions, args)
     backend, place = placed(opts)
-    request = DoctorRequest(device=place.device, ranks_per_node=place.gpus, nodes=place.nodes,
-                            precision=opts.precision or "auto", threshold=opts.threshold,
-                            topology=opts.topology, placement=place)
+    request = DoctorRequest(device=place.device, ranks_per_node=place.gpus, nodes=place.nodes, threshold=opts.threshold,
+                            precision=opts.precision or "auto", topology=opts.topology, placement=place)
     run_id = new_run_id("doctor")
     if opts.dry_run:
         topology_file(request)  # a bad --topology is bad input in a dry run too
-        spec = doctor_spec(request, run_id=run_id, run_dir=str(run_path(run_id, opts.run_dir)))
+        spec = doctor_spec(request, run_id=run_id, run_dir=opts.run_dir)
         print(backend.render(spec, place).dry_run_text, end="")
         return 0
     basis = expectation_topology(request)  # before anything is printed or started
     if place.notice:
-        print(f"dlaunch: {place.notice}; checking {request.ranks_per_node} CPU rank(s) with gloo",
-              file=sys.stderr)
-    as_json = opts.json
+        print(f"dlaunch: {place.notice}; checking {request.ranks_per_node} CPU rank(s) with gloo", file=sys.stderr)
     report = run_doctor(request, basis, backend, run_id=run_id, run_dir=opts.run_dir,
-                        console=sys.stderr if as_json else sys.stdout, debug=bool(args.debug))
-    if as_json:
+                        console=sys.stderr if opts.json else sys.stdout, debug=bool(args.debug))
+    if opts.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
         print(format_doctor(report))

@@ -7,19 +7,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 
-from launcher.cli.args import no_extra_args
 from launcher.cli.options import InspectOptions, load
 from launcher.hardware.detect import detect_topology
 from launcher.hardware.view import format_topology, inspect_report
 
-log = logging.getLogger(__name__)
-
 
 def cmd_inspect(args: argparse.Namespace, workload_args: list[str]) -> int:
     """`dlaunch inspect`: this machine as a Topology, as text or as JSON."""
-    no_extra_args("inspect", workload_args)
     opts = load(InspectOptions, args)
     topology = detect_topology()
     print(json.dumps(inspect_report(topology), indent=2) if opts.json else format_topology(topology))

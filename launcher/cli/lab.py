@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 
 from launcher.cli.options import LabOptions, load
@@ -18,8 +17,6 @@ from launcher.cli.run import note
 from launcher.drivers.lab import detect_precisions, format_lab, lab_specs, run_lab
 from launcher.drivers.launch import Runner
 from launcher.rundir import new_run_id
-
-log = logging.getLogger(__name__)
 
 
 def cmd_lab(args: argparse.Namespace, workload_args: list[str]) -> int:

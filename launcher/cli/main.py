@@ -1,16 +1,13 @@
 """The `dlaunch` command: the parser wired from the option table, dispatch, exit codes.
 
-Each subcommand's handler lives in its own module (launcher.cli.run, .lab, .scale, .tune, .plan,
-.inspect, .report, .runs, .doctor); their options in launcher.cli.args. `COMMANDS` names each
-handler as a "module:function" string and `_dispatch` imports it only when its command runs:
-building the parser (every `dlaunch ... --help`, every bad-usage error) loads the option table
-and nothing of a command's module tree (the planner, the backends, the drivers, the
-report), which tests/unit/test_cli_lazy.py checks and benchmarks/cli_start.py times. A
-DlaunchError is one line on stderr (field names put back as flags) and its exit code, 2 for bad
-input; Ctrl-C, SIGTERM and SIGHUP before the launch (planning, probing) one line and 128 + the
-signal, the probes' children ended on the way out (`_stop_on_signals`). Must never import torch
-or matplotlib at start-up: the commands that need them import them deep inside launcher.plan /
-launcher.report.
+Each subcommand's handler lives in its own module, its options in launcher.cli.args. `COMMANDS`
+names each handler as a "module:function" string and `_dispatch` imports it only when it runs:
+building the parser (every `--help`, every bad-usage error) loads the option table and nothing
+of a command's module tree, which tests/unit/test_cli_lazy.py checks and benchmarks/cli_start.py
+times. A DlaunchError is one line on stderr (field names put back as flags) and its exit code,
+2 for bad input; Ctrl-C, SIGTERM and SIGHUP before the launch one line and 128 + the signal
+(`_stop_on_signals`). Must never import torch or matplotlib at start-up: the commands that need
+them import them deep inside launcher.plan / launcher.report.
 """
 
 from __future__ import annotations
@@ -26,27 +23,23 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 from launcher.cli.args import add_options, name_flags
 from launcher.errors import DlaunchError, Interrupted, UsageError
-
-log = logging.getLogger(__name__)
 
 Handler = Callable[[argparse.Namespace, list[str]], int]
 
 
 @dataclass(frozen=True)
 class Command:
-    """One subcommand: its name, its handler as "module:function" (imported when the command
-    runs, never to build the parser), its line in `dlaunch --help`, its own --help's
-    description and its parser defaults. Its options come from launcher.cli.args.OPTIONS."""
+    """One subcommand; its options come from launcher.cli.args.OPTIONS."""
 
     name: str
-    handler: str
-    help: str
-    description: str
-    defaults: Mapping[str, Any] = field(default_factory=dict)
+    handler: str  # "module:function", imported when the command runs, never to build the parser
+    help: str  # its line in `dlaunch --help`
+    description: str  # atop its own --help
+    defaults: Mapping[str, Any] = field(default_factory=dict)  # its parser's defaults
     examples: tuple[str, ...] = ()  # command lines shown at the end of its --help, as typed
 
 
@@ -88,29 +81,25 @@ COMMANDS: tuple[Command, ...] = (
             "result), scancel for a SLURM job; waits until it has ended."),
     Command("doctor", "launcher.cli.doctor:cmd_doctor",
             "preflight: GEMM, memory and all-reduce per rank and node; name the slow ones",
-            "Run one rank per device (CPU: --gpus processes with gloo) on this host, or on every node of a "
-            "SLURM job with --slurm: each times a GEMM in the plan's precision, a large copy and "
-            "all-reduces. Prints measured / expected per rank and node, where each expected figure comes "
-            "from, and names every rank and node below --threshold of the median (exit 1) with a ready "
-            "--exclude list."),
+            "Run one rank per device (CPU: --gpus processes with gloo) on this host, or on every node of a SLURM job "
+            "with --slurm: each times a GEMM in the plan's precision, a large copy and all-reduces. Prints measured / "
+            "expected per rank and node, where each expected figure comes from, and names every rank and node below "
+            "--threshold of the median (exit 1) with a ready --exclude list."),
     Command("lab", "launcher.cli.lab:cmd_lab", "fp32 / mixed precision / mixed precision + compile, side by side",
-            "Run WORKLOAD three times back to back (same seed, same data): fp32, the plan's mixed "
-            "precision, and mixed precision + compile; print throughput, peak memory, the two speed-ups "
-            "and what they say. Run flags (--gpus, --steps, --strategy, --micro-batch, ...) apply to all "
-            f"three. {_AFTER}"),
+            "Run WORKLOAD three times back to back (same seed, same data): fp32, the plan's mixed precision, and mixed "
+            "precision + compile; print throughput, peak memory, the two speed-ups and what they say. Run flags "
+            f"(--gpus, --steps, --strategy, --micro-batch, ...) apply to all three. {_AFTER}"),
     Command("tune", "launcher.cli.tune:cmd_tune", "measure the plan's near-best candidates, keep the fastest, learn",
-            "Plan WORKLOAD, run each candidate predicted within the model's uncertainty of the best "
-            "(at most --trials) for a short trial, write the fastest as tuned-plan.json (for `dlaunch "
-            "run --plan`) and store the measured/predicted ratios for later plans on this machine. "
-            f"{_AFTER}"),
+            "Plan WORKLOAD, run each candidate predicted within the model's uncertainty of the best (at most --trials) "
+            "for a short trial, write the fastest as tuned-plan.json (for `dlaunch run --plan`) and store the "
+            f"measured/predicted ratios for later plans on this machine. {_AFTER}"),
 )
 
 
 def load_handler(path: str) -> Handler:
     """The handler a `Command` names ("launcher.cli.run:cmd_run"), importing its module now."""
     module, _, name = path.partition(":")
-    handler: Handler = getattr(importlib.import_module(module), name)
-    return handler
+    return cast(Handler, getattr(importlib.import_module(module), name))
 
 
 # torchrun's own flags, as users type them out of habit: what dlaunch says instead
@@ -204,14 +193,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _split_workload_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
-    argv = list(argv)
-    if "--" in argv:
-        i = argv.index("--")
-        return argv[:i], argv[i + 1:]
-    return argv, []
-
-
 # a kill, `timeout`, a scheduler (SIGTERM) or a closed terminal (SIGHUP) stops dlaunch as Ctrl-C
 # does; while a job runs the backend relays them to the job (backends.local._catch_interrupts)
 _STOPPING = (signal.SIGTERM, signal.SIGHUP)
@@ -223,10 +204,9 @@ def _raise_interrupted(signum: int, frame: object) -> NoReturn:
 
 @contextmanager
 def _stop_on_signals() -> Iterator[None]:
-    """Turn SIGTERM and SIGHUP into `Interrupted` (a KeyboardInterrupt) while the body runs,
-    so that they unwind as Ctrl-C does: probe children ended, temp dirs removed, one line.
-    A signal the caller ignores (`nohup`) stays ignored; only the main thread can catch one
-    (`main` may be called from another)."""
+    """Turn SIGTERM and SIGHUP into `Interrupted` (a KeyboardInterrupt) while the body runs, so
+    they unwind as Ctrl-C does: probe children ended, temp dirs removed, one line. A signal the
+    caller ignores (`nohup`) stays ignored; only the main thread catches any (`main` may run in another)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -244,7 +224,8 @@ def _stop_on_signals() -> Iterator[None]:
 def _dispatch(argv: Sequence[str] | None) -> tuple[int, bool]:
     """Parse and run one command: (exit code, whether the command allows a hard exit)."""
     raw = list(sys.argv[1:] if argv is None else argv)
-    own, workload_args = _split_workload_args(raw)
+    cut = raw.index("--") if "--" in raw else len(raw)  # what follows `--` goes to the workload
+    own, workload_args = raw[:cut], raw[cut + 1:]
     debug = "--debug" in own
     logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING,
                         format="dlaunch: %(levelname)s %(name)s: %(message)s")
@@ -261,6 +242,9 @@ def _dispatch(argv: Sequence[str] | None) -> tuple[int, bool]:
             if not getattr(args, "command", None):
                 parser.print_help()
                 return 2, False
+            if workload_args and not hasattr(args, "workload"):  # a command that runs no workload
+                raise UsageError(f"dlaunch {args.command} takes no arguments after `--`, "
+                                 f"got {' '.join(workload_args)!r}")
             handler = load_handler(args.handler)  # only now: this command's module tree, no other's
             return int(handler(args, workload_args)), bool(getattr(args, "hard_exit", False))
     except DlaunchError as e:
@@ -282,13 +266,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def entry() -> NoReturn:
-    """Entry point of the `dlaunch` console script and `python -m launcher.cli.main`.
-
-    Once torch (and the torch._dynamo that meta-device profiling imports) is loaded, a normal
-    interpreter exit spends ~0.8 s freeing ~3,000 modules: a third of a cold `dlaunch plan`.
-    Commands that leave nothing behind (`hard_exit`) skip that teardown after flushing, as
-    mypy's hard_exit does; every other command exits normally.
-    """
+    """Entry point of the `dlaunch` console script and `python -m launcher.cli.main`. Once torch
+    (and torch._dynamo) is loaded, a normal interpreter exit spends ~0.8 s freeing ~3,000
+    modules: a third of a cold `dlaunch plan`. Commands that leave nothing behind (`hard_exit`)
+    skip that teardown after flushing, as mypy's hard_exit does."""
     try:
         code, hard_exit = _dispatch(None)
         if hard_exit:

@@ -15,8 +15,7 @@ from typing import Any
 from launcher.knobs import Check
 from launcher.runspec import RunSettings
 
-COMMANDS = ("run", "lab", "plan", "scale", "tune", "report", "inspect", "status", "logs", "cancel",
-            "doctor")
+COMMANDS = ("run", "lab", "plan", "scale", "tune", "report", "inspect", "status", "logs", "cancel", "doctor")
 KINDS = ("value", "switch", "toggle", "list")  # --x V | --x | --x/--no-x | --x V (repeatable)
 
 Parse = Callable[[str], Any]
@@ -24,42 +23,35 @@ Parse = Callable[[str], Any]
 
 @dataclass(frozen=True, kw_only=True)
 class Yaml:
-    """Where an option lives in dlaunch.yaml: `section.name`, the types accepted there and
-    how to describe a good value in an error line. `name` defaults to the option's dest."""
+    """Where an option lives in dlaunch.yaml (`section.name`) and which values it takes there."""
 
     section: str
     types: tuple[type[Any], ...]
-    what: str
-    name: str | None = None
+    what: str  # how an error line describes a good value
+    name: str | None = None  # None: the option's dest
 
 
 @dataclass(frozen=True)
 class Option:
-    """One flag (or positional) of one or more commands.
-
-    `check` converts and checks a value (its errors name the flag); `parse` makes the argparse
-    type of an option that is no number; `per` overrides any field for one command
-    (`{"plan": {"default": None}}`); `slurm_in` lists the commands where the option sits in the
-    SLURM group and needs --slurm; `merge(flag, yaml)` replaces "flag if given, else yaml" for
-    options whose values combine; `knob` names the run knob it is (launcher.runspec).
-    """
+    """One flag (or positional) of one or more commands."""
 
     flag: str
     _: KW_ONLY
     commands: tuple[str, ...]
     help: str = ""
     kind: str = "value"
-    check: Check | None = None
-    parse: Callable[[str], Parse] | None = None
+    check: Check | None = None  # converts and checks a value (its errors name the flag)
+    parse: Callable[[str], Parse] | None = None  # makes the argparse type of an option that is no number
     default: Any = None
     choices: tuple[str, ...] | None = None
     metavar: str | None = None
     required: bool = False
-    slurm_in: tuple[str, ...] = ()
+    slurm_in: tuple[str, ...] = ()  # the commands where it sits in the SLURM group and needs --slurm
     yaml: Yaml | None = None
+    # `merge(flag, yaml)` replaces "flag if given, else yaml" for options whose values combine
     merge: Callable[[Any, Any], Any] | None = None
-    knob: str | None = None
-    per: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    knob: str | None = None  # the run knob it is (launcher.runspec)
+    per: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # any field for one command: {"plan": {...}}
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

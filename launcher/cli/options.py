@@ -1,18 +1,12 @@
 """Each command's resolved options as a frozen, typed dataclass, and the one step that builds it.
 
-`launcher.cli.args.OPTIONS` stays the one place an option is declared; this module says what
-type each resolved value has and groups them: one dataclass per command (`RunOptions`,
-`LabOptions`, `PlanOptions`, `ScaleOptions`, `TuneOptions`, `DoctorOptions`, `ReportOptions`,
-`InspectOptions`, `StatusOptions`, `LogsOptions`, `CancelOptions`; `BUILDS` maps each command
-to its own), with the SLURM group shared as `SlurmOptions` (None without --slurm, so a local
-run cannot read a SLURM setting by mistake). A field is named after its option's dest, so
-`typed` is a plain copy out of the merged dict; tests/unit/test_options_typed.py checks that the
-fields and the table agree, option for option and type for type.
-
-`load` is the merge a command calls: flag > dlaunch.yaml (read for --slurm only) > default,
-then `--plan FILE` for the decisions the flags left open. This module and launcher.cli.args
-are the only readers of the merged dict. Imported by command modules only, never to build the
-parser: dlaunch.yaml's reader and the plan-file reader are imported when `load` runs.
+`launcher.cli.args.OPTIONS` stays the one place an option is declared; this module types and
+groups the resolved values: one dataclass per command (`BUILDS`), the SLURM group shared as
+`SlurmOptions` (None without --slurm, so a local run cannot read a SLURM setting by mistake). A
+field is named after its option's dest, so `typed` is a plain copy out of the merged dict;
+tests/unit/test_options_typed.py checks that fields and table agree, option for option and type
+for type. `load` is the merge a command calls. Imported by command modules only, never to build
+the parser: dlaunch.yaml's reader and the plan-file reader are imported when `load` runs.
 """
 
 from __future__ import annotations
@@ -65,9 +59,7 @@ class LabOptions(Options):
     global_batch: int | None  # samples per optimizer step, a goal for the plan; None: its choice
     script: bool  # a plain torchrun script even if the file looks like a workload
     run_dir: str | None  # where the run's files go; None: runs/<id>
-    # allow more CPU processes than launcher.cli.args.CPU_PROCESSES_PER_CORE per core, and a
-    # launch its plan predicts out of memory or absurdly long (launcher.cli.prepare.refuse_absurd)
-    force: bool
+    force: bool  # allow more CPU processes per core, and a launch its plan calls absurd (prepare.refuse_absurd)
     dry_run: bool  # print the command, start nothing
     json: bool  # print the result as JSON
 
@@ -144,9 +136,7 @@ class TuneOptions(Options):
     trials: int  # candidates measured at most
     budget_min: float | None  # start no trial after this many minutes; None: no limit
     tune_dir: str | None  # None: runs/tune-<id>
-    # allow more CPU processes than launcher.cli.args.CPU_PROCESSES_PER_CORE per core, and a
-    # launch its plan predicts out of memory or absurdly long (launcher.cli.prepare.refuse_absurd)
-    force: bool
+    force: bool  # allow more CPU processes per core, and a launch its plan calls absurd (prepare.refuse_absurd)
     dry_run: bool  # print each trial's command, start nothing
     json: bool  # print the result as JSON
     topology: str | None  # the partition's nodes, which the candidates are planned for
@@ -218,7 +208,6 @@ class CancelOptions(Options):
     job: str  # a run dir or a SLURM job id
 
 
-# each command's own dataclass
 BUILDS: Mapping[str, type[Options]] = {cls.command: cls for cls in (
     RunOptions, LabOptions, PlanOptions, ScaleOptions, TuneOptions, DoctorOptions, ReportOptions,
     InspectOptions, StatusOptions, LogsOptions, CancelOptions)}
@@ -240,9 +229,8 @@ def nested(cls: type[Any]) -> dict[str, type[Any]]:
 
 
 def typed(cls: type[D], values: Mapping[str, Any]) -> D:
-    """`cls` filled from the merged options by dest: a copy, the types are the option table's.
-    Its `settings` takes the run knobs the command has no field of its own for (made, so
-    checked, here: before anything is planned)."""
+    """`cls` filled from the merged options by dest; its `settings` takes the run knobs the command
+    has no field of its own for (made, so checked, here: before anything is planned)."""
     groups = nested(cls)
     fields: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
@@ -257,28 +245,16 @@ def typed(cls: type[D], values: Mapping[str, Any]) -> D:
     return cls(**fields)
 
 
-def _merged(command: str, args: argparse.Namespace) -> dict[str, Any]:
-    """`command`'s options by dest: flag > dlaunch.yaml (read for --slurm only) > default, and
-    `--plan FILE`'s decisions for those the flags left open."""
+def load(cls: type[T], args: argparse.Namespace) -> T:
+    """The options of `cls.command`, typed: flag > dlaunch.yaml (read for --slurm only) > default,
+    then `--plan FILE`'s decisions for those the flags left open."""
     from launcher.cli.config import load_config  # yaml: loaded when a command runs, never for --help
 
-    configured = load_config().values if getattr(args, "slurm", None) else {}
-    values = resolve(command, args, configured)
-    if values.get("plan"):
-        values.update(_from_plan_file(values))
-    return values
+    values = resolve(cls.command, args, load_config().values if getattr(args, "slurm", None) else {})
+    if values.get("plan"):  # its decisions for those the flags left open (a flag given beside it wins)
+        from launcher.drivers.tune import read_plan_file
 
-
-def _from_plan_file(values: Mapping[str, Any]) -> dict[str, Any]:
-    """`--plan FILE`'s decisions for those the flags left open (a flag given beside it wins)."""
-    from launcher.drivers.tune import read_plan_file
-
-    decided = read_plan_file(values["plan"])
-    out = {k: v for k, v in decided.items() if k != "compile" and values.get(k) is None}
-    out["compile"] = bool(decided["compile"]) if values.get("compile") is None else values["compile"]
-    return out
-
-
-def load(cls: type[T], args: argparse.Namespace) -> T:
-    """The options of `cls.command`, merged (`_merged`) and typed."""
-    return typed(cls, _merged(cls.command, args))
+        decided = read_plan_file(values["plan"])
+        values.update({k: v for k, v in decided.items() if k != "compile" and values.get(k) is None})
+        values["compile"] = bool(decided["compile"]) if values.get("compile") is None else values["compile"]
+    return typed(cls, values)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import logging
 import sys
 
 from launcher.cli.options import PlanOptions, load
@@ -32,15 +31,11 @@ from launcher.plan.view import format_plan
 from launcher.specs import Goal
 from launcher.workload import inspect_file
 
-log = logging.getLogger(__name__)
-
 
 def _train_goal(opts: PlanOptions) -> TrainGoal | None:
     """--tokens / --samples / --train-steps, or None without a goal."""
     given = {"tokens": opts.tokens, "samples": opts.samples, "steps": opts.train_steps}
-    if all(v is None for v in given.values()):
-        return None
-    return TrainGoal(**given)
+    return None if all(v is None for v in given.values()) else TrainGoal(**given)
 
 
 def _rate(planned: Planned) -> PlanRate:
@@ -59,12 +54,9 @@ def _sizes(opts: PlanOptions, workload_args: list[str], goal: Goal, overrides: O
     sizes = parse_world_sizes(opts.world_sizes)
     deadline_s = None if opts.deadline is None else parse_duration_s(opts.deadline)
     if (deadline_s is not None or opts.budget is not None) and train_goal is None:
-        raise UsageError("--deadline and --budget need a training goal: add --tokens, --samples "
-                         "or --train-steps")
-    base = resolve_topology(topology=opts.topology, gpus=opts.gpus, nodes=1)
-    per_node = base.devices_per_node
-    bad = [n for n in sizes if n > per_node and n % per_node]
-    if bad:
+        raise UsageError("--deadline and --budget need a training goal: add --tokens, --samples or --train-steps")
+    per_node = resolve_topology(topology=opts.topology, gpus=opts.gpus, nodes=1).devices_per_node
+    if bad := [n for n in sizes if n > per_node and n % per_node]:
         raise UsageError(f"--world-sizes {', '.join(map(str, bad))}: not whole nodes of {per_node} "
                          f"GPUs; use multiples of {per_node} above one node")
     rows, plans = [], {}
@@ -75,10 +67,8 @@ def _sizes(opts: PlanOptions, workload_args: list[str], goal: Goal, overrides: O
                                 corrected=not opts.no_calibration_cache)
         rate = _rate(planned)
         plans[n] = planned
-        rows.append(SizeRow(world_size=n, nodes=nodes, label=label(planned.plan.chosen),
-                            step_s=rate.step_s,
-                            units_per_s=rate.global_batch * rate.units_per_sample / rate.step_s,
-                            efficiency=1.0,
+        rows.append(SizeRow(world_size=n, nodes=nodes, label=label(planned.plan.chosen), step_s=rate.step_s,
+                            units_per_s=rate.global_batch * rate.units_per_sample / rate.step_s, efficiency=1.0,
                             ttt=None if train_goal is None else time_to_train(train_goal, rate, goodput)))
     rows = with_efficiency(rows)
     chosen, why = (pick(rows, deadline_s=deadline_s, budget=opts.budget)
@@ -142,11 +132,9 @@ def cmd_plan(args: argparse.Namespace, workload_args: list[str]) -> int:
                             corrected=not opts.no_calibration_cache)
     ttt = None if train_goal is None else time_to_train(train_goal, _rate(planned), goodput)
     if opts.json:
-        print(json.dumps({"plan": planned.plan.to_dict(),
-                          "profile": dataclasses.asdict(planned.profile),
+        print(json.dumps({"plan": planned.plan.to_dict(), "profile": dataclasses.asdict(planned.profile),
                           "topology": planned.topology.name,
-                          **({"time_to_train": to_dict(ttt)} if ttt is not None else {})},
-                         indent=2, default=str))
+                          **({"time_to_train": to_dict(ttt)} if ttt is not None else {})}, indent=2, default=str))
     else:
         print(format_plan(planned.plan, planned.profile, planned.topology))
         if ttt is not None:

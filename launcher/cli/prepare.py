@@ -1,21 +1,17 @@
 """The preamble every launching command shares: parsed flags -> RunRequest -> a run dir.
 
-The options arrive typed (`launcher.cli.options`: flags > dlaunch.yaml > defaults, the yaml
-only for SLURM runs, whose defaults it holds); `placed` picks the backend (the one place that
-does: `select` over launcher.backends.registry) and asks it where the ranks go; `build_request`
-checks the workload, places the ranks, builds the RunRequest and lets the plan fill what the
-user left open; `open_run` turns it into the LaunchSpec (every check passes before anything is
-written) and creates the run dir with the plan beside it.
-`run`, `run --slurm`, `lab`, `scale` and `tune` all go through here (`doctor` through `placed`);
-`--plan FILE` fills the decisions its flags left open from a plan file.
-
-Must never import a command module (they import this one), launcher.backends.slurm or torch.
+The options arrive typed (`launcher.cli.options`); `placed` picks the backend (the one place
+that does: `select` over launcher.backends.registry) and asks it where the ranks go;
+`build_request` checks the workload, places the ranks, builds the RunRequest and lets the plan
+fill what the user left open; `open_run` turns it into the LaunchSpec (every check passes
+before anything is written) and creates the run dir with the plan beside it. `run`, `lab`,
+`scale` and `tune` all go through here (`doctor` through `placed`). Must never import a command
+module (they import this one), launcher.backends.slurm or torch.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,12 +31,6 @@ from launcher.runspec import LaunchSpec
 from launcher.specs import require_torchao
 from launcher.workload import inspect_file
 
-log = logging.getLogger(__name__)
-
-# commands that run dlaunch's harness and so cannot take a plain torchrun script
-_NEEDS_WORKLOAD = {
-    "lab": "dlaunch lab needs a workload, and {given!r} is a plain script",
-}
 # the commands whose options build a RunRequest; `run` is a LabOptions with more
 RequestOptions = LabOptions | ScaleOptions | TuneOptions
 # a launch its own plan predicts past these is a typo (a global batch of 10^9 on one rank), not
@@ -89,8 +79,8 @@ def build_request(opts: RequestOptions, workload_args: Sequence[str]) -> tuple[R
             if given:
                 raise UsageError(f"dlaunch lab chooses precision and compile itself; drop {flag}")
     kind = inspect_file(opts.workload, force_script=script)
-    if kind.is_script and command in _NEEDS_WORKLOAD:
-        raise UsageError(_NEEDS_WORKLOAD[command].format(given=opts.workload))
+    if kind.is_script and command == "lab":  # the lab runs dlaunch's harness, never a plain script
+        raise UsageError(f"dlaunch lab needs a workload, and {opts.workload!r} is a plain script")
     if kind.is_script and isinstance(opts, ScaleOptions) and opts.mode == "strong":
         # each point runs the script with its own arguments: its batch per rank is its own
         raise UsageError(f"dlaunch scale --mode strong needs a workload file (the harness splits the global "
@@ -110,11 +100,9 @@ def build_request(opts: RequestOptions, workload_args: Sequence[str]) -> tuple[R
         if opts.mode == "strong" and fields["grad_accum"] is None:
             fields["grad_accum"] = 1  # strong scaling splits --global-batch over the ranks only
         check_plan(opts.mode, [n for n, _, _ in place.shapes], global_batch=opts.global_batch,
-                   micro_batch=opts.settings.decided()["micro_batch"],
-                   grad_accum=fields["grad_accum"] or 1)
-    request = RunRequest(workload=str(kind.path), workload_args=tuple(workload_args),
-                         is_script=kind.is_script, device=place.device, slurm=place.slurm,
-                         global_batch=opts.global_batch, **fields)
+                   micro_batch=opts.settings.decided()["micro_batch"], grad_accum=fields["grad_accum"] or 1)
+    request = RunRequest(workload=str(kind.path), workload_args=tuple(workload_args), is_script=kind.is_script,
+                         device=place.device, slurm=place.slurm, global_batch=opts.global_batch, **fields)
     if not place.here and place.topology is None:  # the login node is not the nodes to plan for
         return _not_planned(request), place, backend
     request = follow_plan(request, topology=place.topology)
@@ -133,18 +121,16 @@ def refuse_absurd(request: RunRequest, *, force: bool) -> None:
     c = plan.chosen
     at = f"{label(c)} at micro-batch {c.micro_batch:,} x {c.grad_accum:,} accumulation"
     if not c.fits:
-        raise PlanError(
-            f"the plan predicts {c.memory.total_gib:,.1f} GiB/rank for {at}, more than the "
-            f"{plan.usable_mem_bytes / 1024**3:,.1f} GiB usable: the ranks would run out of memory; "
-            "give a smaller --micro-batch (or none: the plan picks one that fits) or more GPUs, or "
-            "--force to launch anyway")
+        raise PlanError(f"the plan predicts {c.memory.total_gib:,.1f} GiB/rank for {at}, more than the "
+                        f"{plan.usable_mem_bytes / 1024**3:,.1f} GiB usable: the ranks would run out of memory; "
+                        "give a smaller --micro-batch (or none: the plan picks one that fits) or more GPUs, or "
+                        "--force to launch anyway")
     step = c.time.step_time_s
     if step > MAX_STEP_S or step * request.steps > MAX_RUN_S:
         shown = f"{step:,.0f}" if step >= 100 else f"{step:.3g}"
-        raise PlanError(
-            f"the plan predicts {shown} s/step for {at}: {request.steps:,} steps take "
-            f"{format_duration(step * request.steps)} (the bounds: a day per step, a year per run); "
-            "give a smaller --global-batch, --micro-batch or --steps, or --force to launch anyway")
+        raise PlanError(f"the plan predicts {shown} s/step for {at}: {request.steps:,} steps take "
+                        f"{format_duration(step * request.steps)} (the bounds: a day per step, a year per run); "
+                        "give a smaller --global-batch, --micro-batch or --steps, or --force to launch anyway")
 
 
 def _not_planned(request: RunRequest) -> RunRequest:
@@ -153,9 +139,8 @@ def _not_planned(request: RunRequest) -> RunRequest:
     if request.is_script or not request.open_decisions:
         return request
     fallback = ", ".join(f"{k.replace('_', '-')} {request.decided()[k]}" for k in request.open_decisions)
-    return dataclasses.replace(request, plan_note=(
-        "dlaunch: not planned: no --topology for the partition's nodes (or slurm.topology in "
-        f"dlaunch.yaml); using {fallback}"))
+    return dataclasses.replace(request, plan_note="dlaunch: not planned: no --topology for the partition's nodes "
+                                                  f"(or slurm.topology in dlaunch.yaml); using {fallback}")
 
 
 def open_run(request: RunRequest, *, run_id: str, run_dir: str | None, dry_run: bool,

@@ -1,8 +1,6 @@
 """`dlaunch report DIR`: the report (HTML, Markdown, JSON, PNG) of a run, sweep or tune directory
 (`dlaunch tune`'s, recognised by its tune.json), and the summary lines `scale` prints after a
-sweep too.
-
-Must never import torch; matplotlib stays inside launcher.report's plotting.
+sweep too. Must never import torch; matplotlib stays inside launcher.report's plotting.
 """
 
 from __future__ import annotations
@@ -13,7 +11,6 @@ import logging
 import socket
 from pathlib import Path
 
-from launcher.cli.args import no_extra_args
 from launcher.cli.options import ReportOptions, load
 from launcher.hardware.detect import detect_topology
 from launcher.hardware.topology import load_topology
@@ -52,15 +49,12 @@ def _run_host(path: Path) -> str | None:
 
 def cmd_report(args: argparse.Namespace, workload_args: list[str]) -> int:
     """`dlaunch report`: HTML / Markdown / JSON / PNG of a run, sweep or tune directory."""
-    no_extra_args("report", workload_args)
     opts = load(ReportOptions, args)
     formats = parse_formats(opts.format)
     path = Path(opts.path)
-    topology: Topology | None = None
+    topology = load_topology(opts.topology) if opts.topology else None
     fallback: Topology | None = None
-    if opts.topology:
-        topology = load_topology(opts.topology)
-    elif path.is_dir() and _run_host(path) == socket.gethostname().split(".")[0]:
+    if topology is None and path.is_dir() and _run_host(path) == socket.gethostname().split(".")[0]:
         try:
             fallback = detect_topology()
         except Exception as e:  # only the link column and the prediction need it

@@ -8,7 +8,6 @@ starts and follows it. Must never import torch or launcher.runtime.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
 from launcher.cli.options import RunOptions, load
@@ -16,21 +15,13 @@ from launcher.cli.prepare import build_request, open_run
 from launcher.drivers.launch import add_warnings, launch
 from launcher.errors import UsageError
 from launcher.results.trackers import FINISH_WAIT_S, TrackerFeed, check_trackers, tracker_params
-from launcher.results.types import RunResult
 from launcher.rundir import new_run_id
-
-log = logging.getLogger(__name__)
 
 
 def note(text: str | None) -> None:
     """Print the plan's note (or why there is no plan) to stderr, if there is one."""
     if text:
         print(text, file=sys.stderr)
-
-
-def exit_status(result: RunResult) -> int:
-    """The exit code of a finished run: torchrun's when it failed, else 1 unless status ok."""
-    return result.exit_code if result.exit_code != 0 else (0 if result.status == "ok" else 1)
 
 
 def cmd_run(args: argparse.Namespace, workload_args: list[str]) -> int:
@@ -55,8 +46,7 @@ def cmd_run(args: argparse.Namespace, workload_args: list[str]) -> int:
     if opts.log_to:
         feed = TrackerFeed(opts.log_to, spec.run_dir, tracker_params(spec))
         feed.start()
-    result = None
-    wait_s = FINISH_WAIT_S
+    result, wait_s = None, FINISH_WAIT_S
     try:
         result = launch(rendered, backend, sys.stderr if opts.json else sys.stdout, out=sys.stdout,
                         as_json=opts.json, debug=bool(args.debug), note=request.plan_note, quiet=opts.quiet)
@@ -67,4 +57,6 @@ def cmd_run(args: argparse.Namespace, workload_args: list[str]) -> int:
         dropped = feed.finish(result, wait_s=wait_s) if feed is not None else {}
         if dropped and result is not None:
             add_warnings(spec.run_dir, result, [f"--log-to {name}: {why}" for name, why in dropped.items()])
-    return 0 if result is None else exit_status(result)  # None: a detached SLURM job
+    if result is None:  # a detached SLURM job
+        return 0
+    return result.exit_code or (0 if result.status == "ok" else 1)  # torchrun's code when it failed

@@ -14,7 +14,7 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from launcher.cli.options import ScaleOptions, load
 from launcher.cli.prepare import build_request
@@ -27,22 +27,11 @@ from launcher.hardware.detect import detect_topology
 from launcher.hardware.topology import load_topology, topology_to_dict
 from launcher.plan.planfile import write_plan
 from launcher.report.render import render_report
-from launcher.report.types import ScalingReport
 from launcher.request import point_plan
 from launcher.results.types import RunResult
 from launcher.runspec import LaunchSpec
 
 log = logging.getLogger(__name__)
-
-
-def _topology_dict(name: str | None, device: str) -> dict[str, Any] | None:
-    if name:
-        return topology_to_dict(load_topology(name))
-    try:
-        return topology_to_dict(detect_topology(device=device))
-    except Exception as e:  # detection only adds the link column and the prediction
-        log.warning("could not detect this machine's topology: %s", e)
-        return None
 
 
 def cmd_scale(args: argparse.Namespace, workload_args: list[str]) -> int:
@@ -67,27 +56,29 @@ def cmd_scale(args: argparse.Namespace, workload_args: list[str]) -> int:
         return 0
     # a sweep on other nodes (SLURM) describes them only through --topology (or slurm.topology
     # in dlaunch.yaml): never by detecting the login node it is started from
-    topology = _topology_dict(opts.topology, request.device) if opts.topology or place.here else None
+    topology = None
+    if opts.topology:
+        topology = topology_to_dict(load_topology(opts.topology))
+    elif place.here:
+        try:
+            topology = topology_to_dict(detect_topology(device=request.device))
+        except Exception as e:  # detection only adds the link column and the prediction
+            log.warning("could not detect this machine's topology: %s", e)
     runner = Runner(backend=backend, placement=place)
 
     def run_point(spec: LaunchSpec, out: IO[str]) -> RunResult:
         # one prediction per point, the plan at its shape: its summary and the report read it
-        planned = point_plan(request, spec, topology=place.topology)
-        if planned is not None:
+        if (planned := point_plan(request, spec, topology=place.topology)) is not None:
             write_plan(spec.run_dir, planned)
         return runner(spec, out)
 
     result = run_sweep(sweep, sweep_dir=sweep_dir, run=run_point, force=opts.force, topology=topology,
                        progress=sys.stderr)
-    files: list[Path] = []
-    report: ScalingReport | None = None
-    if not opts.no_report and any(p.status == "ok" for p in result.points):
-        files, report = render_report(result.sweep_dir)
+    reported = not opts.no_report and any(p.status == "ok" for p in result.points)
+    files, report = render_report(result.sweep_dir) if reported else ([], None)
     if opts.json:
-        print(json.dumps({"sweep_dir": str(result.sweep_dir), "ran": result.ran,
-                          "skipped": result.skipped,
-                          "points": [p.__dict__ for p in result.points],
-                          "report": report.to_dict() if report else None,
+        print(json.dumps({"sweep_dir": str(result.sweep_dir), "ran": result.ran, "skipped": result.skipped,
+                          "points": [p.__dict__ for p in result.points], "report": report.to_dict() if report else None,
                           "files": [str(f) for f in files]}, indent=2))
     else:
         print_report(result.sweep_dir, report, files)

@@ -3,11 +3,10 @@
 Flags -> RunRequest through `launcher.cli.prepare` (as `run`), the uncorrected plan's near-best
 candidates (`launcher.drivers.tune.select_trials`), one short `dlaunch run` each through the
 driver on the backend the flags pick (with `--slurm` one `dlaunch run --slurm` job each,
-followed in turn: why, in `launcher.drivers.tune`), the table,
-the tuned plan, and the trials stored as this machine's (or partition's) step-time
-corrections, unless another tune ran here meanwhile (`corrections.TuneLock`). `--dry-run`
-prints each trial's torchrun command (the sbatch script and node commands under SLURM) and
-starts nothing. Must never import torch or launcher.runtime.
+followed in turn: why, in `launcher.drivers.tune`), the table, the tuned plan, and the trials
+stored as this machine's (or partition's) step-time corrections, unless another tune ran here
+meanwhile (`corrections.TuneLock`). `--dry-run` prints each trial's torchrun command (the sbatch
+script and node commands under SLURM) and starts nothing. Must never import torch or runtime.
 """
 
 from __future__ import annotations
@@ -16,16 +15,13 @@ import argparse
 import contextlib
 import dataclasses
 import json
-import logging
 import sys
 from pathlib import Path
 
-from launcher.backends.base import Backend, Placement
 from launcher.cli.options import TuneOptions, load
 from launcher.cli.prepare import build_request, open_run
 from launcher.drivers.launch import Runner
 from launcher.drivers.tune import (
-    Refused,
     discard,
     finish,
     run_trials,
@@ -36,28 +32,16 @@ from launcher.drivers.tune import (
     trial_spec,
     trial_steps,
 )
-from launcher.errors import UsageError
+from launcher.errors import Refused, UsageError
 from launcher.plan.corrections import TuneLock
 from launcher.plan.kernels import given as given_kernels
 from launcher.plan.planfile import write_plan
 from launcher.plan.resolve import cache_root, plan_workload, store_tune_trials
-from launcher.plan.types import Candidate, Overrides
+from launcher.plan.types import Overrides
 from launcher.report.tune import read_tune, table_text
 from launcher.request import weighed_float8
 from launcher.rundir import new_run_id
-from launcher.runspec import LaunchSpec
 from launcher.specs import Goal
-
-log = logging.getLogger(__name__)
-
-
-def _dry_run(base: LaunchSpec, candidates: list[Candidate], backend: Backend, place: Placement) -> None:
-    """What each trial would start: its torchrun command, or its sbatch script and node commands."""
-    for i, c in enumerate(candidates, 1):
-        spec = trial_spec(base, c, i)
-        print(f"# trial {i} of {len(candidates)}: {trial_name(c)} (predicted {c.time.step_time_s:.3g} "
-              f"s/step){'' if place.here else ' as its own SLURM job'}, in {spec.run_dir}")
-        print(backend.render(spec, place).dry_run_text, end="")
 
 
 def cmd_tune(args: argparse.Namespace, workload_args: list[str]) -> int:
@@ -72,23 +56,25 @@ def cmd_tune(args: argparse.Namespace, workload_args: list[str]) -> int:
     # the model itself, not corrected by earlier tunes: the ratios stored must be against it
     planned = plan_workload(request.workload, request.workload_args, request.planned.topology,
                             Goal(global_batch=request.global_batch), corrected=False,
-                            overrides=Overrides(float8=weighed_float8(None),
-                                                **given_kernels(request)))
+                            overrides=Overrides(float8=weighed_float8(None), **given_kernels(request)))
     candidates = select_trials(planned.plan, request.device, opts.trials)
     if opts.steps is None:
         request = dataclasses.replace(request, steps=trial_steps(candidates, opts.warmup_steps))
     base = open_run(request, run_id="tune-" + new_run_id(opts.workload), run_dir=opts.tune_dir,
                     dry_run=opts.dry_run, keep_plan=False)
-    if opts.dry_run:
-        _dry_run(base, candidates, backend, place)
+    if opts.dry_run:  # each trial's torchrun command, or its sbatch script and node commands
+        for i, c in enumerate(candidates, 1):
+            spec = trial_spec(base, c, i)
+            print(f"# trial {i} of {len(candidates)}: {trial_name(c)} (predicted {c.time.step_time_s:.3g} "
+                  f"s/step){'' if place.here else ' as its own SLURM job'}, in {spec.run_dir}")
+            print(backend.render(spec, place).dry_run_text, end="")
         return 0
     where = "one after another" if place.here else "one SLURM job each"
     print(f"dlaunch tune: {len(candidates)} candidate(s) within the model's uncertainty of the best, "
           f"{base.steps} steps each ({base.warmup_steps} warm-up), {where}, in {base.run_dir}", file=sys.stderr)
     budget_s = opts.budget_min * 60 if opts.budget_min else None
-    # two tunes at once here slow each other's trials: neither's are this machine's correction
-    # (a SLURM tune's trials run on the partition's nodes, not here)
-    # one per machine, in the cache beside the corrections it guards (`corrections.TuneLock`)
+    # two tunes at once here slow each other's trials: neither's are this machine's correction (a
+    # SLURM tune's trials run on the partition's nodes); one lock per machine, beside the corrections
     lock = tune_lock() if place.here else None
     with lock if lock is not None else contextlib.nullcontext():
         if lock is not None and lock.contended:
@@ -104,11 +90,10 @@ def cmd_tune(args: argparse.Namespace, workload_args: list[str]) -> int:
                       interval=planned.plan.step_interval)
         records = trial_records(tune, request.workload, request.workload_args)
         contended = lock is not None and lock.contended  # a tune started beside ours knocked
-    if records and contended:
-        if lock is not None and lock.held:  # the other one said so when it started
-            print("dlaunch tune: another dlaunch tune ran on this machine meanwhile: these timings "
-                  "are contended, not stored as this machine's correction", file=sys.stderr)
-    elif records:
+    if records and contended and lock is not None and lock.held:  # the other one said so when it started
+        print("dlaunch tune: another dlaunch tune ran on this machine meanwhile: these timings "
+              "are contended, not stored as this machine's correction", file=sys.stderr)
+    elif records and not contended:
         stored = store_tune_trials(planned.topology, records)
         whose = "this machine" if place.here else f"the partition's nodes ({planned.topology.name})"
         print(f"dlaunch tune: {len(records)} measured/predicted ratio(s) stored for {whose} in {stored}; "

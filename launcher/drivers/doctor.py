@@ -1,24 +1,20 @@
 """`dlaunch doctor` without argv: start the doctor's ranks, collect what they measured, judge it.
 
-The ranks are a plain torchrun script (launcher/runtime/doctor_rank.py, named by path: drivers
-never import the runtime) in a `LaunchSpec` of their own, launched by the driver of every run
-(`drivers.launch`) on the command's backend, so they start exactly as a run's ranks do: on this
-host (keeper, live `[rank N]` lines, the heartbeat watcher that ends a hung doctor and names the
-rank, Ctrl-C) with OMP_NUM_THREADS set per rank as for a run (`hardware.types.rank_threads`); on
-SLURM as one job of one torchrun per node. Ranks that died get their summary from
-`backends.postmortem`, so each is named with why.
+The ranks are a plain torchrun script (`DOCTOR_RANK`) in a `LaunchSpec` of their own, launched
+by the driver of every run (`drivers.launch`) on the command's backend, so they start exactly as
+a run's ranks do: on this host (keeper, live `[rank N]` lines, the heartbeat watcher that ends a
+hung doctor and names the rank, Ctrl-C) with OMP_NUM_THREADS set per rank as for a run
+(`hardware.types.rank_threads`); on SLURM as one job of one torchrun per node. Ranks that died
+get their summary from `backends.postmortem`, so each is named with why.
 
 What the ranks should have measured comes from `expectation_topology` (before anything starts:
 a bad --topology is refused first) and `launcher.plan.expected`; the verdicts from
-`launcher.results.doctor`, written to RUN_DIR/doctor.json.
-
-Never imports cli or runtime.
+`launcher.results.doctor`, written to RUN_DIR/doctor.json. Never imports cli or runtime.
 """
 
 from __future__ import annotations
 
 import io
-import logging
 import sys
 import time
 from dataclasses import dataclass
@@ -39,8 +35,6 @@ from launcher.plan.resolve import resolve_topology
 from launcher.results.doctor import DEFAULT_THRESHOLD, DoctorReport, RankReading, judge, read_readings
 from launcher.rundir import create_run_dir
 from launcher.runspec import LaunchSpec, RunSettings
-
-log = logging.getLogger(__name__)
 
 # the rank program, by path (torchrun runs it as a script; drivers never import the runtime)
 DOCTOR_RANK = REPO_ROOT / "launcher" / "runtime" / "doctor_rank.py"
@@ -82,14 +76,14 @@ class Basis:
     text: str
 
 
-def doctor_spec(request: DoctorRequest, *, run_id: str, run_dir: str) -> LaunchSpec:
-    """The LaunchSpec that starts the doctor's ranks: the rank script, one rank per device."""
-    return LaunchSpec(workload=str(DOCTOR_RANK), is_script=True,
+def doctor_spec(request: DoctorRequest, *, run_id: str, run_dir: str | None) -> LaunchSpec:
+    """The LaunchSpec that starts the doctor's ranks: the rank script, one rank per device, in
+    `run_dir` made absolute (default runs/<run_id>)."""
+    path = Path(run_dir if run_dir is not None else Path("runs") / run_id).expanduser().absolute()
+    return LaunchSpec(workload=str(DOCTOR_RANK), is_script=True, run_id=run_id, run_dir=str(path),
                       workload_args=("--device", request.device, "--precision", request.precision),
-                      run_id=run_id, run_dir=run_dir, device=request.device,
-                      nodes=request.nodes, gpus=request.ranks_per_node,
-                      warmup_steps=0, hang_timeout_s=HANG_TIMEOUT_S,
-                      startup_timeout_s=STARTUP_TIMEOUT_S, compile_mode="default",
+                      device=request.device, nodes=request.nodes, gpus=request.ranks_per_node, warmup_steps=0,
+                      hang_timeout_s=HANG_TIMEOUT_S, startup_timeout_s=STARTUP_TIMEOUT_S, compile_mode="default",
                       **RunSettings().decided())
 
 
@@ -98,11 +92,9 @@ def _probe_text(topology: Topology) -> str:
     if not isinstance(dev, ProbedCpu):
         return f"this machine as detected ({topology.source}) and datasheet figures"
     rates = dev.rates
-    text = (f"the cached CPU probe of this host ({rates.cpu_model}, {rates.cores} cores, torch "
-            f"{torch_version()}, measured {rates.measured_at.replace('T', ' ')})")
-    if gloo_of(topology) is not None:
-        text += " and its gloo probe"
-    return text
+    gloo = " and its gloo probe" if gloo_of(topology) is not None else ""
+    return (f"the cached CPU probe of this host ({rates.cpu_model}, {rates.cores} cores, torch {torch_version()}, "
+            f"measured {rates.measured_at.replace('T', ' ')}){gloo}")
 
 
 def topology_file(request: DoctorRequest) -> Topology | None:
@@ -121,8 +113,7 @@ def expectation_topology(request: DoctorRequest) -> Basis:
     """What the ranks should measure is read from: --topology's file as listed; else this host
     (detected GPUs, or the CPU with its cached probes, as the planner sees it); under SLURM
     without --topology nothing (the login node is not the compute nodes)."""
-    topo = topology_file(request)
-    if topo is not None:
+    if (topo := topology_file(request)) is not None:
         return Basis(topology=topo, text=f"topology {topo.name} (its listed figures)")
     if not request.here:
         return Basis(topology=None, text="nothing: no --topology of the partition's nodes, so ranks "
@@ -137,17 +128,10 @@ def expectations(basis: Basis, readings: list[RankReading], request: DoctorReque
     if basis.topology is None or first is None:
         return no_expectations(basis.text)
     if basis.topology.device == "cuda":
-        return gpu_expectations(basis.topology, precision=first.precision, nodes=request.nodes,
-                                basis=basis.text)
-    return cpu_expectations(basis.topology, precision=first.precision,
-                            ranks_per_node=request.ranks_per_node, nodes=request.nodes,
-                            threads=first.threads, copy_bytes=first.copy_bytes,
+        return gpu_expectations(basis.topology, precision=first.precision, nodes=request.nodes, basis=basis.text)
+    return cpu_expectations(basis.topology, precision=first.precision, ranks_per_node=request.ranks_per_node,
+                            nodes=request.nodes, threads=first.threads, copy_bytes=first.copy_bytes,
                             allreduce_bytes=first.allreduce_bytes, basis=basis.text)
-
-
-def run_path(run_id: str, run_dir: str | None) -> Path:
-    """The run dir, absolute: `run_dir`, or runs/<run_id>."""
-    return Path(run_dir if run_dir is not None else Path("runs") / run_id).expanduser().absolute()
 
 
 def run_doctor(request: DoctorRequest, basis: Basis, backend: Backend, *, run_id: str,
@@ -155,8 +139,8 @@ def run_doctor(request: DoctorRequest, basis: Basis, backend: Backend, *, run_id
     """Start the ranks on `backend`, wait, judge them against `basis` (`expectation_topology`,
     resolved first so that a bad --topology is refused before anything runs); RUN_DIR/doctor.json."""
     started = time.monotonic()
-    path = run_path(run_id, run_dir)
-    spec = doctor_spec(request, run_id=run_id, run_dir=str(path))
+    spec = doctor_spec(request, run_id=run_id, run_dir=run_dir)
+    path = Path(spec.run_dir)
     rendered = backend.render(spec, request.placement or Placement(device=request.device))
     create_run_dir(run_dir, run_id)
     # the run's own summary table is not the doctor's: only the ranks' lines reach the console

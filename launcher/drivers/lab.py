@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import logging
 import sys
 import time
 from dataclasses import dataclass, field
@@ -33,8 +32,6 @@ from launcher.results.types import RunResult
 from launcher.rundir import RunPaths
 from launcher.runspec import LaunchSpec
 from launcher.specs import GIB
-
-log = logging.getLogger(__name__)
 
 PRECISION_GAIN_FLOOR = 0.20  # below this precision speed-up: not arithmetic-bound
 COMPILE_GAIN_FLOOR = 0.10  # below this compile speed-up: kernels already fused
@@ -59,17 +56,17 @@ class Precisions:
         return self.compiled or self.mixed
 
 
-def _plans(plan_precision: str | None, mixed: str) -> str:
-    """The compiled row's precision: the plan's when it is one the lab runs, else the mixed."""
-    return plan_precision if plan_precision in ("fp32", mixed) else mixed
+def _precisions(mixed: str, usable: tuple[str, ...], note: str, plan_precision: str | None) -> Precisions:
+    """The compiled row in the plan's precision when it is one the lab runs, else in the mixed."""
+    compiled = plan_precision if plan_precision in ("fp32", mixed) else mixed
+    return Precisions(mixed=mixed, usable=usable, compiled=compiled,
+                      note=note + ("" if compiled == mixed else f"; the compiled row runs the plan's {compiled}"))
 
 
 def cpu_precisions(flags: frozenset[str] | set[str], plan_precision: str | None = None) -> Precisions:
-    """On CPU: bf16 when the CPU has a bf16 unit (AMX or AVX-512 BF16), else bf16 emulated.
-
-    fp16 autocast runs on any CPU, but without AVX-512 FP16 / AMX-FP16 it is converted in
-    software; bf16 is the precision the planner uses on CPUs.
-    """
+    """On CPU: bf16 when the CPU has a bf16 unit (AMX or AVX-512 BF16), else bf16 emulated (fp16
+    autocast runs on any CPU, but without AVX-512 FP16 / AMX-FP16 it is converted in software;
+    bf16 is the precision the planner uses on CPUs)."""
     units = [f for f in ("amx_bf16", "avx512_bf16") if f in flags]
     fp16_units = [f for f in ("amx_fp16", "avx512_fp16") if f in flags]
     usable = ("fp32", *(("bf16",) if units else ()), *(("fp16",) if fp16_units else ()))
@@ -80,10 +77,7 @@ def cpu_precisions(flags: frozenset[str] | set[str], plan_precision: str | None 
     else:
         note = ("this CPU has no bf16 unit (no amx_bf16 / avx512_bf16): the plan keeps fp32, and "
                 "the bf16 row shows what emulated bf16 costs")
-    compiled = _plans(plan_precision, mixed)
-    if compiled != mixed:
-        note += f"; the compiled row runs the plan's {compiled}"
-    return Precisions(mixed=mixed, usable=usable, note=note, compiled=compiled)
+    return _precisions(mixed, usable, note, plan_precision)
 
 
 def cuda_precisions(capability: tuple[int, int] | None, plan_precision: str | None = None) -> Precisions:
@@ -92,12 +86,8 @@ def cuda_precisions(capability: tuple[int, int] | None, plan_precision: str | No
     usable = ("fp32", "tf32", "bf16", "fp16") if has_bf16 else ("fp32", "fp16")
     mixed = plan_precision if plan_precision in ("bf16", "fp16") else ("bf16" if has_bf16 else "fp16")
     cc = f"compute capability {capability[0]}.{capability[1]}" if capability else "unknown capability"
-    compiled = _plans(plan_precision, mixed)
-    return Precisions(mixed=mixed, usable=usable, compiled=compiled,
-                      note=f"this GPU ({cc}) computes in {', '.join(usable)}; mixed precision "
-                           f"here is {mixed}" + ("" if mixed == "bf16" else " with a GradScaler")
-                           + ("" if compiled == mixed else
-                              f"; the compiled row runs the plan's {compiled}"))
+    note = f"this GPU ({cc}) computes in {', '.join(usable)}; mixed precision here is {mixed}"
+    return _precisions(mixed, usable, note + ("" if mixed == "bf16" else " with a GradScaler"), plan_precision)
 
 
 def detect_precisions(device: str, plan_precision: str | None = None) -> Precisions:
@@ -147,12 +137,10 @@ def lab_specs(base: LaunchSpec, mixed: str, compiled: str | None = None) -> list
     The third compiles `compiled` (default: the mixed precision)."""
     out = []
     third = compiled or mixed
-    for name, precision, compiled_row in (("fp32", "fp32", False), (mixed, mixed, False),
-                                          (f"{third}+compile", third, True)):
+    for name, precision, on in (("fp32", "fp32", False), (mixed, mixed, False), (f"{third}+compile", third, True)):
         slug = name.replace("+", "-")
-        out.append((name, dataclasses.replace(base, run_id=f"{base.run_id}-{slug}",
-                                              run_dir=str(Path(base.run_dir) / slug),
-                                              precision=precision, compile=compiled_row)))
+        out.append((name, dataclasses.replace(base, run_id=f"{base.run_id}-{slug}", precision=precision, compile=on,
+                                              run_dir=str(Path(base.run_dir) / slug))))
     return out
 
 
@@ -162,8 +150,7 @@ def _speedup(new: RunResult, old: RunResult) -> float | None:
     return new.samples_per_s / old.samples_per_s
 
 
-def reading(rows: tuple[LabRow, ...], precision_gain: float | None,
-            compile_gain: float | None) -> tuple[str, ...]:
+def reading(rows: tuple[LabRow, ...], precision_gain: float | None, compile_gain: float | None) -> tuple[str, ...]:
     """What the speed-ups say, in the literature's terms."""
     out = []
     base = rows[0].result
@@ -173,10 +160,9 @@ def reading(rows: tuple[LabRow, ...], precision_gain: float | None,
                        "the casts cost more than the faster math saves (small matmuls, or no fast "
                        "low-precision path on this device); the step is not bound by arithmetic")
         elif precision_gain - 1 < PRECISION_GAIN_FLOOR:
-            out.append(f"precision gained {100 * (precision_gain - 1):+.0f}% (< "
-                       f"{100 * PRECISION_GAIN_FLOOR:.0f}%): the step is not bound by arithmetic; "
-                       f"look at data loading (batch wait {100 * base.data_wait_share:.0f}% of "
-                       "the step) and communication before faster math")
+            out.append(f"precision gained {100 * (precision_gain - 1):+.0f}% (< {100 * PRECISION_GAIN_FLOOR:.0f}%): "
+                       "the step is not bound by arithmetic; look at data loading (batch wait "
+                       f"{100 * base.data_wait_share:.0f}% of the step) and communication before faster math")
         else:
             out.append(f"precision gained {100 * (precision_gain - 1):+.0f}%: the step is "
                        "arithmetic-bound; keep mixed precision")
@@ -186,26 +172,20 @@ def reading(rows: tuple[LabRow, ...], precision_gain: float | None,
                        f"{100 * COMPILE_GAIN_FLOOR:.0f}%): the kernels are already large or fused "
                        "(matmul-bound) or the step waits elsewhere; compile is not worth its start-up")
         else:
-            out.append(f"compile gained {100 * (compile_gain - 1):+.0f}%: fusing kernels pays; "
-                       "keep --compile")
-    gains = [g for g in (precision_gain, compile_gain) if g is not None]
-    if any(abs(g - 1) < NOISE for g in gains):
+            out.append(f"compile gained {100 * (compile_gain - 1):+.0f}%: fusing kernels pays; keep --compile")
+    if any(g is not None and abs(g - 1) < NOISE for g in (precision_gain, compile_gain)):
         out.append(f"runs on a busy machine vary 10-30% in throughput: repeat the lab before "
                    f"acting on a difference under {100 * NOISE:.0f}%")
-    verdict = rows[1].result.verdict if len(rows) > 1 else base.verdict
-    if verdict:
-        out.append(f"bottleneck ({rows[1].name if len(rows) > 1 else rows[0].name} run): "
-                   f"{verdict['name']}: {verdict.get('evidence', '')}")
+    row = rows[1] if len(rows) > 1 else rows[0]  # the mixed-precision run, else fp32's
+    if verdict := row.result.verdict:
+        out.append(f"bottleneck ({row.name} run): {verdict['name']}: {verdict.get('evidence', '')}")
     return tuple(out)
 
 
-def run_lab(base: LaunchSpec, precisions: Precisions, *, run: RunOne,
-            progress: IO[str] = sys.stderr) -> LabResult:
-    """Run the three configurations one after another; stop at the first failed run.
-
-    `run(spec, out=...)` launches one run (the driver's `Runner`); each run's own summary and
-    rank output go to a buffer, printed only when that run fails.
-    """
+def run_lab(base: LaunchSpec, precisions: Precisions, *, run: RunOne, progress: IO[str] = sys.stderr) -> LabResult:
+    """Run the three configurations one after another; stop at the first failed run. Each run's
+    own summary and rank output (`run(spec, out=...)`, the driver's `Runner`) go to a buffer,
+    printed only when that run fails."""
     rows: list[LabRow] = []
     specs = lab_specs(base, precisions.mixed, precisions.compile_precision)
     for i, (name, spec) in enumerate(specs, 1):
@@ -213,23 +193,18 @@ def run_lab(base: LaunchSpec, precisions: Precisions, *, run: RunOne,
             Path(spec.run_dir).mkdir(mode=0o750, parents=True, exist_ok=True)
         progress.write(f"dlaunch lab: [{i}/{len(specs)}] {name} ...\n")
         progress.flush()
-        t0 = time.monotonic()
-        buf = io.StringIO()
+        t0, buf = time.monotonic(), io.StringIO()
         result = run(spec, out=buf)
-        progress.write(f"dlaunch lab: [{i}/{len(specs)}] {name} {result.status} in "
-                       f"{time.monotonic() - t0:.0f} s\n")
-        rows.append(LabRow(name=name, precision=spec.precision,
-                           compile=spec.compile, result=result))
+        progress.write(f"dlaunch lab: [{i}/{len(specs)}] {name} {result.status} in {time.monotonic() - t0:.0f} s\n")
+        rows.append(LabRow(name=name, precision=spec.precision, compile=spec.compile, result=result))
         if result.status != "ok":
             progress.write(buf.getvalue())
             break
     frozen = tuple(rows)
     p_gain = _speedup(frozen[1].result, frozen[0].result) if len(frozen) > 1 else None
-    c_gain = (_speedup(frozen[2].result, frozen[_eager_twin(frozen)].result)
-              if len(frozen) > 2 else None)
-    lab = LabResult(lab_dir=base.run_dir, precisions=precisions, rows=frozen,
-                    precision_speedup=p_gain, compile_speedup=c_gain,
-                    reading=reading(frozen, p_gain, c_gain))
+    c_gain = _speedup(frozen[2].result, frozen[_eager_twin(frozen)].result) if len(frozen) > 2 else None
+    lab = LabResult(lab_dir=base.run_dir, precisions=precisions, rows=frozen, precision_speedup=p_gain,
+                    compile_speedup=c_gain, reading=reading(frozen, p_gain, c_gain))
     atomic_write_json(RunPaths(root=base.run_dir).lab, lab.to_dict())
     return lab
 
@@ -261,23 +236,18 @@ def format_lab(lab: LabResult) -> str:
                     f"{r0.compiled_graphs} graph(s), {r0.graph_breaks} break(s)")
         peak = max((x.peak_mem_bytes for x in r.ranks if x.peak_mem_bytes), default=None)
         rows.append([row.name, r.status, _fmt_rate(r.samples_per_s),
-                     *([_fmt_rate(r.units_per_s)] if units != "samples" else []),
-                     f"{r.step_time_median_s:.3f}s", "-" if peak is None else f"{peak / GIB:.2f} GiB",
-                     gain, "-" if r0 is None or r0.final_loss is None else f"{r0.final_loss:.4f}",
-                     comp])
+                     *([_fmt_rate(r.units_per_s)] if units != "samples" else []), f"{r.step_time_median_s:.3f}s",
+                     "-" if peak is None else f"{peak / GIB:.2f} GiB", gain,
+                     "-" if r0 is None or r0.final_loss is None else f"{r0.final_loss:.4f}", comp])
     first = lab.rows[0].result if lab.rows else None
-    head = "lab"
-    if first is not None:
-        head = (f"lab: {first.world_size} rank(s), {first.device}, {first.strategy}, same seed and "
-                f"data; speed-up: mixed precision against fp32, compile against the eager run of "
-                f"its precision")
+    head = "lab" if first is None else (f"lab: {first.world_size} rank(s), {first.device}, {first.strategy}, same "
+                                        "seed and data; speed-up: mixed precision against fp32, compile against "
+                                        "the eager run of its precision")
     out = [head, f"precisions: {lab.precisions.note}", format_table(header, rows)]
     if first is not None and first.device == "cpu":
         out.append("peak mem on CPU is each rank's peak resident set (ru_maxrss), not tensor bytes")
     out.extend(f"reading: {line}" for line in lab.reading)
-    for row in lab.rows:
-        for f in row.result.failures:
-            out.append(f"FAILED ({row.name}): {f}")
+    out.extend(f"FAILED ({row.name}): {f}" for row in lab.rows for f in row.result.failures)
     out.append(f"runs: {lab.lab_dir}/{{{','.join(r.name.replace('+', '-') for r in lab.rows)}}}; "
                f"{RunPaths(root=lab.lab_dir).lab.name} beside them")
     return "\n".join(out)

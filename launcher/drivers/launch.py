@@ -1,10 +1,9 @@
 """The one driver of a launch, whatever backend runs it: `launch(rendered, backend, console)`.
 
-It writes launch.json, starts the rendered run through its backend and follows it to its end
-(`Handle.follow` -> `Ended`), writes the summaries of ranks that died, aggregates the rank
-files, writes result.json and prints the summary (table or JSON); `run`, `lab`, `scale`'s
-points, `tune`'s trials and `doctor` all launch through it. `status` settles a detached job's
-result the first time it is seen over.
+It writes launch.json, starts the rendered run through its backend, follows it to its end
+(`Handle.follow` -> `Ended`) and records its result (`launch`); `run`, `lab`, `scale`'s points,
+`tune`'s trials and `doctor` all launch through it. `status` settles a detached job's result the
+first time it is seen over.
 
 A failed attempt may be relaunched (`--max-restarts N`, where the backend says it can be):
 a new torchrun with a fresh rendezvous in the same run dir. torchrun's own in-place restart is
@@ -13,7 +12,6 @@ attempt's rank files and logs move to `attempts/<n>/` (with its result.json), so
 top level always describes the latest attempt and re-aggregating it gives the same result.
 The ranks see DLAUNCH_ATTEMPT=<n> and DLAUNCH_RESUME=1 on a relaunch; resuming from a
 checkpoint (rather than starting over) needs a checkpointing harness (runtime.checkpoint).
-
 Never imports cli or runtime (the ranks are reached through files only).
 """
 
@@ -52,8 +50,7 @@ def progress_spec(spec: LaunchSpec) -> ProgressSpec:
     """What the live line measures `spec` against: its steps and batch, and from the plan
     beside the run (if any) the predicted step time and the tokens per sample."""
     path = RunPaths(root=spec.run_dir).plan
-    predicted = units = None
-    unit = "samples"
+    predicted, units, unit = None, None, "samples"
     try:
         data = read_json(path) if path.exists() else None
         if isinstance(data, dict):
@@ -63,21 +60,18 @@ def progress_spec(spec: LaunchSpec) -> ProgressSpec:
                 units, unit = plan.units_per_sample, "tokens"
     except (OSError, KeyError, TypeError, ValueError) as e:  # an older plan file: no comparison
         log.debug("plan.json gives no prediction for the progress line: %s", e)
-    return ProgressSpec(total_steps=spec.steps, warmup_steps=spec.warmup_steps,
-                        samples_per_step=spec.global_batch, units_per_sample=units or 1, unit=unit,
-                        predicted_step_s=predicted)
+    return ProgressSpec(total_steps=spec.steps, warmup_steps=spec.warmup_steps, samples_per_step=spec.global_batch,
+                        units_per_sample=units or 1, unit=unit, predicted_step_s=predicted)
 
 
 def launch(rendered: Rendered, backend: Backend, console: IO[str], *, out: IO[str] | None = None,
            as_json: bool = False, debug: bool = False, note: str | None = None,
            quiet: bool = False) -> RunResult | None:
     """Start `rendered` on `backend`, follow it to its end (restarts included) and return the
-    aggregated result; None for a job left running (--detach).
-
-    Writes `launch.json` before and `result.json` after; the ranks' output and progress go to
-    `console`, the summary to `out` (default: the console), as JSON with `as_json`. `note` (the
-    plan's) is printed once the backend accepted the run; `quiet`: no live progress line.
-    """
+    aggregated result; None for a job left running (--detach). Writes `launch.json` before and
+    `result.json` after; the ranks' output and progress go to `console`, the summary to `out`
+    (default: the console), as JSON with `as_json`. `note` (the plan's) is printed once the
+    backend accepted the run; `quiet`: no live progress line."""
     spec = rendered.spec
     out = console if out is None else out
     run_dir = Path(spec.run_dir)
@@ -89,10 +83,11 @@ def launch(rendered: Rendered, backend: Backend, console: IO[str], *, out: IO[st
     warned: list[str] = []  # the launcher's warnings over every attempt
     attempt = 0
     while True:
-        ended = backend.start(rendered, attempt=attempt, debug=debug, note=note,
-                              progress=progress).follow(console)
-        if ended.detached is not None:
-            _detached(ended.detached, spec, out, as_json)
+        ended = backend.start(rendered, attempt=attempt, debug=debug, note=note, progress=progress).follow(console)
+        if (ref := ended.detached) is not None:  # a job left running: its reference, run dir, how to follow it
+            out.write(json.dumps({"job_id": ref, "run_dir": spec.run_dir}) + "\n" if as_json else
+                      f"submitted job {ref}\nrun dir: {spec.run_dir}\nfollow with: dlaunch status {ref} "
+                      f"| dlaunch logs {ref} --follow | dlaunch cancel {ref}\n")
             return None
         if ended.warnings:
             warned = [*warned, *(w for w in ended.warnings if w not in warned)]
@@ -127,18 +122,7 @@ def launch(rendered: Rendered, backend: Backend, console: IO[str], *, out: IO[st
     return result
 
 
-def _detached(ref: str, spec: LaunchSpec, out: IO[str], as_json: bool) -> None:
-    """What a job left running says: its reference, its run dir, how to follow it."""
-    if as_json:
-        out.write(json.dumps({"job_id": ref, "run_dir": spec.run_dir}) + "\n")
-    else:
-        out.write(f"submitted job {ref}\nrun dir: {spec.run_dir}\n"
-                  f"follow with: dlaunch status {ref} | dlaunch logs {ref} --follow"
-                  f" | dlaunch cancel {ref}\n")
-
-
-def _aggregate(run_dir: Path, ended: Ended, spec: LaunchSpec, console: IO[str], *,
-               wall_time_s: float) -> RunResult:
+def _aggregate(run_dir: Path, ended: Ended, spec: LaunchSpec, console: IO[str], *, wall_time_s: float) -> RunResult:
     """The attempt's RunResult: the summaries of ranks that died written first, then the rank
     files aggregated, as the backend's `ended` says (interrupted, its own failure line)."""
     stall = ended.stall
@@ -149,9 +133,8 @@ def _aggregate(run_dir: Path, ended: Ended, spec: LaunchSpec, console: IO[str], 
     if ended.evidence is not None:
         ev = ended.evidence
         try:
-            write_missing_summaries(run_dir, spec.world_size, expected_steps=spec.steps,
-                                    beats=dict(ev.beats), stall=stall, stacks=dict(ev.stacks),
-                                    torchrun_log=ev.torchrun_log)
+            write_missing_summaries(run_dir, spec.world_size, expected_steps=spec.steps, beats=dict(ev.beats),
+                                    stall=stall, stacks=dict(ev.stacks), torchrun_log=ev.torchrun_log)
         except StorageError as e:  # a full disk must not cost the summary of what was recorded
             full = f"the ranks' summaries were not written: {e}"
     result = aggregate(run_dir, exit_code=ended.exit_code,
@@ -160,8 +143,7 @@ def _aggregate(run_dir: Path, ended: Ended, spec: LaunchSpec, console: IO[str], 
         result = dataclasses.replace(result, status="failed", failures=(full, *result.failures))
     if ended.interrupted is not None:
         # stopped on purpose: exit 128 + the signal (130 for Ctrl-C), no rank failures
-        result = dataclasses.replace(result, status="interrupted", exit_code=128 + ended.interrupted,
-                                     failures=())
+        result = dataclasses.replace(result, status="interrupted", exit_code=128 + ended.interrupted, failures=())
     if ended.failure is not None:
         result = dataclasses.replace(result, status="failed", failures=(ended.failure, *result.failures))
     return result
@@ -214,8 +196,7 @@ def _archive_attempt(run_dir: Path, attempt: int, result: RunResult) -> None:
 def settle(run_dir: Path, ended: Ended) -> RunResult:
     """The result of a run that ended while nobody followed it (a detached job), written once."""
     spec = LaunchSpec.from_dict(read_json(RunPaths(root=run_dir).launch))
-    return _write_result(RunPaths(root=run_dir),
-                         _aggregate(run_dir, ended, spec, sys.stderr, wall_time_s=0.0))
+    return _write_result(RunPaths(root=run_dir), _aggregate(run_dir, ended, spec, sys.stderr, wall_time_s=0.0))
 
 
 def read_result(run_dir: str | Path) -> RunResult | None:
@@ -247,20 +228,18 @@ class RunOne(Protocol):
 
     def __call__(self, spec: LaunchSpec, out: IO[str]) -> RunResult:
         """Launch `spec`, its output on `out`; its result."""
-        ...
 
 
 @dataclass(frozen=True, kw_only=True)
 class Runner:
-    """One run of a lab, a sweep or a tune on `backend` at `placement`: `runner(spec, out)`
-    launches `spec` through `launch` (its output and summary on `out`)."""
+    """One run of a lab, a sweep or a tune on `backend` at `placement`: `runner(spec, out)` launches
+    `spec` through `launch` (its output and summary on `out`), never detached, without a live line."""
 
     backend: Backend
     placement: Placement
 
     def __call__(self, spec: LaunchSpec, out: IO[str]) -> RunResult:
-        """The run's result (a lab, a sweep or a tune never detaches its runs, and draws its
-        own progress, not each run's live line)."""
+        """The run's result (a lab, a sweep or a tune draws its own progress)."""
         result = launch(self.backend.render(spec, self.placement), self.backend, out, quiet=True)
         if result is None:
             raise LaunchError(f"internal: {spec.run_id} was detached")

@@ -1,20 +1,17 @@
 """Scaling sweeps: one run per (world size, repeat), resumable, one manifest.
 
 Layout of a sweep directory:
-  sweep.json        the manifest (launcher.sweepmanifest): the sweep's configuration and every
-                    point's status (pending | running | ok | failed), rewritten atomically after
-                    each change
+  sweep.json        the manifest (launcher.sweepmanifest): the sweep's configuration and every point's
+                    status (pending | running | ok | failed), rewritten atomically after each change
   ws<N>-r<k>/       one ordinary run directory per point (launch.json, rank files, result.json)
   .attempts/        point directories moved aside: half-done by an interrupted sweep, failed
                     before a retry, or replaced under --force (kept, never deleted)
   sweep.lock        held while a sweep runs, so two calls never run into one directory
 
-A sweep is a typed value (`Sweep`: the template LaunchSpec every point shares, the mode, each
-world size's shape, repeats); each point is the template with its own identity, shape and
-micro-batch. A re-run with the same configuration skips the points whose result.json says ok,
-moves aside whatever else a point left behind and runs it again; a failed point is recorded
-and the sweep goes on. Each point runs through a `RunOne` (the driver's `Runner` on the
-command's backend: torchrun on this host, or one SLURM job per point).
+A sweep (`Sweep`) is a template LaunchSpec run at each world size's shape, `repeats` times. A
+re-run with the same configuration skips the points whose result.json says ok, moves aside
+whatever else a point left behind and runs it again; a failed point is recorded and the sweep
+goes on. Each point runs through a `RunOne` (the driver's `Runner` on the command's backend).
 
 This module checks a sweep's batches, names it (`Sweep.config`, `default_sweep_dir`) and starts
 it (`run_sweep`); `sweeppoints` runs the points. Never imports cli, report or runtime.
@@ -41,14 +38,11 @@ from launcher.runspec import LaunchSpec
 from launcher.specs import SWEEP_MODES
 from launcher.sweepmanifest import read_manifest
 
-MODES = SWEEP_MODES
 
-
-def point_batch(mode: str, world_size: int, *, micro_batch: int, global_batch: int | None,
-                grad_accum: int = 1) -> int:
+def point_batch(mode: str, world_size: int, *, micro_batch: int, global_batch: int | None, grad_accum: int = 1) -> int:
     """The micro-batch of a point: weak keeps `micro_batch` per rank, strong splits
     `global_batch` over the ranks (and accumulation steps); UsageError if it does not divide."""
-    if mode not in MODES:
+    if mode not in SWEEP_MODES:
         raise UsageError(f"--mode must be weak or strong, got {mode!r}")
     if mode == "weak":
         return micro_batch
@@ -69,11 +63,9 @@ def check_plan(mode: str, world_sizes: Sequence[int], *, micro_batch: int,
                global_batch: int | None, grad_accum: int = 1) -> dict[int, int]:
     """Validate the whole sweep before anything runs: world size -> micro-batch."""
     if mode == "weak" and global_batch is not None:
-        raise UsageError("--global-batch applies to --mode strong; weak scaling keeps "
-                         "--micro-batch per rank")
+        raise UsageError("--global-batch applies to --mode strong; weak scaling keeps --micro-batch per rank")
     if mode == "strong" and global_batch is not None:
-        bad = [n for n in world_sizes if global_batch % (n * grad_accum)]
-        if bad:
+        if bad := [n for n in world_sizes if global_batch % (n * grad_accum)]:
             need = math.lcm(*(n * grad_accum for n in world_sizes))
             raise UsageError(f"--global-batch {global_batch} does not split over world size(s) "
                              f"{', '.join(map(str, bad))}; use a multiple of {need}")
@@ -117,11 +109,8 @@ class Sweep:
                                    gpus=procs, micro_batch=self.batch(n))
 
     def config(self) -> dict[str, Any]:
-        """What must match for a re-run to resume a sweep (world sizes and repeats may grow).
-
-        A SLURM sweep (`per_node` given) records its node shape, so it never resumes into a
-        local sweep of the same workload or the other way round.
-        """
+        """What must match for a re-run to resume a sweep (world sizes and repeats may grow). A
+        SLURM sweep (`per_node` given) records its node shape: it never resumes a local one."""
         spec = dataclasses.replace(self.template, run_id="x", run_dir="/x").to_dict()
         for key in ("run_id", "run_dir", "gpus", "nodes", "workload", "workload_args", "micro_batch"):
             spec.pop(key, None)
@@ -138,17 +127,14 @@ def default_sweep_dir(config: Mapping[str, Any], root: str | Path = "runs") -> P
     """`runs/scale-<stem>-<mode>-<hash>`: the same command finds the same directory again,
     which is what makes an interrupted sweep resume on the next call."""
     digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:8]
-    stem = Path(str(config["workload"])).stem
-    return Path(root) / f"scale-{stem}-{config['mode']}-{digest}"
+    return Path(root) / f"scale-{Path(str(config['workload'])).stem}-{config['mode']}-{digest}"
 
 
 def run_sweep(sweep: Sweep, *, sweep_dir: str | Path, run: RunOne, force: bool = False,
-              topology: Mapping[str, Any] | None = None,
-              progress: IO[str] | None = sys.stderr) -> SweepResult:
-    """Run (or resume) `sweep` in `sweep_dir`, each point through `run`, and return every
-    point's record. `topology` (a topology dict) is stored in the manifest so the report can set
-    busbw beside the link bandwidth. Raises UsageError for a sweep dir of another configuration
-    before anything is created, SweepInterrupted when stopped by a signal."""
+              topology: Mapping[str, Any] | None = None, progress: IO[str] | None = sys.stderr) -> SweepResult:
+    """Run (or resume) `sweep` in `sweep_dir`, each point through `run`; every point's record.
+    `topology` (a dict) goes in the manifest, so the report sets busbw beside the link bandwidth.
+    UsageError for a sweep dir of another configuration, SweepInterrupted when stopped by a signal."""
     config = sweep.config()
     sdir = Path(sweep_dir).expanduser().absolute()
     refuse_foreign(sdir)

@@ -1,9 +1,7 @@
 """Sweep directories: the lock, point directories moved aside, and finished points.
 
 The counterpart of rundir.py for sweeps (file names in `launcher.rundir.SweepPaths`, layout in
-launcher/drivers/sweep.py).
-
-Never imports cli, runtime or report.
+launcher/drivers/sweep.py). Never imports cli, runtime or report.
 """
 
 from __future__ import annotations
@@ -33,15 +31,12 @@ def refuse_foreign(sweep_dir: Path) -> None:
     if not sweep_dir.exists():
         return
     if not sweep_dir.is_dir():
-        raise UsageError(f"--sweep-dir {str(sweep_dir)!r} exists and is not a directory; "
-                         "give a new directory")
+        raise UsageError(f"--sweep-dir {str(sweep_dir)!r} exists and is not a directory; give a new directory")
     if paths.manifest.exists():
         return
-    foreign = sorted(e.name for e in sweep_dir.iterdir() if e != paths.lock)
-    if foreign:
+    if foreign := sorted(e.name for e in sweep_dir.iterdir() if e != paths.lock):
         raise UsageError(f"--sweep-dir {str(sweep_dir)!r} is not empty and holds no dlaunch sweep "
-                         f"(no {paths.manifest.name}; found {foreign[0]!r}); give a new or "
-                         "empty directory")
+                         f"(no {paths.manifest.name}; found {foreign[0]!r}); give a new or empty directory")
 
 
 def first_difference(a: Any, b: Any, prefix: str = "") -> str:

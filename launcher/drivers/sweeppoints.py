@@ -1,12 +1,10 @@
 """Running a sweep's points: each into a fresh run directory, recorded in the manifest.
 
 `run_points` launches the points `sweep.run_sweep` asked for, one after another, through a
-`RunOne` (the driver's `Runner`: torchrun on this host, or a SLURM job per point), moves aside
-whatever an earlier attempt left, and rewrites the manifest after every change so an
-interrupted sweep resumes where it stopped. A failed point is recorded and the sweep goes on;
-an interrupted one (`SweepInterrupted`) stops it. `ProgressBar` shows how far the sweep got.
-
-Never imports cli, report or runtime.
+`RunOne`, moves aside whatever an earlier attempt left, and rewrites the manifest after every
+change so an interrupted sweep resumes where it stopped. A failed point is recorded and the
+sweep goes on; an interrupted one (`SweepInterrupted`) stops it. `ProgressBar` shows how far the
+sweep got. Never imports cli, report or runtime.
 """
 
 from __future__ import annotations
@@ -37,9 +35,8 @@ if TYPE_CHECKING:  # a type only: sweep imports this module
 log = logging.getLogger(__name__)
 
 class SweepInterrupted(DlaunchError):
-    """The sweep was stopped (Ctrl-C, SIGTERM); re-running the same command resumes it.
-
-    Exits 128 + the signal, as `dlaunch run` does (130 for Ctrl-C, 143 for SIGTERM)."""
+    """The sweep was stopped (Ctrl-C, SIGTERM); re-running the same command resumes it. Exits
+    128 + the signal, as `dlaunch run` does (130 for Ctrl-C, 143 for SIGTERM)."""
 
     exit_code = 130
 
@@ -88,11 +85,8 @@ class ProgressBar:
             return
         filled = self.width * done // max(1, self.total)
         bar = f"[{'#' * filled}{'.' * (self.width - filled)}] {done}/{self.total} points  {label}"
-        if self.tty:
-            self.out.write("\r\x1b[2K" + bar)
-            self._drawn = True
-        else:
-            self.out.write(bar + "\n")
+        self.out.write("\r\x1b[2K" + bar if self.tty else bar + "\n")
+        self._drawn = self.tty
         self.out.flush()
 
     def note(self, text: str) -> None:
@@ -136,33 +130,30 @@ class _Points:
     run_one: RunOne
     bar: ProgressBar
 
-    def save(self) -> None:
-        """Rewrite the manifest with every point's current record."""
-        self.manifest = dataclasses.replace(self.manifest, points=tuple(self.points.values()),
-                                            updated=time.time())
+    def save(self, point: SweepPoint | None = None) -> None:
+        """Rewrite the manifest with every point's current record (`point`'s new one first)."""
+        if point is not None:
+            self.points[point.name] = point
+        self.manifest = dataclasses.replace(self.manifest, points=tuple(self.points.values()), updated=time.time())
         write_manifest(self.sdir, self.manifest)
 
     def run(self, name: str, index: int, shape: tuple[int, int, int]) -> None:
         """Launch one point into a fresh directory and record how it ended."""
         point, pdir = self.points[name], self.sdir / name
-        live = job_pids(pdir) if pdir.exists() else {}
-        if live:
+        if live := (job_pids(pdir) if pdir.exists() else {}):
             # they may still write into the point's files: resuming now would mix two runs
             raise LaunchError(f"{name}: processes of an earlier run still live ("
                               + ", ".join(f"{what} pid {pid}" for pid, what in sorted(live.items()))
                               + "); wait for them to end, or kill them, then run again")
         if pdir.exists():
             moved = move_aside(pdir, self.sdir)
-            self.bar.note(f"{name}: moved what a previous attempt left to "
-                          f"{moved.relative_to(self.sdir)}")
+            self.bar.note(f"{name}: moved what a previous attempt left to {moved.relative_to(self.sdir)}")
         run_id = f"{self.sdir.name}-{name}-a{point.attempts + 1}"
         spec = self.sweep.point(shape, run_id=run_id, run_dir=str(pdir))
         create_run_dir(pdir, run_id)
-        point = dataclasses.replace(point, status="running", run_id=run_id, error=None,
-                                    attempts=point.attempts + 1, started=time.time(),
-                                    finished=None)
-        self.points[name] = point
-        self.save()
+        point = dataclasses.replace(point, status="running", run_id=run_id, error=None, attempts=point.attempts + 1,
+                                    started=time.time(), finished=None)
+        self.save(point)
         where = f" on {point.num_nodes} nodes" if point.num_nodes > 1 else ""
         batch = "" if spec.is_script else f", micro-batch {point.micro_batch}"  # a script sets its own
         self.bar.update(index, f"{name} running ({point.world_size} rank(s){where}{batch})")
@@ -173,9 +164,7 @@ class _Points:
             if stopped is not None:
                 raise stopped
         except (KeyboardInterrupt, SweepInterrupted):
-            self.points[name] = dataclasses.replace(point, status="pending",
-                                                    error="interrupted; re-run to resume")
-            self.save()
+            self.save(dataclasses.replace(point, status="pending", error="interrupted; re-run to resume"))
             self.bar.note(f"{name}: interrupted; run the same command again to resume")
             raise
         except Exception as e:  # a failed point must not stop the sweep
@@ -184,20 +173,17 @@ class _Points:
             point = dataclasses.replace(point, status="failed", error=msg, finished=time.time())
         else:
             ok = result.status == "ok"
-            err = None if ok else (result.failures[0] if result.failures
-                                   else f"exit code {result.exit_code}")
+            err = None if ok else (result.failures[0] if result.failures else f"exit code {result.exit_code}")
             point = dataclasses.replace(point, status="ok" if ok else "failed", error=err,
                                         finished=time.time(), samples_per_s=result.samples_per_s,
                                         step_time_median_s=result.step_time_median_s)
-        self.points[name] = point
-        self.save()
+        self.save(point)
         took = (point.finished or 0.0) - (point.started or 0.0)
         if point.status == "ok":
             self.bar.note(f"{name}: ok, {point.samples_per_s or 0:,.1f} samples/s, median step "
                           f"{point.step_time_median_s or 0:.4f} s ({took:.1f} s)")
         else:
-            self.bar.note(f"{name}: FAILED ({took:.1f} s): {point.error} "
-                          f"(see {RunPaths(root=pdir).console_log})")
+            self.bar.note(f"{name}: FAILED ({took:.1f} s): {point.error} (see {RunPaths(root=pdir).console_log})")
 
 
 def run_points(sweep: Sweep, sdir: Path, old: Manifest | None, config: Mapping[str, Any], *,
@@ -214,9 +200,8 @@ def run_points(sweep: Sweep, sdir: Path, old: Manifest | None, config: Mapping[s
             name, prev = point_name(n, k), known.get(point_name(n, k))
             wanted.append((name, shape))
             points[name] = SweepPoint(
-                name=name, world_size=n, repeat=k, micro_batch=sweep.batch(n),
-                global_batch=sweep.batch(n) * sweep.template.grad_accum * n, num_nodes=nodes,
-                attempts=prev.attempts if prev else 0,
+                name=name, world_size=n, repeat=k, micro_batch=sweep.batch(n), num_nodes=nodes,
+                global_batch=sweep.batch(n) * sweep.template.grad_accum * n, attempts=prev.attempts if prev else 0,
                 status=prev.status if prev else "pending", run_id=prev.run_id if prev else "")
     manifest = Manifest(name=sdir.name, mode=sweep.mode, config=config,
                         created=old.created if old is not None else time.time(),

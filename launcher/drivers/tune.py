@@ -1,33 +1,30 @@
 """`dlaunch tune` without argv: measure the plan's top candidates, keep the fastest, learn.
 
 The planner ranks every candidate but is only so accurate (`UNCERTAINTY`); the candidates it
-cannot tell from the best are run for a short trial each, back to back like `dlaunch lab`'s
-runs (same seed, same data, the same driver as `dlaunch run`), the fastest measured
-(samples/s) is written as `tuned-plan.json`, which `dlaunch run --plan` follows, and the
-measured/predicted ratios go to this machine's correction cache (launcher.plan.corrections).
-A trial that fails (out of memory, compile error, crash) is recorded with its reason and the
-tune goes on. Each trial's run dir holds the plan.json of its own candidate (`trial_planned`),
-so its result carries predicted against measured like any `dlaunch run`, and its console
-output in console.log.
+cannot tell from the best run a short trial each, back to back like `dlaunch lab`'s runs (same
+seed, same data, the same driver as `dlaunch run`). The fastest measured (samples/s) is written
+as `tuned-plan.json`, which `dlaunch run --plan` follows, and the measured/predicted ratios go to
+this machine's correction cache (launcher.plan.corrections). A failed trial (out of memory,
+compile error, crash) is recorded with its reason and the tune goes on. Each trial's run dir
+holds its own candidate's plan.json (`trial_planned`), so its result sets predicted against
+measured like any `dlaunch run`, and its console output in console.log.
 
 Under SLURM (`tune --slurm`) each trial is one SLURM job, submitted and followed exactly as
-`dlaunch run --slurm` (the driver's `Runner` on the SLURM backend), one after another, not all trials
-in one allocation: a trial is then the very job `run --slurm --plan` submits later (same shape,
-no second code path), the queue, limits and accounting see ordinary jobs, and a trial that
-crashes, hangs to its time limit or leaves a node bad ends its own job, not the others'. The
-price, a queue wait before each trial, no measurement includes; `--budget-min` (wall time) does.
-A refused submission (unknown partition, account) would refuse every trial alike: it stops the
-tune before anything ran (`Refused`, raised by the backend).
-
-Never imports cli or runtime.
+`dlaunch run --slurm`, one after another, not all trials in one allocation: a trial is then the
+very job `run --slurm --plan` submits later (same shape, no second code path), the queue, limits
+and accounting see ordinary jobs, and a trial that crashes, hangs to its time limit or leaves a
+node bad ends its own job, not the others'. The price, a queue wait before each trial, no
+measurement includes; `--budget-min` (wall time) does. A refused submission (unknown partition,
+account) would refuse every trial alike: it stops the tune before anything ran (`Refused`,
+raised by the backend). Never imports cli or runtime.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
-import logging
 import math
 import sys
 import time
@@ -47,12 +44,9 @@ from launcher.plan.kernels import KNOBS as KERNEL_KNOBS
 from launcher.plan.planfile import read_plan
 from launcher.plan.resolve import Planned
 from launcher.plan.types import Candidate, Plan, StepInterval
-from launcher.results.types import RunResult
 from launcher.rundir import RunPaths, TunePaths
 from launcher.runspec import LaunchSpec, RunSettings
 from launcher.specs import TRIAL_STEPS, TRIAL_TIMED_S, checkpointing_mode
-
-log = logging.getLogger(__name__)
 
 # How far apart two predicted step times (per sample) must be before the model can tell them
 # apart: on CPU the probe's rates miss by 20-30% on a shared host (the measured/predicted
@@ -78,9 +72,7 @@ def select_trials(plan: Plan, device: str, max_trials: int) -> list[Candidate]:
     """The chosen candidate and every fitting one predicted within UNCERTAINTY of the fastest,
     fastest first, at most `max_trials`; never one predicted not to fit."""
     fitting = [c for c in (plan.chosen, *plan.rejected) if c.fits]
-    if not fitting:
-        return []
-    best = min(per_sample_s(c) for c in fitting)
+    best = min((per_sample_s(c) for c in fitting), default=0.0)
     near = [c for c in fitting if per_sample_s(c) <= best * (1 + UNCERTAINTY[device])]
     near.sort(key=lambda c: (c is not plan.chosen, per_sample_s(c)))  # the plan's own first
     return near[:max_trials]
@@ -97,9 +89,8 @@ def trial_steps(candidates: Sequence[Candidate], warmup_steps: int | None) -> in
 def decisions_of(c: Candidate) -> dict[str, Any]:
     """What a run needs to repeat candidate `c`."""
     s = c.strategy
-    return {"strategy": s.kind, "precision": s.precision, "micro_batch": c.micro_batch,
-            "grad_accum": c.grad_accum, "checkpointing": s.checkpointing,
-            "compile": s.compile, "tp": s.tp}
+    return {"strategy": s.kind, "precision": s.precision, "micro_batch": c.micro_batch, "grad_accum": c.grad_accum,
+            "checkpointing": s.checkpointing, "compile": s.compile, "tp": s.tp}
 
 
 def trial_name(c: Candidate) -> str:
@@ -125,12 +116,11 @@ def trial_planned(planned: Planned, c: Candidate) -> Planned:
     p, t = planned.plan, c.time
     samples = c.micro_batch * c.grad_accum * p.world_size
     why = f"tune trial of {trial_name(c)}: predicted within the model's uncertainty of the best"
-    plan = dataclasses.replace(
-        p, chosen=dataclasses.replace(c, reason=why), reasons=(why,),
-        rejected=tuple(x for x in (p.chosen, *p.rejected) if x is not c), global_batch=samples,
-        units_per_s=samples * planned.profile.units_per_sample / t.step_time_s,
-        scaling_efficiency=t.compute_s / t.step_time_s if t.step_time_s else 1.0,
-        step_interval=p.step_interval and p.step_interval.around(t.step_time_s))
+    plan = dataclasses.replace(p, chosen=dataclasses.replace(c, reason=why), reasons=(why,), global_batch=samples,
+                               rejected=tuple(x for x in (p.chosen, *p.rejected) if x is not c),
+                               units_per_s=samples * planned.profile.units_per_sample / t.step_time_s,
+                               scaling_efficiency=t.compute_s / t.step_time_s if t.step_time_s else 1.0,
+                               step_interval=p.step_interval and p.step_interval.around(t.step_time_s))
     return dataclasses.replace(planned, plan=plan)
 
 
@@ -149,9 +139,7 @@ class Trial:
     @property
     def ratio(self) -> float | None:
         """Measured over predicted step time."""
-        if self.measured_step_s is None:
-            return None
-        return self.measured_step_s / self.candidate.time.step_time_s
+        return None if self.measured_step_s is None else self.measured_step_s / self.candidate.time.step_time_s
 
     def to_dict(self, world_size: int, chosen: bool, interval: StepInterval | None = None) -> dict[str, Any]:
         """JSON-ready row of the table (with the plan's `interval` around this trial's prediction)."""
@@ -189,12 +177,6 @@ class TuneResult:
                 "trials": [t.to_dict(self.world_size, t is best, self.interval) for t in self.trials]}
 
 
-def _failure(result: RunResult) -> str:
-    """Why a trial failed: its first two failures (under SLURM the job's state comes first, then
-    the failing rank's exception)."""
-    return "; ".join(result.failures[:2]) if result.failures else f"{result.status}, exit code {result.exit_code}"
-
-
 def run_trials(base: LaunchSpec, candidates: Sequence[Candidate], *, run: RunOne, budget_s: float | None = None,
                keep_plan: Callable[[LaunchSpec, Candidate], None] | None = None,
                progress: IO[str] = sys.stderr) -> tuple[Trial, ...]:
@@ -207,9 +189,9 @@ def run_trials(base: LaunchSpec, candidates: Sequence[Candidate], *, run: RunOne
     trials: list[Trial] = []
     for i, c in enumerate(candidates, 1):
         spec, name = trial_spec(base, c, i), trial_name(c)
+        trial = functools.partial(Trial, name=name, candidate=c, run_dir=spec.run_dir)
         if budget_s is not None and trials and time.monotonic() - t0 >= budget_s:
-            trials.append(Trial(name=name, candidate=c, run_dir=spec.run_dir, status="skipped",
-                                reason=f"--budget-min reached ({budget_s / 60:g} min)"))
+            trials.append(trial(status="skipped", reason=f"--budget-min reached ({budget_s / 60:g} min)"))
             continue
         progress.write(f"dlaunch tune: [{i}/{k}] {name} (predicted {c.time.step_time_s:.3g} s/step) ...\n")
         progress.flush()
@@ -221,25 +203,20 @@ def run_trials(base: LaunchSpec, candidates: Sequence[Candidate], *, run: RunOne
         try:
             with open_log_stream(paths.console_log) as console:
                 result = run(spec, console)
-        except Refused as e:
-            if not trials:
-                raise
-            trials.append(Trial(name=name, candidate=c, run_dir=spec.run_dir, status="failed", reason=str(e)))
         except DlaunchError as e:  # refused before launching (a spec this machine cannot run)
-            trials.append(Trial(name=name, candidate=c, run_dir=spec.run_dir, status="failed", reason=str(e)))
+            if isinstance(e, Refused) and not trials:
+                raise
+            trials.append(trial(status="failed", reason=str(e)))
         else:
             if result.status == "ok" and result.samples_per_s > 0:
-                trials.append(Trial(name=name, candidate=c, run_dir=spec.run_dir, status="ok",
-                                    measured_step_s=result.step_time_median_s,
+                trials.append(trial(status="ok", measured_step_s=result.step_time_median_s,
                                     measured_samples_per_s=result.samples_per_s))
-            else:
-                trials.append(Trial(name=name, candidate=c, run_dir=spec.run_dir, status="failed",
-                                    reason=_failure(result)))
+            else:  # its first two failures: under SLURM the job's state, then the failing rank's exception
+                trials.append(trial(status="failed", reason="; ".join(result.failures[:2]) if result.failures
+                                    else f"{result.status}, exit code {result.exit_code}"))
         last = trials[-1]
-        best = TuneResult(tune_dir=base.run_dir, world_size=base.world_size, trials=tuple(trials),
-                          tuned_plan=None).best
-        outcome = (f"{last.measured_samples_per_s:,.1f} samples/s" if last.status == "ok"
-                   else f"FAILED: {last.reason}")
+        best = TuneResult(tune_dir=base.run_dir, world_size=base.world_size, trials=tuple(trials), tuned_plan=None).best
+        outcome = f"{last.measured_samples_per_s:,.1f} samples/s" if last.status == "ok" else f"FAILED: {last.reason}"
         progress.write(f"dlaunch tune: [{i}/{k}] {outcome}; best so far: "
                        f"{f'{best.name} ({best.measured_samples_per_s:,.1f} samples/s)' if best else 'none'}\n")
         progress.flush()
@@ -269,13 +246,11 @@ def finish(base: LaunchSpec, trials: Sequence[Trial], *, workload: str, workload
     best = tune.best
     if best is not None:
         path = TunePaths(root=base.run_dir).tuned_plan
+        kernels = {k: getattr(base, k) for k in KERNEL_KNOBS.values() if getattr(base, k) is not None}
         atomic_write_json(path, {
-            "format": PLAN_FORMAT, "workload": workload, "workload_args": list(workload_args),
-            "device": base.device, "nodes": base.nodes, "gpus": base.gpus,
-            "decisions": {**decisions_of(best.candidate),
-                          **{k: getattr(base, k) for k in KERNEL_KNOBS.values() if getattr(base, k) is not None}},
-            "name": best.name,
-            "measured_samples_per_s": best.measured_samples_per_s,
+            "format": PLAN_FORMAT, "workload": workload, "workload_args": list(workload_args), "device": base.device,
+            "nodes": base.nodes, "gpus": base.gpus, "decisions": {**decisions_of(best.candidate), **kernels},
+            "name": best.name, "measured_samples_per_s": best.measured_samples_per_s,
             "predicted_step_s": best.candidate.time.step_time_s, "trials": len(trials),
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds")})
         tune = dataclasses.replace(tune, tuned_plan=str(path))
@@ -283,16 +258,14 @@ def finish(base: LaunchSpec, trials: Sequence[Trial], *, workload: str, workload
     return tune
 
 
-def trial_records(tune: TuneResult, workload: str,
-                  workload_args: Sequence[str] = ()) -> list[TrialRecord]:
+def trial_records(tune: TuneResult, workload: str, workload_args: Sequence[str] = ()) -> list[TrialRecord]:
     """The finished trials as the correction cache stores them."""
     at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     return [TrialRecord(precision=t.candidate.strategy.precision,
                         compute_ratio=compute_ratio(t.candidate.time, t.measured_step_s),
                         step_ratio=t.measured_step_s / t.candidate.time.step_time_s,
                         predicted_step_s=t.candidate.time.step_time_s, measured_step_s=t.measured_step_s,
-                        workload=Path(workload).name, workload_args=tuple(workload_args),
-                        tune_dir=tune.tune_dir, at=at)
+                        workload=Path(workload).name, workload_args=tuple(workload_args), tune_dir=tune.tune_dir, at=at)
             for t in tune.trials if t.status == "ok" and t.measured_step_s]
 
 
@@ -311,8 +284,7 @@ def read_plan_file(path: str) -> dict[str, Any]:
             raise UsageError(f"--plan {path}: a malformed plan.json ({type(e).__name__}: {e})") from None
     else:
         raise UsageError(f"--plan {path}: neither a tuned-plan.json nor a run dir's plan.json")
-    missing = [k for k in DECISIONS if found.get(k) is None]
-    if missing:
+    if missing := [k for k in DECISIONS if found.get(k) is None]:
         raise UsageError(f"--plan {path}: no {', '.join(missing)} in it")
     # each number against its knob's check here, so the line names the file, not a flag not given
     for name, k in knobs_of(RunSettings).items():

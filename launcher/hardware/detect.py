@@ -1,13 +1,9 @@
 """Detect this machine's hardware as a `Topology`: GPUs and their links, NICs, cores, SLURM.
 
-Sources, best first: NVML (`pynvml`, package nvidia-ml-py) for GPUs, MIG slices and per-pair
-links; `nvidia-smi` (`--query-gpu`, `topo -m`, `topo -p2p r`) when NVML cannot be used; torch in
-a child process where neither works but NVIDIA device nodes exist (a container given the compute
-capability but not NVML); torch's `can_device_access_peer` only as a last resort for P2P. torch
-is never imported on the CPU path, so `dlaunch inspect` stays fast, nor in this process on a GPU
-host where NVML works. This module only probes (NVML, subprocess, sysfs, psutil, the
-SLURM environment); turning what it finds into links and GPU specs is `launcher.hardware.nvtopo`'s job,
-and printing the result is `launcher.hardware.view`'s.
+GPUs come from `launcher.hardware.gpu_probe` (NVML, else `nvidia-smi`, else torch in a child
+process); torch is never imported in this process, so `dlaunch inspect` stays fast. This module
+only probes (NVML, subprocess, sysfs, psutil, the SLURM environment); turning what it finds into
+links and GPU specs is `launcher.hardware.nvtopo`'s job, printing the result `launcher.hardware.view`'s.
 """
 
 from __future__ import annotations
@@ -51,22 +47,16 @@ class SlurmAllocation:
 
 def _env_int(env: Mapping[str, str], *names: str) -> int | None:
     for name in names:
-        raw = env.get(name, "").strip()
         # SLURM writes "8(x2)" for per-node values repeated across nodes
-        match = re.match(r"(\d+)", raw)
-        if match:
+        if match := re.match(r"(\d+)", env.get(name, "").strip()):
             return int(match.group(1))
     return None
 
 
 def _gres_count(spec: str) -> int | None:
     # "4", "a100:4", "gpu:a100:4", "gres/gpu:4", "a100:2,v100:1" -> summed counts
-    total, seen = 0, False
-    for item in spec.split(","):
-        match = re.search(r"(\d+)(\(x\d+\))?\s*$", item.strip())
-        if match:
-            total, seen = total + int(match.group(1)), True
-    return total if seen else None
+    counts = [int(m.group(1)) for item in spec.split(",") if (m := re.search(r"(\d+)(\(x\d+\))?\s*$", item.strip()))]
+    return sum(counts) if counts else None
 
 
 def slurm_allocation(env: Mapping[str, str] | None = None) -> SlurmAllocation | None:
@@ -80,14 +70,10 @@ def slurm_allocation(env: Mapping[str, str] | None = None) -> SlurmAllocation | 
         gpus = _gres_count(env["SLURM_GPUS_PER_NODE"])
     if gpus is None and env.get("SLURM_JOB_GPUS"):
         gpus = len([g for g in env["SLURM_JOB_GPUS"].split(",") if g.strip()])
-    return SlurmAllocation(
-        job_id=job_id,
-        num_nodes=max(1, _env_int(env, "SLURM_JOB_NUM_NODES", "SLURM_NNODES") or 1),
-        gpus_per_node=gpus,
-        cpus_per_node=_env_int(env, "SLURM_CPUS_ON_NODE"),
-        nodelist=env.get("SLURM_JOB_NODELIST", env.get("SLURM_NODELIST", "")),
-        partition=env.get("SLURM_JOB_PARTITION", ""),
-    )
+    return SlurmAllocation(job_id=job_id, num_nodes=max(1, _env_int(env, "SLURM_JOB_NUM_NODES", "SLURM_NNODES") or 1),
+                           gpus_per_node=gpus, cpus_per_node=_env_int(env, "SLURM_CPUS_ON_NODE"),
+                           nodelist=env.get("SLURM_JOB_NODELIST", env.get("SLURM_NODELIST", "")),
+                           partition=env.get("SLURM_JOB_PARTITION", ""))
 
 
 # -- CPU ---------------------------------------------------------------------------------------
@@ -173,13 +159,8 @@ def cpu_peak_tflops(flags: frozenset[str] | set[str], ghz: float, cores: int) ->
     two bf16 products per fp32 lane), 1024 FLOP/cycle/core with AMX. On Zen 4 at 2.6 GHz that
     is 0.083 TFLOP/s fp32 per core against 0.079-0.087 measured (bf16: 0.17-0.195 measured).
     """
-    if "fma" in flags and ("avx2" in flags or "avx512f" in flags):
-        per_cycle = 32
-    elif "avx" in flags:
-        per_cycle = 16
-    else:
-        per_cycle = 8
-    fp32 = per_cycle * ghz * cores / 1e3
+    fma = "fma" in flags and ("avx2" in flags or "avx512f" in flags)
+    fp32 = (32 if fma else 16 if "avx" in flags else 8) * ghz * cores / 1e3
     peaks = {"fp32": round(fp32, 4)}
     if "amx_bf16" in flags:
         peaks["bf16"] = round(1024 * ghz * cores / 1e3, 4)
@@ -195,8 +176,7 @@ def detect_nics(*, ib_root: Path = Path("/sys/class/infiniband"),
     """Active RDMA ports (InfiniBand or RoCE, from sysfs) and physical Ethernet interfaces."""
     nics: list[Nic] = []
     rdma_netdevs: set[str] = set()
-    devices = sorted(ib_root.iterdir()) if ib_root.is_dir() else []
-    for dev in devices:
+    for dev in sorted(ib_root.iterdir()) if ib_root.is_dir() else []:
         rdma_netdevs.update(p.name for p in (dev / "device" / "net").glob("*"))
         ports = sorted((dev / "ports").glob("*"))
         for port in ports:
@@ -215,34 +195,27 @@ def detect_nics(*, ib_root: Path = Path("/sys/class/infiniband"),
 
 
 def unknown_speed_nics(net_stats: Mapping[str, Any] | None = None) -> tuple[str, ...]:
-    """Physical Ethernet interfaces that are up but report no link speed (virtual NICs of a
-    VM often do): they exist, but no bandwidth can be derived from them, so they are not
-    `Nic`s of the topology."""
+    """Physical Ethernet interfaces up but without a link speed (a VM's often): no bandwidth, so no `Nic`."""
     return tuple(name for name, st in _physical_up(net_stats, set()) if st.speed <= 0)
 
 
 def _physical_up(net_stats: Mapping[str, Any] | None, rdma_netdevs: set[str]) -> list[tuple[str, Any]]:
     """(name, psutil stats) of the interfaces that are up and neither virtual nor RDMA ports."""
-    if net_stats is None:
-        net_stats = psutil.net_if_stats()
-    return [(name, st) for name, st in sorted(net_stats.items())
+    stats = psutil.net_if_stats() if net_stats is None else net_stats
+    return [(name, st) for name, st in sorted(stats.items())
             if name not in rdma_netdevs and not name.startswith(_VIRTUAL_IFACES) and st.isup]
 
 
 # -- GPUs --------------------------------------------------------------------------------------
 
-def detect_topology(*, env: Mapping[str, str] | None = None,
-                    device: str | None = None) -> Topology:
-    """This machine (and its SLURM allocation, if any) as a `Topology`.
-
-    `device="cpu"` skips GPU detection. Without GPUs: device cpu, one rank per usable core,
-    link kind shm, and each rank's share of the host's memory and peak FLOP/s.
-    """
+def detect_topology(*, env: Mapping[str, str] | None = None, device: str | None = None) -> Topology:
+    """This machine (and its SLURM allocation, if any) as a `Topology`. `device="cpu"` skips GPU
+    detection. Without GPUs: device cpu, one rank per usable core, link kind shm, and each rank's
+    share of the host's memory and peak FLOP/s."""
     env = os.environ if env is None else env
     slurm = slurm_allocation(env)
     num_nodes = slurm.num_nodes if slurm else 1
-    cpu = cpu_info()
-    nics = detect_nics()
+    cpu, nics = cpu_info(), detect_nics()
     inter = inter_node_link(nics) if num_nodes > 1 else None
     host = socket.gethostname().split(".")[0] or "localhost"
     gpus = None if device == "cpu" else probe_gpus(env)
@@ -259,31 +232,25 @@ def detect_topology(*, env: Mapping[str, str] | None = None,
             n = slurm.gpus_per_node  # SLURM without device cgroups: use only what was granted
         links = tuple(row[:n] for row in gpus.links[:n])
         nvlinks = tuple(row[:n] for row in gpus.nvlinks[:n]) if gpus.nvlinks else None
-        intra = intra_node_link(links, nvlinks=nvlinks, nvlink_gb_s=nvlink_gb_s(gpus.cc),
-                                pcie_gb_s=gpus.pcie_gb_s)
-        accel = gpu_spec(gpus.names[:n], gpus.mem_bytes[:n], cc=gpus.cc, how=gpus.how,
-                         sms=gpus.sms[:n], mig=any(gpus.mig[:n]))
-        return Topology(name=f"detected-{host}", device="cuda", num_nodes=num_nodes,
-                        devices_per_node=n, intra_node=intra, accelerator=accel,
-                        inter_node=inter, cpu_cores_per_node=cores, nics=nics,
-                        device_links=links, host=detected_host(gpus.pcie_gb_s),
+        intra = intra_node_link(links, nvlinks=nvlinks, nvlink_gb_s=nvlink_gb_s(gpus.cc), pcie_gb_s=gpus.pcie_gb_s)
+        accel = gpu_spec(gpus.names[:n], gpus.mem_bytes[:n], cc=gpus.cc, how=gpus.how, sms=gpus.sms[:n],
+                         mig=any(gpus.mig[:n]))
+        return Topology(name=f"detected-{host}", device="cuda", num_nodes=num_nodes, devices_per_node=n,
+                        intra_node=intra, accelerator=accel, inter_node=inter, cpu_cores_per_node=cores,
+                        nics=nics, device_links=links, host=detected_host(gpus.pcie_gb_s),
                         source=f"detected on {host} via {gpus.how}{note}")
     mem_gib = host_mem_gib()
     host_peaks = cpu_peak_tflops(cpu.flags, cpu.ghz, cores)
-    accel = DeviceSpec(
-        name=f"{cpu.model} - 1 core per process",
-        mem_gib=round(mem_gib / cores, 2),
-        peak_tflops={k: round(v / cores, 4) for k, v in host_peaks.items()},
-        source=f"one process's share of {cores} usable cores ({cpu.sockets} socket(s), "
-               f"{cpu.ghz:.2f} GHz) and {mem_gib:.1f} GiB; peaks estimated from ISA flags")
+    accel = DeviceSpec(name=f"{cpu.model} - 1 core per process", mem_gib=round(mem_gib / cores, 2),
+                       peak_tflops={k: round(v / cores, 4) for k, v in host_peaks.items()},
+                       source=f"one process's share of {cores} usable cores ({cpu.sockets} socket(s), "
+                              f"{cpu.ghz:.2f} GHz) and {mem_gib:.1f} GiB; peaks estimated from ISA flags")
     intra = Link(kind="shm", bw_gb_s=1.0, latency_us=100.0,
-                 source="gloo over loopback/shared memory; measured 0.5-1.4 GB/s busbw and "
-                        "~90-110 us per ring step for 2-4 ranks on a 2-core host "
-                        "(topologies/cpu-local.yaml)")
-    return Topology(name=f"detected-{host}", device="cpu", num_nodes=num_nodes,
-                    devices_per_node=cores, accelerator=accel, intra_node=intra,
-                    inter_node=inter, cpu_cores_per_node=cores, nics=nics,
-                    host=detected_host(None), source=f"detected on {host}: no usable GPU")
+                 source="gloo over loopback/shared memory; measured 0.5-1.4 GB/s busbw and ~90-110 us per ring "
+                        "step for 2-4 ranks on a 2-core host (topologies/cpu-local.yaml)")
+    return Topology(name=f"detected-{host}", device="cpu", num_nodes=num_nodes, devices_per_node=cores,
+                    accelerator=accel, intra_node=intra, inter_node=inter, cpu_cores_per_node=cores,
+                    nics=nics, host=detected_host(None), source=f"detected on {host}: no usable GPU")
 
 
 # An optimizer step on the host streams its state at the node's memory bandwidth, which no
@@ -301,11 +268,10 @@ def host_mem_gib() -> float:
 
 
 def detected_host(pcie_gb_s: float | None) -> Host:
-    """This node's host side: memory from psutil; the device link NVML's PCIe generation and
-    width (`pcie_gb_s`; None on a CPU node: the link of a CPU rank is its own memory)."""
+    """This node's host side: psutil's memory; the device link from `pcie_gb_s` (None on a CPU node: its memory)."""
     link = pcie_gb_s * PINNED_COPY_EFFICIENCY if pcie_gb_s is not None else ASSUMED_HOST_MEM_BW_GB_S
+    how_link = "" if pcie_gb_s is None else (
+        f"device link: NVML's PCIe generation and width at {PINNED_COPY_EFFICIENCY:.0%} (pinned copies); ")
     return Host(mem_gib=round(host_mem_gib(), 1), link_gb_s=link, mem_bw_gb_s=ASSUMED_HOST_MEM_BW_GB_S,
-                source="memory from psutil; " + ("device link: NVML's PCIe generation and width at "
-                                                 f"{PINNED_COPY_EFFICIENCY:.0%} (pinned copies); "
-                                                 if pcie_gb_s is not None else "")
-                + f"memory bandwidth {ASSUMED_HOST_MEM_BW_GB_S:g} GB/s assumed (not measured)")
+                source=f"memory from psutil; {how_link}memory bandwidth {ASSUMED_HOST_MEM_BW_GB_S:g} GB/s assumed "
+                       "(not measured)")

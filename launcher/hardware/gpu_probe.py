@@ -1,12 +1,9 @@
-"""The GPUs of this machine and the links between them, without importing torch here: NVML
-first (launcher.hardware.nvml_probe), `nvidia-smi` as the fallback, and where neither works (a
-container given the compute capability but not NVML) torch in a child process, which also
-answers peer access where nvidia-smi cannot.
-
-What CUDA will hand the ranks is what is planned for: the devices `CUDA_VISIBLE_DEVICES`
-selects, read as CUDA reads it with `CUDA_DEVICE_ORDER=PCI_BUS_ID` (NVML's order, which dlaunch
-sets for the ranks: launcher.hardware.visible), and a MIG slice as the slice it is (its memory, its
-share of the SMs), never as its whole GPU.
+"""The GPUs of this machine and the links between them, without importing torch here: NVML first
+(launcher.hardware.nvml_probe), `nvidia-smi` as the fallback, and where neither works (a container
+given the compute capability but not NVML) torch in a child process, which also answers peer access
+where nvidia-smi cannot. What CUDA will hand the ranks is what is planned for: the devices
+`CUDA_VISIBLE_DEVICES` selects, read as CUDA reads it in NVML's order (launcher.hardware.visible),
+and a MIG slice as the slice it is (its memory, its share of the SMs), never as its whole GPU.
 
 Never imports plan, backends, jobs, runtime, results or report; never torch in this process
 (CUDA initialised in the launcher would break the ranks it forks).
@@ -39,14 +36,12 @@ _TORCH_PROBE_TIMEOUT_S = 60.0
 
 
 def probe_gpus(env: Mapping[str, str]) -> Gpus | None:
-    """The visible CUDA devices through NVML, else nvidia-smi, else torch in a child process;
-    None when there are none."""
+    """The visible CUDA devices through NVML, else nvidia-smi, else torch in a child; None if none."""
     return nvml_probe.probe_nvml(env) or _probe_nvidia_smi(env) or _probe_torch(env)
 
 
 def count_gpus(env: Mapping[str, str] | None = None) -> int:
-    """CUDA devices one job's ranks can use here (NVML, else nvidia-smi, else torch in a child
-    process; limited by CUDA_VISIBLE_DEVICES; one under MIG); 0 when there are none."""
+    """CUDA devices one job's ranks can use here (as CUDA_VISIBLE_DEVICES limits them; one under MIG)."""
     gpus = probe_gpus(os.environ if env is None else env)
     return gpus.usable if gpus else 0
 
@@ -66,10 +61,8 @@ def _run(argv: list[str]) -> str | None:
     return done.stdout if done.returncode == 0 else None
 
 
-def _without_peer_access(links: tuple[tuple[str, ...], ...],
-                         cuda: Gpus | None) -> tuple[tuple[str, ...], ...]:
-    """`links` with the PCIe pairs CUDA reports no peer access between (`cuda`: the same
-    visible devices, as the torch probe saw them) marked pcie-nop2p."""
+def _without_peer_access(links: tuple[tuple[str, ...], ...], cuda: Gpus | None) -> tuple[tuple[str, ...], ...]:
+    """`links` with the PCIe pairs the torch probe (`cuda`) found without peer access marked pcie-nop2p."""
     if cuda is None or len(cuda.links) != len(links):
         return links
     return tuple(tuple("pcie-nop2p" if kind == "pcie" and cuda.links[i][j] == "pcie-nop2p"
@@ -96,10 +89,8 @@ def _probe_nvidia_smi(env: Mapping[str, str]) -> Gpus | None:
         if uuids is not None and len(uuids) != len(rows):
             uuids = None
     keep = visible_gpus(len(rows), env, uuids)
-    mig_modes = _csv_column(["nvidia-smi", "--query-gpu=mig.mode.current",
-                             "--format=csv,noheader"]) or []
-    if any(mig_modes[i] == "Enabled" for i in keep if i < len(mig_modes)) or (
-            cvd and "MIG-" in cvd):
+    mig_modes = _csv_column(["nvidia-smi", "--query-gpu=mig.mode.current", "--format=csv,noheader"]) or []
+    if any(mig_modes[i] == "Enabled" for i in keep if i < len(mig_modes)) or (cvd and "MIG-" in cvd):
         # --query-gpu describes whole GPUs: a MIG slice would be planned with its GPU's memory
         log.info("nvidia-smi: MIG slices visible; sizing them through CUDA instead")
         return None
@@ -107,15 +98,13 @@ def _probe_nvidia_smi(env: Mapping[str, str]) -> Gpus | None:
     if not rows:
         return None
     n = len(rows)
-    links: tuple[tuple[str, ...], ...] = tuple(
-        tuple("" if i == j else "pcie" for j in range(n)) for i in range(n))
+    links: tuple[tuple[str, ...], ...] = tuple(tuple("" if i == j else "pcie" for j in range(n)) for i in range(n))
     nvlinks = None
     topo = _run(["nvidia-smi", "topo", "-m"])
     try:
         if topo:
             p2p_text = _run(["nvidia-smi", "topo", "-p2p", "r"])
-            full = parse_nvidia_smi_topo(
-                topo, peer_access=parse_nvidia_smi_p2p(p2p_text) if p2p_text else None)
+            full = parse_nvidia_smi_topo(topo, peer_access=parse_nvidia_smi_p2p(p2p_text) if p2p_text else None)
             counts = parse_nvidia_smi_nvlinks(topo)
             links = tuple(tuple(full[i][j] for j in keep) for i in keep)
             nvlinks = tuple(tuple(counts[i][j] for j in keep) for i in keep)
@@ -126,10 +115,8 @@ def _probe_nvidia_smi(env: Mapping[str, str]) -> Gpus | None:
     cc_match = re.fullmatch(r"(\d+)\.(\d+)", rows[0][2]) if len(rows[0]) > 2 else None
     cc = (int(cc_match[1]), int(cc_match[2])) if cc_match else None
     warn_device_order(env, [r[0] for r in rows])
-    return Gpus(names=tuple(r[0] for r in rows),
-                mem_bytes=tuple(int(float(r[1]) * 2**20) for r in rows),
-                cc=cc, links=links, nvlinks=nvlinks, pcie_gb_s=PCIE_UNKNOWN_GB_S,
-                how="nvidia-smi")
+    return Gpus(names=tuple(r[0] for r in rows), mem_bytes=tuple(int(float(r[1]) * 2**20) for r in rows),
+                cc=cc, links=links, nvlinks=nvlinks, pcie_gb_s=PCIE_UNKNOWN_GB_S, how="nvidia-smi")
 
 
 # -- torch, in a child process -----------------------------------------------------------------
@@ -140,13 +127,10 @@ _TORCH_PROBE = """
 import json, torch
 n = torch.cuda.device_count() if torch.cuda.is_available() else 0
 props = [torch.cuda.get_device_properties(i) for i in range(n)]
-print(json.dumps({
-    "devices": [{"name": p.name, "total_memory": int(p.total_memory), "major": int(p.major),
-                 "minor": int(p.minor), "sms": int(getattr(p, "multi_processor_count", 0))}
-                for p in props],
-    "peer": [[None if i == j else bool(torch.cuda.can_device_access_peer(i, j))
-              for j in range(n)] for i in range(n)],
-}))
+devices = [{"name": p.name, "total_memory": int(p.total_memory), "major": int(p.major), "minor": int(p.minor),
+            "sms": int(getattr(p, "multi_processor_count", 0))} for p in props]
+peer = [[None if i == j else bool(torch.cuda.can_device_access_peer(i, j)) for j in range(n)] for i in range(n)]
+print(json.dumps({"devices": devices, "peer": peer}))
 """
 # results by (CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER): the GPUs of a host do not change while
 # dlaunch runs, and each probe costs seconds
@@ -160,11 +144,9 @@ def _nvidia_device_nodes(dev: Path = Path("/dev")) -> bool:
 
 
 def _probe_torch(env: Mapping[str, str]) -> Gpus | None:
-    """The GPUs as CUDA sees them, from torch in a child process (this one must not initialise
-    CUDA); only where NVIDIA device nodes exist and torch is installed."""
+    """The GPUs as CUDA sees them, from torch in a child process, where device nodes and torch exist."""
     cvd = env.get("CUDA_VISIBLE_DEVICES")
-    if (cvd is not None and not cvd.strip()) or not _nvidia_device_nodes() \
-            or importlib.util.find_spec("torch") is None:
+    if (cvd is not None and not cvd.strip()) or not _nvidia_device_nodes() or importlib.util.find_spec("torch") is None:
         return None
     key = (cvd, env.get("CUDA_DEVICE_ORDER"))
     if key not in _TORCH_CACHE:
@@ -173,8 +155,7 @@ def _probe_torch(env: Mapping[str, str]) -> Gpus | None:
 
 
 def _run_torch_probe(env: Mapping[str, str]) -> Gpus | None:
-    child = {k: v for k, v in os.environ.items()
-             if k not in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")}
+    child = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")}
     child.update({k: env[k] for k in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER") if k in env})
     child.update(cuda_order_env(env))  # number the devices as the ranks will
     try:
@@ -187,8 +168,7 @@ def _run_torch_probe(env: Mapping[str, str]) -> Gpus | None:
         found = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else None
         devices, peer = (found["devices"], found["peer"]) if found else ([], [])
     except (ValueError, IndexError, KeyError, TypeError) as exc:
-        log.warning("probing the GPUs through torch gave no answer (%s): %s", exc,
-                    done.stderr.strip()[-300:])
+        log.warning("probing the GPUs through torch gave no answer (%s): %s", exc, done.stderr.strip()[-300:])
         return None
     if not devices:
         if done.returncode != 0:
@@ -197,12 +177,10 @@ def _run_torch_probe(env: Mapping[str, str]) -> Gpus | None:
     n = len(devices)
     links = tuple(tuple("" if i == j else "pcie-nop2p" if peer[i][j] is False else "pcie"
                         for j in range(n)) for i in range(n))
-    mig = tuple("MIG" in d["name"] or (env.get("CUDA_VISIBLE_DEVICES") or "").strip()
-                .startswith("MIG-") for d in devices)
-    log.info("no NVML here: %d GPU(s) found through torch in a child process; NVLink unknown, "
-             "PCIe assumed", n)
-    return Gpus(names=tuple(d["name"] for d in devices),
-                mem_bytes=tuple(int(d["total_memory"]) for d in devices),
-                cc=(int(devices[0]["major"]), int(devices[0]["minor"])), links=links,
-                nvlinks=None, pcie_gb_s=PCIE_UNKNOWN_GB_S, how="torch (no NVML)",
+    mig = tuple("MIG" in d["name"] or (env.get("CUDA_VISIBLE_DEVICES") or "").strip().startswith("MIG-")
+                for d in devices)
+    log.info("no NVML here: %d GPU(s) found through torch in a child process; NVLink unknown, PCIe assumed", n)
+    return Gpus(names=tuple(d["name"] for d in devices), mem_bytes=tuple(int(d["total_memory"]) for d in devices),
+                cc=(int(devices[0]["major"]), int(devices[0]["minor"])), links=links, nvlinks=None,
+                pcie_gb_s=PCIE_UNKNOWN_GB_S, how="torch (no NVML)",
                 sms=tuple(int(d["sms"]) or None for d in devices), mig=mig)

@@ -1,13 +1,13 @@
 """The GPUs of this machine as NVML (nvidia-ml-py) reports them: names, memory, compute
 capability, PCIe and per-pair links, a MIG-enabled GPU as its slices (each with its memory and
-SMs). The first of launcher.hardware.gpu_probe's sources; its fallbacks fill the same `Gpus`
-record, in NVML's order.
+SMs). The first of launcher.hardware.gpu_probe's sources; its fallbacks fill the same `Gpus`.
 
 Never imports plan, backends, jobs, runtime, results or report; never torch.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -34,10 +34,8 @@ class Gpus:
     nvlinks: tuple[tuple[int, ...], ...] | None
     pcie_gb_s: float
     how: str
-    # streaming multiprocessors per device, where known (None: not reported)
-    sms: tuple[int | None, ...] = ()
-    # per device: is it a MIG slice (empty: none is)
-    mig: tuple[bool, ...] = ()
+    sms: tuple[int | None, ...] = ()  # streaming multiprocessors per device (None: not reported)
+    mig: tuple[bool, ...] = ()  # per device: is it a MIG slice (empty: none is)
 
     @property
     def usable(self) -> int:
@@ -82,8 +80,7 @@ def _nvml_links(nv: Any, handles: list[Any], all_bus: list[str]) -> tuple[list[l
             except nv.NVMLError:
                 continue  # NotSupported: no NVLink on this GPU or past its last link
             try:
-                is_switch = (nv.nvmlDeviceGetNvLinkRemoteDeviceType(h, link)
-                             == nv.NVML_NVLINK_DEVICE_TYPE_SWITCH)
+                is_switch = nv.nvmlDeviceGetNvLinkRemoteDeviceType(h, link) == nv.NVML_NVLINK_DEVICE_TYPE_SWITCH
             except (nv.NVMLError, AttributeError):  # older drivers: not a GPU -> a switch
                 is_switch = remote not in all_bus
             if is_switch:
@@ -92,20 +89,17 @@ def _nvml_links(nv: Any, handles: list[Any], all_bus: list[str]) -> tuple[list[l
                 direct[i][bus.index(remote)] += 1
     links = [[""] * n for _ in range(n)]
     counts = [[0] * n for _ in range(n)]
-    for i in range(n):
-        for j in range(n):
-            if i == j:
-                continue
-            if to_switch[i] and to_switch[j]:
-                links[i][j], counts[i][j] = "nvswitch", min(to_switch[i], to_switch[j])
-            elif direct[i][j]:
-                links[i][j], counts[i][j] = "nvlink", direct[i][j]
-            else:
-                try:  # index 0 is NVML_P2P_CAPS_INDEX_READ (pynvml spells it as a tuple)
-                    ok = nv.nvmlDeviceGetP2PStatus(handles[i], handles[j], 0) == 0
-                except nv.NVMLError:
-                    ok = None
-                links[i][j] = "pcie-nop2p" if ok is False else "pcie"
+    for i, j in itertools.permutations(range(n), 2):
+        if to_switch[i] and to_switch[j]:
+            links[i][j], counts[i][j] = "nvswitch", min(to_switch[i], to_switch[j])
+        elif direct[i][j]:
+            links[i][j], counts[i][j] = "nvlink", direct[i][j]
+        else:
+            try:  # index 0 is NVML_P2P_CAPS_INDEX_READ (pynvml spells it as a tuple)
+                ok = nv.nvmlDeviceGetP2PStatus(handles[i], handles[j], 0) == 0
+            except nv.NVMLError:
+                ok = None
+            links[i][j] = "pcie-nop2p" if ok is False else "pcie"
     return links, counts
 
 
@@ -124,8 +118,7 @@ def _mig_enabled(nv: Any, handle: Any) -> bool:
 
 
 def _nvml_devices(nv: Any) -> tuple[list[CudaDevice], list[Any], list[Any]]:
-    """Every CUDA device NVML knows, in its order (a MIG-enabled GPU as its slices, none if it
-    has no instances yet), with each device's handle and the handles of all GPUs."""
+    """Every CUDA device NVML knows, in its order (a MIG GPU as its slices), its handles, and all GPUs' handles."""
     gpu_handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(nv.nvmlDeviceGetCount())]
     devices: list[CudaDevice] = []
     handles: list[Any] = []
@@ -197,11 +190,9 @@ def probe_nvml(env: Mapping[str, str]) -> Gpus | None:
         else:
             all_bus = [_bus(nv.nvmlDeviceGetPciInfo(h).busId) for h in gpu_handles]
             links, counts = _nvml_links(nv, handles, all_bus)
-        return Gpus(names=tuple(names),
-                    mem_bytes=tuple(int(nv.nvmlDeviceGetMemoryInfo(h).total) for h in handles),
-                    cc=(int(cc[0]), int(cc[1])), links=tuple(map(tuple, links)),
-                    nvlinks=tuple(map(tuple, counts)), pcie_gb_s=min(lanes), how="NVML",
-                    sms=tuple(sms), mig=mig)
+        return Gpus(names=tuple(names), mem_bytes=tuple(int(nv.nvmlDeviceGetMemoryInfo(h).total) for h in handles),
+                    cc=(int(cc[0]), int(cc[1])), links=tuple(map(tuple, links)), nvlinks=tuple(map(tuple, counts)),
+                    pcie_gb_s=min(lanes), how="NVML", sms=tuple(sms), mig=mig)
     except nv.NVMLError as exc:
         log.warning("NVML query failed (%s); trying nvidia-smi", exc)
         return None
@@ -214,7 +205,7 @@ def warn_device_order(env: Mapping[str, str], names: Sequence[str]) -> None:
     # first order numbers a mixed host's GPUs differently from NVML
     order = env.get("CUDA_DEVICE_ORDER", "PCI_BUS_ID").strip().upper()
     if order != "PCI_BUS_ID" and len(set(names)) > 1:
-        log.warning("CUDA_DEVICE_ORDER=%s on a host with mixed GPUs (%s): CUDA's device numbers "
-                    "differ from NVML's, which dlaunch plans with; set CUDA_DEVICE_ORDER="
-                    "PCI_BUS_ID", order, ", ".join(sorted(set(names))))
+        log.warning("CUDA_DEVICE_ORDER=%s on a host with mixed GPUs (%s): CUDA's device numbers differ from "
+                    "NVML's, which dlaunch plans with; set CUDA_DEVICE_ORDER=PCI_BUS_ID", order,
+                    ", ".join(sorted(set(names))))
 

@@ -3,8 +3,7 @@
 Pure functions of text and plain values (no subprocess, no NVML, no sysfs): `detect` feeds
 them what it probes, and the tests feed them recorded outputs from real machines
 (`tests/data/nvidia-smi-topo/`). Bandwidths derived here are estimates from line rates and the
-efficiencies measured for the shipped topologies (see `topologies/*.yaml`); each says so in
-its `source`.
+efficiencies measured for the shipped topologies (`topologies/*.yaml`), as each `source` says.
 
 Never imports plan, backends, jobs, runtime, results or report.
 """
@@ -43,14 +42,12 @@ _GPU_TABLE: tuple[tuple[str, dict[str, float], tuple[int, int], int | None], ...
     # 186 GB HBM3e at 8 TB/s; NVLink 5 (nvidia.com/en-us/data-center/gb200-nvl72)
     (r"GB200", {"fp32": 80, "tf32": 1250, "bf16": 2500, "fp16": 2500}, (10, 0), None),
     # HGX B200 spec table, per GPU: FP32 75, TF32 2.2 PF and FP16/BF16 4.5 PF with sparsity;
-    # 180 GB HBM3e at 7.7 TB/s (8 TB/s in the first datasheet); 148 SMs (nvidia.com/en-us/
-    # data-center/hgx)
+    # 180 GB HBM3e at 7.7 TB/s (8 TB/s in the first datasheet); 148 SMs (nvidia.com/en-us/data-center/hgx)
     (r"B200", {"fp32": 75, "tf32": 1100, "bf16": 2250, "fp16": 2250}, (10, 0), 148),
     # NVIDIA RTX Blackwell GPU Architecture whitepaper (GeForce RTX 5090): FP32 104.8, TF32
     # 104.8, FP16/BF16 with FP32 accumulate 209.5 (419 with FP16 accumulate); 170 SMs; 32 GB
     # GDDR7 at 1792 GB/s; no NVLink. The laptop part is a smaller chip (GB203).
-    (r"5090(?! Laptop)", {"fp32": 104.8, "tf32": 104.8, "bf16": 209.5, "fp16": 209.5}, (12, 0),
-     170),
+    (r"5090(?! Laptop)", {"fp32": 104.8, "tf32": 104.8, "bf16": 209.5, "fp16": 209.5}, (12, 0), 170),
     (r"H100.*PCIe", {"fp32": 51, "tf32": 378, "bf16": 756, "fp16": 756}, (9, 0), 114),
     # H100 NVL and H200 NVL datasheets: FP32 60, TF32 835 and FP16/BF16 1671 with sparsity
     (r"H[12]00 NVL", {"fp32": 60, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5}, (9, 0), 132),
@@ -80,47 +77,36 @@ def nvlink_gb_s(cc: tuple[int, int] | None) -> float:
     (V100, A100, H100/H200) 25 (H100: 18 links, 900 GB/s both ways); the GA10x bridges (8.6)
     14.0625; NVLink 5 (Blackwell data-center GPUs, 10.x) 50 (18 links, 1.8 TB/s both ways,
     900 GB/s each way: NVIDIA's NVLink page and the HGX B200 / GB200 NVL72 spec tables)."""
-    if cc == (8, 6):
-        return 14.0625
-    if cc is not None and cc[0] == 10:
-        return 50.0
-    return 25.0
+    return 14.0625 if cc == (8, 6) else 50.0 if cc is not None and cc[0] == 10 else 25.0
 
 
 # -- between nodes ------------------------------------------------------------------------------
 
 def inter_node_link(nics: Sequence[Nic]) -> Link:
     """The link a ring spanning nodes sees: the node's aggregate NIC bandwidth of the best kind.
-
-    NCCL spreads its channels over all NICs of the fastest kind (one rail each), so a ring
-    crossing nodes sees their sum (nccl-tests busbw); with one NIC, that NIC's rate.
-    """
+    NCCL spreads its channels over all NICs of the fastest kind (one rail each), so a ring crossing
+    nodes sees their sum (nccl-tests busbw); with one NIC, that NIC's rate."""
     for kind in ("infiniband", "roce", "ethernet"):
         same = [n for n in nics if n.kind == kind]
         if not same:
             continue
         # Ethernet without RDMA: NCCL's socket transport uses one interface at a time
-        line = max(n.speed_gbit_s for n in same) if kind == "ethernet" else sum(
-            n.speed_gbit_s for n in same)
-        return Link(kind=kind, bw_gb_s=round(line / 8 * _NET_EFF[kind], 2),
-                    latency_us=_NET_LATENCY_US[kind],
+        line = (max if kind == "ethernet" else sum)(n.speed_gbit_s for n in same)
+        return Link(kind=kind, bw_gb_s=round(line / 8 * _NET_EFF[kind], 2), latency_us=_NET_LATENCY_US[kind],
                     source=f"detected {len(same)} {kind} NIC(s), {line:g} Gb/s in all; "
                            f"busbw estimated at {_NET_EFF[kind]:.0%} of line rate")
     return Link(kind="ethernet", bw_gb_s=round(10 / 8 * _NET_EFF["ethernet"], 2),
-                latency_us=_NET_LATENCY_US["ethernet"],
-                source="no NIC detected; 10 GbE TCP assumed")
+                latency_us=_NET_LATENCY_US["ethernet"], source="no NIC detected; 10 GbE TCP assumed")
 
 
 # -- nvidia-smi topo parsing -------------------------------------------------------------------
 
 def _matrix(text: str, what: str) -> tuple[tuple[str, ...], ...]:
     lines = [_ANSI.sub("", line) for line in text.splitlines()]
-    header = next((i for i, line in enumerate(lines)
-                   if line.split()[:1] == ["GPU0"]), None)
+    header = next((i for i, line in enumerate(lines) if line.split()[:1] == ["GPU0"]), None)
     if header is None:
         raise TopologyError(f"{what}: no header row starting with GPU0 found")
-    tokens = lines[header].split()
-    n = sum(1 for t in tokens if _GPU_LABEL.fullmatch(t))
+    n = sum(1 for t in lines[header].split() if _GPU_LABEL.fullmatch(t))
     rows: list[tuple[str, ...]] = []
     for line in lines[header + 1:]:
         parts = line.split()
@@ -128,8 +114,7 @@ def _matrix(text: str, what: str) -> tuple[tuple[str, ...], ...]:
             break  # the matrix ends at the first blank line, before the legend
         if _GPU_LABEL.fullmatch(parts[0]):
             if len(parts) < n + 1:
-                raise TopologyError(f"{what}: row {parts[0]} has {len(parts) - 1} cells, "
-                                    f"expected {n}")
+                raise TopologyError(f"{what}: row {parts[0]} has {len(parts) - 1} cells, expected {n}")
             rows.append(tuple(parts[1:n + 1]))
     if len(rows) != n or any(rows[i][i] != "X" for i in range(n)):
         raise TopologyError(f"{what}: expected a {n}x{n} GPU matrix with X on the diagonal")
@@ -138,49 +123,38 @@ def _matrix(text: str, what: str) -> tuple[tuple[str, ...], ...]:
 
 def parse_nvidia_smi_topo(text: str, *, peer_access: bool | Sequence[Sequence[bool | None]]
                           | None = None) -> tuple[tuple[str, ...], ...]:
-    """Map `nvidia-smi topo -m` output to a GPU x GPU matrix of LINK_KINDS ("" on the diagonal).
-
+    """Map `nvidia-smi topo -m` output to a GPU x GPU matrix of LINK_KINDS ("" on the diagonal):
     NV# -> nvlink, or nvswitch when every pair of 3+ GPUs is NV# (a 2-GPU bridge stays nvlink);
     PIX/PXB/PHB/NODE/SYS -> pcie, or pcie-nop2p where `peer_access` (one bool or a matrix, e.g.
-    from `parse_nvidia_smi_p2p`) is known False. NIC and CPU columns are ignored.
-    """
+    from `parse_nvidia_smi_p2p`) is known False. NIC and CPU columns are ignored."""
     cells = _matrix(text, "nvidia-smi topo -m")
     n = len(cells)
-    all_nv = n > 2 and all(cells[i][j].startswith("NV")
-                           for i in range(n) for j in range(n) if i != j)
-    out = []
-    for i in range(n):
-        row = []
-        for j in range(n):
-            cell = cells[i][j]
-            if i == j:
-                row.append("")
-            elif cell.startswith("NV"):
-                row.append("nvswitch" if all_nv else "nvlink")
-            else:
-                if cell not in _PCIE_CODES:
-                    log.warning("nvidia-smi topo: unknown link %r between GPU%d and GPU%d; "
-                                "treated as PCIe", cell, i, j)
-                known = peer_access if isinstance(peer_access, bool) or peer_access is None \
-                    else peer_access[i][j]
-                row.append("pcie-nop2p" if known is False else "pcie")
-        out.append(tuple(row))
-    return tuple(out)
+    all_nv = n > 2 and all(cells[i][j].startswith("NV") for i in range(n) for j in range(n) if i != j)
+
+    def kind(i: int, j: int) -> str:
+        cell = cells[i][j]
+        if i == j:
+            return ""
+        if cell.startswith("NV"):
+            return "nvswitch" if all_nv else "nvlink"
+        if cell not in _PCIE_CODES:
+            log.warning("nvidia-smi topo: unknown link %r between GPU%d and GPU%d; treated as PCIe", cell, i, j)
+        known = peer_access if isinstance(peer_access, bool) or peer_access is None else peer_access[i][j]
+        return "pcie-nop2p" if known is False else "pcie"
+
+    return tuple(tuple(kind(i, j) for j in range(n)) for i in range(n))
 
 
 def parse_nvidia_smi_nvlinks(text: str) -> tuple[tuple[int, ...], ...]:
     """The number of bonded NVLinks per GPU pair in `nvidia-smi topo -m` output (0: none)."""
     cells = _matrix(text, "nvidia-smi topo -m")
-    return tuple(tuple(int(m.group(1)) if (m := re.fullmatch(r"NV(\d+)", c)) else 0
-                       for c in row) for row in cells)
+    return tuple(tuple(int(m.group(1)) if (m := re.fullmatch(r"NV(\d+)", c)) else 0 for c in row) for row in cells)
 
 
 def parse_nvidia_smi_p2p(text: str) -> tuple[tuple[bool | None, ...], ...]:
-    """Map `nvidia-smi topo -p2p r` output to peer-read access: OK -> True, X/U -> None, else
-    (CNS, GNS, TNS, NS) False."""
+    """`nvidia-smi topo -p2p r` output as peer-read access: OK -> True, X/U -> None, else (CNS, NS...) False."""
     cells = _matrix(text, "nvidia-smi topo -p2p")
-    return tuple(tuple(True if c == "OK" else None if c in ("X", "U") else False for c in row)
-                 for row in cells)
+    return tuple(tuple(True if c == "OK" else None if c in ("X", "U") else False for c in row) for row in cells)
 
 
 def _hamiltonian_cycle(n: int, ok: Sequence[Sequence[bool]]) -> bool:
@@ -200,27 +174,21 @@ def _hamiltonian_cycle(n: int, ok: Sequence[Sequence[bool]]) -> bool:
     return any(full >> v & 1 and ok[v][0] for v in range(1, n))
 
 
-def intra_node_link(links: Sequence[Sequence[str]], *,
-                    nvlinks: Sequence[Sequence[int]] | None = None,
+def intra_node_link(links: Sequence[Sequence[str]], *, nvlinks: Sequence[Sequence[int]] | None = None,
                     nvlink_gb_s: float = 25.0, pcie_gb_s: float = 31.5) -> Link:
-    """The intra-node `Link` a ring over all GPUs sees: its slowest pair, for the best ring.
-
-    Per pair: NVLink/NVSwitch 80% of `nvlink_gb_s` x bonded links (12 when unknown), PCIe with
-    P2P 65% and without P2P 38% of `pcie_gb_s` (per direction of the GPUs' PCIe link). The ring
-    order is searched (up to 10 GPUs) so that, e.g., NVLink-bridged pairs are used where a ring
-    can use them; the result is the bottleneck of the best ring.
-    """
+    """The intra-node `Link` a ring over all GPUs sees: the slowest pair of the best ring order (searched
+    up to 10 GPUs, so that e.g. NVLink-bridged pairs are used where a ring can). Per pair: NVLink/NVSwitch
+    80% of `nvlink_gb_s` x bonded links (12 when unknown), PCIe with P2P 65% and without P2P 38% of
+    `pcie_gb_s` (per direction of the GPUs' PCIe link)."""
     n = len(links)
     if n < 2:
-        return Link(kind="pcie", bw_gb_s=round(_PCIE_EFF * pcie_gb_s, 1),
-                    latency_us=_LATENCY_US["pcie"],
+        return Link(kind="pcie", bw_gb_s=round(_PCIE_EFF * pcie_gb_s, 1), latency_us=_LATENCY_US["pcie"],
                     source="single GPU: no peer links; PCIe to the host assumed")
 
     def pair_bw(i: int, j: int) -> float:
         kind = links[i][j]
         if kind in ("nvswitch", "nvlink"):
-            count = (nvlinks[i][j] if nvlinks else 0) or 12
-            return _NVLINK_EFF * nvlink_gb_s * count
+            return _NVLINK_EFF * nvlink_gb_s * ((nvlinks[i][j] if nvlinks else 0) or 12)
         return (_NOP2P_EFF if kind == "pcie-nop2p" else _PCIE_EFF) * pcie_gb_s
 
     pairs = [(i, j) for i in range(n) for j in range(n) if i != j]
@@ -248,9 +216,8 @@ def intra_node_link(links: Sequence[Sequence[str]], *,
 # -- GPU models --------------------------------------------------------------------------------
 
 def _mig_share(name: str, sms: int | None, full_sms: int | None) -> tuple[float, str]:
-    """A MIG slice's share of its GPU's compute, and how it was found: its SMs over the full
-    GPU's (an A100 1g.10gb has 14 of 108), else its compute slices over 7 (from the profile in
-    the name), else one slice."""
+    """A MIG slice's share of its GPU's compute, and how it was found: its SMs over the full GPU's
+    (an A100 1g.10gb has 14 of 108), else its compute slices (the name's profile) over 7, else 1/7."""
     if sms and full_sms:
         return min(1.0, sms / full_sms), f"{sms} of {full_sms} SMs"
     profile = _MIG_PROFILE.search(name)
@@ -260,17 +227,13 @@ def _mig_share(name: str, sms: int | None, full_sms: int | None) -> tuple[float,
 
 def gpu_spec(names: Sequence[str], mem_bytes: Sequence[int], *, cc: tuple[int, int] | None,
              how: str, sms: Sequence[int | None] = (), mig: bool = False) -> DeviceSpec:
-    """The `DeviceSpec` to plan for: the first GPU's name, the smallest memory, datasheet peaks.
-
-    `cc` is the compute capability the driver reported (None: take the table's); `how` names
-    the source (NVML, nvidia-smi, torch) in the spec's `source`. Unknown names get placeholder
-    peaks. `mig`: the devices are MIG slices (their memory is the slice's): the peaks are the
-    full GPU's scaled by the smallest slice's share of its SMs (`sms`, per device).
-    """
+    """The `DeviceSpec` to plan for: the first GPU's name, the smallest memory, datasheet peaks (placeholders
+    for unknown names). `cc`: the compute capability the driver reported (None: the table's); `how`: the
+    probe, for `source`. `mig`: the devices are MIG slices, their peaks the full GPU's scaled by the
+    smallest slice's share of its SMs (`sms`, per device)."""
     name = names[0]
     if len(set(names)) > 1:
-        log.warning("mixed GPUs %s; planning for %s with the smallest memory",
-                    sorted(set(names)), name)
+        log.warning("mixed GPUs %s; planning for %s with the smallest memory", sorted(set(names)), name)
     peaks, note, full_sms = None, f"{how}: {name}", None
     for pattern, table_peaks, table_cc, table_sms in _GPU_TABLE:
         if re.search(pattern, name):
@@ -286,10 +249,8 @@ def gpu_spec(names: Sequence[str], mem_bytes: Sequence[int], *, cc: tuple[int, i
     if cc < (8, 0):  # no bf16/tf32 units before Ampere
         peaks = {k: v for k, v in peaks.items() if k not in ("bf16", "tf32")}
     if mig:
-        known = [s for s in sms if s]
-        share, how_share = _mig_share(name, min(known) if known else None, full_sms)
+        share, how_share = _mig_share(name, min((s for s in sms if s), default=None), full_sms)
         peaks = {k: round(v * share, 2) for k, v in peaks.items()}
-        note += (f"; MIG slice: {how_share}, peaks scaled to {share:.0%} of the full GPU's, "
-                 "memory the slice's")
+        note += f"; MIG slice: {how_share}, peaks scaled to {share:.0%} of the full GPU's, memory the slice's"
     return DeviceSpec(name=name, mem_gib=round(min(mem_bytes) / GIB, 2), peak_tflops=peaks,
                       compute_capability=cc, source=note)

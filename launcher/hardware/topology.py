@@ -49,15 +49,12 @@ MAX_TFLOPS = 1e7
 MAX_BW_GB_S = 1e6  # also Gbit/s for NICs
 MAX_LATENCY_US = 1e7
 # YAML 1.1 reads `1e30` (no dot) as a string; it is meant as a number, so range-check it as one
-_NUMERIC_TEXT = re.compile(r"[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?|[-+]?\.(inf|nan)",
-                           re.IGNORECASE)
+_NUMERIC_TEXT = re.compile(r"[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?|[-+]?\.(inf|nan)", re.IGNORECASE)
 
 
 def list_shipped() -> list[str]:
     """Names of the topology files shipped in `topologies/` (without `.yaml`), sorted."""
-    if not TOPOLOGIES_DIR.is_dir():
-        return []
-    return sorted(p.stem for p in TOPOLOGIES_DIR.glob("*.yaml"))
+    return sorted(p.stem for p in TOPOLOGIES_DIR.glob("*.yaml")) if TOPOLOGIES_DIR.is_dir() else []
 
 
 def resolve_topology_path(path_or_name: str) -> Path:
@@ -73,9 +70,8 @@ def resolve_topology_path(path_or_name: str) -> Path:
         if candidate.is_file():
             return candidate
     shipped = ", ".join(list_shipped()) or "none"
-    raise TopologyError(
-        f"topology {path_or_name!r} not found (looked for {', '.join(map(str, candidates))}); "
-        f"give a path to a YAML file or a shipped name (`ls topologies/` lists them: {shipped})")
+    raise TopologyError(f"topology {path_or_name!r} not found (looked for {', '.join(map(str, candidates))}); give a "
+                        f"path to a YAML file or a shipped name (`ls topologies/` lists them: {shipped})")
 
 
 def load_topology(path_or_name: str) -> Topology:
@@ -95,29 +91,18 @@ def topology_from_dict(data: Any, *, origin: str = "<topology>") -> Topology:
 def topology_to_dict(t: Topology) -> dict[str, Any]:
     """The YAML schema mapping of `t` (what `save_topology` writes; `device_links` left out)."""
     acc = t.accelerator
-    accelerator: dict[str, Any] = {"name": acc.name, "mem_gib": acc.mem_gib}
-    if acc.compute_capability is not None:
-        accelerator["compute_capability"] = list(acc.compute_capability)
-    accelerator["peak_tflops"] = dict(acc.peak_tflops)
-    if acc.source:
-        accelerator["source"] = acc.source
-    out: dict[str, Any] = {
-        "name": t.name,
-        "device": t.device,
-        "num_nodes": t.num_nodes,
-        "devices_per_node": t.devices_per_node,
-        "cpu_cores_per_node": t.cpu_cores_per_node,
-        "accelerator": accelerator,
-        "intra_node": _link_to_dict(t.intra_node),
-    }
+    cc = {} if acc.compute_capability is None else {"compute_capability": list(acc.compute_capability)}
+    accelerator = {"name": acc.name, "mem_gib": acc.mem_gib, **cc, "peak_tflops": dict(acc.peak_tflops),
+                   **({"source": acc.source} if acc.source else {})}
+    out: dict[str, Any] = {"name": t.name, "device": t.device, "num_nodes": t.num_nodes,
+                           "devices_per_node": t.devices_per_node, "cpu_cores_per_node": t.cpu_cores_per_node,
+                           "accelerator": accelerator, "intra_node": _link_to_dict(t.intra_node)}
     if t.inter_node is not None:
         out["inter_node"] = _link_to_dict(t.inter_node)
     if t.nics:
-        out["nics"] = [{"name": n.name, "kind": n.kind, "speed_gbit_s": n.speed_gbit_s}
-                       for n in t.nics]
+        out["nics"] = [{"name": n.name, "kind": n.kind, "speed_gbit_s": n.speed_gbit_s} for n in t.nics]
     if t.host is not None:
-        out["host"] = {"mem_gib": t.host.mem_gib, "link_gb_s": t.host.link_gb_s,
-                       "mem_bw_gb_s": t.host.mem_bw_gb_s,
+        out["host"] = {"mem_gib": t.host.mem_gib, "link_gb_s": t.host.link_gb_s, "mem_bw_gb_s": t.host.mem_bw_gb_s,
                        **({"source": t.host.source} if t.host.source else {})}
     if t.source:
         out["source"] = t.source
@@ -136,27 +121,21 @@ def save_topology(t: Topology, path: str | Path) -> Path:
 # -- validation ------------------------------------------------------------------------------
 
 def _link_to_dict(link: Link) -> dict[str, Any]:
-    out: dict[str, Any] = {"kind": link.kind, "bw_gb_s": link.bw_gb_s,
-                           "latency_us": link.latency_us}
-    if link.source:
-        out["source"] = link.source
-    return out
+    return {"kind": link.kind, "bw_gb_s": link.bw_gb_s, "latency_us": link.latency_us,
+            **({"source": link.source} if link.source else {})}
 
 
 def _mapping(value: Any, where: str) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
-        raise TopologyError(f"{where} must be a mapping (key: value lines), "
-                            f"got {type(value).__name__}")
+        raise TopologyError(f"{where} must be a mapping (key: value lines), got {type(value).__name__}")
     return value
 
 
-def _check_keys(data: Mapping[str, Any], where: str, required: tuple[str, ...],
-                optional: tuple[str, ...]) -> None:
+def _check_keys(data: Mapping[str, Any], where: str, required: tuple[str, ...], optional: tuple[str, ...]) -> None:
     allowed = required + optional
     for key in data:
         if key not in allowed:
-            raise TopologyError(f"unknown key {shown(key)} in {where}; "
-                                f"allowed: {', '.join(allowed)}")
+            raise TopologyError(f"unknown key {shown(key)} in {where}; allowed: {', '.join(allowed)}")
     for key in required:
         if data.get(key) is None:
             raise TopologyError(f"missing required field {key!r} in {where}")
@@ -175,11 +154,9 @@ def _number(value: Any, where: str, what: str) -> int | float:
 def _in_range(value: int | float, where: str, low: float, high: float, *, low_ok: bool) -> None:
     # NaN compares false with everything: test what is allowed, not what is not
     if not (math.isfinite(value) and value <= high):
-        raise TopologyError(f"{where} is out of range: must be a finite number <= {high:g}, "
-                            f"got {shown(value)}")
+        raise TopologyError(f"{where} is out of range: must be a finite number <= {high:g}, got {shown(value)}")
     if not (value >= low if low_ok else value > low):
-        raise TopologyError(f"{where} must be {'>=' if low_ok else '>'} {low:g}, "
-                            f"got {shown(value)}")
+        raise TopologyError(f"{where} must be {'>=' if low_ok else '>'} {low:g}, got {shown(value)}")
 
 
 def _int(value: Any, where: str, *, minimum: int = 1, maximum: int) -> int:
@@ -246,8 +223,8 @@ def _link(data: Any, where: str, kinds: tuple[str, ...]) -> Link:
     _check_keys(link, where, _LINK_REQUIRED, _LINK_OPTIONAL)
     return Link(kind=_choice(link["kind"], f"{where}.kind", kinds),
                 bw_gb_s=_positive(link["bw_gb_s"], f"{where}.bw_gb_s", maximum=MAX_BW_GB_S),
-                latency_us=_positive(link["latency_us"], f"{where}.latency_us",
-                                     maximum=MAX_LATENCY_US, allow_zero=True),
+                latency_us=_positive(link["latency_us"], f"{where}.latency_us", maximum=MAX_LATENCY_US,
+                                     allow_zero=True),
                 source=_str(link.get("source") or "", f"{where}.source", empty_ok=True))
 
 
@@ -255,8 +232,7 @@ def _nics(data: Any) -> tuple[Nic, ...]:
     if data is None:
         return ()
     if not isinstance(data, list):
-        raise TopologyError(f"nics must be a list of {{name, kind, speed_gbit_s}}, "
-                            f"got {shown(data)}")
+        raise TopologyError(f"nics must be a list of {{name, kind, speed_gbit_s}}, got {shown(data)}")
     out = []
     for i, item in enumerate(data):
         where = f"nics[{i}]"
@@ -264,8 +240,7 @@ def _nics(data: Any) -> tuple[Nic, ...]:
         _check_keys(nic, where, _NIC_REQUIRED, ())
         out.append(Nic(name=_str(nic["name"], f"{where}.name"),
                        kind=_choice(nic["kind"], f"{where}.kind", NETWORK_KINDS),
-                       speed_gbit_s=_positive(nic["speed_gbit_s"], f"{where}.speed_gbit_s",
-                                              maximum=MAX_BW_GB_S)))
+                       speed_gbit_s=_positive(nic["speed_gbit_s"], f"{where}.speed_gbit_s", maximum=MAX_BW_GB_S)))
     return tuple(out)
 
 
@@ -291,19 +266,12 @@ def _build(data: Any) -> Topology:
     if num_nodes > 1 and inter is None:
         raise TopologyError(f"missing required field 'inter_node': num_nodes is {num_nodes}, "
                             "so the link between nodes must be described")
+    cores = top.get("cpu_cores_per_node")
     return Topology(
-        name=_str(top["name"], "name"),
-        device=device,
-        num_nodes=num_nodes,
-        devices_per_node=_int(top["devices_per_node"], "devices_per_node",
-                              maximum=MAX_DEVICES_PER_NODE),
-        cpu_cores_per_node=_int(1 if top.get("cpu_cores_per_node") is None
-                                else top["cpu_cores_per_node"], "cpu_cores_per_node",
-                                maximum=MAX_CPU_CORES),
+        name=_str(top["name"], "name"), device=device, num_nodes=num_nodes,
+        devices_per_node=_int(top["devices_per_node"], "devices_per_node", maximum=MAX_DEVICES_PER_NODE),
+        cpu_cores_per_node=_int(1 if cores is None else cores, "cpu_cores_per_node", maximum=MAX_CPU_CORES),
         accelerator=_accelerator(top["accelerator"], device),
         intra_node=_link(top["intra_node"], "intra_node", _INTRA_KINDS[device]),
-        inter_node=None if inter is None else _link(inter, "inter_node", NETWORK_KINDS),
-        nics=_nics(top.get("nics")),
-        host=_host(top.get("host")),
-        source=_str(top.get("source") or "", "source", empty_ok=True),
-    )
+        inter_node=None if inter is None else _link(inter, "inter_node", NETWORK_KINDS), nics=_nics(top.get("nics")),
+        host=_host(top.get("host")), source=_str(top.get("source") or "", "source", empty_ok=True))

@@ -21,9 +21,7 @@ LINK_KINDS = (
     "pcie",  # PCIe with peer-to-peer access
     "pcie-nop2p",  # PCIe, copies bounce through host memory
     "shm",  # processes on one host (CPU, gloo over shared memory / loopback)
-    "infiniband",
-    "roce",
-    "ethernet",
+    "infiniband", "roce", "ethernet",  # between nodes
 )
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,11 +35,9 @@ class Link:
 
     def __post_init__(self) -> None:
         check(self.kind in LINK_KINDS, TopologyError,
-               f"unknown link kind {self.kind!r}; use one of {', '.join(LINK_KINDS)}")
-        check(self.bw_gb_s > 0, TopologyError,
-               f"link {self.kind}: bw_gb_s must be > 0, got {self.bw_gb_s}")
-        check(self.latency_us >= 0, TopologyError,
-               f"link {self.kind}: latency_us must be >= 0, got {self.latency_us}")
+              f"unknown link kind {self.kind!r}; use one of {', '.join(LINK_KINDS)}")
+        check(self.bw_gb_s > 0, TopologyError, f"link {self.kind}: bw_gb_s must be > 0, got {self.bw_gb_s}")
+        check(self.latency_us >= 0, TopologyError, f"link {self.kind}: latency_us must be >= 0, got {self.latency_us}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,36 +46,30 @@ class DeviceSpec:
 
     name: str
     mem_gib: float
-    # peak dense TFLOP/s by dtype: keys among fp32, tf32, bf16, fp16
-    peak_tflops: Mapping[str, float]
-    # CUDA compute capability (major, minor); None for CPUs
-    compute_capability: tuple[int, int] | None = None
+    peak_tflops: Mapping[str, float]  # peak dense TFLOP/s by dtype: keys among fp32, tf32, bf16, fp16
+    compute_capability: tuple[int, int] | None = None  # CUDA's (major, minor); None for CPUs
     source: str = ""
 
     def __post_init__(self) -> None:
-        check(self.mem_gib > 0, TopologyError,
-               f"device {self.name}: mem_gib must be > 0, got {self.mem_gib}")
+        check(self.mem_gib > 0, TopologyError, f"device {self.name}: mem_gib must be > 0, got {self.mem_gib}")
         check("fp32" in self.peak_tflops, TopologyError,
-               f"device {self.name}: peak_tflops needs at least an fp32 entry")
+              f"device {self.name}: peak_tflops needs at least an fp32 entry")
         for dtype, tflops in self.peak_tflops.items():
             check(dtype in ("fp32", "tf32", "bf16", "fp16"), TopologyError,
-                   f"device {self.name}: unknown dtype {dtype!r} in peak_tflops")
-            check(tflops > 0, TopologyError,
-                   f"device {self.name}: peak_tflops[{dtype}] must be > 0, got {tflops}")
+                  f"device {self.name}: unknown dtype {dtype!r} in peak_tflops")
+            check(tflops > 0, TopologyError, f"device {self.name}: peak_tflops[{dtype}] must be > 0, got {tflops}")
 
     @property
     def supports_bf16(self) -> bool:
         """bf16 needs compute capability >= 8.0 on GPUs, a bf16 unit (listed peak) on CPUs."""
-        if self.compute_capability is not None:
-            return self.compute_capability >= (8, 0)
-        return "bf16" in self.peak_tflops
+        cc = self.compute_capability
+        return cc >= (8, 0) if cc is not None else "bf16" in self.peak_tflops
 
 
 @dataclass(frozen=True, kw_only=True)
 class Host:
-    """A node's host side, what CPU offload runs on: its memory, the copy bandwidth between host
-    and each device (one direction, pinned memory), and the node's achievable memory bandwidth
-    (what an optimizer step on the CPU streams at)."""
+    """A node's host side, what CPU offload runs on: its memory, the pinned copy bandwidth to each
+    device (one direction), and the memory bandwidth an optimizer step on the CPU streams at."""
 
     mem_gib: float
     link_gb_s: float
@@ -88,8 +78,7 @@ class Host:
 
     def __post_init__(self) -> None:
         for name in ("mem_gib", "link_gb_s", "mem_bw_gb_s"):
-            check(getattr(self, name) > 0, TopologyError,
-                  f"host: {name} must be > 0, got {getattr(self, name)}")
+            check(getattr(self, name) > 0, TopologyError, f"host: {name} must be > 0, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,20 +109,18 @@ class Topology:
     inter_node: Link | None = None
     cpu_cores_per_node: int = 1
     nics: tuple[Nic, ...] = ()
-    # pairwise link kinds from detection (row i, column j); empty for topology files
-    device_links: tuple[tuple[str, ...], ...] = ()
+    device_links: tuple[tuple[str, ...], ...] = ()  # pairwise kinds from detection (row i, column j); none from files
     host: Host | None = None  # None: not described (the plan then proposes no CPU offload)
     source: str = ""
 
     def __post_init__(self) -> None:
         check(self.device in DEVICES, TopologyError,
-               f"topology {self.name}: device must be one of {DEVICES}, got {self.device!r}")
-        check(self.num_nodes >= 1, TopologyError,
-               f"topology {self.name}: num_nodes must be >= 1, got {self.num_nodes}")
+              f"topology {self.name}: device must be one of {DEVICES}, got {self.device!r}")
+        check(self.num_nodes >= 1, TopologyError, f"topology {self.name}: num_nodes must be >= 1, got {self.num_nodes}")
         check(self.devices_per_node >= 1, TopologyError,
-               f"topology {self.name}: devices_per_node must be >= 1, got {self.devices_per_node}")
+              f"topology {self.name}: devices_per_node must be >= 1, got {self.devices_per_node}")
         check(self.num_nodes == 1 or self.inter_node is not None, TopologyError,
-               f"topology {self.name}: {self.num_nodes} nodes need an inter_node link")
+              f"topology {self.name}: {self.num_nodes} nodes need an inter_node link")
 
     @property
     def world_size(self) -> int:
@@ -147,5 +134,4 @@ class Topology:
 
     def with_shape(self, *, num_nodes: int, devices_per_node: int) -> Topology:
         """The same hardware with a different number of nodes or devices per node."""
-        return dataclasses.replace(self, num_nodes=num_nodes, devices_per_node=devices_per_node,
-                                   device_links=())
+        return dataclasses.replace(self, num_nodes=num_nodes, devices_per_node=devices_per_node, device_links=())

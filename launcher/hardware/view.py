@@ -18,15 +18,11 @@ def inspect_report(t: Topology, *, env: Mapping[str, str] | None = None) -> dict
     """A JSON-ready dict for `dlaunch inspect --json`: the topology, links and SLURM job."""
     slurm = slurm_allocation(env)
     return {
-        "topology": topology_to_dict(t),
-        "world_size": t.world_size,
-        "backend": "nccl" if t.device == "cuda" else "gloo",
-        "bf16": t.accelerator.supports_bf16,
+        "topology": topology_to_dict(t), "world_size": t.world_size,
+        "backend": "nccl" if t.device == "cuda" else "gloo", "bf16": t.accelerator.supports_bf16,
         "device_links": [list(row) for row in t.device_links],
-        # the link figures are stored estimates (topology files, NIC line rates): inspect
-        # measures no bandwidth
-        "link_figures": "assumed",
-        "nics_speed_unknown": list(_unknown_nics(t)),
+        # the link figures are stored estimates (topology files, NIC line rates): inspect measures none
+        "link_figures": "assumed", "nics_speed_unknown": list(_unknown_nics(t)),
         "slurm": dataclasses.asdict(slurm) if slurm else None,
     }
 
@@ -51,20 +47,16 @@ def format_topology(t: Topology, *, env: Mapping[str, str] | None = None) -> str
     lines = [f"Topology   {t.name}: {t.num_nodes} node(s) x {t.devices_per_node} "
              f"{t.device} device(s) = {t.world_size} ranks"]
     if t.device == "cuda":
-        cc = f"{acc.compute_capability[0]}.{acc.compute_capability[1]}" \
-            if acc.compute_capability else "?"
+        cc = f"{acc.compute_capability[0]}.{acc.compute_capability[1]}" if acc.compute_capability else "?"
         lines.append(f"{'GPU':<5}{'name':<40}{'memory':>11}{'cc':>6}")
-        lines += [f"{i:<5}{acc.name[:39]:<40}{acc.mem_gib:>7.1f} GiB{cc:>6}"
-                  for i in range(t.devices_per_node)]
+        lines += [f"{i:<5}{acc.name[:39]:<40}{acc.mem_gib:>7.1f} GiB{cc:>6}" for i in range(t.devices_per_node)]
         lines.append(f"Peak       TFLOP/s dense: {peaks}; bf16 "
                      f"{'supported' if acc.supports_bf16 else 'not supported (use fp16)'}")
     else:
-        lines.append(f"Device     {acc.name}: {acc.mem_gib:g} GiB, TFLOP/s {peaks}")
-        lines.append(f"Backend    gloo over shared memory between {t.devices_per_node} "
-                     "processes on one host")
+        lines += [f"Device     {acc.name}: {acc.mem_gib:g} GiB, TFLOP/s {peaks}",
+                  f"Backend    gloo over shared memory between {t.devices_per_node} processes on one host"]
     if t.device_links:
-        n = len(t.device_links)
-        lines.append("Links      " + "".join(f"{'GPU' + str(j):>7}" for j in range(n)))
+        lines.append("Links      " + "".join(f"{'GPU' + str(j):>7}" for j in range(len(t.device_links))))
         lines += [f"{'  GPU' + str(i):<11}" + "".join(f"{_SHORT.get(c, c):>7}" for c in row)
                   for i, row in enumerate(t.device_links)]
     lines.append(_link_line("Intra-node", t.intra_node))
@@ -76,20 +68,15 @@ def format_topology(t: Topology, *, env: Mapping[str, str] | None = None) -> str
     listed = [f"{len(names)}x {kind} {speed:g} Gb/s "
               f"({', '.join(names) if len(names) < 3 else names[0] + ' .. ' + names[-1]})"
               for (kind, speed), names in groups.items()]
-    unknown = _unknown_nics(t)
-    if unknown:
+    if unknown := _unknown_nics(t):
         listed.append(f"{len(unknown)}x ethernet speed unknown ({', '.join(unknown)})")
-    nics = ", ".join(listed)
-    lines.append(f"NICs       {nics or 'none'} per node")
-    lines.append(f"CPU cores  {t.cpu_cores_per_node} per node")
+    lines += [f"NICs       {', '.join(listed) or 'none'} per node", f"CPU cores  {t.cpu_cores_per_node} per node"]
     if t.host is not None:
         lines.append(f"Host       {t.host.mem_gib:,.1f} GiB memory per node; "
                      + (f"{t.host.link_gb_s:g} GB/s to each GPU, " if t.device == "cuda" else "")
                      + f"{t.host.mem_bw_gb_s:g} GB/s memory bandwidth (assumed) for CPU offload")
-    slurm = slurm_allocation(env)
-    if slurm:
+    if slurm := slurm_allocation(env):
         gpus = slurm.gpus_per_node if slurm.gpus_per_node is not None else "?"
-        lines.append(f"SLURM      job {slurm.job_id}: {slurm.num_nodes} node(s) "
-                     f"[{slurm.nodelist or '?'}], {gpus} GPU(s)/node, "
-                     f"partition {slurm.partition or '?'}")
+        lines.append(f"SLURM      job {slurm.job_id}: {slurm.num_nodes} node(s) [{slurm.nodelist or '?'}], "
+                     f"{gpus} GPU(s)/node, partition {slurm.partition or '?'}")
     return "\n".join(lines)

@@ -1,8 +1,7 @@
-"""Causal attention on a GPU, by kernel: the rate FlashAttention-2, Triton FlashAttention and
-PyTorch SDPA reach at each sequence length on an architecture (ATTENTION_CURVES, each curve's
-source beside it), a training run's attention against its kernel's benchmark (ATTENTION_RUN_SCALE)
-and backward against forward (ATTENTION_BWD_FACTOR). `cost.forward_pass` prices a forward's
-attention FLOPs at `attention_efficiency` of the dtype's peak.
+"""Causal attention on a GPU, by kernel: the rate FlashAttention-2, Triton FlashAttention and PyTorch
+SDPA reach at each sequence length on an architecture (ATTENTION_CURVES), a training run's attention
+against its kernel's benchmark (ATTENTION_RUN_SCALE) and backward against forward
+(ATTENTION_BWD_FACTOR), which `cost.forward_pass` prices attention FLOPs with.
 
 Pure arithmetic: no torch, no I/O; never imports cli, backends, jobs, runtime, results or report.
 """
@@ -22,16 +21,13 @@ from launcher.hardware.types import DeviceSpec
 # (TFLOP/s) is given; other GPUs of the architecture scale by their peak, other architectures
 # take the H100 curve. Between points: linear in log2(s); beyond the last: flat (each curve
 # is flat by then); below the first: in proportion to s (a call's fixed cost over less work).
-# The kernel is a property of the run, not of the GPU: the profile's `attention_kernel` (a plan
-# input: --attention-kernel, the workload's KERNELS, what the profile saw it call, else PyTorch
-# SDPA; plan.kernels).
+# The kernel is the run's, not the GPU's: the profile's `attention_kernel` (plan.kernels).
 ATTENTION_SEQ = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 
 
 @dataclass(frozen=True, kw_only=True)
 class AttentionCurve:
-    """One kernel's causal forward+backward TFLOP/s at ATTENTION_SEQ[:len(tflops)] tokens on a
-    GPU of `peak_tflops` dense bf16, and where the numbers come from."""
+    """One kernel's causal forward+backward TFLOP/s at ATTENTION_SEQ[:len(tflops)] tokens, `peak_tflops` bf16."""
 
     tflops: tuple[float, ...]
     peak_tflops: float
@@ -39,8 +35,7 @@ class AttentionCurve:
 
     def __post_init__(self) -> None:
         if not 2 <= len(self.tflops) <= len(ATTENTION_SEQ) or min(self.tflops) <= 0:
-            raise PlanError(f"an attention curve needs 2-{len(ATTENTION_SEQ)} positive rates; "
-                            f"got {self.tflops!r}")
+            raise PlanError(f"an attention curve needs 2-{len(ATTENTION_SEQ)} positive rates; got {self.tflops!r}")
 
     def fraction(self, seq_len: int) -> float:
         """The fraction of `peak_tflops` the kernel runs at for sequences of `seq_len`."""
@@ -78,17 +73,15 @@ ATTENTION_CURVES: dict[str, dict[tuple[int, int], AttentionCurve]] = {
                                          source="A100 Triton x FA1's H100/A100 ratio (assumed)")},
     "sdpa": {(8, 0): AttentionCurve(tflops=(99, 133, 155, 173, 182, 189), peak_tflops=312,
                                     source=f"{_FA2_PAPER}, A100 (Fig. 4d): SDPA's flash backend"),
-             (9, 0): AttentionCurve(tflops=(148, 247, 366, 465, 534, 554, 564, 584),
-                                    peak_tflops=989,
+             (9, 0): AttentionCurve(tflops=(148, 247, 366, 465, 534, 554, 564, 584), peak_tflops=989,
                                     source="measured, docs/benchmarks.md (torch 2.11, H100 SXM)")},
 }
 ATTENTION_CURVE_DEFAULT_ARCH = (9, 0)
-# A training run's attention against its kernel's benchmark curve. The curves time one call of
-# 16 heads over 16k tokens (the FA2 benchmark) or 64k tokens (dlaunch's SDPA measurement); a
-# model's calls differ in heads x batch, head dim (64 for some small models) and what runs
-# around them. FIT (see cost.GEMM_HALF_WIDTH) on the `fit` rows of benchmarks/published that ran
-# each kernel (Triton: llm-foundry at 2k-8k tokens; FA2: torchtitan, IBM, llm-foundry's
-# large-scale table); SDPA: 1, its curve is dlaunch's own call measured.
+# A training run's attention against its kernel's benchmark curve, which times one call of 16 heads
+# over 16k tokens (FA2) or 64k tokens (dlaunch's SDPA measurement): a model's calls differ in heads x
+# batch, head dim and what runs around them. FIT (see gemm.GEMM_HALF_WIDTH) on the `fit` rows of
+# benchmarks/published that ran each kernel (Triton: llm-foundry at 2k-8k tokens; FA2: torchtitan,
+# IBM, llm-foundry's large-scale table); SDPA: 1, its curve is dlaunch's own call measured.
 ATTENTION_RUN_SCALE = {"fa2": 0.9, "triton-fa": 1.2, "sdpa": 1.0}
 # Backward of flash attention: 5 matmuls against the forward's 2 (FA2 paper, section 3).
 ATTENTION_BWD_FACTOR = 2.5

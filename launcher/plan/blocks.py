@@ -27,7 +27,6 @@ def signature(module: Any) -> tuple[Any, ...]:
 def repeated_container(model: Any, blocks: Sequence[Any]) -> nn.Module | None:
     """The ModuleList/Sequential/ModuleDict holding exactly `blocks`, in order, when every block
     has the same structure (a transformer's layers); None otherwise."""
-    # deferred: only a profile missing from the cache needs torch
     from torch import nn
 
     if len(blocks) < 4:  # too few to gain from extrapolating
@@ -45,8 +44,7 @@ def repeated_container(model: Any, blocks: Sequence[Any]) -> nn.Module | None:
 
 @contextlib.contextmanager
 def first_blocks(container: Any, count: int) -> Iterator[None]:
-    """Temporarily keep only the first `count` children of `container` (in place: a forward
-    that iterates the container sees the shorter model)."""
+    """Temporarily keep only the first `count` children of `container`, in place (a forward sees the shorter model)."""
     items = list(container._modules.items())
     for name, _ in items[count:]:
         del container._modules[name]

@@ -9,7 +9,6 @@ picks among those the overrides allow and `explain` says why.
 from __future__ import annotations
 
 import dataclasses
-import logging
 
 from launcher.errors import PlanError
 from launcher.hardware.types import Topology
@@ -24,8 +23,6 @@ from launcher.plan.types import Candidate, Overrides, StepTimeEstimate
 from launcher.specs import CHECKPOINTING, DDP_KINDS, Goal, ModelProfile, Strategy
 from launcher.workload import no_tp_plan
 
-logger = logging.getLogger(__name__)
-
 # Ties go to DDP (fewest moving parts), then to zero1 (DDP and a sharded optimizer, no hooks
 # per unit), then to full shard over grad-op: at the same predicted speed full shard keeps less
 # in memory (more headroom), and hybrid only wins when faster. zero1 is priced on one rank too
@@ -34,12 +31,11 @@ STRATEGY_ORDER = ("ddp", "zero1", "fsdp_full", "fsdp_grad_op", "hybrid")
 # Predictions closer than this are a tie: the model is not more accurate than a few percent.
 TIE_TOLERANCE = 0.02
 # Without --global-batch: power-of-two micro-batches up to this, no accumulation; the best
-# throughput wins, which (ties going to the larger micro-batch) is the largest that fits. Beyond
-# 64 the gains are small once compute dominates, and large batches need the learning rate
-# retuned; users who want more pass --global-batch. On CPU a step's fixed cost (Python, the
-# optimizer over every tensor) is amortized by 16 samples (the 0.9M-parameter MLP of
-# workloads/mlp.py: 1.4x the samples/s at 16 as at 8, gpt tiny 1.03x); beyond, steps only get
-# longer.
+# throughput wins, which (ties going to the larger micro-batch) is the largest that fits. Beyond 64
+# the gains are small once compute dominates, and large batches need the learning rate retuned;
+# users who want more pass --global-batch. On CPU a step's fixed cost (Python, the optimizer over
+# every tensor) is amortized by 16 samples (the 0.9M-parameter MLP of workloads/mlp.py: 1.4x the
+# samples/s at 16 as at 8, gpt tiny 1.03x); beyond, steps only get longer.
 DEFAULT_MAX_MICRO_BATCH = {"cuda": 64, "cpu": 16}
 # the strategies tensor parallelism composes with on a GPU plan's own initiative (the runtime
 # builds a 2-D mesh ("dp", "tp") with FSDP on "dp"); a forced tp may also pair with grad-op
@@ -78,9 +74,8 @@ def check_forced(ov: Overrides, profile: ModelProfile, topology: Topology) -> No
     if tp <= 1:
         return
     if ov.strategy in DDP_KINDS:
-        raise PlanError(f"--tp {tp} composes tensor parallelism with FSDP on the data-parallel "
-                        f"dimension; {ov.strategy} does not: use --strategy fsdp_full or "
-                        "hybrid, or drop --tp")
+        raise PlanError(f"--tp {tp} composes tensor parallelism with FSDP on the data-parallel dimension; "
+                        f"{ov.strategy} does not: use --strategy fsdp_full or hybrid, or drop --tp")
     if not profile.tp_degrees:
         raise PlanError(no_tp_plan(tp, f"workload {profile.name.split()[0]}"))
     if tp not in profile.tp_degrees:
@@ -101,8 +96,7 @@ def tp_degrees(kind: str, profile: ModelProfile, topology: Topology, ov: Overrid
         return [ov.tp] if ov.tp == 1 or kind not in DDP_KINDS else []
     if topology.device != "cuda" or kind not in TP_KINDS:
         return [1]
-    return [1] + [d for d in profile.tp_degrees
-                  if d > 1 and topology.devices_per_node % d == 0]
+    return [1] + [d for d in profile.tp_degrees if d > 1 and topology.devices_per_node % d == 0]
 
 
 def _precisions(topology: Topology, ov: Overrides) -> list[str]:
@@ -126,8 +120,7 @@ def _float8s(topology: Topology, ov: Overrides, precision: str) -> list[str]:
     return ["none"]
 
 
-def _batches(goal: Goal, n: int, ov: Overrides,
-             device: str) -> tuple[list[tuple[int, int]], list[int]]:
+def _batches(goal: Goal, n: int, ov: Overrides, device: str) -> tuple[list[tuple[int, int]], list[int]]:
     """(micro_batch, grad_accum) pairs to try, and micro-batches skipped for divisibility."""
     forced = ov.micro_batch
     if goal.global_batch is None:
@@ -147,14 +140,6 @@ def _batches(goal: Goal, n: int, ov: Overrides,
     mbs = sorted({2**i for i in range(per_rank.bit_length()) if 2**i <= per_rank} | {per_rank})
     ok = [(mb, per_rank // mb) for mb in mbs if per_rank % mb == 0]
     return ok, [mb for mb in mbs if per_rank % mb]
-
-
-def _modes(profile: ModelProfile, ov: Overrides) -> tuple[str, ...]:
-    """The checkpointing modes to price: every one (`search` keeps the forced one), or none
-    alone for a model without repeated blocks (nothing to wrap: every mode is none)."""
-    if profile.num_blocks < 1 and ov.checkpointing is None:
-        return ("none",)
-    return CHECKPOINTING
 
 
 def _timed(profile: ModelProfile, strategy: Strategy, topology: Topology, mb: int, accum: int,
@@ -186,6 +171,9 @@ def candidates(profile: ModelProfile, topology: Topology, goal: Goal, ov: Overri
     if (ov.tp or 1) > 1 and ov.strategy is None:
         kinds = [k for k in kinds if k not in DDP_KINDS] or ["fsdp_full"]
     batches, skipped = _batches(goal, n, ov, topology.device) if (ov.tp or 1) == 1 else ([], [])
+    # every checkpointing mode (`search` keeps the forced one); a model without repeated blocks has
+    # nothing to wrap: none alone
+    modes = ("none",) if profile.num_blocks < 1 and ov.checkpointing is None else CHECKPOINTING
 
     def priced(kinds: list[str], offload: bool) -> list[Candidate]:
         nonlocal skipped
@@ -207,9 +195,8 @@ def candidates(profile: ModelProfile, topology: Topology, goal: Goal, ov: Overri
                         continue
                     if ov.tp is not None:
                         skipped = tp_skipped
-                for precision, f8 in [(p, f) for p in _precisions(topology, ov)
-                                      for f in _float8s(topology, ov, p)]:
-                    for ckpt in _modes(profile, ov):
+                for precision, f8 in [(p, f) for p in _precisions(topology, ov) for f in _float8s(topology, ov, p)]:
+                    for ckpt in modes:
                         strategy = Strategy(kind=kind, precision=precision, checkpointing=ckpt,
                                             compile=compiled, compile_mode=ov.compile_mode or "default",
                                             tp=tp, offload=offload, float8=f8)
@@ -248,16 +235,14 @@ def per_sample(c: Candidate) -> float:
 
 def units_per_s(c: Candidate, n: int, profile: ModelProfile) -> float:
     """The job's throughput on `n` ranks, in the profile's units (tokens, samples)."""
-    return (c.micro_batch * c.grad_accum * dp_ranks(c, n) * profile.units_per_sample
-            / c.time.step_time_s)
+    return c.micro_batch * c.grad_accum * dp_ranks(c, n) * profile.units_per_sample / c.time.step_time_s
 
 
 def _preference(c: Candidate) -> tuple[int, int, bool, int, int, float]:
     """Among near-ties: STRATEGY_ORDER, the smaller TP degree (fewer moving parts, more data
-    parallelism), bf16 over float8 (no conversion, no float8 rounding), the lighter
-    checkpointing (none, selective, every-other, full: the order of CHECKPOINTING), then the
-    larger micro-batch (the model does not see the better kernel efficiency of larger
-    batches), then speed."""
+    parallelism), bf16 over float8 (no conversion, no float8 rounding), the lighter checkpointing
+    (none, selective, every-other, full: the order of CHECKPOINTING), then the larger micro-batch
+    (the model does not see the better kernel efficiency of larger batches), then speed."""
     s = c.strategy
     return (STRATEGY_ORDER.index(s.kind), s.tp, s.float8 != "none", CHECKPOINTING.index(s.checkpointing),
             -c.micro_batch, per_sample(c))
@@ -267,7 +252,6 @@ def choose(fitting: list[Candidate]) -> Candidate:
     """Fastest per sample; among those within TIE_TOLERANCE of it, the preferred one (bf16 over
     its float8 twin among them, `_preference`)."""
     best = min(per_sample(c) for c in fitting)
-    return min((c for c in fitting if per_sample(c) <= best * (1 + TIE_TOLERANCE)),
-               key=_preference)
+    return min((c for c in fitting if per_sample(c) <= best * (1 + TIE_TOLERANCE)), key=_preference)
 
 

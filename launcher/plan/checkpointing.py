@@ -1,6 +1,5 @@
-"""What each activation checkpointing mode recomputes and keeps: one frozen table, and the two
-prices the planner takes from it (backward's recomputed share of the forward, the activation
-bytes kept until backward).
+"""What each activation checkpointing mode recomputes and keeps: one frozen table, and the two prices
+the planner takes from it (backward's recomputed share of the forward, the activation bytes kept).
 
 The modes (`launcher.specs.CHECKPOINTING`; `launcher.runtime.wrap` applies them to the
 workload's repeated blocks, `blocks(model)`):
@@ -16,13 +15,11 @@ workload's repeated blocks, `blocks(model)`):
 
 Per mode the table says which share of each kind of forward work backward runs again (matmul,
 attention, memory-bound: the split `cost.ForwardPass` and `cpu_cost.CpuForward` make) and which
-share of a checkpointed block's saved activations stays saved anyway. A whole-block mode
-recomputes all of a checkpointed block, so its shares are the share of blocks it checkpoints;
-the modes recompute nothing outside the blocks (embeddings, head, loss), which the forward's
-parts do not separate: an approximation that overprices recompute by their share, small for
-large models but not for tiny ones (gpt tiny on CPU, one thread, CPU time per forward+backward
-over `none`: full +0.65, every-other +0.32, selective +0.57 of a forward, priced 1.0, 0.5,
-0.55; docs/benchmarks.md, "Checkpointing modes on CPU").
+share of a checkpointed block's saved activations stays saved anyway. The modes recompute nothing
+outside the blocks (embeddings, head, loss), which the forward's parts do not separate: this
+overprices recompute by their share, small for large models but not for tiny ones (gpt tiny on
+CPU, one thread, time per forward+backward over `none`: full +0.65, every-other +0.32, selective
++0.57 of a forward, priced 1.0, 0.5, 0.55; docs/benchmarks.md, "Checkpointing modes on CPU").
 
 Pure: no torch, no I/O; never imports cli, backends, jobs, runtime, results or report.
 """
@@ -54,8 +51,7 @@ class CheckpointingMode:
     def __post_init__(self) -> None:
         check(self.name in CHECKPOINTING, PlanError, f"unknown checkpointing mode {self.name!r}")
         check(self.every_nth_block >= 0, PlanError, "every_nth_block must be >= 0")
-        for v in (self.matmul_recomputed, self.attention_recomputed, self.memory_bound_recomputed,
-                  self.saved_share):
+        for v in (self.matmul_recomputed, self.attention_recomputed, self.memory_bound_recomputed, self.saved_share):
             check(0.0 <= v <= 1.0, PlanError, f"checkpointing mode {self.name}: shares in [0, 1]")
 
     def wrapped_blocks(self, num_blocks: int) -> int:
@@ -89,21 +85,17 @@ SELECTIVE_MEMORY_BOUND_RECOMPUTED = 1.0
 SELECTIVE_SAVED_SHARE = 0.4
 
 MODES: Mapping[str, CheckpointingMode] = MappingProxyType({
-    "none": CheckpointingMode(name="none", whole_blocks=False, every_nth_block=0,
-                              matmul_recomputed=0.0, attention_recomputed=0.0,
-                              memory_bound_recomputed=0.0, saved_share=1.0),
+    "none": CheckpointingMode(name="none", whole_blocks=False, every_nth_block=0, matmul_recomputed=0.0,
+                              attention_recomputed=0.0, memory_bound_recomputed=0.0, saved_share=1.0),
     "selective": CheckpointingMode(name="selective", whole_blocks=False, every_nth_block=1,
-                                   matmul_recomputed=SELECTIVE_MATMUL_RECOMPUTED,
+                                   matmul_recomputed=SELECTIVE_MATMUL_RECOMPUTED, saved_share=SELECTIVE_SAVED_SHARE,
                                    attention_recomputed=SELECTIVE_ATTENTION_RECOMPUTED,
-                                   memory_bound_recomputed=SELECTIVE_MEMORY_BOUND_RECOMPUTED,
-                                   saved_share=SELECTIVE_SAVED_SHARE),
+                                   memory_bound_recomputed=SELECTIVE_MEMORY_BOUND_RECOMPUTED),
     # a whole-block mode recomputes all of each block it wraps and keeps only its input
-    "every-other": CheckpointingMode(name="every-other", whole_blocks=True, every_nth_block=2,
-                                     matmul_recomputed=1.0, attention_recomputed=1.0,
-                                     memory_bound_recomputed=1.0, saved_share=0.0),
-    "full": CheckpointingMode(name="full", whole_blocks=True, every_nth_block=1,
-                              matmul_recomputed=1.0, attention_recomputed=1.0,
-                              memory_bound_recomputed=1.0, saved_share=0.0),
+    "every-other": CheckpointingMode(name="every-other", whole_blocks=True, every_nth_block=2, matmul_recomputed=1.0,
+                                     attention_recomputed=1.0, memory_bound_recomputed=1.0, saved_share=0.0),
+    "full": CheckpointingMode(name="full", whole_blocks=True, every_nth_block=1, matmul_recomputed=1.0,
+                              attention_recomputed=1.0, memory_bound_recomputed=1.0, saved_share=0.0),
 })
 # Short names for plan labels ("FSDP full bf16 + ckpt")
 LABELS: Mapping[str, str] = MappingProxyType(
@@ -112,16 +104,13 @@ LABELS: Mapping[str, str] = MappingProxyType(
 
 def mode_of(name: str) -> CheckpointingMode:
     """The table's row for `name`; PlanError naming the modes for anything else."""
-    if name not in MODES:
-        raise PlanError(f"unknown checkpointing mode {name!r}; use one of {', '.join(CHECKPOINTING)}")
+    check(name in MODES, PlanError, f"unknown checkpointing mode {name!r}; use one of {', '.join(CHECKPOINTING)}")
     return MODES[name]
 
 
-def recompute_share(name: str, *, num_blocks: int, matmul_s: float, attention_s: float,
-                       memory_bound_s: float) -> float:
-    """Share of one forward's seconds that backward runs again under mode `name`, from the
-    forward's split by kind of work (what is neither matmul nor attention counts as
-    memory-bound). A profile without blocks has nothing to wrap: 0."""
+def recompute_share(name: str, *, num_blocks: int, matmul_s: float, attention_s: float, memory_bound_s: float) -> float:
+    """Share of one forward's seconds that backward runs again under mode `name`, from the forward's
+    split by kind of work; 0 for a profile without blocks (nothing to wrap)."""
     mode = mode_of(name)
     wrapped = mode.wrapped_blocks(num_blocks)
     total = matmul_s + attention_s + memory_bound_s
@@ -132,21 +121,16 @@ def recompute_share(name: str, *, num_blocks: int, matmul_s: float, attention_s:
     return again / total * wrapped / num_blocks
 
 
-def kept_activation_bytes(name: str, *, saved_bytes: float, block_input_bytes: float,
-                          num_blocks: int) -> float:
-    """Bytes of one micro-batch's activations alive at backward's peak under mode `name`.
-
-    `saved_bytes`: what the forward saves without checkpointing (all of it counted as the
-    blocks', evenly); `block_input_bytes`: one block's input. A wrapped block keeps its input
-    and its mode's `saved_share` of its activations; backward then brings back what one wrapped
-    block dropped while it recomputes that block (one at a time)."""
+def kept_activation_bytes(name: str, *, saved_bytes: float, block_input_bytes: float, num_blocks: int) -> float:
+    """Bytes of one micro-batch's activations alive at backward's peak under mode `name`, of the forward's
+    `saved_bytes` without checkpointing (counted as the blocks', evenly): a wrapped block keeps its input
+    and its mode's `saved_share`; backward brings back what one wrapped block dropped as it recomputes."""
     mode = mode_of(name)
     wrapped = mode.wrapped_blocks(num_blocks)
     if wrapped == 0:
         return saved_bytes
     one_block = saved_bytes / num_blocks
-    kept = (num_blocks - wrapped) * one_block + wrapped * (
-        block_input_bytes + mode.saved_share * one_block)
+    kept = (num_blocks - wrapped) * one_block + wrapped * (block_input_bytes + mode.saved_share * one_block)
     return kept + (1.0 - mode.saved_share) * one_block
 
 
@@ -159,7 +143,6 @@ def describe(name: str) -> str:
             "full": "every block checkpointed"}[mode_of(name).name]
 
 
-__all__ = ["CheckpointingMode", "MODES", "LABELS", "mode_of", "recompute_share",
-           "kept_activation_bytes", "describe", "SELECTIVE_MATMUL_RECOMPUTED",
-           "SELECTIVE_ATTENTION_RECOMPUTED", "SELECTIVE_MEMORY_BOUND_RECOMPUTED",
+__all__ = ["CheckpointingMode", "MODES", "LABELS", "mode_of", "recompute_share", "kept_activation_bytes", "describe",
+           "SELECTIVE_MATMUL_RECOMPUTED", "SELECTIVE_ATTENTION_RECOMPUTED", "SELECTIVE_MEMORY_BOUND_RECOMPUTED",
            "SELECTIVE_SAVED_SHARE"]

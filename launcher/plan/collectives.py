@@ -18,9 +18,8 @@ aggregate network bandwidth (NCCL spreads its channels over the rails). G collec
 once with one rank per node each (hybrid replicas, the inter-node phase of a hierarchical
 all-reduce) share it: each gets bw / G.
 - all-gather / reduce-scatter across nodes: NCCL only has ring algorithms for them with several
-  ranks per node, so a flat ring over all N ranks at the slowest link's bandwidth, with the
-  slowest link's latency per step (ring steps advance in lockstep): the latency term grows
-  linearly with the world size.
+  ranks per node, so a flat ring over all N ranks at the slowest link's bandwidth and latency
+  (ring steps advance in lockstep): the latency term grows linearly with the world size.
 - all-reduce across nodes: NCCL's tuner picks ring or tree per message size; we take the fastest
   of the flat ring and the two-level (hierarchical) all-reduce: intra-node reduce-scatter,
   inter-node all-reduce of 1/G of the data (G of them at once on the shared network; a ring, or
@@ -28,38 +27,27 @@ all-reduce) share it: each gets bw / G.
   phases are summed, not pipelined, which errs slightly on the slow side.
 
 Tensor parallelism of degree t (`Strategy.tp`) inside a node, FSDP over the rest:
-- FSDP's collectives run over the data-parallel group (`dp_topology`): world / t ranks,
-  devices_per_node / t of them per node, each moving its 1/t slice of the parameters. The t
-  groups run at once and share the node's network: each sees the inter-node bus bandwidth / t
-  (the same convention as hybrid's replica groups); NVLink is not shared in this model (each
-  rank has its own NVLink ports).
+- FSDP's collectives run over the data-parallel group (`dp_topology`): world / t ranks, each
+  moving its 1/t slice of the parameters. The t groups share the node's network: each sees the
+  inter-node bus bandwidth / t (as hybrid's replica groups); NVLink is not shared in this model
+  (each rank has its own NVLink ports).
 - TP + sequence parallelism (`tp_comm_s`): per block, the forward all-gathers the sequence-split
   activations before attention and before the MLP and reduce-scatters their outputs (2 + 2 of
   b x s x h elements at the compute dtype), backward the same (Korthikanti et al. 2022, s4.2.2),
-  plus the embedding's reduce-scatter and the head's all-gather; over the intra-node link with
-  the ring's (t-1)/t. None of it is hidden: without async TP each collective sits between the
-  matmul that makes its input and the one that needs its output.
+  plus the embedding's reduce-scatter and the head's all-gather, over the intra-node link. None
+  of it is hidden: without async TP each collective sits between the matmuls around it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
 from collections.abc import Callable
 
 from launcher.hardware.types import Link, Topology
+from launcher.plan import memory
 from launcher.plan.float8 import fsdp_float8_gather
-from launcher.plan.memory import (
-    COMPUTE_DTYPE_BYTES,
-    DDP_BUCKET_CAP_BYTES,
-    GRAD_BYTES,
-    MASTER_PARAM_BYTES,
-    unsharded_root_params,
-)
 from launcher.specs import ModelProfile, Strategy
-
-logger = logging.getLogger(__name__)
 
 # Fixed cost of each FSDP collective on a GPU's critical path, beyond its alpha-beta time:
 # FSDP2's pre-forward/post-backward hooks, the copy-in (chunk_cat) and copy-out
@@ -175,12 +163,10 @@ def split(op: Collective, total: float, count: int) -> float:
 
 def dp_topology(topology: Topology, tp: int) -> Topology:
     """The data-parallel group of one TP rank as a topology of its own: devices_per_node / tp
-    ranks per node, the node's network shared by the tp groups that run at once. tp = 1:
-    `topology` itself."""
+    ranks per node, the node's network shared by the tp groups (tp = 1: `topology` itself)."""
     if tp <= 1:
         return topology
-    dp = topology.with_shape(num_nodes=topology.num_nodes,
-                             devices_per_node=topology.devices_per_node // tp)
+    dp = topology.with_shape(num_nodes=topology.num_nodes, devices_per_node=topology.devices_per_node // tp)
     if topology.inter_node is None:
         return dp
     return dataclasses.replace(dp, inter_node=shared_link(topology.inter_node, tp))
@@ -202,8 +188,7 @@ def tp_comm_s(profile: ModelProfile, strategy: Strategy, topology: Topology, mic
     t = strategy.tp
     if t <= 1:
         return 0.0
-    nbytes = (micro_batch * profile.block_input_bytes_per_sample
-              * COMPUTE_DTYPE_BYTES[strategy.precision] / 4)
+    nbytes = micro_batch * profile.block_input_bytes_per_sample * memory.COMPUTE_DTYPE_BYTES[strategy.precision] / 4
     per_pass = TP_COLLECTIVES_PER_BLOCK * max(1, profile.num_blocks) + TP_COLLECTIVES_OUTSIDE
     # all-gather and reduce-scatter cost the same: (t-1)/t * S/B + (t-1) * alpha
     return (2 + recompute) * per_pass * allgather_s(nbytes, t, topology.intra_node)
@@ -212,9 +197,9 @@ def tp_comm_s(profile: ModelProfile, strategy: Strategy, topology: Topology, mic
 def ddp_comm(profile: ModelProfile, topology: Topology, hide_s: float) -> tuple[float, float]:
     """(total, exposed) seconds of DDP's one all-reduce of the fp32 grads per step, in 25 MiB
     buckets, behind `hide_s` of the last micro-batch's backward; the last bucket is exposed."""
-    grad_bytes = GRAD_BYTES * float(profile.num_params)
+    grad_bytes = memory.GRAD_BYTES * float(profile.num_params)
     ops = group_collectives(topology)
-    buckets = math.ceil(grad_bytes / DDP_BUCKET_CAP_BYTES)
+    buckets = math.ceil(grad_bytes / memory.DDP_BUCKET_CAP_BYTES)
     total = split(ops["ar"], grad_bytes, buckets)
     return total, max(ops["ar"](grad_bytes / buckets), total - hide_s)
 
@@ -222,17 +207,16 @@ def ddp_comm(profile: ModelProfile, topology: Topology, hide_s: float) -> tuple[
 def zero1_sync_bytes(profile: ModelProfile) -> float:
     """What zero1's parameter sync moves per step: all the parameters, at their stored dtype
     (fp32 under DDP's autocast), each rank sending its 1/n of them."""
-    return MASTER_PARAM_BYTES * float(profile.num_params)
+    return memory.MASTER_PARAM_BYTES * float(profile.num_params)
 
 
 def zero1_sync_s(profile: ModelProfile, topology: Topology) -> float:
-    """Seconds of zero1's parameter sync after the optimizer step. torch's
-    ZeroRedundancyOptimizer (https://pytorch.org/docs/stable/distributed.optim.html;
-    `_sync_params` in its source) broadcasts each rank's updated shard to all ranks, one flat
-    bucket per rank (`parameters_as_bucket_view`, runtime/zero.py): n collectives that together
-    deliver the full parameters to every rank, an all-gather's bytes. Priced with the
-    all-gather's formula, its latency paid once per rank's broadcast (`split`). Nothing hides
-    it: it follows the optimizer step, after all of the step's compute."""
+    """Seconds of zero1's parameter sync after the optimizer step. torch's ZeroRedundancyOptimizer
+    (https://pytorch.org/docs/stable/distributed.optim.html; `_sync_params` in its source)
+    broadcasts each rank's updated shard to all ranks, one flat bucket per rank
+    (`parameters_as_bucket_view`, runtime/zero.py): an all-gather's bytes, priced with its
+    formula, its latency paid once per rank's broadcast (`split`). Nothing hides it: it follows
+    the optimizer step, after all of the step's compute."""
     return split(group_collectives(topology)["ag"], zero1_sync_bytes(profile), topology.world_size)
 
 
@@ -240,21 +224,20 @@ def fsdp_units(profile: ModelProfile, strategy: Strategy) -> int:
     """FSDP units (`fully_shard` groups, one all-gather and one reduce-scatter each): one per
     block, the root when parameters stay outside the blocks, and under bf16/fp16 one per batch
     norm (kept in fp32, runtime.wrap); a model without blocks is one unit."""
-    units = max(1, profile.num_blocks) + (1 if unsharded_root_params(profile) > 0 and profile.num_blocks else 0)
+    units = max(1, profile.num_blocks) + (1 if memory.unsharded_root_params(profile) > 0 and profile.num_blocks else 0)
     return units + (profile.batch_norms if strategy.precision != "fp32" else 0)
 
 
-def fsdp_traffic(profile: ModelProfile, strategy: Strategy,
-                  topology: Topology) -> dict[str, float]:
+def fsdp_traffic(profile: ModelProfile, strategy: Strategy, topology: Topology) -> dict[str, float]:
     """Seconds of one micro-batch's FSDP collectives: forward all-gathers ("ag_fwd", the first
     of which, "first_ag", nothing can hide), backward all-gathers ("ag_bwd"), reduce-scatters
     ("rs", the last unit's "last_rs" after all compute) and the fixed per-collective cost."""
     # with TP each rank holds (and FSDP moves) its 1/tp slice; x / 1 is exact
     tp = strategy.tp
     p = float(profile.num_params) / tp
-    c = COMPUTE_DTYPE_BYTES[strategy.precision]
+    c = memory.COMPUTE_DTYPE_BYTES[strategy.precision]
     block = float(profile.largest_block_params) / tp
-    root = float(unsharded_root_params(profile)) / tp
+    root = float(memory.unsharded_root_params(profile)) / tp
     nb = max(1, profile.num_blocks)
     units = fsdp_units(profile, strategy)
     ops = group_collectives(topology, within_node=strategy.kind == "hybrid")
@@ -288,8 +271,7 @@ def sharded_comm(profile: ModelProfile, strategy: Strategy, topology: Topology,
         # across the replicas; its last unit's all-reduce follows all compute
         g = topology.devices_per_node
         across = replica_allreduce(topology)
-        ar = split(across, GRAD_BYTES * float(profile.num_params) / strategy.tp / g,
-                   int(t["units"]))
+        ar = split(across, memory.GRAD_BYTES * float(profile.num_params) / strategy.tp / g, int(t["units"]))
         last_ar = across(REDUCE_DTYPE_BYTES * t["last_unit"] / g)
         last_bwd = max(t["last_rs"] + last_ar, t["ag_bwd"] + t["rs"] + ar - hide_bwd)
         fixed = t["units"] * FSDP_COLLECTIVE_OVERHEAD_S

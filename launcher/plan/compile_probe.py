@@ -1,23 +1,21 @@
 """Would torch.compile take the workload whole? Dynamo's explain of one forward, on the meta device.
 
 `check_compile` builds the model on the meta device and runs `torch._dynamo.explain` over one
-forward at micro-batch 1, on what the runtime compiles (runtime/wrap.py, runtime/compiling.py):
-- the model's `forward`: what one process and DDP compile (before DDP wraps the model);
-- the `forward` of one block of each distinct structure: what FSDP2 compiles, block by block,
-  before `fully_shard` (a whole-model graph would break in FSDP's block loop).
-It counts the graphs and graph breaks of each and keeps the first break's reason and the line of
-the workload's code it is on. Explain compiles with a backend that only records the graphs: no
-Inductor, no C++ or Triton compiler, so it runs on any planning host; a model of identical blocks
-is traced through its first block only (as the profile is measured), so even 70B shapes take
-seconds. Cached with the profile, per workload file, arguments and torch version
-(`resolve.cached_compile_check`).
+forward at micro-batch 1 of what the runtime compiles (runtime/wrap.py, runtime/compiling.py): the
+model's `forward` (one process and DDP, before DDP wraps it) and the `forward` of one block of each
+distinct structure (FSDP2 compiles block by block before `fully_shard`: a whole-model graph would
+break in FSDP's block loop). It counts each one's graphs and graph breaks and keeps the first
+break's reason and workload line. Explain's backend only records the graphs (no Inductor, no C++ or
+Triton compiler), so it runs on any planning host; a model of identical blocks is traced through
+its first block only, so even 70B shapes take seconds. Cached with the profile, per workload file,
+arguments and torch version (`resolve.cached_compile_check`).
 
 What it cannot see: Inductor or Triton failures on the GPU itself, recompilations from shapes that
 change between steps (the harness's batches keep one shape: drop_last), and breaks that depend on
-real values (data-dependent Python on tensors fails the meta profile before this runs). The
-planner (`compile_choice`) proposes compile only where this trace found no break.
+real values (data-dependent Python on tensors fails the meta profile before this runs).
 
-Never imports cli, backends, jobs, runtime or report; torch only inside `check_compile`.
+Never imports cli, backends, jobs, runtime or report; torch only inside functions (only a check
+missing from the cache needs it).
 """
 
 from __future__ import annotations
@@ -45,8 +43,7 @@ REASON_CHARS = 300
 
 @dataclass(frozen=True, kw_only=True)
 class CompileCheck:
-    """What Dynamo made of one forward: graphs, graph breaks and the first break, for the whole
-    model and for its blocks (the units FSDP compiles one by one)."""
+    """What Dynamo made of one forward of the model and of its blocks (FSDP's units): graphs, breaks, the first."""
 
     model_graphs: int
     model_breaks: int
@@ -59,18 +56,15 @@ class CompileCheck:
     traced_s: float = 0.0  # how long the trace took
 
     def __post_init__(self) -> None:
-        for name in ("model_graphs", "model_breaks", "blocks_traced", "block_graphs",
-                     "block_breaks", "traced_s"):
-            check(getattr(self, name) >= 0, PlanError,
-                  f"compile check: {name} must be >= 0, got {getattr(self, name)}")
+        for name in ("model_graphs", "model_breaks", "blocks_traced", "block_graphs", "block_breaks", "traced_s"):
+            check(getattr(self, name) >= 0, PlanError, f"compile check: {name} must be >= 0, got {getattr(self, name)}")
 
     def per_block(self, kind: str) -> bool:
         """True when strategy `kind` compiles block by block (FSDP2 with declared blocks)."""
         return kind not in DDP_KINDS and self.blocks_traced > 0
 
     def breaks(self, kind: str) -> tuple[int, str]:
-        """The graph breaks where strategy `kind` compiles (each block under FSDP with
-        blocks, else the whole model's forward) and the first one's description."""
+        """The graph breaks where strategy `kind` compiles, and the first one's description."""
         if self.per_block(kind):
             return self.block_breaks, self.block_break
         return self.model_breaks, self.model_break
@@ -86,20 +80,24 @@ def _cut(text: str) -> str:
     return text if len(text) <= REASON_CHARS else text[:REASON_CHARS - 3] + "..."
 
 
+def _lines(text: str) -> tuple[list[str], str]:
+    """`text`'s non-empty lines, stripped, and Dynamo's "Explanation:" line ("" without one)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines, next((x[len("Explanation:"):].strip() for x in lines if x.startswith("Explanation:")), "")
+
+
 def _one_line(e: BaseException) -> str:
     """The exception's type and first line, with Dynamo's "Explanation:" line when it has one."""
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    lines, explain = _lines(str(e))
     text = f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
-    explain = next((x[len("Explanation:"):].strip() for x in lines if x.startswith("Explanation:")), "")
     return _cut(f"{text}; {explain}" if explain else text)
 
 
 def describe_break(reason: str, frames: list[tuple[str, int, str]], workload_file: str) -> str:
     """One line for a graph break: Dynamo's headline and explanation, and where it is (the
     innermost frame in the workload's file, else the innermost frame): `(gpt.py:18 `print(x)`)`."""
-    lines = [line.strip() for line in reason.splitlines() if line.strip()]
+    lines, explain = _lines(reason)
     head = lines[0] if lines else "graph break"
-    explain = next((x[len("Explanation:"):].strip() for x in lines if x.startswith("Explanation:")), "")
     text = f"{head}: {explain}" if explain else head
     mine = [f for f in frames if f[0] == workload_file] or frames
     if mine:
@@ -108,15 +106,11 @@ def describe_break(reason: str, frames: list[tuple[str, int, str]], workload_fil
     return _cut(text)
 
 
-def _explained(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-               workload_file: str) -> tuple[int, int, str]:
-    """(graphs, breaks, first break) of `fn(*args, **kwargs)` under `torch._dynamo.explain`.
-
-    Explain keeps a break's reason only when a graph ends there: a break before the first op
-    (a `print` on a forward's first line) leaves no reason and no extra graph. Dynamo's
-    `graph_break` counter counts every break, so the count is the larger of the two, and such
-    a break is named from the counter (without its line)."""
-    # deferred: only a check missing from the cache needs torch
+def _explained(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], workload_file: str) -> tuple[int, int, str]:
+    """(graphs, breaks, first break) of `fn(*args, **kwargs)` under `torch._dynamo.explain`. Explain
+    keeps a break's reason only when a graph ends there: a break before the first op (a `print` on a
+    forward's first line) leaves none. Dynamo's `graph_break` counter counts every break, so the
+    count is the larger of the two, and such a break is named from the counter (without its line)."""
     import torch._dynamo
     from torch._dynamo.utils import counters
 
@@ -138,8 +132,7 @@ class _Captured(Exception):
 
 
 def _inputs(workload: Workload, model: Any, targets: list[Any]) -> dict[int, tuple[Any, Any]]:
-    """The (args, kwargs) each of `targets` (the model, blocks) is first called with in one
-    micro-batch-1 forward of `workload.loss_fn` on the meta device."""
+    """The (args, kwargs) each of `targets` is first called with in a micro-batch-1 meta forward of `loss_fn`."""
     calls: dict[int, tuple[Any, Any]] = {}
 
     def hook(module: Any, args: Any, kwargs: Any) -> None:
@@ -149,9 +142,8 @@ def _inputs(workload: Workload, model: Any, targets: list[Any]) -> dict[int, tup
 
     handles = [t.register_forward_pre_hook(hook, with_kwargs=True) for t in targets]
     try:
-        workload.loss_fn(model, meta_batch(workload, 1))
-    except _Captured:
-        pass
+        with contextlib.suppress(_Captured):
+            workload.loss_fn(model, meta_batch(workload, 1))
     finally:
         for h in handles:
             h.remove()
@@ -159,10 +151,8 @@ def _inputs(workload: Workload, model: Any, targets: list[Any]) -> dict[int, tup
 
 
 def check_compile(workload: Workload) -> CompileCheck:
-    """Trace one forward of `workload`'s model (and of each distinct block) with Dynamo on the
-    meta device. A workload Dynamo cannot trace gives a check with `error` set, not an
-    exception: the plan then says why it does not propose compile."""
-    # deferred: only a check missing from the cache needs torch
+    """Trace one forward of `workload`'s model (and of each distinct block) with Dynamo on the meta
+    device; a workload Dynamo cannot trace gives a check with `error` set, not an exception."""
     import torch
     import torch._dynamo
 
@@ -178,10 +168,8 @@ def check_compile(workload: Workload) -> CompileCheck:
         for b in blocks:
             distinct.setdefault(signature(b), b)
         container = repeated_container(model, blocks)
-        targets = [model, *distinct.values()]
-        shorter = first_blocks(container, 1) if container is not None else contextlib.nullcontext()
-        with shorter:
-            calls = _inputs(workload, model, targets)
+        with first_blocks(container, 1) if container is not None else contextlib.nullcontext():
+            calls = _inputs(workload, model, [model, *distinct.values()])
             if id(model) not in calls:
                 raise WorkloadError(f"loss_fn never called the model built by build_model "
                                     f"(no forward to trace in {workload.path.name})")
@@ -201,10 +189,9 @@ def check_compile(workload: Workload) -> CompileCheck:
         log.debug("Dynamo could not trace %s: %s", workload.path.name, error)
     finally:
         torch._dynamo.reset()
-    return CompileCheck(model_graphs=model_graphs, model_breaks=model_breaks,
-                        model_break=model_break, blocks_traced=0 if error else traced,
-                        block_graphs=block_graphs, block_breaks=block_breaks,
-                        block_break=block_break, error=error,
+    return CompileCheck(model_graphs=model_graphs, model_breaks=model_breaks, model_break=model_break,
+                        blocks_traced=0 if error else traced, block_graphs=block_graphs,
+                        block_breaks=block_breaks, block_break=block_break, error=error,
                         traced_s=round(time.perf_counter() - t0, 3))
 
 

@@ -1,21 +1,16 @@
 """Per-machine corrections of the step-time model, learnt from `dlaunch tune` trials.
 
-A tune trial measures a candidate's step time; its compute ratio is what the compute term would
-have had to be for the prediction to match, over what the model said:
-(measured - predicted non-compute terms) / predicted compute. The communication, contention and
-sync terms are taken as predicted because the trials time whole steps, not their parts, and
-compute is the term the probe-derived rates get most wrong on a shared or throttled machine.
-The stored trials of one machine (`fingerprint`: device, accelerator, shape and torch version)
-and one workload (its file name and arguments: the step probe already times each workload
-itself, so a ratio learnt on one model says nothing about another) give one correction per
-precision, the median compute ratio of its trials; the planner (`search.plan`) scales every candidate's
-predicted compute by it; a precision no trial measured takes the median over all that workload's
-trials (the machine is slower or faster than its probe for every dtype), so an unmeasured
-precision never wins on the model's uncorrected optimism alone. A trial whose measured step is
-more than TRUSTED_STEP_RATIO off the prediction is not stored: a model that good elsewhere is
-not that wrong here, the probe (or the host during the trial) was: a probe cached on a busy host
-once made a tune store 0.31 for an idle one. Nor are the trials of two tunes at once on one
-machine (each slows the other's steps): `TuneLock` says when one is contended.
+A trial's compute ratio is (measured - predicted non-compute terms) / predicted compute: the trials
+time whole steps, not their parts, and compute is the term the probe-derived rates get most wrong
+on a shared or throttled machine. The trials of one machine (`fingerprint`) and one workload (file
+name and arguments: the step probe already times each workload, so a ratio learnt on one model
+says nothing about another) give one correction per precision, the median ratio of its trials, by
+which `search.plan` scales every candidate's predicted compute; a precision without trials takes
+the median of all the workload's (the machine is slower or faster than its probe for every dtype),
+so an unmeasured precision never wins on the model's uncorrected optimism alone. A trial more than
+TRUSTED_STEP_RATIO off the prediction is not stored: a model that good elsewhere is not that wrong
+here, the probe (or the host) was: a probe cached on a busy host once made a tune store 0.31 for an
+idle one. Nor are the trials of two tunes at once on one machine (`TuneLock`).
 
 Pure values and JSON files given by path: never imports torch, cli, backends, jobs, runtime or
 report; the cache directory is launcher.plan.resolve's.
@@ -125,16 +120,15 @@ def load_trials(path: Path) -> list[TrialRecord]:
         data = json.loads(path.read_text(encoding="utf-8"))
         if data.get("format") != CORRECTIONS_FORMAT:
             return []
-        return [TrialRecord(**{**t, "workload_args": tuple(t.get("workload_args", ()))})
-                for t in data["trials"]]
+        return [TrialRecord(**{**t, "workload_args": tuple(t.get("workload_args", ()))}) for t in data["trials"]]
     except (OSError, ValueError, TypeError, KeyError, AttributeError, PlanError) as e:
         log.debug("corrections %s not used: %s", path, e)
         return []
 
 
 def store_trials(path: Path, new: Sequence[TrialRecord]) -> list[TrialRecord]:
-    """Add the trusted ones of `new` to the trials at `path`, keeping the newest
-    MAX_TRIALS_PER_PRECISION of each workload and precision; returns those not stored."""
+    """Add the trusted ones of `new` to the trials at `path`, keeping the newest MAX_TRIALS_PER_PRECISION
+    of each workload and precision; returns those not stored."""
     refused = [t for t in new if not t.trusted]
     for t in refused:
         log.warning("tune trial in %s not learnt from: measured/predicted %.2f is outside %g-%g; "
@@ -144,12 +138,10 @@ def store_trials(path: Path, new: Sequence[TrialRecord]) -> list[TrialRecord]:
     kept: list[TrialRecord] = []
     trials = [*load_trials(path), *(t for t in new if t.trusted)]
     for key in sorted({(t.workload, t.workload_args, t.precision) for t in trials}):
-        kept += [t for t in trials
-                 if (t.workload, t.workload_args, t.precision) == key][-MAX_TRIALS_PER_PRECISION:]
+        kept += [t for t in trials if (t.workload, t.workload_args, t.precision) == key][-MAX_TRIALS_PER_PRECISION:]
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(path, {"format": CORRECTIONS_FORMAT,
-                                 "trials": [dataclasses.asdict(t) for t in kept]})
+        atomic_write_json(path, {"format": CORRECTIONS_FORMAT, "trials": [dataclasses.asdict(t) for t in kept]})
     except OSError as e:  # a read-only cache must not fail the tune that measured them
         log.warning("tune trials not stored in %s: %s", path, e)
     return refused
@@ -157,27 +149,24 @@ def store_trials(path: Path, new: Sequence[TrialRecord]) -> list[TrialRecord]:
 
 def correction_of(trials: Sequence[TrialRecord], *, workload: str | None = None,
                   workload_args: Sequence[str] = ()) -> Correction | None:
-    """The median compute ratio per precision of `trials` (those of `workload`, its file name,
-    with `workload_args`, when given); None without trials."""
+    """The median compute ratio per precision of `trials` (of `workload` with `workload_args`, when given), or None."""
     if workload is not None:
-        trials = [t for t in trials
-                  if t.workload == workload and t.workload_args == tuple(workload_args)]
+        trials = [t for t in trials if t.workload == workload and t.workload_args == tuple(workload_args)]
     if not trials:
         return None
     factors = {p: statistics.median(t.compute_ratio for t in trials if t.precision == p)
                for p in {t.precision for t in trials}}
-    dirs = tuple(dict.fromkeys(t.tune_dir for t in reversed(trials)))
     return Correction(factors=factors, overall=statistics.median(t.compute_ratio for t in trials),
                       trials=len(trials), latest=max(t.at for t in trials)[:10],
-                      tune_dirs=dirs)
+                      tune_dirs=tuple(dict.fromkeys(t.tune_dir for t in reversed(trials))))
 
 
 class TuneLock:
-    """The machine's tune lock, held while a local tune's trials run: `fcntl.flock` on `path`
-    (in the cache dir), taken without waiting, released when the process ends however it ends.
-    A tune that finds it held runs anyway but is `contended`; it also appends a line to the
-    file, so that the holder learns at its end that its own trials ran beside another tune's
-    and is `contended` too. Neither's timings are this machine's: the caller stores nothing."""
+    """The machine's tune lock, held while a local tune's trials run: `fcntl.flock` on `path` (in the
+    cache dir), taken without waiting, released when the process ends however it ends. A tune that
+    finds it held runs anyway but is `contended`, and appends a line to the file, so that the holder
+    learns at its end that it is `contended` too. Neither's timings are this machine's: the caller
+    stores nothing."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -204,12 +193,9 @@ class TuneLock:
     @property
     def contended(self) -> bool:
         """Whether another tune ran beside this one (so far)."""
-        if self._file is None:
-            return False
-        return not self.held or os.fstat(self._file.fileno()).st_size > self._size
+        return self._file is not None and (not self.held or os.fstat(self._file.fileno()).st_size > self._size)
 
-    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
         if self._file is not None:
             if self.held:
                 self._file.truncate(0)  # the knocks were for this holder alone

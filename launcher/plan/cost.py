@@ -1,7 +1,7 @@
 """Step-time model: compute by kind of work, communication from the alpha-beta model.
 
-Pure arithmetic on the frozen specs: no torch, no I/O; never imports cli, backends, jobs,
-runtime, results or report.
+Pure arithmetic on the frozen specs: no torch, no I/O; never imports cli, backends, jobs, runtime,
+results or report.
 
 One micro-batch's forward on a GPU is the sum of three kinds of work, each at its own rate:
 - matmuls (the profile's FLOPs minus attention) at the dtype's peak x a matmul efficiency that
@@ -12,10 +12,7 @@ One micro-batch's forward on a GPU is the sum of three kinds of work, each at it
   `attention_kernel` reaches at that sequence length on that architecture (`attention`);
 - memory-bound work (norms, activations, residual adds, casts, rotary, loss) proportional to the
   activation bytes the forward saves, over the HBM bandwidth (`hbm`; MEMORY_PASSES round trips per
-  saved byte, fewer with torch.compile, which fuses the elementwise chains); with the profile's
-  `loss_kernel` "fused" the logits are priced apart, by that kernel's passes (FUSED_LOSS_PASSES),
-  and with `norm_kernel` "low-precision" the norms skip autocast's fp32 round trips
-  (NORM_AUTOCAST_BYTES).
+  saved byte, fewer with torch.compile; a fused loss and low-precision norms by their constants).
 A language model's output head runs at a wide GEMM's efficiency whatever the model's width.
 Backward is twice the forward (flash attention's 2.5x); checkpointing recomputes a share of the
 forward inside backward, by mode (`checkpointing`: every block all of it, 4/3 the compute; every
@@ -31,13 +28,12 @@ step waits for the slowest: with per-step jitter of coefficient of variation STE
 expected maximum over N ranks is sqrt(2 ln N) standard deviations above the mean.
 
 CPU ranks have their own model (`cpu_cost`: the probe's per-core rates shared among the ranks
-and threads, gloo communication that overlaps nothing); `step_time`, `compute_s` and
-`optimizer_s` hand CPU devices (no compute capability) to it.
+and threads, gloo communication that overlaps nothing); `step_time` hands CPU devices (no
+compute capability) to it.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import dataclass
 
@@ -47,21 +43,13 @@ from launcher.plan.checkpointing import recompute_share as mode_recompute
 from launcher.plan.collectives import ddp_comm, dp_topology, sharded_comm, tp_comm_s, zero1_sync_s
 from launcher.plan.cpu_cost import cpu_forward, cpu_step_time
 from launcher.plan.float8 import float8_terms, gemm_speedup
-from launcher.plan.gemm import (
-    attention_flops_fwd,
-    gemm_efficiency,
-    head_flops_fwd,
-    model_width,
-    peak_flops,
-)
+from launcher.plan.gemm import attention_flops_fwd, gemm_efficiency, head_flops_fwd, model_width, peak_flops
 from launcher.plan.hbm import hbm_bytes_per_s
 from launcher.plan.memory import COMPUTE_DTYPE_BYTES, logits_bytes
 from launcher.plan.offload import offload_s
 from launcher.plan.step_probe import WorkloadTiming, timing_key
 from launcher.plan.types import StepTimeEstimate
 from launcher.specs import ModelProfile, Strategy
-
-logger = logging.getLogger(__name__)
 
 # --- GPU compute -----------------------------------------------------------------------------
 # HBM round trips per byte of saved activations for the memory-bound work of one forward (eager
@@ -111,9 +99,8 @@ OVERLAP_EFFICIENCY = {"cuda": 1.0}
 # GEMM_HALF_WIDTH), resting mostly on the MPT rows whose accumulation re-gathers all weights
 # per micro-batch and on IBM's 400 Gb/s cluster.
 CONTENTION = {"cuda": 0.15}
-# Coefficient of variation of one rank's step time (clock and power throttling, the host,
-# network jitter). FIT (see GEMM_HALF_WIDTH), resting on the 4 published scaling series
-# (8 -> 64/128 GPUs).
+# Coefficient of variation of one rank's step time (clock and power throttling, the host, network
+# jitter). FIT (see GEMM_HALF_WIDTH), resting on the 4 published scaling series (8 -> 64/128 GPUs).
 STEP_JITTER = {"cuda": 0.006}
 # Beyond one tier of leaf (rail) switches, a job's collectives cross the fabric's spine: more
 # hops, ECMP collisions, and ever more ranks for the slowest to be among (the expected maximum of
@@ -146,28 +133,23 @@ class ForwardPass:
         return 2 * (self.gemm_s + self.memory_s) + ATTENTION_BWD_FACTOR * self.attention_s
 
 
-def forward_pass(profile: ModelProfile, strategy: Strategy, micro_batch: int,
-                 device: DeviceSpec) -> ForwardPass:
+def forward_pass(profile: ModelProfile, strategy: Strategy, micro_batch: int, device: DeviceSpec) -> ForwardPass:
     """One micro-batch's forward on GPU `device`, by kind of work (see the module docstring).
 
-    A language model's output head is priced at the efficiency of a wide GEMM, whatever the
-    model's width: its N is the vocabulary, and two of its three GEMMs (the input gradient,
-    reducing over the vocabulary, and the weight gradient, over the tokens) have no short side
-    but the width of their output (measured, docs/benchmarks.md GPU acceptance run 4, GPT-2 small
-    with a 50k vocabulary on one H100: its matmuls, a third of them the head, ran 1.3x faster
-    than all priced at the 768-wide blocks' efficiency).
-
-    Tensor parallelism of degree t = `strategy.tp` (with sequence parallelism) narrows each
-    rank's matmuls to width / t (priced by `gemm_efficiency` at that width) and gives it 1/t of
-    the matmul FLOPs, 1/t of the attention heads and 1/t of the memory-bound work (the norms,
-    residuals and activations run on 1/t of the sequence). x / 1 is exact: tp = 1 is unchanged."""
+    The output head runs at a wide GEMM's efficiency: its N is the vocabulary, and two of its
+    three GEMMs (the input gradient, reducing over the vocabulary, and the weight gradient, over
+    the tokens) have no short side but their output's width (measured, docs/benchmarks.md GPU
+    acceptance run 4, GPT-2 small with a 50k vocabulary on one H100: its matmuls, a third of them
+    the head, ran 1.3x faster than all priced at the 768-wide blocks' efficiency). Tensor
+    parallelism of degree t = `strategy.tp` (with sequence parallelism) narrows each rank's
+    matmuls to width / t and gives it 1/t of the matmul FLOPs, of the attention heads and of the
+    memory-bound work (run on 1/t of the sequence). x / 1 is exact: tp = 1 is unchanged."""
     tp = strategy.tp
     peak = peak_flops(device, strategy.precision)
     attn = attention_flops_fwd(profile)
     tokens = micro_batch * profile.units_per_sample
-    width = model_width(profile)
-    if width is not None:
-        width = width / tp
+    full_width = model_width(profile)
+    width = None if full_width is None else full_width / tp
     head = min(head_flops_fwd(profile), profile.flops_fwd_per_sample - attn)
     # float8: the converted share of the blocks' matmuls at float8's rate, plus its casts
     converted, casts = float8_terms(profile, strategy, micro_batch, device)
@@ -190,14 +172,11 @@ def forward_pass(profile: ModelProfile, strategy: Strategy, micro_batch: int,
         saved, loss = saved - logits, FUSED_LOSS_PASSES * logits
     # compile fuses float8's amax and cast passes with their neighbours as it does the rest
     traffic = (passes * saved + loss) / tp * micro_batch * to_compute_dtype + casts * passes / MEMORY_PASSES / tp
-    full_width = model_width(profile)
-    if (profile.norm_kernel == "low-precision" and full_width is not None
-            and strategy.precision != "fp32"):
+    if profile.norm_kernel == "low-precision" and full_width is not None and strategy.precision != "fp32":
         # the norms' fp32 round trips autocast would add, not run (a pre-norm transformer)
         norm_elements = (2 * profile.num_blocks + 1) * full_width * tokens / tp
         traffic = max(0.0, traffic - NORM_AUTOCAST_BYTES * norm_elements)
-    return ForwardPass(gemm_s=gemm, attention_s=attention,
-                       memory_s=traffic / hbm_bytes_per_s(device))
+    return ForwardPass(gemm_s=gemm, attention_s=attention, memory_s=traffic / hbm_bytes_per_s(device))
 
 
 def _recompute(strategy: Strategy, profile: ModelProfile, matmul_s: float, attention_s: float,
@@ -219,8 +198,7 @@ def compute_s(profile: ModelProfile, strategy: Strategy, micro_batch: int, grad_
 
 
 def optimizer_s(profile: ModelProfile, group_size: int, device: DeviceSpec) -> float:
-    """The AdamW step over this rank's shard of the parameters on a GPU (CPU:
-    `cpu_cost.cpu_optimizer_s`)."""
+    """The AdamW step over this rank's shard of the parameters on a GPU (CPU: `cpu_cost.cpu_optimizer_s`)."""
     local = profile.num_params / max(1, group_size)
     return OPTIMIZER_BYTES_PER_PARAM * local / hbm_bytes_per_s(device)
 
@@ -229,8 +207,7 @@ def shard_group_size(kind: str, topology: Topology, tp: int = 1) -> int:
     """Ranks that share one copy of the model state (of one TP slice, with tensor parallelism
     of degree `tp`): 1 (DDP), a node's ranks / tp (hybrid), all ranks / tp (FSDP; zero1's
     optimizer state, what the optimizer steps)."""
-    return {"ddp": 1, "hybrid": topology.devices_per_node // tp}.get(
-        kind, topology.world_size // tp)
+    return {"ddp": 1, "hybrid": topology.devices_per_node // tp}.get(kind, topology.world_size // tp)
 
 
 def step_time(profile: ModelProfile, strategy: Strategy, topology: Topology, micro_batch: int,
@@ -241,30 +218,24 @@ def step_time(profile: ModelProfile, strategy: Strategy, topology: Topology, mic
       accumulation), hidden behind the last micro-batch's backward except the final bucket.
     - zero1: ddp's all-reduce, then the parameter sync after the optimizer step, exposed
       (`collectives.zero1_sync_s`); the optimizer steps params / world.
-    - fsdp_full: per micro-batch all-gather (compute dtype) in forward and again in backward
-      (the root unit stays gathered), reduce-scatter of fp32 grads in backward. The first
-      gather of a forward and the last reduce-scatter of a backward have nothing to hide behind.
-    - fsdp_grad_op: per micro-batch one all-gather in forward (kept for backward) plus the
-      reduce-scatter in backward.
-    - hybrid: fsdp_full's traffic inside a node, plus one all-reduce of each rank's 1/G grad
-      shard across nodes per step (the runtime disables it on all but the last micro-batch).
-    - tensor parallelism (`strategy.tp` = t > 1, FSDP kinds only): compute per rank as
-      `forward_pass` narrows it; FSDP's traffic is that of the data-parallel group
-      (`dp_topology`: world / t ranks, each moving its 1/t slice of the parameters); and each
-      micro-batch adds TP + SP's activation all-gathers and reduce-scatters over NVLink
-      (`collectives.tp_comm_s`), all exposed: without async TP each one sits between the
-      matmuls that produce and consume it. The optimizer steps params / (t x shard group).
+    - fsdp_full, fsdp_grad_op, hybrid: per micro-batch all-gathers at the compute dtype (full
+      shard gathers again in backward, the root unit excepted; grad-op keeps the forward's) and
+      reduce-scatters of fp32 grads (`collectives.sharded_comm`); the first gather of a forward
+      and the last reduce-scatter of a backward have nothing to hide behind. Hybrid adds one
+      all-reduce of each rank's 1/G grad shard across nodes per step (the runtime disables it on
+      all but the last micro-batch).
+    - tensor parallelism (`strategy.tp` = t > 1, FSDP kinds only): compute as `forward_pass`
+      narrows it, FSDP's traffic over the data-parallel group (`dp_topology`), and per
+      micro-batch TP + SP's activation collectives over NVLink (`collectives.tp_comm_s`), all
+      exposed (no async TP). The optimizer steps params / (t x shard group).
     Hidden communication costs CONTENTION of its time in compute; the whole step is stretched by
     the expected wait for the slowest of the ranks (STEP_JITTER), and beyond LEAF_NODES nodes
-    by SCALE_TAX per doubling of nodes (the fabric's spine).
-    CPU ranks: `cpu_cost.cpu_step_time`, with the workload's own timed steps (`timing`) when
-    the planning host measured them.
-    """
+    by SCALE_TAX per doubling of nodes (the fabric's spine). CPU ranks: `cpu_cost.cpu_step_time`,
+    with the workload's own timed steps (`timing`) when the planning host measured them."""
     device, kind, n = topology.accelerator, topology.device, topology.world_size
     if device.compute_capability is None:
         key = timing_key(strategy.precision, strategy.kind, profile.batch_norms)
-        measured = None if timing is None else (timing.precisions.get(key)
-                                                or timing.precisions.get(strategy.precision))
+        measured = None if timing is None else (timing.precisions.get(key) or timing.precisions.get(strategy.precision))
         recompute = 0.0
         if strategy.recomputes:
             # selective saves matmul and attention outputs: convolutions and casts are recomputed
@@ -302,11 +273,9 @@ def step_time(profile: ModelProfile, strategy: Strategy, topology: Topology, mic
                                        fwd_s * ovl, bwd_s * ovl, grad_accum)
     if strategy.tp > 1:
         # TP's activation collectives wait on the matmuls they feed: exposed (no async TP)
-        tp_s = grad_accum * tp_comm_s(profile, strategy, topology, micro_batch,
-                                      recompute=recompute)
+        tp_s = grad_accum * tp_comm_s(profile, strategy, topology, micro_batch, recompute=recompute)
         total, exposed = total + tp_s, exposed + tp_s
-    hidden = max(0.0, total - exposed)
-    contention = CONTENTION[kind] * hidden
+    contention = CONTENTION[kind] * max(0.0, total - exposed)  # of the hidden communication
     # the host link's copies (offload) take no SMs: no contention
     total, exposed = total + link_total, exposed + link_exposed
     busy = compute + exposed + contention

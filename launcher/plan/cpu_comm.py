@@ -1,54 +1,41 @@
 """What DDP's and FSDP's communication costs CPU ranks, from the gloo probe's measurements.
 
-Gloo cannot hide behind compute on CPU ranks (its threads copy, reduce and move bytes through
-the loopback TCP stack on the cores the ranks compute on), so every collective's time is added
-to the step: its latency (the wake-ups and scheduling between busy ranks, measured by
-`gloo_probe`) plus its bytes at the measured time per byte. Without a measurement (a topology
-file of another host, several nodes) the topology's link figures give the alpha-beta time of
-`collectives`.
+Gloo cannot hide behind compute on CPU ranks (its threads copy, reduce and move bytes through the
+loopback TCP stack on the cores the ranks compute on), so every collective's time is added to the
+step: its latency (the wake-ups and scheduling between busy ranks, measured by `gloo_probe`) plus
+its bytes at the measured time per byte. Without a measurement (a topology file of another host,
+several nodes) the topology's link figures give the alpha-beta time of `collectives`.
 
-- DDP: one all-reduce per bucket of the fp32 gradients per optimizer step (DDP's first bucket
-  holds 1 MiB, the rest 25 MiB each), and the reducer's handling of each (DDP_BUCKET_OPS); at
-  one rank too (`cpu_cost`: DDP has no one-rank shortcut).
+- DDP: one all-reduce per bucket of the fp32 gradients per optimizer step (the first bucket 1 MiB,
+  the rest 25 MiB each), and the reducer's handling of each (DDP_BUCKET_OPS); at one rank too
+  (`cpu_cost`: DDP has no one-rank shortcut).
 - zero1: DDP's all-reduce, then each rank's broadcast of its updated parameters after the step
-  (torch's ZeroRedundancyOptimizer, https://pytorch.org/docs/stable/distributed.optim.html): one
-  flat bucket per rank, the full fp32 parameters in all, priced as all-gathers of 1/n of them
-  (`collectives.zero1_sync_s`'s formula, with gloo's measured latency and time per byte).
-- FSDP2 (full shard, grad-op): per micro-batch and unit, an all-gather of the unit's parameters
-  at the compute dtype in forward and (full shard) again in backward, and a reduce-scatter of
-  its fp32 gradients; plus FSDP2's own work per unit and parameter tensor (hooks, DTensor
-  bookkeeping, the copy-in/copy-out around each collective), which is Python and copies on the
-  rank's core: FSDP_UNIT_OPS / FSDP_TENSOR_OPS in units of the probe's per-op cost,
-  FSDP_PARAM_BYTES per parameter at its memory bandwidth, FSDP_COLLECTIVE_OPS per collective.
-  Under bf16 or fp16 each batch norm is a unit of its own (runtime.wrap).
+  (torch's ZeroRedundancyOptimizer, https://pytorch.org/docs/stable/distributed.optim.html),
+  priced as all-gathers of 1/n of the fp32 parameters (`collectives.zero1_sync_s`'s formula).
+- FSDP2 (full shard, grad-op): per micro-batch and unit, an all-gather of the unit's parameters at
+  the compute dtype in forward and (full shard) again in backward, and a reduce-scatter of its fp32
+  gradients; plus FSDP2's own Python and copies on the rank's core (hooks, DTensor bookkeeping, the
+  copies around each collective: FSDP_UNIT_OPS, FSDP_TENSOR_OPS, FSDP_PARAM_BYTES,
+  FSDP_COLLECTIVE_OPS). Under bf16 or fp16 each batch norm is a unit of its own (runtime.wrap).
 - Hybrid shard: FSDP's traffic within the shard group plus an all-reduce of each unit's 1/G
   gradient shard across the replicas per step.
 
-Pure arithmetic on the frozen specs: no torch, no I/O; never imports cli, backends, jobs,
-runtime, results or report.
+Pure arithmetic on the frozen specs: no torch, no I/O; never imports cli, backends, jobs, runtime,
+results or report.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import logging
 import math
 from collections.abc import Callable
 
 from launcher.hardware.types import Topology
-from launcher.plan.collectives import (
-    fsdp_units,
-    group_collectives,
-    replica_allreduce,
-    split,
-    zero1_sync_bytes,
-)
+from launcher.plan.collectives import fsdp_units, group_collectives, replica_allreduce, split, zero1_sync_bytes
 from launcher.plan.cpu_rates import gloo_of, rates_of, time_share
 from launcher.plan.memory import COMPUTE_DTYPE_BYTES, DDP_BUCKET_CAP_BYTES, GRAD_BYTES
 from launcher.specs import ModelProfile, Strategy
-
-log = logging.getLogger(__name__)
 
 # DDP's first gradient bucket (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES)
 DDP_FIRST_BUCKET_BYTES = 1024**2
@@ -107,8 +94,7 @@ def _ops(topology: Topology, *, within_node: bool = False) -> dict[str, Callable
 
 
 def cpu_ddp_comm(profile: ModelProfile, topology: Topology) -> float:
-    """Seconds of DDP's bucketed all-reduce of the fp32 gradients, once per optimizer step, and
-    the reducer's handling of each bucket."""
+    """Seconds of DDP's bucketed all-reduce of the fp32 gradients per optimizer step, with handling."""
     ar = _ops(topology)["ar"]
     handling = DDP_BUCKET_OPS * rates_of(topology.accelerator, topology).op_s * time_share(topology)
     return sum(ar(b) + handling for b in ddp_buckets(GRAD_BYTES * float(profile.num_params)))
@@ -123,31 +109,24 @@ def cpu_zero1_sync(profile: ModelProfile, topology: Topology) -> float:
 def fsdp_overhead_s(profile: ModelProfile, strategy: Strategy, topology: Topology) -> float:
     """FSDP2's own work in one micro-batch's forward + backward on one rank: per unit and per
     parameter tensor, in the probe's per-op cost, on the rank's share of a core."""
-    units = fsdp_units(profile, strategy)
     rates = rates_of(topology.accelerator, topology)
-    slow = time_share(topology)
-    fixed = (FSDP_UNIT_OPS * units + FSDP_TENSOR_OPS * profile.param_tensors) * rates.op_s
+    fixed = (FSDP_UNIT_OPS * fsdp_units(profile, strategy) + FSDP_TENSOR_OPS * profile.param_tensors) * rates.op_s
     per_param = FSDP_PARAM_BYTES * profile.num_params / (rates.mem_gb_s * 1e9)
-    return (fixed + per_param) * slow
+    return (fixed + per_param) * time_share(topology)
 
 
-def cpu_sharded_comm(profile: ModelProfile, strategy: Strategy, topology: Topology,
-                     grad_accum: int) -> float:
+def cpu_sharded_comm(profile: ModelProfile, strategy: Strategy, topology: Topology, grad_accum: int) -> float:
     """Seconds of FSDP's (or hybrid shard's) collectives in one optimizer step."""
     ops = _ops(topology, within_node=strategy.kind == "hybrid")
     units = fsdp_units(profile, strategy)
-    p = float(profile.num_params)
-    per_unit = p / units
+    per_unit = float(profile.num_params) / units
     gathers = 1 if strategy.kind == "fsdp_grad_op" else 2
     c = COMPUTE_DTYPE_BYTES[strategy.precision]
-    rates = rates_of(topology.accelerator, topology)
-    handling = FSDP_COLLECTIVE_OPS * rates.op_s * time_share(topology)
-    per_mb = units * (gathers * (ops["ag"](c * per_unit) + handling)
-                      + ops["rs"](GRAD_BYTES * per_unit) + handling)
+    handling = FSDP_COLLECTIVE_OPS * rates_of(topology.accelerator, topology).op_s * time_share(topology)
+    per_mb = units * (gathers * (ops["ag"](c * per_unit) + handling) + ops["rs"](GRAD_BYTES * per_unit) + handling)
     total = grad_accum * per_mb
     if strategy.kind == "hybrid" and topology.num_nodes > 1:
-        across = replica_allreduce(topology)
-        total += units * across(GRAD_BYTES * per_unit / topology.devices_per_node)
+        total += units * replica_allreduce(topology)(GRAD_BYTES * per_unit / topology.devices_per_node)
     return total
 
 

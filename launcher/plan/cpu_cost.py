@@ -1,8 +1,7 @@
 """Step-time model of training on CPU processes (gloo), from what the probes measured on this host.
 
-Pure arithmetic on the frozen specs: no torch, no I/O; never imports cli, backends, jobs,
-runtime, results or report (`cpu_probe` and `gloo_probe` measure the rates in `cpu_rates`;
-this module only uses them).
+Pure arithmetic on the frozen specs: no torch, no I/O; never imports cli, backends, jobs, runtime,
+results or report (`cpu_probe` and `gloo_probe` measure the rates in `cpu_rates`; this uses them).
 
 Each rank runs max(1, cores // ranks) OpenMP threads (the launcher's OMP_NUM_THREADS); with more
 ranks than cores the ranks time-share the cores, so a rank gets cores/ranks of one. Its rates
@@ -17,9 +16,8 @@ micro-batch's forward is the sum of:
 - attention and convolutions at the rates the probe measured for them (forward, and backward
   as a multiple of it: the CPU flash kernel's bf16 backward is far slower than its fp32 one);
 - memory-bound work (activations, norms, residuals, the loss): ACTIVATION_PASSES streams of the
-  saved activations at the compute dtype, and one of the weights, through memory at the probe's
-  bandwidth (its cache rate for the share of the working set that fits the rank's part of the
-  last-level cache);
+  saved activations at the compute dtype, and one of the weights, at the probe's bandwidth for
+  the working set (`stream_s`: the cache the rank keeps beside the node's other ranks);
 - low precision's casts: autocast (DDP) casts every weight to bf16 in each forward and its
   gradient back to fp32 in backward; FSDP's MixedPrecisionPolicy casts the local shard at each
   all-gather and the unsharded gradient to fp32 for its reduce-scatter.
@@ -28,16 +26,14 @@ measured factors), plus writing (or accumulating) the fp32 gradient of every par
 optimizer streams OPTIMIZER_BYTES_PER_PARAM per local parameter. On top comes the fixed cost of
 every operation (Python, the dispatcher, autograd), which dominates a tiny model: the profile's
 forward ops at the probe's per-op cost, the backward as a multiple of that, the AdamW step per
-parameter tensor and the harness's per-step work; one thread runs it, so more threads do not
-speed it up: time-sharing a core slows it, and so does the rank's OpenMP team where the probe
-measured its chain of tiny ops slower on the rank's threads (`cpu_rates.op_share`).
-Communication and FSDP's own work: `cpu_comm`, added to the step (gloo's threads need the cores
-compute uses: nothing hides).
+parameter tensor and the harness's per-step work; one thread runs it, so more threads do not speed
+it up: time-sharing a core slows it, and so does the rank's OpenMP team where the probe measured its
+chain of tiny ops slower on the rank's threads (`cpu_rates.op_share`). Communication and FSDP's own
+work: `cpu_comm`, added to the step (gloo's threads need the cores compute uses: nothing hides).
 """
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 from launcher.hardware.types import Topology
@@ -48,13 +44,10 @@ from launcher.plan.step_probe import StepTiming
 from launcher.plan.types import StepTimeEstimate
 from launcher.specs import ModelProfile, Strategy
 
-logger = logging.getLogger(__name__)
-
-# Streams of the saved activations (compute dtype) through memory per forward: write the
-# activation, read it for the next op, plus norms, GELU/ReLU, residual adds and the loss.
-# Calibrated on single-thread timings (CPU time, best of 12, OMP_NUM_THREADS=1) of
-# workloads/resnet.py (batch norm + ReLU heavy) and gpt.py tiny forwards at micro-batch 8
-# against their matmul time from the probe.
+# Streams of the saved activations (compute dtype) through memory per forward: write the activation,
+# read it for the next op, plus norms, GELU/ReLU, residual adds and the loss. Calibrated on
+# single-thread timings (CPU time, best of 12, OMP_NUM_THREADS=1) of workloads/resnet.py (batch norm
+# + ReLU heavy) and gpt.py tiny forwards at micro-batch 8 against their matmul time from the probe.
 ACTIVATION_PASSES = 3.0
 # Bytes moved per parameter by one backward besides its matmuls: read the fp32 gradient and
 # write it back (autograd accumulates into .grad; a fresh .grad is zero-filled), and read the
@@ -89,21 +82,7 @@ ADAMW_FIXED_OPS = 40.0
 HARNESS_STEP_OPS = 100.0
 
 
-def _rows(profile: ModelProfile, micro_batch: int) -> float:
-    """How many times each weight is used per micro-batch: FLOPs / (2 x params)."""
-    return micro_batch * profile.flops_fwd_per_sample / (2 * max(1, profile.num_params))
-
-
-def gemm_rate(topology: Topology, precision: str, rows: float) -> float:
-    """FLOP/s of one thread's GEMMs with `rows` rows at `precision`."""
-    rates = rates_of(topology.accelerator, topology)
-    dtype = rates.dtype(precision)
-    half = rates.half_rows.get(dtype, 0.0)
-    return rates.gemm_gflops[dtype] * 1e9 * rows / (rows + half)
-
-
-def stream_s(nbytes: float, working_set: float, topology: Topology, *,
-             ranks: int | None = None) -> float:
+def stream_s(nbytes: float, working_set: float, topology: Topology, *, ranks: int | None = None) -> float:
     """Seconds one rank takes to stream `nbytes` over `working_set` bytes while `ranks` ranks
     share the host (default: the topology's ranks per node; 1: a process alone, as the step
     probe ran). Each of the rank's threads streams its part of the working set at the probe's
@@ -128,8 +107,7 @@ def _streams(profile: ModelProfile, precision: str, micro_batch: int,
     saved activations at the compute dtype, and every weight once (the probe's GEMMs kept
     theirs in cache: what dominates a skinny MLP)."""
     prec = rates_of(topology.accelerator, topology).dtype(precision)
-    act = (profile.activation_bytes_per_sample * micro_batch
-           * COMPUTE_DTYPE_BYTES[prec] / COMPUTE_DTYPE_BYTES["fp32"])
+    act = profile.activation_bytes_per_sample * micro_batch * COMPUTE_DTYPE_BYTES[prec] / COMPUTE_DTYPE_BYTES["fp32"]
     weights = COMPUTE_DTYPE_BYTES[prec] * float(profile.num_params)
     return ((ACTIVATION_PASSES * act, act), (weights, weights))
 
@@ -154,20 +132,21 @@ class CpuForward:
 
     @property
     def backward_s(self) -> float:
-        """Twice the matmuls and memory traffic, attention's and convolutions' own factors,
-        plus the gradient writes."""
+        """Twice the matmuls and memory traffic, attention and convolutions by their factors, and grad writes."""
         return (2 * (self.gemm_s + self.memory_s) + self.attention_bwd * self.attention_s
                 + self.conv_bwd * self.conv_s + self.grad_s)
 
 
-def cpu_forward(profile: ModelProfile, strategy: Strategy, micro_batch: int,
-                topology: Topology) -> CpuForward:
+def cpu_forward(profile: ModelProfile, strategy: Strategy, micro_batch: int, topology: Topology) -> CpuForward:
     """One micro-batch on one CPU rank (see the module docstring)."""
     rates, share = rates_of(topology.accelerator, topology), core_share(topology, "gemm")
     prec = rates.dtype(strategy.precision)
     attn_flops = profile.attention_flops_fwd_per_sample * micro_batch
     conv_flops = profile.conv_flops_fwd_per_sample * micro_batch
     gemm_flops = max(0.0, profile.flops_fwd_per_sample * micro_batch - attn_flops - conv_flops)
+    # one thread's GEMM FLOP/s at `rows` rows: the uses of each weight per micro-batch (FLOPs / 2 x params)
+    rows = micro_batch * profile.flops_fwd_per_sample / (2 * max(1, profile.num_params))
+    gemm_rate = rates.gemm_gflops[prec] * 1e9 * rows / (rows + rates.half_rows.get(prec, 0.0))
     attn_rate, attn_bwd = rates.attention(prec)
     conv_rate, conv_bwd = rates.conv(prec)
     p = float(profile.num_params)
@@ -183,15 +162,14 @@ def cpu_forward(profile: ModelProfile, strategy: Strategy, micro_batch: int,
     grads = GRAD_TRAFFIC_BYTES * p
     memory = sum(stream_s(b, ws, topology) for b, ws in _streams(profile, prec, micro_batch, topology))
     return CpuForward(
-        gemm_s=gemm_flops / (gemm_rate(topology, prec, _rows(profile, micro_batch)) * share),
+        gemm_s=gemm_flops / (gemm_rate * share),
         attention_s=attn_flops / (attn_rate * share), conv_s=conv_flops / (conv_rate * share),
         memory_s=memory, cast_s=cast_fwd / cast_rate,
         grad_s=stream_s(grads, grads, topology) + cast_bwd / cast_rate,
         attention_bwd=attn_bwd, conv_bwd=conv_bwd)
 
 
-def cpu_optimizer_s(profile: ModelProfile, group_size: int, topology: Topology, *,
-                    ranks: int | None = None) -> float:
+def cpu_optimizer_s(profile: ModelProfile, group_size: int, topology: Topology, *, ranks: int | None = None) -> float:
     """The optimizer step over this rank's shard of the parameters (`ranks`: see stream_s)."""
     local = profile.num_params / max(1, group_size)
     # param, grad and two moments: 16 B per parameter stay in the working set
@@ -234,8 +212,7 @@ class CpuOverhead:
 
 def cpu_overhead(profile: ModelProfile, topology: Topology) -> CpuOverhead:
     """Per-op overhead of the profile's ops and parameter tensors (none for a profile without
-    an op count). One thread runs it: more threads do not help; time-sharing a core, or an
-    OpenMP team the probe measured slowing tiny ops, slows it (`cpu_rates.op_share`)."""
+    an op count), slowed as `cpu_rates.op_share` says (see the module docstring)."""
     if profile.forward_ops == 0:
         return CpuOverhead(forward_s=0.0, backward_s=0.0, optimizer_s=0.0, harness_s=0.0)
     rates = rates_of(topology.accelerator, topology)
@@ -264,29 +241,26 @@ def _modelled(profile: ModelProfile, strategy: Strategy, topology: Topology, mic
 
 def _measured(timing: StepTiming, profile: ModelProfile, topology: Topology, micro_batch: int,
               grad_accum: int, group_size: int, recompute: float) -> tuple[tuple[str, float], ...]:
-    """The step's compute from the workload's own timed steps (`step_probe`, taken with this
-    rank's thread count, alone on the host), slowed by time-sharing when ranks outnumber the
-    cores and by the node's ranks streaming memory side by side (`shared_memory_s`); the
-    optimizer's streaming share (the model's split) shrinks with FSDP's shard, its per-tensor
-    work not."""
+    """The step's compute from the workload's own timed steps (`step_probe`, taken with this rank's
+    thread count, alone on the host), slowed by time-sharing when ranks outnumber the cores and by
+    the node's ranks streaming memory side by side (`shared_memory_s`); the optimizer's streaming
+    share (the model's split) shrinks with FSDP's shard, its per-tensor work not."""
     slow = time_share(topology)
     p = timing.at(micro_batch)
     stream = cpu_optimizer_s(profile, 1, topology)
-    per_tensor = cpu_overhead(profile, topology).optimizer_s
+    overhead = cpu_overhead(profile, topology)
+    per_tensor = overhead.optimizer_s
     local = stream / max(1, group_size) + per_tensor
     opt = timing.optimizer_s * (local / (stream + per_tensor) if stream + per_tensor > 0 else 1.0)
-    harness = cpu_overhead(profile, topology).harness_s
-    shared = shared_memory_s(profile, timing.precision, topology, micro_batch, grad_accum,
-                             group_size, recompute)
+    shared = shared_memory_s(profile, timing.precision, topology, micro_batch, grad_accum, group_size, recompute)
     return (("data", grad_accum * p.data_s * slow),
             ("forward", grad_accum * p.forward_s * (1 + recompute) * slow),
             ("backward", grad_accum * p.backward_s * slow), ("optimizer", opt * slow),
-            ("loop", harness), ("shared memory", shared))
+            ("loop", overhead.harness_s), ("shared memory", shared))
 
 
-def cpu_step_time(profile: ModelProfile, strategy: Strategy, topology: Topology,
-                  micro_batch: int, grad_accum: int, *, group_size: int, recompute: float,
-                  timing: StepTiming | None = None) -> StepTimeEstimate:
+def cpu_step_time(profile: ModelProfile, strategy: Strategy, topology: Topology, micro_batch: int, grad_accum: int, *,
+                  group_size: int, recompute: float, timing: StepTiming | None = None) -> StepTimeEstimate:
     """Predicted time of one optimizer step on one CPU rank: `grad_accum` micro-batches (with
     `recompute` of the forward recomputed in backward), the optimizer over 1/`group_size` of
     the parameters, FSDP's own work, and the gloo collectives, none of them hidden. Compute is
@@ -303,20 +277,17 @@ def cpu_step_time(profile: ModelProfile, strategy: Strategy, topology: Topology,
         # on its worker thread): 0.55-0.75 ms per step of workloads/mlp.py's two buckets on a
         # 2-core VM, a fifth of its step, measured against the same loop unwrapped
         parts += (("DDP buckets", cpu_ddp_comm(profile, topology)),)
-    compute = sum(v for _, v in parts)
-    if topology.world_size <= 1:
-        return StepTimeEstimate(compute_s=compute, comm_total_s=0.0, comm_exposed_s=0.0,
-                                compute_parts=tuple((k, v) for k, v in parts if v > 0))
-    if strategy.shards_params:
+    comm = 0.0
+    if topology.world_size > 1 and strategy.shards_params:
         comm = cpu_sharded_comm(profile, strategy, topology, grad_accum)
-    else:
+    elif topology.world_size > 1:
         comm = cpu_ddp_comm(profile, topology) + (
             cpu_zero1_sync(profile, topology) if strategy.kind == "zero1" else 0.0)
-    return StepTimeEstimate(compute_s=compute, comm_total_s=comm, comm_exposed_s=comm,
+    return StepTimeEstimate(compute_s=sum(v for _, v in parts), comm_total_s=comm, comm_exposed_s=comm,
                             compute_parts=tuple((k, v) for k, v in parts if v > 0))
 
 
 __all__ = ["CpuForward", "cpu_forward", "stream_s", "cpu_optimizer_s", "shared_memory_s", "cpu_step_time",
-           "gemm_rate", "CpuOverhead", "cpu_overhead", "OP_COST_SCALE", "BACKWARD_OVERHEAD_FACTOR",
+           "CpuOverhead", "cpu_overhead", "OP_COST_SCALE", "BACKWARD_OVERHEAD_FACTOR",
            "ADAMW_OPS_PER_TENSOR", "ADAMW_FIXED_OPS", "HARNESS_STEP_OPS", "ACTIVATION_PASSES",
            "GRAD_TRAFFIC_BYTES", "OPTIMIZER_BYTES_PER_PARAM", "CAST_BYTES_PER_PARAM"]

@@ -1,26 +1,25 @@
 """Measure this host's CPU rates once (a fraction of a second) and cache them per machine.
 
-The CPU step-time model (`cpu_cost`) needs what one core achieves, not the ISA peak a topology
-file or CPU flags suggest: GEMMs at a large and a skinny shape for fp32 and bf16 (bf16 runs
-far below fp32 on CPUs without avx512_bf16/AMX), causal attention (the CPU flash kernel; its
-bf16 backward ran 5x its forward at 128 tokens on an EPYC VM, fp32's 2.9x) and a 3x3
-convolution, forward and backward, per dtype (bf16 convolutions reached 0.74 of the bf16 GEMM
-rate there, fp32 ones all of it), streaming bandwidth by working set, alone and with every core
-streaming at once (what a rank keeps of the shared cache and memory bus), and the fp32 -> bf16
-cast rate; and the fixed cost of one tiny op (Python, dispatcher, autograd) with and without building the
-autograd graph, and of one backward() call. Each is the best of a few repeats with one thread,
-so a busy host disturbs it less. Then how a rank's work scales with its threads on this host
-(`_thread_scaling`): the large GEMM, a streaming add within the caches and the chain of tiny ops
-at 1, 2, 4, ... up to every usable core, the thread counts interleaved repeat by repeat, as
-speedups over one thread (SMT siblings, turbo that drops with busy cores, OpenMP's fork and
-join: whatever this host does). A one-rank process of a 2-core host runs both cores: its GEMMs
-reached 2.0x on a 2-core EPYC VM, its in-cache add 1.6x, its tiny ops 1.0x.
-`resolve.cached_cpu_rates` caches the result next to the profiles, under `cache_key` (CPU model,
-usable cores, torch version: a host that differs in any is probed afresh); `probed_topology`
-swaps a CPU topology's listed figures for it. A cached probe older than REVALIDATE_AFTER_S, or
-taken on a CPU with other ISA flags behind the same model name, is re-validated by re-measuring
-one rate (`revalidate`: the large fp32 GEMM, ~10 ms after torch's import) and re-probed when it
-moved by more than REVALIDATE_TOLERANCE.
+The CPU step-time model (`cpu_cost`) needs what one core achieves, not the ISA peak a topology file
+or CPU flags suggest: GEMMs at a large and a skinny shape for fp32 and bf16 (bf16 runs far below
+fp32 on CPUs without avx512_bf16/AMX), causal attention (the CPU flash kernel; its bf16 backward ran
+5x its forward at 128 tokens on an EPYC VM, fp32's 2.9x) and a 3x3 convolution, forward and
+backward, per dtype (bf16 convolutions reached 0.74 of the bf16 GEMM rate there, fp32 ones all of
+it), streaming bandwidth by working set, alone and with every core streaming at once (what a rank
+keeps of the shared cache and memory bus), and the fp32 -> bf16 cast rate; and the fixed cost of one
+tiny op (Python, dispatcher, autograd) with and without building the autograd graph, and of one
+backward() call. Each is the best of a few repeats with one thread, so a busy host disturbs it less.
+Then how a rank's work scales with its threads on this host (`_thread_scaling`): the large GEMM, a
+streaming add within the caches and the chain of tiny ops at 1, 2, 4, ... up to every usable core,
+the thread counts interleaved repeat by repeat, as speedups over one thread (SMT siblings, turbo
+that drops with busy cores, OpenMP's fork and join: whatever this host does). A one-rank process of
+a 2-core host runs both cores: its GEMMs reached 2.0x on a 2-core EPYC VM, its in-cache add 1.6x,
+its tiny ops 1.0x. `resolve.cached_cpu_rates` caches the result next to the profiles, under
+`cache_key` (CPU model, usable cores, torch version: a host that differs in any is probed afresh);
+`probed_topology` swaps a CPU topology's listed figures for it. A cached probe older than
+REVALIDATE_AFTER_S, or taken on a CPU with other ISA flags behind the same model name, is
+re-validated by re-measuring one rate (`revalidate`: the large fp32 GEMM, ~10 ms after torch's
+import) and re-probed when it moved by more than REVALIDATE_TOLERANCE.
 
 Never imports cli, backends, jobs, runtime or report; torch only inside `measure`.
 """
@@ -34,10 +33,10 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from launcher.alloc_conf import installed_torch_version
 from launcher.hardware.detect import cpu_info
 from launcher.hardware.types import Topology
 from launcher.plan.cpu_rates import CpuRates, GlooRates, ProbedCpu
@@ -97,8 +96,7 @@ def _gemm_gflops(torch: Any, shape: tuple[int, int, int], dtype: Any) -> float:
 
 def _stream_gb_s(torch: Any, numel: int, repeats: int) -> float:
     x = torch.ones(numel)
-    out = torch.empty_like(x)
-    # read x, write out: 8 bytes per element
+    out = torch.empty_like(x)  # read x, write out: 8 bytes per element
     return 8 * numel / _best_s(lambda: torch.add(x, 1.0, out=out), repeats) / 1e9
 
 
@@ -119,19 +117,19 @@ def _stream_curve(torch: Any, cores: int) -> tuple[tuple[float, float, float], .
 
 
 def _attention(torch: Any, dtype: Any) -> tuple[float, float]:
-    """(forward GFLOP/s, backward / forward time) of causal SDPA at ATTENTION_SHAPE, FLOPs
-    counted as the profile counts them (4 s^2 d per head group, the mask ignored)."""
+    """(forward GFLOP/s, backward / forward time), rounded, of causal SDPA at ATTENTION_SHAPE,
+    FLOPs counted as the profile counts them (4 s^2 d per head group, the mask ignored)."""
     b, h, s, d = ATTENTION_SHAPE
     q, k, v = (torch.randn(b, h, s, d, dtype=dtype, requires_grad=True) for _ in range(3))
     sdpa = torch.nn.functional.scaled_dot_product_attention
     grad = torch.randn(b, h, s, d, dtype=dtype)
     fwd = _best_s(lambda: sdpa(q, k, v, is_causal=True), 3)
     both = _best_s(lambda: sdpa(q, k, v, is_causal=True).backward(grad), 3)
-    return 4 * b * h * s * s * d / fwd / 1e9, max(both - fwd, 0.1 * fwd) / fwd
+    return round(4 * b * h * s * s * d / fwd / 1e9, 2), round(max(both - fwd, 0.1 * fwd) / fwd, 3)
 
 
 def _conv(torch: Any, dtype: Any) -> tuple[float, float]:
-    """(forward GFLOP/s, backward / forward time) of a 3x3 convolution at CONV_SHAPE."""
+    """(forward GFLOP/s, backward / forward time), rounded, of a 3x3 convolution at CONV_SHAPE."""
     b, c, hw = CONV_SHAPE
     x = torch.randn(b, c, hw, hw, dtype=dtype, requires_grad=True)
     w = torch.randn(c, c, 3, 3, dtype=dtype, requires_grad=True)
@@ -139,7 +137,14 @@ def _conv(torch: Any, dtype: Any) -> tuple[float, float]:
     grad = torch.randn(b, c, hw, hw, dtype=dtype)
     fwd = _best_s(lambda: conv(x, w, padding=1), 3)
     both = _best_s(lambda: conv(x, w, padding=1).backward(grad), 3)
-    return 2 * b * c * c * 9 * hw * hw / fwd / 1e9, max(both - fwd, 0.1 * fwd) / fwd
+    return round(2 * b * c * c * 9 * hw * hw / fwd / 1e9, 2), round(max(both - fwd, 0.1 * fwd) / fwd, 3)
+
+
+def _add_chain(torch: Any, x: Any, n: int = OP_CHAIN) -> Any:
+    """`n` 1-element adds in a row: what the per-op overhead is timed by."""
+    for _ in range(n):
+        x = torch.add(x, 1.0)
+    return x
 
 
 def _op_overheads(torch: Any) -> tuple[float, float, float]:
@@ -147,22 +152,15 @@ def _op_overheads(torch: Any) -> tuple[float, float, float]:
     backward() call beyond its nodes (the engine's start-up): a chain of OP_CHAIN adds, and a
     backward through one add."""
     plain, leaf = torch.ones(1), torch.ones(1, requires_grad=True)
-
-    def chain(x: Any, n: int) -> Any:
-        for _ in range(n):
-            x = torch.add(x, 1.0)
-        return x
-
-    op_s = _best_s(lambda: chain(plain, OP_CHAIN), REPEATS) / OP_CHAIN
-    graph_op_s = _best_s(lambda: chain(leaf, OP_CHAIN), REPEATS) / OP_CHAIN
-    backward_s = _best_s(lambda: chain(leaf, 1).backward(), 4 * REPEATS) - graph_op_s
+    op_s = _best_s(lambda: _add_chain(torch, plain), REPEATS) / OP_CHAIN
+    graph_op_s = _best_s(lambda: _add_chain(torch, leaf), REPEATS) / OP_CHAIN
+    backward_s = _best_s(lambda: _add_chain(torch, leaf, 1).backward(), 4 * REPEATS) - graph_op_s
     return round(op_s, 9), round(graph_op_s, 9), round(max(backward_s, op_s), 9)
 
 
 def scaling_threads(cores: int) -> tuple[int, ...]:
-    """The thread counts the scaling is measured at: 1, 2, 4, ... below `cores`, and `cores`,
-    at most MAX_SCALING_POINTS of them (1, 2 and the largest: a rank's threads are cores //
-    ranks)."""
+    """1, 2, 4, ... below `cores`, and `cores`: at most MAX_SCALING_POINTS of them (1, 2 and the
+    largest: a rank's threads are cores // ranks)."""
     counts = sorted({*(2**i for i in range(max(1, cores).bit_length()) if 2**i < cores), max(1, cores)})
     if len(counts) <= MAX_SCALING_POINTS:
         return tuple(counts)
@@ -177,14 +175,8 @@ def _thread_scaling(torch: Any, cores: int) -> dict[str, tuple[tuple[float, floa
     a, b = torch.randn(*LARGE_GEMM[:2]), torch.randn(*LARGE_GEMM[1:])
     x = torch.ones(SCALING_STREAM_NUMEL)
     out, one = torch.empty_like(x), torch.ones(1)
-
-    def chain() -> None:
-        y = one
-        for _ in range(OP_CHAIN):
-            y = torch.add(y, 1.0)
-
     work = {"gemm": lambda: torch.mm(a, b), "stream": lambda: torch.add(x, 1.0, out=out),
-            "op": chain}
+            "op": lambda: _add_chain(torch, one)}
     counts = scaling_threads(cores)
     best = {(kind, n): float("inf") for kind in work for n in counts}
     for n in counts:  # warm each thread count's OpenMP team and kernels
@@ -236,8 +228,7 @@ def half_rows(large_gflops: float, skinny_gflops: float, rows: int) -> float:
 def measure() -> CpuRates:
     """Time GEMMs, attention, a convolution, a streaming add, a cast and tiny ops on one
     thread of this host, and the streaming add on all its cores (about a second)."""
-    # deferred: the probe runs only when its cache entry is missing
-    import torch
+    import torch  # deferred: the probe runs only when its cache entry is missing
 
     started = time.perf_counter()
     info = cpu_info()
@@ -246,18 +237,14 @@ def measure() -> CpuRates:
     try:
         gemm, half, attn, attn_bwd, conv, conv_bwd = {}, {}, {}, {}, {}, {}
         for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-            large = _gemm_gflops(torch, LARGE_GEMM, dtype)
-            skinny = _gemm_gflops(torch, SKINNY_GEMM, dtype)
+            large, skinny = (_gemm_gflops(torch, shape, dtype) for shape in (LARGE_GEMM, SKINNY_GEMM))
             gemm[name], half[name] = round(large, 2), round(half_rows(large, skinny, SKINNY_GEMM[0]), 3)
-            rate, factor = _attention(torch, dtype)
-            attn[name], attn_bwd[name] = round(rate, 2), round(factor, 3)
-            rate, factor = _conv(torch, dtype)
-            conv[name], conv_bwd[name] = round(rate, 2), round(factor, 3)
+            attn[name], attn_bwd[name] = _attention(torch, dtype)
+            conv[name], conv_bwd[name] = _conv(torch, dtype)
         # the ranks of a node share the last-level cache and the memory bus: the curve is what
         # one thread keeps of them alone and with every core streaming beside it
         curve = _stream_curve(torch, info.usable_cores)
-        src = torch.ones(CAST_NUMEL)
-        half_x = torch.empty(CAST_NUMEL, dtype=torch.bfloat16)
+        src, half_x = torch.ones(CAST_NUMEL), torch.empty(CAST_NUMEL, dtype=torch.bfloat16)
         cast = 6 * CAST_NUMEL / _best_s(lambda: half_x.copy_(src), REPEATS) / 1e9
         op_s, graph_op_s, backward_s = _op_overheads(torch)
         scaling = _thread_scaling(torch, info.usable_cores)
@@ -269,12 +256,10 @@ def measure() -> CpuRates:
                     stream_curve=curve, llc_bytes=llc_bytes(), op_s=op_s, graph_op_s=graph_op_s,
                     backward_call_s=backward_s, attention_gflops=attn, attention_bwd_factor=attn_bwd,
                     conv_gflops=conv, conv_bwd_factor=conv_bwd, thread_speedup=scaling,
-                    cpu_model=info.model, cpu_flags=flags_digest(info.flags),
-                    cores=info.usable_cores,
+                    cpu_model=info.model, cpu_flags=flags_digest(info.flags), cores=info.usable_cores,
                     measured_at=datetime.datetime.now().isoformat(timespec="seconds"),
-                    source=f"CPU probe, torch {torch.__version__}, one thread (and 1-"
-                           f"{info.usable_cores} for the scaling), best of {REPEATS} "
-                           f"({elapsed:.2f} s)")
+                    source=f"CPU probe, torch {torch.__version__}, one thread (and 1-{info.usable_cores} for the "
+                           f"scaling), best of {REPEATS} ({elapsed:.2f} s)")
 
 
 def quick_gemm_gflops() -> float:
@@ -303,33 +288,25 @@ def needs_revalidation(rates: CpuRates, now: datetime.datetime, flags: str) -> s
     return f"{age_s / 3600:.0f} h old" if age_s > REVALIDATE_AFTER_S else ""
 
 
-def revalidate(rates: CpuRates, gemm_gflops: float, now: datetime.datetime,
-               flags: str) -> CpuRates | None:
-    """`rates` stamped valid at `now` when the re-measured fp32 GEMM (`gemm_gflops`) is within
-    REVALIDATE_TOLERANCE of the cached one (and the flags are this CPU's), else None: probe
-    again."""
+def revalidate(rates: CpuRates, gemm_gflops: float, now: datetime.datetime, flags: str) -> CpuRates | None:
+    """`rates` stamped valid at `now` (on this CPU's `flags`) when the re-measured fp32 GEMM
+    (`gemm_gflops`) is within REVALIDATE_TOLERANCE of the cached one, else None: probe again."""
     cached = rates.gemm_gflops["fp32"]
     if abs(gemm_gflops / cached - 1) > REVALIDATE_TOLERANCE:
-        log.info("the cached CPU probe's fp32 GEMM (%.1f GFLOP/s) is %.1f now: probing again",
-                 cached, gemm_gflops)
+        log.info("the cached CPU probe's fp32 GEMM (%.1f GFLOP/s) is %.1f now: probing again", cached, gemm_gflops)
         return None
-    return dataclasses.replace(rates, cpu_flags=flags,
-                               validated_at=now.isoformat(timespec="seconds"))
+    return dataclasses.replace(rates, cpu_flags=flags, validated_at=now.isoformat(timespec="seconds"))
 
 
 def torch_version() -> str:
     """The installed torch's version, read without importing torch (a cached lookup must stay
     fast); "none" without torch."""
-    try:
-        return metadata.version("torch")
-    except metadata.PackageNotFoundError:
-        return "none"
+    return installed_torch_version() or "none"
 
 
 def cache_key(cpu_model: str, cores: int, torch_version: str) -> str:
     """A cache entry's name: CPU model, usable cores, torch version and the probe's format."""
-    raw = json.dumps([cpu_model, cores, torch_version, PROBE_FORMAT])
-    return hashlib.sha256(raw.encode()).hexdigest()[:32]
+    return hashlib.sha256(json.dumps([cpu_model, cores, torch_version, PROBE_FORMAT]).encode()).hexdigest()[:32]
 
 
 def probed_topology(topology: Topology, rates: CpuRates, gloo: GlooRates | None = None) -> Topology:
@@ -341,8 +318,7 @@ def probed_topology(topology: Topology, rates: CpuRates, gloo: GlooRates | None 
     cores = rates.cores or topology.cpu_cores_per_node
     day = rates.measured_at.replace("T", " ")
     accel = ProbedCpu(
-        name=f"{rates.cpu_model} - one of {ranks} processes (rates measured by the CPU probe "
-             f"{day})",
+        name=f"{rates.cpu_model} - one of {ranks} processes (rates measured by the CPU probe {day})",
         mem_gib=dev.mem_gib,
         peak_tflops={k: round(v * cores / ranks / 1e3, 5) for k, v in rates.gemm_gflops.items()},
         source=f"{rates.source} at {rates.measured_at}; replaces: {dev.source}".strip(),

@@ -1,16 +1,13 @@
-"""What the CPU probes measured on this host, as frozen values: compute rates per core
-(`CpuRates`, from `cpu_probe`) and the cost of gloo collectives between ranks that share the host
-(`GlooRates`, from `gloo_probe`); the CPU "device" that carries them (`ProbedCpu`) and each
-rank's share of the cores: how much faster a rank's work runs on its threads than on one, as the
-probe measured it on this host per kind of work (`CpuRates.thread_speedup`: a GEMM, a streaming
-add, a chain of tiny ops), not assumed.
+"""What the CPU probes measured on this host, as frozen values: compute rates per core (`CpuRates`,
+from `cpu_probe`), the cost of gloo collectives between ranks that share the host (`GlooRates`, from
+`gloo_probe`), the CPU "device" that carries them (`ProbedCpu`), and each rank's share of the cores
+as the probe measured it per kind of work (`CpuRates.thread_speedup`), not assumed.
 
 Pure values: no torch, no I/O; never imports cli, backends, jobs, runtime, results or report.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -19,14 +16,13 @@ from launcher.errors import PlanError
 from launcher.hardware.types import DeviceSpec, Topology
 from launcher.specs import check
 
-log = logging.getLogger(__name__)
-
 # Used only when the probe did not measure how a rank's threads scale (a cache from before probe
 # format 7, a topology file planned elsewhere): the share of a core the second and later OpenMP
 # threads of one rank add. Measured: gpt tiny (micro-batch 8) takes 324 ms per step on one thread
 # and 197 ms on two (2-core EPYC VM, torch 2.13): 1.64x, i.e. 0.64 of a core from the second thread.
 PARALLEL_EFFICIENCY = 0.6
-# the kinds of work whose thread scaling the probe measures (`CpuRates.thread_speedup`)
+# the kinds of work whose thread scaling the probe measures (`CpuRates.thread_speedup`): the large
+# GEMM, a streaming add whose working set fits the caches, a chain of 1-element ops
 THREAD_KINDS = ("gemm", "stream", "op")
 # A 1-element add without and with autograd graph building, and a backward() call through one,
 # as the probe measured them on a 2-core 2.8 GHz Ice Lake VM with torch 2.13 (best of several,
@@ -46,10 +42,10 @@ DEFAULT_HALF_ROWS = 1.5
 DEFAULT_MEM_GB_S = 8.0
 DEFAULT_CACHE_GB_S = 14.0
 DEFAULT_CAST_GB_S = 2.0
-# Without an attention or convolution probe: flash attention's forward at this fraction of the
-# large-GEMM rate with a backward this many times the forward, and convolutions at the GEMM rate
-# with backward 2.2x (the probe's readings on a 2-core EPYC VM, torch 2.13, fp32: SDPA at
-# 256 tokens 0.75 of the GEMM rate, backward 2.9x; 3x3 convolutions at 1.0, backward 2.2x).
+# Without an attention or convolution probe: attention's forward at this fraction of the large-GEMM
+# rate, its backward this many times the forward, convolutions at the GEMM rate (the probe's readings
+# on a 2-core EPYC VM, torch 2.13, fp32: SDPA at 256 tokens 0.75 of the GEMM rate, backward 2.9x;
+# 3x3 convolutions at 1.0, backward 2.2x).
 DEFAULT_ATTENTION_FRACTION = 0.75
 DEFAULT_ATTENTION_BWD = 3.0
 DEFAULT_CONV_BWD = 2.2
@@ -65,11 +61,11 @@ class CpuRates:
     cache_gb_s: float  # the same on a working set that fits the last-level cache
     cast_gb_s: float  # fp32 -> bf16 conversion bandwidth (bytes read + written)
     llc_bytes: float = 0.0  # the host's last-level cache (shared by all ranks); 0 = unknown
-    # a streaming add by working set: (bytes one thread streams over, GB/s of that thread
-    # alone, GB/s of each thread while every usable core streams a working set of that size at
-    # once), ascending; empty = not measured (llc_bytes, cache_gb_s and mem_gb_s stand in).
-    # What a cache keeps is less than its size and falls with neighbours: on a 2-core EPYC VM
-    # (32 MiB L3) one thread streams 16 MiB at 40-68 GB/s, two side by side at 17-23 each
+    # a streaming add by working set: (bytes one thread streams over, GB/s of that thread alone,
+    # GB/s of each thread while every usable core streams as much), ascending; empty = not
+    # measured (llc_bytes, cache_gb_s and mem_gb_s stand in). What a cache keeps is less than its
+    # size and falls with neighbours: on a 2-core EPYC VM (32 MiB L3) one thread streams 16 MiB
+    # at 40-68 GB/s, two side by side at 17-23 each
     stream_curve: tuple[tuple[float, float, float], ...] = ()
     # fixed seconds of one 1-element op without (op_s) and with (graph_op_s) autograd graph
     # building, and of one backward() call beyond its nodes
@@ -83,9 +79,8 @@ class CpuRates:
     # 3x3 convolutions: forward FLOP rate and backward time over forward time, by dtype
     conv_gflops: Mapping[str, float] = field(default_factory=dict)
     conv_bwd_factor: Mapping[str, float] = field(default_factory=dict)
-    # how much faster one rank's work runs on n threads than on one, by kind (THREAD_KINDS: the
-    # large GEMM, a streaming add whose working set fits the caches, a chain of 1-element ops):
-    # (threads, speedup) ascending from (1, 1.0); empty = not measured (PARALLEL_EFFICIENCY)
+    # how much faster one rank's work runs on n threads than on one, by kind (THREAD_KINDS): (threads,
+    # speedup) ascending from (1, 1.0); empty = not measured (PARALLEL_EFFICIENCY)
     thread_speedup: Mapping[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
     cpu_model: str = ""
     cpu_flags: str = ""  # digest of the CPU's ISA flags (a generic model name hides the core)
@@ -101,26 +96,22 @@ class CpuRates:
                             ("cache_gb_s", self.cache_gb_s), ("cast_gb_s", self.cast_gb_s)):
             check(value > 0, PlanError, f"CPU rate {name} must be > 0, got {value}")
         # JSON (the probe's cache) gives lists
-        object.__setattr__(self, "stream_curve", tuple(sorted(tuple(map(float, p))
-                                                              for p in self.stream_curve)))
+        object.__setattr__(self, "stream_curve", tuple(sorted(tuple(map(float, p)) for p in self.stream_curve)))
         check(all(len(p) == 3 and min(p) > 0 for p in self.stream_curve), PlanError,
               "CPU stream curve points need (bytes, GB/s alone, GB/s side by side) > 0")
-        check(all(v >= 0 for v in self.half_rows.values()), PlanError,
-              "CPU GEMM half_rows must be >= 0")
+        check(all(v >= 0 for v in self.half_rows.values()), PlanError, "CPU GEMM half_rows must be >= 0")
         check(all(v > 0 for v in (*self.attention_bwd_factor.values(), *self.conv_bwd_factor.values())),
               PlanError, "CPU backward factors must be > 0")
-        check(min(self.op_s, self.graph_op_s, self.backward_call_s) >= 0, PlanError,
-              "CPU op overheads must be >= 0")
-        object.__setattr__(self, "thread_speedup", {
-            kind: tuple(sorted((float(n), float(x)) for n, x in points))
-            for kind, points in self.thread_speedup.items()})
+        check(min(self.op_s, self.graph_op_s, self.backward_call_s) >= 0, PlanError, "CPU op overheads must be >= 0")
+        object.__setattr__(self, "thread_speedup", {kind: tuple(sorted((float(n), float(x)) for n, x in points))
+                                                    for kind, points in self.thread_speedup.items()})
         check(all(kind in THREAD_KINDS and points and all(n >= 1 and x > 0 for n, x in points)
                   for kind, points in self.thread_speedup.items()), PlanError,
               f"CPU thread speedups need kinds among {THREAD_KINDS} and (threads >= 1, speedup > 0)")
 
     def speedup(self, kind: str, threads: int) -> float | None:
-        """How much faster `kind` work runs on `threads` threads than on one: the measured
-        points, linear in threads between them and flat beyond the last; None unmeasured."""
+        """How much faster `kind` work runs on `threads` threads than on one: the measured points,
+        linear between them and flat beyond the last; None unmeasured."""
         points = self.thread_speedup.get(kind)
         if not points:
             return None
@@ -136,11 +127,10 @@ class CpuRates:
         return precision if precision in self.gemm_gflops else "fp32"
 
     def stream_gb_s(self, working_set: float, *, all_cores: bool = False) -> float:
-        """GB/s of one thread streaming over `working_set` bytes, alone or (`all_cores`) while
-        every usable core streams as much: the measured curve, its seconds per byte interpolated
-        in log(bytes) between points and flat beyond its ends; unmeasured, the share of the
-        working set that fits the last-level cache at cache_gb_s and the rest at mem_gb_s (and
-        all cores together as one thread over all of their working sets)."""
+        """GB/s of one thread streaming over `working_set` bytes, alone or (`all_cores`) while every
+        usable core streams as much: the measured curve (seconds per byte linear in log(bytes), flat
+        beyond its ends); unmeasured, the part that fits the last-level cache at cache_gb_s, the rest
+        at mem_gb_s (all cores as one thread over all of their working sets)."""
         if not self.stream_curve:
             ws = working_set * (max(1, self.cores) if all_cores else 1)
             cached = min(1.0, self.llc_bytes / ws) if ws > 0 else 1.0
@@ -173,10 +163,9 @@ COLLECTIVES = ("ar", "ag", "rs")  # all-reduce, all-gather, reduce-scatter
 
 @dataclass(frozen=True, kw_only=True)
 class GlooRates:
-    """What one gloo collective costs between `ranks` processes on this host while each of them
-    computes between collectives (as in training): a fixed latency and a time per byte, by
-    collective. Sizes follow nccl-tests: all-gather counts its gathered output, reduce-scatter its
-    full input, all-reduce its buffer."""
+    """What one gloo collective costs between `ranks` processes of this host that compute between
+    collectives (as in training): a latency and a time per byte, by collective. Sizes follow
+    nccl-tests: all-gather counts its gathered output, reduce-scatter its input, all-reduce its buffer."""
 
     ranks: int
     latency_s: Mapping[str, float]
@@ -193,9 +182,7 @@ class GlooRates:
 
     def collective_s(self, op: str, nbytes: float) -> float:
         """Seconds of one `op` ("ar", "ag", "rs") of `nbytes`."""
-        if nbytes <= 0:
-            return 0.0
-        return self.latency_s[op] + nbytes * self.s_per_byte[op]
+        return self.latency_s[op] + nbytes * self.s_per_byte[op] if nbytes > 0 else 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -212,9 +199,8 @@ def rates_of(device: DeviceSpec, topology: Topology) -> CpuRates:
         return device.rates
     per_core = topology.devices_per_node / max(1, topology.cpu_cores_per_node)
     return CpuRates(gemm_gflops={k: v * 1e3 * per_core for k, v in device.peak_tflops.items()},
-                    half_rows={k: DEFAULT_HALF_ROWS for k in device.peak_tflops},
-                    mem_gb_s=DEFAULT_MEM_GB_S, cache_gb_s=DEFAULT_CACHE_GB_S,
-                    cast_gb_s=DEFAULT_CAST_GB_S, llc_bytes=DEFAULT_LLC_BYTES,
+                    half_rows={k: DEFAULT_HALF_ROWS for k in device.peak_tflops}, mem_gb_s=DEFAULT_MEM_GB_S,
+                    cache_gb_s=DEFAULT_CACHE_GB_S, cast_gb_s=DEFAULT_CAST_GB_S, llc_bytes=DEFAULT_LLC_BYTES,
                     source=f"listed peak of {device.name} (no probe)")
 
 
@@ -227,22 +213,24 @@ def gloo_of(topology: Topology) -> GlooRates | None:
     return None
 
 
+def _measured(topology: Topology, kind: str) -> float | None:
+    device = topology.accelerator
+    return device.rates.speedup(kind, topology.rank_threads) if isinstance(device, ProbedCpu) else None
+
+
 def core_share(topology: Topology, kind: str = "gemm") -> float:
-    """Cores' worth of `kind` work (THREAD_KINDS) one rank gets: the speedup the probe measured
-    on this host at the rank's threads (cores // ranks, at least 1), or without a measurement
-    its first thread whole and each further one at PARALLEL_EFFICIENCY; cores/ranks when ranks
-    outnumber the cores (one thread each, time-sharing them)."""
+    """Cores' worth of `kind` work (THREAD_KINDS) one rank gets: the speedup the probe measured on
+    this host at the rank's threads, or without a measurement its first thread whole and each
+    further one at PARALLEL_EFFICIENCY; cores/ranks when ranks outnumber the cores."""
     cores, ranks = max(1, topology.cpu_cores_per_node), topology.devices_per_node
-    threads = topology.rank_threads
     if ranks > cores:
         return cores / ranks
-    device = topology.accelerator
-    measured = device.rates.speedup(kind, threads) if isinstance(device, ProbedCpu) else None
+    measured = _measured(topology, kind)
     # below 1 only when other processes held the cores the extra threads wanted (a busy host:
     # such a probe serves one plan and is not cached, host_quiet); the run gets the cores
     if measured is not None and measured >= 1:
         return measured
-    return 1 + (threads - 1) * PARALLEL_EFFICIENCY
+    return 1 + (topology.rank_threads - 1) * PARALLEL_EFFICIENCY
 
 
 def time_share(topology: Topology) -> float:
@@ -253,22 +241,18 @@ def time_share(topology: Topology) -> float:
 
 
 def op_share(topology: Topology) -> float:
-    """How much slower (< 1) a rank's per-op overhead runs than one thread's alone on the
-    host: the probe's measured "op" speedup at the rank's threads, at most 1 (a tiny op runs on
-    the calling thread: more threads cannot speed it up, an OpenMP team may slow it; 1
-    unmeasured), or the time-sharing when ranks outnumber the cores."""
+    """How much slower (< 1) a rank's per-op overhead runs than one thread's alone: the probe's "op"
+    speedup at the rank's threads, at most 1 (a tiny op runs on the calling thread: more threads cannot
+    speed it up, an OpenMP team may slow it; 1 unmeasured), or cores/ranks when ranks outnumber cores."""
     cores, ranks = max(1, topology.cpu_cores_per_node), topology.devices_per_node
     if ranks > cores:
         return cores / ranks
-    device = topology.accelerator
-    measured = (device.rates.speedup("op", topology.rank_threads)
-                if isinstance(device, ProbedCpu) else None)
+    measured = _measured(topology, "op")
     return 1.0 if measured is None else min(1.0, measured)
 
 
-__all__ = ["CpuRates", "GlooRates", "ProbedCpu", "COLLECTIVES", "rates_of", "gloo_of",
-           "core_share", "time_share", "op_share", "PARALLEL_EFFICIENCY", "THREAD_KINDS",
-           "DEFAULT_OP_S", "DEFAULT_GRAPH_OP_S",
+__all__ = ["CpuRates", "GlooRates", "ProbedCpu", "COLLECTIVES", "rates_of", "gloo_of", "core_share", "time_share",
+           "op_share", "PARALLEL_EFFICIENCY", "THREAD_KINDS", "DEFAULT_OP_S", "DEFAULT_GRAPH_OP_S",
            "DEFAULT_BACKWARD_CALL_S", "DEFAULT_LLC_BYTES", "DEFAULT_HALF_ROWS", "DEFAULT_MEM_GB_S",
-           "DEFAULT_CACHE_GB_S", "DEFAULT_CAST_GB_S", "DEFAULT_ATTENTION_FRACTION",
-           "DEFAULT_ATTENTION_BWD", "DEFAULT_CONV_BWD"]
+           "DEFAULT_CACHE_GB_S", "DEFAULT_CAST_GB_S", "DEFAULT_ATTENTION_FRACTION", "DEFAULT_ATTENTION_BWD",
+           "DEFAULT_CONV_BWD"]

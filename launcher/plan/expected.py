@@ -1,21 +1,19 @@
 """What `dlaunch doctor`'s checks should measure on healthy hardware, each figure with its source.
 
 Per rank: a large GEMM's FLOP/s in the doctor's precision and a large copy's bytes/s (read +
-written); per node: the all-reduce bus bandwidth between its ranks; across nodes: the
-all-reduce busbw of every rank. The figures come from the topology the doctor is judged
-against, the same way the planner reads its peaks:
+written); per node and across nodes: the all-reduce bus bandwidth of their ranks. The figures come
+from the topology the doctor is judged against, as the planner reads its peaks:
 
   GPU   GEMM: the device's dense peak for the precision (topology file, or the datasheet figure
         detection fills in) x the large-GEMM fraction a GPU achieves (cost.GEMM_PEAK_FRACTION:
         ~0.8 of the datasheet); copy: the HBM bandwidth (hbm.hbm_bytes_per_s, datasheets) x
         COPY_PEAK_FRACTION; all-reduce: the topology's links, which are achievable busbw already.
   CPU   with this host's probes (`cpu_rates.ProbedCpu`, what plan.resolve attaches): the CPU
-        probe's one-thread GEMM rate x each rank's cores' worth as the planner counts it (the
-        probe's measured GEMM speedup at the rank's threads; without one, further threads at
-        cpu_rates.PARALLEL_EFFICIENCY), its streaming rate at the copy's
-        working set with every rank streaming at once, and the gloo probe's all-reduce cost;
-        measurements, so taken whole (fraction 1). From a topology file without a probe (SLURM
-        nodes): the listed peak shared between the node's ranks, its link; no memory figure.
+        probe's one-thread GEMM rate x each rank's cores' worth as the planner counts it
+        (`cpu_rates.core_share`), its streaming rate at the copy's working set with every rank
+        streaming at once, and the gloo probe's all-reduce cost; measurements, so taken whole
+        (fraction 1). From a topology file without a probe (SLURM nodes): the listed peak shared
+        between the node's ranks, its link; no memory figure.
 
 Pure: no torch, no I/O; never imports cli, backends, jobs, runtime, results or report.
 """
@@ -39,9 +37,8 @@ CHECKS = ("gemm", "copy", "allreduce_node", "allreduce_world")
 
 @dataclass(frozen=True, kw_only=True)
 class Expected:
-    """What one check should measure (`value`, in the check's unit: FLOP/s or bytes/s), the
-    figure it derives from (`peak`) and the achievable share of it assumed (`fraction`, 1 when
-    the figure is itself a measurement), and where that figure comes from."""
+    """What one check should measure (`value`: FLOP/s or bytes/s), the figure it derives from (`peak`),
+    the achievable share of it assumed (`fraction`, 1 for a measurement), and that figure's source."""
 
     value: float
     peak: float
@@ -51,8 +48,7 @@ class Expected:
 
 @dataclass(frozen=True, kw_only=True)
 class Expectations:
-    """Every check's expectation (None: nothing to expect it from, with the reason in `missing`)
-    and what they are based on, in one line."""
+    """Every check's expectation (None: nothing to expect it from, the reason in `missing`), and their basis."""
 
     basis: str
     checks: Mapping[str, Expected | None]
@@ -78,10 +74,8 @@ def _share_text(share: float, threads: int, cores: int, ranks: int, measured: bo
 
 def _world_link(topology: Topology) -> Link | None:
     """The link a ring over every rank of several nodes is bound by: the slower of the two."""
-    inter = topology.inter_node
-    if inter is None:
-        return None
-    return inter if inter.bw_gb_s <= topology.intra_node.bw_gb_s else topology.intra_node
+    inter, intra = topology.inter_node, topology.intra_node
+    return None if inter is None else inter if inter.bw_gb_s <= intra.bw_gb_s else intra
 
 
 def gpu_expectations(topology: Topology, *, precision: str, nodes: int, basis: str) -> Expectations:
@@ -109,17 +103,13 @@ def gpu_expectations(topology: Topology, *, precision: str, nodes: int, basis: s
     return Expectations(basis=basis, checks=checks, missing=missing)
 
 
-def cpu_expectations(topology: Topology, *, precision: str, ranks_per_node: int, nodes: int,
-                     threads: int, copy_bytes: float, allreduce_bytes: float,
-                     basis: str) -> Expectations:
-    """CPU ranks' checks: from this host's probes when `topology` carries them (ProbedCpu),
-    else from the topology's listed peak (shared between `ranks_per_node` ranks) and links."""
+def cpu_expectations(topology: Topology, *, precision: str, ranks_per_node: int, nodes: int, threads: int,
+                     copy_bytes: float, allreduce_bytes: float, basis: str) -> Expectations:
+    """CPU ranks' checks: from this host's probes when `topology` carries them (ProbedCpu), else from
+    the topology's listed peak (shared between `ranks_per_node` ranks) and links."""
     dev = topology.accelerator
-    cores = max(1, topology.cpu_cores_per_node)
-    ranks = max(1, ranks_per_node)
-    # cores' worth of compute one rank has, as the planner counts it (cpu_rates.core_share): the
-    # probe's measured GEMM speedup at the rank's threads, else its first thread whole and each
-    # further one at PARALLEL_EFFICIENCY; a share when ranks outnumber cores
+    cores, ranks = max(1, topology.cpu_cores_per_node), max(1, ranks_per_node)
+    # cores' worth of compute one rank has, as cpu_rates.core_share counts it (for these threads)
     speedup = dev.rates.speedup("gemm", max(1, threads)) if isinstance(dev, ProbedCpu) else None
     measured = ranks <= cores and speedup is not None and speedup >= 1
     share = (cores / ranks if ranks > cores else speedup if measured and speedup is not None
@@ -136,8 +126,7 @@ def cpu_expectations(topology: Topology, *, precision: str, ranks_per_node: int,
             source=f"the CPU probe of this host ({when}): {dtype} GEMM {per_thread / 1e9:.1f} "
                    f"GFLOP/s on one thread x {_share_text(share, threads, cores, ranks, measured)}")
         # the threads streaming at once (every rank copies at the same time) and their working set
-        busy = min(cores, ranks * threads)
-        working_set = copy_bytes / max(1, threads)
+        busy, working_set = min(cores, ranks * threads), copy_bytes / max(1, threads)
         all_cores = busy >= cores and cores > 1
         per_stream = rates.stream_gb_s(working_set, all_cores=all_cores) * 1e9
         checks["copy"] = Expected(
@@ -179,8 +168,7 @@ def cpu_expectations(topology: Topology, *, precision: str, ranks_per_node: int,
     return Expectations(basis=basis, checks=checks, missing=missing)
 
 
-def _add_world(checks: dict[str, Expected | None], missing: dict[str, str], topology: Topology,
-               nodes: int) -> None:
+def _add_world(checks: dict[str, Expected | None], missing: dict[str, str], topology: Topology, nodes: int) -> None:
     """The across-nodes all-reduce's expectation (only with more than one node), or why not."""
     world = _world_link(topology) if nodes > 1 else None
     checks["allreduce_world"] = None if world is None else _link_busbw(world, "across nodes")

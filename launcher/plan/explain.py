@@ -30,8 +30,7 @@ from launcher.plan.memory import fmt_gib
 from launcher.plan.types import Candidate, CompileDecision
 from launcher.specs import CHECKPOINTING, GIB, Goal, ModelProfile
 
-LABELS = {"ddp": "DDP", "zero1": "ZeRO-1", "fsdp_grad_op": "FSDP grad-op", "fsdp_full": "FSDP full",
-          "hybrid": "hybrid"}
+LABELS = {"ddp": "DDP", "zero1": "ZeRO-1", "fsdp_grad_op": "FSDP grad-op", "fsdp_full": "FSDP full", "hybrid": "hybrid"}
 
 
 def kind_label(c: Candidate) -> str:
@@ -65,15 +64,13 @@ def too_big(c: Candidate, usable: float, profile: ModelProfile, topology: Topolo
     m = c.memory
     state = m.params_bytes + m.grads_bytes + m.optimizer_bytes
     units = "" if not c.strategy.shards_params else " incl. unsharded params"
-    return (f"{fmt_gib(m.total_bytes)} GiB/{per_device(topology)} > {fmt_gib(usable)} GiB "
-            f"usable at micro-batch {c.micro_batch} (params+grads+optimizer {fmt_gib(state)} GiB "
-            f"= {state / profile.num_params:.3g} B/param, activations "
-            f"{fmt_gib(m.activations_bytes)}, overhead{units} {fmt_gib(m.overhead_bytes)})")
+    return (f"{fmt_gib(m.total_bytes)} GiB/{per_device(topology)} > {fmt_gib(usable)} GiB usable at micro-batch "
+            f"{c.micro_batch} (params+grads+optimizer {fmt_gib(state)} GiB = {state / profile.num_params:.3g} B/param, "
+            f"activations {fmt_gib(m.activations_bytes)}, overhead{units} {fmt_gib(m.overhead_bytes)})")
 
 
-def reasons(chosen: Candidate, cands: list[Candidate], profile: ModelProfile,
-            topology: Topology, goal: Goal, usable: float, skipped: list[int],
-            compiled: CompileDecision) -> list[str]:
+def reasons(chosen: Candidate, cands: list[Candidate], profile: ModelProfile, topology: Topology, goal: Goal,
+            usable: float, skipped: list[int], compiled: CompileDecision) -> list[str]:
     """Human sentences: why this strategy, what the others would do, precision, checkpointing,
     compile (`compiled`: the decision, and what its predicted gain rests on). `cands` are the
     candidates the overrides allow; the first sentence only when chosen fits."""
@@ -83,13 +80,8 @@ def reasons(chosen: Candidate, cands: list[Candidate], profile: ModelProfile,
     mem = f"{fmt_gib(chosen.memory.total_bytes)} GiB of {fmt_gib(usable)} usable"
     # the best fitting candidate of each strategy and TP degree
     keyed = lambda c: (c.strategy.kind, c.strategy.tp)  # noqa: E731
-    order = sorted({keyed(c) for c in cands} | {keyed(chosen)},
-                   key=lambda k: (STRATEGY_ORDER.index(k[0]), k[1]))
-    best_by_kind = {}
-    for key in order:
-        fit = [c for c in fitting if keyed(c) == key]
-        if fit:
-            best_by_kind[key] = choose(fit)
+    order = sorted({keyed(c) for c in cands} | {keyed(chosen)}, key=lambda k: (STRATEGY_ORDER.index(k[0]), k[1]))
+    best_by_kind = {key: choose(fit) for key in order if (fit := [c for c in fitting if keyed(c) == key])}
     others = [c for k, c in best_by_kind.items() if k != keyed(chosen)]
     name = kind_label(chosen)
     if n == 1 and not chosen.strategy.offload:
@@ -104,24 +96,20 @@ def reasons(chosen: Candidate, cands: list[Candidate], profile: ModelProfile,
                     f"{speed(runner)} (within {TIE_TOLERANCE:.0%}; ties go to DDP, then to "
                     f"the strategy that keeps less in memory, then to less TP)")
         else:
-            head = (f"{name} fits ({mem}) and is fastest: {speed(chosen)} vs {rname} "
-                    f"{speed(runner)}")
+            head = f"{name} fits ({mem}) and is fastest: {speed(chosen)} vs {rname} {speed(runner)}"
     out = [head] if chosen.fits else []
-    out += _tp_reasons(chosen, cands, best_by_kind, topology, goal, profile, usable)
+    out += _tp_reasons(chosen, cands, best_by_kind, topology, profile, usable)
     for key in order:
         if key == keyed(chosen):
             continue
         mine = [c for c in cands if keyed(c) == key]
         if key in best_by_kind:
             c = best_by_kind[key]
-            out.append(f"{kind_label(c)}: {speed(c)} (micro-batch {c.micro_batch} x "
-                       f"{c.grad_accum} accumulation"
-                       + (f", checkpointing {c.strategy.checkpointing}"
-                          if c.strategy.recomputes else "") + ")")
+            out.append(f"{kind_label(c)}: {speed(c)} (micro-batch {c.micro_batch} x {c.grad_accum} accumulation"
+                       + (f", checkpointing {c.strategy.checkpointing}" if c.strategy.recomputes else "") + ")")
         elif mine:
             smallest = min(mine, key=lambda c: c.memory.total_bytes)
-            out.append(f"{kind_label(smallest)} does not fit: "
-                       + too_big(smallest, usable, profile, topology))
+            out.append(f"{kind_label(smallest)} does not fit: " + too_big(smallest, usable, profile, topology))
     prec = chosen.strategy.precision
     if topology.device == "cuda":
         cc = ".".join(map(str, dev.compute_capability or ()))
@@ -132,8 +120,7 @@ def reasons(chosen: Candidate, cands: list[Candidate], profile: ModelProfile,
     elif prec == "bf16":
         out.append("bf16 autocast on CPU: this CPU lists a bf16 peak and bf16 is predicted faster")
     else:
-        out.append(f"{prec} on CPU" + ("" if "bf16" in dev.peak_tflops
-                                       else " (this CPU lists no bf16 peak)"))
+        out.append(f"{prec} on CPU" + ("" if "bf16" in dev.peak_tflops else " (this CPU lists no bf16 peak)"))
     out += _float8_reason(chosen, cands, profile, topology)
     if chosen.strategy.recomputes and chosen.fits:
         out.append(_checkpointing_reason(chosen, cands, fitting, usable))
@@ -141,8 +128,7 @@ def reasons(chosen: Candidate, cands: list[Candidate], profile: ModelProfile,
         out.append(f"warning: {dev.name} has no bf16 units: bf16 autocast will fail or run "
                    f"emulated and slow; use fp16 (with GradScaler) or fp32")
     if prec == "fp16" and topology.device == "cpu":
-        out.append("warning: fp16 autocast on CPU is slow and needs a GradScaler; "
-                   "use bf16 or fp32")
+        out.append("warning: fp16 autocast on CPU is slow and needs a GradScaler; use bf16 or fp32")
     out += [compiled.reason, *([compiled.basis] if compiled.basis else [])]
     t = chosen.time
     out.append(f"communication: {t.comm_total_s:.3g} s per step, {t.comm_exposed_s:.3g} s of it "
@@ -158,8 +144,7 @@ def reasons(chosen: Candidate, cands: list[Candidate], profile: ModelProfile,
     return out
 
 
-def _float8_reason(chosen: Candidate, cands: list[Candidate], profile: ModelProfile,
-                   topology: Topology) -> list[str]:
+def _float8_reason(chosen: Candidate, cands: list[Candidate], profile: ModelProfile, topology: Topology) -> list[str]:
     """Float8 against bf16 for the chosen plan's shape (the same strategy, checkpointing and
     batch): what it converts and its predicted gain, or why the plan does not use it."""
     dev, s = topology.accelerator, chosen.strategy
@@ -176,10 +161,9 @@ def _float8_reason(chosen: Candidate, cands: list[Candidate], profile: ModelProf
         return [f"float8 ({s.float8}): as given" if s.float8 != "none" else "float8: as given (none)"]
     share = converted_share(profile, f8.strategy.float8, s.tp)
     gain = bf16.time.step_time_s / f8.time.step_time_s - 1
-    what = (f"torchao's Float8Linear on the blocks' linears that pass its {f8.strategy.float8} "
-            f"filter ({share:.0%} of their matmul FLOPs; the output head, attention and the "
-            f"memory-bound work stay bf16), its GEMMs at {gemm_speedup():g}x bf16's rate, its casts "
-            "as HBM traffic")
+    what = (f"torchao's Float8Linear on the blocks' linears that pass its {f8.strategy.float8} filter ({share:.0%} of "
+            f"their matmul FLOPs; the output head, attention and the memory-bound work stay bf16), its GEMMs at "
+            f"{gemm_speedup():g}x bf16's rate, its casts as HBM traffic")
     if s.float8 != "none":
         return [f"float8 ({s.float8}): {bf16.time.step_time_s:.3g} -> {f8.time.step_time_s:.3g} "
                 f"s/step predicted ({gain:+.0%} throughput): {what}; needs torchao "
@@ -189,8 +173,7 @@ def _float8_reason(chosen: Candidate, cands: list[Candidate], profile: ModelProf
             + ("no linear passes torchao's filter at this width" if not share else what)]
 
 
-def _checkpointing_reason(chosen: Candidate, cands: list[Candidate], fitting: list[Candidate],
-                          usable: float) -> str:
+def _checkpointing_reason(chosen: Candidate, cands: list[Candidate], fitting: list[Candidate], usable: float) -> str:
     """Why the chosen checkpointing mode: what it recomputes (the extra compute against the
     same candidate without checkpointing), and that no lighter mode does better: a lighter one
     either does not fit at the chosen micro-batch or is slower per sample."""
@@ -206,26 +189,23 @@ def _checkpointing_reason(chosen: Candidate, cands: list[Candidate], fitting: li
     why = [f"activation checkpointing, {describe(s.checkpointing)}{extra}: "
            + ("it allows a larger micro-batch and is faster despite the recompute" if plain
               else f"without it {kind_label(chosen)} does not fit")]
-    for c in same:
-        if CHECKPOINTING.index(c.strategy.checkpointing) >= CHECKPOINTING.index(s.checkpointing) \
-                or not c.strategy.recomputes:
-            continue
-        why.append(f"{c.strategy.checkpointing} " + (
-            f"needs {fmt_gib(c.memory.total_bytes)} GiB > {fmt_gib(usable)} usable" if not c.fits
-            else f"is slower per sample at micro-batch {c.micro_batch}"))
+    rank = CHECKPOINTING.index
+    for c in same:  # the lighter modes
+        if c.strategy.recomputes and rank(c.strategy.checkpointing) < rank(s.checkpointing):
+            why.append(f"{c.strategy.checkpointing} " + (
+                f"needs {fmt_gib(c.memory.total_bytes)} GiB > {fmt_gib(usable)} usable" if not c.fits
+                else f"is slower per sample at micro-batch {c.micro_batch}"))
     return "; ".join(why)
 
 
-def _tp_reasons(chosen: Candidate, cands: list[Candidate],
-                best: Mapping[tuple[str, int], Candidate], topology: Topology, goal: Goal,
-                profile: ModelProfile, usable: float) -> list[str]:
+def _tp_reasons(chosen: Candidate, cands: list[Candidate], best: Mapping[tuple[str, int], Candidate],
+                topology: Topology, profile: ModelProfile, usable: float) -> list[str]:
     """Why the plan uses tensor parallelism, or why not (where TP candidates were priced)."""
     n, t = topology.world_size, chosen.strategy.tp
     tried = sorted({c.strategy.tp for c in cands if c.strategy.tp > 1})
     if t > 1:
         plain = [c for k, c in best.items() if k[1] == 1]
-        smallest = min((c for c in cands if c.strategy.tp == 1),
-                       key=lambda c: c.memory.total_bytes, default=None)
+        smallest = min((c for c in cands if c.strategy.tp == 1), key=lambda c: c.memory.total_bytes, default=None)
         tp_s = chosen.time.comm_total_s  # TP's share is in the total; say the step's layout
         why = (f"TP {t}: tensor parallelism inside each node splits every block's matmuls "
                f"{t} ways (DP {n // t} x TP {t}; a sample is shared by {t} GPUs)")
@@ -237,20 +217,18 @@ def _tp_reasons(chosen: Candidate, cands: list[Candidate],
             why += (f"; {_gain(rival, chosen)} than the best without TP, {kind_label(rival)} "
                     f"at micro-batch {rival.micro_batch}")
         exposed = chosen.time.comm_exposed_s
-        return [why + f"; its activation all-gathers/reduce-scatters over "
-                f"{topology.intra_node.kind} are exposed (no async TP): {exposed:.3g} s of "
-                f"{chosen.time.step_time_s:.3g} s exposed communication per step "
-                f"(of {tp_s:.3g} s in all)"]
+        return [why + f"; its activation all-gathers/reduce-scatters over {topology.intra_node.kind} are exposed (no "
+                      f"async TP): {exposed:.3g} s of {chosen.time.step_time_s:.3g} s exposed communication per step "
+                      f"(of {tp_s:.3g} s in all)"]
     out = []
     for d in tried:
         fit = [c for k, c in best.items() if k[1] == d]
         if fit:
-            c = fit[0] if len(fit) == 1 else min(fit, key=per_sample)
+            c = min(fit, key=per_sample)
             if chosen.fits:
-                out.append(f"TP {d} ({kind_label(c)}) predicted {_gain(c, chosen)} than "
-                           f"the chosen plan: its activation all-gathers and reduce-scatters "
-                           f"over {topology.intra_node.kind} are exposed (no async TP) and "
-                           f"its matmuls {d}x narrower")
+                out.append(f"TP {d} ({kind_label(c)}) predicted {_gain(c, chosen)} than the chosen plan: its "
+                           f"activation all-gathers and reduce-scatters over {topology.intra_node.kind} are exposed "
+                           f"(no async TP) and its matmuls {d}x narrower")
         else:
             out.append(f"TP {d} does not fit either")
     return out
@@ -287,14 +265,12 @@ def rejected(chosen: Candidate, cands: list[Candidate], goal: Goal, topology: To
                    f"rule it out" if faster else
                    f"{label(best)}: ties with the chosen plan ({theirs} vs {mine}, within "
                    f"{TIE_TOLERANCE:.0%}), which is preferred on ties" if tie and chosen.fits else
-                   f"{label(best)}: fits ({fmt_gib(best.memory.total_bytes)} GiB) but slower: "
-                   f"{theirs} vs {mine}")
+                   f"{label(best)}: fits ({fmt_gib(best.memory.total_bytes)} GiB) but slower: {theirs} vs {mine}")
         else:
             best = min(members, key=lambda c: c.memory.total_bytes)
             why = f"{label(best)}: {too_big(best, usable, profile, topology)}"
         out.append(dataclasses.replace(best, reason=why))
-    return sorted(out, key=lambda c: (not c.fits,
-                                      per_sample(c) if c.fits else c.memory.total_bytes))
+    return sorted(out, key=lambda c: (not c.fits, per_sample(c) if c.fits else c.memory.total_bytes))
 
 
 def host_too_small(c: Candidate, topology: Topology, headroom: float) -> str:

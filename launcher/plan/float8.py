@@ -1,24 +1,20 @@
-"""Float8 training's price on a GPU (strategy field `float8`): which matmuls convert, how fast
-they run, and what their casts cost.
+"""Float8 training's price on a GPU (strategy field `float8`): which matmuls convert, how fast they
+run, and what their casts cost.
 
-- Float8 tensor cores run at twice bf16's dense rate from compute capability 8.9 (Ada, Hopper,
-  Blackwell datasheets, dense: H100 SXM 1,979 against 989 TFLOP/s, L40S 733 against 362, B200
-  4.5 against 2.25 PFLOP/s); below 8.9 there are none, and the plan never proposes float8.
-- A float8 GEMM reaches FLOAT8_GEMM_FRACTION of the share of its peak a bf16 GEMM of the same
-  shape reaches (`gemm.gemm_efficiency`).
-- Dynamic scaling reads each operand for its amax, then casts it (a read and a one-byte write),
-  and backward transposes the float8 copies: FLOAT8_CAST_BYTES of HBM traffic per element of each
-  converted layer's input, weight and output gradient, per micro-batch; torch.compile fuses
-  these passes with their neighbours to COMPILE_MEMORY_FACTOR of it, as it does the model's
-  other memory-bound work (`cost`).
-- The layers that convert are those torchao's filter keeps (`passes`, its thresholds for each
-  recipe, as `launcher.runtime.float8` applies them on GPUs), never the output head; attention
-  and the memory-bound work stay bf16.
+- Float8 tensor cores run at twice bf16's dense rate from compute capability 8.9 (datasheets,
+  dense: H100 SXM 1,979 against 989 TFLOP/s, L40S 733 against 362, B200 4.5 against 2.25
+  PFLOP/s); below 8.9 there are none, and the plan never proposes float8.
+- A float8 GEMM reaches FLOAT8_GEMM_FRACTION of the share of its peak a bf16 GEMM of its shape
+  reaches (`gemm.gemm_efficiency`).
+- Dynamic scaling reads each operand for its amax, then casts it, and backward transposes the
+  float8 copies: FLOAT8_CAST_BYTES of HBM traffic per element of each converted layer's input,
+  weight and output gradient, per micro-batch (fused by torch.compile as other memory-bound work).
+- The layers that convert are those torchao's filter keeps (`passes`, as `launcher.runtime.float8`
+  applies it), never the output head; attention and the memory-bound work stay bf16.
 - Under FSDP with tensorwise scaling the runtime all-gathers the converted weights in float8
-  (torchao's `enable_fsdp_float8_all_gather`): 1 B a parameter instead of the compute dtype's.
-  Each weight's scale comes first from an all-reduce of its amax over the group (torchao's
-  `reduce_amax`; the runtime precomputes no scales), one latency-bound all-reduce per converted
-  weight before each gather of its block (`fsdp_float8_gather`, priced by plan.collectives).
+  (torchao's `enable_fsdp_float8_all_gather`): 1 B a parameter instead of the compute dtype's, after
+  a latency-bound all-reduce of each converted weight's amax (torchao's `reduce_amax`: the runtime
+  precomputes no scales; `fsdp_float8_gather`).
 Both constants are fit to torchao's microbenchmark of one Float8Linear's forward and backward on
 an H100 against bf16 (pytorch/ao, torchao/float8/README.md, "Performance"): 0.80x at M, K, N =
 1024, 2048, 1024 and 1.39x at 4096, 8192, 16384, which the model gives as 0.82x and 1.36x. Whole
@@ -54,8 +50,7 @@ def supported(device: DeviceSpec) -> bool:
 
 def passes(recipe: str, k: float, n: float) -> bool:
     """torchao's filter for a linear of `k` inputs and `n` outputs (float8_linear_utils,
-    `_auto_filter_for_recipe`, thresholds from its H100 benchmarks): multiples of 16, and large
-    enough to gain."""
+    `_auto_filter_for_recipe`, from its H100 benchmarks): multiples of 16, large enough to gain."""
     if k % 16 or n % 16:
         return False
     if recipe == "rowwise":
@@ -64,9 +59,8 @@ def passes(recipe: str, k: float, n: float) -> bool:
 
 
 def converted_share(profile: ModelProfile, recipe: str, tp: int = 1) -> float:
-    """Share of the blocks' matmul FLOPs that run in float8: the linears of a transformer block
-    of the profile's width (split `tp` ways) that pass the recipe's filter; 0 for a model
-    without a residual width (not a sequence model)."""
+    """Share of the blocks' matmul FLOPs that run in float8: the linears of a transformer block of the
+    profile's width (split `tp` ways) that pass the recipe's filter; 0 for other than sequence models."""
     width = model_width(profile)
     if width is None or recipe == "none":
         return 0.0
@@ -79,12 +73,10 @@ def _converted(d: float, recipe: str) -> list[float]:
 
 
 def fsdp_float8_gather(profile: ModelProfile, strategy: Strategy, device: DeviceSpec) -> tuple[float, int]:
-    """(parameters of one TP slice that FSDP all-gathers in float8, converted weights per block,
-    each one amax all-reduce before its block's gather): tensorwise float8 under FSDP on a GPU
-    with float8 tensor cores; (0, 0) otherwise."""
+    """(parameters of one TP slice FSDP all-gathers in float8, converted weights per block: one amax
+    all-reduce each): tensorwise float8 under FSDP with float8 tensor cores; (0, 0) otherwise."""
     width = model_width(profile)
-    if (strategy.float8 != "tensorwise" or not strategy.shards_params or not supported(device)
-            or width is None):
+    if strategy.float8 != "tensorwise" or not strategy.shards_params or not supported(device) or width is None:
         return 0.0, 0
     shares = _converted(width / strategy.tp, "tensorwise")
     return sum(shares) * profile.num_blocks * profile.largest_block_params / strategy.tp, len(shares)
@@ -102,8 +94,7 @@ def float8_terms(profile: ModelProfile, strategy: Strategy, micro_batch: int,
     if not share or width is None:
         return 0.0, 0.0
     params = share * profile.num_blocks * profile.largest_block_params
-    tokens = micro_batch * profile.units_per_sample
-    elements = tokens * LINEAR_ELEMENTS_PER_PARAM * params / width + params
+    elements = micro_batch * profile.units_per_sample * LINEAR_ELEMENTS_PER_PARAM * params / width + params
     return share, FLOAT8_CAST_BYTES * elements / 3
 
 

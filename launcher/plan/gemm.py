@@ -48,13 +48,11 @@ GEMM_HALF_TOKENS = 512
 def peak_flops(device: DeviceSpec, precision: str) -> float:
     """Dense peak FLOP/s for the precision's matmuls; fp32 stays fp32 (PyTorch leaves TF32 off
     for matmuls by default). A dtype the device does not list falls back to its fp32 peak."""
-    tflops = device.peak_tflops.get(precision) or device.peak_tflops["fp32"]
-    return tflops * 1e12
+    return (device.peak_tflops.get(precision) or device.peak_tflops["fp32"]) * 1e12
 
 
 def model_width(profile: ModelProfile) -> float | None:
-    """The residual width of a sequence model: its first block's input (profiled in fp32) per
-    token / 4 bytes; None for other models."""
+    """The residual width of a sequence model (its first block's fp32 input per token / 4 B); None for others."""
     if profile.sample_units != "tokens" or profile.block_input_bytes_per_sample <= 0:
         return None
     return profile.block_input_bytes_per_sample / (4 * profile.units_per_sample)
@@ -73,16 +71,15 @@ def attention_flops_fwd(profile: ModelProfile) -> float:
     return min(4.0 * s * s * width * profile.num_blocks, 0.9 * profile.flops_fwd_per_sample)
 
 
-def gemm_efficiency(device: DeviceSpec, width: float | None, tokens: float,
-                    precision: str = "bf16") -> float:
+def gemm_efficiency(device: DeviceSpec, width: float | None, tokens: float, precision: str = "bf16") -> float:
     """Fraction of the dense peak the matmuls of a micro-batch of `tokens` tokens run at.
 
-    What a small GEMM loses (loading operand tiles, the epilogue, partial waves) costs in
-    proportion to how fast its arithmetic is, so the half-saturation width and tokens scale with
-    the precision's peak over the tensor cores' bf16 peak: fp32 matmuls on CUDA cores (67 of 989
-    TFLOP/s on an H100) saturate at 1/15 the size. Measured on one H100 (docs/benchmarks.md, GPU
-    acceptance run 3): GPT-2 small (768 wide) in fp32 stepped in 0.631 s against 0.94 s
-    predicted with bf16's half-widths; the fp32 MAMF fraction is bf16's (an assumption)."""
+    What a small GEMM loses (loading operand tiles, the epilogue, partial waves) costs in proportion
+    to how fast its arithmetic is, so the half-saturation width and tokens scale with the precision's
+    peak over bf16's: fp32 matmuls on CUDA cores (67 of 989 TFLOP/s on an H100) saturate at 1/15 the
+    size. Measured on one H100 (docs/benchmarks.md, GPU acceptance run 3): GPT-2 small (768 wide) in
+    fp32 stepped in 0.631 s against 0.94 s predicted with bf16's half-widths; the fp32 MAMF fraction
+    is bf16's (an assumption)."""
     eff = GEMM_PEAK_FRACTION.get(device.compute_capability or (0, 0), GEMM_PEAK_FRACTION_DEFAULT)
     if width is not None:
         bf16 = device.peak_tflops.get("bf16") or device.peak_tflops["fp32"]
@@ -94,9 +91,6 @@ def gemm_efficiency(device: DeviceSpec, width: float | None, tokens: float,
 
 
 def head_flops_fwd(profile: ModelProfile) -> float:
-    """FLOPs per sample of a language model's output head (2 x width x vocab a token, the vocab
-    from the logits' size, `logits_bytes`); 0 for other models."""
+    """FLOPs per sample of a language model's output head (2 x width x vocab a token; `logits_bytes`); 0 for others."""
     width = model_width(profile)
-    if width is None:
-        return 0.0
-    return 2.0 * width * logits_bytes(profile) / COMPUTE_DTYPE_BYTES["fp32"]
+    return 0.0 if width is None else 2.0 * width * logits_bytes(profile) / COMPUTE_DTYPE_BYTES["fp32"]

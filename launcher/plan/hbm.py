@@ -36,7 +36,6 @@ def hbm_bytes_per_s(device: DeviceSpec) -> float:
     # slices, 3g and 4g: 4 of 8; MIG user guide)
     mig = _MIG_INSTANCE.search(name)
     share = min(1.0, int(mig.group(1)) / 7) if mig else 1.0
-    for needle, gb_s in HBM_GB_S_BY_NAME:
-        if needle in name:
-            return gb_s * 1e9 * share
-    return HBM_GB_S.get(device.compute_capability or (0, 0), HBM_GB_S_DEFAULT) * 1e9 * share
+    gb_s = next((listed for needle, listed in HBM_GB_S_BY_NAME if needle in name),
+                HBM_GB_S.get(device.compute_capability or (0, 0), HBM_GB_S_DEFAULT))
+    return gb_s * 1e9 * share

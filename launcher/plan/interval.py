@@ -1,17 +1,13 @@
 """How far a predicted step time may be off: an 80% interval from the model's own validation.
 
-A prediction is one number; what it is worth is how far measurements of the same regime fell
-from the model's predictions. For each regime the residual is measured / predicted step time
-(for the GPU model: predicted / published tokens/s per GPU, the same ratio), and the interval is the prediction
-times the 10th and 90th percentiles of those residuals: "0.42 s (0.36-0.49 s, 80%)".
-
-Regimes and the validation each rests on:
-- GPU, by sequence band (<= 1k, 2k-4k, 8k, 16k+ tokens): the published runs of
-  benchmarks/published (`run.py --intervals` prints this table from the current model). A band
-  with too few rows, and a model that is not a sequence model, take every row's ratios
-  (GPU_FALLBACK), and the basis says which.
-- Beyond the published GPU counts (more than MAX_PUBLISHED_GPUS) the interval is widened by
-  SCALE_WIDEN per doubling: no run of that size checked the model (an assumption, labelled).
+For each regime the residual is measured / predicted step time (for the GPU model: predicted /
+published tokens/s per GPU, the same ratio), and the interval is the prediction times the 10th and
+90th percentiles of those residuals: "0.42 s (0.36-0.49 s, 80%)". Regimes and their validation:
+- GPU, by sequence band (<= 1k, 2k-4k, 8k, 16k+ tokens): the published runs of benchmarks/published
+  (`run.py --intervals` prints this table from the current model). A band with too few rows, and a
+  model that is not a sequence model, take every row's ratios (GPU_FALLBACK); the basis says which.
+- Beyond MAX_PUBLISHED_GPUS the interval widens by SCALE_WIDEN per doubling: no run of that size
+  checked the model (an assumption, labelled).
 - CPU: the grid of benchmarks/cpu_truth.py (1-4 ranks, mlp / gpt / ResNet, fp32 and bf16).
 
 Pure: no torch, no I/O; never imports cli, backends, jobs, runtime, results or report.
@@ -74,13 +70,7 @@ def seq_band(seq_len: int | None) -> str:
     """The published-run band a sequence length falls in ("other": not a sequence model)."""
     if seq_len is None:
         return "other"
-    if seq_len <= 1024:
-        return "<=1k"
-    if seq_len <= 4096:
-        return "2k-4k"
-    if seq_len <= 8192:
-        return "8k"
-    return "16k+"
+    return next((band for limit, band in ((1024, "<=1k"), (4096, "2k-4k"), (8192, "8k")) if seq_len <= limit), "16k+")
 
 
 def residuals_for(*, on_gpu: bool, seq_len: int | None) -> Residuals:
@@ -88,18 +78,14 @@ def residuals_for(*, on_gpu: bool, seq_len: int | None) -> Residuals:
     if not on_gpu:
         return CPU_RESIDUALS
     band = GPU_RESIDUALS.get(seq_band(seq_len))
-    if band is None or band.rows < MIN_BAND_ROWS:
-        return GPU_FALLBACK
-    return band
+    return band if band is not None and band.rows >= MIN_BAND_ROWS else GPU_FALLBACK
 
 
 def step_interval(step_time_s: float, *, on_gpu: bool, seq_len: int | None, world_size: int = 1,
                   kernel_spread: tuple[float, float, str] = (1.0, 1.0, "")) -> StepInterval:
-    """The 80% interval around `step_time_s` for a plan on GPUs (`on_gpu`) or CPUs.
-
-    `kernel_spread`: (low, high, note) of `kernels.assumed_spread`; the residuals come from runs
-    whose kernels were known, so a kernel the plan assumed widens the interval by how far the
-    other kernels it could be move the step time."""
+    """The 80% interval around `step_time_s` for a plan on GPUs (`on_gpu`) or CPUs. The residuals come
+    from runs whose kernels were known, so a kernel the plan assumed widens it by how far the others
+    it could be move the step time (`kernel_spread`: (low, high, note) of `kernels.assumed_spread`)."""
     if not step_time_s > 0 or not math.isfinite(step_time_s):
         raise PlanError(f"a step time must be positive and finite; got {step_time_s!r}")
     if not 0 < kernel_spread[0] <= 1 <= kernel_spread[1]:
@@ -113,10 +99,9 @@ def step_interval(step_time_s: float, *, on_gpu: bool, seq_len: int | None, worl
     if kernel_spread[2]:
         low, high = low * kernel_spread[0], high * kernel_spread[1]
         basis += f"; widened for the kernels assumed: {kernel_spread[2]}"
-    return StepInterval(step_time_s=step_time_s, low_s=step_time_s * low,
-                        high_s=step_time_s * high, coverage=COVERAGE, basis=basis)
+    return StepInterval(step_time_s=step_time_s, low_s=step_time_s * low, high_s=step_time_s * high,
+                        coverage=COVERAGE, basis=basis)
 
 
-__all__ = ["COVERAGE", "Residuals", "GPU_RESIDUALS", "GPU_FALLBACK", "CPU_RESIDUALS",
-           "MIN_BAND_ROWS", "MAX_PUBLISHED_GPUS", "SCALE_WIDEN", "seq_band", "StepInterval",
-           "residuals_for", "step_interval"]
+__all__ = ["COVERAGE", "Residuals", "GPU_RESIDUALS", "GPU_FALLBACK", "CPU_RESIDUALS", "MIN_BAND_ROWS",
+           "MAX_PUBLISHED_GPUS", "SCALE_WIDEN", "seq_band", "StepInterval", "residuals_for", "step_interval"]

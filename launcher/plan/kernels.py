@@ -1,21 +1,17 @@
 """The run's attention, loss and norm kernels: inputs of the plan, each with where it came from.
 
 The cost model prices the kernel a run calls (`ModelProfile.attention_kernel`, `loss_kernel`,
-`norm_kernel`: plan.attention, plan.cost), and two runs of one model differ by it: FlashAttention's
-package against PyTorch's SDPA, a fused cross entropy against the eager one. Each role takes the
-first of: the flag (`--attention-kernel`, ...: "given"), the workload's module-level `KERNELS`
-table ("declared"), what the meta-device profile saw the model call ("detected"), and the
-default, what dlaunch's own workloads call ("default"). The profile applies the last three
-(`workload_kernels`: its kernel fields, and the sources beside it in the cache); the planner
-lays the flags over them (`priced`) and the plan records and prints the result.
+`norm_kernel`), and two runs of one model differ by it: FlashAttention's package against PyTorch's
+SDPA, a fused cross entropy against the eager one. Each role takes the first of: the flag
+(`--attention-kernel`, ...: "given"), the workload's module-level `KERNELS` table ("declared"),
+what the meta-device profile saw the model call ("detected"), and what dlaunch's own workloads
+call ("default"). The profile applies the last three (`workload_kernels`); the planner lays the
+flags over them (`priced`) and the plan records and prints the result.
 
-Detection is by name (`kernel_of`): the profile records the torch functions, custom ops,
-modules and autograd Functions the model's forward and loss reach, and a name stands for a
-kernel whether or not its package is installed (a class named LigerRMSNorm is Liger's fused
-norm). It sees what a meta-device trace can: F.scaled_dot_product_attention, flash-attn's ops
-(torch.ops.flash_attn) and autograd Functions, Liger's, flash-attn's and apex's fused losses and
-norms as modules or Functions, llm-foundry's low-precision norms, and torch's eager ones. Which
-backend SDPA picks, and kernels that run inside a compiled graph, it cannot.
+Detection is by name (`kernel_of`) of the torch functions, custom ops, modules and autograd
+Functions the model's forward and loss reach, whether or not their package is installed (a class
+named LigerRMSNorm is Liger's fused norm): what a meta-device trace can see. Which backend SDPA
+picks, and kernels that run inside a compiled graph, it cannot.
 
 Pure: no torch, no I/O; imports only the foundation and plan.types.
 """
@@ -43,18 +39,15 @@ _LOW_PRECISION_NORMS = ("LPLayerNorm", "LPRMSNorm")  # llm-foundry's: the norm i
 
 
 def given(settings: Any) -> dict[str, Any]:
-    """The kernel knobs of a RunSettings (or anything with those fields), by field: what
-    `Overrides` takes."""
+    """The kernel knobs of a RunSettings (or anything with those fields), by field: what `Overrides` takes."""
     return {knob: getattr(settings, knob) for knob in KNOBS.values()}
 
 
 def declared(table: Mapping[str, str], workload: str) -> dict[str, str]:
-    """The workload's `KERNELS` table (role -> kernel), checked: WorkloadError for a role or
-    kernel dlaunch does not know, one line naming the known ones."""
+    """The workload's `KERNELS` table (role -> kernel), checked: WorkloadError naming the known ones otherwise."""
     for role, kernel in table.items():
         if role not in ROLES:
-            raise WorkloadError(f"workload {workload}: KERNELS has {role!r}; its keys are "
-                                f"{', '.join(ROLES)}")
+            raise WorkloadError(f"workload {workload}: KERNELS has {role!r}; its keys are {', '.join(ROLES)}")
         if kernel not in ROLES[role]:
             raise WorkloadError(f"workload {workload}: KERNELS: unknown {role} kernel {kernel!r}; "
                                 f"dlaunch prices {', '.join(ROLES[role])}")
@@ -72,12 +65,11 @@ def kernel_of(name: str) -> tuple[str, str] | None:
     if name.startswith("flash_attn::"):  # flash-attn's ops (torch.library): its attention
         return "attention", "fa2"
     module, _, cls = name.rpartition(".")
-    package = module.split(".")[0]
     if cls.startswith("FlashAttn") and "flash_attn" in module:
         # flash-attn's autograd Functions; those of its Triton FlashAttention (flash_attn_triton,
         # which llm-foundry vendors) are the other kernel
         return "attention", "triton-fa" if "triton" in module else "fa2"
-    fused = package in _FUSED_PACKAGES or cls.startswith(("Liger", "Fused", "MixedFused"))
+    fused = module.split(".")[0] in _FUSED_PACKAGES or cls.startswith(("Liger", "Fused", "MixedFused"))
     if "CrossEntropy" in cls:
         return "loss", "fused" if fused else "eager"
     if "LayerNorm" in cls or "RMSNorm" in cls:
@@ -91,12 +83,9 @@ def detected(names: Iterable[str]) -> dict[str, str]:
     """role -> the kernel the names show, for each role they show one; a fused or package
     kernel wins over the default one (a model that calls both is priced by the one it chose)."""
     seen: dict[str, set[str]] = {}
-    for name in names:
-        found = kernel_of(name)
-        if found is not None:
-            seen.setdefault(found[0], set()).add(found[1])
-    return {role: next((k for k in ROLES[role][1:] if k in kernels), ROLES[role][0])
-            for role, kernels in seen.items()}
+    for role, kernel in filter(None, map(kernel_of, names)):
+        seen.setdefault(role, set()).add(kernel)
+    return {role: next((k for k in ROLES[role][1:] if k in kernels), ROLES[role][0]) for role, kernels in seen.items()}
 
 
 def workload_kernels(profile: ModelProfile, table: Mapping[str, str],
@@ -104,21 +93,16 @@ def workload_kernels(profile: ModelProfile, table: Mapping[str, str],
     """The profile with the workload's own kernels (declared, else detected, else the default)
     and role -> "declared" / "detected" for those not left at the default source."""
     found = detected(names)
-    sources = {role: "declared" if role in table else "detected"
-               for role in ROLES if role in table or role in found}
+    sources = {role: "declared" if role in table else "detected" for role in ROLES if role in table or role in found}
     kernels: dict[str, Any] = {KNOBS[role]: table.get(role, found.get(role)) for role in sources}
     return dataclasses.replace(profile, **kernels), sources
 
 
 def priced(profile: ModelProfile, ov: Overrides, sources: Mapping[str, str]) -> dict[str, PricedKernel]:
-    """What the plan prices for each role: the kernel the overrides give, else the profile's,
-    with its source (`sources`, "default" where it names none)."""
-    out = {}
-    for role, knob in KNOBS.items():
-        value = getattr(ov, knob)
-        out[role] = (PricedKernel(kernel=value, source="given") if value is not None else
-                     PricedKernel(kernel=getattr(profile, knob), source=sources.get(role, "default")))
-    return out
+    """Role -> the kernel the overrides give, else the profile's, with its source (`sources`, else "default")."""
+    return {role: PricedKernel(kernel=value, source="given") if (value := getattr(ov, knob)) is not None
+            else PricedKernel(kernel=getattr(profile, knob), source=sources.get(role, "default"))
+            for role, knob in KNOBS.items()}
 
 
 def with_kernels(profile: ModelProfile, kernels: Mapping[str, PricedKernel]) -> ModelProfile:
@@ -143,8 +127,7 @@ def assumed_spread(kernels: Mapping[str, PricedKernel],
         if all(abs(r - 1) < 1e-9 for r in ratios.values()):
             continue  # the model has no such work (no attention in an MLP): nothing assumed matters
         low, high = low * min(1.0, *ratios.values()), high * max(1.0, *ratios.values())
-        notes.append(f"{role} {k.kernel} assumed (" + ", ".join(f"{alt} {r:.2f}x" for alt, r in ratios.items())
-                     + ")")
+        notes.append(f"{role} {k.kernel} assumed (" + ", ".join(f"{alt} {r:.2f}x" for alt, r in ratios.items()) + ")")
     return low, high, "; ".join(notes)
 
 

@@ -1,19 +1,18 @@
 """Per-rank peak memory model for one (ModelProfile, Strategy, micro-batch).
 
-Pure arithmetic on the frozen specs: no torch, no I/O. Every byte this model counts is named in
-`MemoryEstimate.assumptions`, because published formulas disagree (ZeRO counts 16 B/param for
-mixed-precision Adam, HF docs 18, DeepSpeed's estimator 20) and a user must be able to see which
-terms were counted.
+Pure arithmetic on the frozen specs: no torch, no I/O; never imports cli, backends, jobs, runtime,
+results or report. Every byte this model counts is named in `MemoryEstimate.assumptions`, because
+published formulas disagree (ZeRO counts 16 B/param for mixed-precision Adam, HF docs 18,
+DeepSpeed's estimator 20) and a user must be able to see which terms were counted.
 
 The model, per rank (P = parameters, G = shard group size, c = compute-dtype bytes):
 
-- parameters are stored in fp32 (4 B/param). FSDP2 `MixedPrecisionPolicy(param_dtype=bf16)`
-  keeps fp32 sharded parameters and all-gathers bf16 copies for compute; DDP + autocast keeps
-  fp32 parameters and autocast caches bf16 copies of the weights for the forward.
-- gradients fp32 (4 B/param); the optimizer's state by its type: the profile measured the
-  workload's own optimizer (`profile.optimizer_state_bytes_per_param`: AdamW m and v 8 B/param,
-  SGD momentum 4, SGD without momentum 0); a profile without it (made elsewhere) assumes the
-  goal's `optimizer` from `OPTIMIZER_STATE_BYTES`.
+- parameters and gradients fp32 (4 B/param each): FSDP2 `MixedPrecisionPolicy(param_dtype=bf16)`
+  keeps fp32 shards and all-gathers bf16 copies for compute; DDP + autocast keeps fp32
+  parameters and caches bf16 copies of the weights for the forward. The optimizer's state as the
+  profile measured the workload's own (`profile.optimizer_state_bytes_per_param`: AdamW m and v
+  8 B/param, SGD momentum 4, without momentum 0), else (a profile made elsewhere) the goal's
+  `optimizer` from `OPTIMIZER_STATE_BYTES`.
 - DDP: everything whole. Gradient buckets cost nothing extra because the runtime builds DDP with
   `gradient_as_bucket_view=True` (the grads ARE views of the buckets); without it the reducer
   would hold a second flat copy of all gradients (+4 B/param). Under autocast the cached
@@ -27,42 +26,35 @@ The model, per rank (P = parameters, G = shard group size, c = compute-dtype byt
   unit (parameters outside the blocks: embeddings, head), two blocks (the current one and the
   prefetched one) at the compute dtype, and one block's unsharded fp32 gradients waiting for
   their reduce-scatter. They live during the blocks' backward, not at its start: when the loss
-  gradient (backward's transient) peaks, every unit, the root included, has been resharded after
-  its forward and no gradient exists yet (measured on CPU, torch 2.13: the peak is
-  log_softmax's backward, with nothing unsharded), so the units and the transient count once,
-  the larger of the two.
+  gradient (backward's transient) peaks, every unit (the root too) has been resharded after its
+  forward and no gradient exists yet (measured on CPU, torch 2.13: the peak is log_softmax's
+  backward, with nothing unsharded), so the units and the transient count once, the larger.
 - FSDP shard-grad-op (ZeRO-2, reshard_after_forward=False): the whole model stays unsharded at
   the compute dtype from forward to backward; fp32 params, grads and optimizer are sharded.
 - hybrid: full shard inside the shard group (one node), replicated across nodes.
 - tensor parallelism (`Strategy.tp` = t, with sequence parallelism, FSDP over the t-th of the
   ranks that share one TP slice): every block's matmul weights are split by t, and the usual
   Llama plan row-splits the embedding and column-splits the head, so params, grads and optimizer
-  state are / (t x G), the unsharded units (root + 2 blocks, one block's fp32 grads) / t. What
-  stays replicated on the t ranks, the norms' weights, is a few thousand parameters per block:
-  not counted apart. Activations are / t: with TP + SP every saved activation is split
-  (Korthikanti et al. 2022, "Reducing Activation Recomputation", Table 2). Backward's transient
-  (the loss gradient over the vocabulary) is NOT split: the runtime's plans (workloads/gpt.py
-  `tp_plan`) all-gather the head's logits so the workload's own loss runs unchanged on every
-  rank; loss parallel (torchtitan's, logits kept split over the vocabulary) would divide it by
-  t and is not applied. The caller's G is the FSDP group (world/t ranks, or devices per node / t
-  under hybrid).
+  state are / (t x G), the unsharded units (root + 2 blocks, one block's fp32 grads) / t. The
+  norms' weights, replicated on the t ranks, are a few thousand parameters per block: not
+  counted apart. Activations are / t: with TP + SP every saved activation is split (Korthikanti
+  et al. 2022, "Reducing Activation Recomputation", Table 2). Backward's transient (the loss
+  gradient over the vocabulary) is NOT split: the runtime's plans (workloads/gpt.py `tp_plan`)
+  all-gather the head's logits so the workload's own loss runs unchanged on every rank; loss
+  parallel (torchtitan's, logits kept split) would divide it by t and is not applied. The
+  caller's G is the FSDP group (world/t ranks, or devices per node / t under hybrid).
 - activations: `profile.activation_bytes_per_sample` is measured on fp32 saved tensors; bf16 and
-  fp16 scale it by what each kind of op saves (see the factors): under DDP's autocast 0.7 for a
-  model with attention (its residual stream and norms stay fp32) and 0.5 for one without (conv
-  nets, MLPs: all bf16 after the first conv or matmul); under FSDP's bf16 parameters 0.5, 0.75
-  behind batch norms (fp32 units of their own). torch.compile saves x0.75 of a transformer's
-  (Inductor recomputes pointwise work in backward) and all of a conv net's. On CPU, attention
+  fp16 scale it by what each kind of op saves, under DDP's autocast and under FSDP's bf16
+  parameters, and torch.compile by what Inductor recomputes (the factors below). On CPU, attention
   with dropout runs SDPA's math path: its probabilities and masks are added
-  (`profile.math_attention_bytes_per_sample`).
-  Checkpointing (`checkpointing`, by mode) keeps each wrapped block's input and its mode's
-  saved share (selective: matmul and attention outputs), the unwrapped blocks' activations, and
-  what one wrapped block dropped while backward recomputes it.
+  (`profile.math_attention_bytes_per_sample`). Checkpointing (`checkpointing`, by mode) keeps each
+  wrapped block's input and its mode's saved share (selective: matmul and attention outputs), the
+  unwrapped blocks' activations, and what one wrapped block dropped while backward recomputes it.
 - backward's transient: on top of the saved activations, the most bytes backward holds at once
   (`profile.backward_transient_bytes_per_sample`, measured on meta: for a language model the
-  loss gradient over the vocabulary, two logits-sized tensors), at the loss's dtype: fp32 under
-  autocast's fp32 loss with a compute-dtype gradient back into the head (x0.75), the compute
-  dtype under FSDP's bf16 parameters (x0.5). One process reaches it before most gradients
-  exist, so there it counts only where it exceeds the half of the gradients already made.
+  loss gradient over the vocabulary, two logits-sized tensors), at the loss's dtype (see
+  AUTOCAST_TRANSIENT_FACTOR; the compute dtype under FSDP's bf16 parameters). One process reaches
+  it before most gradients exist: there it counts only beyond the half of the gradients made.
 - a fused loss (`profile.loss_kernel`): flash-attn's CrossEntropyLoss saves its compute-dtype
   logits and a log-sum-exp per token (not eager's fp32 log_softmax) and its backward makes one
   gradient like them (`empty_like(logits)`; Liger's, in place, takes less): so one such tensor
@@ -71,8 +63,6 @@ The model, per rank (P = parameters, G = shard group size, c = compute-dtype byt
   state live in host memory (`host_bytes`, not in the GPU's total); the unsharded units and the
   activations stay (`launcher.plan.offload` prices the copies and the host's optimizer step).
 - overhead: CUDA context, NCCL buffers and allocator slack on CUDA; nothing on CPU.
-
-Pure: no torch, no I/O; never imports cli, backends, jobs, runtime, results or report.
 """
 
 from __future__ import annotations
@@ -201,9 +191,7 @@ def compile_factor(profile: ModelProfile, strategy: Strategy) -> float:
 def logits_bytes(profile: ModelProfile) -> float:
     """One fp32 logits tensor per sample: half the profiled transient of a language model (the
     loss gradient, two logits-sized tensors); 0 for other models."""
-    if profile.sample_units != "tokens":
-        return 0.0
-    return profile.backward_transient_bytes_per_sample / 2
+    return profile.backward_transient_bytes_per_sample / 2 if profile.sample_units == "tokens" else 0.0
 
 
 def fused_loss_bytes(profile: ModelProfile, strategy: Strategy) -> float:
@@ -214,8 +202,7 @@ def fused_loss_bytes(profile: ModelProfile, strategy: Strategy) -> float:
     return logits_bytes(profile) * COMPUTE_DTYPE_BYTES[strategy.precision] / COMPUTE_DTYPE_BYTES["fp32"]
 
 
-def activation_bytes(profile: ModelProfile, strategy: Strategy, micro_batch: int, *,
-                     device: str = "") -> float:
+def activation_bytes(profile: ModelProfile, strategy: Strategy, micro_batch: int, *, device: str = "") -> float:
     """Saved-for-backward bytes of one micro-batch, with the strategy's checkpointing mode.
     On `device` "cpu" eager attention with dropout runs SDPA's math path, which saves
     `profile.math_attention_bytes_per_sample` beyond flash's; compiled, Inductor recomputes
@@ -253,17 +240,14 @@ def optimizer_state_bytes(profile: ModelProfile, optimizer: str) -> tuple[float,
     return float(OPTIMIZER_STATE_BYTES[optimizer]), f"{optimizer} (assumed)"
 
 
-def estimate_memory(profile: ModelProfile, strategy: Strategy, *, micro_batch: int,
-                    world_size: int, shard_group_size: int, device: str,
-                    optimizer: str = "adamw") -> MemoryEstimate:
-    """Predicted peak memory of one rank.
+def estimate_memory(profile: ModelProfile, strategy: Strategy, *, micro_batch: int, world_size: int,
+                    shard_group_size: int, device: str, optimizer: str = "adamw") -> MemoryEstimate:
+    """Predicted peak memory of one rank (every term counted: the module docstring).
 
     `optimizer` is assumed only when the profile does not name the workload's own.
     `shard_group_size` is the number of ranks that share one copy of the model state: 1 for DDP,
     `world_size` for fsdp_full / fsdp_grad_op, devices per node for hybrid (zero1 shards its
-    optimizer state over all `world_size` ranks whatever it is). `device` is
-    "cuda" or "cpu" (the Topology's device). See the module docstring for every term counted.
-    """
+    optimizer state over all `world_size` ranks whatever it is). `device`: the Topology's."""
     p = float(profile.num_params)
     c = COMPUTE_DTYPE_BYTES[strategy.precision]
     opt_b, opt_source = optimizer_state_bytes(profile, optimizer)
@@ -294,8 +278,7 @@ def estimate_memory(profile: ModelProfile, strategy: Strategy, *, micro_batch: i
         params, grads, opt = MASTER_PARAM_BYTES * p, GRAD_BYTES * p, opt_b * p
         if strategy.kind == "zero1" and world_size > 1:
             opt /= world_size
-            notes[0] += (f"; optimizer state / {world_size} (ZeRO-1), the updated parameters "
-                         "broadcast in place (0 B)")
+            notes[0] += f"; optimizer state / {world_size} (ZeRO-1), the updated parameters broadcast in place (0 B)"
         if mixed:
             # autocast's weight cache: one compute-dtype copy of every weight, freed after backward
             activations += c * p
@@ -304,14 +287,11 @@ def estimate_memory(profile: ModelProfile, strategy: Strategy, *, micro_batch: i
             # the peak is max(activations + part of the grads, grads + optimizer temporaries);
             # keep the terms additive by charging the grads term with what exceeds activations
             # an optimizer without state (plain SGD) updates in place: no temporaries
-            temps = (FOREACH_ADAMW_TEMP_FACTOR * MASTER_PARAM_BYTES * p
-                     if device == "cpu" and opt_b > 0 else 0.0)
+            temps = FOREACH_ADAMW_TEMP_FACTOR * MASTER_PARAM_BYTES * p if device == "cpu" and opt_b > 0 else 0.0
             # backward's transient (in `activations`) comes before most gradients exist
-            grads = max(SINGLE_PROCESS_GRAD_OVERLAP * grads - transient,
-                        grads + temps - activations, 0.0)
-            notes.append("one process: grads freed each step, peak = max(activations + half the "
-                         "grads, activations + backward transient, grads + optimizer-step "
-                         "temporaries)")
+            grads = max(SINGLE_PROCESS_GRAD_OVERLAP * grads - transient, grads + temps - activations, 0.0)
+            notes.append("one process: grads freed each step, peak = max(activations + half the grads, activations + "
+                         "backward transient, grads + optimizer-step temporaries)")
         if world_size > 1:
             if DDP_GRADIENT_AS_BUCKET_VIEW:
                 notes.append("DDP buckets 0 extra (gradient_as_bucket_view=True)")
@@ -320,8 +300,7 @@ def estimate_memory(profile: ModelProfile, strategy: Strategy, *, micro_batch: i
                 notes.append(f"DDP bucket copy {GRAD_BYTES} B/param")
     else:
         # TP splits every weight t ways, then FSDP shards each slice over its G ranks
-        params = MASTER_PARAM_BYTES * p / tp / g
-        grads, opt = GRAD_BYTES * p / tp / g, opt_b * p / tp / g
+        params, grads, opt = (b * p / tp / g for b in (MASTER_PARAM_BYTES, GRAD_BYTES, opt_b))
         notes[0] += f" / {g} (sharded)" if tp == 1 else f" / (TP {tp} x FSDP {g})"
         block = float(profile.largest_block_params) / tp
         root = float(unsharded_root_params(profile)) / tp
@@ -336,10 +315,8 @@ def estimate_memory(profile: ModelProfile, strategy: Strategy, *, micro_batch: i
                                      if tp > 1 else ""))
         units += GRAD_BYTES * block
         notes.append("one block's fp32 grads before reduce-scatter")
-        # backward's transient (the loss gradient) peaks before any block's backward: every
-        # unit is resharded then (full shard reshards the root after forward too: measured,
-        # torch 2.13) and no unsharded gradient exists; the units live later, once the loss
-        # gradient is freed. The peak holds the larger of the two, not both
+        # backward's transient peaks before any unit is unsharded again (see the module
+        # docstring): the peak holds the larger of the two, not both
         coexisting = c * p / tp if strategy.kind == "fsdp_grad_op" else 0.0
         overlap = min(units - coexisting, transient)
         if overlap > 0:
@@ -379,8 +356,7 @@ def estimate_memory(profile: ModelProfile, strategy: Strategy, *, micro_batch: i
     est = MemoryEstimate(params_bytes=params, grads_bytes=grads, optimizer_bytes=opt,
                          activations_bytes=activations, overhead_bytes=overhead,
                          assumptions="; ".join(notes), host_bytes=host)
-    logger.debug("memory %s %s mb=%d G=%d: %.2f GiB", strategy.kind, strategy.precision,
-                 micro_batch, g, est.total_gib)
+    logger.debug("memory %s %s mb=%d G=%d: %.2f GiB", strategy.kind, strategy.precision, micro_batch, g, est.total_gib)
     return est
 
 

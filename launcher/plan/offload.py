@@ -49,8 +49,7 @@ def shard_params(profile: ModelProfile, strategy: Strategy, group_size: int) -> 
     return profile.num_params / max(1, strategy.tp * group_size)
 
 
-def host_bytes(profile: ModelProfile, strategy: Strategy, group_size: int,
-               optimizer_state_bytes: float) -> float:
+def host_bytes(profile: ModelProfile, strategy: Strategy, group_size: int, optimizer_state_bytes: float) -> float:
     """Host memory one rank's offloaded shard holds: params, grads and optimizer state."""
     return (HOST_PARAM_GRAD_BYTES + optimizer_state_bytes) * shard_params(profile, strategy, group_size)
 
@@ -64,10 +63,9 @@ def host_fits(host_bytes_per_rank: float, topology: Topology, headroom: float) -
 
 def offload_s(profile: ModelProfile, strategy: Strategy, topology: Topology, group_size: int,
               fwd_s: float, bwd_s: float, grad_accum: int) -> tuple[float, float, float]:
-    """(link seconds in all, of them exposed, host seconds of the optimizer step and the
-    accumulation) for one optimizer step of one rank. The link's copies in hide behind the
-    pass they feed (forward, backward), the copies out run beside backward's copies in; the
-    host's work is exposed, its memory bandwidth shared by the node's ranks."""
+    """(link seconds in all, of them exposed, host seconds of the optimizer step and accumulation) for
+    one optimizer step of one rank. The copies in hide behind the pass they feed, the copies out run
+    beside backward's copies in; the host's work is exposed, its bandwidth shared by the node's ranks."""
     host = topology.host
     if host is None:
         raise PlanError(NO_HOST.format(topology.name))
@@ -81,4 +79,3 @@ def offload_s(profile: ModelProfile, strategy: Strategy, topology: Topology, gro
     host_bw = host.mem_bw_gb_s * 1e9 / topology.devices_per_node
     host_s = (HOST_ADAMW_BYTES_PER_PARAM + HOST_ACCUMULATE_BYTES * (grad_accum - 1)) * local / host_bw
     return total, exposed, host_s
-

@@ -25,8 +25,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, kw_only=True)
 class PlanFile:
-    """What plan.json's readers take from it: the chosen candidate's predictions and decisions
-    (None: not in the file)."""
+    """What plan.json's readers take from it: the chosen candidate's predictions and decisions (None: absent)."""
 
     time: StepTimeEstimate | None = None
     memory: MemoryEstimate | None = None
@@ -64,8 +63,7 @@ def _interval(found: Any) -> tuple[float, float, float] | None:
 
 
 def read_plan(data: Mapping[str, Any]) -> PlanFile:
-    """plan.json's content as a PlanFile; KeyError, TypeError or ValueError when it holds no
-    chosen plan, or a malformed part."""
+    """plan.json's content; KeyError, TypeError or ValueError when it holds no chosen plan, or a malformed part."""
     plan, profile = data["plan"], data.get("profile") or {}
     # the strategy's fields flat, in today's names (`knobs.migrate`: older files' spellings)
     chosen = migrate({**plan["chosen"], "strategy": {"kind": None, **(plan["chosen"].get("strategy") or {})}})

@@ -1,20 +1,13 @@
 """Workload -> ModelProfile, measured on the meta device (no real memory, no real compute).
 
-- parameters: counted per dtype and as tensors; the largest block (FSDP's unit) from
-  `blocks(model)`;
-- activations, the backward transient, FLOPs and aten ops: the passes of plan.profile_passes;
-- a model of identical blocks (a transformer) runs through its first 1, 2 and 3 blocks only and
-  is scaled to all of them, after checking the increments are equal: 70B in well under a second
-  (backward, for its transient, runs through the 3 blocks only: the one truncation kept);
-- the optimizer's state per parameter: built on the meta model, probed on CPU (plan.workload_probe);
-- the tensor-parallel degrees the workload accepts: its `tp_plan(model, d)` called for d in
-  TP_PROBE_DEGREES on a fresh meta model each (the hook may mutate the model), keeping those
-  that return a plan (None: d does not divide the heads);
-- the attention, loss and norm kernels: the workload's `KERNELS` table, else what the passes saw
-  the model call and its modules' classes show (plan.kernels: by name), with the source of each.
-
-A profile that fails on the meta device is tried once more on a tiny real CPU batch
-(plan.workload_probe), so the error says whether the workload has a bug or is only not meta-safe.
+Parameters per dtype and as tensors, the largest block (FSDP's unit) from `blocks(model)`;
+activations, the backward transient, FLOPs and aten ops (plan.profile_passes); the optimizer's
+state per parameter (plan.workload_probe); the tensor-parallel degrees the workload accepts
+(`tp_degrees`); the attention, loss and norm kernels with the source of each (plan.kernels). A
+model of identical blocks (a transformer) runs through its first 1, 2 and 3 blocks only and is
+scaled to all of them after checking the increments are equal: 70B in well under a second. A
+profile that fails on the meta device is tried once more on a tiny real CPU batch, so the error
+says whether the workload has a bug or is only not meta-safe.
 
 Never imports cli, backends, jobs, runtime or report; torch only inside functions, so importing
 this module stays cheap.
@@ -48,8 +41,7 @@ PROFILE_NOTE_ATTR = "dlaunch_profile_note"
 
 @dataclass(frozen=True, kw_only=True)
 class Profiled:
-    """A workload's profile, and where its kernels came from: role -> "declared" or "detected"
-    (a role absent: the default; plan.kernels)."""
+    """A workload's profile, and where its kernels came from (role -> "declared" / "detected"; absent: default)."""
 
     profile: ModelProfile
     kernel_sources: Mapping[str, str] = field(default_factory=dict)
@@ -57,21 +49,17 @@ class Profiled:
 
 def _extrapolated(workload: Workload, model: Any, param_keys: set[int], blocks: Sequence[Any],
                   container: Any, seen: set[str]) -> Counts | None:
-    """`measure` of the whole model from its first 1, 2 and 3 blocks: each identical block adds
-    the same saved bytes, FLOPs and ops, so the whole model is the 1-block model plus L-1
-    increments (Llama-3 70B: 3 blocks instead of 80). None (measure every block) when the 3-block
-    pass shows the increments unequal or the truncated model does not run."""
+    """`measure` of the whole model from its first 1, 2 and 3 blocks: each identical block adds the same
+    saved bytes, FLOPs and ops, so the whole model is the 1-block model plus L-1 increments (Llama-3
+    70B: 3 blocks instead of 80). None when the increments are unequal or the truncated model fails."""
     try:
         runs = []
         for count in (1, 2, 3):
             with first_blocks(container, count):
-                # only the deepest truncation's transients are kept (below): backward runs
-                # there alone
-                runs.append(measure(workload, model, param_keys, blocks[0],
-                                    transients=count == 3, called=seen))
+                # only the deepest truncation's transients are kept (below): backward runs there alone
+                runs.append(measure(workload, model, param_keys, blocks[0], transients=count == 3, called=seen))
     except Exception as e:  # e.g. a forward that indexes layers by a configured count
-        log.debug("block extrapolation not possible (%s: %s); profiling every block",
-                  type(e).__name__, e)
+        log.debug("block extrapolation not possible (%s: %s); profiling every block", type(e).__name__, e)
         return None
     one, two, three = runs
     steps = [b - a for a, b in zip(one, two)]
@@ -80,8 +68,7 @@ def _extrapolated(workload: Workload, model: Any, param_keys: set[int], blocks: 
            for b, c, step in list(zip(two, three, steps))[:additive]):
         log.debug("blocks do not add equal costs (%s, %s, %s); profiling every block", *runs)
         return None
-    extra = len(blocks) - 1
-    whole = Counts(*(a + extra * step for a, step in zip(one, steps)))
+    whole = Counts(*(a + (len(blocks) - 1) * step for a, step in zip(one, steps)))
     # a block's input and backward's peak transient do not add up over blocks: the block's, and
     # the deepest truncation's (exact where the peak is at the loss, as in a language model;
     # within a block's worth of gradients where it is inside the blocks)
@@ -90,10 +77,9 @@ def _extrapolated(workload: Workload, model: Any, param_keys: set[int], blocks: 
 
 
 def tp_degrees(workload: Workload) -> tuple[int, ...]:
-    """The degrees in TP_PROBE_DEGREES whose `tp_plan(model, d)` returns a plan, each asked of
-    a fresh meta model; () without the hook. A degree whose call raises is dropped with a
-    warning: the plan must not die of it (a forced --tp then says the degree is not accepted,
-    and the run shows the hook's traceback)."""
+    """The degrees in TP_PROBE_DEGREES whose `tp_plan(model, d)` returns a plan (None: d does not divide
+    the heads), each asked of a fresh meta model (the hook may mutate it); () without the hook. A
+    degree whose call raises is dropped with a warning (a forced --tp then says it is not accepted)."""
     if not workload.has_tp_plan:
         return ()
     import torch
@@ -119,10 +105,8 @@ def profile_workload(workload: Workload, *, extrapolate: bool = True) -> ModelPr
 
 
 def profiled_workload(workload: Workload, *, extrapolate: bool = True) -> Profiled:
-    """Measure a workload's model on the meta device; WorkloadError if it is not meta-safe, or
-    for a `KERNELS` table that names what dlaunch does not price. With `extrapolate`, a model of
-    identical blocks runs through its first few blocks and is scaled (exactly: see
-    `_extrapolated`); otherwise every block runs."""
+    """Measure a workload's model on the meta device (`extrapolate`: from its first blocks); WorkloadError
+    if it is not meta-safe, or for a `KERNELS` table that names what dlaunch does not price."""
     import torch
 
     table = declared(workload.kernels, workload.path.name)  # a typo costs no profile
@@ -134,9 +118,8 @@ def profiled_workload(workload: Workload, *, extrapolate: bool = True) -> Profil
             model = workload.build_model()
         params = list(model.parameters())
         if any(p.device.type != "meta" for p in params):
-            raise WorkloadError(f"workload {workload.path.name}: build_model() made tensors off the "
-                                "meta device; create parameters without an explicit device= so "
-                                "`with torch.device('meta')` applies")
+            raise WorkloadError(f"workload {workload.path.name}: build_model() made tensors off the meta device; "
+                                "create parameters without an explicit device= so `with torch.device('meta')` applies")
         optimizer, state_bytes = optimizer_state(workload, model, sum(p.numel() for p in params))
         blocks = workload.blocks(model)
         param_keys = {p.untyped_storage()._cdata for p in params}
@@ -168,17 +151,12 @@ def profiled_workload(workload: Workload, *, extrapolate: bool = True) -> Profil
         flops_fwd_per_sample=counts.flops * per_sample,
         attention_flops_fwd_per_sample=counts.attention_flops * per_sample,
         conv_flops_fwd_per_sample=counts.conv_flops * per_sample,
-        units_per_sample=workload.units_per_sample,
-        sample_units=workload.sample_units,
-        optimizer=optimizer,
-        optimizer_state_bytes_per_param=state_bytes,
-        forward_ops=int(counts.ops),
-        param_tensors=len(params),
-        batch_norms=len(batch_norms(model)),
+        units_per_sample=workload.units_per_sample, sample_units=workload.sample_units,
+        optimizer=optimizer, optimizer_state_bytes_per_param=state_bytes,
+        forward_ops=int(counts.ops), param_tensors=len(params), batch_norms=len(batch_norms(model)),
         math_attention_bytes_per_sample=counts.math_attention * per_sample,
         backward_transient_bytes_per_sample=max(
-            (counts.transient2 - counts.transient1) / (TRANSIENT_BATCHES[1] - TRANSIENT_BATCHES[0]),
-            0.0),
+            (counts.transient2 - counts.transient1) / (TRANSIENT_BATCHES[1] - TRANSIENT_BATCHES[0]), 0.0),
         tp_degrees=tp_degrees(workload),
         profile_note=str(getattr(model, PROFILE_NOTE_ATTR, "") or ""),
     )

@@ -87,13 +87,10 @@ def meta_batch(workload: Workload, micro_batch: int) -> object:
 
 
 def _flash_like_sdpa() -> Any:
-    """A TorchFunctionMode that makes SDPA save what flash attention saves.
-
-    On meta, SDPA decomposes to the math path and saves the s x s attention matrix; the
-    kernels that actually run (flash on CUDA, the flash kernel on CPU) keep only q, k, v, the
-    output and a log-sum-exp per row. Without this, Llama-3 8B at 8k tokens would "need" 380 GB
-    of activations per sample.
-    """
+    """A TorchFunctionMode that makes SDPA save what flash attention saves. On meta, SDPA
+    decomposes to the math path and saves the s x s attention matrix; the kernels that actually
+    run (flash on CUDA, the flash kernel on CPU) keep only q, k, v, the output and a log-sum-exp
+    per row. Without this, Llama-3 8B at 8k tokens would "need" 380 GB of activations a sample."""
     import torch
     import torch.nn.functional as F
     from torch.overrides import TorchFunctionMode
@@ -115,10 +112,8 @@ def _flash_like_sdpa() -> Any:
                if hasattr(F, name.rpartition(".")[2])}
 
     class Mode(TorchFunctionMode):
-        # attention FLOPs, as FlopCounterMode counts SDPA: q @ k^T and scores @ v
-        attention_flops = 0
-        # what the math path would save beyond this, where attention has dropout
-        math_attention_bytes = 0
+        attention_flops = 0  # as FlopCounterMode counts SDPA: q @ k^T and scores @ v
+        math_attention_bytes = 0  # what the math path would save beyond this, where attention has dropout
 
         def __init__(self) -> None:
             super().__init__()
@@ -163,8 +158,7 @@ class _Dispatched:
             outer.live -= nbytes
 
         class Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
-                                   kwargs: Any = None) -> Any:
+            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
                 outer.ops += 1
                 if func.namespace not in _TORCH_OP_NAMESPACES:
                     outer.custom_op(func.name(), args)
@@ -193,8 +187,7 @@ class _Dispatched:
         if name.startswith("flash_attn::") and name.endswith("forward") and len(args) >= 3:
             q, k, v = args[:3]
             if getattr(q, "ndim", 0) == 4:
-                self.attention_flops += 2 * q.numel() // q.shape[-1] * k.shape[1] * (
-                    q.shape[-1] + v.shape[-1])
+                self.attention_flops += 2 * q.numel() // q.shape[-1] * k.shape[1] * (q.shape[-1] + v.shape[-1])
 
 
 def _graph_functions(loss: Any) -> set[str]:
@@ -223,14 +216,12 @@ def _backward_transient(loss: Any, params: Sequence[Any], tracker: _Dispatched) 
         p.grad = None
 
     hooks = [p.register_post_accumulate_grad_hook(drop) for p in params if p.requires_grad]
-    start = tracker.live
-    tracker.peak = start
+    tracker.peak = start = tracker.live
     try:
         with tracker.mode:
             loss.backward()
     except Exception as e:  # an op without a meta backward: the transient stays unmeasured
-        log.debug("backward on the meta device failed (%s: %s); no backward transient",
-                  type(e).__name__, e)
+        log.debug("backward on the meta device failed (%s: %s); no backward transient", type(e).__name__, e)
         return 0.0
     finally:
         for h in hooks:
@@ -281,8 +272,7 @@ def _pass(workload: Workload, model: Any, micro_batch: int, param_keys: set[int]
     finally:
         if handle is not None:
             handle.remove()
-    transient = (_backward_transient(loss, list(model.parameters()), dispatched)
-                 if dispatched and backward else 0.0)
+    transient = _backward_transient(loss, list(model.parameters()), dispatched) if dispatched and backward else 0.0
     if count_flops and called is not None and dispatched is not None:
         called.update(sdpa.called, dispatched.custom_ops, _graph_functions(loss))
     del loss
@@ -307,7 +297,6 @@ def measure(workload: Workload, model: Any, param_keys: set[int], first_block: A
     saved2 = _pass(workload, model, PROFILE_BATCHES[1], param_keys)[0]
     transient1, transient2 = ((_pass(workload, model, mb, param_keys, backward=True)[3]
                                for mb in TRANSIENT_BATCHES) if transients else (0.0, 0.0))
-    return Counts(saved1, saved2, block_in, flops, attention, conv, ops, math_attention,
-                  transient1, transient2)
+    return Counts(saved1, saved2, block_in, flops, attention, conv, ops, math_attention, transient1, transient2)
 
 

@@ -4,11 +4,10 @@
 to the requested GPUs and nodes, with a CPU's rates measured by `cpu_probe` and the gloo
 collectives between its ranks by `gloo_probe` (both cached per host);
 `plan_workload` profiles the workload on the meta device (and, for a GPU plan, traces one
-forward with Dynamo: `compile_probe`) and plans it, its predicted compute
-corrected by this machine's `dlaunch tune` trials when there are any (`corrections`; the
-trials are stored with `store_tune_trials`). Profiles are cached by
-the workload file's contents, its arguments and the torch version, so `dlaunch run` after the
-first plan does not import torch before launching.
+forward with Dynamo: `compile_probe`) and plans it, its predicted compute corrected by this
+machine's `dlaunch tune` trials when there are any (`corrections`; the trials are stored with
+`store_tune_trials`). Profiles are cached by the workload file's contents, its arguments and
+the torch version, so `dlaunch run` after the first plan does not import torch before launching.
 
 Never imports cli, backends, jobs, runtime or report, and never torch itself (`profile`,
 `cpu_probe` and `gloo_probe` load it when their cache entry is missing).
@@ -35,26 +34,10 @@ from launcher.files import atomic_write_json
 from launcher.hardware.detect import cpu_info, detect_topology
 from launcher.hardware.topology import load_topology
 from launcher.hardware.types import Topology
+from launcher.plan import cpu_probe, step_probe
 from launcher.plan.compile_probe import COMPILE_PROBE_FORMAT, CompileCheck, check_compile
-from launcher.plan.corrections import (
-    Correction,
-    TrialRecord,
-    correction_of,
-    fingerprint,
-    load_trials,
-    store_trials,
-)
+from launcher.plan.corrections import Correction, TrialRecord, correction_of, fingerprint, load_trials, store_trials
 from launcher.plan.cpu_cost import cpu_step_time
-from launcher.plan.cpu_probe import (
-    cache_key,
-    flags_digest,
-    measure,
-    needs_revalidation,
-    probed_topology,
-    quick_gemm_gflops,
-    revalidate,
-    torch_version,
-)
 from launcher.plan.cpu_rates import CpuRates, GlooRates
 from launcher.plan.gloo_probe import GLOO_PROBE_FORMAT, measure_gloo
 from launcher.plan.host_quiet import Quiet, cacheable, watch
@@ -62,18 +45,9 @@ from launcher.plan.kernels import with_kernels
 from launcher.plan.profile import Profiled, profiled_workload
 from launcher.plan.search import plan
 from launcher.plan.step_child import StepProbeFailed, probe_in_child
-from launcher.plan.step_probe import (
-    MAX_STATE_BYTES,
-    MICRO_BATCHES,
-    STEP_PROBE_FORMAT,
-    WorkloadTiming,
-    as_cached,
-    probe_micro_batches,
-    probe_precisions,
-)
 from launcher.plan.types import Overrides, Plan
 from launcher.specs import Goal, ModelProfile, Strategy
-from launcher.workload import load_workload, workload_prints_held
+from launcher.workload import Workload, load_workload, workload_prints_held
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -115,9 +89,8 @@ def resolve_topology(*, topology: str | None, gpus: int | None, nodes: int | Non
         # gloo costs between its ranks the link's figures (one node: the ranks share this host;
         # between nodes the link is the network's; one rank: DDP still hands each bucket to
         # gloo); GPU topologies never pay for the probes
-        ranks = topo.devices_per_node
-        gloo = _gloo_or_none(ranks) if topo.num_nodes == 1 else None
-        topo = probed_topology(topo, cached_cpu_rates(), gloo)
+        gloo = _gloo_or_none(topo.devices_per_node) if topo.num_nodes == 1 else None
+        topo = cpu_probe.probed_topology(topo, cached_cpu_rates(), gloo)
     return topo
 
 
@@ -144,12 +117,11 @@ def step_cache_dir() -> Path:
 
 def corrections_path(topology: Topology) -> Path:
     """This machine's tune trials: <cache root>/corrections/<fingerprint>.json."""
-    return cache_root() / "corrections" / f"{fingerprint(topology, torch_version())}.json"
+    return cache_root() / "corrections" / f"{fingerprint(topology, cpu_probe.torch_version())}.json"
 
 
 def store_tune_trials(topology: Topology, trials: Sequence[TrialRecord]) -> Path:
-    """Add measured tune trials to this machine's corrections (the trusted ones: see
-    plan.corrections); returns the file."""
+    """Add measured tune trials to this machine's corrections (the trusted ones: see plan.corrections)."""
     path = corrections_path(topology)
     store_trials(path, trials)
     return path
@@ -157,7 +129,7 @@ def store_tune_trials(topology: Topology, trials: Sequence[TrialRecord]) -> Path
 
 def _cache_key(workload: str, workload_args: Sequence[str]) -> str:
     h = hashlib.sha256(Path(workload).read_bytes())
-    h.update(json.dumps([list(workload_args), torch_version(), _PROFILE_FORMAT]).encode())
+    h.update(json.dumps([list(workload_args), cpu_probe.torch_version(), _PROFILE_FORMAT]).encode())
     return h.hexdigest()[:32]
 
 
@@ -197,8 +169,9 @@ def _say_busy(what: str, quiet: Quiet) -> None:
                 "cached; plan again on an idle host to keep a measurement", what, quiet.describe())
 
 
-def _measured_without_gc(what: str, measure: Callable[[], _T]) -> _T:
-    """`measure()` of the workload with its prints held and the cyclic GC off: importing torch
+def _measured_without_gc(what: str, measure: Callable[[Workload], _T], workload: str,
+                         workload_args: Sequence[str]) -> _T:
+    """`measure` of the loaded workload, its prints held and the cyclic GC off: importing torch
     and torch._dynamo (meta kernels import it) allocates ~1M objects and the GC rescans them
     over and over (0.5 s of a 2.5 s cold `dlaunch plan`). Nothing here builds garbage cycles
     worth collecting, so collection waits until the measurement is done."""
@@ -206,22 +179,19 @@ def _measured_without_gc(what: str, measure: Callable[[], _T]) -> _T:
     gc.disable()
     try:
         with workload_prints_held(what):
-            return measure()
+            return measure(load_workload(workload, workload_args))
     finally:
         if gc_was_enabled:
             gc.enable()
-
-
-def _profile(workload: str, workload_args: Sequence[str]) -> Profiled:
-    return _measured_without_gc("its profile",
-                                lambda: profiled_workload(load_workload(workload, workload_args)))
 
 
 def cached_profiled(workload: str, workload_args: Sequence[str]) -> Profiled:
     """The workload's profile and its kernels' sources, from the cache when its file, arguments
     and torch are unchanged."""
     path = profile_cache_dir() / f"{_cache_key(workload, workload_args)}.json"
-    return _cached(path, _profiled_from_json, lambda: _profile(workload, workload_args))
+    return _cached(path, lambda d: Profiled(profile=_profile_from_json(d["profile"]),
+                                            kernel_sources=dict(d["kernel_sources"])),
+                   lambda: _measured_without_gc("its profile", profiled_workload, workload, workload_args))
 
 
 def cached_profile(workload: str, workload_args: Sequence[str]) -> ModelProfile:
@@ -234,49 +204,38 @@ def _profile_from_json(d: dict[str, Any]) -> ModelProfile:
     return ModelProfile(**{**d, "tp_degrees": tuple(d.get("tp_degrees", ()))})
 
 
-def _profiled_from_json(d: dict[str, Any]) -> Profiled:
-    return Profiled(profile=_profile_from_json(d["profile"]), kernel_sources=dict(d["kernel_sources"]))
-
-
 def compile_cache_path(workload: str, workload_args: Sequence[str]) -> Path:
     """Where the workload's Dynamo trace is cached: beside the profile, same key."""
-    return (profile_cache_dir() / f"{_cache_key(workload, workload_args)}"
-            f"-compile-v{COMPILE_PROBE_FORMAT}.json")
-
-
-def _compile_check(workload: str, workload_args: Sequence[str]) -> CompileCheck:
-    return _measured_without_gc("its compile check",
-                                lambda: check_compile(load_workload(workload, workload_args)))
+    return profile_cache_dir() / f"{_cache_key(workload, workload_args)}-compile-v{COMPILE_PROBE_FORMAT}.json"
 
 
 def cached_compile_check(workload: str, workload_args: Sequence[str]) -> CompileCheck:
     """Dynamo's trace of one forward of the workload on the meta device (`compile_probe`), from
     the cache when its file, arguments and torch are unchanged."""
     return _cached(compile_cache_path(workload, workload_args), lambda d: CompileCheck(**d),
-                   lambda: _compile_check(workload, workload_args))
+                   lambda: _measured_without_gc("its compile check", check_compile, workload, workload_args))
 
 
-def cached_cpu_rates(cache_dir: Path | None = None, *,
-                     measure_fn: Callable[[], CpuRates] = measure,
-                     gemm_fn: Callable[[], float] = quick_gemm_gflops) -> CpuRates:
+def cached_cpu_rates(cache_dir: Path | None = None, *, measure_fn: Callable[[], CpuRates] = cpu_probe.measure,
+                     gemm_fn: Callable[[], float] = cpu_probe.quick_gemm_gflops) -> CpuRates:
     """This host's CPU rates (`cpu_probe`), measured once per CPU model, usable cores and torch
     version and cached in `cache_dir` (default `probe_cache_dir()`); an entry older than a day
     or from other CPU flags is re-validated by one quick re-measure on a quiet host, and
     measured again when that moved (`cpu_probe.revalidate`)."""
     info = cpu_info()
-    key = cache_key(info.model, info.usable_cores, torch_version())
+    key = cpu_probe.cache_key(info.model, info.usable_cores, cpu_probe.torch_version())
     path = (cache_dir or probe_cache_dir()) / f"{key}.json"
-    flags = flags_digest(info.flags)
+    flags = cpu_probe.flags_digest(info.flags)
 
     def load(d: dict[str, Any]) -> CpuRates:
         rates = CpuRates(**d)
         now = datetime.datetime.now()
-        if not needs_revalidation(rates, now, flags):
+        if not cpu_probe.needs_revalidation(rates, now, flags):
             return rates
         gemm, quiet = watch(gemm_fn, info.usable_cores, 1)
         if not cacheable(quiet):  # a busy host's re-measure decides nothing
             return rates
-        valid = revalidate(rates, gemm, now, flags)
+        valid = cpu_probe.revalidate(rates, gemm, now, flags)
         if valid is None:
             raise ValueError("the cached CPU probe no longer holds")  # measure again
         _store(path, dataclasses.asdict(valid))
@@ -290,10 +249,9 @@ def cached_gloo_rates(ranks: int, cache_dir: Path | None = None, *,
     """What gloo collectives cost between `ranks` busy ranks of this host (`gloo_probe`),
     measured once per CPU model, usable cores, torch version and rank count."""
     info = cpu_info()
-    key = cache_key(info.model, info.usable_cores, torch_version())
+    key = cpu_probe.cache_key(info.model, info.usable_cores, cpu_probe.torch_version())
     path = (cache_dir or probe_cache_dir()) / f"gloo-{key}-{ranks}-v{GLOO_PROBE_FORMAT}.json"
-    return _cached_probe(path, lambda d: GlooRates(**d), lambda: measure_fn(ranks),
-                         "its gloo collectives", ranks)
+    return _cached_probe(path, lambda d: GlooRates(**d), lambda: measure_fn(ranks), "its gloo collectives", ranks)
 
 
 def _gloo_or_none(ranks: int) -> GlooRates | None:
@@ -302,8 +260,7 @@ def _gloo_or_none(ranks: int) -> GlooRates | None:
     try:
         return cached_gloo_rates(ranks)
     except Exception as e:  # the probe runs gloo, threads and sockets: anything can go wrong
-        log.warning("gloo probe failed (%s: %s); planning with the link's listed figures",
-                    type(e).__name__, e)
+        log.warning("gloo probe failed (%s: %s); planning with the link's listed figures", type(e).__name__, e)
         return None
 
 
@@ -311,21 +268,20 @@ def _probe_sizes(profile: ModelProfile, topology: Topology, precisions: int) -> 
     """The micro-batches the step probe may time for `profile` on one rank of `topology`
     (`step_probe.probe_micro_batches`), or () when the model is too big to build here."""
     state = profile.param_bytes * 2 + profile.num_params * profile.optimizer_state_bytes_per_param
-    if state > min(MAX_STATE_BYTES, 0.25 * psutil.virtual_memory().available):
+    if state > min(step_probe.MAX_STATE_BYTES, 0.25 * psutil.virtual_memory().available):
         return ()
-    one = dataclasses.replace(topology, devices_per_node=1, num_nodes=1,
-                              cpu_cores_per_node=topology.rank_threads)
+    one = dataclasses.replace(topology, devices_per_node=1, num_nodes=1, cpu_cores_per_node=topology.rank_threads)
     step_s = {}
-    for mb in {1, *MICRO_BATCHES}:
-        if profile.activation_bytes_per_sample * mb + state > MAX_STATE_BYTES:
+    for mb in {1, *step_probe.MICRO_BATCHES}:
+        if profile.activation_bytes_per_sample * mb + state > step_probe.MAX_STATE_BYTES:
             continue
         step_s[mb] = max(cpu_step_time(profile, Strategy(precision=p), one, mb, 1, group_size=1,
                                        recompute=0.0).step_time_s for p in PROBE_PRECISIONS)
-    return probe_micro_batches(step_s, precisions)
+    return step_probe.probe_micro_batches(step_s, precisions)
 
 
 def cached_step_timing(workload: str, workload_args: Sequence[str], profile: ModelProfile,
-                       topology: Topology) -> WorkloadTiming | None:
+                       topology: Topology) -> step_probe.WorkloadTiming | None:
     """The workload's own steps timed on this host with a rank's thread count (`step_probe`),
     measured once per workload, host and thread count; None for a GPU or multi-node topology,
     a model too big or too slow to time here, or a workload that fails when timed (the run
@@ -334,8 +290,8 @@ def cached_step_timing(workload: str, workload_args: Sequence[str], profile: Mod
         return None
     threads = topology.rank_threads
     info = cpu_info()
-    key = (f"{_cache_key(workload, workload_args)}-"
-           f"{cache_key(info.model, info.usable_cores, torch_version())}-t{threads}-v{STEP_PROBE_FORMAT}")
+    host = cpu_probe.cache_key(info.model, info.usable_cores, cpu_probe.torch_version())
+    key = f"{_cache_key(workload, workload_args)}-{host}-t{threads}-v{step_probe.STEP_PROBE_FORMAT}"
     path = step_cache_dir() / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
     try:
         stored = json.loads(path.read_text(encoding="utf-8"))
@@ -343,10 +299,10 @@ def cached_step_timing(workload: str, workload_args: Sequence[str], profile: Mod
             log.debug("step probe of %s failed before (%s); planning from the CPU rates",
                       profile.name, stored["failed"])
             return None
-        return WorkloadTiming.from_dict(stored)
+        return step_probe.WorkloadTiming.from_dict(stored)
     except (OSError, ValueError, TypeError, KeyError, PlanError):
         pass  # absent or stale: measure
-    precisions = probe_precisions(PROBE_PRECISIONS, profile.batch_norms)
+    precisions = step_probe.probe_precisions(PROBE_PRECISIONS, profile.batch_norms)
     sizes = _probe_sizes(profile, topology, len(precisions))
     if not sizes:
         log.debug("step probe skipped for %s: too big or too slow to time here", profile.name)
@@ -358,14 +314,13 @@ def cached_step_timing(workload: str, workload_args: Sequence[str], profile: Mod
             micro_batches=sizes), info.usable_cores, threads)
     except Exception as e:  # noqa: BLE001 - a workload bug surfaces in the run, with its traceback
         why = str(e) if isinstance(e, StepProbeFailed) else f"{type(e).__name__}: {e}"
-        log.warning("timing %s's steps failed (%s); planning from the CPU rates without them",
-                    profile.name, why)
+        log.warning("timing %s's steps failed (%s); planning from the CPU rates without them", profile.name, why)
         # remembered like a timing (the key holds the workload file's hash): an edited workload
         # is timed again, an unchanged one does not re-import torch and fail at every plan
         _store(path, {"failed": f"{type(e).__name__}: {e}"})
         return None
     if cacheable(quiet):
-        _store(path, as_cached(timing))
+        _store(path, step_probe.as_cached(timing))
     else:
         _say_busy(f"{profile.name}'s steps", quiet)
     return timing
@@ -381,8 +336,7 @@ def _store(path: Path, data: Mapping[str, Any]) -> None:
 
 @stopped_while("planning")
 def plan_workload(workload: str, workload_args: Sequence[str], topology: Topology, goal: Goal, *,
-                  overrides: Overrides | None = None,
-                  corrected: bool = True) -> Planned:
+                  overrides: Overrides | None = None, corrected: bool = True) -> Planned:
     """Profile `workload` on the meta device (or take the cached profile) and plan it, on a CPU
     host from its own timed steps, on GPUs with Dynamo's trace of one forward deciding compile
     (unless the overrides decide it); unless `corrected` is False, with this machine's tune
@@ -399,5 +353,4 @@ def plan_workload(workload: str, workload_args: Sequence[str], topology: Topolog
                   compute_factor=None if correction is None else correction.factor,
                   correction_note="" if correction is None else correction.describe(),
                   kernel_sources=profiled.kernel_sources)
-    return Planned(plan=result, profile=with_kernels(profile, result.kernels), topology=topology,
-                   correction=correction)
+    return Planned(plan=result, profile=with_kernels(profile, result.kernels), topology=topology, correction=correction)

@@ -1,16 +1,15 @@
 """The planner: enumerate candidate strategies, drop what does not fit, rank by predicted speed.
 
-Pure functions of the frozen specs (no torch, no I/O). The search space (`candidates`):
-strategy {ddp, zero1, fsdp_grad_op, fsdp_full, hybrid (multi-node only)} x precision (bf16 where the
-device has it, else fp16 + GradScaler on CUDA; fp32 and, where the CPU lists a bf16 peak, bf16 on
-CPU) x activation checkpointing {none, selective, every-other, full} x micro-batch (powers of two); torch.compile where
-`compile_choice` proposes it (GPUs, a Dynamo trace without graph breaks, a gain worth the compile
-time), priced by the same cost model and explained in the reasons (`explain`). Nothing here
-encodes the seed rule ("DDP when it fits, FSDP when it does not, DDP/hybrid on slow links"): it
-comes out of `memory.estimate_memory` and `cost.step_time`.
+The search space (`candidates`): strategy {ddp, zero1, fsdp_grad_op, fsdp_full, hybrid (multi-node
+only)} x precision (bf16 where the device has it, else fp16 + GradScaler on CUDA; fp32 and, where
+the CPU lists a bf16 peak, bf16 on CPU) x activation checkpointing {none, selective, every-other,
+full} x micro-batch (powers of two); torch.compile where `compile_choice` proposes it, priced by the
+same cost model and explained in the reasons (`explain`). Nothing here encodes the seed rule ("DDP
+when it fits, FSDP when it does not, DDP/hybrid on slow links"): it comes out of
+`memory.estimate_memory` and `cost.step_time`.
 
-Pure: never imports torch, does no I/O, and never imports cli, backends, jobs, runtime, results
-or report.
+Pure functions of the frozen specs: no torch, no I/O; never imports cli, backends, jobs, runtime,
+results or report.
 """
 
 from __future__ import annotations
@@ -22,14 +21,7 @@ from collections.abc import Callable, Mapping
 from launcher.alloc_conf import alloc_conf_env, installed_torch_version
 from launcher.errors import PlanError
 from launcher.hardware.types import Topology
-from launcher.plan.candidates import (
-    candidates,
-    check_forced,
-    choose,
-    dp_ranks,
-    profile_for_goal,
-    units_per_s,
-)
+from launcher.plan.candidates import candidates, check_forced, choose, dp_ranks, profile_for_goal, units_per_s
 from launcher.plan.compile_choice import decide
 from launcher.plan.compile_probe import CompileCheck
 from launcher.plan.cost import step_time
@@ -45,14 +37,12 @@ logger = logging.getLogger(__name__)
 
 
 def _env(topology: Topology) -> dict[str, str]:
-    env: dict[str, str] = {}
     if topology.device == "cpu":
         # torchrun only sets OMP_NUM_THREADS=1 when nproc > 1; oversubscribed cores run 4x slower
-        env["OMP_NUM_THREADS"] = str(topology.rank_threads)
-        return env
+        return {"OMP_NUM_THREADS": str(topology.rank_threads)}
     # fewer fragmentation OOMs with changing shapes; the memory model assumes it. Named as the
     # installed torch reads it (its version from the package metadata, read once: no torch)
-    env.update(alloc_conf_env({}, installed_torch_version()))
+    env = alloc_conf_env({}, installed_torch_version())
     if topology.intra_node.kind == "pcie-nop2p":
         # GeForce cards report P2P NCCL cannot use; without this NCCL can hang or corrupt data
         env["NCCL_P2P_DISABLE"] = "1"
@@ -63,26 +53,21 @@ def _env(topology: Topology) -> dict[str, str]:
     return env
 
 
-def plan(profile: ModelProfile, topology: Topology, goal: Goal, *,
-         overrides: Overrides | None = None, timing: WorkloadTiming | None = None,
-         compile_check: CompileCheck | None = None,
+def plan(profile: ModelProfile, topology: Topology, goal: Goal, *, overrides: Overrides | None = None,
+         timing: WorkloadTiming | None = None, compile_check: CompileCheck | None = None,
          compute_factor: Callable[[str], float] | None = None, correction_note: str = "",
          kernel_sources: Mapping[str, str] | None = None) -> Plan:
     """Recommend a strategy for training `profile` on `topology` towards `goal`, with reasons.
 
-    `overrides` force the decisions they set (None: the planner's); a forced
-    plan that does not fit is still returned, with a first reason starting "warning:".
-    `timing`: the workload's own steps timed on this (CPU) host, the compute of every candidate
-    when they ran at the goal's sequence length. `compile_check`: Dynamo's trace of the
-    workload; without it (or a `compile` override) a GPU plan does not propose torch.compile
-    (`compile_choice`). `compute_factor`: this machine's tune corrections, precision -> factor
-    on every candidate's predicted compute, applied before the choice so that the choice, its
-    reasons and every number shown come from one corrected estimate (`correction_note` says so
-    among the reasons). The kernels priced are the overrides' where given, else the profile's,
-    labelled by `kernel_sources` (role -> "declared" / "detected"; others "default"), and the
-    plan records them (`plan.kernels`). Raises PlanError when nothing fits, or when an override
-    is impossible.
-    """
+    `overrides` force the decisions they set; a forced plan that does not fit is still returned,
+    its first reason starting "warning:". `timing`: the workload's own steps timed on this (CPU)
+    host, every candidate's compute when timed at the goal's sequence length. `compile_check`:
+    Dynamo's trace; without it (or a `compile` override) a GPU plan does not propose compile.
+    `compute_factor`: this machine's tune corrections (precision -> factor on predicted compute),
+    applied before the choice so that the choice, its reasons and every number shown come from one
+    corrected estimate (`correction_note` says so). The kernels priced are the overrides', else the
+    profile's, labelled by `kernel_sources` (role -> "declared" / "detected"; others "default").
+    PlanError when nothing fits, or when an override is impossible."""
     ov = overrides or Overrides()
     check_forced(ov, profile, topology)
     kernels = priced(profile, ov, kernel_sources or {})
@@ -110,20 +95,16 @@ def plan(profile: ModelProfile, topology: Topology, goal: Goal, *,
         smallest = min(cands, key=lambda c: c.memory.total_bytes)
         if smallest.strategy.offload and smallest.memory.total_bytes <= usable and topology.host:
             raise PlanError(host_too_small(smallest, topology, goal.headroom))
-        fixes = ["add GPUs or nodes (FSDP shards the model state over them)"]
-        if not smallest.strategy.recomputes:
-            fixes.append("enable activation checkpointing")
-        fixes.append("shorten the sequence" if profile.sample_units == "tokens"
-                     else "use a smaller model")
+        fixes = ["add GPUs or nodes (FSDP shards the model state over them)",
+                 *(["enable activation checkpointing"] if not smallest.strategy.recomputes else []),
+                 "shorten the sequence" if profile.sample_units == "tokens" else "use a smaller model"]
         raise PlanError(
             f"nothing fits on {n} x {topology.accelerator.name} ({fmt_gib(usable)} GiB usable "
-            f"each): the smallest candidate, {label(smallest)} at micro-batch "
-            f"{smallest.micro_batch}, needs {fmt_gib(smallest.memory.total_bytes)} GiB per "
-            f"{per_device(topology)}; "
+            f"each): the smallest candidate, {label(smallest)} at micro-batch {smallest.micro_batch}, "
+            f"needs {fmt_gib(smallest.memory.total_bytes)} GiB per {per_device(topology)}; "
             f"{', '.join(fixes[:-1])} or {fixes[-1]}")
-    compiled = decide(chosen, profile, topology, ov, compile_check, timing=timing,
-                      compute_factor=1.0 if compute_factor is None
-                      else compute_factor(chosen.strategy.precision))
+    factor = 1.0 if compute_factor is None else compute_factor(chosen.strategy.precision)
+    compiled = decide(chosen, profile, topology, ov, compile_check, timing=timing, compute_factor=factor)
     why = warnings + reasons(chosen, allowed, profile, topology, goal, usable, skipped, compiled)
     if correction_note:
         why.insert(1, correction_note)
@@ -132,8 +113,7 @@ def plan(profile: ModelProfile, topology: Topology, goal: Goal, *,
                    if topology.device == "cuda" else "CPU offload on CPU ranks: the state already "
                    "lives in host memory; FSDP's offload policy runs as on GPUs and moves nothing")
     if timing is not None:
-        why.append(f"step time: {timing.describe()}, plus the model's FSDP work and gloo "
-                   "collectives")
+        why.append(f"step time: {timing.describe()}, plus the model's FSDP work and gloo collectives")
     if ov.forced:
         why.append("forced by overrides: " + ", ".join(f"{k}={v}" for k, v in ov.forced))
     chosen = dataclasses.replace(chosen, reason=why[0])
@@ -154,8 +134,7 @@ def plan(profile: ModelProfile, topology: Topology, goal: Goal, *,
                   step_interval=step_interval(
                       t.step_time_s, on_gpu=on_gpu, world_size=n, kernel_spread=spread,
                       seq_len=profile.units_per_sample if profile.sample_units == "tokens" else None))
-    logger.debug("plan %s on %s: %s (%d candidates)", profile.name, topology.name,
-                 label(chosen), len(cands))
+    logger.debug("plan %s on %s: %s (%d candidates)", profile.name, topology.name, label(chosen), len(cands))
     return result
 
 
@@ -167,14 +146,13 @@ def _offload_reason(c: Candidate, profile: ModelProfile, topology: Topology, goa
     assert host is not None  # offload is priced only with a described host
     host_opt = dict(t.compute_parts).get("host optimizer", 0.0)
     cost = host_opt + t.comm_exposed_s if n == 1 else host_opt
-    out = (f"CPU offload: {'nothing fits without it; ' if not ov.offload else ''}each rank's fp32 "
-           f"params, grads and optimizer state ({fmt_gib(c.memory.host_bytes)} GiB) live in host "
-           f"memory ({fmt_gib(c.memory.host_bytes * topology.devices_per_node)} of the node's "
-           f"{host.mem_gib:,.0f} GiB) and the optimizer steps on the CPU: {host_opt:.3g} s a step at "
-           f"{host.mem_bw_gb_s:g} GB/s of host memory bandwidth (the topology's figure) shared by "
-           f"{topology.devices_per_node} rank(s), plus copies over the {host.link_gb_s:g} GB/s "
-           f"host link, {t.comm_total_s:.3g} s of traffic a step: {cost / t.step_time_s:.0%} of the "
-           "step is offload's")
+    out = (f"CPU offload: {'nothing fits without it; ' if not ov.offload else ''}each rank's fp32 params, grads and "
+           f"optimizer state ({fmt_gib(c.memory.host_bytes)} GiB) live in host memory "
+           f"({fmt_gib(c.memory.host_bytes * topology.devices_per_node)} of the node's {host.mem_gib:,.0f} GiB) and "
+           f"the optimizer steps on the CPU: {host_opt:.3g} s a step at {host.mem_bw_gb_s:g} GB/s of host memory "
+           f"bandwidth (the topology's figure) shared by {topology.devices_per_node} rank(s), plus copies over the "
+           f"{host.link_gb_s:g} GB/s host link, {t.comm_total_s:.3g} s of traffic a step: {cost / t.step_time_s:.0%} "
+           "of the step is offload's")
     here = units_per_s(c, n, profile) / n
     node = max(topology.devices_per_node, 8)
     g = n * 2
@@ -186,11 +164,9 @@ def _offload_reason(c: Candidate, profile: ModelProfile, topology: Topology, goa
                                   dataclasses.replace(ov, offload=False, micro_batch=None), usable, timing)
         except PlanError:
             cands = []
-        fitting = [x for x in cands if x.fits]
-        if fitting:
+        if fitting := [x for x in cands if x.fits]:
             best = choose(fitting)
-            return (out + f"; without it {label(best)} fits from {g} GPUs: "
-                    f"{units_per_s(best, g, profile) / g:,.0f} {profile.sample_units}/s per GPU "
-                    f"against {here:,.0f} here")
+            return (out + f"; without it {label(best)} fits from {g} GPUs: {units_per_s(best, g, profile) / g:,.0f} "
+                          f"{profile.sample_units}/s per GPU against {here:,.0f} here")
         g *= 2
     return out

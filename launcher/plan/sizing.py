@@ -10,6 +10,7 @@ other row lost. Pure: no torch, no I/O; never imports cli, backends, jobs, runti
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -48,8 +49,7 @@ def parse_world_sizes(text: str) -> tuple[int, ...]:
     except ValueError:
         sizes = ()
     if not sizes or any(n < 1 for n in sizes):
-        raise UsageError(f"--world-sizes takes GPU counts separated by commas, e.g. 64,128,256; "
-                         f"got {text!r}")
+        raise UsageError(f"--world-sizes takes GPU counts separated by commas, e.g. 64,128,256; got {text!r}")
     return tuple(sorted(set(sizes)))
 
 
@@ -72,9 +72,7 @@ def with_efficiency(rows: Sequence[SizeRow]) -> list[SizeRow]:
         return []
     base = min(rows, key=lambda r: r.world_size)
     per_gpu = base.units_per_s / base.world_size
-    return [SizeRow(world_size=r.world_size, nodes=r.nodes, label=r.label, step_s=r.step_s,
-                    units_per_s=r.units_per_s, efficiency=r.units_per_s / r.world_size / per_gpu,
-                    ttt=r.ttt) for r in rows]
+    return [dataclasses.replace(r, efficiency=r.units_per_s / r.world_size / per_gpu) for r in rows]
 
 
 def pick(rows: Sequence[SizeRow], *, deadline_s: float | None = None,
@@ -82,8 +80,7 @@ def pick(rows: Sequence[SizeRow], *, deadline_s: float | None = None,
     """The cheapest row that trains within `deadline_s` and `budget` (with only a budget: the
     fastest within it), and a line per other row saying why it lost. PlanError when none can."""
     if any(r.ttt is None for r in rows):
-        raise UsageError("--deadline and --budget need a training goal: add --tokens, --samples "
-                         "or --train-steps")
+        raise UsageError("--deadline and --budget need a training goal: add --tokens, --samples or --train-steps")
     priced = all(r.ttt is not None and r.ttt.cost is not None for r in rows)
     money = "cost" if priced else "GPU-hours"
 
@@ -111,11 +108,9 @@ def pick(rows: Sequence[SizeRow], *, deadline_s: float | None = None,
     for r in rows:
         if r is best:
             continue
-        reason = fails(r)
-        if reason is None:
-            reason = (f"{money} {_amount(r.cost_key)} against {_amount(best.cost_key)}" if deadline_s is not None
-                      else f"slower: {format_duration(r.ttt.wall_s if r.ttt else 0.0)}")
-        why.append(f"{r.world_size} GPUs: {reason}")
+        lost = (f"{money} {_amount(r.cost_key)} against {_amount(best.cost_key)}" if deadline_s is not None
+                else f"slower: {format_duration(r.ttt.wall_s if r.ttt else 0.0)}")
+        why.append(f"{r.world_size} GPUs: {fails(r) or lost}")
     return best, why
 
 

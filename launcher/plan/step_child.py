@@ -1,18 +1,18 @@
 """The step probe in a child process: workload code never runs in dlaunch's own process to time it.
 
-`step_probe.measure_steps` trains the workload for a few steps; its code may sleep, exit, crash
-the interpreter or flood a stream. Run here (`python -m launcher.plan.step_child REQUEST RESULT`),
-the probe has its own process group, a time limit, its output in a file of its own (the last
-lines kept for the error), and its result in a JSON file: `probe_in_child` returns the timing or
-raises `StepProbeFailed` with one line saying why, which the planner turns into "planning
-without it". A fresh process also times the steps as a rank sees them (no planner's objects
-around them).
+`step_probe.measure_steps` trains the workload for a few steps; its code may sleep, exit, crash the
+interpreter or flood a stream. Run here (`python -m launcher.plan.step_child REQUEST RESULT`), the
+probe has its own process group, a time limit, its output in a file of its own (the last lines kept
+for the error), and its result in a JSON file: `probe_in_child` returns the timing or raises
+`StepProbeFailed` with one line saying why (the planner then plans without it). A fresh process
+also times the steps as a rank sees them, with no planner's objects around them.
 
 Never imports cli, backends, jobs, runtime, results or report; torch only in the child.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -52,26 +52,20 @@ def _last_line(path: Path) -> str:
 
 
 def _end(proc: subprocess.Popen[bytes], grace_s: float) -> None:
-    """End the probe's process group if its leader still runs: SIGTERM, then SIGKILL to what
-    is left of the group after `grace_s` (at once when 0)."""
+    """End the probe's process group if its leader still runs: SIGTERM, then SIGKILL after `grace_s` (0: at once)."""
     if proc.poll() is not None:
         return
-    try:
+    with contextlib.suppress(ProcessLookupError):  # the whole group has ended
         if grace_s > 0:
             os.killpg(proc.pid, signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                pass
         os.killpg(proc.pid, signal.SIGKILL)  # the leader, or what the workload started in the group
-    except ProcessLookupError:
-        pass  # the whole group has ended
     proc.wait()
 
 
-def probe_in_child(workload: str, workload_args: Sequence[str], *, threads: int,
-                   precisions: Sequence[str], micro_batches: Sequence[int],
-                   timeout_s: float | None = None) -> WorkloadTiming:
+def probe_in_child(workload: str, workload_args: Sequence[str], *, threads: int, precisions: Sequence[str],
+                   micro_batches: Sequence[int], timeout_s: float | None = None) -> WorkloadTiming:
     """`measure_steps` of the workload in a child process (see the module docstring)."""
     if timeout_s is None:
         timeout_s = float(os.environ.get(TIMEOUT_ENV) or STEP_PROBE_TIMEOUT_S)
@@ -92,15 +86,13 @@ def probe_in_child(workload: str, workload_args: Sequence[str], *, threads: int,
                 raise StepProbeFailed(f"the workload's steps did not finish in {timeout_s:.0f} s "
                                       "(a hang, or a step far slower than planned)") from None
             finally:
-                # interrupted while waiting (Ctrl-C, SIGTERM: cli.main): take the child along
-                # before its temp dir goes
+                # interrupted while waiting (Ctrl-C, SIGTERM: cli.main): take the child along before its temp dir goes
                 _end(proc, grace_s=END_GRACE_S)
         if code != 0 or not result.is_file():
-            why = _last_line(output) or "no output"
             what = (f"exited with code {code}" if code > 0 else
                     f"was killed by {signal.Signals(-code).name}" if code < 0 else
                     "exited before its steps were timed (sys.exit in the workload?)")
-            raise StepProbeFailed(f"the workload's step probe {what}: {why}")
+            raise StepProbeFailed(f"the workload's step probe {what}: {_last_line(output) or 'no output'}")
         try:
             return WorkloadTiming.from_dict(json.loads(result.read_text(encoding="utf-8")))
         except (OSError, ValueError, TypeError, KeyError, PlanError) as e:
@@ -112,9 +104,8 @@ def main(argv: Sequence[str]) -> int:
     from launcher.workload import load_workload
 
     request = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
-    timing = measure_steps(load_workload(request["workload"], request["args"]),
-                           threads=int(request["threads"]), precisions=request["precisions"],
-                           micro_batches=[int(mb) for mb in request["micro_batches"]])
+    timing = measure_steps(load_workload(request["workload"], request["args"]), threads=int(request["threads"]),
+                           precisions=request["precisions"], micro_batches=[int(mb) for mb in request["micro_batches"]])
     # the workload may have replaced sys.stdout: the result goes to its own file
     atomic_write_json(argv[1], as_cached(timing))
     return 0

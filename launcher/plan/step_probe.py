@@ -1,24 +1,21 @@
 """Time training steps of the workload itself on this host's CPU: the anchor of CPU predictions.
 
-When the ranks will run on the very CPU dlaunch plans on, the surest figure for their compute is
-a measurement of it. Per-kind rates (`cpu_probe`) describe matmuls, attention and convolutions,
-but a CPU step also spends its time in work no single rate describes: batch norm runs at ~2 GB/s
-in fp32 on one EPYC core and GELU at ~6, the CPU flash-attention kernel's bf16 backward takes 5x
-its forward at 128 tokens and 2x at 2,048, autocast casts, the workload's own Python and its
-data loading. So the model is built for real in the planning process (only when small: see
-MAX_STATE_BYTES and BUDGET_S) and trained for a few steps at micro-batch 1 and at the largest
-micro-batch the plan considers that its measured steps leave time for (`scout_size`: sizes
-tried in turn, each step's measured time deciding whether the next fits BUDGET_S; not the
-analytic model's guess, which may be far off on an unseen CPU), with the thread count each rank
-will have, in fp32 and bf16 (autocast, as DDP runs it; and for a model with batch norms bf16
-with those in fp32, as FSDP runs it): data fetch, forward, backward and optimizer step are
-timed apart (the median of REPEATS or more, after warm-up). The CPU model (`cpu_cost`) then
-takes compute from this measurement (linear in the micro-batch between and beyond the two
-sizes: a fixed cost plus a cost per sample), and adds what one process cannot show:
-time-sharing cores, FSDP's own work and gloo's collectives. Micro-batch 1 alone scaled linearly
-read ResNet-18 at micro-batch 16 2.3x too slow (2 ranks: measured/predicted 0.43): a step's
-fixed cost and its threads' poor use of one sample's small ops are paid once per step, not per
-sample.
+When the ranks will run on the very CPU dlaunch plans on, the surest figure for their compute is a
+measurement of it. Per-kind rates (`cpu_probe`) describe matmuls, attention and convolutions, but a
+CPU step also spends its time in work no single rate describes: batch norm runs at ~2 GB/s in fp32
+on one EPYC core and GELU at ~6, the CPU flash-attention kernel's bf16 backward takes 5x its forward
+at 128 tokens and 2x at 2,048, autocast casts, the workload's own Python and its data loading. So
+the model is built for real in the planning process (only when small: see MAX_STATE_BYTES and
+BUDGET_S) and trained for a few steps with the thread count each rank will have, at micro-batch 1
+and at the largest micro-batch the plan considers that its measured steps leave time for
+(`scout_size`; not the analytic model's guess, which may be far off on an unseen CPU), in fp32 and
+bf16 (autocast, as DDP runs it; for a model with batch norms also bf16 with those in fp32, as FSDP
+runs it): data fetch, forward, backward and optimizer step timed apart (the median of REPEATS or
+more, after warm-up). The CPU model (`cpu_cost`) takes compute from this (a fixed cost plus a cost
+per sample through the two sizes) and adds what one process cannot show: time-sharing cores, FSDP's
+own work and gloo's collectives. Micro-batch 1 alone scaled linearly read ResNet-18 at micro-batch
+16 2.3x too slow (2 ranks: measured/predicted 0.43): a step's fixed cost and its threads' poor use
+of one sample's small ops are paid once per step, not per sample.
 
 Cached next to the profile, per workload (file, arguments, torch), host and thread count
 (`resolve.cached_step_timing`). Never imports cli, backends, jobs, runtime or report; torch
@@ -31,7 +28,6 @@ import dataclasses
 import datetime
 import gc
 import itertools
-import logging
 import os
 import statistics
 import time
@@ -42,8 +38,6 @@ from typing import Any
 from launcher.errors import PlanError
 from launcher.specs import DDP_KINDS, check
 from launcher.workload import Workload, batch_norms
-
-log = logging.getLogger(__name__)
 
 # bump when `measure_steps` measures differently, so old cache entries are ignored (4: the
 # second size scouted by measured steps, up to 16)
@@ -144,10 +138,8 @@ class WorkloadTiming:
 
     def describe(self) -> str:
         """'measured here: fp32 0.31 s, bf16 0.2 s per step at micro-batch 8, 1 thread (...)'."""
-        parts = []
-        for name, t in self.precisions.items():
-            p = t.passes[-1]
-            parts.append(f"{name} {p.data_s + p.forward_s + p.backward_s + t.optimizer_s:.3g} s")
+        parts = [f"{name} {p.data_s + p.forward_s + p.backward_s + t.optimizer_s:.3g} s"
+                 for name, t in self.precisions.items() for p in t.passes[-1:]]
         mb = next(iter(self.precisions.values())).passes[-1].micro_batch
         busy = f", host load {self.load_average:.1f}" if self.load_average >= 1 else ""
         return (f"compute from steps of this workload timed on this host ({', '.join(parts)} per "
@@ -192,10 +184,8 @@ def fp32_norm_switch(torch: Any, model: Any) -> list[bool]:
     them in fp32 and hand their output back in bf16 (as FSDP's fp32 units do, see FP32_NORMS)."""
     switch = [False]
     for norm in batch_norms(model):
-        norm.register_forward_pre_hook(
-            lambda _m, args: tuple(a.float() for a in args) if switch[0] else None)
-        norm.register_forward_hook(
-            lambda _m, _args, out: out.to(torch.bfloat16) if switch[0] else None)
+        norm.register_forward_pre_hook(lambda _m, args: tuple(a.float() for a in args) if switch[0] else None)
+        norm.register_forward_hook(lambda _m, _args, out: out.to(torch.bfloat16) if switch[0] else None)
     return switch
 
 
@@ -211,8 +201,7 @@ def _session(torch: Any, workload: Workload, max_micro_batch: int,
     dataset = workload.make_dataset(max_micro_batch)
     stream = isinstance(dataset, torch.utils.data.IterableDataset)
     # hooks only when a timing needs them: every other timing's batch norms run without
-    fp32_norms = (fp32_norm_switch(torch, model) if any(p.endswith(FP32_NORMS) for p in precisions)
-                  else [False])
+    fp32_norms = (fp32_norm_switch(torch, model) if any(p.endswith(FP32_NORMS) for p in precisions) else [False])
 
     def step(precision: str, mb: int) -> tuple[float, ...]:
         t0 = time.perf_counter()
@@ -238,8 +227,7 @@ def measure_steps(workload: Workload, *, threads: int, precisions: Sequence[str]
     """Train `workload` for a few steps per precision on this CPU with `threads` threads at
     the first of `micro_batches` and the largest of the rest its measured steps leave time for
     within `budget_s` (`scout_size`); the median of REPEATS or more timed steps per part."""
-    # deferred: the probe runs only when its cache entry is missing
-    import torch
+    import torch  # deferred: the probe runs only when its cache entry is missing
 
     started = time.perf_counter()
     saved_threads = torch.get_num_threads()
@@ -267,8 +255,7 @@ def measure_steps(workload: Workload, *, threads: int, precisions: Sequence[str]
             round_s(anchor)
             rounds += 1
         anchor_s = round_s(anchor)
-        size, size_s = scout_size(round_s, anchor_s, anchor,
-                                  sorted(set(micro_batches[1:]) - {anchor}), budget_s)
+        size, size_s = scout_size(round_s, anchor_s, anchor, sorted(set(micro_batches[1:]) - {anchor}), budget_s)
         sizes = (anchor,) if size == anchor else (anchor, size)
         configs = [(p, mb) for p in precisions for mb in sizes]
         # cheap as the MLP is (a round over every configuration within half of WARMUP_S, as
@@ -297,13 +284,11 @@ def measure_steps(workload: Workload, *, threads: int, precisions: Sequence[str]
         # the MLP read 10-15% below a rank's median, where the median of a plain loop matched
         best = {c: [statistics.median(t[k] for t in ts) for k in range(4)] for c, ts in samples.items()}
         timings = {}
-        for precision in precisions:
-            passes = tuple(PassTimes(micro_batch=mb, data_s=best[(precision, mb)][0],
-                                     forward_s=best[(precision, mb)][1],
-                                     backward_s=best[(precision, mb)][2]) for mb in sizes)
-            timings[precision] = StepTiming(precision=precision, passes=passes,
-                                            optimizer_s=statistics.median(best[(precision, mb)][3]
-                                                                           for mb in sizes))
+        for p in precisions:
+            passes = tuple(PassTimes(micro_batch=mb, data_s=best[p, mb][0], forward_s=best[p, mb][1],
+                                     backward_s=best[p, mb][2]) for mb in sizes)
+            timings[p] = StepTiming(precision=p, passes=passes,
+                                    optimizer_s=statistics.median(best[p, mb][3] for mb in sizes))
     finally:
         torch.set_num_threads(saved_threads)
         if gc_was_enabled:
@@ -313,9 +298,8 @@ def measure_steps(workload: Workload, *, threads: int, precisions: Sequence[str]
                           precisions=timings, load_average=round(os.getloadavg()[0], 2),
                           measured_at=datetime.datetime.now().isoformat(timespec="seconds"),
                           source=f"step probe: {len(precisions)} precision(s) x micro-batch "
-                                 f"{'/'.join(map(str, sizes))} (of up to {max(micro_batches)} "
-                                 f"within {budget_s:g} s), {REPEATS} timed steps each, torch "
-                                 f"{torch.__version__} ({elapsed:.2f} s)")
+                                 f"{'/'.join(map(str, sizes))} (of up to {max(micro_batches)} within {budget_s:g} s), "
+                                 f"{REPEATS} timed steps each, torch {torch.__version__} ({elapsed:.2f} s)")
 
 
 def probe_precisions(base: Sequence[str], norm_count: int) -> tuple[str, ...]:
@@ -338,7 +322,6 @@ def as_cached(timing: WorkloadTiming) -> dict[str, Any]:
 
 
 __all__ = ["PassTimes", "StepTiming", "WorkloadTiming", "measure_steps", "probe_micro_batches",
-           "as_cached", "probe_precisions", "timing_key", "fp32_norm_switch", "scout_size",
-           "FP32_NORMS", "STEP_PROBE_FORMAT",
-           "REPEATS", "MAX_REPEATS", "WARMUP_ROUNDS", "WARMUP_S", "MAX_STATE_BYTES", "BUDGET_S",
-           "MICRO_BATCHES"]
+           "as_cached", "probe_precisions", "timing_key", "fp32_norm_switch", "scout_size", "FP32_NORMS",
+           "STEP_PROBE_FORMAT", "REPEATS", "MAX_REPEATS", "WARMUP_ROUNDS", "WARMUP_S", "MAX_STATE_BYTES",
+           "BUDGET_S", "MICRO_BATCHES"]

@@ -3,11 +3,9 @@
 A goal (tokens, samples or optimizer steps) over the plan's throughput is the ideal time; a long
 run on many GPUs also loses time to checkpoints and to failures. From physics and one published
 failure rate, each assumption named in the result:
-
-- failures: unexpected interruptions arrive at a rate per GPU-hour (default from Llama 3's
-  pre-training: 419 unexpected interruptions in a 54-day snapshot on up to 16,384 H100s, "The
-  Llama 3 Herd of Models", arXiv 2407.21783, section 3.3.4: 419 / (54 x 24 x 16,384) = one per
-  ~50,700 GPU-hours), so a job on N GPUs fails every MTBF_gpu / N hours;
+- failures: unexpected interruptions arrive at a rate per GPU-hour (default: Llama 3's pre-training,
+  419 in a 54-day snapshot on up to 16,384 H100s, "The Llama 3 Herd of Models", arXiv 2407.21783,
+  section 3.3.4: one per ~50,700 GPU-hours), so a job on N GPUs fails every MTBF_gpu / N hours;
 - checkpoints: the model and optimizer state (the plan's per-rank state bytes, every rank of a
   node writing at once) over the storage's write bandwidth per node take `save_s`; saving every
   `interval_s` (Young/Daly's optimum sqrt(2 x save_s x MTBF_job)) costs save_s / interval_s of
@@ -49,8 +47,7 @@ class TrainGoal:
     def __post_init__(self) -> None:
         given = [(k, v) for k in _GOAL_KINDS if (v := getattr(self, k)) is not None]
         if len(given) != 1:
-            raise UsageError("give one training goal: --tokens N, --samples N or --train-steps N, "
-                             f"got {len(given)}")
+            raise UsageError(f"give one training goal: --tokens N, --samples N or --train-steps N, got {len(given)}")
         name, value = given[0]
         if not (math.isfinite(value) and value > 0):
             raise UsageError(f"--{name} must be a finite number > 0 (e.g. 1e12), got {value}")
@@ -72,8 +69,7 @@ class GoodputModel:
                 raise UsageError(f"--{name.replace('_', '-')} must be a finite number > 0, got {value}")
         if not (math.isfinite(self.restart_s) and self.restart_s >= 0):
             raise UsageError(f"restart time must be >= 0 s, got {self.restart_s}")
-        price = self.gpu_hour_price
-        if price is not None and not (math.isfinite(price) and price >= 0):
+        if (price := self.gpu_hour_price) is not None and not (math.isfinite(price) and price >= 0):
             raise UsageError(f"--gpu-hour-price must be a finite number >= 0, got {price}")
 
 
@@ -132,17 +128,15 @@ def time_to_train(goal: TrainGoal, rate: PlanRate, model: GoodputModel | None = 
     steps = goal_steps(goal, rate)
     ideal = steps * rate.step_s
     mtbf_job_s = m.mtbf_gpu_hours * 3600 / rate.world_size
-    ranks_per_node = min(rate.devices_per_node, rate.world_size)
-    save = rate.state_bytes_per_rank * ranks_per_node / (m.ckpt_write_gb_s_per_node * 1e9)
+    save = rate.state_bytes_per_rank * min(rate.devices_per_node, rate.world_size) / (m.ckpt_write_gb_s_per_node * 1e9)
     # Young/Daly; never more often than once a step, never beyond the run
     interval = min(max(math.sqrt(2 * save * mtbf_job_s), rate.step_s), max(ideal, rate.step_s))
     # the overheads scale the wall time: solve wall = ideal + wall x (overhead share)
     lost_share = (save / interval if save > 0 else 0.0) + (interval / 2 + m.restart_s) / mtbf_job_s
     if lost_share >= 1:
-        raise PlanError(f"the job fails every {mtbf_job_s / 3600:.2g} h on {rate.world_size} GPUs, "
-                        f"faster than it can checkpoint ({save:.0f} s a save) and restart "
-                        f"({m.restart_s:.0f} s): it would never finish; use fewer GPUs or faster "
-                        "checkpoint storage (--ckpt-write-gb-s)")
+        raise PlanError(f"the job fails every {mtbf_job_s / 3600:.2g} h on {rate.world_size} GPUs, faster than it can "
+                        f"checkpoint ({save:.0f} s a save) and restart ({m.restart_s:.0f} s): it would never finish; "
+                        "use fewer GPUs or faster checkpoint storage (--ckpt-write-gb-s)")
     wall = ideal / (1 - lost_share)
     failures = wall / mtbf_job_s
     gpu_hours = wall * rate.world_size / 3600
@@ -158,11 +152,9 @@ def time_to_train(goal: TrainGoal, rate: PlanRate, model: GoodputModel | None = 
     )
     return TimeToTrain(
         steps=steps, ideal_s=ideal, checkpoint_save_s=save, checkpoint_interval_s=interval,
-        checkpoint_loss_s=wall * (save / interval if save > 0 else 0.0),
-        expected_failures=failures,
-        failure_loss_s=failures * (interval / 2 + m.restart_s),
-        wall_s=wall, goodput=ideal / wall, gpu_hours=gpu_hours,
-        cost=None if m.gpu_hour_price is None else gpu_hours * m.gpu_hour_price,
+        checkpoint_loss_s=wall * (save / interval if save > 0 else 0.0), expected_failures=failures,
+        failure_loss_s=failures * (interval / 2 + m.restart_s), wall_s=wall, goodput=ideal / wall,
+        gpu_hours=gpu_hours, cost=None if m.gpu_hour_price is None else gpu_hours * m.gpu_hour_price,
         assumptions=assumptions)
 
 
@@ -197,8 +189,7 @@ def describe(t: TimeToTrain, *, world_size: int) -> list[str]:
              + f"; goodput {t.goodput:.1%}",
              f"  training: {t.steps:,} steps x the predicted step = {format_duration(t.ideal_s)}",
              f"  checkpoints: one save takes {t.checkpoint_save_s:.0f} s, every "
-             f"{format_duration(t.checkpoint_interval_s)} (Young/Daly), "
-             f"{format_duration(t.checkpoint_loss_s)} in all",
+             f"{format_duration(t.checkpoint_interval_s)} (Young/Daly), {format_duration(t.checkpoint_loss_s)} in all",
              f"  failures: {t.expected_failures:.1f} expected, each losing half an interval plus the "
              f"restart: {format_duration(t.failure_loss_s)} in all"]
     lines += [f"  assumption: {a}" for a in t.assumptions]

@@ -1,9 +1,8 @@
-"""What the planner predicts: memory and step time per candidate, and the chosen plan; and
-the user's decisions it keeps (`Overrides`).
+"""What the planner predicts: memory and step time per candidate, and the chosen plan; and the
+user's decisions it keeps (`Overrides`). Frozen, keyword-only values made by `memory`, `cost` and
+`planner`.
 
-Frozen, keyword-only values (no torch, no I/O), made by `memory`, `cost` and `planner`.
-
-Pure values: never imports torch or anything of dlaunch beyond `specs`.
+Pure values (no I/O): never imports torch or anything of dlaunch beyond `specs`.
 """
 
 from __future__ import annotations
@@ -41,14 +40,13 @@ class PricedKernel:
 
     def __post_init__(self) -> None:
         if self.source not in KERNEL_SOURCES:
-            raise PlanError(f"kernel source must be one of {', '.join(KERNEL_SOURCES)}, "
-                            f"got {self.source!r}")
+            raise PlanError(f"kernel source must be one of {', '.join(KERNEL_SOURCES)}, got {self.source!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
 class Overrides:
-    """The decisions a user made, which the planner keeps (None: the planner's), and the
-    kernels the run calls, which the planner prices (None: the workload's; `plan.kernels`)."""
+    """The decisions a user made, which the planner keeps (None: the planner's), and the kernels the
+    run calls, which the planner prices (None: the workload's; `plan.kernels`)."""
 
     strategy: str | None = None
     precision: str | None = None
@@ -68,9 +66,8 @@ class Overrides:
         if tp is not None and (not isinstance(tp, int) or isinstance(tp, bool) or tp < 1):
             raise PlanError(f"--tp (the tensor-parallel degree) must be an integer >= 1, got {tp!r}")
         if (tp or 1) > 1 and self.strategy in DDP_KINDS:
-            raise PlanError(f"--tp {tp} composes tensor parallelism with FSDP on the "
-                            "data-parallel dimension; DDP does not, nor does ZeRO-1: use "
-                            "--strategy fsdp_full or hybrid, or drop --tp")
+            raise PlanError(f"--tp {tp} composes tensor parallelism with FSDP on the data-parallel dimension; DDP does "
+                            "not, nor does ZeRO-1: use --strategy fsdp_full or hybrid, or drop --tp")
         if mb is not None and (not isinstance(mb, int) or mb < 1):
             raise PlanError(f"--micro-batch must be an integer >= 1, got {mb!r}")
         if self.checkpointing is not None:
@@ -79,9 +76,8 @@ class Overrides:
         Strategy(kind=self.strategy or "ddp", precision=self.precision or "fp32",
                  compile_mode=self.compile_mode or "default")
         if self.float8 not in (None, "none") and self.precision not in (None, "bf16"):
-            raise PlanError(f"--float8 {self.float8} runs the linear layers' GEMMs in float8 and "
-                            f"the rest in bf16; --precision {self.precision} does not: use "
-                            "--precision bf16 or drop --float8")
+            raise PlanError(f"--float8 {self.float8} runs the linear layers' GEMMs in float8 and the rest in bf16; "
+                            f"--precision {self.precision} does not: use --precision bf16 or drop --float8")
         if self.float8 not in (None, *FLOAT8_RECIPES):
             raise PlanError(f"unknown --float8 {self.float8!r}; use one of {', '.join(FLOAT8_RECIPES)}")
         if self.offload and self.strategy in DDP_KINDS:
@@ -111,8 +107,7 @@ class MemoryEstimate:
     activations_bytes: float
     overhead_bytes: float  # CUDA context, allocator slack, DDP buckets, FSDP unsharded units
     assumptions: str = ""
-    # CPU offload: what the rank's shard keeps in host memory instead (not in the total)
-    host_bytes: float = 0.0
+    host_bytes: float = 0.0  # CPU offload: what the rank's shard keeps in host memory instead (not in the total)
 
     @property
     def total_bytes(self) -> float:
@@ -133,29 +128,23 @@ class StepTimeEstimate:
     compute_s: float
     comm_total_s: float
     comm_exposed_s: float
-    # compute lost to the communication hidden behind it (NCCL kernels take SMs and HBM)
-    contention_s: float = 0.0
-    # the expected wait for the slowest rank at each synchronisation
-    sync_wait_s: float = 0.0
-    # compute_s by kind of work: (("matmul", s), ("attention", s), ...); empty when not split
-    compute_parts: tuple[tuple[str, float], ...] = ()
+    contention_s: float = 0.0  # compute lost to the communication hidden behind it (NCCL takes SMs and HBM)
+    sync_wait_s: float = 0.0  # the expected wait for the slowest rank at each synchronisation
+    compute_parts: tuple[tuple[str, float], ...] = ()  # compute_s by kind: (("matmul", s), ...); empty: not split
 
     def __post_init__(self) -> None:
-        for name in ("compute_s", "comm_total_s", "comm_exposed_s", "contention_s",
-                     "sync_wait_s"):
+        for name in ("compute_s", "comm_total_s", "comm_exposed_s", "contention_s", "sync_wait_s"):
             if getattr(self, name) < 0:
                 raise PlanError(f"step time term {name} must be >= 0, got {getattr(self, name)}")
 
     def with_compute_scaled(self, factor: float) -> StepTimeEstimate:
-        """This estimate with compute (and each part of it) times `factor`, the other terms as
-        predicted: a tune correction."""
+        """This estimate with compute (and each part of it) times `factor`: a tune correction."""
         return dataclasses.replace(self, compute_s=self.compute_s * factor, compute_parts=tuple(
             (name, sec * factor) for name, sec in self.compute_parts))
 
     @property
     def step_time_s(self) -> float:
-        """Compute, the communication compute cannot hide, contention and the wait for the
-        slowest rank."""
+        """Compute, exposed communication, contention and the wait for the slowest rank."""
         return self.compute_s + self.comm_exposed_s + self.contention_s + self.sync_wait_s
 
 
@@ -172,8 +161,7 @@ class Candidate:
     reason: str = ""
 
     def with_compute_scaled(self, factor: float) -> Candidate:
-        """This candidate with its predicted compute (and each part of it) times `factor`:
-        a tune correction; communication and the other terms stay as predicted."""
+        """This candidate with its predicted compute times `factor` (`StepTimeEstimate`'s)."""
         return dataclasses.replace(self, time=self.time.with_compute_scaled(factor))
 
 
@@ -197,8 +185,7 @@ class CompileDecision:
 
     def __post_init__(self) -> None:
         if self.decided_by not in COMPILE_DECIDERS:
-            raise PlanError(f"compile decided_by must be one of {', '.join(COMPILE_DECIDERS)}, "
-                            f"got {self.decided_by!r}")
+            raise PlanError(f"compile decided_by must be one of {', '.join(COMPILE_DECIDERS)}, got {self.decided_by!r}")
         for name in ("graph_breaks", "eager_step_time_s", "compiled_step_time_s"):
             value = getattr(self, name)
             if value is not None and value < 0:
@@ -218,9 +205,8 @@ class StepInterval:
     def __post_init__(self) -> None:
         # a biased regime may put the point estimate outside its own interval: that is shown
         if not (0 < self.low_s <= self.high_s and self.step_time_s > 0 and 0 < self.coverage < 1):
-            raise PlanError(f"an interval needs 0 < low <= high, a positive step and coverage "
-                            f"in (0, 1); got {self.low_s!r}-{self.high_s!r} around "
-                            f"{self.step_time_s!r}, {self.coverage!r}")
+            raise PlanError("an interval needs 0 < low <= high, a positive step and coverage in (0, 1); got "
+                            f"{self.low_s!r}-{self.high_s!r} around {self.step_time_s!r}, {self.coverage!r}")
 
     def label(self) -> str:
         """'0.36-0.49 s, 80%'."""
@@ -229,8 +215,7 @@ class StepInterval:
     def around(self, step_time_s: float) -> StepInterval:
         """The same regime's interval around another step time (another candidate's)."""
         scale = step_time_s / self.step_time_s
-        return dataclasses.replace(self, step_time_s=step_time_s, low_s=self.low_s * scale,
-                                   high_s=self.high_s * scale)
+        return dataclasses.replace(self, step_time_s=step_time_s, low_s=self.low_s * scale, high_s=self.high_s * scale)
 
     def rate_bounds(self, units_per_s: float) -> tuple[float, float]:
         """The throughput interval that goes with it: (low, high) units/s."""
@@ -252,8 +237,7 @@ class Plan:
     rejected: tuple[Candidate, ...]
     usable_mem_bytes: float
     compile: CompileDecision | None = None
-    # the 80% interval around the chosen step time, from the model's validation residuals
-    step_interval: StepInterval | None = None
+    step_interval: StepInterval | None = None  # the 80% interval around the chosen step time
     # role (attention, loss, norm) -> the kernel priced and its source; empty: not recorded
     kernels: Mapping[str, PricedKernel] = dataclasses.field(default_factory=dict)
 

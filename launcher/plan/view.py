@@ -24,8 +24,7 @@ def format_plan(plan: Plan, profile: ModelProfile, topology: Topology) -> str:
                                         if topology.inter_node and topology.num_nodes > 1 else "")
     flags = [s.precision + (" + GradScaler" if s.uses_grad_scaler else "")
              + (f" + float8 ({s.float8})" if s.float8 != "none" else ""),
-             describe(s.checkpointing),
-             f"compile ({s.compile_mode})" if s.compile else "no compile",
+             describe(s.checkpointing), f"compile ({s.compile_mode})" if s.compile else "no compile",
              *(["CPU offload"] if s.offload else [])]
     per_gpu = plan.units_per_s / plan.world_size
     hidden = 1 - t.comm_exposed_s / t.comm_total_s if t.comm_total_s else 1.0
@@ -33,14 +32,12 @@ def format_plan(plan: Plan, profile: ModelProfile, topology: Topology) -> str:
         f"Plan for {profile.name} on {topology.name}: {plan.world_size} x {dev.name} "
         f"({topology.num_nodes} node{'s' if topology.num_nodes > 1 else ''}, {intra})",
         f"  strategy     {kind_label(c)}, {', '.join(flags)}"
-        + (f" (TP {s.tp} inside each node x DP {dp_ranks(c, plan.world_size)})"
-           if s.tp > 1 else ""),
+        + (f" (TP {s.tp} inside each node x DP {dp_ranks(c, plan.world_size)})" if s.tp > 1 else ""),
         f"  batch        global {plan.global_batch} = micro-batch {c.micro_batch} x "
         f"{dp_ranks(c, plan.world_size)} {'data-parallel ' if s.tp > 1 else ''}ranks x "
         f"{c.grad_accum} accumulation step{'s' if c.grad_accum > 1 else ''}",
-        f"  memory/{per_device(topology):<6}{fmt_gib(m.total_bytes)} GiB of "
-        f"{fmt_gib(plan.usable_mem_bytes)} usable "
-        f"({dev.mem_gib:g} GiB total){'' if c.fits else '  DOES NOT FIT'}",
+        f"  memory/{per_device(topology):<6}{fmt_gib(m.total_bytes)} GiB of {fmt_gib(plan.usable_mem_bytes)} "
+        f"usable ({dev.mem_gib:g} GiB total){'' if c.fits else '  DOES NOT FIT'}",
         f"               params {fmt_gib(m.params_bytes)}  grads {fmt_gib(m.grads_bytes)}  "
         f"optimizer {fmt_gib(m.optimizer_bytes)}  activations {fmt_gib(m.activations_bytes)}  "
         f"overhead {fmt_gib(m.overhead_bytes)}"
@@ -56,8 +53,7 @@ def format_plan(plan: Plan, profile: ModelProfile, topology: Topology) -> str:
         f"  throughput   {plan.units_per_s:,.0f} {profile.sample_units}/s ({per_gpu:,.0f} per "
         f"device), scaling efficiency {plan.scaling_efficiency:.0%}",
         *([f"  interval     the middle {plan.step_interval.coverage:.0%} of measured/predicted "
-            f"in the model's validation: {plan.step_interval.basis}"]
-          if plan.step_interval else []),
+            f"in the model's validation: {plan.step_interval.basis}"] if plan.step_interval else []),
         f"  assumptions  {m.assumptions}",
         # the kernels are GPU cost terms: a CPU's measured rates price every kernel alike
         *([f"  kernels      {kernels_priced(plan.kernels)}"
@@ -71,16 +67,12 @@ def format_plan(plan: Plan, profile: ModelProfile, topology: Topology) -> str:
     if plan.rejected:
         # as wide as the longest label ("FSDP grad-op+tp8"); 14 without TP, as before
         w = max(14, *(len(kind_label(r)) + 2 for r in plan.rejected))
-        lines += ["Other candidates",
-                  f"  {'strategy':<{w}}{'prec':<8}{'ckpt':<12}{'mb x acc':<10}"
-                  f"{'GiB/' + per_device(topology):>9}"
-                  f"{'step s':>9}  why not"]
+        lines += ["Other candidates", f"  {'strategy':<{w}}{'prec':<8}{'ckpt':<12}{'mb x acc':<10}"
+                                      f"{'GiB/' + per_device(topology):>9}{'step s':>9}  why not"]
         for r in plan.rejected:
             rs = r.strategy
             prec = {"none": rs.precision, "tensorwise": "fp8-tw", "rowwise": "fp8-rw"}[rs.float8]
-            lines.append(f"  {kind_label(r):<{w}}{prec:<8}"
-                         f"{rs.checkpointing:<12}"
-                         f"{f'{r.micro_batch} x {r.grad_accum}':<10}"
-                         f"{fmt_gib(r.memory.total_bytes):>9}{r.time.step_time_s:>9.3g}  "
-                         f"{r.reason.split(': ', 1)[-1]}")
+            lines.append(f"  {kind_label(r):<{w}}{prec:<8}{rs.checkpointing:<12}"
+                         f"{f'{r.micro_batch} x {r.grad_accum}':<10}{fmt_gib(r.memory.total_bytes):>9}"
+                         f"{r.time.step_time_s:>9.3g}  {r.reason.split(': ', 1)[-1]}")
     return "\n".join(lines)

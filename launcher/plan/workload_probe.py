@@ -1,14 +1,10 @@
-"""What the meta-device profile cannot see, measured on tiny real CPU tensors instead.
+"""What the meta-device profile cannot see, measured on tiny real CPU tensors instead: the
+optimizer's persistent state per parameter for the memory model (`optimizer_state`: SGD with
+momentum 4 B, AdamW 8 B, SGD without momentum 0), and whether a profile that failed on the meta
+device fails on a real CPU batch too (`meta_error`: a bug in the workload, or only not meta-safe).
 
-- `optimizer_state`: the workload's optimizer (its `make_optimizer`, or the default AdamW) is
-  built on the meta model, and one step of the same class with each param group's settings on
-  a tiny real tensor measures its persistent state per parameter (SGD with momentum 4 B, AdamW
-  8 B, SGD without momentum 0), for the memory model;
-- `meta_error`: a profile that failed on the meta device is tried once more on a real CPU batch
-  of two samples, so the error says whether the workload has a bug (it fails on CPU too) or is
-  only not meta-safe.
-
-Never imports cli, backends, jobs, runtime or report; torch only inside functions.
+Never imports cli, backends, jobs, runtime or report; torch only inside functions (only a profile
+missing from the cache needs it).
 """
 
 from __future__ import annotations
@@ -31,7 +27,6 @@ PROBE_NUMEL = 8  # elements of the tensor an optimizer's state is measured on
 def _probe_state_bytes(cls: type, settings: dict[str, Any]) -> float:
     """Persistent state bytes per element after one step of `cls(settings)` on a tiny fp32
     CPU tensor: tensors the size of the parameter (momentum, exp_avg), not scalar counters."""
-    # deferred: only a profile missing from the cache needs torch
     import torch
 
     accepted = inspect.signature(cls).parameters
@@ -45,13 +40,10 @@ def _probe_state_bytes(cls: type, settings: dict[str, Any]) -> float:
 
 
 def optimizer_state(workload: Workload, model: Any, num_params: int) -> tuple[str, float]:
-    """The workload's optimizer ("SGD (make_optimizer)", "AdamW (default)") and its persistent
-    state in bytes per model parameter.
-
-    The optimizer is built on the (meta) model, so its param groups are the workload's; each
-    group's settings (momentum 0 or 0.9, amsgrad) are stepped once on a real probe. Parameters
-    it does not train hold no state. An optimizer that cannot be probed counts as AdamW's 8 B.
-    """
+    """The workload's optimizer ("SGD (make_optimizer)", "AdamW (default)") and its persistent state
+    in bytes per model parameter: built on the (meta) model, so its param groups are the workload's,
+    each group's settings (momentum, amsgrad) stepped once on a real probe; parameters it does not
+    train hold none. An optimizer that cannot be probed counts as AdamW's 8 B."""
     optimizer = workload.make_optimizer(model)
     cls = type(optimizer)
     total = 0.0
@@ -78,7 +70,6 @@ def _cpu_failure(workload: Workload, meta_model: Any) -> BaseException | None:
     """Run the profile's call (build_model, then loss_fn on micro-batch 2 of the real dataset)
     on the CPU; the exception it raises, or None when it works there. Skipped (None) for a
     model too big to build for real, whose meta size is known."""
-    # deferred: only a profile missing from the cache needs torch
     import torch
     from torch.utils.data import default_collate
 
@@ -89,16 +80,14 @@ def _cpu_failure(workload: Workload, meta_model: Any) -> BaseException | None:
     try:
         with torch.device("cpu"):
             model = workload.build_model()
-        batch = default_collate(workload.first_samples(CPU_BATCH))
-        workload.loss_fn(model, batch)
+        workload.loss_fn(model, default_collate(workload.first_samples(CPU_BATCH)))
     except Exception as e:
         return e
     return None
 
 
 def meta_error(workload: Workload, meta_model: Any, e: Exception) -> WorkloadError:
-    """The one-line error of a failed meta profile: a bug when it fails on CPU too, else what
-    makes a workload meta-safe."""
+    """The one-line error of a failed meta profile: a bug if it fails on CPU too, else how to be meta-safe."""
     cpu = _cpu_failure(workload, meta_model)
     if cpu is not None:
         return WorkloadError(f"workload {workload.path.name} fails on CPU too: {_first_line(workload, cpu)} "

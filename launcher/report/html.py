@@ -15,7 +15,7 @@ from pathlib import Path
 
 from launcher.report.plots import Plot
 from launcher.report.tune import HEAD, cells, outcome_lines, relative
-from launcher.report.types import Point, ScalingReport, dash
+from launcher.report.types import GROUP_AXIS, Point, ScalingReport, dash
 from launcher.results.prediction import prediction_cell
 
 CSS = """
@@ -59,11 +59,9 @@ def _pct(x: float | None) -> str:
 
 
 def _card_class(p: Point) -> str:
-    if p.status != "ok":
-        return "card failed"
     name = p.verdict.get("name", "")
-    return "card comm" if name.startswith("communication") else (
-        "card data" if name.startswith("data") else "card")
+    return ("card failed" if p.status != "ok" else "card comm" if name.startswith("communication")
+            else "card data" if name.startswith("data") else "card")
 
 
 def verdict_cards(report: ScalingReport) -> str:
@@ -71,76 +69,63 @@ def verdict_cards(report: ScalingReport) -> str:
     cards = []
     for p in report.points:
         if p.status != "ok":
-            why = p.error or (p.failures[0] if p.failures else p.status)
-            cards.append(f'<div class="{_card_class(p)}"><b>{_e(p.name)}: {_e(p.status.upper())}'
-                         f"</b><small>{_e(why)}</small></div>")
-            continue
-        v = p.verdict or {"name": "no verdict", "evidence": ""}
-        src = f" (from {v.get('source')})" if v.get("source") else ""
-        if p.status_text and p.status_text != p.status:
-            v = {"name": p.status_text, "evidence": "the run exited 0 without recording a step"}
-        cards.append(f'<div class="{_card_class(p)}"><b>{_e(p.name)}: {_e(v["name"])}</b>'
-                     f"<small>{_e(v.get('evidence', ''))}{_e(src)}</small></div>")
+            name, why = p.status.upper(), p.error or (p.failures[0] if p.failures else p.status)
+        else:
+            v = p.verdict or {"name": "no verdict", "evidence": ""}
+            src = f" (from {v.get('source')})" if v.get("source") else ""
+            if p.status_text and p.status_text != p.status:
+                v = {"name": p.status_text, "evidence": "the run exited 0 without recording a step"}
+            name, why = v["name"], v.get("evidence", "") + src
+        cards.append(f'<div class="{_card_class(p)}"><b>{_e(p.name)}: {_e(name)}</b><small>{_e(why)}</small></div>')
     return '<div class="cards" id="verdicts">' + "".join(cards) + "</div>"
 
 
 def run_table(report: ScalingReport) -> str:
-    """Every point: status, batch, throughput, efficiency, breakdown shares, busbw, stragglers,
-    predicted against measured."""
+    """Every point: status, batch, throughput, efficiency, shares, busbw, stragglers, prediction."""
     units = report.sample_units
     eff = {r.world_size: r for r in report.rows}
-    head = ["point", "ranks", "status", "global batch", "samples/s"]
-    if units != "samples":
-        head.append(f"{units}/s")
-    head += ["step (median)", "efficiency", "predicted eff.", "exposed comm", "batch wait",
-             "busbw / link GB/s", "stragglers", "predicted vs measured", "verdict"]
+    head = ["point", "ranks", "status", "global batch", "samples/s", *([f"{units}/s"] if units != "samples" else []),
+            "step (median)", "efficiency", "predicted eff.", "exposed comm", "batch wait", "busbw / link GB/s",
+            "stragglers", "predicted vs measured", "verdict"]
     rows = []
     for p in report.points:
         row = eff.get(p.world_size)
         ok = p.status == "ok"
-        link = (f" / {p.link_bw_gb_s:g} {p.link_kind}" + (f" ({_pct(p.busbw_of_link)})"
-                                                          if p.busbw_of_link is not None else "")
-                if p.link_bw_gb_s else "")
+        link = (f" / {p.link_bw_gb_s:g} {p.link_kind}"
+                + (f" ({_pct(p.busbw_of_link)})" if p.busbw_of_link is not None else "") if p.link_bw_gb_s else "")
         measured = ok and p.step_time_s > 0  # a run that reported no steps has no rates
+        strag = ", ".join(f"{s['rank']} ({s['host']}/{s['local_rank']})" for s in p.stragglers)
         cells = [_e(p.name), str(p.world_size),
                  f'<span class="{"" if ok else "bad"}">{_e(p.status_text or p.status)}</span>',
-                 dash(p.global_batch, "{:d}"), dash(p.samples_per_s if measured else None, "{:,.1f}")]
-        if units != "samples":
-            cells.append(dash(p.units_per_s if measured else None, "{:,.0f}"))
-        strag = ", ".join(f"{s['rank']} ({s['host']}/{s['local_rank']})" for s in p.stragglers)
-        cells += [dash(p.step_time_s if measured else None, "{:.4f} s"),
-                  _pct(row.efficiency if row and p.repeat == 0 else None),
-                  _pct(row.predicted_efficiency if row and p.repeat == 0 else None),
-                  ("-" if p.exposed_comm_s is None else
-                   f"{1000 * p.exposed_comm_s:.1f} ms ({_pct(p.shares.get('exposed_comm'))})"),
-                  _pct(p.shares.get("data_wait") if p.shares else None),
-                  dash(p.busbw_gb_s, "{:.3g}") + _e(link),
-                  f'<span class="bad">{_e(strag)}</span>' if strag else "-",
-                  _e(prediction_cell(p.prediction)) if p.run_id else "-",
-                  _e(p.verdict.get("name", "-") if p.verdict else (p.error or "-"))]
+                 dash(p.global_batch, "{:d}"), dash(p.samples_per_s if measured else None, "{:,.1f}"),
+                 *([dash(p.units_per_s if measured else None, "{:,.0f}")] if units != "samples" else []),
+                 dash(p.step_time_s if measured else None, "{:.4f} s"),
+                 _pct(row.efficiency if row and p.repeat == 0 else None),
+                 _pct(row.predicted_efficiency if row and p.repeat == 0 else None),
+                 "-" if p.exposed_comm_s is None else
+                 f"{1000 * p.exposed_comm_s:.1f} ms ({_pct(p.shares.get('exposed_comm'))})",
+                 _pct(p.shares.get("data_wait") if p.shares else None), dash(p.busbw_gb_s, "{:.3g}") + _e(link),
+                 f'<span class="bad">{_e(strag)}</span>' if strag else "-",
+                 _e(prediction_cell(p.prediction)) if p.run_id else "-",
+                 _e(p.verdict.get("name", "-") if p.verdict else (p.error or "-"))]
         # the long text cells wrap, so the table fits the page and no column is cut off
-        tds = ([f"<td>{c}</td>" for c in cells[:-3]]
-               + [f'<td class="wrap">{c}</td>' for c in cells[-3:]])
+        tds = [f"<td>{c}</td>" for c in cells[:-3]] + [f'<td class="wrap">{c}</td>' for c in cells[-3:]]
         rows.append("<tr>" + "".join(tds) + "</tr>")
-    return ('<div class="scroll"><table id="runs"><thead><tr>'
-            + "".join(f"<th>{_e(h)}</th>" for h in head)
+    return ('<div class="scroll"><table id="runs"><thead><tr>' + "".join(f"<th>{_e(h)}</th>" for h in head)
             + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table></div>")
 
 
 def slowest_ranks_table(report: ScalingReport, limit: int = 8) -> str:
     """The slowest groups of the largest point (readable even with thousands of ranks)."""
-    p = max((q for q in report.points if q.distribution.get("groups")),
-            key=lambda q: q.world_size, default=None)
+    p = max((q for q in report.points if q.distribution.get("groups")), key=lambda q: q.world_size, default=None)
     if p is None:
         return ""
     groups = sorted(p.distribution["groups"], key=lambda g: g["p50"], reverse=True)[:limit]
-    what = {"rank": "rank", "node": "node", "rank block": "ranks"}.get(p.distribution["grouping"], "")
-    title = {"rank": "ranks", "node": "nodes", "rank block": "rank blocks"}.get(
-        p.distribution["grouping"], "ranks")
+    what = GROUP_AXIS.get(p.distribution["grouping"], "")
+    title = {"rank": "ranks", "node": "nodes", "rank block": "rank blocks"}.get(p.distribution["grouping"], "ranks")
     rows = "".join(
         f"<tr><td>{_e(g['label'])}</td><td>{1000 * g['p50']:.2f}</td><td>{1000 * g['p95']:.2f}</td>"
-        f"<td>{1000 * g['max']:.2f}</td><td>{'yes' if g['straggler'] else ''}</td></tr>"
-        for g in groups)
+        f"<td>{1000 * g['max']:.2f}</td><td>{'yes' if g['straggler'] else ''}</td></tr>" for g in groups)
     return (f"<h2>Slowest {_e(title)} of {_e(p.name)}</h2><table id=\"slowest\"><thead><tr>"
             f"<th>{_e(what)}</th><th>median ms</th><th>p95 ms</th><th>max ms</th><th>straggler</th>"
             f"</tr></thead><tbody>{rows}</tbody></table>")
@@ -150,40 +135,30 @@ def scoped_svg(svg: str, prefix: str) -> str:
     """Prefix every id of an SVG (and the references to it): matplotlib names font glyphs
     after the character, so several inline SVGs would otherwise share ids in one page."""
     ids = set(re.findall(r'\sid="([^"]+)"', svg))
-    if not ids:
-        return svg
 
     def fix(m: re.Match[str]) -> str:
-        name = m.group(2)
-        return f"{m.group(1)}{prefix}-{name}" if name in ids else m.group(0)
+        return f"{m.group(1)}{prefix}-{m.group(2)}" if m.group(2) in ids else m.group(0)
 
     return re.sub(r'(\sid="|href="#|url\(#)([^")]+)', fix, svg)
 
 
 def figures_html(plots: Sequence[Plot]) -> str:
     """Each plot as an inline SVG in a <figure> with its caption."""
-    out = []
-    for p in plots:
-        wide = " wide" if p.key == "ranks" else ""
-        out.append(f'<figure class="plot{wide}" id="fig-{_e(p.key)}" data-plot="{_e(p.key)}">'
-                   f"{scoped_svg(p.svg, 'f-' + p.key)}"
-                   f"<figcaption><b>{_e(p.title)}.</b> {_e(p.caption)}</figcaption></figure>")
-    return '<div class="figs">' + "".join(out) + "</div>"
+    return '<div class="figs">' + "".join(
+        f'<figure class="plot{" wide" if p.key == "ranks" else ""}" id="fig-{_e(p.key)}" data-plot="{_e(p.key)}">'
+        f"{scoped_svg(p.svg, 'f-' + p.key)}<figcaption><b>{_e(p.title)}.</b> {_e(p.caption)}</figcaption></figure>"
+        for p in plots) + "</div>"
 
 
 def notes_html(report: ScalingReport) -> str:
     """What could not be read, failures, and why a column is empty (`ScalingReport.note_lines`)."""
     items = report.note_lines()
-    if not items:
-        return ""
-    return ('<h2>Notes</h2><ul class="notes" id="notes">'
-            + "".join(f"<li>{_e(i)}</li>" for i in items) + "</ul>")
+    return ('<h2>Notes</h2><ul class="notes" id="notes">' + "".join(f"<li>{_e(i)}</li>" for i in items) + "</ul>"
+            if items else "")
 
 
 def tune_html(report: ScalingReport, out_dir: Path | None) -> str:
-    """A tune dir's table (candidate, status, predicted, measured, measured/predicted, chosen),
-    each trial linked to its run dir and its own report when it has one, then why each trial
-    that did not finish stopped and where the tuned plan is."""
+    """A tune dir's table, each trial linked to its run dir and its report if any, then `outcome_lines`."""
     tune = report.tune
     if tune is None:
         return ""
@@ -195,8 +170,7 @@ def tune_html(report: ScalingReport, out_dir: Path | None) -> str:
         c[1] = f'<span class="{"" if t.status == "ok" else "bad"}">{c[1]}</span>'
         page_link = (f'<a href="{_e(relative(t.report_html, out_dir))}">report</a>' if t.report_html
                      else f"- (<code>dlaunch report {_e(t.run_dir)}</code>)" if t.run_dir else "-")
-        tr = '<tr class="chosen">' if t.chosen else "<tr>"
-        rows.append(tr + "".join(f"<td>{x}</td>" for x in c)
+        rows.append(('<tr class="chosen">' if t.chosen else "<tr>") + "".join(f"<td>{x}</td>" for x in c)
                     + f'<td class="wrap">{page_link}</td></tr>')
     head = "".join(f"<th>{_e(h)}</th>" for h in (*HEAD, "trial report"))
     return (f"<h2>Tune</h2><p class=\"meta\">{len(tune.trials)} trial(s) on {tune.world_size} rank(s), same "
@@ -214,16 +188,12 @@ def page(report: ScalingReport, plots: Sequence[Plot], *, out_dir: Path | None =
     worlds = ", ".join(str(r.world_size) for r in report.rows)
     meta = (f"{_e(report.headline())} &middot; world sizes\n{_e(worlds)}" if report.tune is None
             else f"{len(report.tune.trials)} candidate(s) on {report.tune.world_size} rank(s)")
-    strag = [(p.name, s) for p in report.points for s in p.stragglers]
-    warn = "".join(f'<div class="warn">STRAGGLER in {_e(n)}: rank {s["rank"]} on {_e(s["host"])} '
+    warn = "".join(f'<div class="warn">STRAGGLER in {_e(p.name)}: rank {s["rank"]} on {_e(s["host"])} '
                    f'(local rank {s["local_rank"]}), median step {1000 * s["median_s"]:.1f} ms; '
-                   f'{_e(s["signal"])}</div>'
-                   for n, s in strag)
+                   f'{_e(s["signal"])}</div>' for p in report.points for s in p.stragglers)
     warn += "".join(f'<div class="warn">WARNING: {_e(w)}</div>' for w in report.warnings)
-    unreadable = sum(len(p.unreadable) for p in report.points)
-    if unreadable:
-        warn += (f'<div class="warn">{unreadable} file problem(s): the report shows what was '
-                 "readable; see Notes</div>")
+    if unreadable := sum(len(p.unreadable) for p in report.points):
+        warn += f'<div class="warn">{unreadable} file problem(s): the report shows what was readable; see Notes</div>'
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width">
 <title>{_e(title)}</title><style>{CSS}</style></head>

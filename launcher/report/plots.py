@@ -17,14 +17,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from launcher.report.types import PARTS, Point, Row, ScalingReport
+from launcher.report.types import GROUP_AXIS, PARTS, Point, Row, ScalingReport
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 COLORS = {"compute": "#4C72B0", "exposed_comm": "#DD8452", "data_wait": "#C44E52",
-          "other": "#8C8C8C", "measured": "#4C72B0", "predicted": "#55A868", "ideal": "#8C8C8C",
-          "straggler": "#C44E52"}
+          "other": "#8C8C8C", "measured": "#4C72B0", "predicted": "#55A868", "ideal": "#8C8C8C", "straggler": "#C44E52"}
 LABELS = {"compute": "compute", "exposed_comm": "exposed communication",
           "data_wait": "batch wait", "other": "other (optimizer, host)"}
 MAX_RANK_PANELS = 6  # per-rank box plots: one panel per world size, the largest ones first
@@ -57,9 +56,8 @@ def render(fig: Figure) -> tuple[bytes, str]:
     svg = io.StringIO()
     fig.savefig(svg, format="svg")
     text = svg.getvalue()
-    start = text.find("<svg")
     # comments and the RDF metadata block are noise inside an HTML page
-    text = re.sub(r"<!--.*?-->|<metadata>.*?</metadata>", "", text[start:], flags=re.S)
+    text = re.sub(r"<!--.*?-->|<metadata>.*?</metadata>", "", text[text.find("<svg"):], flags=re.S)
     return png.getvalue(), text
 
 
@@ -76,8 +74,7 @@ def throughput_figure(report: ScalingReport) -> Figure:
     use_units = units != "samples"
     xs = [r.world_size for r in rows]
     ys = [(r.units_per_s if use_units else r.samples_per_s) or 0.0 for r in rows]
-    scale = [(r.units_per_s / r.samples_per_s) if use_units and r.samples_per_s else 1.0
-             for r in rows]
+    scale = [(r.units_per_s / r.samples_per_s) if use_units and r.samples_per_s else 1.0 for r in rows]
     lo = [y - (r.samples_per_s_min or 0) * s for y, r, s in zip(ys, rows, scale)]
     hi = [(r.samples_per_s_max or 0) * s - y for y, r, s in zip(ys, rows, scale)]
     if rows:
@@ -104,8 +101,7 @@ def efficiency_figure(report: ScalingReport) -> Figure:
     rows = [r for r in report.rows if r.efficiency is not None]
     xs = [r.world_size for r in rows]
     ax.axhline(100, ls="--", color=COLORS["ideal"], label="ideal (100%)")
-    ax.plot(xs, [100 * (r.efficiency or 0) for r in rows], "o-", color=COLORS["measured"],
-            label="measured")
+    ax.plot(xs, [100 * (r.efficiency or 0) for r in rows], "o-", color=COLORS["measured"], label="measured")
     for x, r in zip(xs, rows):
         ax.annotate(f"{100 * (r.efficiency or 0):.0f}%", (x, 100 * (r.efficiency or 0)),
                     textcoords="offset points", xytext=(0, 7), ha="center", fontsize=8)
@@ -113,12 +109,10 @@ def efficiency_figure(report: ScalingReport) -> Figure:
     if pred:
         ax.plot([r.world_size for r in pred], [100 * (r.predicted_efficiency or 0) for r in pred],
                 "s:", color=COLORS["predicted"], label="predicted")
-    top = max([110.0] + [100 * (r.efficiency or 0) + 10 for r in rows])
-    ax.set_ylim(0, top)
+    ax.set_ylim(0, max([110.0] + [100 * (r.efficiency or 0) + 10 for r in rows]))
     _world_axis(ax, [r.world_size for r in report.rows])
     ax.set_ylabel("efficiency (%)")
-    formula = ("throughput(N) / (N/N0 x throughput(N0))" if report.mode == "weak"
-               else "T(N0) x N0 / (N x T(N))")
+    formula = "throughput(N) / (N/N0 x throughput(N0))" if report.mode == "weak" else "T(N0) x N0 / (N x T(N))"
     ax.set_title(f"{report.mode.capitalize()} scaling efficiency = {formula}", fontsize=10)
     ax.legend(loc="lower left", fontsize=8)
     ax.grid(alpha=0.3)
@@ -153,13 +147,13 @@ def breakdown_figure(report: ScalingReport) -> Figure:
 
 def ranks_figure(report: ScalingReport) -> Figure:
     """Per-rank (or per-group) step-time box plots, one panel per world size."""
+    drawn = [p for p in report.points if p.distribution.get("groups")]
     chosen: dict[int, Point] = {}
-    for p in report.points:
-        if p.distribution.get("groups") and (p.world_size not in chosen or p.repeat == 0):
-            chosen.setdefault(p.world_size, p)
+    for p in drawn:
+        chosen.setdefault(p.world_size, p)
     panels = [chosen[n] for n in sorted(chosen)][-MAX_RANK_PANELS:]
     if report.kind == "tune":  # one world size, one panel per trial
-        panels = [p for p in report.points if p.distribution.get("groups")][:MAX_RANK_PANELS]
+        panels = drawn[:MAX_RANK_PANELS]
     cols = min(3, max(1, len(panels)))
     rows = max(1, math.ceil(len(panels) / cols))
     widest = max([len(p.distribution["groups"]) for p in panels] + [1])
@@ -173,44 +167,38 @@ def ranks_figure(report: ScalingReport) -> Figure:
     for i, p in enumerate(panels, 1):
         ax = fig.add_subplot(rows, cols, i)
         groups = p.distribution["groups"]
-        stats = [{"label": g["label"], "whislo": 1000 * g["p5"], "q1": 1000 * g["p25"],
-                  "med": 1000 * g["p50"], "q3": 1000 * g["p75"], "whishi": 1000 * g["p95"],
-                  "fliers": []} for g in groups]
+        stats = [{"label": g["label"], "whislo": 1000 * g["p5"], "q1": 1000 * g["p25"], "med": 1000 * g["p50"],
+                  "q3": 1000 * g["p75"], "whishi": 1000 * g["p95"], "fliers": []} for g in groups]
         boxes = ax.bxp(stats, showfliers=False, patch_artist=True, widths=0.6)
         for box, g in zip(boxes["boxes"], groups):
             box.set_facecolor(COLORS["straggler"] if g["straggler"] else "#AFC6E9")
         if p.distribution["grouping"] != "rank":
             worst = [1000 * (g["worst_rank_median_s"] or 0) for g in groups]
-            ax.plot(range(1, len(groups) + 1), worst, "v", ms=3, color=COLORS["straggler"],
-                    label="slowest rank median")
+            ax.plot(range(1, len(groups) + 1), worst, "v", ms=3, color=COLORS["straggler"], label="slowest rank median")
             ax.legend(fontsize=7, loc="upper right")
         step = max(1, len(groups) // 16)
         ax.set_xticks(range(1, len(groups) + 1, step),
-                      [g["label"] for g in groups][::step], fontsize=7,
-                      rotation=45 if len(groups) > 8 else 0)
-        names = {"rank": "rank", "node": "node", "rank block": "ranks"}
-        ax.set_xlabel(names.get(p.distribution["grouping"], ""), fontsize=8)
+                      [g["label"] for g in groups][::step], fontsize=7, rotation=45 if len(groups) > 8 else 0)
+        ax.set_xlabel(GROUP_AXIS.get(p.distribution["grouping"], ""), fontsize=8)
         ax.set_ylabel("step time (ms)", fontsize=8)
         strag = ", ".join(str(s["rank"]) for s in p.stragglers)
-        ax.set_title((p.name if report.kind == "tune" else f"{p.world_size} rank(s)")
-                     + (f" - straggler: {strag}" if strag else ""),
-                     fontsize=9, color=COLORS["straggler"] if strag else "black")
+        title = p.name if report.kind == "tune" else f"{p.world_size} rank(s)"
+        ax.set_title(title + (f" - straggler: {strag}" if strag else ""), fontsize=9,
+                     color=COLORS["straggler"] if strag else "black")
     return fig
 
 
 def predicted_figure(report: ScalingReport) -> Figure:
-    """Measured against predicted step time per world size, or per trial of a tune (or the
-    reason there is none)."""
+    """Measured against predicted step time per world size or tune trial (or why there is none)."""
     fig = _figure()
     ax = fig.add_subplot()
     rows = _ok_rows(report)
+    labels = [str(r.world_size) for r in rows]
     if report.tune is not None:  # one bar pair per measured trial
         rows = [Row(world_size=report.tune.world_size, repeats_ok=1, repeats=1, step_time_s=t.measured_step_s,
                     predicted_step_time_s=t.predicted_step_s, predicted_interval_s=t.predicted_interval_s)
                 for t in report.tune.trials if t.measured_step_s]
         labels = [t.run_name for t in report.tune.trials if t.measured_step_s]
-    else:
-        labels = [str(r.world_size) for r in rows]
     if not any(r.predicted_step_time_s for r in rows):
         ax.text(0.5, 0.55, "Predicted vs measured", ha="center", va="center", fontsize=13)
         note = report.prediction_note or "prediction unavailable"
@@ -226,8 +214,7 @@ def predicted_figure(report: ScalingReport) -> Figure:
     spans = [(x, r.predicted_interval_s) for x, r in zip(xs, rows) if r.predicted_interval_s]
     if spans:  # the plan's 80% interval from the model's validation, as a whisker
         ax.vlines([x + 0.2 for x, _ in spans], [1000 * s[0] for _, s in spans],
-                  [1000 * s[1] for _, s in spans], color="black", linewidth=1.2,
-                  label="predicted 80% interval")
+                  [1000 * s[1] for _, s in spans], color="black", linewidth=1.2, label="predicted 80% interval")
     for x, m, p in zip(xs, meas, pred):
         if p:
             ax.annotate(f"{m / p:.2f}x", (x, max(m, p)), textcoords="offset points",
@@ -269,8 +256,7 @@ def _point_label(p: Point, report: ScalingReport) -> str:
 
 
 def build_plots(report: ScalingReport) -> list[Plot]:
-    """Every figure the report shows (a single run or a tune's trials get breakdown, ranks and
-    prediction)."""
+    """Every figure the report shows (a single run or a tune's trials: breakdown, ranks, prediction)."""
     specs = []
     if report.kind not in ("run", "tune"):
         specs += [("throughput", "Throughput against world size", throughput_figure,
@@ -289,9 +275,4 @@ def build_plots(report: ScalingReport) -> list[Plot]:
                report.prediction_note or ("Each trial's median step (after warm-up) against its candidate's "
                                           "predicted step time." if report.kind == "tune" else
                                           "The planner's cost model for the same points."))]
-    out = []
-    for key, title, make, caption in specs:
-        fig = make(report)
-        png, svg = render(fig)
-        out.append(Plot(key=key, title=title, caption=caption, png=png, svg=svg))
-    return out
+    return [Plot(key, title, caption, *render(make(report))) for key, title, make, caption in specs]

@@ -41,25 +41,22 @@ def _from_plan(row: Row, plan: Mapping[str, Any]) -> bool:
     return True
 
 
-def predict(rows: list[Row], data: RunData | None, topology: Topology | None,
-            mode: str, n0: int | None, plans: Mapping[int, Mapping[str, Any]] | None = None, *,
+def predict(rows: list[Row], data: RunData | None, topology: Topology | None, mode: str, n0: int | None,
+            plans: Mapping[int, Mapping[str, Any]] | None = None, *,
             nodes: Mapping[int, int] | None = None) -> str | None:
     """Fill the rows' predicted columns: from the plan each run followed (plan.json) where
     there is one, else from the planner's cost model for the run's spec on `topology`, shaped
     as the run was (`nodes`: world size -> nodes it ran on). Returns a note when some row has no
-    prediction (no topology, no planner, a workload that cannot be profiled). Optional by
-    design: any failure here leaves the measurement untouched."""
-    todo = [r for r in rows if not (plans and r.world_size in plans
-                                    and _from_plan(r, plans[r.world_size]))]
+    prediction; any failure here leaves the measurement untouched."""
+    todo = [r for r in rows if not (plans and r.world_size in plans and _from_plan(r, plans[r.world_size]))]
     note = _predict_with_planner(todo, data, topology, nodes or {}) if todo else None
     base = next((r for r in rows if r.world_size == n0), rows[0] if rows else None)
     for row in rows:
         if base and base.predicted_samples_per_s and row.predicted_samples_per_s:
             row.predicted_efficiency = efficiency(
-                mode, n0=base.world_size, n=row.world_size,
-                throughput_n0=base.predicted_samples_per_s,
-                throughput_n=row.predicted_samples_per_s,
-                step_n0=base.predicted_step_time_s, step_n=row.predicted_step_time_s)
+                mode, n0=base.world_size, n=row.world_size, throughput_n0=base.predicted_samples_per_s,
+                throughput_n=row.predicted_samples_per_s, step_n0=base.predicted_step_time_s,
+                step_n=row.predicted_step_time_s)
     return note
 
 
@@ -92,9 +89,8 @@ def _predict_with_planner(rows: list[Row], data: RunData | None, topology: Topol
             mb = spec.micro_batch if per_rank % spec.micro_batch == 0 else per_rank
             kind = spec.strategy if topo.num_nodes > 1 or spec.strategy != "hybrid" else "fsdp_full"
             p = plan(profile, topo, Goal(global_batch=per_rank * n), overrides=Overrides(
-                strategy=kind, precision=spec.precision, micro_batch=mb,
-                checkpointing=spec.checkpointing, offload=spec.offload, float8=spec.float8,
-                **given_kernels(spec)))
+                strategy=kind, precision=spec.precision, micro_batch=mb, checkpointing=spec.checkpointing,
+                offload=spec.offload, float8=spec.float8, **given_kernels(spec)))
             row.predicted_step_time_s = p.chosen.time.step_time_s
             row.predicted_interval_s = (p.step_interval.low_s, p.step_interval.high_s) if p.step_interval else None
             row.predicted_samples_per_s = p.units_per_s / profile.units_per_sample

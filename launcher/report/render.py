@@ -9,8 +9,9 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 from launcher.errors import UsageError
 from launcher.files import atomic_write_json, atomic_write_text, storage
@@ -26,34 +27,26 @@ from launcher.rundir import REPORT_SUBDIR
 log = logging.getLogger(__name__)
 
 FORMATS = ("html", "md", "json", "png")
-# every file of a report, whatever the umask: readable by the group and others (a report is
-# meant to be shared), writable by its owner only
+# every file of a report, whatever the umask: readable by all (it is meant to be shared), writable by its owner
 REPORT_FILE_MODE = 0o644
-
-__all__ = ["write_report", "render_report", "parse_formats", "markdown", "FORMATS"]
 
 
 def parse_formats(text: str | Iterable[str]) -> set[str]:
     """`"html,md"` -> {"html", "md"}; one-line UsageError for an unknown or empty format."""
-    items = text.split(",") if isinstance(text, str) else list(text)
-    out = set()
-    for item in items:
-        item = item.strip().lower()
-        if item not in FORMATS:
-            raise UsageError(f"--format {item!r} is not one of {','.join(FORMATS)} "
-                             f"(comma-separated, e.g. --format html,png)")
-        out.add(item)
-    if not out:
+    items = [item.strip().lower() for item in (text.split(",") if isinstance(text, str) else text)]
+    if (bad := next((item for item in items if item not in FORMATS), None)) is not None:
+        raise UsageError(f"--format {bad!r} is not one of {','.join(FORMATS)} "
+                         f"(comma-separated, e.g. --format html,png)")
+    if not items:
         raise UsageError(f"--format needs at least one of {','.join(FORMATS)}")
-    return out
+    return set(items)
 
 
 def markdown(report: ScalingReport, plots: Iterable[str] = (), *, out_dir: Path | None = None) -> str:
     """A short Markdown summary: the tune's table (of a tune dir), scaling table, verdicts,
     stragglers, notes. `out_dir`: where the file goes, for relative links."""
     units = report.sample_units
-    lines = [f"# dlaunch report: {Path(report.source).name}", "",
-             f"{report.headline()}, source `{report.source}`", ""]
+    lines = [f"# dlaunch report: {Path(report.source).name}", "", f"{report.headline()}, source `{report.source}`", ""]
     if report.tune is not None:
         lines += markdown_lines(report.tune, link_from=out_dir)
     if report.kind not in ("run", "tune"):
@@ -62,13 +55,12 @@ def markdown(report: ScalingReport, plots: Iterable[str] = (), *, out_dir: Path 
                   "efficiency | predicted step (s, 80% interval) | predicted eff. |",
                   "|---:|---:|---:|" + ("---:|" if extra else "") + "---:|---:|---:|---:|"]
         for r in report.rows:
-            lines.append(f"| {r.world_size} | {r.repeats_ok}/{r.repeats} | "
-                         f"{dash(r.samples_per_s, '{:,.1f}')} | "
+            lo_hi = r.predicted_interval_s
+            span = f" ({lo_hi[0]:.3g}-{lo_hi[1]:.3g})" if lo_hi else ""
+            lines.append(f"| {r.world_size} | {r.repeats_ok}/{r.repeats} | {dash(r.samples_per_s, '{:,.1f}')} | "
                          + (f"{dash(r.units_per_s, '{:,.0f}')} | " if extra else "") +
                          f"{dash(r.step_time_s, '{:.4f}')} | {dash(r.efficiency and 100 * r.efficiency, '{:.0f}%')} | "
-                         f"{dash(r.predicted_step_time_s, '{:.3g}')}"
-                         + (f" ({r.predicted_interval_s[0]:.3g}-{r.predicted_interval_s[1]:.3g})"
-                            if r.predicted_interval_s else "") + " | "
+                         f"{dash(r.predicted_step_time_s, '{:.3g}')}{span} | "
                          f"{dash(r.predicted_efficiency and 100 * r.predicted_efficiency, '{:.0f}%')} |")
         lines.append("")
     lines += ["| point | status | compute | exposed comm | batch wait | other | busbw GB/s | verdict |",
@@ -83,42 +75,32 @@ def markdown(report: ScalingReport, plots: Iterable[str] = (), *, out_dir: Path 
     for p in report.points:
         if p.verdict:
             lines.append(f"- **{p.name}: {p.verdict['name']}**: {p.verdict.get('evidence', '')}")
-        for st in p.stragglers:
-            lines.append(f"- STRAGGLER in {p.name}: rank {st['rank']} on {st['host']} "
-                         f"(local rank {st['local_rank']}), median step {st['median_s']:.4f} s; "
-                         f"{st['signal']}")
+        lines += [f"- {_straggler_line(p.name, s)}" for s in p.stragglers]
         if p.run_id:
             lines.append(f"- {p.name}: {prediction_line(p.prediction)}")
     if report.warnings:
         lines += ["", "## Warnings", *(f"- WARNING: {w}" for w in report.warnings)]
-    notes = report.note_lines()
-    if notes:
+    if notes := report.note_lines():
         lines += ["", "## Notes", *(f"- {n}" for n in notes)]
-    figs = list(plots)
-    if figs:
+    if figs := list(plots):
         lines += ["", "## Figures", *(f"![{k}]({k}.png)" for k in figs)]
     return "\n".join(lines) + "\n"
 
 
 def write_report(path: str | Path, formats: Iterable[str] = FORMATS, *,
                  out_dir: str | Path | None = None, topology: Topology | None = None,
-                 default_topology: Topology | None = None,
-                 with_prediction: bool = True) -> list[Path]:
-    """Write the report of a sweep, run or tune directory into `out_dir` (default PATH/report/)
-    and return the files written; see `render_report`."""
+                 default_topology: Topology | None = None, with_prediction: bool = True) -> list[Path]:
+    """`render_report` without the numbers: the files written into `out_dir` (default PATH/report/)."""
     return render_report(path, formats, out_dir=out_dir, topology=topology,
                          default_topology=default_topology, with_prediction=with_prediction)[0]
 
 
-def render_report(path: str | Path, formats: Iterable[str] = FORMATS, *,
-                  out_dir: str | Path | None = None, topology: Topology | None = None,
-                  default_topology: Topology | None = None,
+def render_report(path: str | Path, formats: Iterable[str] = FORMATS, *, out_dir: str | Path | None = None,
+                  topology: Topology | None = None, default_topology: Topology | None = None,
                   with_prediction: bool = True) -> tuple[list[Path], ScalingReport]:
-    """Build the report's numbers, then write the files asked for in `formats`.
-
-    Returns the files written and the numbers. DlaunchError (one line) for a directory
-    without runs; unreadable rank files are named in the report, not fatal.
-    """
+    """Build the report's numbers, write the files asked for in `formats`, and return both.
+    DlaunchError (one line) for a directory without runs; unreadable rank files are named in the
+    report, not fatal."""
     fmts = parse_formats(formats if isinstance(formats, str) else list(formats))
     t0 = time.perf_counter()
     report = build_report(Path(path), topology=topology, default_topology=default_topology,
@@ -128,9 +110,7 @@ def render_report(path: str | Path, formats: Iterable[str] = FORMATS, *,
     with storage(out):
         out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
-    plots = []
-    if fmts & {"html", "png"}:
-        plots = build_plots(report)
+    plots = build_plots(report) if fmts & {"html", "png"} else []
     if "png" in fmts:
         for p in plots:
             target = out / f"{p.key}.png"
@@ -150,8 +130,7 @@ def render_report(path: str | Path, formats: Iterable[str] = FORMATS, *,
         written.append(out / "report.md")
     for path_ in written:
         os.chmod(path_, REPORT_FILE_MODE)
-    log.debug("report of %s: numbers %.2f s, total %.2f s", path, t_build,
-              time.perf_counter() - t0)
+    log.debug("report of %s: numbers %.2f s, total %.2f s", path, t_build, time.perf_counter() - t0)
     return written, report
 
 
@@ -159,25 +138,25 @@ def summary_lines(report: ScalingReport) -> list[str]:
     """What `dlaunch report` prints to the terminal."""
     lines = terminal_lines(report.tune) if report.tune is not None else []
     if report.kind not in ("run", "tune"):
-        for r in report.rows:
-            eff = "-" if r.efficiency is None else f"{100 * r.efficiency:.0f}%"
-            thr = "-" if r.samples_per_s is None else f"{r.samples_per_s:,.1f}"
-            lines.append(f"  {r.world_size:>5} rank(s): {thr} samples/s, efficiency {eff}"
-                         f" ({r.repeats_ok}/{r.repeats} ok)")
+        lines += [f"  {r.world_size:>5} rank(s): {dash(r.samples_per_s, '{:,.1f}')} samples/s, efficiency "
+                  f"{dash(r.efficiency and 100 * r.efficiency, '{:.0f}%')} ({r.repeats_ok}/{r.repeats} ok)"
+                  for r in report.rows]
     for p in report.points:
         if p.verdict:
             lines.append(f"  {p.name}: {p.verdict['name']} ({p.verdict.get('evidence', '')})")
         elif p.status != "ok" and report.tune is None:  # a tune's outcome lines name it
             lines.append(f"  {p.name}: {p.status.upper()}" + (f": {p.error}" if p.error else ""))
-        for s in p.stragglers:
-            lines.append(f"  STRAGGLER in {p.name}: rank {s['rank']} on {s['host']} (local rank "
-                         f"{s['local_rank']}), median step {s['median_s']:.4f} s; {s['signal']}")
+        lines += [f"  {_straggler_line(p.name, s)}" for s in p.stragglers]
         if p.run_id:
             lines.append(f"  {p.name}: {prediction_line(p.prediction)}")
-        for n in p.unreadable:
-            lines.append(f"  note: {p.name}: {n}")
+        lines += [f"  note: {p.name}: {n}" for n in p.unreadable]
     lines += [f"  WARNING: {w}" for w in report.warnings]
     if report.prediction_note:
         lines.append(f"  note: {report.prediction_note}")
     return lines
 
+
+def _straggler_line(point: str, s: Mapping[str, Any]) -> str:
+    """One straggler of a point, as the terminal and report.md say it."""
+    return (f"STRAGGLER in {point}: rank {s['rank']} on {s['host']} (local rank {s['local_rank']}), "
+            f"median step {s['median_s']:.4f} s; {s['signal']}")

@@ -25,13 +25,13 @@ from launcher.files import read_json
 from launcher.hardware.topology import topology_from_dict
 from launcher.hardware.types import Topology
 from launcher.knobs import migrate
-from launcher.report.tune import is_tune_dir, read_tune
+from launcher.report.tune import read_tune
 from launcher.report.types import TuneSummary
 from launcher.results.aggregate import aggregate, percentile
 from launcher.results.records import missing_note, rank_numbers, read_plan_json, read_records, read_spec, record_problem
 from launcher.results.schema import kind_of
 from launcher.results.types import RunResult
-from launcher.rundir import RECORDS, RunPaths, SweepPaths
+from launcher.rundir import RECORDS, RunPaths, SweepPaths, TunePaths
 from launcher.runspec import LaunchSpec
 from launcher.sweepmanifest import read_manifest
 
@@ -121,10 +121,9 @@ def discover(path: Path) -> Target:
         return Target(kind="sweep", entries=entries, mode=manifest.mode,
                       topology=_topology(manifest.topology), notes=notes)
     if _is_run(path):
-        return Target(kind="run", entries=[Entry(name=path.name, world_size=_world_size(path),
-                                                 repeat=0, run_dir=path)])
+        return Target(kind="run", entries=[Entry(name=path.name, world_size=_world_size(path), repeat=0, run_dir=path)])
     unread: list[str] = []  # a tune.json that is not one: its trials are reported as runs
-    if is_tune_dir(path):
+    if TunePaths(root=path).record.is_file():
         tune, unread = read_tune(path)
         if tune is not None:
             return Target(kind="tune", tune=tune, notes=unread, entries=[
@@ -140,8 +139,7 @@ def discover(path: Path) -> Target:
         n = _world_size(d)
         entries.append(Entry(name=d.name, world_size=n, repeat=seen.get(n, 0), run_dir=d))
         seen[n] = seen.get(n, 0) + 1
-    return Target(kind="runs", entries=sorted(entries, key=lambda e: (e.world_size, e.repeat)),
-                  notes=unread)
+    return Target(kind="runs", entries=sorted(entries, key=lambda e: (e.world_size, e.repeat)), notes=unread)
 
 
 def _topology(data: Any) -> Topology | None:
@@ -157,9 +155,8 @@ def _topology(data: Any) -> Topology | None:
 def _read_result(run_dir: Path) -> tuple[RunResult | None, list[str]]:
     """result.json when it is newer than every rank file, else a fresh aggregate."""
     paths = RunPaths(root=run_dir)
-    path = paths.result
+    path, raw = paths.result, None
     notes: list[str] = []
-    raw: dict[str, Any] | None = None
     if path.is_file():
         try:
             raw = read_json(path)
@@ -185,17 +182,14 @@ def _read_result(run_dir: Path) -> tuple[RunResult | None, list[str]]:
         except (OSError, ValueError, TypeError, KeyError, DlaunchError) as e:
             notes.append(f"{run_dir.name}: cannot aggregate the rank files again "
                          f"({type(e).__name__}: {e})"
-                         + ("; showing result.json as written at the end of the run"
-                            if fresh is not None else ""))
+                         + ("; showing result.json as written at the end of the run" if fresh is not None else ""))
     return fresh, notes
 
 
-def _parse_rank_file(path: Path, run_id: str | None) -> tuple[list[float], dict[str, Any] | None,
-                                                               list[str]]:
+def _parse_rank_file(path: Path, run_id: str | None) -> tuple[list[float], dict[str, Any] | None, list[str]]:
     """Steady step times, the comm record, and notes on what was left out."""
     raw = path.read_bytes()
-    if run_id is not None and raw.count(b'"run_id":') != raw.count(
-            b'"run_id":' + json.dumps(run_id).encode()):
+    if run_id is not None and raw.count(b'"run_id":') != raw.count(b'"run_id":' + json.dumps(run_id).encode()):
         return _parse_slow(path, run_id)  # records of another run to leave out
     note = None
     if raw and not raw.endswith(b"\n"):
@@ -212,20 +206,17 @@ def _parse_rank_file(path: Path, run_id: str | None) -> tuple[list[float], dict[
         if record_problem(comm) is not None:
             return _parse_slow(path, run_id)
     lines = raw.count(b"\n")
-    wellformed = lines == 0 or (raw.startswith(b'{"kind":')
-                                and raw.count(b'\n{"kind":') == lines - 1)
+    wellformed = lines == 0 or (raw.startswith(b'{"kind":') and raw.count(b'\n{"kind":') == lines - 1)
     matches = _STEP.findall(raw) if wellformed else []
     # every step record has exactly one "step_time_s" key, whatever its layout
     if wellformed and len(matches) == raw.count(b'"step_time_s"'):
-        times = [float(t) for w, t in matches if w == b"f"]
-        if not times:  # every step was warm-up: use them all, as aggregate does
-            times = [float(t) for _, t in matches]
+        # every step was warm-up: use them all, as aggregate does
+        times = [float(t) for w, t in matches if w == b"f"] or [float(t) for _, t in matches]
         return times, comm, [note] if note else []
     return _parse_slow(path, run_id)
 
 
-def _parse_slow(path: Path, run_id: str | None) -> tuple[list[float], dict[str, Any] | None,
-                                                         list[str]]:
+def _parse_slow(path: Path, run_id: str | None) -> tuple[list[float], dict[str, Any] | None, list[str]]:
     """Record by record (results.records: well-formed records of this run only)."""
     records, notes = read_records(path, run_id)
     steps = [r for r in records if r["kind"] == "step"]
@@ -255,8 +246,7 @@ def read_run(run_dir: Path) -> RunData:
     if (line := missing_note(world, len(have), unlisted)) is not None:
         notes.append(line)
     for rank in (r for r in have if r in files):
-        times, comm, more = _parse_rank_file(paths.records(rank), spec.run_id if spec else None)
-        data.step_times[rank] = times
+        data.step_times[rank], comm, more = _parse_rank_file(paths.records(rank), spec.run_id if spec else None)
         if comm:
             data.comm[rank] = comm
         notes += more
@@ -272,9 +262,9 @@ def _stats(values: list[float]) -> dict[str, float]:
 
 def group_distributions(data: RunData, result: RunResult, slow: set[int] | None = None,
                         limit: int = GROUP_LIMIT) -> dict[str, Any]:
-    """Step-time distributions for box plots: one per rank up to `limit` ranks, else one per
-    node (when the nodes are few enough), else contiguous blocks of ranks. Each group keeps the
-    slowest rank median, so a straggler stays visible in an aggregated plot."""
+    """Step-time distributions for box plots: one per rank up to `limit` ranks, else one per node
+    (when the nodes are few enough), else contiguous blocks of ranks. Each group keeps its slowest
+    rank median, so a straggler stays visible in an aggregated plot."""
     ranks = {r.rank: r for r in result.ranks}
     slow = set(result.stragglers) if slow is None else slow
     present = [r for r in sorted(data.step_times) if data.step_times[r]]
@@ -287,8 +277,7 @@ def group_distributions(data: RunData, result: RunResult, slow: set[int] | None 
         for r in present:
             nodes.setdefault(ranks[r].node_rank if r in ranks else 0, []).append(r)
         if 1 < len(nodes) <= limit:
-            grouping = "node"
-            groups = [(f"n{n}", rs) for n, rs in sorted(nodes.items())]
+            grouping, groups = "node", [(f"n{n}", rs) for n, rs in sorted(nodes.items())]
         else:
             grouping = "rank block"
             size = -(-len(present) // (limit // 2))
@@ -299,11 +288,9 @@ def group_distributions(data: RunData, result: RunResult, slow: set[int] | None 
         values = [t for r in members for t in data.step_times[r]]
         worst = max(members, key=lambda r: ranks[r].step_time_median_s if r in ranks else 0.0)
         out.append({"label": label, "ranks": len(members), **_stats(values),
-                    "straggler": any(r in slow for r in members),
-                    "worst_rank": worst,
+                    "straggler": any(r in slow for r in members), "worst_rank": worst,
                     "worst_rank_median_s": ranks[worst].step_time_median_s if worst in ranks else None})
     caption = {"rank": "one box per rank",
                "node": f"{len(present)} ranks grouped per node",
                "rank block": f"{len(present)} ranks grouped in blocks of {len(groups[0][1])}"}[grouping]
-    return {"grouping": grouping, "groups": out,
-            "caption": caption + "; boxes p25-p75, whiskers p5-p95, line median"}
+    return {"grouping": grouping, "groups": out, "caption": caption + "; boxes p25-p75, whiskers p5-p95, line median"}

@@ -46,9 +46,8 @@ def breakdown(data: RunData) -> dict[str, float]:
             continue
         comm = data.comm.get(rank, {})
         per_rank.append(step_parts(math.fsum(times) / len(times), data_wait_share=shares.get(rank, 0.0),
-                                   exposed_comm_s=comm.get("exposed_comm_s"),
-                                   nosync_step_s=comm.get("nosync_step_s"), accum=accum,
-                                   tp_comm_s=comm.get("tp_comm_s")))
+                                   exposed_comm_s=comm.get("exposed_comm_s"), nosync_step_s=comm.get("nosync_step_s"),
+                                   accum=accum, tp_comm_s=comm.get("tp_comm_s")))
     if not per_rank:
         return {**{p: 0.0 for p in PARTS}, "step": 0.0}
     return {k: math.fsum(r[k] for r in per_rank) / len(per_rank) for k in (*PARTS, "step")}
@@ -58,8 +57,8 @@ def _link_for(topology: Topology | None, world_size: int,
               num_nodes: int | None = None) -> tuple[str | None, float | None]:
     """(kind, GB/s) of the link bounding a ring over `world_size` ranks: the intra-node link,
     or, once the ring crosses nodes, the inter-node link at the lower of the two bandwidths
-    (as cost.slowest_link). The run's `num_nodes` when known, else a guess: GPU rings cross
-    nodes beyond one node's devices, CPU processes share one host."""
+    (as cost.slowest_link). Without the run's `num_nodes`, GPU rings cross nodes beyond one
+    node's devices and CPU processes share one host."""
     if topology is None:
         return None, None
     intra, inter = topology.intra_node, topology.inter_node
@@ -70,28 +69,23 @@ def _link_for(topology: Topology | None, world_size: int,
     return intra.kind, intra.bw_gb_s
 
 
-def build_point(data: RunData, *, name: str, world_size: int, repeat: int,
-                topology: Topology | None, manifest_status: str | None = None,
-                manifest_error: str | None = None) -> Point:
+def build_point(data: RunData, *, name: str, world_size: int, repeat: int, topology: Topology | None,
+                manifest_status: str | None = None, manifest_error: str | None = None) -> Point:
     """The report's view of one run."""
-    r = data.result
-    spec = data.spec
+    r, spec = data.result, data.spec
     point = Point(name=name, world_size=world_size, repeat=repeat, run_dir=str(data.run_dir),
                   status=r.status if r is not None else (manifest_status or "missing"),
                   error=manifest_error, unreadable=list(data.notes))
     if spec is not None:
-        point.global_batch, point.micro_batch = spec.global_batch, spec.micro_batch
-        point.num_nodes = spec.nodes
+        point.global_batch, point.micro_batch, point.num_nodes = spec.global_batch, spec.micro_batch, spec.nodes
     if r is None:
         return point
     parts = breakdown(data) if r.strategy != "script" else {"step": 0.0}
     step = parts.pop("step")
     kind, bw = _link_for(topology, world_size, spec.nodes if spec is not None else None)
     point.run_id, point.samples_per_s, point.units_per_s = r.run_id, r.samples_per_s, r.units_per_s
-    point.status_text = status_text(r)
-    point.sample_units, point.step_time_s = r.sample_units, r.step_time_median_s
-    point.breakdown_s = parts
-    point.shares = {k: v / step for k, v in parts.items()} if step else {}
+    point.status_text, point.sample_units, point.step_time_s = status_text(r), r.sample_units, r.step_time_median_s
+    point.breakdown_s, point.shares = parts, {k: v / step for k, v in parts.items()} if step else {}
     point.exposed_comm_s, point.busbw_gb_s = r.exposed_comm_s, r.busbw_gb_s
     point.link_kind, point.link_bw_gb_s = kind, bw
     if bw and r.busbw_gb_s is not None and r.busbw_gb_s <= bw:
@@ -126,8 +120,7 @@ def _verdict(r: RunResult, shares: Mapping[str, float]) -> dict[str, str]:
     if not shares or no_steps(r):
         return {}
     comm_measured = r.world_size == 1 or r.exposed_comm_s is not None
-    name, evidence = verdict({**shares, "exposed_comm": shares.get("exposed_comm") if comm_measured
-                              else None})
+    name, evidence = verdict({**shares, "exposed_comm": shares.get("exposed_comm") if comm_measured else None})
     return {"name": name, "evidence": evidence, "source": "step-time breakdown"}
 
 
@@ -144,16 +137,11 @@ def stragglers(data: RunData, result: Any) -> list[dict[str, Any]]:
     sync-off calibration), each with the numbers of the rule that flagged it."""
     ranks = {x.rank: x for x in result.ranks}
     medians = {x.rank: x.step_time_median_s for x in result.ranks if x.steady_steps}
-    busy = {r: float(c["nosync_step_s"]) for r, c in data.comm.items()
-            if c.get("nosync_step_s") is not None}
-    out = []
-    for s in detect_stragglers(medians, busy):
-        x = ranks[s.rank]
-        out.append({"rank": s.rank, "host": x.host, "node_rank": x.node_rank,
-                    "local_rank": x.local_rank, "median_s": x.step_time_median_s,
-                    "busy_s": busy.get(s.rank), "rule": s.rule,
-                    "signal": f"{s.rule}: {s.evidence()}"})
-    return out
+    busy = {r: float(c["nosync_step_s"]) for r, c in data.comm.items() if c.get("nosync_step_s") is not None}
+    return [{"rank": s.rank, "host": ranks[s.rank].host, "node_rank": ranks[s.rank].node_rank,
+             "local_rank": ranks[s.rank].local_rank, "median_s": ranks[s.rank].step_time_median_s,
+             "busy_s": busy.get(s.rank), "rule": s.rule, "signal": f"{s.rule}: {s.evidence()}"}
+            for s in detect_stragglers(medians, busy)]
 
 
 def _rows(points: list[Point], mode: str) -> tuple[list[Row], int | None]:
@@ -181,41 +169,33 @@ def _rows(points: list[Point], mode: str) -> tuple[list[Row], int | None]:
         if not row.samples_per_s:
             continue
         row.ideal_samples_per_s = base.samples_per_s * row.world_size / n0
-        row.efficiency = efficiency(mode, n0=n0, n=row.world_size,
-                                    throughput_n0=base.samples_per_s, throughput_n=row.samples_per_s,
-                                    step_n0=base.step_time_s, step_n=row.step_time_s)
+        row.efficiency = efficiency(mode, n0=n0, n=row.world_size, throughput_n0=base.samples_per_s,
+                                    throughput_n=row.samples_per_s, step_n0=base.step_time_s, step_n=row.step_time_s)
     return rows, n0
 
 
 def build_report(path: str | Path, *, topology: Topology | None = None,
-                 default_topology: Topology | None = None,
-                 with_prediction: bool = True) -> ScalingReport:
-    """Read a sweep, run or tune directory, or a directory of runs, into a ScalingReport.
-
-    DlaunchError (one line) when the directory holds no run. The topology (link bandwidth,
-    prediction) is `topology` if given, else the one the sweep recorded, else
-    `default_topology`.
-    """
+                 default_topology: Topology | None = None, with_prediction: bool = True) -> ScalingReport:
+    """Read a sweep, run or tune directory, or a directory of runs, into a ScalingReport;
+    DlaunchError (one line) when it holds no run. The topology (link bandwidth, prediction) is
+    `topology` if given, else the one the sweep recorded, else `default_topology`."""
     target = discover(Path(path))
     topo = topology or target.topology or default_topology
     points: list[Point] = []
     first_data: RunData | None = None
     plans: dict[int, dict[str, Any]] = {}
-    notes = list(target.notes)
     for entry in target.entries:
-        data = read_run(entry.run_dir) if entry.run_dir.exists() else None
-        if data is None:
-            points.append(Point(name=entry.name, world_size=entry.world_size,
-                                repeat=entry.repeat, status=entry.status or "missing",
-                                run_dir=str(entry.run_dir), error=entry.error))
+        if not entry.run_dir.exists():
+            points.append(Point(name=entry.name, world_size=entry.world_size, repeat=entry.repeat,
+                                status=entry.status or "missing", run_dir=str(entry.run_dir), error=entry.error))
             continue
+        data = read_run(entry.run_dir)
         if first_data is None and data.spec is not None:
             first_data = data
         if data.plan is not None:
             plans.setdefault(entry.world_size, data.plan)
-        points.append(build_point(data, name=entry.name, world_size=entry.world_size,
-                                  repeat=entry.repeat, topology=topo,
-                                  manifest_status=entry.status, manifest_error=entry.error))
+        points.append(build_point(data, name=entry.name, world_size=entry.world_size, repeat=entry.repeat,
+                                  topology=topo, manifest_status=entry.status, manifest_error=entry.error))
     if not any(p.status != "missing" or p.run_id for p in points) and target.kind != "sweep":
         why = next((n for p in points for n in p.unreadable), "")
         raise DlaunchError(f"no readable run in {path}" + (f": {why}" if why else ""))
@@ -235,15 +215,12 @@ def build_report(path: str | Path, *, topology: Topology | None = None,
 
     warnings = [f"{p.name}: {w}" for p in points for w in p.warnings]
     if n0 is not None:
-        warnings += [w for row in rows
-                     if (w := superlinear_warning(row.world_size, row.efficiency, n0)) is not None]
-    units = next((p.sample_units for p in points if p.run_id), "samples")
-    link_note = None if topo is not None else (
-        "link bandwidth unknown: no topology recorded (pass --topology FILE)")
+        warnings += [w for row in rows if (w := superlinear_warning(row.world_size, row.efficiency, n0)) is not None]
+    link_note = None if topo is not None else "link bandwidth unknown: no topology recorded (pass --topology FILE)"
     return ScalingReport(kind=target.kind, source=str(Path(path).absolute()), mode=mode,
-                         sample_units=units, baseline_world_size=n0, rows=rows, points=points,
-                         prediction_note=note, link_note=link_note, notes=notes,
-                         warnings=warnings, tune=target.tune)
+                         sample_units=next((p.sample_units for p in points if p.run_id), "samples"),
+                         baseline_world_size=n0, rows=rows, points=points, prediction_note=note,
+                         link_note=link_note, notes=target.notes, warnings=warnings, tune=target.tune)
 
 
 def _infer_mode(points: Sequence[Point]) -> str:
@@ -251,6 +228,3 @@ def _infer_mode(points: Sequence[Point]) -> str:
     batches = {p.global_batch for p in points if p.global_batch}
     sizes = {p.world_size for p in points}
     return "strong" if len(batches) == 1 and len(sizes) > 1 else "weak"
-
-
-__all__ = ["breakdown", "build_report", "build_point"]

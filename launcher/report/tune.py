@@ -29,11 +29,6 @@ CAPTION = ("same seed and data; measured/predicted is the measured median step (
            " (in brackets: the plan's 80% interval)")
 
 
-def is_tune_dir(path: Path) -> bool:
-    """True when `path` holds a tune's record (tune.json)."""
-    return TunePaths(root=path).record.is_file()
-
-
 def _trial(tune: TunePaths, row: Mapping[str, Any]) -> TuneTrial:
     run_name = Path(str(row["run_dir"])).name
     trial = tune.trial(run_name)
@@ -94,8 +89,7 @@ def read_tune(path: Path) -> tuple[TuneSummary | None, list[str]]:
 def cells(t: TuneTrial) -> list[str]:
     """One trial's row under HEAD, as text; "-" where nothing was measured."""
     span = t.predicted_interval_s
-    return [t.name, t.status,
-            f"{t.predicted_step_s:.3g} s" + (f" ({span[0]:.3g}-{span[1]:.3g})" if span else ""),
+    return [t.name, t.status, f"{t.predicted_step_s:.3g} s" + (f" ({span[0]:.3g}-{span[1]:.3g})" if span else ""),
             f"{t.predicted_samples_per_s:,.1f}",
             dash(t.measured_step_s, "{:.3g} s"), dash(t.measured_samples_per_s, "{:,.1f}"),
             dash(t.step_ratio, "{:.2f}"), "yes" if t.chosen else ""]

@@ -1,5 +1,4 @@
-"""The values a report is made of: points, rows, a tune's trials, the report, and scaling
-efficiency.
+"""The values a report is made of: points, rows, a tune's trials, the report, and scaling efficiency.
 
 Plain dataclasses and two pure functions, so the modules that fill a report (`scaling`,
 `predict`, `tune`) and the ones that draw it (`plots`, `html`, `render`) share them without
@@ -16,6 +15,7 @@ from typing import Any
 PARTS = ("compute", "exposed_comm", "data_wait", "other")
 HTML_PAGE = "report.html"  # the page's name in a report folder
 TRIAL_STATUSES = ("ok", "failed", "skipped")  # a tune trial: measured, failed, never started
+GROUP_AXIS = {"rank": "rank", "node": "node", "rank block": "ranks"}  # a per-rank plot's grouping -> axis label
 
 
 @dataclass(kw_only=True)
@@ -84,8 +84,7 @@ def _positive(value: float | None, name: str, *, optional: bool = True) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class TuneTrial:
-    """One row of a tune's table, as its tune.json recorded it; measured values are None
-    unless the trial measured them."""
+    """One row of a tune's table, as tune.json recorded it; measured values are None unless measured."""
 
     name: str  # the candidate, e.g. "DDP fp32 + ckpt, mb 8 x 1"
     run_name: str  # its run dir's name under the tune dir, e.g. "1-ddp-fp32-ckpt-mb8"
@@ -106,10 +105,9 @@ class TuneTrial:
             raise ValueError(f"trial status must be one of {', '.join(TRIAL_STATUSES)}, got {self.status!r}")
         if not self.name or not self.run_name or "/" in self.run_name or self.run_name in (".", ".."):
             raise ValueError(f"a trial needs a name and a plain run dir name, got {self.name!r}, {self.run_name!r}")
-        _positive(self.predicted_step_s, "predicted_step_s", optional=False)
-        _positive(self.predicted_samples_per_s, "predicted_samples_per_s", optional=False)
-        for name in ("measured_step_s", "measured_samples_per_s", "step_ratio"):
-            _positive(getattr(self, name), name)
+        for name in ("predicted_step_s", "predicted_samples_per_s", "measured_step_s", "measured_samples_per_s",
+                     "step_ratio"):
+            _positive(getattr(self, name), name, optional=not name.startswith("predicted"))
         if self.status != "ok" and (self.measured_step_s is not None or self.chosen):
             raise ValueError(f"trial {self.name!r} is {self.status}: nothing measured, never chosen")
 
@@ -172,13 +170,9 @@ class ScalingReport:
         """What the report is about, in words: one run is not a scaling study."""
         if self.tune is not None:
             return f"tune of {len(self.tune.trials)} candidate(s)"
-        if self.kind == "run":
-            point = self.points[0] if self.points else None
-            what = f"one run on {point.world_size} rank(s)" if point else "one run"
-        else:
-            what = f"{self.mode} scaling"
-        return what + (", live: a run is still in progress, numbers are its steps so far"
-                       if self.live else "")
+        what = ((f"one run on {self.points[0].world_size} rank(s)" if self.points else "one run")
+                if self.kind == "run" else f"{self.mode} scaling")
+        return what + (", live: a run is still in progress, numbers are its steps so far" if self.live else "")
 
 
 def dash(x: float | None, fmt: str) -> str:
@@ -190,7 +184,5 @@ def efficiency(mode: str, *, n0: int, n: int, throughput_n0: float, throughput_n
                step_n0: float | None, step_n: float | None) -> float | None:
     """Weak: throughput(N) / (N/N0 x throughput(N0)); strong: T(N0) x N0 / (N x T(N))."""
     if mode == "strong":
-        if not step_n or step_n0 is None:
-            return None
-        return step_n0 * n0 / (n * step_n)
+        return step_n0 * n0 / (n * step_n) if step_n and step_n0 is not None else None
     return throughput_n / (throughput_n0 * n / n0) if throughput_n0 else None

@@ -23,7 +23,6 @@ peak at the first steady step: warm-up and compile autotuning are not what the p
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import statistics
 from collections.abc import Sequence
@@ -55,14 +54,10 @@ def percentile(values: Sequence[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
-def rank_log_tail(run_dir: Path, node_rank: int, local_rank: int, *,
-                  lines: int = LOG_TAIL_LINES) -> tuple[str, ...]:
+def rank_log_tail(run_dir: Path, node_rank: int, local_rank: int, *, lines: int = LOG_TAIL_LINES) -> tuple[str, ...]:
     """The last lines of the rank's stderr log (torchrun's per-rank files), newest attempt."""
     found = RunPaths(root=run_dir).rank_logs(node_rank, local_rank, "stderr")
-    if not found:
-        return ()
-    text = found[-1].read_text(encoding="utf-8", errors="replace")
-    return tuple(text.splitlines()[-lines:])
+    return tuple(found[-1].read_text(encoding="utf-8", errors="replace").splitlines()[-lines:]) if found else ()
 
 
 def _script_status(run_dir: Path, rank: int, exit_code: int | None) -> str:
@@ -74,11 +69,8 @@ def _script_status(run_dir: Path, rank: int, exit_code: int | None) -> str:
 
 
 def last_attempt(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
-    """The records from the last `start` record on, and how many attempts the file shows.
-
-    The count is the larger of the start records in the file and the last start's `attempt`
-    + 1 (a `--max-restarts` relaunch moved the earlier attempts' files to attempts/<n>/).
-    """
+    """The records from the last `start` record on, and how many attempts the file shows: the larger
+    of its start records and the last start's `attempt` + 1 (see the module docstring)."""
     starts = [i for i, r in enumerate(records) if r.get("kind") == "start"]
     if not starts:
         return records, 1
@@ -87,8 +79,7 @@ def last_attempt(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], i
 
 
 def node_ids(run_dir: Path) -> dict[str, int]:
-    """host -> SLURM node id, from the node.json each SLURM node task wrote into its log dir
-    ({} for a run on this host, which has none)."""
+    """host -> SLURM node id, from the node.json each SLURM node task wrote ({} for a run on this host)."""
     out: dict[str, int] = {}
     for path in RunPaths(root=run_dir).node_records():
         try:
@@ -99,18 +90,15 @@ def node_ids(run_dir: Path) -> dict[str, int]:
     return out
 
 
-def _rank_result(run_dir: Path, rank: int, records: list[dict[str, Any]],
-                 summary: dict[str, Any] | None, *, script_exit: int | None = None,
-                 is_script: bool = False, earlier_loss: float | None = None,
+def _rank_result(run_dir: Path, rank: int, records: list[dict[str, Any]], summary: dict[str, Any] | None, *,
+                 script_exit: int | None = None, is_script: bool = False, earlier_loss: float | None = None,
                  nodes: dict[str, int] | None = None) -> RankResult:
     """One rank from its last attempt's records; `earlier_loss`: the last loss any earlier
     attempt recorded (the final loss of an attempt that resumed at the last step); `nodes`:
-    host -> SLURM node id (`node_ids`).
-
-    torchrun's c10d rendezvous numbers the nodes (GROUP_RANK, what a rank records as its
-    node_rank) by sorted host name and pid, not in SLURM_NODEID order, while each node's log
-    dir is named after SLURM_NODEID: where a node.json names the rank's host, its node is
-    SLURM's, so the rank's failure line and log tail are its own node's."""
+    host -> SLURM node id (`node_ids`). torchrun's c10d rendezvous numbers the nodes (what a
+    rank records as its node_rank) by sorted host name and pid, not in SLURM_NODEID order, while
+    each node's log dir is named after SLURM_NODEID: where a node.json names the rank's host, its
+    node is SLURM's, so the rank's failure line and log tail are its own node's."""
     start = next((r for r in records if r.get("kind") == "start"), {})
     steps = [r for r in records if r.get("kind") == "step"]
     resumed = next((int(r["step"]) for r in records if r.get("kind") == "resume"), None)
@@ -119,19 +107,13 @@ def _rank_result(run_dir: Path, rank: int, records: list[dict[str, Any]],
     wall = measured_wall_s(steps, steady)
     total_time = wall if wall is not None else sum(r["step_time_s"] for r in steady)
     times = [r["step_time_s"] for r in steady] or [0.0]
-    if summary:
-        status = summary["status"]
-    elif is_script:
-        status = _script_status(run_dir, rank, script_exit)
-    else:
-        status = "incomplete" if records else "missing"
+    status = (summary["status"] if summary
+              else _script_status(run_dir, rank, script_exit) if is_script
+              else "incomplete" if records else "missing")
     host = str(start.get("host", "?"))
     node_rank = (nodes or {}).get(host, int(start.get("node_rank", 0)))
     local_rank = int(start.get("local_rank", rank))
-    error = summary.get("error") if summary else None
-    failed = status != "ok"
-    # the steady steps' peak: a CUDA rank resets it at the first steady step (runtime.window),
-    # so warm-up records carry compile autotuning's; on CPU the resident peak only ever grows
+    # the steady steps' peak (see the module docstring); on CPU the resident peak only ever grows
     peaks = [r["peak_mem_bytes"] for r in steady if r.get("peak_mem_bytes") is not None] or [
         r["peak_mem_bytes"] for r in steps if r.get("peak_mem_bytes") is not None]
     live = max(((int(r["live_peak_bytes"]), int(r["step"])) for r in steps
@@ -146,40 +128,30 @@ def _rank_result(run_dir: Path, rank: int, records: list[dict[str, Any]],
         steps=(resumed or 0) + len(steps), steady_steps=len(steady),
         samples_per_s=sum(r["samples"] for r in steady) / total_time if total_time else 0.0,
         units_per_s=sum(r["units"] for r in steady) / total_time if total_time else 0.0,
-        step_time_median_s=statistics.median(times), step_time_p90_s=percentile(times, 90),
-        step_time_max_s=max(times),
+        step_time_median_s=statistics.median(times), step_time_p90_s=percentile(times, 90), step_time_max_s=max(times),
         data_wait_share=(sum(r["data_wait_s"] for r in steady) / step_sum) if step_sum else 0.0,
-        peak_mem_bytes=max(peaks) if peaks else None,
-        final_loss=steps[-1].get("loss") if steps else earlier_loss,
-        error=error,
-        log_tail=rank_log_tail(run_dir, node_rank, local_rank) if failed else (),
-        exposed_comm_s=comm.get("exposed_comm_s"), busbw_gb_s=comm.get("busbw_gb_s"),
-        tp_comm_s=comm.get("tp_comm_s"),
+        peak_mem_bytes=max(peaks) if peaks else None, final_loss=steps[-1].get("loss") if steps else earlier_loss,
+        error=summary.get("error") if summary else None,
+        log_tail=rank_log_tail(run_dir, node_rank, local_rank) if status != "ok" else (),
+        exposed_comm_s=comm.get("exposed_comm_s"), busbw_gb_s=comm.get("busbw_gb_s"), tp_comm_s=comm.get("tp_comm_s"),
         skipped_steps=sum(1 for r in steps if r.get("skipped")),
         # a rank writes a NaN or infinite loss as null (strict JSON), and only those
-        nonfinite_loss_step=next((int(r["step"]) for r in steps
-                                  if "loss" in r and r["loss"] is None), None),
+        nonfinite_loss_step=next((int(r["step"]) for r in steps if "loss" in r and r["loss"] is None), None),
         compiled_graphs=comp.get("graphs"), graph_breaks=comp.get("graph_breaks"),
         recompiles=comp.get("recompiles"), compile_fallback=comp.get("fallback"),
         profile_trace=prof.get("trace"), top_ops=tuple(prof.get("top_ops", ())),
         device_busy_share=(min(1.0, prof["device_time_s"] / prof_time)
                            if prof.get("device_time_s") is not None and prof_time else None),
-        resumed_from_step=resumed, measured_wall_s=wall,
-        step_time_mean_s=step_sum / len(steady) if steady else None,
+        resumed_from_step=resumed, measured_wall_s=wall, step_time_mean_s=step_sum / len(steady) if steady else None,
         live_peak_bytes=live[0] if live else None, live_peak_step=live[1] if live else None,
-        last_eval=summary.get("eval") if summary else None,
-    )
+        last_eval=summary.get("eval") if summary else None)
 
 
 def measured_wall_s(steps: Sequence[dict[str, Any]], steady: Sequence[dict[str, Any]]) -> float | None:
-    """Wall seconds the steady steps took, what the loop did between steps included.
-
-    Each steady step spans from the end of the step before it (`end_time`) to its own end; the
-    attempt's first step has no step before it and spans its own `step_time_s`. With contiguous
-    steady steps the sum is exactly end of the last step - end of warm-up; steps left out of
-    throughput in between (profiled ones) drop out with their spans. None when a step has no
-    `end_time` (rank files written before it was recorded).
-    """
+    """Wall seconds the steady steps took, what the loop did between steps included: each spans
+    from the end of the step before it (`end_time`; the attempt's first step: its own
+    `step_time_s`) to its own end, so steps left out in between (profiled ones) drop out with
+    their spans. None when a step has no `end_time` (rank files from before it was recorded)."""
     if not steady or any("end_time" not in r for r in steps):
         return None
     counted = {id(r) for r in steady}
@@ -198,15 +170,14 @@ def _launcher_warnings(rd: Path) -> tuple[str, ...]:
     if not path.exists():
         return ()
     try:
-        said = json.loads(path.read_text(encoding="utf-8"))
+        said: Any = read_json(path)
     except (OSError, ValueError) as e:
         log.warning("%s unreadable (%s); its warnings left out", path, e)
         return ()
     return tuple(str(w) for w in said) if isinstance(said, list) else ()
 
 
-def aggregate(run_dir: str | Path, *, exit_code: int | None = None,
-              wall_time_s: float | None = None) -> RunResult:
+def aggregate(run_dir: str | Path, *, exit_code: int | None = None, wall_time_s: float | None = None) -> RunResult:
     """Aggregate a run directory (written by `dlaunch run`) into a RunResult."""
     rd = Path(run_dir)
     spec = read_spec(rd)
@@ -226,10 +197,9 @@ def aggregate(run_dir: str | Path, *, exit_code: int | None = None,
     # plain scripts report their units in the start record of the step meter
     units = next((rec.get("sample_units") for recs in records.values() for rec in recs
                   if rec.get("kind") == "start" and rec.get("sample_units")), units)
-    measured = [r for r in ranks if r.steady_steps]
     busy = {rank: float(rec["nosync_step_s"]) for rank, recs in records.items() for rec in recs
             if rec.get("kind") == "comm" and rec.get("nosync_step_s") is not None}
-    slow = detect_stragglers({r.rank: r.step_time_median_s for r in measured}, busy)
+    slow = detect_stragglers({r.rank: r.step_time_median_s for r in ranks if r.steady_steps}, busy)
     stragglers = tuple(s.rank for s in slow)
     ranks = tuple(dataclasses.replace(r, straggler=r.rank in stragglers) for r in ranks)
     measured = [r for r in ranks if r.steady_steps]
@@ -243,12 +213,10 @@ def aggregate(run_dir: str | Path, *, exit_code: int | None = None,
                   if unusable is None else {"available": False, "reason": unusable})
     slowest = max(measured, key=lambda r: r.step_time_median_s).rank if measured else None
     # read after the fact with no result: the launcher still runs, or died before writing it
-    owner = (owner_state(rd) if exit_code is None and not RunPaths(root=rd).result.exists()
-             else None)
+    owner = owner_state(rd) if exit_code is None and not RunPaths(root=rd).result.exists() else None
     if owner == "running":
         # a rank without its summary is still training, not failed: a live report says so
-        ranks = tuple(dataclasses.replace(r, status="running") if r.status == "incomplete" else r
-                      for r in ranks)
+        ranks = tuple(dataclasses.replace(r, status="running") if r.status == "incomplete" else r for r in ranks)
     failures = _failures(ranks, summaries)
     if (unlisted_line := missing_note(spec.world_size, len(present), unlisted)) is not None:
         failures += (unlisted_line,)
@@ -256,22 +224,18 @@ def aggregate(run_dir: str | Path, *, exit_code: int | None = None,
     code = exit_code if exit_code is not None else (0 if all_ok else 1)
     status = owner or ("ok" if code == 0 and all_ok else "failed")
     if spec.is_script and not measured:
-        notes.append("the script reported no steps: no torch optimizer stepped and no StepMeter "
-                     "was called (launcher.runtime.meter.StepMeter.step() once per step shows its "
-                     "throughput)")
+        notes.append("the script reported no steps: no torch optimizer stepped and no StepMeter was called "
+                     "(launcher.runtime.meter.StepMeter.step() once per step shows its throughput)")
     if code != 0 and all_ok:
         failures = failures + (f"torchrun exited {code} although every rank reported success",)
     hosts = host_load(every)
     return RunResult(
-        run_id=spec.run_id, run_dir=str(rd), workload=spec.workload,
-        world_size=spec.world_size, num_nodes=spec.nodes, device=spec.device,
-        strategy="script" if spec.is_script else spec.strategy,
-        precision=spec.precision,
-        status=status, exit_code=code,
+        run_id=spec.run_id, run_dir=str(rd), workload=spec.workload, world_size=spec.world_size,
+        num_nodes=spec.nodes, device=spec.device, strategy="script" if spec.is_script else spec.strategy,
+        precision=spec.precision, status=status, exit_code=code,
         wall_time_s=wall_time_s if wall_time_s is not None else _wall_time(every),
         samples_per_s=samples_per_s, units_per_s=units_per_s, sample_units=str(units),
-        step_time_median_s=step_median,
-        slowest_rank=slowest,
+        step_time_median_s=step_median, slowest_rank=slowest,
         data_wait_share=statistics.fmean([r.data_wait_share for r in measured]) if measured else 0.0,
         ranks=ranks, failures=failures, unreadable=tuple(notes),
         exposed_comm_s=median_or_none([r.exposed_comm_s for r in ranks]),
@@ -283,8 +247,7 @@ def aggregate(run_dir: str | Path, *, exit_code: int | None = None,
         attempts=attempts, throughput_basis=basis, prediction=prediction,
         host_load=hosts, warnings=(*run_warnings(ranks, hosts, prediction), *_launcher_warnings(rd)),
         last_eval=next((r.last_eval for r in ranks if r.last_eval), None),
-        offload=bool(spec.offload), float8=spec.float8 or "none",
-    )
+        offload=bool(spec.offload), float8=spec.float8 or "none")
 
 
 def _throughput(ranks: Sequence[RankResult], measured: Sequence[RankResult]) -> tuple[float, float, str]:
@@ -293,7 +256,7 @@ def _throughput(ranks: Sequence[RankResult], measured: Sequence[RankResult]) -> 
     clock (hosts' clocks are never compared)."""
     walls = [r.measured_wall_s for r in measured]
     if not measured or any(w is None for w in walls):
-        return (sum(r.samples_per_s for r in ranks), sum(r.units_per_s for r in ranks), "step time")
+        return sum(r.samples_per_s for r in ranks), sum(r.units_per_s for r in ranks), "step time"
     wall = max(w for w in walls if w is not None)
     # a rank's rate times its own wall gives back its samples exactly
     samples = sum(r.samples_per_s * (r.measured_wall_s or 0.0) for r in measured)
@@ -303,11 +266,10 @@ def _throughput(ranks: Sequence[RankResult], measured: Sequence[RankResult]) -> 
 
 def _failures(ranks: tuple[RankResult, ...], summaries: dict[int, dict[str, Any]]) -> tuple[str, ...]:
     """One line per failed rank, the earliest failure (the likely cause) first."""
-    failed = [r for r in ranks if r.status not in ("ok", "running")]
-    order = sorted(failed, key=lambda r: summaries.get(r.rank, {}).get("time", float("inf")))
     out = []
     told: set[str] = set()  # a misfit's fix is said once, on the first rank that shows it
-    for r in order:
+    for r in sorted((r for r in ranks if r.status not in ("ok", "running")),
+                    key=lambda r: summaries.get(r.rank, {}).get("time", float("inf"))):
         summary = summaries.get(r.rank, {})
         if r.status == "preempted":
             # not an error: the rank saved and left on purpose (runtime.resume)
@@ -326,8 +288,7 @@ def _failures(ranks: tuple[RankResult, ...], summaries: dict[int, dict[str, Any]
 
 
 def _last_loss(records: list[dict[str, Any]]) -> float | None:
-    losses = [r["loss"] for r in records if r.get("kind") == "step" and r.get("loss") is not None]
-    return losses[-1] if losses else None
+    return next((r["loss"] for r in reversed(records) if r.get("kind") == "step" and r.get("loss") is not None), None)
 
 
 def _wall_time(records: dict[int, list[dict[str, Any]]]) -> float:

@@ -93,23 +93,19 @@ def reading_from_summary(rank: int, summary: Mapping[str, Any]) -> RankReading:
         local_rank=int(doc.get("local_rank", 0)), device=str(doc.get("device", "cpu")),
         device_name=str(doc.get("device_name", "")), precision=str(doc.get("precision", "")),
         threads=int(doc.get("threads", 1)), gemm=_rate(gemm), gemm_n=int(gemm.get("n", 0)),
-        copy=_rate(copy), copy_bytes=int(copy.get("bytes", 0)),
-        allreduce_node=_rate(ar_node, "busbw"),
+        copy=_rate(copy), copy_bytes=int(copy.get("bytes", 0)), allreduce_node=_rate(ar_node, "busbw"),
         node_ranks=int(doc.get("local_world_size", 1)), allreduce_world=_rate(ar_world, "busbw"),
-        world_size=int(doc.get("world_size", 1)),
-        allreduce_bytes=int((ar_node or ar_world or {}).get("bytes", 0)),
+        world_size=int(doc.get("world_size", 1)), allreduce_bytes=int((ar_node or ar_world or {}).get("bytes", 0)),
         slowed=bool(doc.get("slowed")))
 
 
 def _where(paths: RunPaths, rank: int) -> dict[str, Any]:
-    """host, node and local rank of a rank from its start record (a failed rank's summary has
-    none of them); {} when it never started."""
+    """A failed rank's host, node, local rank and device from its start record ({} if it never started)."""
     try:
         records, _ = read_jsonl(paths.records(rank))
     except (OSError, ValueError):
         return {}
-    start = next((r for r in records if r.get("kind") == "start"), None)
-    if start is None:
+    if (start := next((r for r in records if r.get("kind") == "start"), None)) is None:
         return {}
     return {"host": str(start.get("host", "?")), "node": int(start.get("node_rank", 0)),
             "local_rank": int(start.get("local_rank", 0)), "device": str(start.get("device", "cpu"))}
@@ -123,8 +119,7 @@ def read_readings(run_dir: str | Path, world_size: int) -> list[RankReading]:
         try:
             reading = reading_from_summary(rank, read_json(paths.summary(rank)))
         except FileNotFoundError:
-            reading = RankReading(rank=rank, error="left no result (see its log under logs/)",
-                                  status="failed")
+            reading = RankReading(rank=rank, error="left no result (see its log under logs/)", status="failed")
         except (OSError, ValueError) as e:
             reading = RankReading(rank=rank, error=f"unreadable result: {e}", status="failed")
         if reading.error:
@@ -145,16 +140,13 @@ class Verdict:
 
     @property
     def of_median(self) -> float:
-        """measured / median."""
         return self.measured / self.median if self.median > 0 else 1.0
 
     @property
     def of_expected(self) -> float | None:
-        """measured / expected, when there is an expectation."""
         return self.measured / self.expected.value if self.expected and self.expected.value > 0 else None
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready."""
         return {"measured": self.measured, "median": self.median, "of_median": self.of_median,
                 "expected": self.expected.value if self.expected else None,
                 "of_expected": self.of_expected, "slow": self.slow}
@@ -214,19 +206,16 @@ class DoctorReport:
 
     @property
     def exclude(self) -> tuple[str, ...]:
-        """The bad nodes' host names, sorted: a SLURM job's `--exclude` list (none on this host,
-        whose ranks are named instead)."""
+        """The bad nodes' hosts, sorted: a SLURM job's `--exclude` list (none on this host: its ranks are named)."""
         return tuple(sorted({n.host for n in self.nodes if n.bad})) if self.slurm else ()
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready."""
         exp = self.expectations
         return {
             "ok": self.ok, "device": self.device, "precision": self.precision,
             "threshold": self.threshold, "expected_from": exp.basis,
-            "expected": {k: None if e is None else {"value": e.value, "peak": e.peak,
-                                                    "fraction": e.fraction, "source": e.source}
-                         for k, e in exp.checks.items()},
+            "expected": {k: None if e is None else {"value": e.value, "peak": e.peak, "fraction": e.fraction,
+                                                    "source": e.source} for k, e in exp.checks.items()},
             "expected_missing": dict(exp.missing),
             "ranks": [{"rank": r.reading.rank, "node": r.reading.node, "host": r.reading.host,
                        "local_rank": r.reading.local_rank, "device": r.reading.label,
@@ -235,28 +224,23 @@ class DoctorReport:
                        **{v.check: v.to_dict() for v in r.verdicts}} for r in self.ranks],
             "nodes": [{"node": n.node, "host": n.host, "ranks": list(n.ranks), "bad": n.bad,
                        "slow_ranks": list(n.slow_ranks), "failed_ranks": list(n.failed_ranks),
-                       "allreduce": n.allreduce.to_dict() if n.allreduce else None}
-                      for n in self.nodes],
+                       "allreduce": n.allreduce.to_dict() if n.allreduce else None} for n in self.nodes],
             "allreduce_world": self.world.to_dict() if self.world else None,
-            "failed": [{"rank": f.rank, "host": f.host, "node": f.node, "status": f.status,
-                        "error": f.error} for f in self.failed],
-            "slow_ranks": [r.reading.rank for r in self.ranks if r.slow],
-            "exclude": ",".join(self.exclude) or None,
+            "failed": [{"rank": f.rank, "host": f.host, "node": f.node, "status": f.status, "error": f.error}
+                       for f in self.failed],
+            "slow_ranks": [r.reading.rank for r in self.ranks if r.slow], "exclude": ",".join(self.exclude) or None,
             "notes": list(self.notes), "run_dir": self.run_dir, "wall_s": self.wall_s,
         }
 
 
 def rate_unit(check: str, device: str = "") -> str:
     """The unit a check's rate is printed in."""
-    if check == "gemm":
-        return "TFLOP/s" if device == "cuda" else "GFLOP/s"
-    return "GB/s"
+    return ("TFLOP/s" if device == "cuda" else "GFLOP/s") if check == "gemm" else "GB/s"
 
 
 def fmt_rate(check: str, value: float, device: str = "") -> str:
     """A check's rate in its unit, 3 significant figures at most."""
-    scale = 1e12 if check == "gemm" and device == "cuda" else 1e9
-    x = value / scale
+    x = value / (1e12 if check == "gemm" and device == "cuda" else 1e9)
     return f"{x:.0f}" if x >= 100 else f"{x:.1f}" if x >= 10 else f"{x:.2f}"
 
 
@@ -282,9 +266,8 @@ def _low_note(check: str, median: float, expected: Expected | None, threshold: f
             "hardware")
 
 
-def judge(readings: Sequence[RankReading], expectations: Expectations, *,
-          threshold: float = DEFAULT_THRESHOLD, slurm: bool = False, run_dir: str = "",
-          wall_s: float = 0.0) -> DoctorReport:
+def judge(readings: Sequence[RankReading], expectations: Expectations, *, threshold: float = DEFAULT_THRESHOLD,
+          slurm: bool = False, run_dir: str = "", wall_s: float = 0.0) -> DoctorReport:
     """Every rank's and node's verdict (see the module docstring)."""
     good = [r for r in readings if not r.error]
     failed = tuple(r for r in readings if r.error)
@@ -297,41 +280,29 @@ def judge(readings: Sequence[RankReading], expectations: Expectations, *,
         per_check[check] = _verdicts(values, check, exp.get(check), threshold)
         notes.append(_low_note(check, _median(list(values.values())), exp.get(check), threshold,
                                "the median rank's", device))
-    rows = tuple(RankRow(reading=r, verdicts=tuple(per_check[c][r.rank] for c in RANK_CHECKS
-                                                   if r.rank in per_check[c])) for r in good)
+    rows = tuple(RankRow(reading=r, verdicts=tuple(per_check[c][r.rank] for c in RANK_CHECKS if r.rank in per_check[c]))
+                 for r in good)
     # nodes: by node id (SLURM's under SLURM), named by the host of their ranks
-    node_ids = sorted({r.node for r in readings if not r.error} | {r.node for r in failed if r.host != "?"})
+    node_ids = sorted({r.node for r in good} | {r.node for r in failed if r.host != "?"})
     hosts = {r.node: r.host for r in readings if r.host != "?"}
-    node_bw = {}
-    for node in node_ids:
-        seen = [r.allreduce_node for r in good if r.node == node and r.allreduce_node is not None]
-        if seen:
-            node_bw[node] = _median(seen)  # every rank of the node timed the same collective
+    # every rank of a node timed the same collective
+    node_bw = {node: _median(seen) for node in node_ids
+               if (seen := [r.allreduce_node for r in good if r.node == node and r.allreduce_node is not None])}
     node_verdicts = _verdicts(node_bw, "allreduce_node", exp.get("allreduce_node"), threshold)
     notes.append(_low_note("allreduce_node", _median(list(node_bw.values())),
                            exp.get("allreduce_node"), threshold, "the median node's", device))
     slow = {r.reading.rank for r in rows if r.slow}
     nodes = tuple(NodeRow(
-        node=node, host=hosts.get(node, "?"),
-        ranks=tuple(r.rank for r in readings if r.node == node and not r.error),
+        node=node, host=hosts.get(node, "?"), ranks=tuple(r.rank for r in good if r.node == node),
         allreduce=node_verdicts.get(node),
         slow_ranks=tuple(sorted(r.rank for r in good if r.node == node and r.rank in slow)),
         failed_ranks=tuple(r.rank for r in failed if r.node == node and r.host != "?" and not r.collateral))
         for node in node_ids)
-    world_values = [r.allreduce_world for r in good if r.allreduce_world is not None]
     world = None
-    if world_values:
-        median = _median(world_values)
-        expected = exp.get("allreduce_world")
-        world = Verdict(check="allreduce_world", measured=median, median=median, expected=expected,
-                        slow=False)
+    if world_values := [r.allreduce_world for r in good if r.allreduce_world is not None]:
+        median, expected = _median(world_values), exp.get("allreduce_world")
+        world = Verdict(check="allreduce_world", measured=median, median=median, expected=expected, slow=False)
         notes.append(_low_note("allreduce_world", median, expected, threshold, "the", device))
-    return DoctorReport(device=device, precision=good[0].precision if good else "?",
-                        threshold=threshold, expectations=expectations, ranks=rows, nodes=nodes,
-                        world=world, failed=failed, notes=tuple(n for n in notes if n), slurm=slurm,
-                        run_dir=run_dir, wall_s=wall_s)
-
-
-__all__ = ["RankReading", "Verdict", "RankRow", "NodeRow", "DoctorReport", "read_readings",
-           "reading_from_summary", "judge", "DEFAULT_THRESHOLD", "RANK_CHECKS", "CHECK_NAMES",
-           "rate_unit", "fmt_rate"]
+    return DoctorReport(device=device, precision=good[0].precision if good else "?", threshold=threshold,
+                        expectations=expectations, ranks=rows, nodes=nodes, world=world, failed=failed,
+                        notes=tuple(n for n in notes if n), slurm=slurm, run_dir=run_dir, wall_s=wall_s)

@@ -29,16 +29,13 @@ MISFITS = (
            fix="the script asks for the NCCL backend, which needs CUDA GPUs: on CPU use "
                "dist.init_process_group('gloo') (or backend='cpu:gloo,cuda:nccl' for both)"),
     Misfit(name="CUDA device without a GPU",
-           signs=("_cuda_setDevice", "No CUDA GPUs are available",
-                  "Torch not compiled with CUDA enabled", "Found no NVIDIA driver",
-                  "invalid device ordinal"),
-           fix="the script uses a CUDA device (torch.cuda.set_device, .cuda(), device='cuda') "
-               "but this run has no GPU: guard it with torch.cuda.is_available() and use "
-               "torch.device('cpu') otherwise"),
-    Misfit(name="device_ids on CPU DDP",
-           signs=("device_ids and output_device arguments only work with",),
-           fix="DistributedDataParallel got device_ids for a CPU model: pass device_ids only "
-               "for a GPU model (DistributedDataParallel(model) on CPU)"),
+           signs=("_cuda_setDevice", "No CUDA GPUs are available", "Torch not compiled with CUDA enabled",
+                  "Found no NVIDIA driver", "invalid device ordinal"),
+           fix="the script uses a CUDA device (torch.cuda.set_device, .cuda(), device='cuda') but this run has no "
+               "GPU: guard it with torch.cuda.is_available() and use torch.device('cpu') otherwise"),
+    Misfit(name="device_ids on CPU DDP", signs=("device_ids and output_device arguments only work with",),
+           fix="DistributedDataParallel got device_ids for a CPU model: pass device_ids only for a GPU model "
+               "(DistributedDataParallel(model) on CPU)"),
 )
 
 

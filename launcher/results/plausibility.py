@@ -29,8 +29,7 @@ def host_load(records: Mapping[int, Sequence[Mapping[str, Any]]]) -> tuple[dict[
     (the /proc/stat counters' difference between the start and end records), from the first
     rank on each host whose records carry them."""
     out: dict[str, dict[str, Any]] = {}
-    for rank in sorted(records):
-        recs = records[rank]
+    for rank, recs in sorted(records.items()):
         start = next((r for r in recs if r.get("kind") == "start"), None)
         if start is None or not start.get("host_load"):
             continue
@@ -43,8 +42,7 @@ def host_load(records: Mapping[int, Sequence[Mapping[str, Any]]]) -> tuple[dict[
         steal = ((b.get("steal_ticks") or 0) - (a.get("steal_ticks") or 0)) / total if (
             total > 0 and "steal_ticks" in a and "steal_ticks" in b) else None
         out[host] = {"host": host, "rank": rank, "usable_cores": a.get("usable_cores"),
-                     "load_1m_start": a.get("load_1m"), "load_1m_end": b.get("load_1m"),
-                     "steal_share": steal}
+                     "load_1m_start": a.get("load_1m"), "load_1m_end": b.get("load_1m"), "steal_share": steal}
     return tuple(out.values())
 
 
@@ -55,12 +53,10 @@ def busy_host_warnings(hosts: Sequence[Mapping[str, Any]]) -> list[str]:
         cores = h.get("usable_cores")
         loads = [x for x in (h.get("load_1m_start"), h.get("load_1m_end")) if x is not None]
         if cores and loads and max(loads) > cores:
-            out.append(f"busy host {h['host']}: load average {max(loads):.1f} > {cores} usable "
-                       "core(s) (start " + _opt(h.get("load_1m_start")) + ", end "
-                       + _opt(h.get("load_1m_end")) + "): step times include waiting for a "
-                       "CPU; rerun on an idle host or with fewer threads (OMP_NUM_THREADS)")
-        steal = h.get("steal_share")
-        if steal is not None and steal > STEAL_SHARE:
+            out.append(f"busy host {h['host']}: load average {max(loads):.1f} > {cores} usable core(s) (start "
+                       f"{_opt(h.get('load_1m_start'))}, end {_opt(h.get('load_1m_end'))}): step times include "
+                       "waiting for a CPU; rerun on an idle host or with fewer threads (OMP_NUM_THREADS)")
+        if (steal := h.get("steal_share")) is not None and steal > STEAL_SHARE:
             out.append(f"busy host {h['host']}: CPU steal {steal:.0%} of the run (> "
                        f"{STEAL_SHARE:.0%}): the hypervisor gave its CPUs to other guests")
     return out
@@ -83,14 +79,10 @@ def prediction_warnings(block: Mapping[str, Any] | None) -> list[str]:
     """A measured/predicted ratio beyond 2x either way (step time or memory)."""
     if not block or not block.get("available"):
         return []
-    out = []
-    for key, what in (("step_time_ratio", "step time"), ("mem_ratio", "memory")):
-        ratio = block.get(key)
-        if ratio and (ratio > PREDICTION_MISS_FACTOR or ratio < 1 / PREDICTION_MISS_FACTOR):
-            out.append(f"prediction missed: measured {what} is {ratio:.2f}x the plan's (beyond "
-                       f"{PREDICTION_MISS_FACTOR:g}x either way): the plan's inputs (topology, "
-                       "profile) or the run are off")
-    return out
+    return [f"prediction missed: measured {what} is {ratio:.2f}x the plan's (beyond {PREDICTION_MISS_FACTOR:g}x "
+            "either way): the plan's inputs (topology, profile) or the run are off"
+            for key, what in (("step_time_ratio", "step time"), ("mem_ratio", "memory"))
+            if (ratio := block.get(key)) and (ratio > PREDICTION_MISS_FACTOR or ratio < 1 / PREDICTION_MISS_FACTOR)]
 
 
 def superlinear_warning(world_size: int, efficiency: float | None, baseline: int) -> str | None:
@@ -116,8 +108,8 @@ def nonfinite_loss_warnings(ranks: Sequence[RankResult]) -> list[str]:
 def run_warnings(ranks: Sequence[RankResult], hosts: Sequence[Mapping[str, Any]],
                  prediction: Mapping[str, Any] | None) -> tuple[str, ...]:
     """Every warning one run earns: a NaN loss, noisy steps, a missed prediction, a busy host."""
-    return tuple([*nonfinite_loss_warnings(ranks), *noisy_step_warnings(ranks),
-                  *prediction_warnings(prediction), *busy_host_warnings(hosts)])
+    return (*nonfinite_loss_warnings(ranks), *noisy_step_warnings(ranks), *prediction_warnings(prediction),
+            *busy_host_warnings(hosts))
 
 
 def _opt(x: float | None) -> str:

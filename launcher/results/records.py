@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Sequence
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -34,16 +35,13 @@ _NUM = float | None
 # per record kind: the keys a reader uses and their types (other keys are left alone)
 _COMMON: dict[str, Any] = {"kind": str, "time": float, "run_id": str, "host_load": dict[str, _NUM]}
 _KINDS: dict[str, dict[str, Any]] = {
-    "start": {"rank": int, "node_rank": int, "local_rank": int, "host": str, "attempt": int,
-              "sample_units": str},
-    "step": {"step": int, "step_time_s": float, "samples": float, "units": float,
-             "data_wait_s": float, "end_time": float, "loss": _NUM, "peak_mem_bytes": int | None,
-             "live_peak_bytes": int | None, "warmup": bool, "profiled": bool, "skipped": bool},
-    "resume": {"step": int},
-    "workload": {"sample_units": str},
+    "start": {"rank": int, "node_rank": int, "local_rank": int, "host": str, "attempt": int, "sample_units": str},
+    "step": {"step": int, "step_time_s": float, "samples": float, "units": float, "data_wait_s": float,
+             "end_time": float, "loss": _NUM, "peak_mem_bytes": int | None, "live_peak_bytes": int | None,
+             "warmup": bool, "profiled": bool, "skipped": bool},
+    "resume": {"step": int}, "workload": {"sample_units": str},
     "comm": {"exposed_comm_s": _NUM, "busbw_gb_s": _NUM, "nosync_step_s": _NUM, "tp_comm_s": _NUM},
-    "compile": {"graphs": int | None, "graph_breaks": int | None, "recompiles": int | None,
-                "fallback": str | None},
+    "compile": {"graphs": int | None, "graph_breaks": int | None, "recompiles": int | None, "fallback": str | None},
     "profile": {"trace": str | None, "top_ops": list[dict[str, Any]], "device_time_s": _NUM},
 }
 _REQUIRED = {"step": ("step", "step_time_s", "samples", "units", "data_wait_s"), "resume": ("step",)}
@@ -60,21 +58,18 @@ def read_spec(run_dir: str | Path) -> LaunchSpec:
     except (OSError, ValueError) as e:
         raise RunDirError(f"{path}: unreadable ({type(e).__name__}: {e})") from None
     data = migrate(data) if isinstance(data, dict) else data  # written by an earlier version
-    problem = dataclass_problem(LaunchSpec, data)
-    if problem is None:
+    if (problem := dataclass_problem(LaunchSpec, data)) is None:
         try:
             return LaunchSpec.from_dict(data)
         except DlaunchError as e:
             problem = str(e)
         except (TypeError, ValueError) as e:
             problem = f"{type(e).__name__}: {e}"
-    raise RunDirError(f"{path} is not a launch spec (expected an object with the keys "
-                      f"`dlaunch run` writes: {problem})")
+    raise RunDirError(f"{path} is not a launch spec (expected an object with the keys `dlaunch run` writes: {problem})")
 
 
 def read_plan_json(run_dir: str | Path) -> tuple[dict[str, Any] | None, str | None]:
-    """(plan.json, None): the plan the run followed, None without one; (None, why) when the
-    file is there but cannot be used."""
+    """(plan.json, None): the plan the run followed (None without one); (None, why) when it is unusable."""
     path = RunPaths(root=run_dir).plan
     if not path.is_file():
         return None, None
@@ -104,11 +99,9 @@ def record_problem(rec: Any) -> str | None:
 
 
 def read_records(path: Path, run_id: str | None) -> tuple[list[dict[str, Any]], list[str]]:
-    """The well-formed records of this run in one rank file, and notes on what was left out.
-
-    A record of another run is one that names another `run_id`, or that follows a start
-    record naming one (until a start record of this run); `run_id` None keeps every run's.
-    """
+    """The well-formed records of this run in one rank file, and notes on what was left out. A
+    record of another run names another `run_id`, or follows a start record naming one (until a
+    start record of this run); `run_id` None keeps every run's."""
     raw, cut = read_jsonl(path)
     notes = [cut] if cut else []
     kept: list[dict[str, Any]] = []
@@ -116,18 +109,17 @@ def read_records(path: Path, run_id: str | None) -> tuple[list[dict[str, Any]], 
     foreign: dict[str, int] = {}
     theirs: str | None = None  # the run id of the last start record, when not this run's
     for n, rec in enumerate(raw, 1):  # read_jsonl keeps one entry per line, in order
-        problem = record_problem(rec)
-        if problem is not None:
+        if (problem := record_problem(rec)) is not None:
             bad.append(f"line {n}: {problem}")
             continue
         rid = rec.get("run_id")
+        alien = rid if run_id is not None and rid is not None and rid != run_id else None
         if rec["kind"] == "start":
-            theirs = rid if run_id is not None and rid is not None and rid != run_id else None
-        other = theirs or (rid if run_id is not None and rid is not None and rid != run_id else None)
-        if other is not None:
+            theirs = alien
+        if (other := theirs or alien) is not None:
             foreign[other] = foreign.get(other, 0) + 1
-            continue
-        kept.append(rec)
+        else:
+            kept.append(rec)
     if bad:
         named = "; ".join(bad[:LINES_NAMED]) + ("; ..." if len(bad) > LINES_NAMED else "")
         notes.append(f"{path.name}: {len(bad)} malformed record(s) skipped ({named})")
@@ -152,46 +144,30 @@ def read_summary(path: Path) -> tuple[dict[str, Any] | None, str | None]:
 
 
 def rank_numbers(run_dir: str | Path, world_size: int) -> tuple[list[int], list[int], int]:
-    """(ranks with a rank file, missing ranks listed, missing ranks only counted).
-
-    Ranks are the record and summary files present below `world_size`; the first
-    MISSING_LISTED ranks below it without either are listed, the rest counted, so a launch.json
-    claiming 10^9 ranks costs what its files cost.
-    """
+    """(ranks with a rank file below `world_size`, the first MISSING_LISTED missing ranks, how
+    many more are missing): a launch.json claiming 10^9 ranks costs what its files cost."""
     paths = RunPaths(root=run_dir)
-    present = sorted({r for suffix in (RECORDS, SUMMARY) for r in paths.rank_files(suffix)
-                      if r < world_size})
+    present = sorted({r for suffix in (RECORDS, SUMMARY) for r in paths.rank_files(suffix) if r < world_size})
     have = set(present)
-    listed: list[int] = []
-    rank = 0
-    while rank < world_size and len(listed) < MISSING_LISTED:
-        if rank not in have:
-            listed.append(rank)
-        rank += 1
+    listed = list(islice((r for r in range(world_size) if r not in have), MISSING_LISTED))
     return present, listed, world_size - len(present) - len(listed)
 
 
 def owner_state(run_dir: str | Path) -> str | None:
     """"running" when a process of the dlaunch that owns the run dir (it, or its torchrun) still
     lives, "orphaned" when all are gone; None when the owner file does not say (no file, another
-    host, no pid).
-
-    A pid counts only if its process started before the owner file named it: a recycled pid is
-    never taken for the run's.
-    """
+    host, no pid). A pid counts only if its process started before the owner file named it: a
+    recycled pid is never taken for the run's."""
     try:
         owner = read_json(RunPaths(root=run_dir).owner)
     except (OSError, ValueError):
         return None
     if not isinstance(owner, dict) or owner.get("host") != socket.gethostname():
         return None
-    pids = [(owner.get(key), owner.get(when)) for key, when in
-            (("pid", "time"), ("torchrun_pid", "torchrun_started"))]
+    pids = [(owner.get(key), owner.get(when)) for key, when in (("pid", "time"), ("torchrun_pid", "torchrun_started"))]
     named = [(p, float(t) if isinstance(t, (int, float)) and is_number(t) else None) for p, t in pids
              if isinstance(p, int) and not isinstance(p, bool) and p > 0]
-    if not named:
-        return None
-    return "running" if any(pid_alive(p, not_after=t) for p, t in named) else "orphaned"
+    return ("running" if any(pid_alive(p, not_after=t) for p, t in named) else "orphaned") if named else None
 
 
 def read_ranks(run_dir: Path, ranks: Sequence[int], run_id: str | None) -> tuple[
@@ -202,12 +178,10 @@ def read_ranks(run_dir: Path, ranks: Sequence[int], run_id: str | None) -> tuple
     notes: list[str] = []
     paths = RunPaths(root=run_dir)
     for rank in ranks:
-        path = paths.records(rank)
-        if path.exists():
+        if (path := paths.records(rank)).exists():
             records[rank], more = read_records(path, run_id)
             notes += more
-        spath = paths.summary(rank)
-        if spath.exists():
+        if (spath := paths.summary(rank)).exists():
             summary, note = read_summary(spath)
             if summary is not None:
                 summaries[rank] = summary
@@ -218,7 +192,5 @@ def read_ranks(run_dir: Path, ranks: Sequence[int], run_id: str | None) -> tuple
 
 def missing_note(world_size: int, present: int, unlisted: int) -> str | None:
     """The line for ranks counted but not listed (a launch spec claiming more ranks than wrote)."""
-    if unlisted <= 0:
-        return None
     return (f"{unlisted:,} more of the {world_size:,} ranks launch.json names wrote no rank file "
-            f"({present:,} did)")
+            f"({present:,} did)") if unlisted > 0 else None

@@ -11,7 +11,7 @@ import dataclasses
 import math
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from launcher.files import shown
@@ -39,6 +39,12 @@ def is_number(value: Any) -> bool:
     return isinstance(value, int) or math.isfinite(value)
 
 
+# the scalar hints and the test of a value for each
+_SCALARS: dict[Any, Callable[[Any], bool]] = {
+    type(None): lambda v: v is None, bool: lambda v: isinstance(v, bool), str: lambda v: isinstance(v, str),
+    int: lambda v: isinstance(v, int) and not isinstance(v, bool), float: is_number}
+
+
 def type_problem(value: Any, hint: Any) -> str | None:
     """Why `value` does not fit the type hint `hint`; None when it does (unknown hints fit)."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
@@ -48,38 +54,25 @@ def type_problem(value: Any, hint: Any) -> str | None:
         if any(type_problem(value, a) is None for a in args):
             return None
         return f"expected {' or '.join(_hint_name(a) for a in args)}, got {kind_of(value)}"
-    ok: bool | None = None
-    if hint is type(None):
-        ok = value is None
-    elif hint is bool:
-        ok = isinstance(value, bool)
-    elif hint is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    elif hint is float:
-        ok = is_number(value)
-    elif hint is str:
-        ok = isinstance(value, str)
+    ok = True  # unknown hints fit
+    if hint in _SCALARS:
+        ok = _SCALARS[hint](value)
     elif dataclasses.is_dataclass(hint) and isinstance(hint, type):
-        if not isinstance(value, dict):
-            ok = False
-        else:
+        if isinstance(value, dict):
             return dataclass_problem(hint, value)
+        ok = False
     elif origin in (tuple, list) or hint in (tuple, list):
-        if not isinstance(value, list | tuple):
-            ok = False
-        else:
+        if isinstance(value, list | tuple):
             item = args[0] if args else Any
             return next((f"item {i}: {p}" for i, v in enumerate(value)
                          if (p := type_problem(v, item)) is not None), None)
+        ok = False
     elif origin in (dict, Mapping) or hint in (dict, Mapping):
-        if not isinstance(value, dict):
-            ok = False
-        elif len(args) == 2:
+        if isinstance(value, dict) and len(args) == 2:
             return next((f"key {shown(k, 24)}: {p}" for k, v in value.items()
                          if (p := type_problem(v, args[1])) is not None), None)
-    if ok is False:
-        return f"expected {_hint_name(hint)}, got {kind_of(value)}"
-    return None
+        ok = isinstance(value, dict)
+    return None if ok else f"expected {_hint_name(hint)}, got {kind_of(value)}"
 
 
 def dataclass_problem(cls: type, data: Any, *, unknown_ok: bool = False) -> str | None:
@@ -89,27 +82,22 @@ def dataclass_problem(cls: type, data: Any, *, unknown_ok: bool = False) -> str 
         return f"expected an object, got {kind_of(data)}"
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    if not unknown_ok:
-        extra = sorted(str(k) for k in data if k not in fields)
-        if extra:
-            return f"unknown key {shown(extra[0], 40)}"
+    if not unknown_ok and (extra := sorted(str(k) for k in data if k not in fields)):
+        return f"unknown key {shown(extra[0], 40)}"
     for name, f in fields.items():
         if name not in data:
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 return f"missing key {name!r}"
             continue
-        problem = type_problem(data[name], hints[name])
-        if problem is not None:
+        if (problem := type_problem(data[name], hints[name])) is not None:
             return f"{name!r}: {problem}"
     return None
 
 
 def _hint_name(hint: Any) -> str:
-    if hint is type(None):
-        return "null"
     if dataclasses.is_dataclass(hint) or hint in (dict, Mapping) or typing.get_origin(hint) in (dict, Mapping):
         return "an object"
     if hint in (tuple, list) or typing.get_origin(hint) in (tuple, list):
         return "a list"
-    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}.get(
+    return {type(None): "null", bool: "a boolean", int: "an integer", float: "a number", str: "a string"}.get(
         hint, getattr(hint, "__name__", str(hint)))

@@ -13,15 +13,10 @@ SKIP_WARN_FRACTION = 0.01
 
 
 def format_table(header: Sequence[str], rows: Sequence[Sequence[str]], *, right: bool = True) -> str:
-    """Left-aligned first column, right-aligned others (`right`; else all left-aligned), two
-    spaces apart."""
+    """Left-aligned first column, right-aligned others (`right`; else all left-aligned), two spaces apart."""
     widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
-    lines = []
-    for row in (header, *rows):
-        cells = [str(c).rjust(w) if right and i else str(c).ljust(w)
-                 for i, (c, w) in enumerate(zip(row, widths))]
-        lines.append("  ".join(cells).rstrip())
-    return "\n".join(lines)
+    return "\n".join("  ".join(str(c).rjust(w) if right and i else str(c).ljust(w)
+                               for i, (c, w) in enumerate(zip(row, widths))).rstrip() for row in (header, *rows))
 
 
 def _mem(b: int | None) -> str:
@@ -29,9 +24,7 @@ def _mem(b: int | None) -> str:
 
 
 def _rate(x: float | None) -> str:
-    if x is None:
-        return "-"
-    return f"{x:,.0f}" if x >= 100 else f"{x:,.1f}"
+    return "-" if x is None else f"{x:,.0f}" if x >= 100 else f"{x:,.1f}"
 
 
 def _secs(x: float | None) -> str:
@@ -59,16 +52,10 @@ def status_text(result: RunResult) -> str:
     return f"ok, loss NaN from step {min(bad)}" if bad else "ok"
 
 
-def _rank_status(status: str, steps: int) -> str:
-    return "ok, no steps" if status == "ok" and not steps else status
-
-
 def format_run(result: RunResult) -> str:
-    """The summary printed at the end of `dlaunch run`.
-
-    What was not measured shows as "-", never as 0: a rank without steady steps has no rate
-    or step time, and a plain script's data wait when nothing measured it.
-    """
+    """The summary printed at the end of `dlaunch run`. What was not measured shows as "-", never
+    as 0: a rank without steady steps has no rate or step time, and a plain script's data wait
+    when nothing measured it."""
     units = result.sample_units
     cpu = result.device == "cpu"
     # a plain script's data wait is measured when its DataLoader was (launcher.runtime.bootstrap)
@@ -79,34 +66,27 @@ def format_run(result: RunResult) -> str:
             f"{f' + float8 ({result.float8})' if result.float8 != 'none' else ''}: "
             f"{status_text(result).upper()} "
             f"(exit {result.exit_code}, wall {result.wall_time_s:.1f} s)")
-    header = ["rank", "host", "status", "steps", "samples/s"]
-    if units != "samples":
-        header.append(f"{units}/s")
-    header += ["step med", "p90", "max", "data wait"]
-    header += ["tensors peak", "RSS peak"] if cpu else ["peak alloc"]
-    header.append("loss")
+    per_unit = units != "samples"
+    header = ["rank", "host", "status", "steps", "samples/s", *([f"{units}/s"] if per_unit else []),
+              "step med", "p90", "max", "data wait", *(["tensors peak", "RSS peak"] if cpu else ["peak alloc"]), "loss"]
     rows = []
     for r in result.ranks:
         ran = r.steady_steps > 0
-        row = [str(r.rank), f"{'-' if r.host == '?' else r.host}/{r.local_rank}",
-               _rank_status(r.status, r.steps), str(r.steps), _rate(r.samples_per_s if ran else None)]
-        if units != "samples":
-            row.append(_rate(r.units_per_s if ran else None))
-        row += [_secs(r.step_time_median_s if ran else None), _secs(r.step_time_p90_s if ran else None),
-                _secs(r.step_time_max_s if ran else None),
-                _share(r.data_wait_share if ran and not script else None)]
-        row += [_mem(r.live_peak_bytes), _mem(r.peak_mem_bytes)] if cpu else [_mem(r.peak_mem_bytes)]
-        row.append("-" if r.final_loss is None else f"{r.final_loss:.4f}")
-        rows.append(row)
+        rows.append([str(r.rank), f"{'-' if r.host == '?' else r.host}/{r.local_rank}",
+                     "ok, no steps" if r.status == "ok" and not r.steps else r.status, str(r.steps),
+                     _rate(r.samples_per_s if ran else None),
+                     *([_rate(r.units_per_s if ran else None)] if per_unit else []),
+                     _secs(r.step_time_median_s if ran else None), _secs(r.step_time_p90_s if ran else None),
+                     _secs(r.step_time_max_s if ran else None),
+                     _share(r.data_wait_share if ran and not script else None),
+                     *([_mem(r.live_peak_bytes)] if cpu else []), _mem(r.peak_mem_bytes),
+                     "-" if r.final_loss is None else f"{r.final_loss:.4f}"])
     ran = result.slowest_rank is not None
-    total = ["all", "", status_text(result), "", _rate(result.samples_per_s if ran else None)]
-    if units != "samples":
-        total.append(_rate(result.units_per_s if ran else None))
-    total += [_secs(result.step_time_median_s if ran else None), "", "",
-              _share(result.data_wait_share if ran and not script else None), *([""] * (3 if cpu else 2))]
-    rows.append(total)
-    out = [head, format_table(header, rows)]
-    out.extend(memory_lines(result))
+    rows.append(["all", "", status_text(result), "", _rate(result.samples_per_s if ran else None),
+                 *([_rate(result.units_per_s if ran else None)] if per_unit else []),
+                 _secs(result.step_time_median_s if ran else None), "", "",
+                 _share(result.data_wait_share if ran and not script else None), *([""] * (3 if cpu else 2))])
+    out = [head, format_table(header, rows), *memory_lines(result)]
     if result.slowest_rank is not None and len(result.ranks) > 1:
         slow = result.ranks[result.slowest_rank]
         out.append(f"slowest rank: {slow.rank} on {slow.host} (median step {slow.step_time_median_s:.3f} s)")
@@ -119,36 +99,28 @@ def format_run(result: RunResult) -> str:
     if result.tp_comm_s is not None:
         share = result.tp_comm_s / result.step_time_median_s if result.step_time_median_s else 0.0
         out.append(f"communication: {1000 * result.tp_comm_s:.1f} ms per step in tensor parallelism's "
-                   f"collectives ({100 * share:.0f}% of the median step; timed in one pass, none "
-                   "overlapped)")
-    out.extend(compile_lines(result))
-    out.extend(profile_lines(result))
+                   f"collectives ({100 * share:.0f}% of the median step; timed in one pass, none overlapped)")
+    out += [*compile_lines(result), *profile_lines(result)]
     if result.verdict:
         out.append(f"verdict: {result.verdict['name']}: {result.verdict.get('evidence', '')}")
-    out.append(prediction_line(result.prediction))
-    out.extend(f"WARNING: {w}" for w in result.warnings)
+    out += [prediction_line(result.prediction), *(f"WARNING: {w}" for w in result.warnings)]
     # a GradScaler that keeps skipping steps is the classic silently plateauing loss
-    for r in result.ranks:
-        if r.steps and r.skipped_steps / r.steps > SKIP_WARN_FRACTION:
-            out.append(f"WARNING: rank {r.rank} skipped {r.skipped_steps} of {r.steps} optimizer steps "
-                       "(fp16 overflow); the loss may plateau: check the loss scale or use bf16")
-    out.extend(eval_lines(result))
-    out.extend(straggler_lines(result))
+    out += [f"WARNING: rank {r.rank} skipped {r.skipped_steps} of {r.steps} optimizer steps (fp16 overflow); "
+            "the loss may plateau: check the loss scale or use bf16"
+            for r in result.ranks if r.steps and r.skipped_steps / r.steps > SKIP_WARN_FRACTION]
+    out += [*eval_lines(result), *straggler_lines(result)]
     if result.attempts > 1:
         resumed = sorted({r.resumed_from_step for r in result.ranks if r.resumed_from_step})
         how = (f"resumed from the checkpoint of step {resumed[0]}" if len(resumed) == 1 else
-               "started over (no checkpoint)" if not resumed else
-               f"resumed from steps {', '.join(map(str, resumed))}")
+               "started over (no checkpoint)" if not resumed else f"resumed from steps {', '.join(map(str, resumed))}")
         out.append(f"attempts: {result.attempts}; the last {how}; the table shows the last attempt "
                    "(steps include those its checkpoint covers)")
-    for f in result.failures:
-        out.append(f"FAILED: {f}")
+    out += [f"FAILED: {f}" for f in result.failures]
     for r in result.ranks:
         if r.status != "ok" and r.log_tail:
             out.append(f"last lines of rank {r.rank}'s stderr:")
             out.extend(f"  | {line}" for line in r.log_tail[-6:])
-    for note in result.unreadable:
-        out.append(f"note: {note}")
+    out += [f"note: {note}" for note in result.unreadable]
     if not any(f.startswith("result.json not written") for f in result.failures):
         out.append(f"result: {RunPaths(root=result.run_dir).result}")
     return "\n".join(out)
@@ -170,8 +142,7 @@ def memory_lines(result: RunResult) -> list[str]:
                else "live tensor bytes not measured")
     if not peaks and top is None and not plan:
         return []
-    return [f"memory (largest rank): {tensors}; process RSS {peak} (includes the Python and "
-            f"torch runtime){plan}"]
+    return [f"memory (largest rank): {tensors}; process RSS {peak} (includes the Python and torch runtime){plan}"]
 
 
 def eval_lines(result: RunResult) -> list[str]:
@@ -180,8 +151,7 @@ def eval_lines(result: RunResult) -> list[str]:
         return []
     metrics = dict(result.last_eval)
     step = metrics.pop("step", "?")
-    shown = ", ".join(f"{k} {v:.4g}" if isinstance(v, (int, float)) else f"{k} {v}"
-                      for k, v in metrics.items())
+    shown = ", ".join(f"{k} {v:.4g}" if isinstance(v, (int, float)) else f"{k} {v}" for k, v in metrics.items())
     return [f"evaluation at step {step}: {shown}"]
 
 
@@ -208,8 +178,7 @@ def compile_lines(result: RunResult) -> list[str]:
     r0 = ranks[0]
     out = [f"compile: {r0.compiled_graphs} graph(s), {r0.graph_breaks} graph break(s), "
            f"{r0.recompiles} recompilation(s) on rank {r0.rank}"]
-    fell = [r for r in ranks if r.compile_fallback]
-    if fell:
+    if fell := [r for r in ranks if r.compile_fallback]:
         out.append(f"WARNING: torch.compile failed on rank(s) {', '.join(str(r.rank) for r in fell)}; "
                    f"they ran eagerly: {fell[0].compile_fallback}")
     return out

@@ -7,17 +7,14 @@ summary result.json holds. So the ranks need no tracker package, local and SLURM
 path (the run dir is on a file system the launcher reads), and a tracker shows exactly what
 the rank files and result.json say.
 
-Per step, from rank 0's step records: train/loss, train/step_time_s, train/samples_per_s (the
-step's samples over its time: rank 0's share) and train/data_wait_s. Once, at the last step:
-summary/samples_per_s, summary/units_per_s, summary/step_time_median_s,
-summary/data_wait_share, summary/exposed_comm_s (when measured), as in result.json. Params:
-the run id, workload, world size, strategy, precision, micro-batch and accumulation.
+Per step, rank 0's train/* metrics (`step_metrics`: its samples/s is rank 0's share); once, at
+the last step, result.json's headline numbers under summary/; as params, `tracker_params`.
 
 TensorBoard: event files in RUN_DIR/tensorboard (torch.utils.tensorboard; needs `tensorboard`).
-MLflow: one run named after the run id, where MLFLOW_TRACKING_URI (and
-MLFLOW_EXPERIMENT_NAME) say, mlflow's defaults otherwise; ended FINISHED or FAILED with the
-run. W&B: `wandb.init(project=WANDB_PROJECT or "dlaunch", name=<run id>, dir=RUN_DIR)`, offline
-unless WANDB_MODE or WANDB_API_KEY is set: a launcher must never wait for a login prompt.
+MLflow: one run named after the run id, where MLFLOW_TRACKING_URI (and MLFLOW_EXPERIMENT_NAME)
+say, mlflow's defaults otherwise; ended FINISHED or FAILED with the run. W&B: a run in project
+WANDB_PROJECT or "dlaunch", offline unless WANDB_MODE or WANDB_API_KEY is set: a launcher must
+never wait for a login prompt.
 
 A tracker that cannot start or log (no server, a bad URI, a server that hangs or dies) costs one
 warning line and is dropped: the run goes on, its files keep every metric, and result.json
@@ -56,8 +53,7 @@ TENSORBOARD_SUBDIR = "tensorboard"
 
 
 def check_trackers(names: tuple[str, ...]) -> None:
-    """LaunchError naming the first tracker whose package is not installed (before anything of
-    the run is written)."""
+    """LaunchError naming the first tracker whose package is not installed (before the run writes anything)."""
     for name in names:
         module, package = _NEEDS[name]
         if importlib.util.find_spec(module) is None:
@@ -111,8 +107,7 @@ class _MLflow:
         # summary is logged from another thread than the steps
         self.client = mlflow.MlflowClient()
         # the experiment as MLFLOW_EXPERIMENT_NAME / _ID say (mlflow's own resolution)
-        run = mlflow.start_run(run_name=str(params["run_id"]))
-        self.run_id = run.info.run_id
+        self.run_id = mlflow.start_run(run_name=str(params["run_id"])).info.run_id
         self.client.log_batch(self.run_id, params=[Param(k, str(v)) for k, v in params.items()],
                               tags=[RunTag("dlaunch.run_dir", str(run_dir))])
 
@@ -149,8 +144,7 @@ _SINKS: dict[str, Callable[[Path, Mapping[str, Any]], Sink]] = {
 def tracker_params(spec: LaunchSpec) -> dict[str, Any]:
     """What each tracker's run is labelled with."""
     return {"run_id": spec.run_id, "workload": Path(spec.workload).name, "world_size": spec.world_size,
-            "num_nodes": spec.nodes, "device": spec.device,
-            "strategy": "script" if spec.is_script else spec.strategy,
+            "num_nodes": spec.nodes, "device": spec.device, "strategy": "script" if spec.is_script else spec.strategy,
             "precision": spec.precision, "micro_batch": spec.micro_batch,
             "grad_accum": spec.grad_accum, "steps": spec.steps}
 
@@ -160,8 +154,7 @@ def step_metrics(record: Mapping[str, Any]) -> dict[str, float]:
     out: dict[str, float] = {}
     if isinstance(record.get("loss"), (int, float)):
         out["train/loss"] = float(record["loss"])
-    step_s = record.get("step_time_s")
-    if isinstance(step_s, (int, float)):
+    if isinstance(step_s := record.get("step_time_s"), (int, float)):
         out["train/step_time_s"] = float(step_s)
         if step_s > 0 and isinstance(record.get("samples"), (int, float)):
             out["train/samples_per_s"] = float(record["samples"]) / float(step_s)
@@ -173,24 +166,20 @@ def step_metrics(record: Mapping[str, Any]) -> dict[str, float]:
 def summary_metrics(result: RunResult) -> dict[str, float]:
     """result.json's headline numbers, under summary/."""
     out = {"summary/samples_per_s": result.samples_per_s, "summary/units_per_s": result.units_per_s,
-           "summary/step_time_median_s": result.step_time_median_s,
-           "summary/data_wait_share": result.data_wait_share}
+           "summary/step_time_median_s": result.step_time_median_s, "summary/data_wait_share": result.data_wait_share}
     if result.exposed_comm_s is not None:
         out["summary/exposed_comm_s"] = result.exposed_comm_s
     return out
 
 
 class TrackerFeed:
-    """Tails rank 0's records into the trackers named while the run goes; `finish` has the
-    summary logged and the trackers closed. Every tracker call runs on the feed's own thread,
-    never on the launcher's: a tracker that hangs delays nothing but itself, and at the end it
-    gets FINISH_WAIT_S before it is dropped. A dropped tracker is one warning line, kept in
-    `dropped` (the caller records it in result.json)."""
+    """Tails rank 0's records into the trackers named while the run goes, on its own thread (see
+    the module docstring); `finish` has the summary logged and the trackers closed. A dropped
+    tracker is one warning line, kept in `dropped` (the caller records it in result.json)."""
 
     def __init__(self, names: tuple[str, ...], run_dir: str | Path, params: Mapping[str, Any], *,
                  interval_s: float = FEED_INTERVAL_S, warn: Callable[[str], None] | None = None) -> None:
-        self.names, self.run_dir, self.params = names, Path(run_dir), dict(params)
-        self.interval_s = interval_s
+        self.names, self.run_dir, self.params, self.interval_s = names, Path(run_dir), dict(params), interval_s
         self.warn = warn or (lambda text: print(f"dlaunch: {text}", file=sys.stderr, flush=True))
         self.sinks: dict[str, Sink] = {}
         self.dropped: dict[str, str] = {}  # tracker -> why, as warned
@@ -209,12 +198,14 @@ class TrackerFeed:
 
     def _run(self) -> None:
         try:
-            _quiet_libraries()
+            # the trackers' HTTP libraries log every retry and dropped connection as warnings into
+            # dlaunch's stderr; dlaunch says a tracker's trouble once itself
+            for name in ("urllib3", "mlflow", "requests", "wandb"):
+                logging.getLogger(name).setLevel(logging.ERROR)
             self._open()  # here, not in start: mlflow's import alone takes a second
-            while True:
+            self._drain()
+            while not self._stop.wait(self.interval_s):
                 self._drain()
-                if self._stop.wait(self.interval_s):
-                    break
             self._end()
         finally:
             self._done.set()
@@ -245,8 +236,8 @@ class TrackerFeed:
             except Exception as e:  # noqa: BLE001 - any tracker failure costs a line, never the run
                 self._drop(name, f"could not start ({_first_line(e)})")
                 continue
-            if getattr(sink, "note", None):
-                self.warn(f"--log-to {name}: {getattr(sink, 'note')}")
+            if note := getattr(sink, "note", None):
+                self.warn(f"--log-to {name}: {note}")
 
     def _drain(self) -> None:
         """Log the step records rank 0 appended since the last call."""
@@ -291,20 +282,11 @@ class TrackerFeed:
         except KeyboardInterrupt:  # the result is written: stop waiting, exit
             wait_s = 0.0
         if not self._done.is_set():
-            for name in self.names:
-                if name not in self.closed:
-                    self._drop(name, f"no answer within {wait_s:g} s of the run's end, its last metrics "
-                                     "not logged")
+            for name in (n for n in self.names if n not in self.closed):
+                self._drop(name, f"no answer within {wait_s:g} s of the run's end, its last metrics not logged")
         return self.dropped
 
 
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
     return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}".strip()
-
-
-def _quiet_libraries() -> None:
-    """The trackers' HTTP libraries log every retry and dropped connection as warnings into
-    dlaunch's stderr; dlaunch says a tracker's trouble once itself."""
-    for name in ("urllib3", "mlflow", "requests", "wandb"):
-        logging.getLogger(name).setLevel(logging.ERROR)

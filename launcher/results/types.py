@@ -21,9 +21,7 @@ class RankResult:
     local_rank: int
     node_rank: int
     host: str
-    # ok | failed | hung | killed | exited | stopped | incomplete | missing | running (a live
-    # rank, read while its run goes on)
-    status: str
+    status: str  # ok | failed | hung | killed | exited | stopped | incomplete | missing | running (read live)
     steps: int  # optimizer steps recorded
     steady_steps: int  # steps after warm-up
     samples_per_s: float
@@ -41,8 +39,7 @@ class RankResult:
     tp_comm_s: float | None = None  # per step in tensor parallelism's collectives (runtime.tp_comm)
     straggler: bool = False
     skipped_steps: int = 0  # optimizer steps the fp16 GradScaler skipped (inf/NaN gradients)
-    # the first step whose loss was NaN or infinite (written as null: strict JSON)
-    nonfinite_loss_step: int | None = None
+    nonfinite_loss_step: int | None = None  # the first step with a NaN or infinite loss (null in JSON)
     # torch.compile, counted over the whole run (None when the run did not compile)
     compiled_graphs: int | None = None
     graph_breaks: int | None = None
@@ -52,20 +49,16 @@ class RankResult:
     profile_trace: str | None = None
     top_ops: tuple[Mapping[str, Any], ...] = ()
     device_busy_share: float | None = None  # CUDA kernel time / profiled step time
-    # the last attempt resumed from this step's checkpoint (`steps` counts the steps before it)
-    resumed_from_step: int | None = None
-    # wall seconds of the steady steps, end of warm-up to end of the last step (bookkeeping
-    # between steps included); None for rank files without step end times
+    resumed_from_step: int | None = None  # the last attempt's checkpoint (`steps` counts the steps before it)
+    # wall seconds from the end of warm-up to the end of the last step; None without step end times
     measured_wall_s: float | None = None
-    # mean of the steady steps' own times (the step-time breakdown's unit); None in old files
-    step_time_mean_s: float | None = None
+    step_time_mean_s: float | None = None  # of the steady steps' own times (the breakdown's unit); None in old files
     # CPU: the peak of live tensor storages over one sampled training step (parameters,
     # optimizer state and every tensor the step made; runtime.live_bytes); `peak_mem_bytes` is
     # then the process's peak RSS. None where it was not measured (CUDA, plain scripts).
     live_peak_bytes: int | None = None
     live_peak_step: int | None = None  # the step it was sampled in
-    # the workload's last `evaluate` (--eval-every): {"step": N, metric: value, ...}
-    last_eval: Mapping[str, Any] | None = None
+    last_eval: Mapping[str, Any] | None = None  # the last `evaluate` (--eval-every): {"step": N, metric: value, ...}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,27 +91,21 @@ class RunResult:
     tp_comm_s: float | None = None  # median over ranks, per step: tensor parallelism's collectives
     busbw_gb_s: float | None = None
     stragglers: tuple[int, ...] = ()  # slow ranks (results.verdict.detect_stragglers)
-    # one per straggler: {"rank", "rule", "rank_s", "median_s", "evidence", ...}, the numbers
-    # of the rule that flagged it
+    # one per straggler: {"rank", "rule", "rank_s", "median_s", "evidence", ...}: the rule's numbers
     straggler_evidence: tuple[Mapping[str, Any], ...] = ()
-    # the bottleneck: {"name", "evidence", "shares"} from the measured shares of the step
-    verdict: Mapping[str, Any] | None = None
-    # attempts the rank files record (--max-restarts relaunches, SLURM requeues); every
-    # per-rank number above comes from the last one
+    verdict: Mapping[str, Any] | None = None  # the bottleneck: {"name", "evidence", "shares"}
+    # attempts the rank files record (--max-restarts, SLURM requeues); the per-rank numbers are the last one's
     attempts: int = 1
     # how samples_per_s was measured: "wall clock" (global samples over the steady steps / the
     # wall time from the end of warm-up to the end of the last step, the slowest rank's) or
     # "step time" (rank files without step end times: samples / summed step times per rank)
     throughput_basis: str = "step time"
-    # predicted (plan.json) against measured: results.prediction.compare's block
-    prediction: Mapping[str, Any] | None = None
+    prediction: Mapping[str, Any] | None = None  # plan.json against measured: results.prediction.compare's block
     # load average and CPU steal of each host at the run's start and end (results.plausibility)
     host_load: tuple[Mapping[str, Any], ...] = ()
-    # numbers that look implausible (noisy steps, a prediction missed by > 2x, a busy host):
-    # one line each, printed as WARNING in the summary and the report
+    # implausible numbers (noisy steps, a prediction missed by > 2x, a busy host), one line each
     warnings: tuple[str, ...] = ()
-    # the last evaluation (--eval-every), averaged over ranks by the ranks themselves
-    last_eval: Mapping[str, Any] | None = None
+    last_eval: Mapping[str, Any] | None = None  # the last evaluation (--eval-every), averaged over ranks
     offload: bool = False  # FSDP's CPU offload (the strategy's `offload`)
     float8: str = "none"  # float8 training's recipe (the strategy's `float8`)
 
@@ -128,20 +115,14 @@ class RunResult:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunResult:
-        """Rebuild a result written by `to_dict`; ValueError naming the first key of the wrong
-        shape (a hand-edited or foreign result.json)."""
-        problem = dataclass_problem(cls, data)
-        if problem is None:
-            problem = next((f"rank {i}: {p}" for i, r in enumerate(data.get("ranks", ()))
-                            if (p := dataclass_problem(RankResult, r)) is not None), None)
+        """Rebuild a `to_dict` result; ValueError naming the first key of the wrong shape."""
+        problem = dataclass_problem(cls, data) or next((f"rank {i}: {p}" for i, r in enumerate(data.get("ranks", ()))
+                                                        if (p := dataclass_problem(RankResult, r)) is not None), None)
         if problem is not None:
             raise ValueError(f"not a dlaunch result: {problem}")
         d = dict(data)
         d["ranks"] = tuple(RankResult(**{**r, "log_tail": tuple(r.get("log_tail", ())),
-                                         "top_ops": tuple(r.get("top_ops", ()))})
-                           for r in d.get("ranks", ()))
-        for key in ("failures", "unreadable", "stragglers", "straggler_evidence", "host_load",
-                    "warnings"):
+                                         "top_ops": tuple(r.get("top_ops", ()))}) for r in d.get("ranks", ()))
+        for key in ("failures", "unreadable", "stragglers", "straggler_evidence", "host_load", "warnings"):
             d[key] = tuple(d.get(key, ()))
         return cls(**d)
-

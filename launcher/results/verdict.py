@@ -95,20 +95,15 @@ def find_stragglers(medians: Mapping[int, float], threshold: float = STRAGGLER_T
 def detect_stragglers(step_medians: Mapping[int, float],
                       busy: Mapping[int, float] | None = None) -> tuple[Straggler, ...]:
     """Slow ranks by two rules, each flag with its evidence, sorted by rank (a rank flagged by
-    both appears once, under the step-time rule).
-
-    Step time: the rank's median step exceeds the median of rank medians by > 10%.
-    Own compute: the rank's forward+backward with gradient sync off (the calibration's
-    `nosync_step_s`, `busy`) exceeds the median over ranks by > 10% and > 1 ms, and its median
-    step is not clearly faster than the others'. This one matters under DDP: every step ends in
-    the all-reduce, so all ranks share the slow rank's step time and only the time before the
-    sync tells them apart.
-    """
+    both appears once, under the step-time rule). Step time: the rank's median step exceeds the
+    median of rank medians by > 10%. Own compute: its forward+backward with gradient sync off
+    (`busy`: the calibration's `nosync_step_s`) exceeds the median over ranks by > 10% and > 1 ms,
+    and its median step is not clearly faster than the others'. This one matters under DDP: every
+    step ends in the all-reduce, so only the time before the sync tells the ranks apart."""
     busy = busy or {}
-    out: dict[int, Straggler] = {}
     mid_step = statistics.median(step_medians.values()) if step_medians else 0.0
-    for r in find_stragglers(step_medians):
-        out[r] = Straggler(rank=r, rule=STEP_RULE, rank_s=step_medians[r], median_s=mid_step)
+    out = {r: Straggler(rank=r, rule=STEP_RULE, rank_s=step_medians[r], median_s=mid_step)
+           for r in find_stragglers(step_medians)}
     if len(busy) >= 2:
         mid_busy = statistics.median(busy.values())
         for r in find_stragglers(busy):
@@ -124,34 +119,28 @@ def detect_stragglers(step_medians: Mapping[int, float],
 
 
 def step_parts(step_s: float, *, data_wait_share: float, exposed_comm_s: float | None,
-               nosync_step_s: float | None, accum: int = 1,
-               tp_comm_s: float | None = None) -> dict[str, float]:
-    """Seconds of one step by part (compute, exposed_comm, data_wait, other) and `step`.
+               nosync_step_s: float | None, accum: int = 1, tp_comm_s: float | None = None) -> dict[str, float]:
+    """Seconds of one step by part (compute, exposed_comm, data_wait, other) and `step`; the run
+    summary, the verdict and the report's breakdown all use it, so they print the same shares.
 
     data wait: the rank's measured share of the step; exposed comm: the sync-off/on
     calibration (0 without one) plus tensor parallelism's collectives (`tp_comm_s`, timed
     inside the forward and backward: without async TP each one waits between the matmuls it
     feeds, so all of it is exposed, and the sync-off steps include it); other: step - wait -
     data-parallel exposed - forward/backward with sync off (x accumulation steps), i.e. the
-    optimizer and host overhead (0 without the calibration); compute: the rest. The run
-    summary, the verdict and the report's breakdown all use this, so they print the same shares.
-    """
+    optimizer and host overhead (0 without the calibration); compute: the rest."""
     wait = min(step_s, max(0.0, data_wait_share) * step_s)
     exposed = min(max(0.0, exposed_comm_s or 0.0), step_s - wait)
-    other = (max(0.0, step_s - wait - exposed - nosync_step_s * accum)
-             if nosync_step_s is not None else 0.0)
+    other = max(0.0, step_s - wait - exposed - nosync_step_s * accum) if nosync_step_s is not None else 0.0
     compute = max(0.0, step_s - wait - exposed - other)
     tp = min(max(0.0, tp_comm_s or 0.0), compute)
-    return {"compute": compute - tp, "exposed_comm": exposed + tp,
-            "data_wait": wait, "other": other, "step": step_s}
+    return {"compute": compute - tp, "exposed_comm": exposed + tp, "data_wait": wait, "other": other, "step": step_s}
 
 
 def verdict(shares: Mapping[str, float | None]) -> tuple[str, str]:
-    """The bottleneck of a run from its step-time shares (fractions of the step: compute,
-    exposed_comm, data_wait, other): (name, evidence). Data wait > 20% -> data-loading bound;
-    exposed communication > 25% -> communication bound; else compute bound. A share given as
-    None was not measured: the evidence says so, and compute bound needs exposed
-    communication measured (otherwise the name is NOT_MEASURED_COMM)."""
+    """(name, evidence) of a run's bottleneck from its step-time shares (fractions of the step:
+    compute, exposed_comm, data_wait, other). A share given as None was not measured: the evidence
+    says so, and compute bound needs exposed communication measured (else NOT_MEASURED_COMM)."""
     wait, comm = shares.get("data_wait"), shares.get("exposed_comm")
     if wait is not None and wait > DATA_BOUND_SHARE:
         return ("data-loading bound",
@@ -161,12 +150,10 @@ def verdict(shares: Mapping[str, float | None]) -> tuple[str, str]:
         return ("communication bound",
                 f"exposed communication is {comm:.0%} of the step (> {COMM_BOUND_SHARE:.0%}); "
                 "a larger per-rank batch, gradient accumulation or a faster link would help")
-    parts = [f"compute is {shares.get('compute') or 0.0:.0%} of the step"]
-    if shares.get("other"):
-        parts.append(f"optimizer and host overhead {shares['other']:.0%}")
-    parts.append("data wait " + ("not measured" if wait is None else f"{wait:.0%}"))
-    parts.append("exposed communication " + ("not measured" if comm is None else f"{comm:.0%}"))
-    evidence = ", ".join(parts)
+    other = f", optimizer and host overhead {shares['other']:.0%}" if shares.get("other") else ""
+    evidence = (f"compute is {shares.get('compute') or 0.0:.0%} of the step{other}, data wait "
+                + ("not measured" if wait is None else f"{wait:.0%}") + ", exposed communication "
+                + ("not measured" if comm is None else f"{comm:.0%}"))
     if comm is None:
         return NOT_MEASURED_COMM, evidence + " (the sync-off/on calibration did not run)"
     return "compute bound", evidence
@@ -182,13 +169,11 @@ def run_verdict(ranks: Sequence[RankResult], measured: Sequence[RankResult], *,
                 nosync_s: Mapping[int, float] | None = None, accum: int = 1,
                 script: bool = False, world_size: int = 1) -> dict[str, Any] | None:
     """The run's bottleneck from the measured shares of the step: {"name", "evidence",
-    "shares"}; `verdict`'s rules, plus launch-bound, which only a CUDA profile measures.
-
-    The shares are `step_parts` averaged over ranks (seconds, then / the mean step), the same
-    arithmetic as the report's breakdown. `nosync_s`: each rank's sync-off forward+backward
-    from the calibration. A plain script (`script`) gets NOT_MEASURED: dlaunch sees its step
-    times and data wait, not its communication. None when no step was measured.
-    """
+    "shares"}; `verdict`'s rules, plus launch-bound, which only a CUDA profile measures. The
+    shares are `step_parts` averaged over ranks (seconds, then / the mean step), as in the
+    report's breakdown; `nosync_s`: each rank's sync-off forward+backward. A plain script gets
+    NOT_MEASURED: dlaunch sees its step times and data wait, not its communication. None when no
+    step was measured."""
     if not measured:
         return None
     if script:
@@ -197,21 +182,17 @@ def run_verdict(ranks: Sequence[RankResult], measured: Sequence[RankResult], *,
                             "on its DataLoader, not its exposed communication, so there is no "
                             "bottleneck verdict (run it as a workload for one)"}
     nosync_s = nosync_s or {}
-    per_rank = [step_parts(r.step_time_mean_s or r.step_time_median_s,
-                           data_wait_share=min(1.0, r.data_wait_share),
+    per_rank = [step_parts(r.step_time_mean_s or r.step_time_median_s, data_wait_share=min(1.0, r.data_wait_share),
                            exposed_comm_s=r.exposed_comm_s, nosync_step_s=nosync_s.get(r.rank),
                            accum=accum, tp_comm_s=r.tp_comm_s) for r in measured]
     step = statistics.fmean(p["step"] for p in per_rank)
     shares: dict[str, Any] = {k: (statistics.fmean(p[k] for p in per_rank) / step if step else 0.0)
                               for k in ("compute", "exposed_comm", "data_wait", "other")}
-    comm_measured = world_size == 1 or any(r.exposed_comm_s is not None or r.tp_comm_s is not None
-                                           for r in measured)
-    name, evidence = verdict({**shares, "exposed_comm": shares["exposed_comm"] if comm_measured
-                              else None})
+    comm_measured = world_size == 1 or any(r.exposed_comm_s is not None or r.tp_comm_s is not None for r in measured)
+    name, evidence = verdict({**shares, "exposed_comm": shares["exposed_comm"] if comm_measured else None})
     if not comm_measured:
         shares["exposed_comm"] = None
-    busy = median_or_none([r.device_busy_share for r in ranks])
-    if busy is not None:
+    if (busy := median_or_none([r.device_busy_share for r in ranks])) is not None:
         shares["device_busy"] = busy
         if name == "compute bound" and busy < LAUNCH_BOUND_BUSY:
             name = "launch bound"

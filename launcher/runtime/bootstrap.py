@@ -1,7 +1,6 @@
 """Plain scripts measured without a line changed: torchrun starts each rank of a plain script
-as `python -m launcher.runtime.bootstrap SCRIPT ARGS...`, which runs SCRIPT as `__main__` (its
-own argv, its own directory first on sys.path, as `python SCRIPT` would) after hooking two
-things torch offers every training loop:
+as `python -m launcher.runtime.bootstrap SCRIPT ARGS...`, which runs SCRIPT as `__main__` (as
+`python SCRIPT` would) after hooking two things torch offers every training loop:
 
   - torch's global optimizer-step hook: one step record per optimizer step (an HF `Trainer`,
     Accelerate or a hand-written loop alike), with the host time since the previous step;
@@ -10,11 +9,9 @@ things torch offers every training loop:
     (data wait). Several batches per optimizer step (gradient accumulation) add up.
 
 Records go through the StepMeter a script could use itself; a script that makes its own
-StepMeter (or any rank recorder) is left to it, so nothing is counted twice. What is measured:
-step time (host wall time between optimizer steps), data wait, samples and tokens of the
-batches the DataLoader handed out (a script that feeds its model otherwise counts none). A
-batch fetched between steps (an evaluation loop) is a sign of life for the hang watcher, not a
-step. Without DLAUNCH_RUN_DIR it only runs the script.
+StepMeter is left to it, so nothing is counted twice. A script that feeds its model other than
+through a DataLoader counts no samples. A batch fetched between steps (an evaluation loop) is a
+sign of life for the hang watcher, not a step. Without DLAUNCH_RUN_DIR it only runs the script.
 
 Never imports cli, backends, drivers or report.
 """

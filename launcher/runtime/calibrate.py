@@ -3,46 +3,33 @@
 Both are measured after the last training step, while the processes are warm:
 
 - Sync on: every training step times its forward and backward (gradient sync included, data
-  loading and the optimizer step not) on the step clock (runtime.window: CUDA events read at
-  window ends, perf_counter on CPU). The median over the steady steps is `sync_step_s`; it
-  costs nothing extra.
+  loading and the optimizer step not) on the step clock (runtime.window). The median over the
+  steady steps is `sync_step_s`; it costs nothing extra.
 - Sync off: the last step's micro-batches again, with gradient sync off (DDP `no_sync`, FSDP2
   `set_requires_gradient_sync(False)`) and no optimizer step: `nosync_step_s`, the median of
   the passes. `exposed_comm_s` = sync_step_s - nosync_step_s. For FSDP2, sync-off still
   all-gathers parameters, so the number is the exposed gradient reduction alone.
-- Bandwidth: an all-reduce of the gradient bytes this rank holds (`grad_sizes`: the local
-  shard of an FSDP2 DTensor, the whole gradient under DDP; the largest over ranks, since an
-  all-reduce needs one size everywhere) with nccl-tests definitions: algbw = S / t,
-  busbw = algbw x 2(n-1)/n, from the faster of `ALLREDUCE_REPEATS` all-reduces (the group is
-  warm after training, and a busy host only ever adds time). Sizing it by the global
-  parameter count (DTensor `numel()`) would allocate the whole model's fp32 bytes on every
-  rank, while FSDP2's sync-off pass still holds its unsharded gradients.
+- Bandwidth: an all-reduce of the gradient bytes this rank holds (`grad_sizes`; the largest
+  over ranks, since an all-reduce needs one size everywhere) with nccl-tests definitions:
+  algbw = S / t, busbw = algbw x 2(n-1)/n, from the faster of `ALLREDUCE_REPEATS` all-reduces
+  (a busy host only ever adds time).
 
-Why after training: a calibration before step 1 (sync off / on pairs, then an all-reduce
-benchmark) held the first step back by 1.8-2.7 s on a 2-core CPU. Sync-off passes between
-training steps would land inside the steady wall-clock window and lower the measured
-throughput, and sync-off *training* steps would let DDP replicas diverge. After the last step
-nothing waits for the measurement but the run's end, training is bit-for-bit what it is
-without it (no extra passes or RNG draws before any optimizer step), and the sync-on side
-comes from the steps themselves. The cost is one sync-off pass (more, up to `MAX_PASSES`, only
-while they fit in one median step or in `CHEAP_S`: short steps get a steadier median) and two
-all-reduces of the gradients' size.
-A preempted or failed run skips it. The harness calls `comm_record`: the wrapped model's
-sync-off pass, `measure`, and with tensor parallelism also runtime.tp_comm.
+Why after training: a calibration before step 1 held the first step back by 1.8-2.7 s on a
+2-core CPU; sync-off passes between training steps would lower the measured throughput, and
+sync-off *training* steps would let DDP replicas diverge. After the last step training is
+bit-for-bit what it is without it, for one sync-off pass (up to `MAX_PASSES`: `passes_within`)
+and two all-reduces of the gradients' size. A preempted or failed run skips it.
 
 The calibration never fails a run: an error in it (an out-of-memory above all) leaves the
 `comm` record without the numbers it could not measure, with `error` (this rank's failure,
 "<part>: <Type>: <message>") and `skipped` (what is missing and why, the same on every rank).
-The run's status stays ok. Since it is full of collectives, every rank must take the same path
-through it: each part that can fail on one rank alone (the device-memory check, a sync-off
-pass, allocating the benchmark buffer) is followed by one small all-reduce that tells every
-rank whether any failed, and then all go on or all stop. On CUDA the check comes first, before
-any pass: the pass and the buffer must fit in what the allocator can still hand out (see
-`shortfall`), so a pass whose all-gathers one rank would leave by running out of memory is not
-started. What no agreement can catch is an error on one rank alone *inside* a collective of a
-pass (the others wait in it): the hang watcher then ends the job, as it would in training.
-On CUDA an out-of-memory error frees the allocator's cached blocks (`torch.cuda.empty_cache`)
-before anything else runs.
+Since it is full of collectives, every rank must take the same path through it: each part that
+can fail on one rank alone (the device-memory check, a sync-off pass, allocating the benchmark
+buffer) is followed by one small all-reduce that tells every rank whether any failed, and then
+all go on or all stop. On CUDA the memory check comes first (`shortfall`), so a pass whose
+all-gathers one rank would leave by running out of memory is not started. An error on one rank
+alone *inside* a collective of a pass (the others wait in it) is the hang watcher's, as in
+training. On CUDA an out-of-memory error empties the allocator's cache before anything else.
 
 Never imports cli, backends, jobs or report; torch at module level (see runtime/__init__).
 """
@@ -87,9 +74,8 @@ class GradSizes:
 
 
 def grad_sizes(params: Iterable[torch.Tensor]) -> GradSizes:
-    """This rank's gradient bytes: a DTensor (FSDP2) counts its local shard (`to_local()`),
-    whose `numel()` would be the global size; a plain tensor counts whole. Unsharded: FSDP's
-    gathered gradients, of this rank's tensor-parallel part where a "tp" dimension splits it."""
+    """This rank's gradient bytes: a DTensor (FSDP2) counts its local shard (its `numel()` is the
+    global size), a plain tensor counts whole. Unsharded: FSDP's gathered gradients."""
     # deferred: 0.8 s of imports, which DDP and FSDP2 have made by now but a one-process run,
     # which never calibrates, has not (see runtime/__init__)
     from torch.distributed.tensor import DTensor
@@ -124,11 +110,8 @@ def shortfall(need_bytes: int, free_bytes: int | None) -> str | None:
 
 
 def _need_and_free(sizes: GradSizes, device: torch.device) -> tuple[int, int | None]:
-    """(bytes the calibration needs, bytes the allocator can hand out) on CUDA; (0, None) else.
-
-    A sync-off pass needs what a training step needed beyond the model state (its activations
-    and transient buffers: the peak since the steady steps began, less what is allocated now)
-    plus FSDP2's unsharded gradients, which it keeps; the benchmark needs its buffer."""
+    """(bytes needed, bytes the allocator can hand out) on CUDA, else (0, None): a sync-off pass needs
+    a step's transient bytes plus FSDP2's unsharded gradients, the benchmark its buffer."""
     if device.type != "cuda":
         return 0, None
     allocated = torch.cuda.memory_allocated(device)
@@ -147,24 +130,15 @@ def _timed(fn: Callable[[], object], cuda: bool) -> float:
     return time.perf_counter() - t
 
 
-def _max_over_ranks(values: list[float], device: torch.device) -> list[float]:
-    """Each of `values`' largest value over the ranks (one tiny all-reduce)."""
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return [float(v) for v in t.tolist()]
-
-
 def passes_within(step_s: float, pass_s: float, limit: int = MAX_PASSES) -> int:
-    """How many sync-off passes of `pass_s` fit in one step of `step_s` (or in `CHEAP_S`,
-    when that is longer), at least 1 and at most `limit`."""
+    """How many sync-off passes of `pass_s` fit in max(`step_s`, `CHEAP_S`), from 1 to `limit`."""
     if pass_s <= 0:
         return limit
     return max(1, min(limit, int(max(step_s, CHEAP_S) / pass_s)))
 
 
 def allreduce_bandwidth(buf: torch.Tensor, world_size: int, repeats: int = ALLREDUCE_REPEATS) -> dict[str, float]:
-    """Time an all-reduce of `buf` (fp32, allocated by the caller: see `measure`) and derive
-    algbw / busbw in GB/s."""
+    """Time an all-reduce of `buf` (fp32, allocated by `measure`): algbw / busbw in GB/s."""
     cuda = buf.device.type == "cuda"
     t = min(_timed(lambda: dist.all_reduce(buf), cuda) for _ in range(repeats))
     nbytes = buf.numel() * buf.element_size()
@@ -187,8 +161,7 @@ class _Calibration:
         """Record this rank's first failure: `error` is "<part>: <why>"."""
         if not self.failed:
             self.record["error"] = f"{part}: {why}"
-            log.warning("rank %d: communication calibration: %s", self.ctx.rank,
-                        self.record["error"])
+            log.warning("rank %d: communication calibration: %s", self.ctx.rank, self.record["error"])
         self.failed = True
 
     def attempt(self, part: str, fn: Callable[[], T]) -> T | None:
@@ -205,28 +178,23 @@ class _Calibration:
         return None
 
     def agree(self, missing: str, *values: float) -> list[float] | None:
-        """One all-reduce (MAX) of this rank's failure flag and `values`: the values' maxima
-        over the ranks, or None on every rank when any has failed (`skipped` then says that
-        `missing` was not measured, and why)."""
-        failed, *out = _max_over_ranks([float(self.failed), *values], self.device)
+        """One all-reduce (MAX) of this rank's failure flag and `values`: their maxima over the
+        ranks, or None on every rank when any has failed (`skipped` then says `missing`, and why)."""
+        flags = torch.tensor([float(self.failed), *values], dtype=torch.float64, device=self.device)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        failed, *out = flags.tolist()
         if not failed:
             return out
-        self.record["skipped"] = (f"{missing} not measured: "
-                                  + ("this rank failed (see error)" if self.failed
-                                     else "another rank failed"))
+        why = "this rank failed (see error)" if self.failed else "another rank failed"
+        self.record["skipped"] = f"{missing} not measured: {why}"
         return None
 
 
 def measure(sync_step_s: list[float], sync_off_pass: Callable[[], None], *, ctx: RankContext,
             sizes: GradSizes) -> dict[str, Any]:
-    """The `comm` record: exposed communication and all-reduce bandwidth (every rank calls it).
-
-    `sync_step_s`: forward+backward seconds of the steady steps (sync on); `sync_off_pass` runs
-    the same micro-batches with sync off and drops the gradients; `sizes`: `grad_sizes` of the
-    trainable parameters. Never raises an Exception: see the module docstring for what a
-    failure leaves in the record, and why every rank takes the same path (the same collectives
-    in the same order) whatever fails where.
-    """
+    """The `comm` record (every rank calls it; never raises an Exception): `sync_step_s`, the
+    steady steps' forward+backward seconds; `sync_off_pass` runs the same micro-batches with
+    sync off and drops the gradients; `sizes`, `grad_sizes` of the trainable parameters."""
     cal = _Calibration(ctx)
     need, free = _need_and_free(sizes, cal.device)
     if (short := shortfall(need, free)) is not None:
@@ -238,8 +206,7 @@ def measure(sync_step_s: list[float], sync_off_pass: Callable[[], None], *, ctx:
     # one all-reduce: the pass count must be the same on every rank (FSDP's sync-off pass
     # all-gathers: ranks running different counts hang), so it comes from maxima over the ranks
     # (the longest step, the slowest first pass), and the largest shard is the benchmark's size
-    agreed = cal.agree("exposed communication and all-reduce bandwidth", first or 0.0,
-                       float(sizes.local_bytes), sync)
+    agreed = cal.agree("exposed communication and all-reduce bandwidth", first or 0.0, float(sizes.local_bytes), sync)
     if first is None or agreed is None:
         return cal.record
     slowest, nbytes, longest_step = agreed
@@ -249,16 +216,13 @@ def measure(sync_step_s: list[float], sync_off_pass: Callable[[], None], *, ctx:
             break
         off.append(t)
     nosync = statistics.median(off)
-    cal.record.update({"nosync_step_s": nosync, "sync_step_s": sync,
-                       "exposed_comm_s": max(0.0, sync - nosync),
+    cal.record.update({"nosync_step_s": nosync, "sync_step_s": sync, "exposed_comm_s": max(0.0, sync - nosync),
                        "sync_steps": len(sync_step_s), "nosync_passes": len(off)})
-    buf = None if cal.failed else cal.attempt("all-reduce buffer",
-                                              lambda: _zeros(int(nbytes), cal.device))
+    buf = None if cal.failed else cal.attempt("all-reduce buffer", lambda: _zeros(int(nbytes), cal.device))
     # `agree` first, on every rank (a collective); past it no rank has failed: `buf` is there
     if cal.agree("all-reduce bandwidth") is None or buf is None:
         return cal.record
-    bw = cal.attempt("all-reduce benchmark",
-                     lambda: allreduce_bandwidth(buf, ctx.world_size))
+    bw = cal.attempt("all-reduce benchmark", lambda: allreduce_bandwidth(buf, ctx.world_size))
     if bw is not None:
         cal.record.update(bw)
     return cal.record
@@ -272,14 +236,10 @@ def _zeros(nbytes: int, device: torch.device) -> torch.Tensor:
 def comm_record(window: Window, wrapped: Wrapped, replay: Callable[[], object],
                 zero_grad: Callable[[], None], params: Sequence[torch.Tensor], ctx: RankContext,
                 *, tp: int = 1) -> dict[str, Any]:
-    """The `comm` record after the last step: `replay` runs the last step's micro-batches again
-    with gradient sync off, `zero_grad` drops their gradients, and the all-reduce is sized by
-    this rank's gradient shard (`measure`, `grad_sizes` of the trainable `params`).
-
-    With tensor parallelism (`tp` > 1) the sync-off pass turns FSDP's gradient reduction off,
-    not the tensor-parallel collectives inside forward and backward: `exposed_comm_s` is the dp
-    dimension's (`exposed_comm_dims`), and on CPU one more pass times TP's own (runtime.tp_comm).
-    """
+    """The `comm` record after the last step: `replay` (the last step's micro-batches) runs again
+    with gradient sync off, `zero_grad` drops their gradients, `params` are the trainable ones.
+    With `tp` > 1 sync-off leaves the TP collectives on: `exposed_comm_s` is the dp dimension's
+    (`exposed_comm_dims`), and on CPU one more pass times TP's own (runtime.tp_comm)."""
 
     def sync_off_pass() -> None:
         try:

@@ -1,30 +1,24 @@
 """Training checkpoints with torch.distributed.checkpoint (DCP): save, find the latest, load.
 
-Layout under the checkpoint dir (DLAUNCH_CHECKPOINT_DIR = RUN_DIR/checkpoints, shared by all
-nodes):
+Layout under the checkpoint dir (DLAUNCH_CHECKPOINT_DIR = RUN_DIR/checkpoints, shared by all nodes):
 
-    step-000040/            one complete checkpoint: DCP shards + .metadata (every rank wrote
-                            its part), meta.json (step, world size), rng-<rank>.pt (RNG states),
-                            scheduler.pt (the LR scheduler's state, when the workload has one),
-                            optim-zero-<rank>.pt (strategy zero1: each rank's shard of the
-                            optimizer state, outside DCP; runtime.zero says why),
-                            complete.json (the completion marker: every file with its size
-                            and CRC-32)
+    step-000040/            one complete checkpoint: DCP shards + .metadata, meta.json (step,
+                            world size), rng-<rank>.pt (RNG states), scheduler.pt (the LR
+                            scheduler's, if any), optim-zero-<rank>.pt (zero1's optimizer
+                            shards: runtime.zero), complete.json (the completion marker: every
+                            file with its size and CRC-32)
     step-000080.partial/    being written (or the job died while writing): never loaded; a save
                             that raised removes it
 
 A checkpoint becomes visible atomically: all ranks write into `step-N.partial/`, meet at a
 barrier, then rank 0 writes the completion marker and renames the dir to `step-N/`. DCP saves
-sharded state (FSDP2) and replicated state (DDP: rank 0 writes the one copy) alike, and loads
-into a different world size too.
+sharded (FSDP2) and replicated (DDP) state alike, and loads into a different world size too.
 
-A checkpoint is trusted only when every file its marker lists has the listed size and CRC-32: a
-disk that filled up, a copy cut short, a file truncated or overwritten in place later (bit rot, a
-bad copy, a stray writer) is passed over (with a warning naming it) for the next older one, and
-when none is usable `load` fails with one line naming each. The ranks share the checksumming:
-each reads every world-size-th file, at save and before a resume, so a large checkpoint costs
-each rank its own share of the reading (zlib's CRC-32 streams at GB/s; it guards against
-accidents, not against tampering). Markers written before checksums (sizes only) still load.
+A checkpoint is trusted only when every file its marker lists has the listed size and CRC-32: one
+cut short or overwritten in place (a full disk, a bad copy, a stray writer) is passed over with
+a warning for the next older one, and when none is usable `load` fails with one line naming
+each. Each rank checksums every world-size-th file, at save and before a resume (zlib's CRC-32
+streams at GB/s; it guards against accidents, not tampering). Markers with sizes only still load.
 
 Collective: every rank of the job must call `save` / `load` with the same arguments at the same
 point; works without a process group as well (one process).
@@ -95,8 +89,7 @@ class _TrainState:
     model alone under zero1, whose optimizer state is saved in shards (runtime.zero)."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        self.model = model
-        self.optimizer = optimizer
+        self.model, self.optimizer = model, optimizer
 
     def state_dict(self) -> dict[str, Any]:
         # deferred: part of DCP, loaded with it (see the module docstring)
@@ -114,8 +107,7 @@ class _TrainState:
         if zero.is_zero(self.optimizer):
             set_model_state_dict(self.model, state["model"])
             return
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optim"])
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
 
 def _rng_state() -> dict[str, Any]:
@@ -133,8 +125,7 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 
 def _save_synced(path: Path, obj: object) -> None:
-    """torch.save `obj` to `path` and fsync it: the marker vouches for its size, so it must be
-    on disk before the marker is written."""
+    """torch.save `obj` to `path` and fsync it: it must be on disk before the marker vouches for it."""
     with open(path, "wb") as f:
         torch.save(obj, f)
         f.flush()
@@ -148,13 +139,9 @@ def step_dir(directory: str | Path, step: int) -> Path:
 
 def save(step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: str | Path, *,
          extra: dict[str, Any] | None = None, keep: int = 2, scheduler: LRScheduler | None = None) -> Path:
-    """Save model + optimizer (+ this rank's RNG state, + the LR scheduler's state when there
-    is one) after optimizer step `step`.
-
-    `extra`: JSON-able values for meta.json (e.g. the GradScaler's scale, the data position
-    if it is not simply `step`). Keeps the newest `keep` complete checkpoints. Returns the
-    checkpoint's directory.
-    """
+    """Save model, optimizer, this rank's RNG state and the LR scheduler's (if any) after step
+    `step`, with `extra` (JSON-able, e.g. the GradScaler's scale) in meta.json; keeps the newest
+    `keep` complete checkpoints. Returns the checkpoint's directory."""
     # deferred: DCP is loaded only by a run that checkpoints (see the module docstring)
     import torch.distributed.checkpoint as dcp
 
@@ -172,18 +159,16 @@ def save(step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, di
         if zero.is_zero(optimizer):
             name, shard = zero.shard(optimizer, rank)
             _save_synced(partial / name, shard)
-        if rank == 0 and scheduler is not None:
-            _save_synced(partial / SCHEDULER, scheduler.state_dict())
         if rank == 0:
+            if scheduler is not None:
+                _save_synced(partial / SCHEDULER, scheduler.state_dict())
             atomic_write_json(partial / META, {"step": step, "world_size": world, **(extra or {})})
     except BaseException as e:  # DCP's CheckpointException is a BaseException
         # torch.save reports a full disk as a short write ("unexpected pos"), and to the other
         # ranks only as DCP's list of ranks: ask the disk before the partial checkpoint goes,
         # and read the short write in any rank's failure (another rank may have freed it)
         full = _free_bytes(partial.parent) < _FULL_BELOW_BYTES or _SHORT_WRITE in _failure_text(e)
-        # a failed save leaves no partial checkpoint behind: its space goes back to the rank's
-        # summary and the next save
-        shutil.rmtree(partial, ignore_errors=True)
+        shutil.rmtree(partial, ignore_errors=True)  # its space goes back to the summary and the next save
         if full and not isinstance(e, SystemExit | KeyboardInterrupt):  # not a stop: a failure
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(partial)) from e
         raise
@@ -214,8 +199,7 @@ def _free_bytes(path: Path) -> int:
 
 
 def _prune(directory: Path, keep: int) -> None:
-    steps = sorted(complete_steps(directory))
-    for s in steps[:-keep] if keep > 0 else []:
+    for s in complete_steps(directory)[:-keep] if keep > 0 else []:
         shutil.rmtree(step_dir(directory, s), ignore_errors=True)
 
 
@@ -226,11 +210,6 @@ def crc32(path: Path) -> int:
         while chunk := f.read(_CHUNK_BYTES):
             value = zlib.crc32(chunk, value)
     return value
-
-
-def _shared(items: list[str], rank: int, world: int) -> list[str]:
-    """This rank's share of the files to read: every world-th, from its rank on."""
-    return items[rank::world]
 
 
 def _gather(part: dict[str, Any], up: bool) -> dict[str, Any]:
@@ -250,8 +229,7 @@ def _marker_files(path: Path, rank: int, world: int, up: bool) -> dict[str, list
     if up:
         dist.broadcast_object_list(box, src=0)
     names: list[str] = box[0]
-    mine = {name: [(path / name).stat().st_size, crc32(path / name)]
-            for name in _shared(names, rank, world)}
+    mine = {name: [(path / name).stat().st_size, crc32(path / name)] for name in names[rank::world]}
     return _gather(mine, up)
 
 
@@ -269,10 +247,9 @@ def complete_steps(directory: str | Path) -> list[int]:
 
 
 def problem(path: str | Path, *, share: tuple[int, int] = (0, 1)) -> str | None:
-    """Why the checkpoint in `path` cannot be trusted, or None when every file the completion
-    marker lists is there with the size and CRC-32 it lists (a cut-off file, a lost file, one
-    overwritten in place, no marker). `share` = (rank, world): check the checksums of this
-    rank's share of the files only (sizes are checked for all: a stat is cheap)."""
+    """Why the checkpoint in `path` cannot be trusted (a cut-off, lost or overwritten file, no
+    marker), or None when every file its marker lists has the listed size and CRC-32. `share` =
+    (rank, world): checksum only this rank's share of the files (sizes are all checked)."""
     p = Path(path)
     try:
         marker = read_json(p / MARKER)
@@ -291,7 +268,8 @@ def problem(path: str | Path, *, share: tuple[int, int] = (0, 1)) -> str | None:
             return f"{shown(name)} is missing"
         if actual != size:
             return f"{shown(name)} is {actual} bytes, {size} when saved (cut off or overwritten)"
-    for name in _shared(sorted(files), *share):
+    rank, world = share
+    for name in sorted(files)[rank::world]:  # this rank's share of the checksums
         listed = files[name]
         if not isinstance(listed, list) or len(listed) < 2:
             continue
@@ -306,12 +284,9 @@ def problem(path: str | Path, *, share: tuple[int, int] = (0, 1)) -> str | None:
 
 
 def pick(directory: str | Path, step: int | None = None) -> tuple[int | None, list[str]]:
-    """The newest checkpoint that passes `problem` (or `step`, if that one passes), and a
-    line for each newer one passed over: `step-N: why`.
-
-    Collective when there is a process group: rank 0 lists the candidates, every rank checks
-    its share of the checksums, and all agree on the verdict (a checkpoint completing between
-    two ranks' listings cannot split them)."""
+    """The newest checkpoint that passes `problem` (or `step`, if it passes), and `step-N: why` for
+    each newer one passed over. Collective: rank 0 lists the candidates, every rank checks its
+    share of the checksums, and all agree (one completing between two listings cannot split them)."""
     rank, world, up = _dist()
     box: list[Any] = [[step] if step is not None else list(reversed(_step_dirs(directory)))]
     if up:
@@ -345,14 +320,9 @@ def latest(directory: str | Path) -> int | None:
 
 def load(model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: str | Path, *,
          step: int | None = None, scheduler: LRScheduler | None = None) -> tuple[int, dict[str, Any]] | None:
-    """Load the newest usable (or the given) checkpoint into model, optimizer and (when given
-    and saved) the LR scheduler, in place.
-
-    Returns (step, meta) — training continues with step + 1; meta's `passed_over` lists
-    `step-N: why` for each newer checkpoint not used — or None when there is none. Raises
-    `CheckpointUnusable` (one line naming each) when there are checkpoints but none is usable.
-    All ranks agree on the step (`pick`).
-    """
+    """Load the newest usable (or the given) checkpoint (`pick`) into model, optimizer and LR
+    scheduler, in place: (step, meta, its `passed_over` naming each newer one not used), or None
+    when there is none; `CheckpointUnusable` when none of several is usable."""
     # deferred: DCP is loaded only by a run that checkpoints (see the module docstring)
     import torch.distributed.checkpoint as dcp
 
@@ -368,8 +338,7 @@ def load(model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: st
                     "; ".join(b.split(":")[0] for b in bad), "; ".join(bad), path.name)
     try:
         with _quiet_single_process(up):
-            dcp.load({"train": _TrainState(model, optimizer)}, checkpoint_id=str(path),
-                     no_dist=not up)
+            dcp.load({"train": _TrainState(model, optimizer)}, checkpoint_id=str(path), no_dist=not up)
         if zero.is_zero(optimizer):
             zero.load_shards(optimizer, path)
         meta = read_json(path / META)

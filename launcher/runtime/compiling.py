@@ -1,16 +1,14 @@
 """torch.compile inside a rank: how the model is compiled, what happens when that fails, and
 what it cost (graphs, graph breaks, recompilations).
 
-Compilation is lazy: `torch.compile` returns at once and the first call traces and builds the
-kernels, so a failure (no C++ compiler, an unsupported op under `fullgraph=True`, an Inductor
-bug) surfaces in the first forward or backward. `CompileGuard` runs those first uses: by default
-a compile error switches Dynamo to eager (`torch.compiler.set_stance("force_eager")`, which
-keeps every wrapper in place) and the same micro-batches run again; under `--compile-strict`
-it is an error that fails the rank.
+Compilation is lazy, so a failure (no C++ compiler, an unsupported op under `fullgraph=True`, an
+Inductor bug) surfaces in the first forward or backward. `CompileGuard` runs those first uses:
+by default a compile error switches Dynamo to eager (`torch.compiler.set_stance("force_eager")`,
+which keeps every wrapper in place) and the same micro-batches run again; under
+`--compile-strict` it fails the rank.
 
 Never imports cli, backends, jobs or report; torch at module level, Dynamo's modules (1.4 s of
-imports, which `torch.compile` loads itself) only in the functions that run once something was
-compiled (see runtime/__init__).
+imports) only in the functions that run once something was compiled (see runtime/__init__).
 """
 
 from __future__ import annotations
@@ -36,33 +34,21 @@ class CompileFailed(DlaunchError):
     exit_code = 1
 
 
-def compile_kwargs(strategy: Strategy) -> dict[str, Any]:
-    """The torch.compile arguments for a strategy: its mode, fullgraph under strict."""
-    return {"mode": strategy.compile_mode, "fullgraph": strategy.compile_strict}
-
-
 def compile_forward(module: torch.nn.Module, strategy: Strategy) -> None:
-    """Compile `module.forward` in place: the model of a DDP rank (before DDP wraps it), the bare
-    model of one process, or one FSDP unit (before `fully_shard`).
-
-    In place, not `torch.compile(module)`: parameter names keep no `_orig_mod.` prefix (state
-    dicts and checkpoints are unchanged) and module hooks (FSDP2's all-gathers) stay eager.
-    `forward`, not `Module.compile()`: that compiles `_call_impl`, which Dynamo skips for
-    torch.nn containers (an `nn.Sequential` root compiled nothing, silently, in torch 2.13).
-    Under DDP the compiled frame runs inside DDP's forward, so Dynamo's DDP optimizer (on by
-    default) splits the graph at bucket boundaries and all-reduces still overlap backward;
-    compiling the DDP wrapper instead breaks the graph at DDP's own bookkeeping (3 breaks
-    measured) and cannot run under fullgraph=True. The planner traces these same forwards with
-    Dynamo on the meta device (plan/compile_probe.py) before it proposes compile, so keep them
-    in step.
-    """
-    module.forward = torch.compile(module.forward, **compile_kwargs(strategy))
+    """Compile `module.forward` in place (fullgraph under --compile-strict): a DDP rank's model
+    (before DDP wraps it), one process's model, or one FSDP unit. In place, not
+    `torch.compile(module)`: parameter names keep no `_orig_mod.` prefix and module hooks (FSDP2's
+    all-gathers) stay eager. `forward`, not `Module.compile()`: Dynamo skips the `_call_impl` of
+    torch.nn containers (an `nn.Sequential` root compiled nothing, silently, in torch 2.13). Under
+    DDP, Dynamo's DDP optimizer splits the graph at bucket boundaries; compiling the DDP wrapper
+    instead breaks it at DDP's bookkeeping (3 breaks measured) and fails under fullgraph=True.
+    The planner traces these same forwards (plan/compile_probe.py): keep them in step."""
+    module.forward = torch.compile(module.forward, mode=strategy.compile_mode, fullgraph=strategy.compile_strict)
 
 
 def one_line(e: BaseException) -> str:
-    """The exception's type and first message line, plus what Dynamo adds to it: the
-    "Explanation:" line and the first user-code location ("RuntimeError when making fake
-    tensor call" alone does not say which op)."""
+    """The exception's type and first message line, plus Dynamo's "Explanation:" line and first
+    user-code location ("RuntimeError when making fake tensor call" alone names no op)."""
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
     text = f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
     explain = next((x[len("Explanation:"):].strip() for x in lines if x.startswith("Explanation:")), "")
@@ -87,21 +73,15 @@ def is_compile_error(e: BaseException) -> bool:
 
 
 class CompileGuard:
-    """Runs the first uses of a compiled model; falls back to eager on a compile error.
-
-    `run(fn, reset)` calls `fn`; when it raises a compile error and the run is not strict, the
-    guard switches Dynamo to eager for the rest of the process, calls `reset` (drop partial
-    gradients) and calls `fn` again with the same inputs (the caller keeps them).
-    """
+    """Runs the first uses of a compiled model; falls back to eager on a compile error."""
 
     def __init__(self, *, compiled: bool, strict: bool, rank: int) -> None:
-        self.watching = compiled
-        self.strict = strict
-        self.rank = rank
+        self.watching, self.strict, self.rank = compiled, strict, rank
         self.fallback: str | None = None
 
     def run(self, fn: Callable[[], T], reset: Callable[[], None]) -> T:
-        """`fn()`, retried once in eager mode if compiling it failed."""
+        """`fn()`; on a compile error (unless strict) Dynamo goes eager for the rest of the process,
+        `reset()` drops partial gradients and `fn()` runs again (the caller keeps its inputs)."""
         if not self.watching:
             return fn()
         try:
@@ -112,7 +92,12 @@ class CompileGuard:
             reason = one_line(e)
             if self.strict:
                 raise CompileFailed(f"torch.compile failed under --compile-strict: {reason}") from e
-            self._fall_back(reason)
+            self.fallback, self.watching = reason, False
+            torch.compiler.set_stance("force_eager")
+            if self.rank == 0:
+                # one line: the run goes on, and the summary repeats it
+                print(f"dlaunch: warning: torch.compile failed, running eagerly ({reason}); "
+                      "--compile-strict makes this an error", file=sys.stderr, flush=True)
         reset()
         return fn()
 
@@ -120,37 +105,22 @@ class CompileGuard:
         """Later failures propagate (compilation is expected to be done after warm-up)."""
         self.watching = False
 
-    def _fall_back(self, reason: str) -> None:
-        self.fallback = reason
-        self.watching = False
-        torch.compiler.set_stance("force_eager")
-        if self.rank == 0:
-            # one line: the run goes on, and the summary repeats it
-            print(f"dlaunch: warning: torch.compile failed, running eagerly ({reason}); "
-                  "--compile-strict makes this an error", file=sys.stderr, flush=True)
-
 
 def compile_stats(fallback: str | None = None) -> dict[str, Any]:
-    """The `compile` record: graphs compiled, graph breaks and recompilations, with reasons.
+    """The `compile` record: graphs compiled, graph breaks and recompilations, with reasons, from
+    Dynamo's process-wide counters (one graph-break entry per distinct reason) and compilation
+    metrics (a deque of 64 entries, each recompilation with its guard-failure reason)."""
 
-    From Dynamo's process-wide counters: `counters["stats"]["unique_graphs"]`, the graph-break
-    counter (one entry per distinct break reason), and the compilation metrics (a bounded deque
-    of 64 entries; each recompilation carries its guard-failure reason).
-    """
     # deferred: Dynamo is loaded only where something compiled (see runtime/__init__)
     from torch._dynamo.utils import counters, get_compilation_metrics
 
     breaks = counters["graph_break"]
     recompiles = [m.recompile_reason for m in get_compilation_metrics() if m.recompile_reason]
-    return {
-        "kind": "compile",
-        "graphs": int(counters["stats"]["unique_graphs"]),
-        "graph_breaks": int(sum(breaks.values())),
-        "break_reasons": [_first_line(r) for r in list(breaks)[:MAX_REASONS]],
-        "recompiles": len(recompiles),
-        "recompile_reasons": [_first_line(r) for r in recompiles[:MAX_REASONS]],
-        "fallback": fallback,
-    }
+    return {"kind": "compile", "graphs": int(counters["stats"]["unique_graphs"]),
+            "graph_breaks": int(sum(breaks.values())),
+            "break_reasons": [_first_line(r) for r in list(breaks)[:MAX_REASONS]],
+            "recompiles": len(recompiles), "recompile_reasons": [_first_line(r) for r in recompiles[:MAX_REASONS]],
+            "fallback": fallback}
 
 
 def _first_line(reason: str) -> str:

@@ -1,10 +1,9 @@
 """The rank's view of the job, read from the environment torchrun (or SLURM) sets, and its tie
 to the agent that started it (`watch_parent`: a rank never outlives torchrun).
 
-Torch-free at module level: a rank reads who it is here before its recorder exists, and torch
-loads only after that (see runtime/__init__). The two functions that need torch (`device`,
-`init_distributed`) run once the rank's door has loaded it, so their imports find it loaded;
-`shutdown_distributed` never loads it. Never imports cli, backends, jobs or report.
+Torch-free at module level: a rank reads who it is here before its recorder exists (see
+runtime/__init__). `device` and `init_distributed` import torch once the rank's door has loaded
+it; `shutdown_distributed` never loads it. Never imports cli, backends, jobs or report.
 """
 
 from __future__ import annotations
@@ -60,10 +59,8 @@ def from_env(device_type: str, env: dict[str, str] | None = None) -> RankContext
     """Read RANK / LOCAL_RANK / WORLD_SIZE / GROUP_RANK; defaults describe a single process."""
     e = os.environ if env is None else env
     return RankContext(
-        rank=int(e.get("RANK", 0)),
-        local_rank=int(e.get("LOCAL_RANK", 0)),
-        world_size=int(e.get("WORLD_SIZE", 1)),
-        local_world_size=int(e.get("LOCAL_WORLD_SIZE", 1)),
+        rank=int(e.get("RANK", 0)), local_rank=int(e.get("LOCAL_RANK", 0)),
+        world_size=int(e.get("WORLD_SIZE", 1)), local_world_size=int(e.get("LOCAL_WORLD_SIZE", 1)),
         # torchrun's c10d rendezvous numbers nodes by host name and pid, not --node-rank; the
         # SLURM backend passes the node id it logs under, so rank files and logs agree
         node_rank=int(e.get("DLAUNCH_NODE_RANK", e.get("GROUP_RANK", e.get("SLURM_NODEID", 0)))),
@@ -74,9 +71,9 @@ def from_env(device_type: str, env: dict[str, str] | None = None) -> RankContext
 
 
 def process_group_kwargs(ctx: RankContext, *, timeout_s: float) -> dict[str, Any]:
-    """`init_process_group`'s arguments for this rank: nccl bound to its GPU on CUDA (device_id:
-    the communicator starts at once, on the right device), gloo on CPU; the collective timeout
-    either way (a hung collective must end long before the 30-minute default)."""
+    """`init_process_group`'s arguments: nccl bound to this rank's GPU (device_id: the
+    communicator starts at once, on the right device), or gloo; the collective timeout (a hung
+    collective must end long before the 30-minute default)."""
     kwargs: dict[str, Any] = {"backend": "nccl" if ctx.device_type == "cuda" else "gloo",
                               "timeout": timedelta(seconds=timeout_s)}
     if ctx.device_type == "cuda":
@@ -85,15 +82,13 @@ def process_group_kwargs(ctx: RankContext, *, timeout_s: float) -> dict[str, Any
 
 
 def needs_process_group(ctx: RankContext, *, mesh: bool) -> bool:
-    """Whether this rank starts a process group: with more than one rank, and with one when
-    its strategy builds a device mesh (FSDP): without a default group `init_device_mesh`
-    would start one itself, with neither the timeout nor the device id."""
+    """Whether this rank starts a process group: with several ranks, or a device mesh (FSDP), for
+    which `init_device_mesh` would start one itself, with neither the timeout nor the device id."""
     return ctx.is_distributed or mesh
 
 
 def init_distributed(ctx: RankContext, *, timeout_s: float = 1800.0, mesh: bool = False) -> None:
-    """Pick the device and start the process group (`needs_process_group`;
-    `process_group_kwargs`). `mesh`: the strategy builds a device mesh (`wrap.uses_device_mesh`)."""
+    """Pick the device and start the process group (`needs_process_group`; `wrap.uses_device_mesh`)."""
     # torch is loaded by now (the rank's door): this module must not load it (see above)
     import torch
     import torch.distributed as dist
@@ -107,10 +102,8 @@ def init_distributed(ctx: RankContext, *, timeout_s: float = 1800.0, mesh: bool 
 
 
 def shutdown_distributed() -> None:
-    """Destroy the process group if one is up. Safe in every `finally`: a rank that ended before
-    torch loaded (a broken install, a bad workload) has no group, and loading torch only to
-    find none would cost it seconds; a broken group that cannot be torn down is logged, not
-    raised (the rank's own ending matters more)."""
+    """Destroy the process group if one is up. Safe in every `finally`: it never loads torch (a
+    rank that ended before torch loaded has no group), and a teardown failure is only logged."""
     dist = sys.modules.get("torch.distributed")
     try:
         if dist is not None and dist.is_available() and dist.is_initialized():
@@ -120,11 +113,9 @@ def shutdown_distributed() -> None:
 
 
 def watch_parent() -> None:
-    """End this rank when the process that started it (torchrun's agent) is gone.
+    """End this rank when the process that started it (torchrun's agent) is gone: an agent killed
+    with SIGKILL cannot stop its ranks, and an orphan would go on training (holding its device)."""
 
-    Nobody else would: an agent killed with SIGKILL cannot stop its ranks, and an orphaned rank
-    would go on training (holding its device) and writing into a run dir that may be reused.
-    """
     parent = os.getppid()
 
     def loop() -> None:

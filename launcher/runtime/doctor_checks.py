@@ -10,14 +10,13 @@ Each is the median of its timed repetitions (CUDA events on GPUs, the wall clock
 after warm-up. Every rank of a node runs each check at the same time, as training does
 (barriers between checks); on CPUs each rank has the threads `OMP_NUM_THREADS` gives it.
 
-Test hook: DLAUNCH_DOCTOR_SLOW_RANK=R makes global rank R sleep SLOW_FACTOR - 1 times as long
-as each timed GEMM and copy repetition took, inside the timed region (after a device sync), so R
-measures 1/SLOW_FACTOR of its real rates without taking cores or memory bandwidth from the
-other ranks; the tests use it to check that a slow rank is named and the exit code is 1. It is
-recorded (`slowed`, shown in the report) and never meant for real runs.
+Test hook: DLAUNCH_DOCTOR_SLOW_RANK=R makes global rank R sleep SLOW_FACTOR - 1 times as long as
+each timed GEMM and copy repetition took, inside the timed region, so R measures 1/SLOW_FACTOR
+of its real rates without taking resources from the other ranks (the tests check that a slow
+rank is named). It is recorded (`slowed`), never for real runs.
 
-Never imports cli, backends, jobs or report; torch at module level: doctor_rank imports this
-module once the rank's recorder beats (see runtime/__init__).
+Never imports cli, backends, jobs or report; torch at module level, imported once the rank's
+recorder beats (see runtime/__init__).
 """
 
 from __future__ import annotations
@@ -103,12 +102,7 @@ class _Clock:
     def reps(self, fn: Callable[[], Any], reps: int) -> list[float]:
         """Seconds of each of `reps` calls."""
         if not self.cuda:
-            out = []
-            for _ in range(reps):
-                t = time.perf_counter()
-                fn()
-                out.append(time.perf_counter() - t)
-            return out
+            return [self.once(fn) for _ in range(reps)]
         ev = torch.cuda.Event
         pairs = [(ev(enable_timing=True), ev(enable_timing=True)) for _ in range(reps)]
         self.sync()
@@ -120,8 +114,7 @@ class _Clock:
         return [start.elapsed_time(end) / 1e3 for start, end in pairs]
 
 
-def _timed(clock: _Clock, fn: Callable[[], Any], *, fixed_reps: int | None,
-           slowed: bool = False) -> list[float]:
+def _timed(clock: _Clock, fn: Callable[[], Any], *, fixed_reps: int | None, slowed: bool = False) -> list[float]:
     """Warm-up, then the timed repetitions: `fixed_reps`, or (CPU) as many as fill
     CPU_TARGET_S judged by the last warm-up call; `slowed`: under the test hook (`_slowed`)."""
     fn = _slowed(fn, clock) if slowed else fn
@@ -156,40 +149,33 @@ def _gemm(clock: _Clock, device: torch.device, precision: str, n: int, slowed: b
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
     c = torch.empty(n, n, device=device, dtype=dtype)
-
-    def run() -> None:
-        torch.mm(a, b, out=c)
-
-    return _summary(_timed(clock, run, fixed_reps=fixed_reps, slowed=slowed), 2.0 * n**3, n=n, unit="FLOP/s")
+    samples = _timed(clock, lambda: torch.mm(a, b, out=c), fixed_reps=fixed_reps, slowed=slowed)
+    return _summary(samples, 2.0 * n**3, n=n, unit="FLOP/s")
 
 
-def _copy(clock: _Clock, device: torch.device, nbytes: int, slowed: bool,
-          fixed_reps: int | None) -> dict[str, Any]:
+def _copy(clock: _Clock, device: torch.device, nbytes: int, slowed: bool, fixed_reps: int | None) -> dict[str, Any]:
     src = torch.ones(nbytes // 4, device=device)
     dst = torch.empty_like(src)
-
-    def run() -> None:
-        dst.copy_(src)
-
     moved = 2 * src.numel() * 4  # read + written
-    return _summary(_timed(clock, run, fixed_reps=fixed_reps, slowed=slowed), float(moved), bytes=moved, unit="B/s")
+    samples = _timed(clock, lambda: dst.copy_(src), fixed_reps=fixed_reps, slowed=slowed)
+    return _summary(samples, float(moved), bytes=moved, unit="B/s")
 
 
 def _allreduce(clock: _Clock, device: torch.device, nbytes: int, group: dist.ProcessGroup | None,
                ranks: int, reps: int) -> dict[str, Any]:
     buf = torch.ones(nbytes // 4, device=device)
+    size = buf.numel() * 4
     dist.barrier(group=group)
     samples = _timed(clock, lambda: dist.all_reduce(buf, group=group), fixed_reps=reps)
-    out = _summary(samples, float(buf.numel() * 4), bytes=buf.numel() * 4, ranks=ranks, unit="B/s")
+    out = _summary(samples, float(size), bytes=size, ranks=ranks, unit="B/s")
     out["algbw"] = out.pop("rate")
-    out["busbw"] = busbw(buf.numel() * 4, out["median_s"], ranks)
+    out["busbw"] = busbw(size, out["median_s"], ranks)
     return out
 
 
 def _device_name(ctx: RankContext) -> tuple[str, tuple[int, int] | None]:
     if ctx.device_type == "cuda":
-        return (torch.cuda.get_device_name(ctx.local_rank),
-                torch.cuda.get_device_capability(ctx.local_rank))
+        return (torch.cuda.get_device_name(ctx.local_rank), torch.cuda.get_device_capability(ctx.local_rank))
     from launcher.hardware.detect import cpu_info  # psutil and /proc: only here
 
     return cpu_info().model, None
@@ -233,9 +219,8 @@ def measure(ctx: RankContext, recorder: RankRecorder, requested: str) -> dict[st
         if nodes > 1:
             world_ar = _allreduce(clock, device, ar_bytes, world, ctx.world_size, ar_reps)
         phase("allreduce world")
-    return {"device": ctx.device_type, "device_name": name, "local_rank": ctx.local_rank,
-            "node_rank": ctx.node_rank, "host": ctx.host, "local_world_size": local,
-            "world_size": ctx.world_size, "precision": precision, "threads": threads,
-            "capability": list(capability) if capability else None, "slowed": slowed,
+    return {"device": ctx.device_type, "device_name": name, "local_rank": ctx.local_rank, "node_rank": ctx.node_rank,
+            "host": ctx.host, "local_world_size": local, "world_size": ctx.world_size, "precision": precision,
+            "threads": threads, "capability": list(capability) if capability else None, "slowed": slowed,
             "torch": torch.__version__, "gemm": gemm, "copy": copy, "allreduce_node": node_ar,
             "allreduce_world": world_ar}

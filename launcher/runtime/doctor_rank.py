@@ -3,12 +3,10 @@
 
 torchrun starts it as a plain script (`python -u .../doctor_rank.py --device D --precision P`),
 so the local and the SLURM backends launch it exactly as they launch a run. The rank writes
-through the run's `RankRecorder`: its heartbeat names the phase it is in (1 process group up,
-2 GEMM timed, 3 copy timed, 4 node all-reduce timed, 5 all-reduce across nodes timed), so the
-launcher's hang watcher can end a stuck doctor and name the rank; its summary
-(`rank-<r>.summary.json`) carries what it measured under `doctor` (see
-`doctor_checks.measure`), which launcher.results.doctor reads. Every number here is measured;
-what it should have been is the launcher's business (launcher.plan.expected).
+through the run's `RankRecorder`: its heartbeat names the phase it is in (`doctor_checks.PHASES`),
+so the launcher's hang watcher can end a stuck doctor and name the rank; its summary carries
+what it measured under `doctor`, which launcher.results.doctor reads. Every number here is
+measured; what it should have been is the launcher's business (launcher.plan.expected).
 
 Like runtime.entry this is a rank's door (see runtime/__init__): the recorder first, then torch
 and the checks, after the script's own folder has left `sys.path` (see the end of this file).

@@ -1,9 +1,9 @@
 """The program torchrun starts in every rank: `python -m launcher.runtime.entry LAUNCH_JSON`.
 
-It reads the launch spec the launcher wrote, builds the workload, trains it under the
-harness, and always leaves a summary file saying how the rank ended (ok, preempted — a
-checkpoint was saved on the preemption signal, exit 0 — failed or stopped). A failure is reported
-as one line on stderr (the traceback goes to the summary file; `DLAUNCH_DEBUG=1` prints it).
+It reads the launch spec the launcher wrote, builds the workload, trains it under the harness,
+and always leaves a summary file saying how the rank ended (ok, preempted — a checkpoint was
+saved on the preemption signal, exit 0 — failed or stopped). A failure is reported as one line
+on stderr (the traceback goes to the summary file; `DLAUNCH_DEBUG=1` prints it).
 
 This is the rank's door (see runtime/__init__): the recorder is created first, from torch-free
 modules, and only then are torch and the training machinery imported, inside the recorded
@@ -69,10 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     ctx = from_env(spec.device)
     recorder = RankRecorder(spec.run_dir, ctx.rank, {
         "run_id": spec.run_id, "local_rank": ctx.local_rank, "node_rank": ctx.node_rank, "world_size": ctx.world_size,
-        "host": ctx.host, "device": spec.device, "strategy": spec.strategy,
-        "precision": spec.precision, "micro_batch": spec.micro_batch,
-        "grad_accum": spec.grad_accum,
-    }, dump_stacks=True)
+        "host": ctx.host, "device": spec.device, "strategy": spec.strategy, "precision": spec.precision,
+        "micro_batch": spec.micro_batch, "grad_accum": spec.grad_accum}, dump_stacks=True)
     try:
         # deferred, the one place: torch (1-2 s) and the training machinery load only now that
         # the recorder beats and can say how the rank ended (see runtime/__init__)
@@ -83,8 +81,7 @@ def main(argv: list[str] | None = None) -> int:
                       "units_per_sample": workload.units_per_sample})
         # a hung collective must end long before gloo/NCCL's 30-minute default; FSDP's mesh
         # needs the group on one rank too
-        init_distributed(ctx, timeout_s=spec.collective_timeout_s,
-                         mesh=wrap.uses_device_mesh(spec.parallel))
+        init_distributed(ctx, timeout_s=spec.collective_timeout_s, mesh=wrap.uses_device_mesh(spec.parallel))
         outcome = harness.train(workload, spec, ctx, recorder)
         # `preempted` also exits 0: the checkpoint is saved, a requeue or restart resumes it
         recorder.finish(outcome.status, extra=outcome.summary or None)
@@ -107,11 +104,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def exit_now(code: int) -> None:
-    """End the rank with `code` once its results are written: stdio and logging flushed, the
-    atexit hooks run (a workload's own, e.g. an experiment tracker's), but not the interpreter's
-    teardown, which frees every module of torch and Dynamo one by one (0.9 s measured on a
-    2-core host: longer than a short run's last steps) and once in a while aborted there
-    ("terminate called without an active exception") after training had finished."""
+    """End the rank with `code`: stdio and logging flushed, the atexit hooks run (a workload's
+    own), but not the interpreter's teardown, which frees torch and Dynamo module by module (0.9 s
+    on a 2-core host) and at times aborted ("terminate called without an active exception")."""
     try:
         atexit._run_exitfuncs()
         logging.shutdown()

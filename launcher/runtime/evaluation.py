@@ -1,10 +1,9 @@
 """The workload's optional `evaluate(model, cfg)`, run by the harness every `--eval-every` steps.
 
 Every rank calls it at the same step (FSDP's all-gathers need them all), in eval mode and
-without gradients; the model goes back to train mode afterwards. Each metric is then averaged
-over the ranks that returned it (one `all_gather_object`: ranks evaluating different shards of
-a held-out set get the global mean, and ranks returning different names cannot mismatch a
-tensor collective), so every rank records the same numbers.
+without gradients. Each metric is then averaged over the ranks that returned it (one
+`all_gather_object`: ranks evaluating different shards of a held-out set get the global mean,
+and ranks returning different names cannot mismatch a tensor collective).
 
 Records: the step record of an evaluated step carries `eval` {name: value} and `eval_s`; the
 rank summary carries the last one as `eval` {step, name: value}.
@@ -37,8 +36,7 @@ def due(step: int, spec: LaunchSpec, workload: Workload) -> bool:
     return spec.eval_every > 0 and step % spec.eval_every == 0 and workload.has_evaluate
 
 
-def evaluate(workload: Workload, module: torch.nn.Module,
-             ctx: RankContext) -> tuple[dict[str, float], float]:
+def evaluate(workload: Workload, module: torch.nn.Module, ctx: RankContext) -> tuple[dict[str, float], float]:
     """Collective: the workload's metrics averaged over ranks, and the seconds it took."""
     t0 = time.perf_counter()
     was_training = module.training

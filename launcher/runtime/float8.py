@@ -1,14 +1,13 @@
 """Float8 training (strategy field `float8`): torchao's `Float8Linear` in place of the model's
 linear layers, the rest of the step in bf16.
 
-Which layers convert (`eligible`): torchao's guidance, on GPUs its own filter
-(`_auto_filter_for_recipe`: both dimensions multiples of 16, the float8 GEMM's requirement, and
-large enough to gain on an H100 by its benchmarks), and never the output head (the layer that
-produces the logits: torchtitan and torchao keep it in bf16 for the loss's accuracy). CPU ranks
-run torchao's emulation (`emulate=True`: the same casts, scales and amax reductions, the GEMM in
-high precision), so the path is tested there; they skip only what the hardware requirement and
-the head rule skip, since the speed thresholds describe an H100. Under FSDP on GPUs tensorwise
-scaling all-gathers the weights in float8 (`enable_fsdp_float8_all_gather`), half of bf16's bytes.
+Which layers convert (`eligible`): on GPUs torchao's own filter (`_auto_filter_for_recipe`: both
+dimensions multiples of 16, the float8 GEMM's requirement, and large enough to gain on an H100),
+and never the output head (torchtitan and torchao keep the logits in bf16 for the loss's
+accuracy). CPU ranks run torchao's emulation (`emulate=True`: the same casts, scales and amax
+reductions, the GEMM in high precision), so the path is tested there; they skip only what the
+multiple-of-16 and head rules skip. Under FSDP on GPUs tensorwise scaling all-gathers the weights
+in float8 (`enable_fsdp_float8_all_gather`), half of bf16's bytes.
 
 torchao is an optional dependency (`pip install 'dlaunch[float8]'`); imported only here, when a
 run converts.
@@ -26,8 +25,7 @@ from launcher.specs import Strategy, require_torchao
 
 
 def _head(model: torch.nn.Module) -> str | None:
-    """The output head's name: the workload's `lm_head` / `head` / `output`, else the last
-    linear layer declared (the one producing the logits)."""
+    """The output head's name: the workload's `lm_head` / `head` / `output`, else the last linear."""
     linears = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
     named = [n for n in linears if n.split(".")[-1] in ("lm_head", "head", "output")]
     return (named or linears or [None])[-1]
@@ -56,8 +54,7 @@ def eligible(model: torch.nn.Module, recipe: str, device_type: str) -> tuple[lis
 
 
 def convert(model: torch.nn.Module, strategy: Strategy, device_type: str) -> dict[str, Any]:
-    """Swap the eligible linear layers for Float8Linear in place; what was converted and skipped
-    (the rank's wrap record keeps it)."""
+    """Swap the eligible linear layers for Float8Linear in place; what was converted and skipped."""
     require_torchao(strategy.float8)
     # torchao's import logs every compiled extension this machine cannot load (CUDA kernels on a
     # CPU host, Triton's absence) and torch's pytree deprecations: none of it is the run's
@@ -77,11 +74,8 @@ def convert(model: torch.nn.Module, strategy: Strategy, device_type: str) -> dic
     # gathered float8 storage is refused ("invalid python storage", torch 2.13), so CPU ranks
     # gather bf16 and test the rest of the path
     fsdp_gather = strategy.shards_params and strategy.float8 == "tensorwise" and device_type == "cuda"
-    # the recipe, with emulation on CPU and float8 all-gathers under FSDP
-    config = dataclasses.replace(config, emulate=device_type != "cuda",
-                                 enable_fsdp_float8_all_gather=fsdp_gather)
+    config = dataclasses.replace(config, emulate=device_type != "cuda", enable_fsdp_float8_all_gather=fsdp_gather)
     chosen = set(names)
     convert_to_float8_training(model, config=config, module_filter_fn=lambda _m, fqn: fqn in chosen)
-    return {"recipe": strategy.float8, "converted": names,
-            "skipped": [{"layer": n, "why": why} for n, why in skipped],
+    return {"recipe": strategy.float8, "converted": names, "skipped": [{"layer": n, "why": why} for n, why in skipped],
             "emulated": device_type != "cuda", "fsdp_float8_all_gather": fsdp_gather}

@@ -1,12 +1,7 @@
 """The training loop every workload runs under: data, precision, accumulation, measurement.
 
-Measurement never syncs the host with the device per step: on CUDA each step is bracketed by
-events that are read at the end of a logging window; losses stay tensors until then (see
-runtime.window). On CPU the step is synchronous anyway, so `perf_counter` is exact. The data
-(runtime.loader) comes first in a step, its wait timed apart; the device's peak memory is reset
-at the first steady step.
-
-Besides `step`, the harness writes these records to the rank file:
+Measurement never syncs the host with the device per step (runtime.window). Besides `step`, the
+harness writes these records to the rank file:
   comm             exposed communication and busbw, measured after the last step of a
                    multi-rank run (runtime.calibrate); a failure there never fails the run
   wrap             strategy, compiled, mesh_shape (FSDP's device mesh; [replicas, shards] for hybrid;
@@ -19,14 +14,13 @@ Besides `step`, the harness writes these records to the rank file:
   resume, checkpoint   see runtime.resume (--checkpoint-every, DLAUNCH_RESUME, preemption)
 
 The optimizer and LR scheduler are the workload's (runtime.wrap.make_optimizer); the scheduler
-steps once per optimizer step. With `--eval-every N` the workload's `evaluate` runs after every
-Nth step (runtime.evaluation).
+steps once per optimizer step. `--eval-every N` runs the workload's `evaluate` after every Nth
+step (runtime.evaluation).
 
-Every step beats the heartbeat (`recorder.progress`, no device sync) so the launcher's hang
-watcher sees progress even inside a long window; a rank that fails inside a window still
-records the steps it completed (with its own loss: `loss_scope: "rank"`). A NaN or infinite
-loss is noticed when its window closes: a warning and `nonfinite_loss` {step, loss} in the rank
-summary, or with --stop-on-nan the rank fails with `NonFiniteLoss` at that window's end.
+Every step beats the heartbeat (`recorder.progress`, no device sync); a rank that fails inside
+a window still records the steps it completed (with its own loss: `loss_scope: "rank"`). A NaN
+or infinite loss is noticed when its window closes: a warning and `nonfinite_loss` {step, loss}
+in the rank summary, or with --stop-on-nan `NonFiniteLoss` at that window's end.
 
 `train` runs in three parts: `_setup` builds what a run needs in an order that keeps runs
 reproducible, `_loop` trains, and `_finish` adds the records made after the last step.
@@ -71,23 +65,17 @@ SNAPSHOT_BUSY = "writing the memory snapshot"  # what the heartbeat says while i
 
 
 def _autocast(spec: LaunchSpec, ctx: RankContext) -> contextlib.AbstractContextManager[Any]:
-    # FSDP2's MixedPrecisionPolicy already computes in the low dtype; autocast is for DDP and
-    # zero1 (DDP's wrapper)
+    # FSDP2's MixedPrecisionPolicy already computes in the low dtype; autocast is for DDP and zero1
     if spec.precision == "fp32" or spec.strategy not in DDP_KINDS:
         return contextlib.nullcontext()
     dtype = torch.bfloat16 if spec.precision == "bf16" else torch.float16
     return torch.autocast(device_type=ctx.device_type, dtype=dtype)
 
 
-def train(workload: Workload, spec: LaunchSpec, ctx: RankContext,
-          recorder: RankRecorder) -> resume.Outcome:
-    """Build, wrap and train the workload for `spec.steps` optimizer steps, recording each.
-
-    Resumes from the last checkpoint with DLAUNCH_RESUME=1 and stops early (status
-    `preempted`) on the preemption signal; see runtime.resume. With `--memory-snapshot` the
-    CUDA allocation history is dumped at the end, or when the rank runs out of memory (then the
-    error is raised again); the heartbeat goes on while it is written (`recorder.busy`).
-    """
+def train(workload: Workload, spec: LaunchSpec, ctx: RankContext, recorder: RankRecorder) -> resume.Outcome:
+    """Build, wrap and train the workload for `spec.steps` optimizer steps, recording each (see
+    runtime.resume for resume and preemption). With `--memory-snapshot` the CUDA allocation
+    history is dumped at the end, or on out of memory (then re-raised)."""
     if spec.detect_anomaly:
         profiling.enable_anomaly_detection(ctx.rank)
     if not spec.memory_snapshot:
@@ -104,8 +92,7 @@ def train(workload: Workload, spec: LaunchSpec, ctx: RankContext,
     return outcome
 
 
-def _train(workload: Workload, spec: LaunchSpec, ctx: RankContext,
-           recorder: RankRecorder) -> resume.Outcome:
+def _train(workload: Workload, spec: LaunchSpec, ctx: RankContext, recorder: RankRecorder) -> resume.Outcome:
     run = _setup(workload, spec, ctx, recorder)
     end = _loop(run, workload, spec, ctx, recorder)
     outcome = _finish(run, end, workload, spec, ctx, recorder)
@@ -142,8 +129,6 @@ class _Setup:
 
 @dataclass(frozen=True, kw_only=True)
 class _LoopEnd:
-    """How the loop ended, for the finish."""
-
     stopped_at: int  # the step after which a preemption request stopped training; 0 if none did
     held: list[Any]  # the micro-batches of the latest step (the calibration replays them)
     nonfinite: dict[str, Any] | None  # the first step whose loss was NaN or inf
@@ -151,13 +136,9 @@ class _LoopEnd:
 
 
 def _setup(workload: Workload, spec: LaunchSpec, ctx: RankContext, recorder: RankRecorder) -> _Setup:
-    """Build the model, wrap it, make its optimizer, resume, open the loader and the step's
-    instruments; then freeze what was made for the garbage collector.
-
-    The order is part of the result: the seed before the model, the optimizer after wrapping,
-    the checkpoint after both and before the loader (it fixes the data position), and the
-    profiler, sampler and window last, around what they measure.
-    """
+    """Build, wrap, make the optimizer, resume, open the loader and the step's instruments, then
+    freeze what was made for the garbage collector. The order is part of the result: the seed
+    before the model, the optimizer after wrapping, the checkpoint before the loader."""
     evaluation.check(workload, spec)
     device = ctx.device()
     torch.manual_seed(spec.seed)
@@ -166,8 +147,7 @@ def _setup(workload: Workload, spec: LaunchSpec, ctx: RankContext, recorder: Ran
     tp = spec.tp
     # the workload's plan for its model as built (module names before any wrapper)
     plan = workload.tp_plan(model, tp) if tp > 1 else None
-    wrapped = wrap(model, spec.parallel, ctx, blocks, shard_group_size=spec.shard_group_size,
-                   tp_plan=plan)
+    wrapped = wrap(model, spec.parallel, ctx, blocks, shard_group_size=spec.shard_group_size, tp_plan=plan)
     recorder.add({"kind": "wrap", "strategy": spec.strategy, "compiled": wrapped.compiled,
                   "mesh_shape": list(wrapped.mesh_shape) if wrapped.mesh_shape else None,
                   "mesh_dims": list(wrapped.mesh_dims) if wrapped.mesh_dims else None,
@@ -177,28 +157,23 @@ def _setup(workload: Workload, spec: LaunchSpec, ctx: RankContext, recorder: Ran
     optimizer, scheduler = make_optimizer(workload, model, ctx, spec.parallel)
     scaler = torch.amp.GradScaler(ctx.device_type, enabled=spec.parallel.uses_grad_scaler)
     # after wrapping (DCP loads DDP and FSDP2 state alike) and before the loader (data position)
-    start = resume.resume(wrapped.module, optimizer, scaler, spec, ctx, recorder,
-                          scheduler=scheduler)
+    start = resume.resume(wrapped.module, optimizer, scaler, spec, ctx, recorder, scheduler=scheduler)
     loader = make_loader(workload, spec, ctx, start_step=start)
     batches = iter(loader)
     clock = Clock(ctx.device_type)
-    guard = CompileGuard(compiled=wrapped.compiled, strict=spec.compile_strict,
-                         rank=ctx.rank)
     profiler = None
     if spec.profile:
         # the profiler counts this attempt's steps (a resumed run starts after `start`)
         profiler = profiling.StepProfiler(run_dir=spec.run_dir, rank=ctx.rank, warmup_steps=spec.warmup_steps,
-                                steps=spec.steps - start, cuda=ctx.device_type == "cuda")
-    # CPU: peak live tensor bytes of the last warm-up step
-    sampler = StepSampler.for_rank(device_type=ctx.device_type, start=start,
-                                   warmup_steps=spec.warmup_steps, steps=spec.steps,
-                                   module=wrapped.module, optimizer=optimizer)
+                                          steps=spec.steps - start, cuda=ctx.device_type == "cuda")
+    sampler = StepSampler.for_rank(device_type=ctx.device_type, start=start, warmup_steps=spec.warmup_steps,
+                                   steps=spec.steps, module=wrapped.module, optimizer=optimizer)
     window = Window(clock, ctx, recorder, scaler, device, spec.log_every,
                     steady_from=peak_reset_step(start, spec.warmup_steps))
-    run = _Setup(model=model, wrapped=wrapped, params=params, optimizer=optimizer,
-                 scheduler=scheduler, scaler=scaler, fp16=scaler.is_enabled(), start=start,
-                 device=device, loader=loader, batches=batches, clock=clock, guard=guard,
-                 profiler=profiler, sampler=sampler, window=window)
+    run = _Setup(model=model, wrapped=wrapped, params=params, optimizer=optimizer, scheduler=scheduler,
+                 scaler=scaler, fp16=scaler.is_enabled(), start=start, device=device, loader=loader,
+                 batches=batches, clock=clock, profiler=profiler, sampler=sampler, window=window,
+                 guard=CompileGuard(compiled=wrapped.compiled, strict=spec.compile_strict, rank=ctx.rank))
     if not gc.isenabled():  # the rank's entry left it off for the setup
         # what setup made lives for the whole run: frozen, no collection during training
         # rescans it, and collections run as usual on what training itself makes
@@ -209,11 +184,8 @@ def _setup(workload: Workload, spec: LaunchSpec, ctx: RankContext, recorder: Ran
 
 def _forward_backward(run: _Setup, workload: Workload, spec: LaunchSpec, ctx: RankContext,
                       micro_batches: list[Any]) -> torch.Tensor:
-    """One optimizer step's micro-batches; sync only on the last; the summed loss.
-
-    The hot path adds nothing to the workload's own forward and backward: no GradScaler
-    call unless fp16, no loss division or running sum without accumulation.
-    """
+    """One optimizer step's micro-batches, syncing only on the last; the summed loss. The hot
+    path adds nothing unneeded: no GradScaler call unless fp16, no division without accumulation."""
     accum = spec.grad_accum
     step_loss: torch.Tensor | None = None
     for micro, batch in enumerate(micro_batches):
@@ -229,10 +201,8 @@ def _forward_backward(run: _Setup, workload: Workload, spec: LaunchSpec, ctx: Ra
     return step_loss
 
 
-def _loop(run: _Setup, workload: Workload, spec: LaunchSpec, ctx: RankContext,
-          recorder: RankRecorder) -> _LoopEnd:
-    """Train the steps after `run.start` up to `spec.steps`, or until a preemption request
-    stops every rank at a window's end (after saving a checkpoint there)."""
+def _loop(run: _Setup, workload: Workload, spec: LaunchSpec, ctx: RankContext, recorder: RankRecorder) -> _LoopEnd:
+    """Train the steps after `run.start`, or until a preemption request stops all at a window's end."""
     # this rank's share: the tp ranks of one group train on the same samples, so each counts
     # 1/tp of them and the sum over ranks is the job's throughput
     samples: int = spec.micro_batch * spec.grad_accum
@@ -241,10 +211,10 @@ def _loop(run: _Setup, workload: Workload, spec: LaunchSpec, ctx: RankContext,
     # compilation happens at the first calls: watch them through warm-up (at least one step)
     watch_until = run.start + max(1, spec.warmup_steps)
     clock, window, sampler, guard, profiler = run.clock, run.window, run.sampler, run.guard, run.profiler
-    stopped_at = 0  # the step after which a preemption request stopped training
-    held: list[Any] = []  # the micro-batches of the latest step (the calibration replays them)
-    nonfinite: dict[str, Any] | None = None  # the first step whose loss was NaN or inf
-    last_eval: dict[str, Any] | None = None  # {step, metric: value} of the last evaluation
+    stopped_at = 0  # these four are _LoopEnd's fields
+    held: list[Any] = []
+    nonfinite: dict[str, Any] | None = None
+    last_eval: dict[str, Any] | None = None
     with Preemption(sigterm=under_slurm()) as preemption:
         try:
             for step in range(run.start + 1, spec.steps + 1):
@@ -256,8 +226,7 @@ def _loop(run: _Setup, workload: Workload, spec: LaunchSpec, ctx: RankContext,
                 held, data_wait = fetch(run.batches, spec.grad_accum, run.device, clock)
                 fwd_bwd_start = clock.start()
                 if guard.watching:
-                    step_loss = guard.run(lambda: _forward_backward(run, workload, spec, ctx, held),
-                                          run.zero_grad)
+                    step_loss = guard.run(lambda: _forward_backward(run, workload, spec, ctx, held), run.zero_grad)
                     if step >= watch_until:
                         guard.stop()
                 else:
@@ -281,10 +250,9 @@ def _loop(run: _Setup, workload: Workload, spec: LaunchSpec, ctx: RankContext,
                     evaluated = {"eval": metrics, "eval_s": eval_s}
                     last_eval = {"step": step, **metrics}
                 # warm-up counts from this attempt's first step: a resumed rank is cold again
-                record = {"kind": "step", "step": step, "end_time": end_time,
-                          "data_wait_s": data_wait, "samples": samples_per_step,
-                          "units": units_per_step, "warmup": step - run.start <= spec.warmup_steps,
-                          **evaluated}
+                record = {"kind": "step", "step": step, "end_time": end_time, "data_wait_s": data_wait,
+                          "samples": samples_per_step, "units": units_per_step,
+                          "warmup": step - run.start <= spec.warmup_steps, **evaluated}
                 sampler.end(step, record)
                 if profiler is not None:
                     profiler.step()
@@ -299,9 +267,8 @@ def _loop(run: _Setup, workload: Workload, spec: LaunchSpec, ctx: RankContext,
                     nonfinite = nonfinite or _check_losses(closing, spec, ctx)
                     if stop_any or boundary:
                         # a stop: every rank learnt it from the same all-reduce, all save here
-                        resume.save(step, run.wrapped.module, run.optimizer, run.scaler, spec, ctx,
-                                    recorder, reason="preempted" if stop_any else "periodic",
-                                    scheduler=run.scheduler)
+                        resume.save(step, run.wrapped.module, run.optimizer, run.scaler, spec, ctx, recorder,
+                                    reason="preempted" if stop_any else "periodic", scheduler=run.scheduler)
                     if stop_any:
                         stopped_at = step
                         break
@@ -337,14 +304,10 @@ class NonFiniteLoss(RuntimeError):
     """--stop-on-nan: a step's loss (averaged over ranks) was NaN or infinite."""
 
 
-def _check_losses(records: list[dict[str, Any]], spec: LaunchSpec,
-                  ctx: RankContext) -> dict[str, Any] | None:
-    """The first step of a closed window whose loss is not finite, as {step, loss}, or None.
-
-    The losses were synced and all-reduced when the window closed (no extra host sync), and are
-    the same on every rank, so with --stop-on-nan every rank raises at the same step, before a
-    checkpoint of the broken state is saved.
-    """
+def _check_losses(records: list[dict[str, Any]], spec: LaunchSpec, ctx: RankContext) -> dict[str, Any] | None:
+    """The first step of a closed window whose loss is not finite, as {step, loss}, or None. The
+    losses are rank-averaged (no extra sync), so with --stop-on-nan every rank raises at the same
+    step, before a checkpoint of the broken state is saved."""
     bad = next((r for r in records if not math.isfinite(r["loss"])), None)
     if bad is None:
         return None

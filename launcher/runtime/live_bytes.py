@@ -1,23 +1,21 @@
 """Peak live tensor bytes on CPU, the ground truth the memory model is checked against.
 
-CUDA has `torch.cuda.max_memory_allocated`; CPU has no allocator statistics, so `LiveBytes` reads
-the CPU allocator's own record: with `profile_memory=True` torch's profiler logs every
-allocation and free of c10's CPU allocator (`[memory]` events, bytes signed, in time order), and
-the peak is the largest running sum over the tracked span on top of the bytes already live when
-it began (`add_existing`: parameters, buffers, gradients, optimizer state). It sees what a
-`TorchDispatchMode` cannot: FSDP2's all-gather buffers and unsharded parameters (freed and
-re-allocated by resizing their storages, never through an op), DTensor's local shards, the
-buffers torch.compile's generated code allocates directly, and the scratch an op allocates
-inside its kernel: the same bytes `max_memory_allocated` counts on CUDA. The allocator reports
-to the profiler of its own thread: on CPU forward, autograd's backward, the optimizer and
-compiled code all run on the rank's main thread; gloo's transport buffers are not counted.
+CPU has no allocator statistics (CUDA has `max_memory_allocated`), so `LiveBytes` reads the CPU
+allocator's own record: with `profile_memory=True` torch's profiler logs every allocation and
+free of c10's CPU allocator (`[memory]` events, bytes signed, in time order), and the peak is
+the largest running sum over the tracked span on top of the bytes already live when it began
+(`add_existing`: parameters, buffers, gradients, optimizer state). It sees what a
+`TorchDispatchMode` cannot: FSDP2's all-gather buffers and unsharded parameters (resized
+storages, never an op), DTensor's local shards, buffers torch.compile's generated code
+allocates directly, and an op's scratch: the bytes `max_memory_allocated` counts on CUDA. The
+allocator reports to the profiler of its own thread: on CPU forward, backward, the optimizer
+and compiled code all run on the rank's main thread; gloo's transport buffers are not counted.
 While it runs, stderr is held and given back when it ends, less torch's notes about the span.
 
 `StepSampler` runs it for one training step of a rank on CPU, the last warm-up step: the
-optimizer state exists by then, and a warm-up step is out of every measured number, so the
-measurement costs the run's results nothing (the profiler's per-op record slows that step
-down a little). It samples every strategy, compiled or not; not when the run's own profiler
-(`--profile`) is already recording, since torch's profiler does not nest.
+optimizer state exists by then, and a warm-up step is out of every measured number (the
+profiler slows it down a little). It samples every strategy, compiled or not; not when the
+run's own profiler (`--profile`) is recording, since torch's profiler does not nest.
 
 Imports torch at module level, as every module behind the rank's door does (see
 runtime/__init__); the CLI and the planner never import it (benchmarks do, for the memory check).
@@ -77,9 +75,8 @@ def running_peak(events: Iterable[tuple[int, int]]) -> int:
 
 
 class _QuietStderr:
-    """Holds file descriptor 2 in a temporary file while active, then writes what it caught back
-    to stderr without the PROFILER_NOTES lines: the rank's own output of that one step comes out,
-    in order, when the step ends (a process killed by a signal inside it loses that step's)."""
+    """Holds file descriptor 2 in a temporary file while active, then writes it back to stderr
+    without the PROFILER_NOTES lines (a process killed by a signal meanwhile loses that output)."""
 
     def __init__(self) -> None:
         self._saved = -1
@@ -108,12 +105,11 @@ class _QuietStderr:
 
 class LiveBytes:
     """Peak bytes of CPU tensor storages over a span: those that existed before it
-    (`add_existing`) plus the largest running sum of the allocations and frees made inside it
-    (see the module docstring). `peak` is set when the context exits."""
+    (`add_existing`) plus the largest running sum of the allocations and frees made inside it;
+    set when the context exits."""
 
     def __init__(self) -> None:
-        self.existing = 0
-        self.peak = 0
+        self.existing = self.peak = 0
         self._profiler: Any = None
         self._quiet = _QuietStderr()
 
@@ -151,16 +147,11 @@ SAMPLE_MIN_WARMUP = 2
 
 
 class StepSampler:
-    """Peak live tensor bytes of one step: `begin(step)` before it, `end(step, record)` after.
+    """Peak live tensor bytes of one step: `begin(step)` before it, `end(step, record)` after,
+    which puts it in the step's record as `live_peak_bytes`. Counts the module's parameters,
+    buffers, gradients and optimizer state at the start, then every storage the step allocates."""
 
-    Counts the module's parameters (each rank's shard under FSDP), buffers and gradients and the
-    optimizer's state as they are when the step begins, then every storage the step allocates;
-    `end` puts the peak in the step's record as `live_peak_bytes`. Every other step costs one
-    integer comparison.
-    """
-
-    def __init__(self, *, step: int | None, module: torch.nn.Module,
-                 optimizer: torch.optim.Optimizer) -> None:
+    def __init__(self, *, step: int | None, module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         self.step = step  # None: samples nothing
         self._module, self._optimizer = module, optimizer
         self._tracker: LiveBytes | None = None
@@ -168,9 +159,7 @@ class StepSampler:
     @classmethod
     def for_rank(cls, *, device_type: str, start: int, warmup_steps: int, steps: int,
                  module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> StepSampler:
-        """The sampler of a rank (see the module docstring). It samples nothing where that would
-        not measure what the plan estimates: CUDA has allocator statistics; fewer than 2 warm-up
-        steps leave no warm-up step that starts with the optimizer state in place."""
+        """The sampler of a rank: none on CUDA (allocator statistics), nor under SAMPLE_MIN_WARMUP."""
         step: int | None = start + warmup_steps
         if device_type != "cpu" or warmup_steps < SAMPLE_MIN_WARMUP or start + warmup_steps > steps:
             step = None
@@ -195,8 +184,7 @@ class StepSampler:
 
     def end(self, step: int, record: dict[str, Any]) -> None:
         """Stop tracking after the sampled step and add its peak to the step's record."""
-        tracker = self._tracker
-        if tracker is None or step != self.step:
+        if (tracker := self._tracker) is None or step != self.step:
             return
         self._tracker = None
         tracker.__exit__(None, None, None)

@@ -38,10 +38,9 @@ _LISTENER_NAME = "listener-xxxxxxxx"
 
 
 def worker_socket_problem(pymp_dir: str) -> str | None:
-    """Why DataLoader workers would hang under `pymp_dir` (multiprocessing's temporary
-    directory), or None. A worker hands each batch's shared memory to its rank over a Unix socket
-    created in that directory; a path past sun_path's limit fails inside the worker's queue
-    thread, which drops the batch, and the rank waits for it forever."""
+    """Why DataLoader workers would hang under `pymp_dir` (multiprocessing's temporary directory),
+    or None: a worker hands each batch to its rank over a Unix socket there, and a path past
+    sun_path's limit fails inside its queue thread, which drops the batch; the rank waits forever."""
     path = os.path.join(pymp_dir, _LISTENER_NAME)
     if not sys.platform.startswith("linux") or len(os.fsencode(path)) < _SUN_PATH_MAX:
         return None
@@ -52,9 +51,8 @@ def worker_socket_problem(pymp_dir: str) -> str | None:
 
 
 def check_worker_sockets(workers: int) -> None:
-    """Raise LaunchError where this process's DataLoader workers would hang on their sockets
-    (`worker_socket_problem`); only the file-descriptor sharing strategy (Linux's default)
-    passes batches over sockets."""
+    """LaunchError where this process's DataLoader workers would hang on their sockets; only the
+    file-descriptor sharing strategy (Linux's default) passes batches over sockets."""
     if workers == 0 or torch.multiprocessing.get_sharing_strategy() != "file_descriptor":
         return
     problem = worker_socket_problem(multiprocessing.util.get_temp_dir())
@@ -62,18 +60,10 @@ def check_worker_sockets(workers: int) -> None:
         raise LaunchError(problem)
 
 
-def make_loader(workload: Workload, spec: LaunchSpec, ctx: RankContext, *,
-                start_step: int = 0) -> DataLoader[Any]:
-    """A DataLoader over exactly the samples this rank trains on, in a fixed order.
-
-    The dataset holds steps x global batch samples; DistributedSampler hands data-parallel
-    rank d every dp_size-th index, so the union of the dp ranks' micro-batches at a step is the
-    batch one process would see with dp_size times the micro-batch (the equivalence the tests
-    check). With tensor parallelism (tp > 1) dp_size is world_size / tp and the tp ranks of one
-    group (consecutive ranks, `wrap.dp_rank`) read the same samples; without, every rank is its
-    own dp rank. After a resume at `start_step` the index list starts where step
-    start_step + 1 begins.
-    """
+def make_loader(workload: Workload, spec: LaunchSpec, ctx: RankContext, *, start_step: int = 0) -> DataLoader[Any]:
+    """A DataLoader over exactly the samples this rank trains on, in a fixed order: data-parallel
+    rank d (`wrap.dp_rank`) gets every dp_size-th index, so the dp ranks' micro-batches at a step
+    make one process's batch; after a resume at `start_step`, from step start_step + 1 on."""
     dataset = workload.make_dataset(spec.steps * spec.global_batch)
     dp_size, rank = ctx.world_size // spec.tp, dp_rank(ctx.rank, spec.tp)
     workers = spec.loader.num_workers
@@ -94,14 +84,12 @@ def make_loader(workload: Workload, spec: LaunchSpec, ctx: RankContext, *,
             f"{spec.global_batch:,}), and DistributedSampler lists every index in each rank's memory "
             f"(~{_INDEX_BYTES * samples / 2**30:,.0f} GiB); run fewer --steps, or let the workload's "
             "make_dataset return an IterableDataset (streamed, never listed)")
-    ranks: DistributedSampler[int] = DistributedSampler(
-        dataset, num_replicas=dp_size, rank=rank, shuffle=spec.loader.shuffle, seed=spec.seed,
-        drop_last=True)
+    ranks: DistributedSampler[int] = DistributedSampler(dataset, num_replicas=dp_size, rank=rank,
+                                                        shuffle=spec.loader.shuffle, seed=spec.seed, drop_last=True)
     sampler: Iterable[int] = ranks
     if start_step:
         sampler = SkipSampler(ranks, start_step * spec.micro_batch * spec.grad_accum)
-    return DataLoader(dataset, sampler=sampler,
-                      generator=torch.Generator().manual_seed(spec.seed), **kwargs)
+    return DataLoader(dataset, sampler=sampler, generator=torch.Generator().manual_seed(spec.seed), **kwargs)
 
 
 def to_device(batch: object, device: torch.device) -> object:
@@ -115,11 +103,9 @@ def to_device(batch: object, device: torch.device) -> object:
     return batch
 
 
-def fetch(batches: Iterator[Any], accum: int, device: torch.device,
-          clock: Clock) -> tuple[list[Any], float]:
-    """One step's micro-batches on the device, and the step's data wait: the host's time in
-    the loader alone (a copy to the device that blocks is the device's time, not the data's),
-    the part the step waited for (`Clock.exposed_wait`: on CUDA, 0 while the device is busy)."""
+def fetch(batches: Iterator[Any], accum: int, device: torch.device, clock: Clock) -> tuple[list[Any], float]:
+    """One step's micro-batches on the device, and the step's data wait: the part of the host's
+    time in the loader alone (not the copy's) the step waited for (`Clock.exposed_wait`)."""
     fetch_start = time.perf_counter()
     try:
         fetched = [next(batches) for _ in range(accum)]

@@ -6,9 +6,9 @@
         ...                      # the script's own step
         meter.step(loss=loss)    # once per optimizer step; loss may be a float, a tensor or None
 
-Under `dlaunch run` the steps land in the run dir like a workload's; run without dlaunch
-(no DLAUNCH_RUN_DIR), the meter does nothing. It imports no torch. Timing is host wall time
-between calls, so on CUDA it is exact only if the loop synchronises (e.g. `loss.item()`).
+Under `dlaunch run` the steps land in the run dir like a workload's; without DLAUNCH_RUN_DIR the
+meter does nothing. Timing is host wall time between calls: on CUDA exact only if the loop
+synchronises (e.g. `loss.item()`).
 
 Never imports cli, backends, jobs or report, nor torch (the script has its own).
 """
@@ -29,8 +29,7 @@ _made: list[StepMeter] = []  # the script's own meters (see `recorders_made`)
 
 
 def recorders_made() -> bool:
-    """Whether the script made a StepMeter of its own (launcher.runtime.bootstrap then records
-    nothing: the script measures itself)."""
+    """Whether the script made a StepMeter of its own (then launcher.runtime.bootstrap records none)."""
     return bool(_made)
 
 
@@ -40,8 +39,7 @@ class StepMeter:
     def __init__(self, *, samples_per_step: int, sample_units: str = "samples",
                  units_per_sample: int = 1, flush_every: int = 10, auto: bool = False,
                  start_s: float | None = None) -> None:
-        run_dir = os.environ.get("DLAUNCH_RUN_DIR")
-        self.enabled = run_dir is not None
+        self.enabled = (run_dir := os.environ.get("DLAUNCH_RUN_DIR")) is not None
         if not auto:
             _made.append(self)
         self.samples_per_step = samples_per_step
@@ -51,18 +49,15 @@ class StepMeter:
         self._step = 0
         self._last = time.perf_counter() if start_s is None else start_s  # perf_counter seconds
         self._recorder: RankRecorder | None = None
-        if not self.enabled:
+        if run_dir is None:
             return
-        assert run_dir is not None  # narrowing: enabled means it is set
         rank = int(os.environ.get("RANK", 0))
         self._recorder = RankRecorder(run_dir, rank, {
-            "local_rank": int(os.environ.get("LOCAL_RANK", 0)),
-            "node_rank": int(os.environ.get("GROUP_RANK", 0)),
+            "local_rank": int(os.environ.get("LOCAL_RANK", 0)), "node_rank": int(os.environ.get("GROUP_RANK", 0)),
             "world_size": int(os.environ.get("WORLD_SIZE", 1)),
             "host": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
             "device": "script", "strategy": "script", "precision": "script",
-            "sample_units": sample_units, "units_per_sample": units_per_sample,
-        })
+            "sample_units": sample_units, "units_per_sample": units_per_sample})
         self._hook_exit()
 
     def step(self, loss: Any = None, *, data_wait_s: float = 0.0, samples: int | None = None,
@@ -79,8 +74,7 @@ class StepMeter:
                             "step_time_s": now - self._last, "data_wait_s": data_wait_s,
                             "samples": self.samples_per_step if samples is None else samples,
                             "units": self.units_per_step if units is None else units,
-                            **loss_record, "peak_mem_bytes": None,
-                            "warmup": self._step <= self.warmup_steps})
+                            **loss_record, "peak_mem_bytes": None, "warmup": self._step <= self.warmup_steps})
         self._last = now
         if self._step % self.flush_every == 0:
             self._recorder.flush()
@@ -98,8 +92,7 @@ class StepMeter:
     def __enter__(self) -> StepMeter:
         return self
 
-    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
         self.close(ev)
 
     def _hook_exit(self) -> None:

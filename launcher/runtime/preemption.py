@@ -4,10 +4,9 @@ SIGUSR2 (SLURM's preemption / time-limit signal, `--signal USR2@90`) and, under 
 (what `scontrol requeue`, `scancel` and a preempting job send to every process of the step)
 only set a flag (`Preemption`): a Python handler cannot save from inside a collective, and
 ranks stopping at different steps would leave the others waiting in the next all-reduce. The
-flag rides along in the window's loss all-reduce (no extra collective); when any rank set it,
-all save at that step and the rank ends with status `preempted` and exit code 0 (see
-runtime.resume). Locally SIGTERM keeps meaning "torchrun is ending the job" (entry.Stopped):
-another rank failed, and a collective with it would never complete.
+flag rides along in the window's loss all-reduce; when any rank set it, all save at that step
+and end `preempted` (see runtime.resume). Locally SIGTERM keeps meaning "torchrun is ending the
+job" (entry.Stopped): another rank failed, and a collective with it would never complete.
 
 Torch-free: the rank's entry reads the flag (`stop_requested`) whenever the rank ends, also
 when torch never loaded. Never imports cli, backends, jobs or report.
@@ -36,11 +35,8 @@ def under_slurm(env: dict[str, str] | None = None) -> bool:
 
 
 class Preemption:
-    """Signal handlers that turn SIGUSR2 (and SIGTERM under SLURM) into a stop flag.
-
-    Use as a context manager around the training loop; the previous handlers come back on exit
-    (entry's SIGTERM handler then again ends the rank at once).
-    """
+    """Signal handlers that turn SIGUSR2 (and SIGTERM under SLURM) into a stop flag, around the
+    training loop; the previous handlers (entry's SIGTERM handler) come back on exit."""
 
     def __init__(self, *, sigterm: bool) -> None:
         self.signals = [signal.SIGUSR2] + ([signal.SIGTERM] if sigterm else [])

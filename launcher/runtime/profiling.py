@@ -1,12 +1,11 @@
 """Diagnostics a rank can run on request: the step profiler (`--profile`), the CUDA memory
 snapshot (`--memory-snapshot`) and anomaly mode (`--detect-anomaly`).
 
-The profiler follows a schedule that skips the warm-up steps (compilation, allocator growth and
-DataLoader start-up would dominate otherwise): wait = warm-up steps, one profiler warm-up step,
-then up to three recorded steps. It writes a Chrome / Perfetto trace per rank
-(`trace-rank<r>.json`, open it at https://ui.perfetto.dev) and a `profile` record with the top
-operators by self time: device time on CUDA, CPU time on CPU. Nothing here synchronises the
-host with the device per step; `prof.step()` only advances the schedule.
+The profiler skips the warm-up steps (compilation, allocator growth and DataLoader start-up
+would dominate otherwise), then takes one profiler warm-up step and up to three recorded steps.
+It writes a Chrome / Perfetto trace per rank (`trace-rank<r>.json`, open it at
+https://ui.perfetto.dev) and a `profile` record with the top operators by self time. Nothing
+here synchronises the host with the device per step; `prof.step()` only advances the schedule.
 
 The memory snapshot records Python stacks only (`stacks="python"`): with C++ frames too, the
 dump at the end took torchtitan 461 s against 4 s, long enough for the hang watcher to end the
@@ -36,23 +35,15 @@ log = logging.getLogger(__name__)
 ACTIVE_STEPS = 3
 TOP_OPS = 10
 SNAPSHOT_ENTRIES = 100_000  # allocation events kept by the CUDA memory history
-
-
 # the device types whose rows are a device's own work (kernels, memcpy, memset): the ones
 # torch's `key_averages().table()` sums for its "Self CUDA time total"
 DEVICE_WORK = ("CUDA", "PrivateUse1", "MTIA", "XPU")
 
 
 def device_time_us(averages: Sequence[FunctionEventAvg]) -> float:
-    """The device's busy time in `prof.key_averages()`: the sum of its kernel rows.
-
-    Every kernel is in the table twice: as a row of its own (device_type CUDA) and inside the
-    self device time of the CPU op that launched it; a `record_function` range (FSDP's, the
-    optimizer's, ProfilerStep#N) is also a device row spanning the kernels under it, flagged
-    `is_user_annotation`. So the sum is over the device rows that are not annotations, as
-    torch's own table sums them; a legacy-profiler CPU row carries its kernel's time itself.
-    Kernels of several streams that overlap (NCCL beside compute) each count in full.
-    """
+    """The device's busy time in `prof.key_averages()`: its kernel rows, as torch's table sums them
+    (not the CPU ops' self device time, nor `record_function` ranges, flagged `is_user_annotation`;
+    a legacy-profiler CPU row carries its kernel's time). Overlapping streams each count in full."""
     kinds = tuple(getattr(DeviceType, name) for name in DEVICE_WORK)
     total = 0.0
     for evt in averages:
@@ -72,15 +63,9 @@ NOT_OPS = frozenset({"Command Buffer Full"})
 
 def top_ops(averages: Sequence[FunctionEventAvg], *, cuda: bool, steps: int,
             limit: int = TOP_OPS) -> list[dict[str, Any]]:
-    """The operators with the most self time, from `prof.key_averages()`.
-
-    On CUDA the ranking is by self device time over the CPU-side rows: an op's self device time
-    is the kernels it launched itself (each kernel is attributed to exactly one CPU row), and
-    the shares are of the device's busy time (`device_time_us`). The kernel rows and the
-    annotation ranges on the device are not ops: listed, they would count each kernel twice.
-    On CPU the ranking is by self CPU time. `ProfilerStep#N` entries are the schedule's own
-    markers and `NOT_OPS` are launch stalls: left out.
-    """
+    """The operators with the most self time, from `prof.key_averages()`: on CUDA by self device
+    time over the CPU-side rows, as shares of `device_time_us` (device rows would count each
+    kernel twice); on CPU by self CPU time. `ProfilerStep#N` and `NOT_OPS` are left out."""
     rows = []
     for evt in averages:
         # a key of None is typed, never seen (the rows are grouped by key)
@@ -112,22 +97,16 @@ def profile_summary(averages: Sequence[FunctionEventAvg], *, cuda: bool, steps: 
 class StepProfiler:
     """torch.profiler over the steps after warm-up; call `step()` after every training step."""
 
-    def __init__(self, *, run_dir: str | Path, rank: int, warmup_steps: int, steps: int,
-                 cuda: bool) -> None:
-        self.rank = rank
-        self.cuda = cuda
+    def __init__(self, *, run_dir: str | Path, rank: int, warmup_steps: int, steps: int, cuda: bool) -> None:
+        self.rank, self.cuda, self.warmup_steps = rank, cuda, warmup_steps
         self.path = RunPaths(root=run_dir).trace(rank)
-        self.warmup_steps = warmup_steps
         # the recorded steps must fit in the run (LaunchSpec checks steps >= warm-up + 2)
         self.active = max(1, min(ACTIVE_STEPS, steps - warmup_steps - 1))
         activities = [tp.ProfilerActivity.CPU] + ([tp.ProfilerActivity.CUDA] if cuda else [])
-        self.record: dict[str, Any] = {"kind": "profile", "trace": None, "top_ops": [],
-                                       "profiled_steps": [], "by": "self device time" if cuda
-                                       else "self CPU time"}
-        self._prof = tp.profile(
-            activities=activities,
-            schedule=tp.schedule(wait=warmup_steps, warmup=1, active=self.active, repeat=1),
-            on_trace_ready=self._ready)
+        self.record: dict[str, Any] = {"kind": "profile", "trace": None, "top_ops": [], "profiled_steps": [],
+                                       "by": "self device time" if cuda else "self CPU time"}
+        self._prof = tp.profile(activities=activities, on_trace_ready=self._ready,
+                                schedule=tp.schedule(wait=warmup_steps, warmup=1, active=self.active, repeat=1))
         self._prof.__enter__()
         self._closed = False
 
@@ -158,18 +137,15 @@ class StepProfiler:
 
 
 def start_memory_history() -> None:
-    """Record every CUDA allocation and free with its Python stack (C++ frames would make the
-    dump take minutes: see the module docstring)."""
+    """Record every CUDA allocation and free with its Python stack (not C++'s: see above)."""
     torch.cuda.memory._record_memory_history(enabled="all", stacks="python", max_entries=SNAPSHOT_ENTRIES)
 
 
 def dump_memory_snapshot(run_dir: str | Path, rank: int, *, reason: str,
                          busy: contextlib.AbstractContextManager[Any] | None = None) -> dict[str, Any]:
-    """Write the allocation history to `memory-rank<r>.pickle`; returns the record for it.
+    """Write the allocation history to `memory-rank<r>.pickle` (it opens at
+    https://pytorch.org/memory_viz) inside `busy` (the recorder's); returns the record for it."""
 
-    `busy` is entered around the dump (the recorder's `busy`: the heartbeat goes on while it
-    writes). The pickle opens at https://pytorch.org/memory_viz.
-    """
     path = RunPaths(root=run_dir).memory_snapshot(rank)
     try:
         with busy or contextlib.nullcontext():

@@ -11,28 +11,23 @@ Records (one JSON object per line, `kind` first):
   comm   calibration of communication (see harness)
   end    time, steps, status
 Every record carries the run's `run_id` (from DLAUNCH_RUN_ID, when the launcher set it).
-The start and end records carry `host_load` {load_1m, usable_cores, steal_ticks, total_ticks}:
-the host's 1-minute load average and its /proc/stat CPU counters, from which results tell a
-busy or oversubscribed host (the steal share is the counters' difference over the run).
-The start record also carries `attempt` (0, or the restart number under `--max-restarts`, or
-SLURM's restart count of a requeued job); runtime.resume adds `resume` and `checkpoint` records.
+The start and end records carry `host_load` {load_1m, usable_cores, steal_ticks, total_ticks},
+from which results tell a busy or oversubscribed host (the steal share is the counters'
+difference over the run). The start record also carries `attempt` (0, or the restart number
+under `--max-restarts` or of a requeued SLURM job); runtime.resume adds `resume` and `checkpoint`.
 
 The heartbeat file `rank-<r>.heartbeat` ({step, time, pid, host, stacks}) is what the launcher's
-hang watcher (launcher.backends.monitor) reads: it is replaced atomically at every flush and whenever a
-step record is added at least `BEAT_INTERVAL_S` after the last beat, so beating costs one small
-file write a second at most and never a device sync. Steps added within that second are not
-lost if the rank stops right after them: one trailing flush (records and beat) follows
-`BEAT_INTERVAL_S` after the last beat, from one long-lived flusher thread, so a rank that hangs
-after a few fast steps is on disk at its last step (it flushes once per burst of steps: it never
-beats for a rank that makes no progress). With `dump_stacks=True` the rank also
-writes the Python stack of every thread to `rank-<r>.stacks` when it receives SIGUSR1, which is
-how the watcher tells the rank stuck in its own code from the ranks waiting for it.
+hang watcher (launcher.backends.monitor) reads: it is replaced atomically at every flush and
+whenever a step record is added at least `BEAT_INTERVAL_S` after the last beat, never with a
+device sync. A flusher thread makes one trailing flush `BEAT_INTERVAL_S` after the last beat of
+a burst of steps, so none is lost if the rank stops right after them (it never beats for a rank
+that makes no progress). With `dump_stacks=True` SIGUSR1 writes every thread's Python stack to
+`rank-<r>.stacks`: the watcher tells the rank stuck in its own code from the ranks waiting for it.
 
-A rank doing one long thing that has no steps (writing the CUDA memory snapshot, which can
-take minutes) wraps it in `busy(what)`: a thread then beats every `BEAT_INTERVAL_S` until it
-ends, the heartbeat carrying `busy` (what) and `busy_beats` (a count that grows with every such
-beat, so a reader can tell a live rank from a stale file whose step does not move). The thread
-runs only inside that one call, so it can never hide a rank stuck in training.
+A rank doing one long thing that has no steps (writing the CUDA memory snapshot) wraps it in
+`busy(what)`: a thread then beats every `BEAT_INTERVAL_S` until it ends, the heartbeat carrying
+`busy` (what) and `busy_beats` (a growing count: a live rank, not a stale file). The thread runs
+only inside that one call, so it can never hide a rank stuck in training.
 
 Never imports cli, backends, jobs or report, nor torch: plain scripts use it through `meter`.
 """
@@ -69,8 +64,7 @@ _stack_files: list[IO[str]] = []
 class RankRecorder:
     """Buffers step records and appends them at window ends; writes the final summary."""
 
-    def __init__(self, run_dir: str | Path, rank: int, start: dict[str, Any], *,
-                 dump_stacks: bool = False) -> None:
+    def __init__(self, run_dir: str | Path, rank: int, start: dict[str, Any], *, dump_stacks: bool = False) -> None:
         self.run_dir = Path(run_dir)
         self.rank = rank
         self._paths = RunPaths(root=self.run_dir)
@@ -87,24 +81,18 @@ class RankRecorder:
         self._beat_lock = threading.Lock()  # `busy`'s thread beats beside the caller
         self._records_lock = threading.Lock()  # the trailing flush writes beside the caller
         # one long-lived thread makes the trailing flush (see `progress`); started at first need
-        self._steps_pending = threading.Event()
-        self._stopped = threading.Event()
+        self._steps_pending, self._stopped = threading.Event(), threading.Event()
         self._flusher: threading.Thread | None = None
         # before the first heartbeat: the watcher only signals ranks whose heartbeat says
         # they can take it (SIGUSR1's default action would kill the rank)
         self._stacks = dump_stacks and _enable_stack_dumps(self._paths.stacks(rank))
         # a --max-restarts relaunch, or a requeued SLURM job (its restart count)
-        attempt = int(os.environ.get("DLAUNCH_ATTEMPT")
-                      or os.environ.get("DLAUNCH_SLURM_RESTART_COUNT") or 0)
-        # the run id tells readers this run's records from another run's in the same file (a
-        # plain script's meter gets it only from the launcher's environment)
-        run_id = {"run_id": os.environ["DLAUNCH_RUN_ID"]} if os.environ.get("DLAUNCH_RUN_ID") else {}
-        # every record carries it: an orphaned rank of an earlier run appending into a reused
-        # file is told apart line by line, not only by its start record
-        self._run_id = run_id
-        append_lines(self.path, [{"kind": "start", "rank": rank, "pid": os.getpid(),
-                                  "time": time.time(), "attempt": attempt, **run_id, **start,
-                                  "host_load": host_load()}])
+        attempt = int(os.environ.get("DLAUNCH_ATTEMPT") or os.environ.get("DLAUNCH_SLURM_RESTART_COUNT") or 0)
+        # on every record: an orphaned rank of an earlier run appending into a reused file is told
+        # apart line by line (a plain script's meter gets it only from the launcher's environment)
+        self._run_id = {"run_id": os.environ["DLAUNCH_RUN_ID"]} if os.environ.get("DLAUNCH_RUN_ID") else {}
+        append_lines(self.path, [{"kind": "start", "rank": rank, "pid": os.getpid(), "time": time.time(),
+                                  "attempt": attempt, **self._run_id, **start, "host_load": host_load()}])
         self.heartbeat(0)
 
     def add(self, record: dict[str, Any]) -> None:
@@ -126,21 +114,18 @@ class RankRecorder:
                 self.progress(self.steps_done)
 
     def progress(self, step: int) -> None:
-        """Cheap liveness mark, callable once per step: beats when >= BEAT_INTERVAL_S passed,
-        else marks the step pending for the flusher thread (its trailing flush: see the module
-        docstring)."""
+        """Cheap liveness mark, callable once per step: beats when >= BEAT_INTERVAL_S passed, else
+        marks the step pending for the flusher thread's trailing flush."""
         if time.monotonic() - self._last_beat >= BEAT_INTERVAL_S:
             self.heartbeat(step)
         elif not self._finished:
             self._steps_pending.set()
             if self._flusher is None:
-                self._flusher = threading.Thread(target=self._flush_loop, name="dlaunch-flusher",
-                                                 daemon=True)
+                self._flusher = threading.Thread(target=self._flush_loop, name="dlaunch-flusher", daemon=True)
                 self._flusher.start()
 
     def _flush_loop(self) -> None:
-        """The flusher thread (see `progress`); a failed flush is left to the caller's next one
-        (the records stay queued)."""
+        """The flusher thread (see `progress`); a failed flush leaves the records queued."""
         while not self._stopped.is_set():
             self._steps_pending.wait()
             self._steps_pending.clear()  # before the wait: a step during it marks again
@@ -212,8 +197,7 @@ class RankRecorder:
             self._busy = None
             self.heartbeat(self.steps_done)
 
-    def finish(self, status: str, *, error: BaseException | None = None,
-               extra: dict[str, Any] | None = None) -> None:
+    def finish(self, status: str, *, error: BaseException | None = None, extra: dict[str, Any] | None = None) -> None:
         """Flush, append the end record and write the summary; only the first call counts."""
         if self._finished:
             return
@@ -244,8 +228,7 @@ def rank_failures(e: BaseException) -> list[object]:
 
 
 def _disk_error(e: BaseException, seen: int = 0) -> OSError | None:
-    """The disk's OSError behind `e`: itself, its cause or context, or a rank's failure inside a
-    distributed checkpoint's exception (`failures`: rank -> (exception, stack))."""
+    """The disk's OSError behind `e`: itself, its cause or context, or one of `rank_failures`."""
     if isinstance(e, OSError) and e.errno in _DISK_FULL:
         return e
     for nested in (e.__cause__, e.__context__, *rank_failures(e)):
@@ -257,9 +240,8 @@ def _disk_error(e: BaseException, seen: int = 0) -> OSError | None:
 
 
 def error_line(e: BaseException) -> str:
-    """The one line that names a rank's failure, its cause first: the disk's error wherever a
-    write failed (a checkpoint's first line names only the ranks), a DataLoader worker's own
-    exception (torch's first line names only the worker)."""
+    """The one line naming a rank's failure, its cause first: the disk's error wherever a write
+    failed, or a DataLoader worker's own exception (their first lines name only ranks or worker)."""
     disk = _disk_error(e)
     if disk is not None:
         where = f" writing {disk.filename}" if disk.filename else ""
@@ -273,9 +255,8 @@ def error_line(e: BaseException) -> str:
 
 
 def host_load(proc: Path = Path("/proc")) -> dict[str, Any]:
-    """This host's 1-minute load average, usable cores, and the cumulative CPU time counters of
-    /proc/stat (all states, and steal: time a hypervisor gave this VM's CPUs to others).
-    Missing values are left out (no /proc outside Linux)."""
+    """This host's 1-minute load average, usable cores and /proc/stat CPU time counters (all, and
+    steal: time a hypervisor gave this VM's CPUs to others); missing values are left out."""
     out: dict[str, Any] = {}
     try:
         out["load_1m"] = float((proc / "loadavg").read_text().split()[0])
@@ -298,10 +279,9 @@ def host_load(proc: Path = Path("/proc")) -> dict[str, Any]:
 
 def _enable_stack_dumps(path: Path) -> bool:
     """Dump every thread's Python stack to `path` on SIGUSR1; False when that is impossible.
+    faulthandler writes from the C signal handler, so the dump works even while the main thread
+    is blocked inside a collective (where a Python-level handler would never run)."""
 
-    faulthandler writes from the C signal handler, so the dump works even while the main
-    thread is blocked inside a collective (where a Python-level handler would never run).
-    """
     try:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
         f = os.fdopen(fd, "a", encoding="utf-8")

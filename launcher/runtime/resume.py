@@ -3,21 +3,15 @@
 Resume (`resume`): with DLAUNCH_RESUME=1 (a `--max-restarts` relaunch, a requeued SLURM job)
 every rank loads the newest complete checkpoint of DLAUNCH_CHECKPOINT_DIR (default
 RUN_DIR/checkpoints) — model, optimizer, the workload's LR scheduler, RNG streams, and the
-GradScaler for fp16 — and
-training goes on at the next step. The data order is that of an uninterrupted run: the
-DistributedSampler's index list is sliced (`SkipSampler`) so the first batch is the one that
-step would have seen; nothing is loaded to skip.
+GradScaler for fp16 — and training goes on at the next step, in an uninterrupted run's data
+order: the DistributedSampler's index list is sliced (`SkipSampler`); nothing is loaded to skip.
 
 Saving (`save`): collective, at the end of a logging window (every rank at the same step):
-every `--checkpoint-every` steps (the harness closes a window on those steps) and when a
-preemption was requested.
+every `--checkpoint-every` steps and when a preemption (runtime.preemption) was requested; the
+rank then ends with status `preempted` (`outcome`) and exit code 0.
 
-Preemption (runtime.preemption): a stop request (SIGUSR2; SIGTERM under SLURM) ends training at
-the next window end, where every rank meets: all save there (`save`) and the rank ends
-with status `preempted` (`outcome`) and exit code 0.
-
-Records added to the rank file: `resume` {step, checkpoint, load_s, same_data_order, passed_over} and
-`checkpoint` {step, path, save_s, reason}.
+Records added to the rank file: `resume` {step, checkpoint, load_s, same_data_order, passed_over}
+and `checkpoint` {step, path, save_s, reason}.
 
 Never imports cli, backends, jobs or report; torch at module level (see runtime/__init__).
 """
@@ -70,17 +64,14 @@ def window_boundary(step: int, spec: LaunchSpec) -> bool:
 
 
 def _data_meta(spec: LaunchSpec) -> dict[str, Any]:
-    return {"global_batch": spec.global_batch, "dataset_size": spec.steps * spec.global_batch,
-            "seed": spec.seed, "shuffle": spec.loader.shuffle,
-            "micro_batch": spec.micro_batch, "grad_accum": spec.grad_accum}
+    return {"global_batch": spec.global_batch, "dataset_size": spec.steps * spec.global_batch, "seed": spec.seed,
+            "shuffle": spec.loader.shuffle, "micro_batch": spec.micro_batch, "grad_accum": spec.grad_accum}
 
 
 def save(step: int, module: torch.nn.Module, optimizer: torch.optim.Optimizer,
          scaler: torch.amp.GradScaler, spec: LaunchSpec, ctx: RankContext, recorder: RankRecorder,
          *, reason: str, scheduler: LRScheduler | None = None) -> Path:
-    """Collective: checkpoint the state after `step` (model, optimizer, LR scheduler, RNG,
-    GradScaler). The preemption checkpoint (`reason` "preempted") first says what happens: the
-    SLURM grace period is short."""
+    """Collective: checkpoint the state after `step` (a preemption's first says so: SLURM's grace is short)."""
     if reason == "preempted":
         why = stop_requested() or "another rank's preemption signal"
         print(f"dlaunch: rank {ctx.rank}: {why}: saving a checkpoint at step {step}, then stopping",
@@ -90,8 +81,7 @@ def save(step: int, module: torch.nn.Module, optimizer: torch.optim.Optimizer,
     if scaler.is_enabled():
         # scale and growth tracker: without them fp16 restarts from 65536 and skips steps again
         extra["scaler"] = scaler.state_dict()
-    path = checkpoint.save(step, module, optimizer, checkpoint_dir(spec), extra=extra,
-                           scheduler=scheduler)
+    path = checkpoint.save(step, module, optimizer, checkpoint_dir(spec), extra=extra, scheduler=scheduler)
     recorder.add({"kind": "checkpoint", "step": step, "path": str(path), "reason": reason,
                   "save_s": time.perf_counter() - t0, "time": time.time()})
     recorder.flush()
@@ -101,21 +91,15 @@ def save(step: int, module: torch.nn.Module, optimizer: torch.optim.Optimizer,
 def outcome(stopped_at: int, spec: LaunchSpec) -> Outcome:
     """`preempted` when a stop request ended training before the last step, else `ok`."""
     if 0 < stopped_at < spec.steps:
-        return Outcome("preempted", {"preempted_by": stop_requested() or "another rank",
-                                     "checkpoint_step": stopped_at})
+        return Outcome("preempted", {"preempted_by": stop_requested() or "another rank", "checkpoint_step": stopped_at})
     return Outcome()
 
 
 def resume(module: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
            spec: LaunchSpec, ctx: RankContext, recorder: RankRecorder, *,
            scheduler: LRScheduler | None = None) -> int:
-    """With DLAUNCH_RESUME=1, load the newest usable checkpoint; the last step it covers.
-
-    0 means start from scratch (not a resume, or no checkpoint yet). Collective when resuming:
-    every rank must call it (rank 0 picks the checkpoint for all). A newer checkpoint that
-    fails its size check is passed over with a warning (checkpoint.load); when there are
-    checkpoints but none is usable, `checkpoint.CheckpointUnusable` ends the rank.
-    """
+    """With DLAUNCH_RESUME=1, load the newest usable checkpoint (collective: `checkpoint.load`);
+    the last step it covers, 0 to start from scratch (not a resume, or no checkpoint yet)."""
     if os.environ.get("DLAUNCH_RESUME") != "1":
         return 0
     directory = checkpoint_dir(spec)
@@ -147,15 +131,11 @@ def resume(module: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: to
 
 
 class SkipSampler:
-    """A sampler yielding the wrapped sampler's indices from position `skip` on.
-
-    The indices are computed (cheap integers), not the samples: no batch is loaded to skip.
-    Subclassing `torch.utils.data.Sampler` is not needed; DataLoader only iterates it.
-    """
+    """A sampler yielding the wrapped sampler's indices from position `skip` on: the indices are
+    computed (cheap integers), no batch is loaded to skip. DataLoader only iterates it."""
 
     def __init__(self, sampler: DistributedSampler[int], skip: int) -> None:
-        self.sampler = sampler
-        self.skip = skip
+        self.sampler, self.skip = sampler, skip
 
     def __iter__(self) -> Iterator[int]:
         return iter(list(self.sampler)[self.skip:])

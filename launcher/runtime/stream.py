@@ -3,14 +3,12 @@ way DistributedSampler splits a map-style dataset, and resumable.
 
 Data-parallel rank d of D takes items d, d + D, d + 2D, ... of the stream (DistributedSampler's
 order without shuffling), so the union of the ranks' micro-batches at a step is the batch one
-process would see: the same equivalence, and the same losses, as a map-style dataset holding
-the stream's items. Inside a rank, DataLoader worker w of W takes that rank's micro-batches
-w, w + W, ...: the DataLoader hands batches out from its workers in turn, so the rank still sees
-its micro-batches in order. A resume at step s skips the first s x micro-batch x accumulation
-items of the rank's stream by reading them (a stream cannot seek): exact, at the cost of one
-pass over what was trained. Each worker reads the whole stream and keeps its share: a stream
-that is expensive to produce should be sharded by the workload itself and given as a map-style
-dataset.
+process would see, as with a map-style dataset holding the stream's items. Inside a rank,
+DataLoader worker w of W takes that rank's micro-batches w, w + W, ... (the DataLoader takes
+batches from its workers in turn, so the rank sees them in order). A resume at step s skips the
+first s x micro-batch x accumulation items of the rank's stream by reading them (a stream cannot
+seek). Each worker reads the whole stream and keeps its share: a stream that is expensive to
+produce should be sharded by the workload itself and given as a map-style dataset.
 
 Shuffling does not apply: the stream's order is the order.
 """

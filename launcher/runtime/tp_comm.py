@@ -1,17 +1,15 @@
 """Time a step spends in tensor parallelism's collectives, measured on CPU.
 
-Tensor parallelism (DTensor, `parallelize_module`) communicates inside forward and backward:
-each block all-gathers its sequence-split input and reduce-scatters its output, through
-functional collectives (`_c10d_functional.*`) on the tp process group, and without async TP
-nothing overlaps them. The sync-off calibration (runtime.calibrate) cannot switch them off (the
-math needs them), so `exposed_comm_s` there is the data-parallel dimension's alone. Here one
+Tensor parallelism (DTensor, `parallelize_module`) communicates inside forward and backward,
+through functional collectives (`_c10d_functional.*`) on the tp process group, and without async
+TP nothing overlaps them. The sync-off calibration (runtime.calibrate) cannot switch them off
+(the math needs them), so `exposed_comm_s` there is the data-parallel dimension's alone. Here one
 more pass of the last step's micro-batches runs under a dispatch mode that adds up the wall time
-spent inside each functional collective on the tp group and inside the wait for its result:
+inside each functional collective on the tp group and inside the wait for its result:
 `tp_comm_s`, seconds a step.
 
-On CPU (gloo) the caller blocks in those calls for as long as the collective takes, so the sum
-is the time the step spends communicating for TP. On CUDA (NCCL) they only enqueue work and the
-wait only orders streams: the host-side sum would say nothing, so it is not taken there (a
+On CPU (gloo) the caller blocks in those calls for as long as the collective takes. On CUDA
+(NCCL) they only enqueue work, so the host-side sum would say nothing and is not taken there (a
 `--profile` trace shows the kernels).
 
 Never imports cli, backends, jobs or report; torch at module level (see runtime/__init__).
@@ -34,9 +32,7 @@ class CollectiveClock(TorchDispatchMode):
 
     def __init__(self, group: str) -> None:
         super().__init__()
-        self.group = group
-        self.seconds = 0.0
-        self.calls = 0
+        self.group, self.seconds, self.calls = group, 0.0, 0
         self._ours: set[int] = set()  # results of our group's collectives not yet waited for
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -59,8 +55,7 @@ class CollectiveClock(TorchDispatchMode):
 
 
 def tp_comm_s(replay: Callable[[], object], group: str) -> dict[str, Any]:
-    """`tp_comm_s` (seconds in TP's collectives during `replay`, one step's micro-batches) and
-    `tp_collectives` (how many it issued)."""
+    """`tp_comm_s` (seconds in TP's collectives during `replay`) and `tp_collectives` (their count)."""
     clock = CollectiveClock(group)
     with clock:
         replay()

@@ -6,19 +6,15 @@ until then. On CPU the step is synchronous anyway, so `perf_counter` is exact.
 
 Two measurements are made so that on CUDA they mean what they mean on CPU, without a sync:
 - data wait (`Clock.exposed_wait`): on CPU the host's time in the loader is the step's wait; on
-  CUDA the host fetches while the previous step's kernels still run, so a fetch the device
-  hid counts 0 (the previous step's end event had not completed when the fetch ended), and
-  one after the device drained counts whole: an upper bound, since the device may have
-  drained part-way through the fetch (telling when would take a sync).
+  CUDA a fetch the device hid (the previous step's end event had not completed when it ended)
+  counts 0, and one after the device drained counts whole: an upper bound.
 - peak memory (`peak_mem_bytes`): on CUDA the allocator's peak is reset at the attempt's first
   steady step (`Window.begin`), so compile autotuning and warm-up are not counted; it counts
-  tensors (`max_memory_allocated`), as the plan's tensor part it is compared with does
-  (results.prediction).
+  tensors (`max_memory_allocated`), as the plan's tensor part it is compared with does.
 
-Closing a window is a collective (the losses are averaged over ranks in one all-reduce), so
-every rank must close at the same step: the length comes from the rank-averaged step time of
-the previous window (`window_steps`), and the harness adds steps all ranks know (the last
-step, a checkpoint step). The same all-reduce carries each rank's stop flag (preemption).
+Closing a window is a collective (one all-reduce averages the losses and carries each rank's stop
+flag), so every rank must close at the same step: its length comes from the previous window's
+rank-averaged step time (`window_steps`), plus steps all ranks know (the last, a checkpoint's).
 
 Never imports cli, backends, jobs or report; torch at module level (see runtime/__init__).
 """
@@ -58,9 +54,8 @@ Span: TypeAlias = float | EventPair
 
 def window_steps(mean_step_s: float, log_every: int | None) -> int:
     """Steps in the next logging window: --log-every (None: DEFAULT_WINDOW_STEPS, more when those
-    take under MIN_WINDOW_S), fewer when that would exceed the flush interval. `mean_step_s` is
-    the previous window's rank-averaged step time, the same on every rank (never a rank's own
-    clock: see the module docstring)."""
+    take under MIN_WINDOW_S), fewer when that would exceed the flush interval. `mean_step_s`: the
+    previous window's rank-averaged step time, the same on every rank (see the module docstring)."""
     steps = log_every or 0
     if not log_every:
         steps = DEFAULT_WINDOW_STEPS
@@ -97,11 +92,8 @@ class Clock:
         return time.perf_counter() - cast(float, start)
 
     def exposed_wait(self, fetch_s: float) -> float:
-        """The data wait of a fetch that took the host `fetch_s`, just ended (no sync).
-
-        On CUDA the last `stop` marked the previous step's end: if that event has not completed
-        (`query()`), the device was busy through the whole fetch and nothing waited.
-        """
+        """The data wait of a fetch that took the host `fetch_s`, just ended (no sync). On CUDA,
+        if the previous step's end event (the last `stop`) has not completed, nothing waited."""
         busy = None
         if self.cuda and self._last_end is not None:
             busy = not self._last_end.query()
@@ -116,14 +108,9 @@ class Clock:
         return [a.elapsed_time(b) / 1000.0 for a, b in cast("list[EventPair]", marks)]
 
     def end_times(self, marks: list[Span], host_ends: list[float]) -> list[float]:
-        """Wall-clock end of each step, for throughput over wall time (call after `resolve`).
-
-        On CPU the host's `time.time()` at the step's end (`host_ends`) is exact. On CUDA the
-        host runs ahead of the device, so a step ends when its end event completes: the sync in
-        `resolve` returned when the window's last event had (the device was still busy, or had
-        only just gone idle after the host's last launch), and each earlier step ended the
-        events' elapsed time before that; never before the host recorded the event.
-        """
+        """Wall-clock end of each step (call after `resolve`): `host_ends` on CPU; on CUDA the
+        window's last end event completed when `resolve`'s sync returned, each earlier one the
+        events' elapsed time before that, never before the host recorded it."""
         if not self.cuda or not marks:
             return list(host_ends)
         pairs = cast("list[EventPair]", marks)
@@ -133,22 +120,19 @@ class Clock:
 
 
 def exposed_wait(fetch_s: float, *, device_busy: bool | None) -> float:
-    """What of a host fetch of `fetch_s` the step waited for: `device_busy` says whether the
-    device was still running the previous step when the fetch ended (None: no device queue,
-    i.e. CPU or the attempt's first step). Busy: the fetch was hidden, 0. Idle: the whole
-    fetch, an upper bound (the device may have drained part-way through it)."""
+    """What of a host fetch of `fetch_s` the step waited for: 0 when the device was still running
+    the previous step as the fetch ended (`device_busy`; None: CPU or the attempt's first step),
+    else the whole fetch (an upper bound)."""
     return 0.0 if device_busy else max(0.0, fetch_s)
 
 
 def peak_reset_step(start: int, warmup_steps: int) -> int:
-    """The step before which the device's peak memory is reset: the attempt's first steady
-    step (a resumed attempt warms up again, as its step records say)."""
+    """The step before which the device's peak memory is reset: the attempt's first steady step."""
     return start + warmup_steps + 1
 
 
 def peak_mem_bytes(device_type: str) -> int:
-    """Peak bytes allocated by torch since `Window.begin` reset it (CUDA: tensors only, no
-    context or allocator cache), or the peak resident set of this process (CPU)."""
+    """Peak tensor bytes since `Window.begin` reset them (CUDA), or this process's peak RSS (CPU)."""
     if device_type == "cuda":
         return int(torch.cuda.max_memory_allocated())
     # CPU: peak resident set of this process (ru_maxrss is KiB on Linux)
@@ -172,23 +156,17 @@ class Window:
         self._fwd_bwd_s: dict[bool, list[float]] = {True: [], False: []}  # by steadiness
         self._scales: list[torch.Tensor] = []
         # the scale tensor is created lazily by the first scale(); start from the initial value
-        self._prev_scale = ([torch.tensor(scaler.get_scale(), device=device)]
-                            if scaler.is_enabled() else [])
+        self._prev_scale = [torch.tensor(scaler.get_scale(), device=device)] if scaler.is_enabled() else []
 
     def begin(self, step: int) -> None:
-        """Before step `step` starts: at the first steady step, start the device's peak memory
-        over from what is allocated now (CUDA; nothing on CPU, whose resident-set peak cannot be
-        reset and whose tensor peak is sampled, live_bytes)."""
+        """Before step `step`: at the first steady step, reset the device's peak memory (CUDA; a
+        CPU's resident-set peak cannot be reset, and its tensor peak is sampled: live_bytes)."""
         if step == self.steady_from and self.ctx.device_type == "cuda":
             torch.cuda.reset_peak_memory_stats()
 
-    def add(self, record: dict[str, Any], mark: Span, loss: torch.Tensor,
-            fwd_bwd_mark: Span | None = None) -> None:
-        """One finished step: its record, its clock mark and its loss tensor (no sync).
-
-        `fwd_bwd_mark`: the clock mark of its forward and backward alone (gradient sync
-        included), read back by `fwd_bwd_times` once the window has closed.
-        """
+    def add(self, record: dict[str, Any], mark: Span, loss: torch.Tensor, fwd_bwd_mark: Span | None = None) -> None:
+        """One finished step: its record, its clock mark and its loss tensor (no sync);
+        `fwd_bwd_mark`: the mark of its forward and backward alone (for `fwd_bwd_times`)."""
         self.records.append(record)
         self._marks.append(mark)
         self._fwd_bwd_marks.append(fwd_bwd_mark)
@@ -202,8 +180,7 @@ class Window:
             self._scales.append(scale.detach().clone())
 
     def fwd_bwd_times(self) -> list[float]:
-        """Forward+backward seconds of the closed windows' steady steps (neither warm-up nor
-        profiled), or of all their steps when none was steady (a resume near the end)."""
+        """Forward+backward seconds of the closed windows' steady steps, or of all when none was."""
         return self._fwd_bwd_s[True] or self._fwd_bwd_s[False]
 
     @property
@@ -212,11 +189,8 @@ class Window:
         return len(self.records) >= self.length
 
     def close(self, *, stop: bool = False) -> bool:
-        """Resolve timings, losses and skipped steps (one sync, one all-reduce), record them.
-
-        `stop`: this rank was asked to stop. Returns True when any rank was (the flag rides in
-        the loss all-reduce: a sum > 0 is an all-reduce MAX without a second collective).
-        """
+        """Resolve timings, losses and skipped steps (one sync, one all-reduce), record them; True
+        when any rank was asked to `stop` (in the loss all-reduce, a sum > 0 acts as a MAX)."""
         fb_at = [i for i, m in enumerate(self._fwd_bwd_marks) if m is not None]
         # one resolve (on CUDA the window's one host sync) for the steps and their fwd+bwd parts
         resolved = self.clock.resolve(self._marks + [cast(Span, self._fwd_bwd_marks[i]) for i in fb_at])
@@ -224,9 +198,8 @@ class Window:
         for i, fb_s in zip(fb_at, resolved[len(self._marks):]):
             rec = self.records[i]
             self._fwd_bwd_s[not rec.get("warmup") and not rec.get("profiled")].append(fb_s)
-        scales = self._prev_scale + self._scales
         if self._scales:
-            values = torch.stack(scales).float().tolist()
+            values = torch.stack(self._prev_scale + self._scales).float().tolist()
             for rec, before, after in zip(self.records, values, values[1:]):
                 rec["skipped"] = after < before
         tail = torch.tensor([sum(times) / len(times), float(stop)], device=self._losses[0].device)
@@ -235,42 +208,33 @@ class Window:
             dist.all_reduce(vec, op=dist.ReduceOp.SUM)
             vec /= self.ctx.world_size
         *losses, mean_step_s, stop_any = vec.tolist()
-        peak = peak_mem_bytes(self.ctx.device_type)
-        now = time.time()
         if all("end_time" in rec for rec in self.records):
             ends = self.clock.end_times(self._marks, [rec["end_time"] for rec in self.records])
             for rec, end in zip(self.records, ends):
                 rec["end_time"] = end
-        for rec, step_time, loss in zip(self.records, times, losses):
-            rec.update(step_time_s=step_time, loss=loss, peak_mem_bytes=peak, time=now)
-            self.recorder.add(rec)
-        self.recorder.flush()
+        self._write(times, losses)
         sys.stdout.flush()
         self.length = window_steps(mean_step_s, self.log_every)
         self._prev_scale = self._scales[-1:] or self._prev_scale
-        self.records, self._marks, self._losses, self._scales = [], [], [], []
-        self._fwd_bwd_marks = []
+        self.records, self._marks, self._fwd_bwd_marks, self._losses, self._scales = [], [], [], [], []
         return stop_any > 0
 
-    def flush_open(self) -> None:
-        """A rank failing inside a window: record the steps it completed (call, then re-raise).
+    def _write(self, times: list[float], losses: list[float], **scope: str) -> None:
+        """Complete and record the steps no `close` has written yet (those without a loss)."""
+        peak = peak_mem_bytes(self.ctx.device_type)
+        now = time.time()
+        for rec, step_time, loss in zip(self.records, times, losses):
+            if "loss" not in rec:
+                rec.update(step_time_s=step_time, loss=loss, **scope, peak_mem_bytes=peak, time=now)
+                self.recorder.add(rec)
+        self.recorder.flush()
 
-        No collective (the other ranks may never reach the window end), so each loss is this
-        rank's own (`loss_scope: "rank"`), not the mean over ranks. Never masks the error.
-        """
-        pending = [rec for rec in self.records if "loss" not in rec]  # not written by close()
-        if not pending:
+    def flush_open(self) -> None:
+        """A rank failing inside a window: record the steps it completed, each with this rank's own
+        loss (`loss_scope: "rank"`: no collective, others may never get here). Never raises."""
+        if all("loss" in rec for rec in self.records):  # none, or all written by close()
             return
         try:
-            times = self.clock.resolve(self._marks)
-            losses = torch.stack(self._losses).float().tolist()
-            peak = peak_mem_bytes(self.ctx.device_type)
-            now = time.time()
-            for rec, step_time, loss in zip(self.records, times, losses):
-                if "loss" not in rec:
-                    rec.update(step_time_s=step_time, loss=loss, loss_scope="rank",
-                               peak_mem_bytes=peak, time=now)
-                    self.recorder.add(rec)
-            self.recorder.flush()
+            self._write(self.clock.resolve(self._marks), torch.stack(self._losses).float().tolist(), loss_scope="rank")
         except Exception as e:  # e.g. a broken CUDA context: the original error matters more
             log.debug("rank %d: could not record the open window: %s", self.ctx.rank, e)

@@ -1,13 +1,11 @@
-"""The one place a model is wrapped for a strategy: DDP (and zero1: DDP with the optimizer
-state sharded, runtime.zero), FSDP2 (full / grad-op shard),
-hybrid shard on a 2-D mesh, tensor parallelism (`strategy.tp` > 1, the workload's `tp_plan`)
-under FSDP, activation checkpointing of the blocks (`strategy.checkpointing`: selective per
-op, every other block or every block), torch.compile; and the one
-place its optimizer and LR scheduler are made (`make_optimizer`), after wrapping, the same way
-under every strategy.
+"""The one place a model is wrapped for a strategy: DDP (and zero1: DDP with the optimizer state
+sharded, runtime.zero), FSDP2 (full / grad-op shard), hybrid shard on a 2-D mesh, tensor
+parallelism (`strategy.tp` > 1, the workload's `tp_plan`) under FSDP, activation checkpointing of
+the blocks (`strategy.checkpointing`: selective per op, every other block or every block),
+torch.compile; and the one place its optimizer and LR scheduler are made (`make_optimizer`),
+after wrapping, the same way under every strategy.
 
-The harness only sees `Wrapped`: the module to call and a context manager that turns
-gradient synchronisation off for the non-final micro-batches of an accumulation window.
+The harness only sees `Wrapped`: the module to call and how to turn gradient sync off.
 
 Never imports cli, backends, jobs or report; torch at module level, FSDP2 (0.6 s of imports)
 only when a strategy shards (see runtime/__init__).
@@ -46,13 +44,10 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, kw_only=True)
 class Wrapped:
-    """A model ready to train, and how to skip gradient communication.
-
-    `accumulate` wraps the non-final micro-batches of an accumulation window: DDP skips its
-    all-reduce; FSDP still reduce-scatters every micro-batch (sharded gradients, the memory the
-    planner assumes) and hybrid shard defers only the all-reduce across replicas.
-    `no_sync` turns all gradient communication off (the calibration's sync-off pass).
-    """
+    """A model ready to train, and how to skip gradient communication: `accumulate` wraps the
+    non-final micro-batches of an accumulation window (DDP skips its all-reduce; FSDP still
+    reduce-scatters, the memory the planner assumes; hybrid defers the all-reduce across
+    replicas); `no_sync` turns all of it off (the calibration's sync-off pass)."""
 
     module: torch.nn.Module
     no_sync: Callable[[], contextlib.AbstractContextManager[None]]
@@ -65,8 +60,7 @@ class Wrapped:
 
 
 def _switched_off(setting: Callable[[bool], None]) -> Callable[[], contextlib.AbstractContextManager[None]]:
-    """A context manager that calls `setting(False)` for its block and `setting(True)` after
-    (FSDP2's `set_requires_gradient_sync`, `set_requires_all_reduce`)."""
+    """A context manager calling an FSDP2 `setting(False)` for its block and `setting(True)` after."""
 
     @contextlib.contextmanager
     def off() -> Iterator[None]:
@@ -81,14 +75,12 @@ def _switched_off(setting: Callable[[bool], None]) -> Callable[[], contextlib.Ab
 
 def _selective_save_ops() -> tuple[frozenset[Any], frozenset[Any]]:
     """(matmuls, other ops) whose outputs selective checkpointing saves: torchtitan's save list
-    (torchtitan/models/llama3/infra/parallelize.py `_save_list`): mm, the SDPA kernels,
-    reduce-scatter (sequence parallelism's) and max (float8's amax); here also addmm (a linear
-    with a bias) and CPU's flash kernel. Ops this torch build lacks are left out."""
+    (torchtitan/models/llama3/infra/parallelize.py `_save_list`), plus addmm (a linear with a
+    bias) and CPU's flash kernel. Ops this torch build lacks are left out."""
     aten = torch.ops.aten
     matmuls = frozenset(getattr(aten, n).default for n in ("mm", "addmm") if hasattr(aten, n))
     names = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-             "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
-             "max")
+             "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu", "max")
     other = {getattr(aten, n).default for n in names if hasattr(aten, n)}
     functional = getattr(torch.ops, "_c10d_functional", None)
     if functional is not None and hasattr(functional, "reduce_scatter_tensor"):
@@ -97,9 +89,8 @@ def _selective_save_ops() -> tuple[frozenset[Any], frozenset[Any]]:
 
 
 def _selective_context() -> tuple[Any, Any]:
-    """One checkpointed block call's selective-checkpoint contexts: save what the save list
-    names but every second matmul (torchtitan's policy: the 2nd, 4th, ... mm of a block is
-    recomputed), recompute everything else; counted apart in forward and in recompute."""
+    """One checkpointed block call's contexts: save what the save list names but every second
+    matmul (torchtitan's policy), counted apart in forward and in recompute; recompute the rest."""
     matmuls, other = _selective_save_ops()
     counts: defaultdict[bool, int] = defaultdict(int)
 
@@ -114,44 +105,29 @@ def _selective_context() -> tuple[Any, Any]:
     return create_selective_checkpoint_contexts(policy)
 
 
-def _checkpoint_blocks(model: torch.nn.Module, blocks: list[torch.nn.Module],
-                       mode: str) -> list[torch.nn.Module]:
-    """Wrap the blocks `mode` checkpoints in place, in their parent (every block, or blocks 2,
-    4, ... for every-other as torchtitan's per-layer option counts them; selective with its
-    per-op policy); the blocks, wrapped or not, in order."""
-    parents = _parents(model, blocks)
+def _checkpoint_blocks(model: torch.nn.Module, blocks: list[torch.nn.Module], mode: str) -> list[torch.nn.Module]:
+    """Wrap the blocks `mode` checkpoints (all, or blocks 2, 4, ... for every-other, as torchtitan
+    counts them) in place in their parent; the blocks, wrapped or not, in order."""
+    ids = {id(b) for b in blocks}
+    parents = {id(child): (parent, name) for parent in model.modules()
+               for name, child in parent.named_children() if id(child) in ids}
     kwargs: dict[str, Any] = {"context_fn": _selective_context} if mode == "selective" else {}
     out = []
     for i, block in enumerate(blocks):
-        if mode == "every-other" and i % 2 == 0:
-            out.append(block)
-            continue
-        parent, name = parents[id(block)]
-        # non-reentrant: works with FSDP2 and compile, and with inputs that need no grad
-        setattr(parent, name, checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT,
-                                                 **kwargs))
-        out.append(getattr(parent, name))
+        if mode != "every-other" or i % 2:
+            parent, name = parents[id(block)]
+            # non-reentrant: works with FSDP2 and compile, and with inputs that need no grad
+            block = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT, **kwargs)
+            setattr(parent, name, block)
+        out.append(block)
     return out
-
-
-def _parents(model: torch.nn.Module, blocks: list[torch.nn.Module]) -> dict[int, tuple[torch.nn.Module, str]]:
-    """Each block's parent and its name there (by the block's id), so it can be replaced in place."""
-    ids = {id(b) for b in blocks}
-    return {id(child): (parent, name) for parent in model.modules()
-            for name, child in parent.named_children() if id(child) in ids}
 
 
 def make_optimizer(workload: Workload, model: torch.nn.Module, ctx: RankContext,
                    strategy: Strategy | None = None) -> tuple[torch.optim.Optimizer, LRScheduler | None]:
-    """The workload's optimizer and LR scheduler (or None) for `model`, already wrapped.
-
-    `model` is the module as the workload built it (for DDP the module inside the wrapper), so
-    `make_optimizer(cfg, model)` sees the parameter names it expects (weight-decay groups by
-    name); FSDP2 shards those parameters in place, so the optimizer holds this rank's shards
-    and its state is sharded with them. Under zero1 with more than one rank the workload's
-    optimizer is made again as a ZeroRedundancyOptimizer over its class (runtime.zero), and the
-    scheduler drives that. The default is AdamW, fused on CUDA.
-    """
+    """The workload's optimizer and LR scheduler (or None) for `model` as the workload built it
+    (the parameter names it expects; FSDP2 has sharded them in place), already wrapped. Under
+    zero1 with several ranks, a ZeroRedundancyOptimizer (runtime.zero). Default: AdamW."""
     optimizer = workload.make_optimizer(model, fused=ctx.device_type == "cuda")
     if strategy is not None and strategy.kind == "zero1" and ctx.is_distributed:
         optimizer = zero_optimizer(optimizer)
@@ -159,11 +135,8 @@ def make_optimizer(workload: Workload, model: torch.nn.Module, ctx: RankContext,
 
 
 def hybrid_mesh_shape(ctx: RankContext, shard_group_size: int | None = None) -> tuple[int, int]:
-    """(replicas, shards) of the hybrid mesh: shard within a group, replicate across groups.
-
-    The group is a node's ranks unless `shard_group_size` says otherwise, which lets one host
-    stand in for several nodes (4 processes as 2 "nodes" x 2) in the equivalence tests.
-    """
+    """(replicas, shards) of the hybrid mesh: shard within a group (a node's ranks, or
+    `shard_group_size`: one host standing in for several nodes in tests), replicate across."""
     shards = shard_group_size or ctx.local_world_size
     if shards < 1 or ctx.world_size % shards:
         raise UsageError(f"--shard-group-size must divide the world size ({ctx.world_size}), "
@@ -173,9 +146,8 @@ def hybrid_mesh_shape(ctx: RankContext, shard_group_size: int | None = None) -> 
 
 def tp_mesh_shape(ctx: RankContext, strategy: Strategy,
                   shard_group_size: int | None = None) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    """The device mesh of tensor parallelism (`strategy.tp` > 1) under FSDP, tp innermost (the
-    ranks of one tensor-parallel group are consecutive: one node's): (dp, tp), or for hybrid
-    (replicas, shards, tp) where a node's (or shard group's) ranks hold shards x tp."""
+    """The device mesh of tensor parallelism under FSDP, tp innermost (a tp group's ranks are
+    consecutive, one node's): (dp, tp), or for hybrid (replicas, shards, tp)."""
     tp = strategy.tp
     if ctx.world_size % tp:
         raise UsageError(f"--tp {tp} must divide the world size ({ctx.world_size})")
@@ -203,12 +175,9 @@ def _tied(model: torch.nn.Module) -> list[list[tuple[torch.nn.Module, str]]]:
 
 
 def _parallelize(model: torch.nn.Module, plan: dict[str, Any], tp_mesh: DeviceMesh) -> None:
-    """Apply the workload's tensor-parallel plan; parameters tied before are tied again after.
-
-    parallelize_module replaces each module's parameters with DTensors one module at a time, so
-    a parameter two modules share becomes two; where both came out with the same placements
-    (an embedding split by rows and a head split by columns: both Shard(0)) they are one again.
-    """
+    """Apply the workload's tensor-parallel plan; parameters tied before are tied again after
+    (parallelize_module makes a shared parameter two DTensors, one per module; where both have
+    the same placements, as a row-split embedding and a column-split head, they become one)."""
     from torch.distributed.tensor.parallel import parallelize_module
 
     tied = _tied(model)
@@ -216,11 +185,10 @@ def _parallelize(model: torch.nn.Module, plan: dict[str, Any], tp_mesh: DeviceMe
     for group in tied:
         first = getattr(*group[0])
         for module, name in group[1:]:
-            other = getattr(module, name)
-            if getattr(other, "placements", None) != getattr(first, "placements", None):
+            first_at, other_at = getattr(first, "placements", None), getattr(getattr(module, name), "placements", None)
+            if other_at != first_at:
                 raise UsageError(f"tp_plan splits the tied parameter {name!r} two ways "
-                                 f"({getattr(first, 'placements', None)} and "
-                                 f"{getattr(other, 'placements', None)}); split both alike")
+                                 f"({first_at} and {other_at}); split both alike")
             setattr(module, name, first)
 
 
@@ -232,24 +200,18 @@ def uses_device_mesh(strategy: Strategy) -> bool:
 def wrap(model: torch.nn.Module, strategy: Strategy, ctx: RankContext, blocks: list[torch.nn.Module],
          *, shard_group_size: int | None = None, tp_plan: dict[str, Any] | None = None) -> Wrapped:
     """Apply `strategy` to `model` (already on this rank's device) and return it ready to train.
-
-    With `strategy.tp` > 1 (FSDP kinds only) `tp_plan` is the workload's plan for that degree:
-    torchtitan's order, tensor parallelism first (module names as the workload built them),
-    then activation checkpointing, compile and FSDP per block on the data-parallel mesh.
-    """
+    With `strategy.tp` > 1 (FSDP kinds only) `tp_plan` is the workload's plan: torchtitan's
+    order, tensor parallelism first, then checkpointing, compile and FSDP per block."""
     if strategy.tp > 1 and not strategy.shards_params:
         raise UsageError(f"--tp {strategy.tp} composes with FSDP (fsdp_full, fsdp_grad_op, "
                          f"hybrid), not {strategy.kind}")
     if strategy.tp > 1 and tp_plan is None:
         raise UsageError(f"--tp {strategy.tp}: the workload's tp_plan does not split this model "
                          f"{strategy.tp} ways (heads, hidden sizes)")
-    if strategy.float8 != "none":
-        # torchao's order: convert the linear layers first, then checkpointing, compile and
-        # FSDP wrap the converted model (its float8 all-gather needs Float8Linear's weights)
-        float8_record = float8.convert(model, strategy, ctx.device_type)
-        return dataclasses.replace(_wrap(model, strategy, ctx, blocks, shard_group_size, tp_plan),
-                                   float8=float8_record)
-    return _wrap(model, strategy, ctx, blocks, shard_group_size, tp_plan)
+    # torchao's order: convert the linear layers first, then checkpointing, compile and FSDP wrap
+    # the converted model (its float8 all-gather needs Float8Linear's weights)
+    float8_record = float8.convert(model, strategy, ctx.device_type) if strategy.float8 != "none" else None
+    return dataclasses.replace(_wrap(model, strategy, ctx, blocks, shard_group_size, tp_plan), float8=float8_record)
 
 
 def _wrap(model: torch.nn.Module, strategy: Strategy, ctx: RankContext, blocks: list[torch.nn.Module],
@@ -284,6 +246,7 @@ def _wrap_fsdp(model: torch.nn.Module, strategy: Strategy, ctx: RankContext,
         # the collective timeout and the device id that context.init_distributed gives it
         raise RuntimeError("FSDP needs the process group first: "
                            "init_distributed(ctx, mesh=uses_device_mesh(strategy))")
+    tp_group: str | None = None
     if strategy.tp > 1:
         assert tp_plan is not None  # wrap() checked it
         shape, names = tp_mesh_shape(ctx, strategy, shard_group_size)
@@ -294,7 +257,7 @@ def _wrap_fsdp(model: torch.nn.Module, strategy: Strategy, ctx: RankContext,
         warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
         mesh = world_mesh[names[:-1]] if len(names) > 2 else world_mesh["dp"]
         mesh_shape, mesh_dims = shape, names
-        tp_group: str | None = str(world_mesh["tp"].get_group().group_name)
+        tp_group = str(world_mesh["tp"].get_group().group_name)
     elif strategy.kind == "hybrid":
         mesh = init_device_mesh(ctx.device_type, hybrid_mesh_shape(ctx, shard_group_size),
                                 mesh_dim_names=("replicate", "shard"))
@@ -302,8 +265,6 @@ def _wrap_fsdp(model: torch.nn.Module, strategy: Strategy, ctx: RankContext,
     else:
         mesh = init_device_mesh(ctx.device_type, (ctx.world_size,))
         mesh_shape, mesh_dims = tuple(mesh.shape), ("shard",)
-    if strategy.tp == 1:
-        tp_group = None
     if strategy.recomputes and blocks:
         blocks = _checkpoint_blocks(model, blocks, strategy.checkpointing)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(strategy.precision)
@@ -312,32 +273,25 @@ def _wrap_fsdp(model: torch.nn.Module, strategy: Strategy, ctx: RankContext,
     reshard = strategy.kind != "fsdp_grad_op"
     # offload: the shards live in host memory, pinned where there is a device to copy to (CPU
     # ranks have none: pinning needs CUDA, and the same policy then moves nothing)
-    offload = (CPUOffloadPolicy(pin_memory=ctx.device_type == "cuda") if strategy.offload
-               else OffloadPolicy())
+    offload = CPUOffloadPolicy(pin_memory=ctx.device_type == "cuda") if strategy.offload else OffloadPolicy()
     if dtype is not None:
         for norm in batch_norms(model):
             # batch norm's kernels take low-precision inputs but not low-precision weights beside
             # fp32 running statistics ("expected scalar type BFloat16 but found Float"): each is
             # a unit of its own that keeps fp32 weights and hands its output back at `dtype`
-            fully_shard(norm, mesh=mesh, reshard_after_forward=reshard, offload_policy=offload,
-                        mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32,
-                                                       reduce_dtype=torch.float32, output_dtype=dtype))
-    compiled = False
+            fp32 = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32, output_dtype=dtype)
+            fully_shard(norm, mesh=mesh, reshard_after_forward=reshard, offload_policy=offload, mp_policy=fp32)
     for block in blocks:
         if strategy.compile:
             # compile each block, not the root: FSDP's block loop breaks a whole-model graph
             compile_forward(block, strategy)
-            compiled = True
-        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard,
-                    offload_policy=offload)
+        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard, offload_policy=offload)
     sharded = fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard,
                           offload_policy=offload)  # `model`, as FSDPModule
     if strategy.compile and not blocks:
         # no units declared: the whole model is one FSDP unit, so compiling it breaks nothing
         compile_forward(model, strategy)
-        compiled = True
     accumulate = (_switched_off(sharded.set_requires_all_reduce) if strategy.kind == "hybrid"
                   else contextlib.nullcontext)
-    return Wrapped(module=model, no_sync=_switched_off(sharded.set_requires_gradient_sync),
-                   accumulate=accumulate, compiled=compiled,
-                   mesh_shape=mesh_shape, mesh_dims=mesh_dims, tp_group=tp_group)
+    return Wrapped(module=model, no_sync=_switched_off(sharded.set_requires_gradient_sync), accumulate=accumulate,
+                   compiled=strategy.compile, mesh_shape=mesh_shape, mesh_dims=mesh_dims, tp_group=tp_group)

@@ -3,20 +3,17 @@ data-parallel ranks by torch's ZeroRedundancyOptimizer
 (https://pytorch.org/docs/stable/distributed.optim.html), and its part of a checkpoint.
 
 - `zero_optimizer`: the workload's own optimizer (its class, hyper-parameters and parameter
-  groups, weight-decay groups by name included) made again as a ZeroRedundancyOptimizer over
-  that class. Each rank's local optimizer steps the parameters assigned to it (greedily by
-  size, largest first: ZeroRedundancyOptimizer._partition_parameters), holding their state
-  alone; after the step every rank broadcasts its updated parameters to the others. With
-  `parameters_as_bucket_view` those are one flat bucket per rank whose views the parameters
-  become ("to speed up communication", the docs): one broadcast per rank and step, in place.
+  groups) made again as a ZeroRedundancyOptimizer over that class. Each rank's local optimizer
+  steps and holds the state of the parameters assigned to it (greedily by size); after the step
+  every rank broadcasts its updated parameters. With `parameters_as_bucket_view` those are one
+  flat bucket per rank ("to speed up communication", the docs): one broadcast per rank and step.
 - Checkpoints: ZeroRedundancyOptimizer's `state_dict()` needs `consolidate_state_dict(to=0)`
-  first, which sends every rank's state to rank 0: rank 0 would hold the whole optimizer state,
-  the memory zero1 is there to save. Instead each rank writes its own shard beside DCP's files
-  (the model stays in DCP), `optim-zero-<rank>.pt`: {"state": {index: that parameter's state},
-  "param_groups": the groups with indices for parameters}, the index being the parameter's
-  position over the parameter groups (the numbering of torch's optimizer state dicts, which
-  ZeroRedundancyOptimizer.load_state_dict reads). A load reads every shard the checkpoint holds
-  and keeps the states of this rank's parameters: a checkpoint resumes at another world size.
+  first, and rank 0 would then hold the whole optimizer state, the memory zero1 is there to
+  save. Instead each rank writes its own shard beside DCP's files (the model stays in DCP),
+  `optim-zero-<rank>.pt`: {"state": {index: that parameter's state}, "param_groups": the groups
+  with indices for parameters}, the index being the parameter's position over the groups (torch's
+  optimizer state dict numbering). A load reads every shard and keeps this rank's parameters'
+  states: a checkpoint resumes at another world size.
 
 Never imports cli, backends, jobs or report; torch at module level, torch.distributed.optim
 (1.5 s of imports: it loads FSDP) only when zero1 makes its optimizer (see runtime/__init__).
@@ -49,8 +46,7 @@ def is_zero(optimizer: torch.optim.Optimizer) -> TypeGuard[ZeroRedundancyOptimiz
 
 
 def _constructor_kwargs(cls: type, defaults: dict[str, Any]) -> dict[str, Any]:
-    """The optimizer's defaults its constructor takes: AdamW lists `decoupled_weight_decay`
-    among its defaults but does not take it (each group still carries it)."""
+    """The defaults `cls` takes (AdamW's `decoupled_weight_decay` is a default, not an argument)."""
     params = inspect.signature(cls).parameters  # the constructor's, without self
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return dict(defaults)
@@ -59,8 +55,7 @@ def _constructor_kwargs(cls: type, defaults: dict[str, Any]) -> dict[str, Any]:
 
 def zero_optimizer(optimizer: torch.optim.Optimizer) -> ZeroRedundancyOptimizer:
     """`optimizer` (the workload's, not stepped yet) as a ZeroRedundancyOptimizer over its class,
-    with its groups and hyper-parameters; UsageError when its class cannot be made again from
-    its defaults."""
+    groups and hyper-parameters; UsageError when its class cannot be made again from them."""
     # deferred: 1.5 s of imports that only zero1 needs (see the module docstring)
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
@@ -82,12 +77,10 @@ def _indices(optimizer: ZeroRedundancyOptimizer) -> dict[int, int]:
 
 
 def shard(optimizer: ZeroRedundancyOptimizer, rank: int) -> tuple[str, dict[str, Any]]:
-    """The file name of this rank's shard and what it holds: the state of this rank's
-    parameters keyed by global index, and the groups' hyper-parameters."""
+    """This rank's shard's file name and content: its parameters' state by global index, and groups."""
     index = _indices(optimizer)
     local: Any = optimizer.optim  # the local optimizer over this rank's parameters
-    state = {index[id(p)]: dict(local.state[p]) for g in local.param_groups for p in g["params"]
-             if p in local.state}
+    state = {index[id(p)]: dict(local.state[p]) for g in local.param_groups for p in g["params"] if p in local.state}
     groups = [{**{k: v for k, v in g.items() if k != "params"},
                "params": [index[id(p)] for p in g["params"]]} for g in optimizer.param_groups]
     return SHARD.format(rank=rank), {"state": state, "param_groups": groups}

@@ -303,3 +303,32 @@ def test_the_branch_scan_sees_every_kind_of_test(tmp_path: Path):
                               "y = 1 if 'slurm.json' in names else 2\nif here:\n    pass\n")
     found = [f.split(": ", 1)[0] for f in slurm_branches(pkg)]
     assert sorted(found) == ["launcher/a.py:1", "launcher/a.py:3", "launcher/a.py:5"]
+
+
+# The package's size when issue 33 (one door, one declaration per knob) began: the step that
+# consolidated it was to leave it no larger, and a module past 400 lines holds two ideas.
+MAX_PACKAGE_LINES = 24_477
+MAX_MODULE_LINES = 400
+
+
+def line_counts(package: Path = PACKAGE) -> dict[str, int]:
+    """Lines of every .py file below `package`, by path from the repo."""
+    return {str(p.relative_to(package.parent)): len(p.read_bytes().splitlines())
+            for p in sorted(package.rglob("*.py"))}
+
+
+def test_no_module_past_400_lines_and_the_package_no_larger():
+    counts = line_counts()
+    too_long = {path: n for path, n in counts.items() if n > MAX_MODULE_LINES}
+    assert not too_long, f"split these along their ideas: {too_long}"
+    assert sum(counts.values()) <= MAX_PACKAGE_LINES, (
+        f"launcher/ has {sum(counts.values())} lines, over {MAX_PACKAGE_LINES}: consolidate before adding")
+
+
+def test_the_line_count_covers_every_python_file_below(tmp_path: Path):
+    pkg = tmp_path / "launcher"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "a.py").write_text("x = 1\n\ny = 2\n")
+    (pkg / "sub" / "b.py").write_text("z = 3")  # a last line without its newline still counts
+    (pkg / "notes.txt").write_text("not python\n")
+    assert line_counts(pkg) == {"launcher/a.py": 3, "launcher/sub/b.py": 1}

@@ -1,13 +1,11 @@
 """`SlurmBackend`: the Backend of a SLURM partition's nodes (launcher.backends.base).
 
-It places the ranks on the partition's nodes, never on the login node dlaunch starts on (the
-device from sinfo's GRES, CPUs per node from sinfo unless given, the SlurmSpec from the flags
-and dlaunch.yaml), renders the sbatch script with its dry run (`submit`), submits and follows
-the job (`follow`); and it answers status, logs and cancel of a SLURM run seen from outside,
-by run dir or job id (the functions at the end; the summary `status` prints once the job is
-over is the driver's).
-
-Never imports results, report, drivers, cli or runtime, nor submitit.
+It places the ranks on the partition's nodes, never on the login node dlaunch starts on (the device
+from sinfo's GRES, CPUs per node from sinfo unless given, the SlurmSpec from the flags and
+dlaunch.yaml), renders the sbatch script with its dry run (`submit`), submits and follows the job
+(`follow`); and it answers status, logs and cancel of a SLURM run seen from outside, by run dir or
+job id (the summary `status` prints once the job is over is the driver's). Never imports results,
+report, drivers, cli or runtime, nor submitit.
 """
 
 from __future__ import annotations
@@ -17,7 +15,6 @@ import json
 import shutil
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -35,24 +32,47 @@ from launcher.backends.base import (
     point_shapes,
 )
 from launcher.backends.progress import ProgressSpec
-from launcher.backends.slurm import submit
+from launcher.backends.slurm import queue, submit
 from launcher.backends.slurm.follow import ended_of, follow, submit_run
 from launcher.backends.slurm.progress import Progress
-from launcher.backends.slurm.queue import (
-    JobInfo,
-    cancel_job,
-    in_queue,
-    partition_shape,
-    query_job,
-    read_slurm_file,
-    resolve,
-    task_logs,
-)
+from launcher.backends.slurm.queue import JobInfo
 from launcher.errors import LaunchError, UsageError
 from launcher.files import read_new
 from launcher.rundir import SLURM_FILE, RunPaths
 from launcher.runspec import LaunchSpec
 from launcher.specs import SlurmSpec
+
+CANCEL_WAIT_S = 30.0
+FOLLOW_POLL_S = 0.5
+
+# SLURM's base job states -> the backend-neutral State (anything else: UNKNOWN)
+_STATES = {
+    "PENDING": State.PENDING, "REQUEUED": State.PENDING, "CONFIGURING": State.PENDING,
+    "RUNNING": State.RUNNING, "COMPLETING": State.RUNNING, "SUSPENDED": State.RUNNING,
+    "COMPLETED": State.COMPLETED, "CANCELLED": State.CANCELLED, "PREEMPTED": State.CANCELLED,
+    "FAILED": State.FAILED, "TIMEOUT": State.FAILED, "NODE_FAIL": State.FAILED,
+    "OUT_OF_MEMORY": State.FAILED, "BOOT_FAIL": State.FAILED, "DEADLINE": State.FAILED,
+    "REVOKED": State.FAILED,
+}
+
+
+def state_of(info: JobInfo) -> State:
+    """The neutral state of a SLURM job."""
+    return _STATES.get(info.state, State.UNKNOWN)
+
+
+def job(ref: str) -> tuple[Path | None, str, JobInfo]:
+    """(run dir or None, job id, the job now); a job SLURM does not know is a LaunchError."""
+    run_dir, job_id = queue.resolve(ref)
+    info = queue.query_job(job_id)
+    if info is None:
+        raise LaunchError(f"SLURM knows no job {job_id} (purged from accounting, or another cluster)")
+    return run_dir, job_id, info
+
+
+def launch_spec(run_dir: Path) -> LaunchSpec:
+    """The run's launch.json."""
+    return LaunchSpec.from_dict(json.loads(RunPaths(root=run_dir).launch.read_text(encoding="utf-8")))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,15 +104,11 @@ class SlurmHandle:
             print(self.note, file=sys.stderr if slurm.detach else console)
         if slurm.detach:
             return Ended(detached=job_id)
-        console.write(f"dlaunch: submitted job {job_id} ({spec.nodes} node(s) x "
-                      f"{spec.gpus} process(es)); run dir {spec.run_dir}\n")
+        console.write(f"dlaunch: submitted job {job_id} ({spec.nodes} node(s) x {spec.gpus} process(es)); "
+                      f"run dir {spec.run_dir}\n")
         console.flush()
         info = follow(job_id, spec, slurm, submitted_at=self.record["submitted_at"], console=console)
         return ended_of(Path(spec.run_dir), info, self.record)
-
-
-def _has_sinfo() -> bool:
-    return shutil.which("sinfo") is not None
 
 
 class SlurmBackend:
@@ -101,14 +117,14 @@ class SlurmBackend:
     name = "slurm"
 
     def claims(self, ref: str) -> bool:
-        """A run dir with slurm.json, or a bare job id."""
-        return claims(ref)
+        """A run dir with slurm.json, or a bare job id (files only: no SLURM command runs)."""
+        path = Path(ref).expanduser()
+        return (path / SLURM_FILE).is_file() if path.is_dir() else ref.isdigit()
 
     def place(self, ask: Ask) -> Placement:
-        """Nodes of the partition: `ask.nodes` x (--gpus-per-node, or --gpus, or for a doctor
-        the partition's GPUs); for a sweep its largest world size, on --gpus-per-node (else the
-        partition's) processes per node. The SLURM commands must exist unless this is a dry run;
-        bad flags or dlaunch.yaml fail here, before anything runs."""
+        """Nodes of the partition: `ask.nodes` x (--gpus-per-node, or --gpus, or for a doctor the
+        partition's GPUs); for a sweep its largest world size, on --gpus-per-node (else the
+        partition's) per node. Needs the SLURM commands unless a dry run; bad flags or dlaunch.yaml fail here."""
         flags = ask.slurm
         if flags is None:
             raise LaunchError("internal: the SLURM backend was chosen without --slurm")
@@ -118,7 +134,7 @@ class SlurmBackend:
                 and (ask.gpus != 1 or ask.command == "doctor")):
             raise UsageError(f"--gpus {ask.gpus} and --gpus-per-node {per_node} disagree; give one")
         # one sinfo for all that follows: each call waits out a controller that is down (~9 s)
-        shape = partition_shape(flags.partition) if _has_sinfo() else None
+        shape = queue.partition_shape(flags.partition) if shutil.which("sinfo") else None
         cpus = flags.cpus_per_node
         if cpus is None and shape:
             cpus = shape[0]
@@ -138,8 +154,7 @@ class SlurmBackend:
                 raise UsageError("dlaunch scale --slurm: give --gpus-per-node (processes per node); "
                                  "sinfo could not tell how many the partition's nodes have")
             shapes = point_shapes(parse_world_sizes(ask.sizes), per_node)
-            return dataclasses.replace(nodes, nodes=shapes[-1][1], gpus=shapes[-1][2], shapes=shapes,
-                                       per_node=per_node)
+            return dataclasses.replace(nodes, nodes=shapes[-1][1], gpus=shapes[-1][2], shapes=shapes, per_node=per_node)
         ranks = per_node or ask.gpus
         if not ranks and device == "cuda":  # one rank per GPU of the partition's nodes
             ranks = shape[1] if shape else 0
@@ -167,11 +182,9 @@ class SlurmBackend:
         """The job's state and progress; a job over whose run has no result.json yet (it was
         detached) says how it ended, for the driver to write the result once."""
         run_dir, job_id, info = job(ref)
-        data: dict[str, Any] = {"job_id": job_id, "state": info.state, "reason": info.reason,
-                                "nodes": info.nodes, "exit_code": info.exit_code,
-                                "restarts": info.restarts,
-                                "run_dir": str(run_dir) if run_dir else None,
-                                "progress": None, "result": None}
+        data: dict[str, Any] = {"job_id": job_id, "state": info.state, "reason": info.reason, "nodes": info.nodes,
+                                "exit_code": info.exit_code, "restarts": info.restarts,
+                                "run_dir": str(run_dir) if run_dir else None, "progress": None, "result": None}
         lines = [f"job {job_id}: {info.state}" + (f" ({info.reason_text()})" if info.reason_text()
                                                    and info.state != "COMPLETED" else "")
                  + (f" on {info.nodes}" if info.nodes else "")
@@ -187,127 +200,59 @@ class SlurmBackend:
             steps, total = dict(snap["steps"]), spec.steps
             data["progress"] = {**snap, "steps": {str(k): v for k, v in snap["steps"].items()}}
             if info.final and not RunPaths(root=run_dir).result.is_file():
-                ended = ended_of(run_dir, info, read_slurm_file(run_dir))
+                ended = ended_of(run_dir, info, queue.read_slurm_file(run_dir))
             elif info.state == "RUNNING":
                 line = progress.line() or ""
-        return JobStatus(state=state_of(info), reason=info.reason_text(),
-                         backend_state=info.state, run_dir=str(run_dir) if run_dir else None,
-                         steps=steps, total_steps=total, text="\n".join(lines), progress=line,
-                         data=data, ended=ended)
+        return JobStatus(state=state_of(info), reason=info.reason_text(), backend_state=info.state,
+                         run_dir=str(run_dir) if run_dir else None, steps=steps, total_steps=total,
+                         text="\n".join(lines), progress=line, data=data, ended=ended)
 
-    def logs(self, ref: str, *, out: IO[str], rank: int | None = None,
-             follow: bool = False) -> None:
-        """The per-node task logs, or one rank's lines of them."""
-        logs(ref, rank=rank, follow=follow, out=out)
+    def logs(self, ref: str, *, out: IO[str], rank: int | None = None, follow: bool = False) -> None:
+        """The job's per-node task logs (torchrun's and every rank's lines), or one rank's (by its
+        `[rank N]` prefix, torchrun.LINE_PREFIX); `follow` prints new lines until the job is over."""
+        run_dir, job_id = queue.resolve(ref)
+        if run_dir is None:
+            raise LaunchError(f"job {job_id} was not started by `dlaunch run --slurm` here "
+                              "(no run dir found); its logs are where its sbatch --output points")
+        folder = Path(queue.read_slurm_file(run_dir)["submitit_folder"])
+        if rank is not None and rank >= (world := launch_spec(run_dir).world_size):
+            raise UsageError(f"--rank {rank} is out of range: the job has ranks 0-{world - 1}")
+        prefix = f"[rank {rank}] " if rank is not None else ""
+        offsets: dict[Path, int] = {}
+
+        def drain() -> None:
+            for path in queue.task_logs(folder, job_id):
+                text = read_new(path, offsets, whole_lines=follow)
+                chosen = [ln for ln in text.splitlines() if ln.startswith(prefix)]
+                if chosen and rank is None and not follow:
+                    out.write(f"==> {path} <==\n")
+                for ln in chosen:
+                    out.write(ln + "\n")
+            out.flush()
+
+        drain()
+        while follow:
+            info = queue.query_job(job_id)
+            time.sleep(FOLLOW_POLL_S)
+            drain()
+            if info is None or info.final:
+                break
 
     def cancel(self, ref: str) -> Cancelled:
-        """scancel, and wait until the job has left the queue."""
-        return cancel(ref)
-
-
-# --- a SLURM run seen from outside: its job, its logs, cancelling it ---------------------------
-
-CANCEL_WAIT_S = 30.0
-FOLLOW_POLL_S = 0.5
-
-# SLURM's base job states -> the backend-neutral State (anything else: UNKNOWN)
-_STATES = {
-    "PENDING": State.PENDING, "REQUEUED": State.PENDING, "CONFIGURING": State.PENDING,
-    "RUNNING": State.RUNNING, "COMPLETING": State.RUNNING, "SUSPENDED": State.RUNNING,
-    "COMPLETED": State.COMPLETED, "CANCELLED": State.CANCELLED, "PREEMPTED": State.CANCELLED,
-    "FAILED": State.FAILED, "TIMEOUT": State.FAILED, "NODE_FAIL": State.FAILED,
-    "OUT_OF_MEMORY": State.FAILED, "BOOT_FAIL": State.FAILED, "DEADLINE": State.FAILED,
-    "REVOKED": State.FAILED,
-}
-
-
-def state_of(info: JobInfo) -> State:
-    """The neutral state of a SLURM job."""
-    return _STATES.get(info.state, State.UNKNOWN)
-
-
-def claims(ref: str) -> bool:
-    """A run dir with slurm.json, or a bare job id (files only: no SLURM command runs)."""
-    path = Path(ref).expanduser()
-    if path.is_dir():
-        return (path / SLURM_FILE).is_file()
-    return ref.isdigit()
-
-
-def job(ref: str) -> tuple[Path | None, str, JobInfo]:
-    """(run dir or None, job id, the job now); a job SLURM does not know is a LaunchError."""
-    run_dir, job_id = resolve(ref)
-    info = query_job(job_id)
-    if info is None:
-        raise LaunchError(f"SLURM knows no job {job_id} (purged from accounting, or another cluster)")
-    return run_dir, job_id, info
-
-
-def launch_spec(run_dir: Path) -> LaunchSpec:
-    """The run's launch.json."""
-    return LaunchSpec.from_dict(json.loads(RunPaths(root=run_dir).launch.read_text(encoding="utf-8")))
-
-
-def _rank_filter(rank: int | None) -> Callable[[str], bool]:
-    prefix = f"[rank {rank}] " if rank is not None else ""
-    return lambda line: line.startswith(prefix)
-
-
-def logs(ref: str, *, rank: int | None = None, follow: bool = False, out: IO[str]) -> None:
-    """Print the job's per-node task logs (torchrun's and every rank's lines), or one rank's.
-
-    Rank lines carry torchrun's `[rank N]` prefix (local backend's LINE_PREFIX), which is what
-    `--rank` selects. `--follow` keeps printing new lines until the job is over.
-    """
-    run_dir, job_id = resolve(ref)
-    if run_dir is None:
-        raise LaunchError(f"job {job_id} was not started by `dlaunch run --slurm` here "
-                          "(no run dir found); its logs are where its sbatch --output points")
-    folder = Path(read_slurm_file(run_dir)["submitit_folder"])
-    if rank is not None:
-        spec = launch_spec(run_dir)
-        if rank >= spec.world_size:
-            raise UsageError(f"--rank {rank} is out of range: the job has ranks 0-{spec.world_size - 1}")
-    keep = _rank_filter(rank)
-    offsets: dict[Path, int] = {}
-
-    def drain() -> None:
-        for path in task_logs(folder, job_id):
-            text = read_new(path, offsets, whole_lines=follow)
-            if not text:
-                continue
-            chosen = [ln for ln in text.splitlines() if keep(ln)]
-            if chosen and rank is None and not follow:
-                out.write(f"==> {path} <==\n")
-            for ln in chosen:
-                out.write(ln + "\n")
-        out.flush()
-
-    drain()
-    while follow:
-        info = query_job(job_id)
-        over = info is None or info.final
-        time.sleep(FOLLOW_POLL_S)
-        drain()
-        if over:
-            break
-
-
-def cancel(ref: str) -> Cancelled:
-    """scancel the job and wait until it has left the queue."""
-    run_dir, job_id, info = job(ref)
-    if info.final:
-        return Cancelled(before=state_of(info), after=state_of(info),
-                         message=f"job {job_id} already ended ({info.state}); nothing to cancel")
-    t0 = time.monotonic()
-    cancel_job(job_id)
-    while in_queue(job_id):
-        if time.monotonic() - t0 > CANCEL_WAIT_S:
-            raise LaunchError(f"job {job_id} is still in the queue {CANCEL_WAIT_S:.0f} s after scancel; "
-                              f"check `squeue -j {job_id}` (a node may not be responding)")
-        time.sleep(FOLLOW_POLL_S)
-    final = query_job(job_id)
-    state = final.state if final else "CANCELLED"
-    return Cancelled(before=state_of(info), after=state_of(final) if final else State.CANCELLED,
-                     message=f"job {job_id} cancelled (was {info.state}, now {state}; left the queue "
-                             f"after {time.monotonic() - t0:.1f} s)")
+        """scancel the job and wait until it has left the queue."""
+        _, job_id, info = job(ref)
+        if info.final:
+            return Cancelled(before=state_of(info), after=state_of(info),
+                             message=f"job {job_id} already ended ({info.state}); nothing to cancel")
+        t0 = time.monotonic()
+        queue.cancel_job(job_id)
+        while queue.in_queue(job_id):
+            if time.monotonic() - t0 > CANCEL_WAIT_S:
+                raise LaunchError(f"job {job_id} is still in the queue {CANCEL_WAIT_S:.0f} s after "
+                                  f"scancel; check `squeue -j {job_id}` (a node may not be responding)")
+            time.sleep(FOLLOW_POLL_S)
+        final = queue.query_job(job_id)
+        state = final.state if final else "CANCELLED"
+        return Cancelled(before=state_of(info), after=state_of(final) if final else State.CANCELLED,
+                         message=f"job {job_id} cancelled (was {info.state}, now {state}; left the queue after "
+                                 f"{time.monotonic() - t0:.1f} s)")

@@ -1,16 +1,15 @@
 """A SLURM run from sbatch to its end: submit it, follow the queue and the ranks, say how it ended.
 
-The job is the source of truth for when a run is over (scontrol/sacct state), the rank files on
-the shared filesystem for how far it got: a rank summary alone proves nothing under SLURM (a
-requeued job leaves the previous attempt's). `ended_of` turns a job that is over into the
-backend-neutral `Ended` (its exit code, its failure line, the timings kept in slurm.json); the
-driver aggregates the rank files.
-
-Never imports results, report, drivers, cli or runtime.
+The job is the source of truth for when a run is over (scontrol/sacct state), the rank files on the
+shared filesystem for how far it got: a rank summary alone proves nothing under SLURM (a requeued
+job leaves the previous attempt's). `ended_of` turns a job that is over into an `Ended` (exit code,
+failure line, the timings kept in slurm.json); the driver aggregates the rank files. Never imports
+results, report, drivers, cli or runtime.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import signal
@@ -41,9 +40,8 @@ class QueueTimeout(JobFailed):
 
 
 def submit_run(spec: LaunchSpec, slurm: backend.SlurmSpec, rendered: backend.RenderedSlurm) -> dict[str, Any]:
-    """sbatch the job (launch.json is in the run dir already) and persist RUN_DIR/slurm.json;
-    returns its content. A job SLURM refuses (or that cannot be submitted from here) is
-    `Refused`, and what was written for it is taken back."""
+    """sbatch the job (launch.json is in the run dir already); returns RUN_DIR/slurm.json as written.
+    A job that cannot be submitted is `Refused`, and what was written for it is taken back."""
     run_dir = Path(spec.run_dir)
     submitted_at = time.time()
     try:
@@ -51,12 +49,9 @@ def submit_run(spec: LaunchSpec, slurm: backend.SlurmSpec, rendered: backend.Ren
     except LaunchError as e:
         _remove_unsubmitted(run_dir)
         raise Refused(str(e)) from None
-    record = {
-        "job_id": job.job_id, "submitit_folder": job.folder, "script": job.script_path,
-        "run_dir": spec.run_dir, "submitted_at": submitted_at, "nodes": spec.nodes,
-        "procs_per_node": spec.gpus, "partition": slurm.partition,
-        "time_min": slurm.time_min, "queue_timeout_min": slurm.queue_timeout_min,
-    }
+    record = {"job_id": job.job_id, "submitit_folder": job.folder, "script": job.script_path,
+              "run_dir": spec.run_dir, "submitted_at": submitted_at, "nodes": spec.nodes, "procs_per_node": spec.gpus,
+              "partition": slurm.partition, "time_min": slurm.time_min, "queue_timeout_min": slurm.queue_timeout_min}
     atomic_write_json(RunPaths(root=run_dir).slurm, record)
     log.debug("submitted job %s for %s", job.job_id, spec.run_dir)
     return record
@@ -69,10 +64,8 @@ def _remove_unsubmitted(run_dir: Path) -> None:
     paths.plan.unlink(missing_ok=True)
     paths.owner.unlink(missing_ok=True)  # the claim goes last: the dir is nobody's once empty
     shutil.rmtree(paths.submitit, ignore_errors=True)
-    try:
+    with contextlib.suppress(OSError):
         run_dir.rmdir()  # only if now empty (a --run-dir may hold other things)
-    except OSError:
-        pass
 
 
 def _say(console: IO[str], text: str) -> None:
@@ -96,8 +89,8 @@ def follow(job_id: str, spec: LaunchSpec, slurm: backend.SlurmSpec, *, submitted
             if info is None:
                 unknown_since = unknown_since or time.monotonic()
                 if time.monotonic() - unknown_since > UNKNOWN_GRACE_S:
-                    raise LaunchError(f"SLURM does not know job {job_id} any more; see "
-                                      f"{spec.run_dir} for what the ranks wrote")
+                    raise LaunchError(f"SLURM does not know job {job_id} any more; see {spec.run_dir} for what "
+                                      "the ranks wrote")
                 time.sleep(POLL_S)
                 continue
             unknown_since = None
@@ -110,8 +103,7 @@ def follow(job_id: str, spec: LaunchSpec, slurm: backend.SlurmSpec, *, submitted
             if info.state == "RUNNING":
                 ran = True
                 if time.monotonic() >= next_progress:
-                    line = progress.line()
-                    if line:
+                    if line := progress.line():
                         _say(console, line)
                     next_progress = time.monotonic() + PROGRESS_EVERY_S
             elif (info.state == "PENDING" and not ran and not info.restarts
@@ -145,9 +137,8 @@ def _settle(info: JobInfo) -> JobInfo:
 
 def _state_line(info: JobInfo, submitted_at: float) -> str:
     waited = time.time() - submitted_at
-    text = f"job {info.job_id}: {info.state}"
+    text, why = f"job {info.job_id}: {info.state}", info.reason_text()
     if info.state == "PENDING":
-        why = info.reason_text()
         text += f" ({why})" if why else ""
         if info.restarts:
             text += (f" — requeued (restart {info.restarts}); the ranks restart with "
@@ -158,7 +149,6 @@ def _state_line(info: JobInfo, submitted_at: float) -> str:
             text += f", restart {info.restarts}"
     elif info.final:
         text += f" (exit {info.exit_code})" if info.exit_code else ""
-        why = info.reason_text()
         if why and info.state != "COMPLETED":
             text += f": {why}"
     return text

@@ -1,52 +1,38 @@
 """Progress of a running job from its rank files on the shared filesystem.
 
-Ranks append whole JSON lines to `rank-<r>.jsonl` at the end of each logging window (and at
-least every few seconds), so the launcher — possibly on another machine than the ranks — reads
-only what was appended since the last look, and only whole lines.
-
-Never imports launcher.runtime (it reads the ranks' files), drivers, cli or report.
+Ranks append whole JSON lines to `rank-<r>.jsonl` at the end of each logging window (and at least
+every few seconds), so the launcher — possibly on another machine than the ranks — reads only what
+was appended since the last look, and only whole lines. Never imports launcher.runtime (it reads
+the ranks' files), drivers, cli or report.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 from typing import Any
 
-from launcher.files import read_jsonl
+from launcher.files import read_jsonl, read_new
 from launcher.rundir import RECORDS, RunPaths
-
-log = logging.getLogger(__name__)
 
 
 class Progress:
     """Incremental reader of every rank's records: steps done and current throughput."""
 
     def __init__(self, run_dir: Path, world_size: int, steps: int) -> None:
-        self.run_dir = run_dir
-        self.world_size = world_size
-        self.steps = steps
-        self._offsets: dict[int, int] = {}
+        self.run_dir, self.world_size, self.steps = run_dir, world_size, steps
+        self._offsets: dict[Path, int] = {}
         self._last_step: dict[int, dict[str, Any]] = {}
         self._hosts: dict[int, str] = {}
         self._units = "samples"
         self._printed = ""
 
     def _read_new(self, rank: int) -> None:
-        path = RunPaths(root=self.run_dir).records(rank)
-        offset = self._offsets.get(rank, 0)
         try:
-            with open(path, "rb") as f:
-                f.seek(offset)
-                data = f.read()
+            text = read_new(RunPaths(root=self.run_dir).records(rank), self._offsets, whole_lines=True)
         except FileNotFoundError:
             return
-        end = data.rfind(b"\n")
-        if end < 0:
-            return  # nothing new, or a line still being written
-        self._offsets[rank] = offset + end + 1
-        for raw in data[:end + 1].splitlines():
+        for raw in text.splitlines():
             try:
                 rec = json.loads(raw)
             except ValueError:
@@ -65,11 +51,8 @@ class Progress:
         for rank in range(self.world_size):
             self._read_new(rank)
         steps = {r: int(rec.get("step", 0)) for r, rec in self._last_step.items()}
-        rate = 0.0
-        for rec in self._last_step.values():
-            t = float(rec.get("step_time_s") or 0.0)
-            if t > 0:
-                rate += float(rec.get("samples", 0)) / t
+        rate = sum((float(rec.get("samples", 0)) / t for rec in self._last_step.values()
+                    if (t := float(rec.get("step_time_s") or 0.0)) > 0), 0.0)
         return {"started": len(self._hosts), "steps": steps, "hosts": sorted(set(self._hosts.values())),
                 "samples_per_s": rate, "units": self._units}
 
@@ -96,10 +79,7 @@ def first_step_time(run_dir: Path) -> float | None:
     """Host clock at the end of the earliest first step of any rank (None if none ran)."""
     times = []
     for path in RunPaths(root=run_dir).rank_files(RECORDS).values():
-        records, _ = read_jsonl(path)
-        for rec in records:
-            if rec.get("kind") == "step" and rec.get("step") == 1:
-                times.append(float(rec.get("end_time") or rec.get("time") or 0.0))
-                break
-    times = [t for t in times if t > 0]
-    return min(times) if times else None
+        first = next((r for r in read_jsonl(path)[0] if r.get("kind") == "step" and r.get("step") == 1), None)
+        if first is not None and (t := float(first.get("end_time") or first.get("time") or 0.0)) > 0:
+            times.append(t)
+    return min(times, default=None)

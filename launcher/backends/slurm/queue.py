@@ -1,27 +1,24 @@
 """Talk to SLURM about jobs that exist: state, pending reason, cancel, partitions, logs.
 
-Every call is an argv list (never a shell), with a timeout, and a SLURM command that is missing
-or fails becomes a `LaunchError` with one line. Job state comes from `scontrol show job` (fast,
-from slurmctld's memory, has the pending reason and restart count) and falls back to `sacct`
-once slurmctld has forgotten the job (MinJobAge, 300 s by default).
-
-Never imports launcher.runtime, drivers, cli or report, nor submitit (only SLURM's own commands).
+Every call is an argv list (never a shell), with a timeout, and a SLURM command that is missing or
+fails becomes a `LaunchError` with one line. Job state comes from `scontrol show job` (fast, from
+slurmctld's memory, has the pending reason and restart count) and falls back to `sacct` once
+slurmctld has forgotten the job (MinJobAge, 300 s by default). Never imports launcher.runtime,
+drivers, cli or report, nor submitit (only SLURM's own commands).
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import re
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher.backends.monitor import read_json_object
 from launcher.errors import LaunchError, UsageError
 from launcher.rundir import SLURM_FILE, RunPaths
-
-log = logging.getLogger(__name__)
 
 TIMEOUT_S = 30.0
 # states after which a job does not run again (a requeued job shows PENDING, not these)
@@ -48,11 +45,9 @@ def slurm_cmd(argv: Sequence[str], *, check: bool = True,
               timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess[str]:
     """Run a SLURM client command; a missing binary or a hang is one LaunchError line."""
     try:
-        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL)
+        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     except FileNotFoundError:
-        raise LaunchError(f"{argv[0]} not found on PATH; run on a machine with the SLURM "
-                          "client commands") from None
+        raise LaunchError(f"{argv[0]} not found on PATH; run on a machine with the SLURM client commands") from None
     except subprocess.TimeoutExpired:
         raise LaunchError(f"`{' '.join(argv)}` did not answer in {timeout:.0f} s; "
                           "is slurmctld up (`scontrol ping`)?") from None
@@ -116,12 +111,10 @@ def query_job(job_id: str) -> JobInfo | None:
     if proc.returncode == 0 and proc.stdout.strip():
         d = parse_scontrol(proc.stdout)
         restarts = d.get("Restarts", "0")
-        return JobInfo(job_id=str(job_id), state=_base_state(d.get("JobState", "")),
-                       reason=d.get("Reason", ""), nodes=d.get("NodeList", "") or "",
-                       exit_code=d.get("ExitCode", ""),
-                       restarts=int(restarts) if restarts.isdigit() else 0,
-                       submit_time=d.get("SubmitTime", ""), start_time=d.get("StartTime", ""),
-                       end_time=d.get("EndTime", ""))
+        return JobInfo(job_id=str(job_id), state=_base_state(d.get("JobState", "")), reason=d.get("Reason", ""),
+                       nodes=d.get("NodeList", "") or "", exit_code=d.get("ExitCode", ""),
+                       restarts=int(restarts) if restarts.isdigit() else 0, submit_time=d.get("SubmitTime", ""),
+                       start_time=d.get("StartTime", ""), end_time=d.get("EndTime", ""))
     if "invalid job id" not in proc.stderr.lower() and proc.returncode != 0:
         raise LaunchError(f"`scontrol show job {job_id}` failed: {' '.join(proc.stderr.split())}")
     acct = slurm_cmd(["sacct", "-X", "-n", "-P", "-j", str(job_id), "-o",
@@ -129,9 +122,8 @@ def query_job(job_id: str) -> JobInfo | None:
     for line in acct.stdout.splitlines():
         f = line.split("|")
         if len(f) >= 8 and f[0] == str(job_id):
-            return JobInfo(job_id=str(job_id), state=_base_state(f[1]), reason=f[2], nodes=f[3],
-                           exit_code=f[4], submit_time=f[5], start_time=f[6], end_time=f[7],
-                           source="sacct")
+            return JobInfo(job_id=str(job_id), state=_base_state(f[1]), reason=f[2], nodes=f[3], exit_code=f[4],
+                           submit_time=f[5], start_time=f[6], end_time=f[7], source="sacct")
     return None
 
 
@@ -168,8 +160,7 @@ def partition_shape(partition: str | None) -> tuple[int | None, int]:
     if not partition:  # the default partition is marked with '*'
         rows = [r for r in rows if r[0].endswith("*")] or rows
     cpus = [int(m.group()) for r in rows if (m := re.match(r"\d+", r[1]))]
-    gpus = [int(m.group(1)) for r in rows
-            if (m := re.search(r"gpu(?::[^:,(]+)?:(\d+)", r[2].lower()))]
+    gpus = [int(m.group(1)) for r in rows if (m := re.search(r"gpu(?::[^:,(]+)?:(\d+)", r[2].lower()))]
     return (min(cpus) if cpus else None), (min(gpus) if gpus else 0)
 
 
@@ -187,13 +178,10 @@ def read_slurm_file(run_dir: Path) -> dict:
 
 
 def resolve(ref: str, *, roots: Sequence[str | Path] = ("runs",)) -> tuple[Path | None, str]:
-    """RUN_DIR_OR_JOB -> (run dir or None, job id).
-
-    A job id is asked of slurmctld first (the job's log path lies inside its run dir): job ids
-    restart at 1 on a cluster whose state was wiped, so an old runs/*/slurm.json may name the
-    same id. Only for a job slurmctld has forgotten are `<root>/*/slurm.json` (and one level
-    deeper, for sweeps) searched, newest submission first.
-    """
+    """RUN_DIR_OR_JOB -> (run dir or None, job id). A job id is asked of slurmctld first (the job's
+    log path lies inside its run dir): job ids restart at 1 on a cluster whose state was wiped, so
+    an old runs/*/slurm.json may name the same id. Only for a job slurmctld has forgotten are
+    `<root>/*/slurm.json` (and one level deeper, for sweeps) searched, newest submission first."""
     path = Path(ref).expanduser()
     if path.is_dir():
         info = read_slurm_file(path)
@@ -211,15 +199,9 @@ def resolve(ref: str, *, roots: Sequence[str | Path] = ("runs",)) -> tuple[Path 
     for root in roots:
         for pattern in (f"*/{SLURM_FILE}", f"*/*/{SLURM_FILE}"):
             for f in Path(root).glob(pattern):
-                try:
-                    data = json.loads(f.read_text(encoding="utf-8"))
-                except (OSError, ValueError):
-                    continue
-                if str(data.get("job_id")) == ref:
+                if str((data := read_json_object(f)).get("job_id")) == ref:
                     found.append((float(data.get("submitted_at", 0.0)), f.parent.resolve()))
-    if found:
-        return max(found)[1], ref
-    return None, ref
+    return (max(found)[1] if found else None), ref
 
 
 def task_logs(folder: Path, job_id: str) -> list[Path]:

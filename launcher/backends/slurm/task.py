@@ -3,20 +3,17 @@
 submitit pickles a `NodeTask` and srun starts one copy per node (tasks_per_node=1). Each copy
 works out where it is from SLURM's environment — node rank from SLURM_NODEID, the rendezvous
 host as the first name of SLURM_JOB_NODELIST, a port derived from the job id — and runs the
-same torchrun command the local backend uses. Kept free of torch and of `launcher.runtime`:
-it only starts a process (backends never import the runtime).
+same torchrun command the local backend uses. Kept free of torch and of `launcher.runtime`.
 
 Preemption and requeue (see `checkpoint`): SLURM signals every process of the step with the
-preemption signal (USR2, 90 s before the time limit, or `scancel --signal USR2`). torchrun has
-no handler for it and would die of it, orphaning its ranks, so torchrun is started with USR2
-ignored; a rank that wants to checkpoint on preemption installs its own handler (that replaces
-the inherited "ignore"). On a requeued start SLURM_RESTART_COUNT > 0 and the ranks are told to
-resume from their last checkpoint (DLAUNCH_RESUME=1).
+preemption signal (USR2, 90 s before the time limit, or `scancel --signal USR2`). torchrun would
+die of it, orphaning its ranks, so it is started with USR2 ignored; a rank that checkpoints on
+preemption installs its own handler. On a requeued start SLURM_RESTART_COUNT > 0 and the ranks
+are told to resume from their last checkpoint (DLAUNCH_RESUME=1).
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import socket
@@ -34,8 +31,6 @@ from launcher.runspec import LaunchSpec
 if TYPE_CHECKING:
     from submitit.helpers import DelayedSubmission
 
-log = logging.getLogger(__name__)
-
 PORT_BASE = 20000
 PORT_SPAN = 20000
 # seconds a preempted task waits for its ranks to save and exit before the job is requeued
@@ -50,21 +45,17 @@ def rdzv_port(job_id: int) -> int:
     return PORT_BASE + job_id % PORT_SPAN
 
 
-def node_argv(spec: LaunchSpec, *, python: str, head: str, port: int | str,
-              node_rank: int | str) -> list[str]:
+def node_argv(spec: LaunchSpec, *, python: str, head: str, port: int | str, node_rank: int | str) -> list[str]:
     """The torchrun command of one node (`port`/`node_rank` may be placeholders for printing)."""
-    argv = torchrun_argv(spec, python=python, rdzv_endpoint=f"{head}:{port}",
+    return torchrun_argv(spec, python=python, rdzv_endpoint=f"{head}:{port}",
                          node_rank=node_rank,  # type: ignore[arg-type]  # placeholder when printing
                          log_dir=str(RunPaths(root=spec.run_dir).node_logs(node_rank)))
-    return argv
 
 
 def slurm_run_env(spec: LaunchSpec, *, restart_count: int, resume: bool) -> dict[str, str]:
     """Variables the ranks get on top of `rank_env` under SLURM (what the harness reads)."""
-    env = {
-        CHECKPOINT_DIR_ENV: str(checkpoint_dir(spec.run_dir, os.environ)),
-        "DLAUNCH_SLURM_RESTART_COUNT": str(restart_count),
-    }
+    env = {CHECKPOINT_DIR_ENV: str(checkpoint_dir(spec.run_dir, os.environ)),
+           "DLAUNCH_SLURM_RESTART_COUNT": str(restart_count)}
     if resume or restart_count > 0:
         env["DLAUNCH_RESUME"] = "1"
     return env
@@ -88,12 +79,8 @@ class NodeTask:
     """The callable submitit runs once per node. Checkpointable: submitit calls `checkpoint`
     on the preemption signal and requeues the job with what it returns."""
 
-    def __init__(self, spec: LaunchSpec, *, python: str, cpus_per_node: int | None,
-                 resume: bool = False) -> None:
-        self.spec = spec
-        self.python = python
-        self.cpus_per_node = cpus_per_node
-        self.resume = resume
+    def __init__(self, spec: LaunchSpec, *, python: str, cpus_per_node: int | None, resume: bool = False) -> None:
+        self.spec, self.python, self.cpus_per_node, self.resume = spec, python, cpus_per_node, resume
         self._proc: subprocess.Popen[bytes] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -110,8 +97,7 @@ class NodeTask:
         head = job_env.hostnames[0]  # first node of SLURM_JOB_NODELIST hosts the c10d store
         node_rank = job_env.node
         restarts = int(environ.get("SLURM_RESTART_COUNT", "0") or 0)
-        argv = node_argv(self.spec, python=self.python, head=head, port=rdzv_port(job_id),
-                         node_rank=node_rank)
+        argv = node_argv(self.spec, python=self.python, head=head, port=rdzv_port(job_id), node_rank=node_rank)
         cores = _cores_here(self.cpus_per_node or os.cpu_count() or 1)
         env = {**environ, **rank_env(self.spec, base_env=environ, cores=cores),
                **slurm_run_env(self.spec, restart_count=restarts, resume=self.resume),
@@ -130,8 +116,7 @@ class NodeTask:
         atomic_write_json(os.path.join(log_dir, NODE_FILE), {
             "slurm_node_id": int(node_rank), "host": node, "job_id": os.environ.get("SLURM_JOB_ID"),
             "restart_count": int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)})
-        self._proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
-                                      preexec_fn=_ignore_preempt_signal)
+        self._proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, preexec_fn=_ignore_preempt_signal)
         code = self._proc.wait()
         if code != 0:
             # the exception text lands in submitit's result pickle and the task's .err log
@@ -140,12 +125,10 @@ class NodeTask:
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> DelayedSubmission:
         """Preempted or timed out: let the ranks finish saving, then hand back the requeued call.
-
-        The ranks received the signal from SLURM directly; a harness that checkpoints on it
-        saves and exits. Waiting for torchrun here keeps `scontrol requeue` (which submitit
-        runs right after this returns) from killing a half-written checkpoint. A harness that
-        ignores the signal simply resumes from its last periodic checkpoint.
-        """
+        The ranks got the signal from SLURM directly; a harness that checkpoints on it saves and
+        exits. Waiting for torchrun here keeps `scontrol requeue` (which submitit runs right after
+        this returns) from killing a half-written checkpoint; a harness that ignores the signal
+        resumes from its last periodic checkpoint."""
         import submitit  # deferred: the launcher imports this module without submitting
 
         proc = self._proc
@@ -158,6 +141,5 @@ class NodeTask:
                 print("dlaunch: ranks still running after the preemption grace period; "
                       "stopping torchrun", file=sys.stderr, flush=True)
                 proc.terminate()
-        requeued = NodeTask(self.spec, python=self.python, cpus_per_node=self.cpus_per_node,
-                            resume=True)
+        requeued = NodeTask(self.spec, python=self.python, cpus_per_node=self.cpus_per_node, resume=True)
         return submitit.helpers.DelayedSubmission(requeued)
