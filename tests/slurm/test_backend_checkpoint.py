@@ -4,6 +4,7 @@ in one process and in two gloo ranks with DDP."""
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 from pathlib import Path
@@ -89,9 +90,13 @@ def _ddp_worker(rank: int, world: int, port: int, ckpt: str, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        # the DDP models live only inside _ddp_compare: a reducer that outlives its process
-        # group can abort the process at exit ("terminate called without an active exception")
+        # a DDP reducer that outlives its process group, or a rank that closes its gloo pairs
+        # while the other still uses them, aborts the process ("terminate called without an
+        # active exception", 5 of 24 runs): the models live only inside _ddp_compare, their
+        # reference cycles are collected here, and both ranks meet before either tears down
         Path(out, f"rank{rank}").write_text(_ddp_compare(rank, ckpt))
+        gc.collect()
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
