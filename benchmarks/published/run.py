@@ -7,7 +7,7 @@ same code as `dlaunch plan` (`launcher.plan.resolve.plan_workload`, without this
 corrections), with the row's attention, loss and norm kernels given as a user gives them
 (`--attention-kernel`, `--loss-kernel`, `--norm-kernel`: the planner's overrides; what the
 workload's profile detects is what they replace). Prints predicted / published tokens/s per GPU per
-row; per source, per sequence band (launcher.plan.interval.seq_band) and per split the median
+row; per source, per sequence band (launcher.plan.interval.seq_band), model size, GPU count and split the median
 |pred/pub - 1| and the share within 25%; the share of rows whose published value lies inside the
 80% interval of its prediction (launcher.plan.interval.step_interval); the scaling efficiency of
 each series of rows that differ only in GPU count; and leave-one-source-out: the FIT constants
@@ -66,6 +66,17 @@ KEYS = ("id", "model", "shape", "seq_len", "gpu", "gpus", "nodes", "interconnect
         "tokens_per_s_per_gpu", "source", "attention_kernel", "loss_kernel", "norm_kernel", "split")
 SPLITS = ("fit", "check")
 BANDS = ("<=1k", "2k-4k", "8k", "16k+")
+# the issue's other bands: model size (billions of parameters) and job size
+SIZE_BANDS = ("<1B", "1-10B", ">10B")
+GPU_BANDS = ("<=64", ">64")
+
+
+def size_band(row: Mapping[str, Any]) -> str:
+    return "<1B" if row["params_b"] < 1 else "1-10B" if row["params_b"] <= 10 else ">10B"
+
+
+def gpu_band(row: Mapping[str, Any]) -> str:
+    return "<=64" if row["gpus"] <= 64 else ">64"
 SHAPE_KEYS = ("dim", "layers", "heads", "kv_heads", "ffn", "vocab", "norm", "mlp", "pos",
               "tied_embeddings")
 
@@ -419,18 +430,19 @@ def report(results: Sequence[Result]) -> tuple[list[str], dict[str, Any]]:
                      f"{w['checkpointing'][:5]:>6} {r.predicted:>8,.0f} "
                      f"{w['tokens_per_s_per_gpu']:>9,} {r.ratio:>6.2f}  "
                      f"{r.comm_exposed_share:>8.0%} {r.mem_share:>7.0%}")
-    summary: dict[str, Any] = {**_stats(results), "sources": {}, "bands": {}, "splits": {},
-                               "series": []}
+    summary: dict[str, Any] = {**_stats(results), "sources": {}, "bands": {}, "sizes": {},
+                               "gpu_counts": {}, "splits": {}, "series": []}
     header = (f"{'median |pred/pub-1|':>21}{'within 25%':>12}{'median ratio':>14}"
               f"{'in 80% int':>12}")
     groups = (("source", "sources", _source), ("sequence band", "bands",
                                                 lambda w: seq_band(w["seq_len"])),
+              ("model size", "sizes", size_band), ("GPUs", "gpu_counts", gpu_band),
               ("split", "splits", lambda w: w["split"]))
+    ordered = {"bands": BANDS, "sizes": SIZE_BANDS, "gpu_counts": GPU_BANDS, "splits": SPLITS}
     for title, key, of in groups:
         lines.append("")
         lines.append(f"{title:<24}{'rows':>5}" + header)
-        names = BANDS if key == "bands" else SPLITS if key == "splits" else dict.fromkeys(
-            of(r.row) for r in results)
+        names = ordered.get(key) or dict.fromkeys(of(r.row) for r in results)
         for name in names:
             mine = [r for r in results if of(r.row) == name]
             if not mine:
@@ -472,10 +484,11 @@ def report(results: Sequence[Result]) -> tuple[list[str], dict[str, Any]]:
     summary["clean_series_max_gap_points"] = 100 * max(clean_gaps) if clean_gaps else None
     lines.append("")
     gap = summary["clean_series_max_gap_points"]
-    worst = max(summary["bands"].values(), key=lambda b: b["median_abs_error"])
-    lines.append(f"median |pred/pub - 1| = {summary['median_abs_error']:.3f} (worst band "
-                 f"{worst['median_abs_error']:.3f}); within 25%: "
-                 f"{summary['share_within_25pct']:.0%} of {len(results)} rows; inside the "
+    bands = {f"{name} ({key})": b for key in ("bands", "sizes", "gpu_counts") for name, b in summary[key].items()}
+    worst = max(bands, key=lambda name: bands[name]["median_abs_error"])
+    lines.append(f"median |pred/pub - 1| = {summary['median_abs_error']:.4f} (worst band {worst} "
+                 f"{bands[worst]['median_abs_error']:.3f}); within 25%: "
+                 f"{summary['share_within_25pct']:.1%} of {len(results)} rows; inside the "
                  f"{COVERAGE:.0%} interval: {summary['share_inside_interval']:.0%} (check rows "
                  f"{summary['splits'].get('check', {}).get('share_inside_interval', 0):.0%}); "
                  "clean scaling series max gap "

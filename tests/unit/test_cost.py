@@ -415,6 +415,17 @@ def test_published_rows_load_and_every_row_is_sourced():
     assert {512, 1024, 16384, 32768, 65536} <= check
 
 
+def test_published_bands_by_model_and_job_size_split_where_the_issue_draws_them():
+    run = published_runner()
+    assert [run.size_band({"params_b": b}) for b in (0.125, 0.99, 1.0, 10.0, 10.1, 530)] == [
+        "<1B", "<1B", "1-10B", "1-10B", ">10B", ">10B"]
+    assert [run.gpu_band({"gpus": g}) for g in (8, 64, 65, 2240)] == ["<=64", "<=64", ">64", ">64"]
+    # every row falls in a band of each kind, and each band holds rows
+    rows = run.load_rows()
+    assert {run.size_band(r) for r in rows} == set(run.SIZE_BANDS)
+    assert {run.gpu_band(r) for r in rows} == set(run.GPU_BANDS)
+
+
 def test_published_loader_rejects_an_unsourced_row(tmp_path):
     run = published_runner()
     text = (ROOT / "benchmarks" / "published" / "results.yaml").read_text(encoding="utf-8")
