@@ -51,6 +51,7 @@ from launcher.plan import attention, cost, gemm  # noqa: E402
 from launcher.plan.candidates import profile_for_goal  # noqa: E402
 from launcher.plan.interval import COVERAGE, seq_band, step_interval  # noqa: E402
 from launcher.plan.kernels import KNOBS  # noqa: E402
+from launcher.plan.memory import usable_mem_bytes  # noqa: E402
 from launcher.plan.resolve import plan_workload, resolve_topology  # noqa: E402
 from launcher.plan.types import KERNEL_ROLES, Overrides, Plan  # noqa: E402
 from launcher.specs import CHECKPOINTING, Goal, ModelProfile, Strategy  # noqa: E402
@@ -176,7 +177,7 @@ class Result:
 
     row: Mapping[str, Any]
     predicted: float
-    mem_share: float  # predicted peak memory / usable memory
+    mem_share: float  # predicted peak memory / the card's memory
     comm_exposed_share: float
     case: Case
     low: float  # the 80% interval of the prediction, tokens/s per GPU
@@ -227,7 +228,7 @@ def predict(row: Mapping[str, Any], *, nodes: int | None = None) -> Result:
                        world_size=p.world_size)
     low, high = iv.rate_bounds(predicted)
     return Result(row=row, predicted=predicted,
-                  mem_share=p.chosen.memory.total_bytes / p.usable_mem_bytes,
+                  mem_share=p.chosen.memory.total_bytes / usable_mem_bytes(topo.accelerator, 0.0),
                   comm_exposed_share=t.comm_exposed_s / t.step_time_s, case=case,
                   low=low, high=high)
 
@@ -421,7 +422,8 @@ def intervals_literal(results: Sequence[Result], held_out: Mapping[str, float]) 
 
 def report(results: Sequence[Result]) -> tuple[list[str], dict[str, Any]]:
     """The printed lines and the summary numbers."""
-    lines = ["memory: predicted peak / usable (over 100%: the planner says it does not fit)",
+    lines = ["memory: predicted peak / the card (over 100%: does not fit; over 90%: inside the plan's 10% headroom, "
+             "which a forced plan is warned of)",
              f"{'row':<46}{'GPUs':>5} {'mb x acc':>8} {'ac':>5} {'pred':>8} {'published':>9}"
              f" {'ratio':>6} {'exposed':>8} {'memory':>7}"]
     for r in results:
@@ -480,6 +482,7 @@ def report(results: Sequence[Result]) -> tuple[list[str], dict[str, Any]]:
             lines.append(f"  {base.row['id']} on {nodes * base.row['gpus'] // base.row['nodes']}"
                          f" GPUs: {r.predicted:,.0f} tokens/s/GPU, {r.predicted / base.predicted:.1%}"
                          f" of {base.row['gpus']} GPUs")
+    summary["past_the_card"] = [r.row["id"] for r in results if r.mem_share > 1]
     clean_gaps = [abs(s["predicted"] - s["published"]) for s in summary["series"] if s["clean"]]
     summary["clean_series_max_gap_points"] = 100 * max(clean_gaps) if clean_gaps else None
     lines.append("")
@@ -492,7 +495,8 @@ def report(results: Sequence[Result]) -> tuple[list[str], dict[str, Any]]:
                  f"{COVERAGE:.0%} interval: {summary['share_inside_interval']:.0%} (check rows "
                  f"{summary['splits'].get('check', {}).get('share_inside_interval', 0):.0%}); "
                  "clean scaling series max gap "
-                 + ("(no series)" if gap is None else f"{gap:.1f} points"))
+                 + ("(no series)" if gap is None else f"{gap:.1f} points")
+                 + f"; rows that ran predicted past the card: {len(summary['past_the_card'])}")
     return lines, summary
 
 

@@ -22,7 +22,7 @@ from launcher.cli.args import CPU_PROCESSES_PER_CORE
 from launcher.cli.options import DoctorOptions, LabOptions, RunOptions, ScaleOptions, TuneOptions
 from launcher.drivers.sweep import check_plan
 from launcher.errors import PlanError, UsageError
-from launcher.plan.explain import label
+from launcher.plan.explain import label, within_card
 from launcher.plan.planfile import write_plan
 from launcher.plan.time_to_train import format_duration
 from launcher.request import RunRequest, follow_plan
@@ -111,20 +111,19 @@ def build_request(opts: RequestOptions, workload_args: Sequence[str]) -> tuple[R
 
 
 def refuse_absurd(request: RunRequest, *, force: bool) -> None:
-    """PlanError, in one line, for a launch its own plan predicts will run out of memory, or
+    """PlanError, in one line, for a launch its own plan predicts past its devices' memory, or
     will take more than MAX_STEP_S a step or MAX_RUN_S in all: the ranks would die or never
     finish, so say it now rather than after the run dir and torchrun. `force` launches anyway;
-    the plan's milder warnings stay warnings in its note."""
+    the plan's milder warnings (a forced plan inside its headroom) stay warnings in its note."""
     if force or request.planned is None:
         return
-    plan = request.planned.plan
-    c = plan.chosen
+    c, device = request.planned.plan.chosen, request.planned.topology.accelerator
     at = f"{label(c)} at micro-batch {c.micro_batch:,} x {c.grad_accum:,} accumulation"
-    if not c.fits:
+    if not within_card(c, request.planned.topology):
         raise PlanError(f"the plan predicts {c.memory.total_gib:,.1f} GiB/rank for {at}, more than the "
-                        f"{plan.usable_mem_bytes / 1024**3:,.1f} GiB usable: the ranks would run out of memory; "
-                        "give a smaller --micro-batch (or none: the plan picks one that fits) or more GPUs, or "
-                        "--force to launch anyway")
+                        f"{device.mem_gib:,.1f} GiB each has: the ranks would run out of memory; give a "
+                        "smaller --micro-batch (or none: the plan picks one that fits) or more GPUs, or --force to "
+                        "launch anyway")
     step = c.time.step_time_s
     if step > MAX_STEP_S or step * request.steps > MAX_RUN_S:
         shown = f"{step:,.0f}" if step >= 100 else f"{step:.3g}"

@@ -26,7 +26,7 @@ from launcher.plan.checkpointing import LABELS as CKPT_LABELS
 from launcher.plan.checkpointing import describe
 from launcher.plan.float8 import converted_share, gemm_speedup
 from launcher.plan.float8 import supported as float8_supported
-from launcher.plan.memory import fmt_gib
+from launcher.plan.memory import fmt_gib, usable_mem_bytes
 from launcher.plan.types import Candidate, CompileDecision
 from launcher.specs import CHECKPOINTING, GIB, Goal, ModelProfile
 
@@ -57,6 +57,12 @@ def _speed(c: Candidate, goal: Goal, n: int, profile: ModelProfile) -> str:
 
 def per_device(topology: Topology) -> str:
     return "GPU" if topology.device == "cuda" else "rank"
+
+
+def within_card(c: Candidate, topology: Topology) -> bool:
+    """Whether `c`, whatever the headroom, fits the device's memory (and, offloaded, the host's:
+    the planner's `fits` already says so there)."""
+    return c.fits or (not c.strategy.offload and c.memory.total_bytes <= usable_mem_bytes(topology.accelerator, 0.0))
 
 
 def too_big(c: Candidate, usable: float, profile: ModelProfile, topology: Topology) -> str:

@@ -25,7 +25,7 @@ from launcher.plan.candidates import candidates, check_forced, choose, dp_ranks,
 from launcher.plan.compile_choice import decide
 from launcher.plan.compile_probe import CompileCheck
 from launcher.plan.cost import step_time
-from launcher.plan.explain import host_too_small, label, per_device, reasons, rejected, too_big
+from launcher.plan.explain import host_too_small, label, per_device, reasons, rejected, too_big, within_card
 from launcher.plan.interval import step_interval
 from launcher.plan.kernels import assumed_spread, priced, with_kernels
 from launcher.plan.memory import fmt_gib, usable_mem_bytes
@@ -87,10 +87,18 @@ def plan(profile: ModelProfile, topology: Topology, goal: Goal, *, overrides: Ov
         chosen = choose(fitting)
     elif ov.forced:
         chosen = min(allowed, key=lambda c: c.memory.total_bytes)
-        alt = [c for c in cands if c.fits]
-        warnings.append(f"warning: the forced plan does not fit: {label(chosen)}: "
-                        f"{too_big(chosen, usable, profile, topology)}; it will run out of "
-                        f"memory" + (f" ({label(choose(alt))} would fit)" if alt else ""))
+        fitting_alt = [c for c in cands if c.fits]
+        alt = f" ({label(choose(fitting_alt))} would fit)" if fitting_alt else ""
+        if within_card(chosen, topology):
+            # past the headroom the planner keeps for its own choices, not past the card: a run
+            # sized by hand to fill the card is told its margin, not that it cannot run
+            warnings.append(f"warning: the forced plan leaves less than the {goal.headroom:.0%} headroom: "
+                            f"{label(chosen)}: {fmt_gib(chosen.memory.total_bytes)} of "
+                            f"{topology.accelerator.mem_gib:.1f} GiB/{per_device(topology)}; it may run out of memory"
+                            + alt)
+        else:
+            warnings.append(f"warning: the forced plan does not fit: {label(chosen)}: "
+                            f"{too_big(chosen, usable, profile, topology)}; it will run out of memory" + alt)
     else:
         smallest = min(cands, key=lambda c: c.memory.total_bytes)
         if smallest.strategy.offload and smallest.memory.total_bytes <= usable and topology.host:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from launcher.hardware.types import Topology
 from launcher.plan.candidates import dp_ranks
 from launcher.plan.checkpointing import describe
-from launcher.plan.explain import kind_label, per_device
+from launcher.plan.explain import kind_label, per_device, within_card
 from launcher.plan.kernels import describe as kernels_priced
 from launcher.plan.memory import fmt_gib
 from launcher.plan.types import Plan
@@ -37,7 +37,8 @@ def format_plan(plan: Plan, profile: ModelProfile, topology: Topology) -> str:
         f"{dp_ranks(c, plan.world_size)} {'data-parallel ' if s.tp > 1 else ''}ranks x "
         f"{c.grad_accum} accumulation step{'s' if c.grad_accum > 1 else ''}",
         f"  memory/{per_device(topology):<6}{fmt_gib(m.total_bytes)} GiB of {fmt_gib(plan.usable_mem_bytes)} "
-        f"usable ({dev.mem_gib:g} GiB total){'' if c.fits else '  DOES NOT FIT'}",
+        f"usable ({dev.mem_gib:g} GiB total)"
+        + ("" if c.fits else "  INSIDE THE HEADROOM" if within_card(c, topology) else "  DOES NOT FIT"),
         f"               params {fmt_gib(m.params_bytes)}  grads {fmt_gib(m.grads_bytes)}  "
         f"optimizer {fmt_gib(m.optimizer_bytes)}  activations {fmt_gib(m.activations_bytes)}  "
         f"overhead {fmt_gib(m.overhead_bytes)}"

@@ -172,6 +172,20 @@ def test_scenario(model, topo_name, global_batch, overrides, kinds, precision, c
     assert c.strategy.uses_grad_scaler == (precision == "fp16")
 
 
+def test_a_forced_plan_inside_the_headroom_is_told_its_margin_not_that_it_cannot_run():
+    # the same forced plan against a headroom it passes and against the card it does not fill
+    topo = topology("h100-sxm-8x")
+    forced = Overrides(strategy="ddp", precision="fp32", micro_batch=2, checkpointing="none", compile=False)
+    roomy = plan(GPT_125M, topo, Goal(global_batch=256), overrides=forced)
+    assert roomy.chosen.fits and not roomy.reasons[0].startswith("warning:")
+    card = topo.accelerator.mem_gib * 2**30
+    share = roomy.chosen.memory.total_bytes / card
+    tight = plan(GPT_125M, topo, Goal(global_batch=256, headroom=1 - share / 2), overrides=forced)
+    assert not tight.chosen.fits and tight.chosen.memory == roomy.chosen.memory
+    assert re.match(r"warning: the forced plan leaves less than the \d+% headroom: DDP.*: "
+                    r"\d+\.\d of 79\.\d GiB/GPU; it may run out of memory", tight.reasons[0]), tight.reasons[0]
+
+
 def test_nothing_fits_raises_one_actionable_line():
     with pytest.raises(PlanError) as err:
         plan(LLAMA3_70B, topology("rtx4090-4x"), Goal(global_batch=16))

@@ -140,3 +140,29 @@ def test_what_a_workload_prints_while_planned_stays_off_dlaunchs_output(capsys, 
     # the workload did run here: profiled, and its steps timed (the prints were held, not skipped)
     [timed] = (tmp_path / "steps").iterdir()
     assert "failed" not in json.loads(timed.read_text())
+
+
+def test_a_forced_launch_inside_the_plans_headroom_is_warned_of_and_one_past_the_card_refused():
+    from launcher.cli.prepare import refuse_absurd
+
+    topo = load_topology("cpu-local").with_shape(num_nodes=1, devices_per_node=1)
+    request = RunRequest(workload=MLP, gpus=1, strategy="ddp", precision="fp32", micro_batch=64)
+    forced = Overrides(strategy="ddp", precision="fp32", micro_batch=64, checkpointing="none", compile=False)
+
+    def launch(headroom: float, micro_batch: int = 64) -> RunRequest:
+        ov = dataclasses.replace(forced, micro_batch=micro_batch)
+        p = plan(PROFILE, topo, Goal(headroom=headroom), overrides=ov)
+        return dataclasses.replace(request, micro_batch=micro_batch,
+                                   planned=Planned(plan=p, profile=PROFILE, topology=topo))
+
+    roomy = launch(0.1).planned.plan.chosen
+    share = roomy.memory.total_bytes / (topo.accelerator.mem_gib * 2**30)
+    assert roomy.fits and 0 < share < 0.5
+    tight = launch(1 - share / 2)  # the same plan, past a headroom that leaves half of what it needs
+    assert not tight.planned.plan.chosen.fits
+    assert tight.planned.plan.reasons[0].startswith("warning: the forced plan leaves less than the")
+    refuse_absurd(tight, force=False)  # launched: the note carries the warning
+    past = launch(0.1, micro_batch=int(64 / share * 2))  # twice the card
+    with pytest.raises(PlanError, match=r"GiB each has: the ranks would run out of memory"):
+        refuse_absurd(past, force=False)
+    refuse_absurd(past, force=True)
