@@ -185,7 +185,9 @@ def logs(run_dir: Path, *, out: IO[str], rank: int | None = None, follow: bool =
     offsets: dict[Path, int] = {}
 
     def drain() -> None:
-        for r in [rank] if rank is not None else range(world or 0):
+        # launch.json is read again each pass: a run followed while it starts has none yet
+        ranks = [rank] if rank is not None else range(world_size(read_json_object(paths.launch)) or 0)
+        for r in ranks:
             # torchrun's files of the rank, every attempt (one node: global rank = local rank)
             for path in paths.rank_logs(0, r, "stdout") + paths.rank_logs(0, r, "stderr"):
                 text = read_new(path, offsets, whole_lines=follow)

@@ -231,7 +231,7 @@ class Window:
 
     def flush_open(self) -> None:
         """A rank failing inside a window: record the steps it completed, each with this rank's own
-        loss (`loss_scope: "rank"`: no collective, others may never get here). Never raises."""
+        loss (`loss_scope: "rank"`: no collective, others may never get here). Never masks the error."""
         if all("loss" in rec for rec in self.records):  # none, or all written by close()
             return
         try:

@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -254,6 +255,29 @@ def test_a_finished_local_run_is_what_its_result_says(tmp_path: Path, result: di
     done = LocalBackend().cancel(str(run_dir))
     assert done.before is done.after is state
     assert done.message == f"run {run_dir.resolve()} already ended ({state.value}: {reason}); nothing to cancel"
+
+
+def test_following_a_starting_run_prints_its_ranks_once_launch_json_appears(tmp_path: Path):
+    owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    out = io.StringIO()
+    try:
+        run_dir = _run_dir(tmp_path, pid=owner.pid, since=time.time() + 1)
+        paths = RunPaths(root=run_dir)
+        paths.launch.unlink()  # the run dir is claimed before launch.json is written
+        follower = threading.Thread(target=localrun.logs, args=(run_dir,),
+                                    kwargs={"out": out, "follow": True, "poll_s": 0.02})
+        follower.start()
+        time.sleep(0.3)
+        paths.launch.write_text(json.dumps({"num_nodes": 1, "nproc_per_node": 1, "steps": 5}))
+        d = paths.node_logs(0) / "r_abc" / "attempt_0" / "0"
+        d.mkdir(parents=True)
+        (d / "stdout.log").write_text("step 1\n")
+        time.sleep(0.3)
+    finally:
+        owner.kill()
+        owner.wait()
+    follower.join(timeout=10)
+    assert not follower.is_alive() and out.getvalue() == "[rank 0] step 1\n"
 
 
 def test_a_run_of_another_host_cannot_be_told_nor_cancelled_from_here(tmp_path: Path):
