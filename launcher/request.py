@@ -128,7 +128,8 @@ def _planned(request: RunRequest, topology: str | None) -> Planned:
                           micro_batch=request.micro_batch, checkpointing=request.checkpointing,
                           compile=request.compile, tp=request.tp, offload=request.offload,
                           # a run weighs float8 only where its ranks can convert (torchao)
-                          float8=weighed_float8(request.float8), **given_kernels(request))
+                          float8=weighed_float8(request.float8), reduce_dtype=request.reduce_dtype,
+                          **given_kernels(request))
     return plan_workload(request.workload, request.workload_args, topo, Goal(global_batch=goal), overrides=overrides)
 
 

@@ -43,6 +43,8 @@ from launcher.specs import (
     NORM_KERNELS,
     OFFLOAD_NEEDS_FSDP,
     PRECISIONS,
+    REDUCE_DTYPES,
+    REDUCE_NEEDS_BF16,
     STRATEGIES,
     LoaderSpec,
     Strategy,
@@ -101,6 +103,10 @@ class RunSettings:
     offload: bool | None = knob(None, "--offload", "FSDP CPU offload: sharded parameters, gradients and optimizer "
                                 "state in host memory, the optimizer step on the CPU (default: the plan's: on only "
                                 "where nothing else fits the GPUs)", kind="toggle", planned=True, fallback=False)
+    reduce_dtype: str | None = knob(
+        None, "--reduce-dtype", "the dtype the gradients are reduced in across ranks: fp32, or bf16 (half the "
+        "bytes, bf16's rounding in the sum: FSDP's reduce_dtype, DDP's buckets cast to bf16; needs --precision bf16) "
+        "(default fp32)", choices=REDUCE_DTYPES, fallback="fp32")
     attention_kernel: str | None = knob(
         None, "--attention-kernel", "the attention kernel the model calls: sdpa (PyTorch's "
         "scaled_dot_product_attention), fa2 (the flash-attn package), triton-fa (Triton "
@@ -163,6 +169,7 @@ class RunSettings:
                           "not support; use `compile_mode` default or max-autotune-no-cudagraphs")
         check(not self.offload or self.strategy not in DDP_KINDS, UsageError, OFFLOAD_NEEDS_FSDP)
         check(self.float8 in (None, "none") or self.precision in (None, "bf16"), UsageError, FLOAT8_NEEDS_BF16)
+        check(self.reduce_dtype in (None, "fp32") or self.precision in (None, "bf16"), UsageError, REDUCE_NEEDS_BF16)
         check(self.shard_group_size is None or self.strategy in (None, "hybrid"), UsageError,
               f"`shard_group_size` applies to `strategy` hybrid only, got `strategy` {self.strategy}")
         # ranks beat at least every MIN_HANG_TIMEOUT_S / 2 while they advance (the harness
@@ -213,12 +220,14 @@ class LaunchSpec(RunSettings):
         tp: int
         offload: bool
         float8: str
+        reduce_dtype: str
         startup_timeout_s: float
 
     def __post_init__(self) -> None:
         warmup = min(3, self.steps - 1) if self.warmup_steps is None else self.warmup_steps
         startup = max(900.0, self.hang_timeout_s) if self.startup_timeout_s is None else self.startup_timeout_s
-        made = {"compile_mode": self.compile_mode or "default", "warmup_steps": warmup, "startup_timeout_s": startup}
+        made = {"compile_mode": self.compile_mode or "default", "reduce_dtype": self.reduce_dtype or "fp32",
+                "warmup_steps": warmup, "startup_timeout_s": startup}
         for name, value in {**self.decided(), **made}.items():
             object.__setattr__(self, name, value)
         super().__post_init__()
@@ -249,7 +258,8 @@ class LaunchSpec(RunSettings):
         """How each rank wraps and runs the model, as the planner and the runtime's wrap see it."""
         return Strategy(kind=self.strategy, precision=self.precision, checkpointing=self.checkpointing,
                         compile=self.compile, compile_mode=self.compile_mode, compile_strict=self.compile_strict,
-                        tp=self.tp, offload=self.offload, float8=self.float8)
+                        tp=self.tp, offload=self.offload, float8=self.float8,
+                        reduce_dtype=self.reduce_dtype)
 
     @property
     def loader(self) -> LoaderSpec:

@@ -32,6 +32,13 @@ NO_TORCHAO = ("`float8` {recipe} converts the linear layers with torchao, which 
               "pip install 'dlaunch[float8]' (or drop `float8`)")
 FLOAT8_NEEDS_BF16 = ("`float8` runs the linear layers' GEMMs in float8 and everything else in bf16: "
                      "use `precision` bf16 with it")
+# the dtype gradients are reduced in across ranks: fp32 (torchtitan's default, and what DDP's fp32 .grad buckets
+# hold), or bf16 (FSDP's MixedPrecisionPolicy reduce_dtype; DDP's buckets cast by runtime.wrap's hook): half the
+# bytes, as fms-fsdp's bfSixteen policy and Composer's PURE mixed precision (llm-foundry) reduce
+REDUCE_DTYPES = ("fp32", "bf16")
+REDUCE_DTYPE_BYTES = {"fp32": 4, "bf16": 2}
+REDUCE_NEEDS_BF16 = ("`reduce_dtype` bf16 reduces the gradients of a bf16 run in bf16; use `precision` bf16 with "
+                     "it, or `reduce_dtype` fp32")
 OFFLOAD_NEEDS_FSDP = ("`offload` keeps FSDP's sharded state in host memory; DDP and ZeRO-1 keep whole parameters "
                       "on the device: use `strategy` fsdp_full, fsdp_grad_op or hybrid, or drop `offload`")
 MIN_HANG_TIMEOUT_S = 10.0  # twice the harness's flush interval
@@ -173,8 +180,12 @@ class Strategy:
     # in host memory and the optimizer steps on the CPU (launcher.plan.offload prices it)
     offload: bool = False
     float8: str = "none"  # one of FLOAT8_RECIPES (launcher.runtime.float8, launcher.plan.float8)
+    reduce_dtype: str = "fp32"  # one of REDUCE_DTYPES: what the gradients cross the ranks in
 
     def __post_init__(self) -> None:
+        check(self.reduce_dtype in REDUCE_DTYPES, UsageError,
+              f"unknown `reduce_dtype` {self.reduce_dtype!r}; use one of {', '.join(REDUCE_DTYPES)}")
+        check(self.reduce_dtype == "fp32" or self.precision == "bf16", UsageError, REDUCE_NEEDS_BF16)
         check(self.float8 in FLOAT8_RECIPES, UsageError,
               f"unknown `float8` recipe {self.float8!r}; use one of {', '.join(FLOAT8_RECIPES)}")
         check(self.float8 == "none" or self.precision == "bf16", UsageError, FLOAT8_NEEDS_BF16)
@@ -202,6 +213,11 @@ class Strategy:
         """FSDP2 (fsdp_full, fsdp_grad_op, hybrid): parameters and gradients sharded, mixed
         precision by its parameter policy; False for the DDP_KINDS (whole parameters, autocast)."""
         return self.kind not in DDP_KINDS
+
+    @property
+    def reduce_bytes(self) -> int:
+        """Bytes a gradient element moves in the gradient reduction (`reduce_dtype`)."""
+        return REDUCE_DTYPE_BYTES[self.reduce_dtype]
 
     @property
     def recomputes(self) -> bool:

@@ -147,6 +147,8 @@ def overrides(row: Mapping[str, Any]) -> Overrides:
                      # 2-D rows: tensor parallel inside a node (optional key); the others ran
                      # without: forced, or the planner may pick TP for them
                      tp=row.get("tp", 1), float8=row.get("float8", "none"),
+                     # what the gradients cross the ranks in (optional key: fp32 where the source does not say)
+                     reduce_dtype=row.get("reduce_dtype", "fp32"),
                      **{knob: row[knob] for knob in KNOBS.values()})
 
 

@@ -107,7 +107,7 @@ OPTIONS: tuple[Option, ...] = (
                 f"{', '.join(TRACKERS)} (needs the tracker's package; see docs/commands.md)"),
     *(knob_option(name, commands=(*RUN, "plan", "scale")) for name in ("tp", "offload", "float8")),
     *(knob_option(name, commands=(*RUN, "plan", "scale", "tune"))
-      for name in ("attention_kernel", "loss_kernel", "norm_kernel")),
+      for name in ("reduce_dtype", "attention_kernel", "loss_kernel", "norm_kernel")),
     *(knob_option(name, commands=RUN) for name in (
         "shard_group_size", "profile", "memory_snapshot", "detect_anomaly", "stop_on_nan", "eval_every")),
     knob_option("seed", commands=(*RUN, "scale", "tune")),

@@ -56,7 +56,8 @@ def cmd_tune(args: argparse.Namespace, workload_args: list[str]) -> int:
     # the model itself, not corrected by earlier tunes: the ratios stored must be against it
     planned = plan_workload(request.workload, request.workload_args, request.planned.topology,
                             Goal(global_batch=request.global_batch), corrected=False,
-                            overrides=Overrides(float8=weighed_float8(None), **given_kernels(request)))
+                            overrides=Overrides(float8=weighed_float8(None), reduce_dtype=request.reduce_dtype,
+                                              **given_kernels(request)))
     candidates = select_trials(planned.plan, request.device, opts.trials)
     if opts.steps is None:
         request = dataclasses.replace(request, steps=trial_steps(candidates, opts.warmup_steps))

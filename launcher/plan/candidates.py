@@ -103,8 +103,8 @@ def _precisions(topology: Topology, ov: Overrides) -> list[str]:
     dev = topology.accelerator
     if ov.precision is not None:
         return [ov.precision]
-    if ov.float8 not in (None, "none"):
-        return ["bf16"]  # float8 runs everything but the converted GEMMs in bf16
+    if ov.float8 not in (None, "none") or ov.reduce_dtype == "bf16":
+        return ["bf16"]  # float8 runs everything but the converted GEMMs in bf16; a bf16 reduce needs bf16
     if topology.device == "cpu":
         return ["fp32", "bf16"] if "bf16" in dev.peak_tflops else ["fp32"]
     return ["bf16"] if dev.supports_bf16 else ["fp16"]
@@ -199,7 +199,7 @@ def candidates(profile: ModelProfile, topology: Topology, goal: Goal, ov: Overri
                     for ckpt in modes:
                         strategy = Strategy(kind=kind, precision=precision, checkpointing=ckpt,
                                             compile=compiled, compile_mode=ov.compile_mode or "default",
-                                            tp=tp, offload=offload, float8=f8)
+                                            tp=tp, offload=offload, float8=f8, reduce_dtype=ov.reduce_dtype or "fp32")
                         for mb, accum in tp_batches:
                             mem = estimate_memory(profile, strategy, micro_batch=mb, world_size=n,
                                                   shard_group_size=group, device=topology.device,

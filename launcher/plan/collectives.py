@@ -56,9 +56,8 @@ from launcher.specs import ModelProfile, Strategy
 # 0.15 GB gather takes ~0.2-0.3 ms (pytorch#115515) -> 50 us per collective. DDP's reducer is
 # C++ and its buckets are views: no such term. (CPU ranks: `cpu_comm.fsdp_overhead_s`.)
 FSDP_COLLECTIVE_OVERHEAD_S = 50e-6
-# FSDP reduces gradients in fp32 (MixedPrecisionPolicy(reduce_dtype=float32)); DDP all-reduces
-# the fp32 .grad buckets.
-REDUCE_DTYPE_BYTES = 4
+# Gradients cross the ranks at `Strategy.reduce_bytes`: fp32 by default (FSDP's
+# MixedPrecisionPolicy(reduce_dtype=float32), DDP's fp32 .grad buckets), bf16 with `reduce_dtype`.
 FLOAT8_BYTES = 1  # a float8 weight's all-gathered bytes a parameter
 AMAX_BYTES = 4  # the fp32 amax all-reduced before each float8 weight's gather
 
@@ -194,12 +193,13 @@ def tp_comm_s(profile: ModelProfile, strategy: Strategy, topology: Topology, mic
     return (2 + recompute) * per_pass * allgather_s(nbytes, t, topology.intra_node)
 
 
-def ddp_comm(profile: ModelProfile, topology: Topology, hide_s: float) -> tuple[float, float]:
-    """(total, exposed) seconds of DDP's one all-reduce of the fp32 grads per step, in 25 MiB
-    buckets, behind `hide_s` of the last micro-batch's backward; the last bucket is exposed."""
-    grad_bytes = memory.GRAD_BYTES * float(profile.num_params)
+def ddp_comm(profile: ModelProfile, strategy: Strategy, topology: Topology, hide_s: float) -> tuple[float, float]:
+    """(total, exposed) seconds of DDP's one all-reduce of the grads per step, in 25 MiB buckets
+    of fp32 grads (sent at `strategy.reduce_bytes`: the bf16 hook compresses each bucket), behind
+    `hide_s` of the last micro-batch's backward; the last bucket is exposed."""
+    buckets = math.ceil(memory.GRAD_BYTES * float(profile.num_params) / memory.DDP_BUCKET_CAP_BYTES)
+    grad_bytes = strategy.reduce_bytes * float(profile.num_params)
     ops = group_collectives(topology)
-    buckets = math.ceil(grad_bytes / memory.DDP_BUCKET_CAP_BYTES)
     total = split(ops["ar"], grad_bytes, buckets)
     return total, max(ops["ar"](grad_bytes / buckets), total - hide_s)
 
@@ -251,8 +251,8 @@ def fsdp_traffic(profile: ModelProfile, strategy: Strategy, topology: Topology) 
     return {"ag_fwd": split(ops["ag"], c * p - saved, units) + nb * amax,
             "first_ag": ops["ag"](c * (root + block) - saved / nb) + amax,
             "ag_bwd": 0.0 if grad_op else split(ops["ag"], c * (p - root) - saved, nb) + nb * amax,
-            "rs": split(ops["rs"], REDUCE_DTYPE_BYTES * p, units),
-            "last_rs": ops["rs"](REDUCE_DTYPE_BYTES * max(root, block)),
+            "rs": split(ops["rs"], strategy.reduce_bytes * p, units),
+            "last_rs": ops["rs"](strategy.reduce_bytes * max(root, block)),
             "fixed": collectives * FSDP_COLLECTIVE_OVERHEAD_S,
             "units": units, "last_unit": max(root, block)}
 
@@ -271,8 +271,8 @@ def sharded_comm(profile: ModelProfile, strategy: Strategy, topology: Topology,
         # across the replicas; its last unit's all-reduce follows all compute
         g = topology.devices_per_node
         across = replica_allreduce(topology)
-        ar = split(across, memory.GRAD_BYTES * float(profile.num_params) / strategy.tp / g, int(t["units"]))
-        last_ar = across(REDUCE_DTYPE_BYTES * t["last_unit"] / g)
+        ar = split(across, strategy.reduce_bytes * float(profile.num_params) / strategy.tp / g, int(t["units"]))
+        last_ar = across(strategy.reduce_bytes * t["last_unit"] / g)
         last_bwd = max(t["last_rs"] + last_ar, t["ag_bwd"] + t["rs"] + ar - hide_bwd)
         fixed = t["units"] * FSDP_COLLECTIVE_OVERHEAD_S
         total += ar + fixed
@@ -284,5 +284,5 @@ __all__ = ["ring_allreduce_s", "tree_allreduce_s", "allgather_s", "reduce_scatte
            "hierarchical_allreduce_s", "shared_link", "slowest_link", "group_collectives",
            "replica_allreduce", "split", "Collective", "ddp_comm", "fsdp_traffic", "fsdp_units",
            "zero1_sync_bytes", "zero1_sync_s", "FLOAT8_BYTES", "AMAX_BYTES",
-           "sharded_comm", "FSDP_COLLECTIVE_OVERHEAD_S", "REDUCE_DTYPE_BYTES", "dp_topology",
+           "sharded_comm", "FSDP_COLLECTIVE_OVERHEAD_S", "dp_topology",
            "tp_comm_s", "TP_COLLECTIVES_PER_BLOCK", "TP_COLLECTIVES_OUTSIDE"]

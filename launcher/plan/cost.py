@@ -265,7 +265,7 @@ def step_time(profile: ModelProfile, strategy: Strategy, topology: Topology, mic
                                 comm_exposed_s=link_exposed, compute_parts=parts)
     ovl = OVERLAP_EFFICIENCY[kind]
     if not strategy.shards_params:
-        total, exposed = ddp_comm(profile, topology, bwd_s * ovl)
+        total, exposed = ddp_comm(profile, strategy, topology, bwd_s * ovl)
         sync = zero1_sync_s(profile, topology) if strategy.kind == "zero1" else 0.0
         total, exposed = total + sync, exposed + sync
     else:

@@ -93,11 +93,13 @@ def _ops(topology: Topology, *, within_node: bool = False) -> dict[str, Callable
     return {op: functools.partial(gloo.collective_s, op) for op in ("ar", "ag", "rs")}
 
 
-def cpu_ddp_comm(profile: ModelProfile, topology: Topology) -> float:
-    """Seconds of DDP's bucketed all-reduce of the fp32 gradients per optimizer step, with handling."""
+def cpu_ddp_comm(profile: ModelProfile, topology: Topology, reduce_bytes: int = GRAD_BYTES) -> float:
+    """Seconds of DDP's bucketed all-reduce of the fp32 gradients per optimizer step, with handling; each
+    bucket sent at `reduce_bytes` an element (`Strategy.reduce_bytes`: the bf16 hook halves it)."""
     ar = _ops(topology)["ar"]
     handling = DDP_BUCKET_OPS * rates_of(topology.accelerator, topology).op_s * time_share(topology)
-    return sum(ar(b) + handling for b in ddp_buckets(GRAD_BYTES * float(profile.num_params)))
+    buckets = ddp_buckets(GRAD_BYTES * float(profile.num_params))
+    return sum(ar(b * reduce_bytes / GRAD_BYTES) + handling for b in buckets)
 
 
 def cpu_zero1_sync(profile: ModelProfile, topology: Topology) -> float:
@@ -123,10 +125,11 @@ def cpu_sharded_comm(profile: ModelProfile, strategy: Strategy, topology: Topolo
     gathers = 1 if strategy.kind == "fsdp_grad_op" else 2
     c = COMPUTE_DTYPE_BYTES[strategy.precision]
     handling = FSDP_COLLECTIVE_OPS * rates_of(topology.accelerator, topology).op_s * time_share(topology)
-    per_mb = units * (gathers * (ops["ag"](c * per_unit) + handling) + ops["rs"](GRAD_BYTES * per_unit) + handling)
+    rs = ops["rs"](strategy.reduce_bytes * per_unit)
+    per_mb = units * (gathers * (ops["ag"](c * per_unit) + handling) + rs + handling)
     total = grad_accum * per_mb
     if strategy.kind == "hybrid" and topology.num_nodes > 1:
-        total += units * replica_allreduce(topology)(GRAD_BYTES * per_unit / topology.devices_per_node)
+        total += units * replica_allreduce(topology)(strategy.reduce_bytes * per_unit / topology.devices_per_node)
     return total
 
 

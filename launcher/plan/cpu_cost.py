@@ -276,12 +276,12 @@ def cpu_step_time(profile: ModelProfile, strategy: Strategy, topology: Topology,
         # DDP has no one-rank shortcut: every bucket still goes through gloo (a 1-rank all-reduce
         # on its worker thread): 0.55-0.75 ms per step of workloads/mlp.py's two buckets on a
         # 2-core VM, a fifth of its step, measured against the same loop unwrapped
-        parts += (("DDP buckets", cpu_ddp_comm(profile, topology)),)
+        parts += (("DDP buckets", cpu_ddp_comm(profile, topology, strategy.reduce_bytes)),)
     comm = 0.0
     if topology.world_size > 1 and strategy.shards_params:
         comm = cpu_sharded_comm(profile, strategy, topology, grad_accum)
     elif topology.world_size > 1:
-        comm = cpu_ddp_comm(profile, topology) + (
+        comm = cpu_ddp_comm(profile, topology, strategy.reduce_bytes) + (
             cpu_zero1_sync(profile, topology) if strategy.kind == "zero1" else 0.0)
     return StepTimeEstimate(compute_s=sum(v for _, v in parts), comm_total_s=comm, comm_exposed_s=comm,
                             compute_parts=tuple((k, v) for k, v in parts if v > 0))

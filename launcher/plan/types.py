@@ -20,6 +20,7 @@ from launcher.specs import (
     GIB,
     LOSS_KERNELS,
     NORM_KERNELS,
+    REDUCE_DTYPES,
     Strategy,
     checkpointing_mode,
 )
@@ -57,6 +58,7 @@ class Overrides:
     tp: int | None = None
     offload: bool | None = None  # FSDP CPU offload (None: only where nothing else fits)
     float8: str | None = None  # one of FLOAT8_RECIPES (None: where predicted faster)
+    reduce_dtype: str | None = None  # one of REDUCE_DTYPES (None: fp32)
     attention_kernel: str | None = None  # one of ATTENTION_KERNELS
     loss_kernel: str | None = None  # one of LOSS_KERNELS
     norm_kernel: str | None = None  # one of NORM_KERNELS
@@ -78,6 +80,11 @@ class Overrides:
         if self.float8 not in (None, "none") and self.precision not in (None, "bf16"):
             raise PlanError(f"--float8 {self.float8} runs the linear layers' GEMMs in float8 and the rest in bf16; "
                             f"--precision {self.precision} does not: use --precision bf16 or drop --float8")
+        if self.reduce_dtype not in (None, *REDUCE_DTYPES):
+            raise PlanError(f"unknown --reduce-dtype {self.reduce_dtype!r}; use one of {', '.join(REDUCE_DTYPES)}")
+        if self.reduce_dtype == "bf16" and self.precision not in (None, "bf16"):
+            raise PlanError(f"--reduce-dtype bf16 reduces the gradients of a bf16 run in bf16; --precision "
+                            f"{self.precision} is not: use --precision bf16 or --reduce-dtype fp32")
         if self.float8 not in (None, *FLOAT8_RECIPES):
             raise PlanError(f"unknown --float8 {self.float8!r}; use one of {', '.join(FLOAT8_RECIPES)}")
         if self.offload and self.strategy in DDP_KINDS:

@@ -25,7 +25,8 @@ def format_plan(plan: Plan, profile: ModelProfile, topology: Topology) -> str:
     flags = [s.precision + (" + GradScaler" if s.uses_grad_scaler else "")
              + (f" + float8 ({s.float8})" if s.float8 != "none" else ""),
              describe(s.checkpointing), f"compile ({s.compile_mode})" if s.compile else "no compile",
-             *(["CPU offload"] if s.offload else [])]
+             *(["CPU offload"] if s.offload else []),
+             *(["gradients reduced in bf16"] if s.reduce_dtype == "bf16" else [])]
     per_gpu = plan.units_per_s / plan.world_size
     hidden = 1 - t.comm_exposed_s / t.comm_total_s if t.comm_total_s else 1.0
     lines = [

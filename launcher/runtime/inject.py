@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from typing import Any
 
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
@@ -24,12 +25,12 @@ def comm_delay_ms(env: dict[str, str] | None = None) -> float:
     return float(e.get("DLAUNCH_INJECT_COMM_DELAY_MS", "0") or 0)
 
 
-def install_comm_delay(ddp: DistributedDataParallel, delay_ms: float) -> None:
-    """Register a DDP comm hook that sleeps, then does the default all-reduce."""
+def install_comm_delay(ddp: DistributedDataParallel, delay_ms: float, hook: Any = allreduce_hook) -> None:
+    """Register a DDP comm hook that sleeps, then runs `hook` (the default all-reduce, or the run's own)."""
     # no annotations: DDP rejects a hook whose `bucket` annotation is not dist.GradBucket
     def delayed(state, bucket):  # type: ignore[no-untyped-def]
         time.sleep(delay_ms / 1000.0)
-        return allreduce_hook(state, bucket)
+        return hook(state, bucket)
 
     ddp.register_comm_hook(state=None, hook=delayed)
     log.warning("injected %.1f ms before every gradient all-reduce", delay_ms)

@@ -230,9 +230,25 @@ def _wrap(model: torch.nn.Module, strategy: Strategy, ctx: RankContext, blocks: 
     device_ids = [ctx.local_rank] if ctx.device_type == "cuda" else None
     # grads as bucket views: no second copy of the gradients
     ddp = DDP(model, device_ids=device_ids, gradient_as_bucket_view=True)
+    # reduce_dtype bf16: each fp32 bucket cast to bf16, all-reduced, divided by the world, copied back
+    hook = _bf16_allreduce_hook if strategy.reduce_dtype == "bf16" else None
     if comm_delay_ms() > 0:
-        install_comm_delay(ddp, comm_delay_ms())
+        install_comm_delay(ddp, comm_delay_ms(), *((hook,) if hook else ()))
+    elif hook is not None:
+        ddp.register_comm_hook(None, hook)
     return Wrapped(module=ddp, no_sync=ddp.no_sync, accumulate=ddp.no_sync, compiled=strategy.compile)
+
+
+def _bf16_allreduce_hook(group, bucket):  # type: ignore[no-untyped-def]  # DDP rejects a string annotation
+    """DDP comm hook of `reduce_dtype` bf16: each fp32 bucket cast to bf16, averaged over the ranks
+    and copied back. torch's bf16_compress_hook does the same but refuses gloo, which reduces bf16."""
+    buffer = bucket.buffer()
+    sent = buffer.to(torch.bfloat16).div_(dist.get_world_size(group))
+
+    def copy_back(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+        return buffer.copy_(fut.value()[0])
+
+    return dist.all_reduce(sent, group=group, async_op=True).get_future().then(copy_back)
 
 
 def _wrap_fsdp(model: torch.nn.Module, strategy: Strategy, ctx: RankContext,
@@ -268,8 +284,9 @@ def _wrap_fsdp(model: torch.nn.Module, strategy: Strategy, ctx: RankContext,
     if strategy.recomputes and blocks:
         blocks = _checkpoint_blocks(model, blocks, strategy.checkpointing)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(strategy.precision)
-    # params gathered at the compute dtype, gradients reduced in fp32
-    mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else MixedPrecisionPolicy()
+    # params gathered at the compute dtype, gradients reduced in fp32 unless `reduce_dtype` says bf16
+    reduce = torch.bfloat16 if strategy.reduce_dtype == "bf16" else torch.float32
+    mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=reduce) if dtype else MixedPrecisionPolicy()
     reshard = strategy.kind != "fsdp_grad_op"
     # offload: the shards live in host memory, pinned where there is a device to copy to (CPU
     # ranks have none: pinning needs CUDA, and the same policy then moves nothing)

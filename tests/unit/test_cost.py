@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.errors import PlanError
+from launcher.errors import PlanError, UsageError
 from launcher.hardware.types import DeviceSpec, Link, Topology
 from launcher.plan import attention, collectives, cost, gemm
 from launcher.plan.attention import ATTENTION_CURVES, AttentionCurve, attention_efficiency
@@ -141,6 +141,23 @@ def test_fsdp_traffic_per_micro_batch(no_fsdp_fixed_cost):
     assert grad_op.comm_total_s == pytest.approx(3 * 0.0525)
     fp32 = step_time(p, Strategy(kind="fsdp_full", precision="fp32"), topo(), 1, 1)
     assert fp32.comm_total_s == pytest.approx(0.105)  # gathers move 4 B/param: 0.035 x 3
+
+
+def test_a_bf16_reduce_halves_the_gradient_bytes(no_fsdp_fixed_cost):
+    # test_fsdp_traffic_per_micro_batch's model with reduce_dtype bf16: the reduce-scatter moves
+    # 2 B/param, 7/8 * 2e9/1e11 = 0.0175 -> 0.0525 per micro-batch; the gathers are unchanged
+    p = profile(10**9)
+    bf16 = dataclasses.replace(BF16, reduce_dtype="bf16")
+    assert step_time(p, bf16, topo(), 1, 3).comm_total_s == pytest.approx(3 * 0.0525)
+    # DDP: its 25 MiB fp32 buckets each all-reduced at half the bytes, 2 x 7/8 x 2e9/1e11 = 0.035
+    ddp = Strategy(kind="ddp", precision="bf16")
+    fp32_ar = step_time(p, ddp, topo(), 1, 1).comm_total_s
+    bf16_ar = step_time(p, dataclasses.replace(ddp, reduce_dtype="bf16"), topo(), 1, 1).comm_total_s
+    assert fp32_ar == pytest.approx(0.07) and bf16_ar == pytest.approx(0.035)
+    with pytest.raises(UsageError, match="precision` bf16"):
+        Strategy(kind="ddp", precision="fp32", reduce_dtype="bf16")
+    with pytest.raises(UsageError, match="unknown `reduce_dtype`"):
+        Strategy(kind="ddp", precision="bf16", reduce_dtype="fp8")
 
 
 def test_fsdp_fixed_cost_per_collective():

@@ -131,12 +131,13 @@ def test_the_planner_reads_its_overrides_by_attribute_only():
              for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
              if re.search(r"\b(overrides|ov)(\[|\.get\()", line)]
     assert found == []
-    # its fields are the plan's decisions among the knobs, by the knobs' names, and the kernels
-    # the run calls, which the plan prices (launcher.plan.kernels)
+    # its fields are the plan's decisions among the knobs, by the knobs' names, and what the run
+    # does that the plan prices but never chooses: the kernels it calls (launcher.plan.kernels),
+    # the compile mode and the dtype its gradients are reduced in
     kernels = set(KERNEL_KNOBS.values())
     assert kernels <= set(KNOBS)
     assert {f.name for f in dataclasses.fields(Overrides)} <= {k for k, d in KNOBS.items() if d.planned} | {
-        "compile_mode"} | kernels
+        "compile_mode", "reduce_dtype"} | kernels
 
 
 def test_every_number_has_an_upper_bound_in_its_one_declaration():

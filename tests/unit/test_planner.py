@@ -280,6 +280,22 @@ def test_overrides_check_themselves_and_list_what_they_force():
         Overrides(strategy="zero3")
 
 
+def test_a_bf16_reduce_is_priced_on_every_candidate_and_keeps_them_bf16():
+    # the plan never chooses the reduce dtype (it changes the sums' rounding); given, every
+    # candidate reduces in it, and only bf16 compute can: on this CPU fp32 is weighed otherwise
+    cpu = topology("cpu-local")
+    given = plan(GPT_TINY, cpu, Goal(global_batch=8), overrides=Overrides(reduce_dtype="bf16"))
+    assert {c.strategy.reduce_dtype for c in (given.chosen, *given.rejected)} == {"bf16"}
+    assert {c.strategy.precision for c in (given.chosen, *given.rejected)} == {"bf16"}
+    default = plan(GPT_TINY, cpu, Goal(global_batch=8))
+    assert {c.strategy.reduce_dtype for c in (default.chosen, *default.rejected)} == {"fp32"}
+    assert {c.strategy.precision for c in (default.chosen, *default.rejected)} == {"fp32", "bf16"}
+    with pytest.raises(PlanError, match="--reduce-dtype bf16 .* --precision fp16"):
+        Overrides(reduce_dtype="bf16", precision="fp16")
+    with pytest.raises(PlanError, match="unknown --reduce-dtype 'fp8'"):
+        Overrides(reduce_dtype="fp8")
+
+
 def test_overrides_force_fields_and_none_means_unset():
     p = plan(GPT_125M, topology("h100-sxm-8x"), Goal(global_batch=256),
              overrides=Overrides(strategy="fsdp_full", micro_batch=4, compile=True,
