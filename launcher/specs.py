@@ -57,6 +57,12 @@ TRACKERS = ("tensorboard", "mlflow", "wandb")  # `dlaunch run --log-to` (launche
 # eager aten ops; flash-attn's fused cross entropy) and the norms (as autocast runs them, in fp32; in the compute
 # dtype, llm-foundry's low_precision_layernorm). The cost model prices each (launcher.plan.attention:
 # ATTENTION_CURVES; launcher.plan.cost: FUSED_LOSS_PASSES, NORM_AUTOCAST_BYTES).
+# selective checkpointing's save list, by aten op name (torchtitan's `_save_list`, plus addmm, a linear with a
+# bias, and CPU's flash kernel): every second matmul's output is saved, the others' always; the rest recomputed.
+# launcher.runtime.wrap applies it, launcher.plan.profile_passes measures what it keeps
+SELECTIVE_SAVED_MATMULS = ("mm", "addmm")
+SELECTIVE_SAVED_OPS = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+                       "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu", "max")
 ATTENTION_KERNELS = ("sdpa", "fa2", "triton-fa")
 LOSS_KERNELS = ("eager", "fused")
 NORM_KERNELS = ("eager", "low-precision")
@@ -126,6 +132,10 @@ class ModelProfile:
     # what SDPA saves beyond flash attention's where it runs its math path (attention with dropout on CPU, whose
     # flash kernel takes none; CUDA's does), per sample at the profiled dtype; 0 = none, or not profiled
     math_attention_bytes_per_sample: float = 0.0
+    # of one block's saved-for-backward bytes, the share selective checkpointing keeps: the outputs of the ops its
+    # save list names (SELECTIVE_SAVED_MATMULS, every second; SELECTIVE_SAVED_OPS), measured on the first block;
+    # 0 = not profiled (launcher.plan.checkpointing's SELECTIVE_SAVED_SHARE then)
+    selective_saved_share: float = 0.0
     # tensor-parallel degrees above 1 the workload's `tp_plan(model, tp)` accepts (those that
     # divide its heads); () = no tp_plan, or not profiled: the plan never proposes TP
     tp_degrees: tuple[int, ...] = ()
@@ -152,6 +162,8 @@ class ModelProfile:
         check(self.activation_bytes_per_sample >= 0 and self.backward_transient_bytes_per_sample >= 0,
               PlanError, f"model {self.name}: negative activation bytes")
         check(self.units_per_sample >= 1, PlanError, f"model {self.name}: units_per_sample must be >= 1")
+        check(0.0 <= self.selective_saved_share <= 1.0, PlanError,
+              f"model {self.name}: selective_saved_share must be in [0, 1], got {self.selective_saved_share}")
         check(0 <= self.attention_flops_fwd_per_sample + self.conv_flops_fwd_per_sample
               <= self.flops_fwd_per_sample * (1 + 1e-9) and self.attention_flops_fwd_per_sample >= 0
               and self.conv_flops_fwd_per_sample >= 0 and self.batch_norms >= 0, PlanError,

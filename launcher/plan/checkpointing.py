@@ -81,7 +81,10 @@ SELECTIVE_MEMORY_BOUND_RECOMPUTED = 1.0
 # surviving allocations of gpt tiny; docs/benchmarks.md, "Checkpointing modes on CPU"): 0.21
 # of a Llama-style block (its rotary tables, recomputed, make the block larger than the
 # accounting) and 0.38 of a GELU one; 0.4 errs towards the larger plan (it fits where predicted
-# to).
+# to). A profile measures its own (`ModelProfile.selective_saved_share`: the save list's outputs
+# over the first block's saved bytes; gpt tiny 0.30, its MPT style 0.40, Llama 2 13B's shape
+# 0.31, Llama 2 70B's (grouped KV heads) 0.26); this is the share of a profile from before that
+# was measured.
 SELECTIVE_SAVED_SHARE = 0.4
 
 MODES: Mapping[str, CheckpointingMode] = MappingProxyType({
@@ -121,17 +124,20 @@ def recompute_share(name: str, *, num_blocks: int, matmul_s: float, attention_s:
     return again / total * wrapped / num_blocks
 
 
-def kept_activation_bytes(name: str, *, saved_bytes: float, block_input_bytes: float, num_blocks: int) -> float:
+def kept_activation_bytes(name: str, *, saved_bytes: float, block_input_bytes: float, num_blocks: int,
+                          selective_share: float = 0.0) -> float:
     """Bytes of one micro-batch's activations alive at backward's peak under mode `name`, of the forward's
     `saved_bytes` without checkpointing (counted as the blocks', evenly): a wrapped block keeps its input
-    and its mode's `saved_share`; backward brings back what one wrapped block dropped as it recomputes."""
+    and its mode's `saved_share` (selective: `selective_share`, the profile's measurement, where given);
+    backward brings back what one wrapped block dropped as it recomputes."""
     mode = mode_of(name)
     wrapped = mode.wrapped_blocks(num_blocks)
     if wrapped == 0:
         return saved_bytes
+    share = selective_share if selective_share > 0 and mode.name == "selective" else mode.saved_share
     one_block = saved_bytes / num_blocks
-    kept = (num_blocks - wrapped) * one_block + wrapped * (block_input_bytes + mode.saved_share * one_block)
-    return kept + (1.0 - mode.saved_share) * one_block
+    kept = (num_blocks - wrapped) * one_block + wrapped * (block_input_bytes + share * one_block)
+    return kept + (1.0 - share) * one_block
 
 
 def describe(name: str) -> str:

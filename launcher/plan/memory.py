@@ -219,7 +219,7 @@ def activation_bytes(profile: ModelProfile, strategy: Strategy, micro_batch: int
     if strategy.recomputes and profile.num_blocks >= 1:
         kept = kept_activation_bytes(strategy.checkpointing, saved_bytes=kept,
                                      block_input_bytes=profile.block_input_bytes_per_sample * input_factor,
-                                     num_blocks=profile.num_blocks)
+                                     num_blocks=profile.num_blocks, selective_share=profile.selective_saved_share)
     return (kept + loss) * micro_batch
 
 

@@ -5,6 +5,10 @@ measured; plan.profile scales these passes over the blocks into a ModelProfile.
   bytes autograd saves for backward are summed, each storage once and parameters left out;
 - checkpointing keeps each block's input: a pre-hook on the first block, in the same pass;
 - attention with dropout: what SDPA's math path (CPU's) saves beyond flash's, in the same pass;
+- selective checkpointing: in the same pass, the first block's saved bytes and the outputs of
+  the ops its save list names (`specs.SELECTIVE_SAVED_MATMULS`, every second one, and
+  `SELECTIVE_SAVED_OPS`: what `runtime.wrap`'s policy keeps of the block), whose ratio is the
+  share of a block selective checkpointing keeps;
 - the backward transient: the same passes run backward, and the most bytes backward holds at
   once beyond what the forward saved is kept per sample (parameter gradients are dropped as
   they land: the memory model counts them apart). For a language model it is the loss
@@ -32,6 +36,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from launcher.plan.kernels import WATCHED_FUNCTIONS
+from launcher.specs import SELECTIVE_SAVED_MATMULS, SELECTIVE_SAVED_OPS
 from launcher.workload import Workload
 
 log = logging.getLogger(__name__)
@@ -63,6 +68,8 @@ class Counts(NamedTuple):
     conv_flops: float  # of which convolutions
     ops: float  # aten ops dispatched by that forward
     math_attention: float = 0.0  # at PROFILE_BATCHES[0]: SDPA's math path beyond flash (CPU dropout)
+    block_saved: float = 0.0  # at PROFILE_BATCHES[0]: what the first block saves for backward
+    block_selective: float = 0.0  # ... and what selective checkpointing's save list keeps of it
     transient1: float = 0.0  # backward's peak bytes beyond the saved, at TRANSIENT_BATCHES[0]
     transient2: float = 0.0  # ... at TRANSIENT_BATCHES[1]
 
@@ -118,6 +125,8 @@ def _flash_like_sdpa() -> Any:
         def __init__(self) -> None:
             super().__init__()
             self.called: set[str] = set()  # of WATCHED_FUNCTIONS, those called (plan.kernels)
+            self.in_block = False  # inside the first block: what selective checkpointing keeps is counted
+            self.block_kept = 0  # SDPA's outputs there (out and the log-sum-exp: in the save list)
 
         def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             if func in watched:
@@ -129,7 +138,10 @@ def _flash_like_sdpa() -> Any:
                 dropout = (kwargs or {}).get("dropout_p", args[4] if len(args) > 4 else 0.0)
                 if dropout:
                     self.math_attention_bytes += MATH_ATTENTION_BYTES_PER_SCORE * b_h_sq * k.shape[-2]
-                return FlashLike.apply(q, k, v)
+                out = FlashLike.apply(q, k, v)
+                if self.in_block:
+                    self.block_kept += out.numel() * out.element_size() + 4 * b_h_sq
+                return out
             return func(*args, **(kwargs or {}))
 
     return Mode()
@@ -152,6 +164,19 @@ class _Dispatched:
         self.ops = self.live = self.peak = self.attention_flops = 0
         self.custom_ops: set[str] = set()  # "namespace::op" of a package's ops (plan.kernels)
         tracked: set[int] = set()
+        # inside the first block (`in_block`): the bytes of the outputs selective checkpointing's
+        # save list keeps (every second matmul, counted from the block's start, and the listed ops)
+        self.in_block, self.block_kept, self.block_mms = False, 0, 0
+        aten = torch.ops.aten
+        matmuls = {getattr(aten, n).default for n in SELECTIVE_SAVED_MATMULS if hasattr(aten, n)}
+        listed = {getattr(aten, n).default for n in SELECTIVE_SAVED_OPS if hasattr(aten, n)}
+        kept: set[int] = set()
+
+        def keep(out: Any) -> None:
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor) and id(t.untyped_storage()) not in kept:
+                    kept.add(id(t.untyped_storage()))
+                    outer.block_kept += t.untyped_storage().nbytes()
 
         def free(key: int, nbytes: int) -> None:
             tracked.discard(key)
@@ -163,6 +188,12 @@ class _Dispatched:
                 if func.namespace not in _TORCH_OP_NAMESPACES:
                     outer.custom_op(func.name(), args)
                 out = func(*args, **(kwargs or {}))
+                if outer.in_block and func in matmuls:
+                    outer.block_mms += 1
+                    if outer.block_mms % 2 == 1:
+                        keep(out)
+                elif outer.in_block and func in listed:
+                    keep(out)
                 for t in tree_flatten(out)[0] if track_bytes else ():
                     if not isinstance(t, torch.Tensor):
                         continue
@@ -242,47 +273,58 @@ def _pass(workload: Workload, model: Any, micro_batch: int, param_keys: set[int]
     from torch.utils.flop_counter import FlopCounterMode
 
     block_in: list[int] = []
+    sdpa = _flash_like_sdpa()
+    # only backward's transient reads the bytes: the other passes skip their per-op bookkeeping
+    # (a weakref finalizer per new storage), and the saved2 pass any dispatch mode at all
+    dispatched = _Dispatched(track_bytes=backward) if count_flops or backward else None
+    block_saved = 0
 
-    def hook(module: Any, args: tuple[Any, ...]) -> None:
+    def enter(module: Any, args: tuple[Any, ...]) -> None:
         block_in.append(sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor)))
+        if count_flops and dispatched is not None and len(block_in) == 1:
+            sdpa.in_block = dispatched.in_block = True
 
-    handle = first_block.register_forward_pre_hook(hook) if first_block is not None else None
+    def leave(module: Any, args: Any, out: Any) -> None:
+        sdpa.in_block = False
+        if dispatched is not None:
+            dispatched.in_block = False
+
+    handles = ([first_block.register_forward_pre_hook(enter), first_block.register_forward_hook(leave)]
+               if first_block is not None else [])
     seen: set[int] = set()
     total = 0
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        nonlocal total
+        nonlocal total, block_saved
         storage = t.untyped_storage()
         key = storage._cdata
         if key not in seen and key not in param_keys:
             seen.add(key)
             total += storage.nbytes()
+            block_saved += storage.nbytes() if sdpa.in_block else 0
         return t
 
     batch = meta_batch(workload, micro_batch)
     counter = FlopCounterMode(display=False) if count_flops else contextlib.nullcontext()
-    sdpa = _flash_like_sdpa()
-    # only backward's transient reads the bytes: the other passes skip their per-op bookkeeping
-    # (a weakref finalizer per new storage), and the saved2 pass any dispatch mode at all
-    dispatched = _Dispatched(track_bytes=backward) if count_flops or backward else None
     try:
         with counter, dispatched.mode if dispatched else contextlib.nullcontext(), sdpa, \
                 torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             loss = workload.loss_fn(model, batch)
     finally:
-        if handle is not None:
+        for handle in handles:
             handle.remove()
     transient = _backward_transient(loss, list(model.parameters()), dispatched) if dispatched and backward else 0.0
     if count_flops and called is not None and dispatched is not None:
         called.update(sdpa.called, dispatched.custom_ops, _graph_functions(loss))
     del loss
-    counted = (0.0,) * 5
+    counted = (0.0,) * 7
     if isinstance(counter, FlopCounterMode) and dispatched is not None:
         by_op = counter.get_flop_counts().get("Global", {})
         conv = sum(n for op, n in by_op.items() if getattr(op, "__name__", str(op)).split(".")[0] in _CONV_OPS)
         attention = float(sdpa.attention_flops + dispatched.attention_flops)
         counted = (float(counter.get_total_flops()) + attention, attention, float(conv),
-                   float(sdpa.math_attention_bytes), float(dispatched.ops))
+                   float(sdpa.math_attention_bytes), float(dispatched.ops), float(block_saved),
+                   float(dispatched.block_kept + sdpa.block_kept))
     return total, (block_in[0] if block_in else 0), counted, transient
 
 
@@ -292,11 +334,12 @@ def measure(workload: Workload, model: Any, param_keys: set[int], first_block: A
     aten ops at 1; with `transients`, backward's transient at TRANSIENT_BATCHES (else 0: the
     two backward passes are a third of a profile's time, skipped where nobody reads them).
     What the forward and loss called is added to `called` (`_pass`)."""
-    saved1, block_in, (flops, attention, conv, math_attention, ops), _ = _pass(
+    saved1, block_in, (flops, attention, conv, math_attention, ops, block_saved, block_selective), _ = _pass(
         workload, model, PROFILE_BATCHES[0], param_keys, first_block, count_flops=True, called=called)
     saved2 = _pass(workload, model, PROFILE_BATCHES[1], param_keys)[0]
     transient1, transient2 = ((_pass(workload, model, mb, param_keys, backward=True)[3]
                                for mb in TRANSIENT_BATCHES) if transients else (0.0, 0.0))
-    return Counts(saved1, saved2, block_in, flops, attention, conv, ops, math_attention, transient1, transient2)
+    return Counts(saved1, saved2, block_in, flops, attention, conv, ops, math_attention,
+                  block_saved, block_selective, transient1, transient2)
 
 

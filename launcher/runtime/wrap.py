@@ -35,7 +35,7 @@ from launcher.runtime.compiling import compile_forward
 from launcher.runtime.context import RankContext
 from launcher.runtime.inject import comm_delay_ms, install_comm_delay
 from launcher.runtime.zero import zero_optimizer
-from launcher.specs import Strategy
+from launcher.specs import SELECTIVE_SAVED_MATMULS, SELECTIVE_SAVED_OPS, Strategy
 from launcher.workload import Workload, batch_norms
 
 if TYPE_CHECKING:
@@ -75,13 +75,11 @@ def _switched_off(setting: Callable[[bool], None]) -> Callable[[], contextlib.Ab
 
 def _selective_save_ops() -> tuple[frozenset[Any], frozenset[Any]]:
     """(matmuls, other ops) whose outputs selective checkpointing saves: torchtitan's save list
-    (torchtitan/models/llama3/infra/parallelize.py `_save_list`), plus addmm (a linear with a
-    bias) and CPU's flash kernel. Ops this torch build lacks are left out."""
+    (torchtitan/models/llama3/infra/parallelize.py `_save_list`) as `specs` names it, and the
+    reduce-scatter. Ops this torch build lacks are left out."""
     aten = torch.ops.aten
-    matmuls = frozenset(getattr(aten, n).default for n in ("mm", "addmm") if hasattr(aten, n))
-    names = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-             "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu", "max")
-    other = {getattr(aten, n).default for n in names if hasattr(aten, n)}
+    matmuls = frozenset(getattr(aten, n).default for n in SELECTIVE_SAVED_MATMULS if hasattr(aten, n))
+    other = {getattr(aten, n).default for n in SELECTIVE_SAVED_OPS if hasattr(aten, n)}
     functional = getattr(torch.ops, "_c10d_functional", None)
     if functional is not None and hasattr(functional, "reduce_scatter_tensor"):
         other.add(functional.reduce_scatter_tensor.default)

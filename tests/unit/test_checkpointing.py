@@ -160,6 +160,28 @@ def test_every_mode_computes_the_same_loss_and_gradients():
             torch.testing.assert_close(g, ref)
 
 
+def test_the_profile_measures_what_selective_keeps_of_a_block():
+    # SMALL with grouped KV heads (4 heads, 2 KV): width 64, KV width 32, MLP 192, 8 tokens, fp32.
+    # The save list keeps wq (64), wv (32), w1 (192) and w2 (64) of the 7 matmuls, and SDPA's
+    # output (64) with its log-sum-exp (one fp32 a head a token): 420 B a token
+    from launcher.plan.profile_passes import measure
+
+    w = load_workload(REPO_WORKLOADS, [*SMALL, "--heads", "4", "--seq-len", "8", "--layers", "1"])
+    with torch.device("meta"):
+        model = w.build_model()
+    keys = {p.untyped_storage()._cdata for p in model.parameters()}
+    counts = measure(w, model, keys, w.blocks(model)[0], transients=False)
+    assert counts.block_selective == 4 * 8 * (64 + 32 + 192 + 64 + 64 + 4)
+    assert 0.2 < counts.block_selective / counts.block_saved < 0.5
+    # the memory model keeps that share of each selective block, not the 0.4 of an unmeasured profile
+    saved, block_input, n = 1000.0, 10.0, 10
+    measured = kept_activation_bytes("selective", saved_bytes=saved, block_input_bytes=block_input, num_blocks=n,
+                                     selective_share=0.25)
+    assert measured == pytest.approx(n * (block_input + 25) + 75)
+    assert kept_activation_bytes("full", saved_bytes=saved, block_input_bytes=block_input, num_blocks=n,
+                                 selective_share=0.25) == pytest.approx(n * block_input + 100)
+
+
 def test_selective_saves_every_other_matmul_and_attention(monkeypatch):
     import torch.utils.checkpoint as ckpt
 
