@@ -24,18 +24,19 @@ The model, per rank (P = parameters, G = shard group size, c = compute-dtype byt
   (`parameters_as_bucket_view=True`), so the broadcast needs no buffer of its own (0 B).
 - FSDP full shard (ZeRO-3): params, grads, optimizer / G, plus the unsharded units: the root
   unit (parameters outside the blocks: embeddings, head), two blocks (the current one and the
-  prefetched one) at the compute dtype, and one block's unsharded fp32 gradients waiting for
-  their reduce-scatter. They live during the blocks' backward, not at its start: when the loss
-  gradient (backward's transient) peaks, every unit (the root too) has been resharded after its
-  forward and no gradient exists yet (measured on CPU, torch 2.13: the peak is log_softmax's
-  backward, with nothing unsharded), so the units and the transient count once, the larger.
+  prefetched one) at the compute dtype, and one block's unsharded gradients waiting for their
+  reduce-scatter, at the reduce dtype (`Strategy.reduce_dtype`: fp32, or bf16 as computed).
+  They live during the blocks' backward, not at its start: when the loss gradient (backward's
+  transient) peaks, every unit (the root too) has been resharded after its forward and no
+  gradient exists yet (measured on CPU, torch 2.13: the peak is log_softmax's backward, with
+  nothing unsharded), so the units and the transient count once, the larger.
 - FSDP shard-grad-op (ZeRO-2, reshard_after_forward=False): the whole model stays unsharded at
   the compute dtype from forward to backward; fp32 params, grads and optimizer are sharded.
 - hybrid: full shard inside the shard group (one node), replicated across nodes.
 - tensor parallelism (`Strategy.tp` = t, with sequence parallelism, FSDP over the t-th of the
   ranks that share one TP slice): every block's matmul weights are split by t, and the usual
   Llama plan row-splits the embedding and column-splits the head, so params, grads and optimizer
-  state are / (t x G), the unsharded units (root + 2 blocks, one block's fp32 grads) / t. The
+  state are / (t x G), the unsharded units (root + 2 blocks, one block's grads) / t. The
   norms' weights, replicated on the t ranks, are a few thousand parameters per block: not
   counted apart. Activations are / t: with TP + SP every saved activation is split (Korthikanti
   et al. 2022, "Reducing Activation Recomputation", Table 2). Backward's transient (the loss
@@ -313,8 +314,9 @@ def estimate_memory(profile: ModelProfile, strategy: Strategy, *, micro_batch: i
             notes.append(f"unsharded root ({root / 1e6:.0f}M params) + 2 blocks (prefetch) at "
                          f"{c} B" + (f", each its TP 1/{tp} (embedding row-, head column-split)"
                                      if tp > 1 else ""))
-        units += GRAD_BYTES * block
-        notes.append("one block's fp32 grads before reduce-scatter")
+        # the reduce-scatter's input: the unsharded grads cast to the reduce dtype (bf16: as computed)
+        units += strategy.reduce_bytes * block
+        notes.append(f"one block's {strategy.reduce_dtype} grads before reduce-scatter")
         # backward's transient peaks before any unit is unsharded again (see the module
         # docstring): the peak holds the larger of the two, not both
         coexisting = c * p / tp if strategy.kind == "fsdp_grad_op" else 0.0

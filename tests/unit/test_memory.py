@@ -86,6 +86,15 @@ def test_fsdp_full_divides_state_and_adds_unsharded_units():
     assert "= 16 B/param / 8 (sharded)" in m.assumptions
 
 
+def test_a_bf16_reduce_scatters_a_blocks_grads_as_computed():
+    # test_fsdp_full_divides_state_and_adds_unsharded_units with reduce_dtype bf16: the block's
+    # grads wait for their reduce-scatter in bf16, 2 x 9e7 = 1.8e8, not cast to fp32
+    s = Strategy(kind="fsdp_full", precision="bf16", reduce_dtype="bf16")
+    m = estimate_memory(model(), s, micro_batch=2, world_size=8, shard_group_size=8, device="cpu")
+    assert m.overhead_bytes == pytest.approx(5.6e8 + 1.8e8)
+    assert "one block's bf16 grads before reduce-scatter" in m.assumptions
+
+
 def test_fsdp_grad_op_keeps_whole_params_at_compute_dtype():
     m = est("fsdp_grad_op", "bf16", group=8)
     assert m.params_bytes == pytest.approx(0.5e9)
