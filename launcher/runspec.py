@@ -227,7 +227,9 @@ class LaunchSpec(RunSettings):
         warmup = min(3, self.steps - 1) if self.warmup_steps is None else self.warmup_steps
         startup = max(900.0, self.hang_timeout_s) if self.startup_timeout_s is None else self.startup_timeout_s
         made = {"compile_mode": self.compile_mode or "default", "reduce_dtype": self.reduce_dtype or "fp32",
-                "warmup_steps": warmup, "startup_timeout_s": startup}
+                "warmup_steps": warmup, "startup_timeout_s": startup,
+                # unplanned (SLURM without a topology), a bf16 reduce takes the precision it needs
+                **({"precision": "bf16"} if self.precision is None and self.reduce_dtype == "bf16" else {})}
         for name, value in {**self.decided(), **made}.items():
             object.__setattr__(self, name, value)
         super().__post_init__()

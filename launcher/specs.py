@@ -134,11 +134,14 @@ class ModelProfile:
     math_attention_bytes_per_sample: float = 0.0
     # of one block's saved-for-backward bytes, the share selective checkpointing keeps: the outputs of the ops its
     # save list names (SELECTIVE_SAVED_MATMULS, every second; SELECTIVE_SAVED_OPS), measured on the first block;
-    # 0 = not profiled (launcher.plan.checkpointing's SELECTIVE_SAVED_SHARE then)
-    selective_saved_share: float = 0.0
+    # None = not profiled (launcher.plan.checkpointing's SELECTIVE_SAVED_SHARE then)
+    selective_saved_share: float | None = None
     # tensor-parallel degrees above 1 the workload's `tp_plan(model, tp)` accepts (those that
     # divide its heads); () = no tp_plan, or not profiled: the plan never proposes TP
     tp_degrees: tuple[int, ...] = ()
+    # whether that tp_plan keeps the logits split over the vocabulary (loss parallel): under TP the loss and its
+    # gradient are then 1/tp on each rank, not whole
+    tp_loss_parallel: bool = False
     # how the model was profiled where that is not as it trains (the workload's word, e.g. an
     # MoE's routing stood in for on the meta device); "" = as it trains
     profile_note: str = ""
@@ -162,7 +165,7 @@ class ModelProfile:
         check(self.activation_bytes_per_sample >= 0 and self.backward_transient_bytes_per_sample >= 0,
               PlanError, f"model {self.name}: negative activation bytes")
         check(self.units_per_sample >= 1, PlanError, f"model {self.name}: units_per_sample must be >= 1")
-        check(0.0 <= self.selective_saved_share <= 1.0, PlanError,
+        check(self.selective_saved_share is None or 0.0 <= self.selective_saved_share <= 1.0, PlanError,
               f"model {self.name}: selective_saved_share must be in [0, 1], got {self.selective_saved_share}")
         check(0 <= self.attention_flops_fwd_per_sample + self.conv_flops_fwd_per_sample
               <= self.flops_fwd_per_sample * (1 + 1e-9) and self.attention_flops_fwd_per_sample >= 0

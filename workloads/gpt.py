@@ -200,8 +200,10 @@ def tp_plan(model, tp):
     stream, norms and embeddings' outputs split along the sequence (dim 1) between blocks.
 
     Each block all-gathers its input's sequence before attention and before the MLP and
-    reduce-scatters their outputs back onto it; the head all-gathers the logits (replicated:
-    the loss is the plain cross entropy on every rank). Learned positions are split like the
+    reduce-scatters their outputs back onto it; the head keeps the logits split over the
+    vocabulary, a DTensor (torchtitan's loss parallel: the cross entropy runs on each rank's
+    slice inside `loss_parallel()`, which dlaunch's harness enters for tensor-parallel runs, so
+    no rank holds the whole logits or their gradient). Learned positions are split like the
     sequence (vocabulary-parallel lookup, reduce-scattered onto the rows). None where `tp` does
     not divide the heads, the kv heads, the MLP's hidden size or the vocabulary.
     """
@@ -215,7 +217,7 @@ def tp_plan(model, tp):
     plan = {
         "embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
         "norm": SequenceParallel(),
-        "head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+        "head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
         "layers.*.attn_norm": SequenceParallel(),
         "layers.*.attn": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
         "layers.*.attn.wq": ColwiseParallel(),

@@ -125,7 +125,7 @@ def recompute_share(name: str, *, num_blocks: int, matmul_s: float, attention_s:
 
 
 def kept_activation_bytes(name: str, *, saved_bytes: float, block_input_bytes: float, num_blocks: int,
-                          selective_share: float = 0.0) -> float:
+                          selective_share: float | None = None) -> float:
     """Bytes of one micro-batch's activations alive at backward's peak under mode `name`, of the forward's
     `saved_bytes` without checkpointing (counted as the blocks', evenly): a wrapped block keeps its input
     and its mode's `saved_share` (selective: `selective_share`, the profile's measurement, where given);
@@ -134,7 +134,7 @@ def kept_activation_bytes(name: str, *, saved_bytes: float, block_input_bytes: f
     wrapped = mode.wrapped_blocks(num_blocks)
     if wrapped == 0:
         return saved_bytes
-    share = selective_share if selective_share > 0 and mode.name == "selective" else mode.saved_share
+    share = selective_share if selective_share is not None and mode.name == "selective" else mode.saved_share
     one_block = saved_bytes / num_blocks
     kept = (num_blocks - wrapped) * one_block + wrapped * (block_input_bytes + share * one_block)
     return kept + (1.0 - share) * one_block

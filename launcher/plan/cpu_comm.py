@@ -95,7 +95,8 @@ def _ops(topology: Topology, *, within_node: bool = False) -> dict[str, Callable
 
 def cpu_ddp_comm(profile: ModelProfile, topology: Topology, reduce_bytes: int = GRAD_BYTES) -> float:
     """Seconds of DDP's bucketed all-reduce of the fp32 gradients per optimizer step, with handling; each
-    bucket sent at `reduce_bytes` an element (`Strategy.reduce_bytes`: the bf16 hook halves it)."""
+    bucket sent at `reduce_bytes` an element (`Strategy.reduce_bytes`: the bf16 hook halves it; its cast and
+    copy back are not priced: gpt tiny on 2 ranks measured 0.457 s a step against 0.467 s in fp32, AMD EPYC)."""
     ar = _ops(topology)["ar"]
     handling = DDP_BUCKET_OPS * rates_of(topology.accelerator, topology).op_s * time_share(topology)
     buckets = ddp_buckets(GRAD_BYTES * float(profile.num_params))

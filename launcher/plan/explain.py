@@ -123,6 +123,8 @@ def reasons(chosen: Candidate, cands: list[Candidate], profile: ModelProfile, to
                    if prec == "bf16" else
                    f"fp16 with GradScaler: {dev.name} (compute capability {cc}) has no bf16"
                    if prec == "fp16" else "fp32: no mixed precision")
+    elif prec == "bf16" and chosen.strategy.reduce_dtype == "bf16":
+        out.append("bf16 autocast on CPU: the bf16 gradient reduce (--reduce-dtype bf16) needs it")
     elif prec == "bf16":
         out.append("bf16 autocast on CPU: this CPU lists a bf16 peak and bf16 is predicted faster")
     else:

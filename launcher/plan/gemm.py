@@ -20,7 +20,7 @@ from launcher.specs import ModelProfile
 # A100: FIT (see GEMM_HALF_WIDTH) between that measurement (0.859, a floor: llm-foundry's own A100
 # tables report up to 0.79 of peak sustained over whole steps, HFU of MPT-13B at 1k tokens, which
 # 0.859 x the time the rest takes cannot reach) and 0.93 (a cap: no published cuBLAS bf16 GEMM on
-# an A100 above ~290 TFLOP/s); the fit sits at the cap.
+# an A100 above ~290 TFLOP/s); the fit sits between them (the history below).
 GEMM_PEAK_FRACTION = {(8, 0): 0.90, (9, 0): 0.801}
 GEMM_PEAK_FRACTION_DEFAULT = 0.80
 # Small GEMMs run below MAMF (tile and wave quantization, NVIDIA's "Matrix Multiplication

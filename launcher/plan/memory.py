@@ -40,10 +40,11 @@ The model, per rank (P = parameters, G = shard group size, c = compute-dtype byt
   norms' weights, replicated on the t ranks, are a few thousand parameters per block: not
   counted apart. Activations are / t: with TP + SP every saved activation is split (Korthikanti
   et al. 2022, "Reducing Activation Recomputation", Table 2). Backward's transient (the loss
-  gradient over the vocabulary) is NOT split: the runtime's plans (workloads/gpt.py `tp_plan`)
-  all-gather the head's logits so the workload's own loss runs unchanged on every rank; loss
-  parallel (torchtitan's, logits kept split) would divide it by t and is not applied. The
-  caller's G is the FSDP group (world/t ranks, or devices per node / t under hybrid).
+  gradient over the vocabulary) is / t where the workload's plan keeps the logits split over the
+  vocabulary (`profile.tp_loss_parallel`; torchtitan's loss parallel, workloads/gpt.py's
+  `tp_plan`: the harness runs the loss and backward in `loss_parallel()`), whole where a plan
+  gathers them. The caller's G is the FSDP group (world/t ranks, or devices per node / t under
+  hybrid).
 - activations: `profile.activation_bytes_per_sample` is measured on fp32 saved tensors; bf16 and
   fp16 scale it by what each kind of op saves, under DDP's autocast and under FSDP's bf16
   parameters, and torch.compile by what Inductor recomputes (the factors below). On CPU, attention
@@ -259,8 +260,9 @@ def estimate_memory(profile: ModelProfile, strategy: Strategy, *, micro_batch: i
              f"{opt_b:g} = {MASTER_PARAM_BYTES + GRAD_BYTES + opt_b:g} B/param"]
 
     # x / 1 is exact: tp = 1 keeps every term bit-for-bit what it was before TP existed
-    # the logits are gathered on every TP rank (no loss parallel): the transient stays whole
-    transient = transient_bytes(profile, strategy, micro_batch)
+    # the loss gradient over the vocabulary: whole where a TP plan gathers the logits on every
+    # rank, 1/tp of it where the plan keeps them split (loss parallel)
+    transient = transient_bytes(profile, strategy, micro_batch) / (tp if profile.tp_loss_parallel else 1)
     activations = activation_bytes(profile, strategy, micro_batch, device=device) / tp + transient
     factor, input_factor = activation_factors(strategy, profile)
     act_note = (f"activations x{factor:g} of the fp32 measurement "
@@ -327,8 +329,10 @@ def estimate_memory(profile: ModelProfile, strategy: Strategy, *, micro_batch: i
                          f"{fmt_gib(overlap)} GiB counted once")
         if tp > 1:
             notes.append(f"TP {tp} + sequence parallelism: activations / {tp} (every activation "
-                         "split, Korthikanti et al. 2022); the loss gradient whole (logits "
-                         "gathered, no loss parallel); norm weights replicated (negligible)")
+                         "split, Korthikanti et al. 2022); the loss gradient "
+                         + (f"/ {tp} (logits split over the vocabulary: loss parallel)" if profile.tp_loss_parallel
+                            else "whole (logits gathered, no loss parallel)")
+                         + "; norm weights replicated (negligible)")
     if transient > 0:
         act_note += (f"; backward transient {fmt_gib(transient)} GiB ("
                      + ("the fused loss's saved logits and their gradient at the compute dtype"

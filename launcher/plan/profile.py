@@ -76,15 +76,26 @@ def _extrapolated(workload: Workload, model: Any, param_keys: set[int], blocks: 
                           transient2=three.transient2)
 
 
-def tp_degrees(workload: Workload) -> tuple[int, ...]:
+def splits_logits(plan: dict[str, Any]) -> bool:
+    """Whether a tp_plan leaves a module's output a DTensor split on its last dimension: the head's
+    logits over the vocabulary, torchtitan's loss parallel (`use_local_output=False`, `Shard(-1)`)."""
+    from torch.distributed.tensor import Shard
+
+    return any(getattr(style, "use_local_output", True) is False
+               and any(isinstance(p, Shard) and p.dim == -1 for p in getattr(style, "output_layouts", ()) or ())
+               for style in plan.values())
+
+
+def tp_degrees(workload: Workload) -> tuple[tuple[int, ...], bool]:
     """The degrees in TP_PROBE_DEGREES whose `tp_plan(model, d)` returns a plan (None: d does not divide
-    the heads), each asked of a fresh meta model (the hook may mutate it); () without the hook. A
-    degree whose call raises is dropped with a warning (a forced --tp then says it is not accepted)."""
+    the heads), each asked of a fresh meta model (the hook may mutate it), and whether the plans split
+    the logits (`splits_logits`); ((), False) without the hook. A degree whose call raises is dropped
+    with a warning (a forced --tp then says it is not accepted)."""
     if not workload.has_tp_plan:
-        return ()
+        return (), False
     import torch
 
-    out = []
+    out, split = [], False
     for d in TP_PROBE_DEGREES:
         try:
             with torch.device("meta"):
@@ -96,7 +107,8 @@ def tp_degrees(workload: Workload) -> tuple[int, ...]:
             continue
         if isinstance(plan, dict):
             out.append(d)
-    return tuple(out)
+            split = split or splits_logits(plan)
+    return tuple(out), split
 
 
 def profile_workload(workload: Workload, *, extrapolate: bool = True) -> ModelProfile:
@@ -137,6 +149,7 @@ def profiled_workload(workload: Workload, *, extrapolate: bool = True) -> Profil
     for p in params:
         dtype = str(p.dtype).removeprefix("torch.")
         by_dtype[dtype] = by_dtype.get(dtype, 0) + p.numel() * p.element_size()
+    degrees, loss_parallel = tp_degrees(workload)
     slope = (counts.saved2 - counts.saved1) / (PROFILE_BATCHES[1] - PROFILE_BATCHES[0])
     per_sample = 1 / PROFILE_BATCHES[0]
     profile = ModelProfile(
@@ -155,10 +168,10 @@ def profiled_workload(workload: Workload, *, extrapolate: bool = True) -> Profil
         optimizer=optimizer, optimizer_state_bytes_per_param=state_bytes,
         forward_ops=int(counts.ops), param_tensors=len(params), batch_norms=len(batch_norms(model)),
         math_attention_bytes_per_sample=counts.math_attention * per_sample,
-        selective_saved_share=min(1.0, counts.block_selective / counts.block_saved) if counts.block_saved > 0 else 0.0,
+        selective_saved_share=min(1.0, counts.block_selective / counts.block_saved) if counts.block_saved > 0 else None,
         backward_transient_bytes_per_sample=max(
             (counts.transient2 - counts.transient1) / (TRANSIENT_BATCHES[1] - TRANSIENT_BATCHES[0]), 0.0),
-        tp_degrees=tp_degrees(workload),
+        tp_degrees=degrees, tp_loss_parallel=loss_parallel,
         profile_note=str(getattr(model, PROFILE_NOTE_ATTR, "") or ""),
     )
     profile, sources = workload_kernels(profile, table, seen)

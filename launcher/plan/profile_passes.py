@@ -170,12 +170,12 @@ class _Dispatched:
         aten = torch.ops.aten
         matmuls = {getattr(aten, n).default for n in SELECTIVE_SAVED_MATMULS if hasattr(aten, n)}
         listed = {getattr(aten, n).default for n in SELECTIVE_SAVED_OPS if hasattr(aten, n)}
-        kept: set[int] = set()
+        kept: dict[int, Any] = {}  # the storages counted, held so that no freed one's key is reused
 
         def keep(out: Any) -> None:
             for t in tree_flatten(out)[0]:
-                if isinstance(t, torch.Tensor) and id(t.untyped_storage()) not in kept:
-                    kept.add(id(t.untyped_storage()))
+                if isinstance(t, torch.Tensor) and t.untyped_storage()._cdata not in kept:
+                    kept[t.untyped_storage()._cdata] = t.untyped_storage()
                     outer.block_kept += t.untyped_storage().nbytes()
 
         def free(key: int, nbytes: int) -> None:

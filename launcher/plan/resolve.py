@@ -134,7 +134,8 @@ def _cache_key(workload: str, workload_args: Sequence[str]) -> str:
 
 
 # bump when profile.py measures differently, so old cache entries are ignored
-_PROFILE_FORMAT = 12  # 8: profile_note; 9: math_attention_bytes_per_sample; 11: kernels; 12: selective_saved_share
+# 8: profile_note; 9: math_attention_bytes_per_sample; 11: kernels; 12: selective_saved_share; 13: tp_loss_parallel
+_PROFILE_FORMAT = 13
 
 
 def _cached(path: Path, load: Callable[[dict[str, Any]], _T], make: Callable[[], _T]) -> _T:

@@ -99,9 +99,11 @@ class Overrides:
     @property
     def forced(self) -> tuple[tuple[str, Any], ...]:
         """The set decisions, (name, value) by name; empty when the planner decides all. The
-        kernels are none: they change what a candidate costs, not which candidates there are."""
+        kernels and the reduce dtype are none: they change what a candidate costs, not which
+        candidates there are."""
         return tuple(sorted((f.name, getattr(self, f.name)) for f in dataclasses.fields(self)
-                            if getattr(self, f.name) is not None and not f.name.endswith("_kernel")))
+                            if getattr(self, f.name) is not None and not f.name.endswith("_kernel")
+                            and f.name != "reduce_dtype"))
 
 
 @dataclass(frozen=True, kw_only=True)

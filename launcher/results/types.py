@@ -108,6 +108,7 @@ class RunResult:
     last_eval: Mapping[str, Any] | None = None  # the last evaluation (--eval-every), averaged over ranks
     offload: bool = False  # FSDP's CPU offload (the strategy's `offload`)
     float8: str = "none"  # float8 training's recipe (the strategy's `float8`)
+    reduce_dtype: str = "fp32"  # what the gradients crossed the ranks in (the strategy's `reduce_dtype`)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""

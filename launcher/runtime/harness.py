@@ -190,13 +190,16 @@ def _forward_backward(run: _Setup, workload: Workload, spec: LaunchSpec, ctx: Ra
     step_loss: torch.Tensor | None = None
     for micro, batch in enumerate(micro_batches):
         sync = contextlib.nullcontext() if micro == accum - 1 else run.wrapped.accumulate()
-        with sync:
+        with sync, run.wrapped.loss_context():
             with _autocast(spec, ctx):
                 loss = workload.loss_fn(run.wrapped.module, batch)
             if accum > 1:
                 loss = loss / accum
             (run.scaler.scale(loss) if run.fp16 else loss).backward()
-        step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
+        done = loss.detach()
+        # a loss over vocabulary-split logits (TP's loss parallel) is a replicated DTensor: its local value
+        done = done.to_local() if hasattr(done, "to_local") else done
+        step_loss = done if step_loss is None else step_loss + done
     assert step_loss is not None  # a step has at least one micro-batch (accumulation >= 1)
     return step_loss
 

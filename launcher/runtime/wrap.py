@@ -56,6 +56,9 @@ class Wrapped:
     mesh_shape: tuple[int, ...] | None = None  # FSDP's device mesh; (replicas, shards) for hybrid
     mesh_dims: tuple[str, ...] | None = None  # its dimensions' names: ("dp", "tp") with tp > 1
     tp_group: str | None = None  # the tensor-parallel process group's name (runtime.tp_comm)
+    # entered around each micro-batch's loss and backward: loss_parallel() under TP, where a
+    # workload's tp_plan keeps the logits split over the vocabulary (a DTensor); else nothing
+    loss_context: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext
     float8: dict[str, Any] | None = None  # the layers converted and skipped (runtime.float8)
 
 
@@ -308,5 +311,10 @@ def _wrap_fsdp(model: torch.nn.Module, strategy: Strategy, ctx: RankContext,
         compile_forward(model, strategy)
     accumulate = (_switched_off(sharded.set_requires_all_reduce) if strategy.kind == "hybrid"
                   else contextlib.nullcontext)
+    # under TP a vocabulary-split output needs loss_parallel() for its loss and backward; it changes
+    # nothing for plain tensors, so every TP run enters it
+    from torch.distributed.tensor.parallel import loss_parallel
+
     return Wrapped(module=model, no_sync=_switched_off(sharded.set_requires_gradient_sync), accumulate=accumulate,
-                   compiled=strategy.compile, mesh_shape=mesh_shape, mesh_dims=mesh_dims, tp_group=tp_group)
+                   compiled=strategy.compile, mesh_shape=mesh_shape, mesh_dims=mesh_dims, tp_group=tp_group,
+                   loss_context=loss_parallel if strategy.tp > 1 else contextlib.nullcontext)

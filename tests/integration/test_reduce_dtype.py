@@ -25,7 +25,9 @@ def train(run_dir: Path, strategy: str, reduce_dtype: str) -> list[float]:
                        "--seq-len", "32", env={"TMPDIR": str(run_dir.parent)})
     assert done.code == 0, done.out + done.err
     spec = json.loads((run_dir / "launch.json").read_text())
-    assert spec["reduce_dtype"] == reduce_dtype
+    result = json.loads((run_dir / "result.json").read_text())
+    assert spec["reduce_dtype"] == result["reduce_dtype"] == reduce_dtype
+    assert ("+ bf16 gradient reduce" in done.out) == (reduce_dtype == "bf16")
     return rank_losses(run_dir)
 
 

@@ -294,6 +294,17 @@ def test_a_bf16_reduce_is_priced_on_every_candidate_and_keeps_them_bf16():
         Overrides(reduce_dtype="bf16", precision="fp16")
     with pytest.raises(PlanError, match="unknown --reduce-dtype 'fp8'"):
         Overrides(reduce_dtype="fp8")
+    # it forces no candidate (a plan that fits none still says what to change) ...
+    assert Overrides(reduce_dtype="bf16").forced == ()
+    # ... and needs bf16 units
+    with pytest.raises(PlanError, match="T4 has no bf16 units"):
+        plan(GPT_TINY, topology("t4-4x"), Goal(global_batch=8), overrides=Overrides(reduce_dtype="bf16"))
+    # unplanned (a SLURM run without a topology), the precision it needs is its fallback
+    from launcher.runspec import LaunchSpec
+
+    spec = LaunchSpec(workload="/w.py", run_id="r", run_dir="/r", reduce_dtype="bf16")
+    assert (spec.precision, spec.parallel.reduce_dtype) == ("bf16", "bf16")
+    assert LaunchSpec(workload="/w.py", run_id="r", run_dir="/r").precision == "fp32"
 
 
 def test_overrides_force_fields_and_none_means_unset():

@@ -88,7 +88,13 @@ def test_memory_splits_state_units_and_activations_by_tp():
         units + CUBLAS_WORKSPACE_BYTES + CUDA_CONTEXT_BYTES + NCCL_BUFFER_BYTES
         + CUDA_ALLOCATOR_SLACK * state)
     assert "TP 8" in eight.assumptions and "Korthikanti" in eight.assumptions
-    assert "replicated" in eight.assumptions
+    assert "replicated" in eight.assumptions and "whole (logits gathered" in eight.assumptions
+    # a plan that keeps the logits split over the vocabulary (loss parallel): the loss gradient / 8 too
+    split = estimate_memory(dataclasses.replace(llama(), tp_loss_parallel=True),
+                            Strategy(kind="fsdp_full", precision="bf16", checkpointing="full", tp=8),
+                            micro_batch=2, world_size=32, shard_group_size=4, device="cuda")
+    assert split.activations_bytes == pytest.approx((one.activations_bytes - transient) / 8 + transient / 8)
+    assert "/ 8 (logits split over the vocabulary: loss parallel)" in split.assumptions
 
 
 def test_tp1_memory_and_time_unchanged():
@@ -232,7 +238,9 @@ def test_profile_records_tp_degrees_and_cache_round_trip(tmp_path):
     path = tmp_path / "tpw.py"
     path.write_text(TP_WORKLOAD)
     prof = profile_workload(load_workload(path))
-    assert prof.tp_degrees == (2, 4)
+    assert prof.tp_degrees == (2, 4) and not prof.tp_loss_parallel
+    # workloads/gpt.py keeps the logits split (torchtitan's loss parallel), and its profile says so
+    assert profile_workload(load_workload(REPO / "workloads" / "gpt.py")).tp_loss_parallel
     back = _profile_from_json(json.loads(json.dumps(dataclasses.asdict(prof))))
     assert back == prof and isinstance(back.tp_degrees, tuple)
     plain = tmp_path / "plain.py"
