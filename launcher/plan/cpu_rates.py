@@ -24,6 +24,8 @@ PARALLEL_EFFICIENCY = 0.6
 # the kinds of work whose thread scaling the probe measures (`CpuRates.thread_speedup`): the large
 # GEMM, a streaming add whose working set fits the caches, a chain of 1-element ops
 THREAD_KINDS = ("gemm", "stream", "op")
+# below this a rank's second thread slowed its work down by half: the probe did not have the cores
+MIN_THREAD_SPEEDUP = 0.5
 # A 1-element add without and with autograd graph building, and a backward() call through one,
 # as the probe measured them on a 2-core 2.8 GHz Ice Lake VM with torch 2.13 (best of several,
 # loaded host): used when no probe ran.
@@ -108,6 +110,21 @@ class CpuRates:
         check(all(kind in THREAD_KINDS and points and all(n >= 1 and x > 0 for n, x in points)
                   for kind, points in self.thread_speedup.items()), PlanError,
               f"CPU thread speedups need kinds among {THREAD_KINDS} and (threads >= 1, speedup > 0)")
+
+    def implausible(self) -> str | None:
+        """Why these rates cannot be this host's own (a probe disturbed by other work: a test suite's
+        workers, a training run), or None. Idle, n threads of one rank run at least as fast as one,
+        and each of the host's cores streaming at once keeps at least 1/cores of what one alone
+        gets (they share the bus); half of either floor is left for noise."""
+        for kind, points in self.thread_speedup.items():
+            for n, x in points:
+                if n > 1 and x < MIN_THREAD_SPEEDUP:
+                    return f"{kind} work ran {x:.2f}x as fast on {n:g} threads as on one"
+        for size, alone, side in self.stream_curve:
+            if side < alone / (2 * max(1, self.cores)):
+                return (f"each core streaming {size / 2**20:g} MiB side by side got {side:g} GB/s against "
+                        f"{alone:g} alone")
+        return None
 
     def speedup(self, kind: str, threads: int) -> float | None:
         """How much faster `kind` work runs on `threads` threads than on one: the measured points,

@@ -40,7 +40,7 @@ from launcher.plan.corrections import Correction, TrialRecord, correction_of, fi
 from launcher.plan.cpu_cost import cpu_step_time
 from launcher.plan.cpu_rates import CpuRates, GlooRates
 from launcher.plan.gloo_probe import GLOO_PROBE_FORMAT, measure_gloo
-from launcher.plan.host_quiet import Quiet, cacheable, watch
+from launcher.plan.host_quiet import IGNORE_LOAD_ENV, Quiet, cacheable, watch
 from launcher.plan.kernels import with_kernels
 from launcher.plan.profile import Profiled, profiled_workload
 from launcher.plan.search import plan
@@ -152,17 +152,32 @@ def _cached(path: Path, load: Callable[[dict[str, Any]], _T], make: Callable[[],
 def _cached_probe(path: Path, load: Callable[[dict[str, Any]], _T], make: Callable[[], _T],
                   what: str, wanted_cores: float) -> _T:
     """`_cached` for a measurement of this host: stored only when the host was quiet while it
-    ran (`host_quiet`); a busy host's measurement serves this plan alone, and a line says so."""
+    ran (`host_quiet`) and the result is plausible (its `implausible()`, where it has one); a busy
+    host's measurement serves this plan alone, and a line says so. A cached one that is not
+    plausible is measured again. With the load ignored (`IGNORE_LOAD_ENV`: a test suite, in a
+    cache of its own) both are kept as measured."""
+    keep_all = os.environ.get(IGNORE_LOAD_ENV) == "1"
     try:
-        return load(json.loads(path.read_text(encoding="utf-8")))
+        cached = load(json.loads(path.read_text(encoding="utf-8")))
+        if keep_all or _doubt(cached) is None:
+            return cached
     except (OSError, ValueError, TypeError):
         pass  # absent or stale: measure
     value, quiet = watch(make, cpu_info().usable_cores, wanted_cores)
-    if cacheable(quiet):
-        _store(path, dataclasses.asdict(value))  # type: ignore[call-overload]
-    else:
+    if not cacheable(quiet):
         _say_busy(what, quiet)
+    elif not keep_all and (doubt := _doubt(value)) is not None:
+        log.warning("dlaunch measured %s implausibly (%s; %s): used for this plan only, not cached; plan "
+                    "again on an idle host to keep a measurement", what, doubt, quiet.describe())
+    else:
+        _store(path, dataclasses.asdict(value))  # type: ignore[call-overload]
     return value
+
+
+def _doubt(value: object) -> str | None:
+    """Why a probe's result cannot be this host's own (its `implausible()`), or None."""
+    implausible = getattr(value, "implausible", None)
+    return implausible() if callable(implausible) else None
 
 
 def _say_busy(what: str, quiet: Quiet) -> None:

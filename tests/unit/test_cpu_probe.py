@@ -11,10 +11,11 @@ import pytest
 
 from launcher.hardware.detect import cpu_info
 from launcher.hardware.types import DeviceSpec, Link, Topology
-from launcher.plan import cpu_probe
+from launcher.plan import cpu_probe, resolve
 from launcher.plan.cost import step_time
 from launcher.plan.cpu_cost import cpu_forward, cpu_overhead
 from launcher.plan.cpu_rates import PARALLEL_EFFICIENCY, CpuRates, ProbedCpu, core_share, op_share
+from launcher.plan.host_quiet import IGNORE_LOAD_ENV
 from launcher.plan.profile import profile_workload
 from launcher.plan.resolve import cached_cpu_rates, probe_cache_dir, resolve_topology
 from launcher.specs import ModelProfile, Strategy
@@ -139,6 +140,44 @@ def test_a_cached_probe_is_revalidated_after_a_day_or_on_other_cpu_flags(tmp_pat
     cached_cpu_rates(tmp_path, measure_fn=measure, gemm_fn=gemm(100.0))
     assert remeasured[-1] == 100.0 and measured == [1]
     assert cpu_probe.needs_revalidation(_aged(rates(), 1, "x"), datetime.datetime.now(), "y")
+
+
+def test_a_probe_disturbed_by_other_work_is_never_cached_and_a_cached_one_is_measured_again(tmp_path: Path,
+                                                                                            monkeypatch):
+    # a probe taken beside a test suite's workers: two threads 0.14x as fast as one, each core
+    # streaming side by side at 0.3 of 50 GB/s (the cached entry that made plans 5x too slow)
+    flags = cpu_probe.flags_digest(cpu_info().flags)
+    info = cpu_info()
+    entry = tmp_path / f"{cpu_probe.cache_key(info.model, info.usable_cores, cpu_probe.torch_version())}.json"
+    disturbed = dataclasses.replace(_aged(rates(), 0, flags), thread_speedup={"gemm": ((1, 1.0), (2, 0.136))})
+    assert "gemm work ran 0.14x as fast on 2 threads" in (disturbed.implausible() or "")
+    streams = dataclasses.replace(rates(), stream_curve=((2.0**20, 50.0, 0.3),))
+    assert "side by side got 0.3 GB/s against 50 alone" in (streams.implausible() or "")
+    idle = dataclasses.replace(_aged(rates(fp32=80.0), 0, flags), thread_speedup={"gemm": ((1, 1.0), (2, 1.9))},
+                               stream_curve=((2.0**20, 50.0, 40.0),))
+    assert idle.implausible() is None
+    measured: list[CpuRates] = []
+    # as a user runs it: the load heeded (the suite ignores it), and the host quiet around the
+    # instant fake probes (what `host_quiet` says of them is noise)
+    monkeypatch.delenv(IGNORE_LOAD_ENV, raising=False)
+    monkeypatch.setattr(resolve, "cacheable", lambda quiet: True)
+
+    def measure(result: CpuRates):
+        def fn() -> CpuRates:
+            measured.append(result)
+            return result
+        return fn
+
+    # measured implausibly (even with the load ignored, as the suite does): used, not cached
+    assert cached_cpu_rates(tmp_path, measure_fn=measure(disturbed)) == disturbed and not entry.exists()
+    # a cached one that is implausible is measured again, and the plausible result cached
+    entry.write_text(json.dumps(dataclasses.asdict(disturbed)))
+    assert cached_cpu_rates(tmp_path, measure_fn=measure(idle)).gemm_gflops["fp32"] == 80
+    assert measured == [disturbed, idle] and json.loads(entry.read_text())["gemm_gflops"]["fp32"] == 80
+    # the suite (load ignored, a cache of its own) keeps what it measured, as before
+    monkeypatch.setenv(IGNORE_LOAD_ENV, "1")
+    entry.write_text(json.dumps(dataclasses.asdict(disturbed)))
+    assert cached_cpu_rates(tmp_path, measure_fn=measure(idle)) == disturbed and len(measured) == 2
 
 
 def test_half_rows_and_llc_from_sysfs(tmp_path: Path):
