@@ -40,7 +40,7 @@ GEMM_PEAK_FRACTION_DEFAULT = 0.80
 # wide GEMM) and MEMORY_PASSES was taken from its measurement: the A100's fraction 0.93 -> 0.90,
 # Triton's scale 1.4 -> 1.2 (FA2's 0.9 unchanged); back to 0.93 once IBM's compiled 34B and 70B
 # rows checkpoint every block, as their source's table says; 0.90 again once the rows whose
-# sources reduce gradients in bf16 (fms-fsdp, Composer's PURE) are priced so (`reduce_dtype`).
+# sources reduce gradients in bf16 (fms-fsdp, Composer before v0.16.4) are priced so (`reduce_dtype`).
 # The 103 `check` rows (llm-foundry at 512-1k and 8k-64k tokens) are never fitted on; `run.py`
 # reports them, and leave-one-source-out (each fit source refit without it).
 GEMM_HALF_WIDTH = 256
