@@ -67,7 +67,7 @@ def check_forced(ov: Overrides, profile: ModelProfile, topology: Topology) -> No
     cannot take (what `Overrides` checks alone needs neither)."""
     if ov.offload and topology.device == "cuda" and topology.host is None:
         raise PlanError(NO_HOST.format(topology.name))
-    if ov.reduce_dtype == "bf16" and not topology.accelerator.supports_bf16:
+    if ov.reduce_dtype == "bf16" and topology.device == "cuda" and not topology.accelerator.supports_bf16:
         raise PlanError(f"--reduce-dtype bf16 reduces the gradients of a bf16 run, and {topology.accelerator.name} "
                         "has no bf16 units; drop --reduce-dtype or use --reduce-dtype fp32")
     if ov.strategy == "hybrid" and topology.num_nodes <= 1:

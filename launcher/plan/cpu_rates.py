@@ -115,13 +115,16 @@ class CpuRates:
         """Why these rates cannot be this host's own (a probe disturbed by other work: a test suite's
         workers, a training run), or None. Idle, n threads of one rank run at least as fast as one,
         and each of the host's cores streaming at once keeps at least 1/cores of what one alone
-        gets (they share the bus); half of either floor is left for noise."""
+        gets from memory (they share the bus; a working set that fits the cache alone may not fit
+        it side by side); half of either floor is left for noise."""
         for kind, points in self.thread_speedup.items():
             for n, x in points:
                 if n > 1 and x < MIN_THREAD_SPEEDUP:
                     return f"{kind} work ran {x:.2f}x as fast on {n:g} threads as on one"
+        # beyond the last-level cache the cores share the memory bus: no less than its share of that
+        dram = self.stream_curve[-1][1] if self.stream_curve else 0.0
         for size, alone, side in self.stream_curve:
-            if side < alone / (2 * max(1, self.cores)):
+            if side < min(alone, dram) / (2 * max(1, self.cores)):
                 return (f"each core streaming {size / 2**20:g} MiB side by side got {side:g} GB/s against "
                         f"{alone:g} alone")
         return None

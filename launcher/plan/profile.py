@@ -77,13 +77,19 @@ def _extrapolated(workload: Workload, model: Any, param_keys: set[int], blocks: 
 
 
 def splits_logits(plan: dict[str, Any]) -> bool:
-    """Whether a tp_plan leaves a module's output a DTensor split on its last dimension: the head's
-    logits over the vocabulary, torchtitan's loss parallel (`use_local_output=False`, `Shard(-1)`)."""
+    """Whether a tp_plan leaves the model's output a DTensor split on its last dimension: the head's
+    logits over the vocabulary, torchtitan's loss parallel (`use_local_output=False`, `Shard(-1)`).
+    Read from the styles of single modules (a pattern with `*` is a layer inside the blocks, whose
+    output feeds the next one) that hand a DTensor on: where a style names the layout it hands on
+    (`desired_output_layouts`, PrepareModuleOutput's), that one."""
     from torch.distributed.tensor import Shard
 
-    return any(getattr(style, "use_local_output", True) is False
-               and any(isinstance(p, Shard) and p.dim == -1 for p in getattr(style, "output_layouts", ()) or ())
-               for style in plan.values())
+    def hands_on(style: Any) -> tuple[Any, ...]:
+        return tuple(getattr(style, "desired_output_layouts", None) or getattr(style, "output_layouts", ()) or ())
+
+    return any("*" not in name and getattr(style, "use_local_output", True) is False
+               and any(isinstance(p, Shard) and p.dim == -1 for p in hands_on(style))
+               for name, style in plan.items())
 
 
 def tp_degrees(workload: Workload) -> tuple[tuple[int, ...], bool]:

@@ -197,8 +197,8 @@ def _forward_backward(run: _Setup, workload: Workload, spec: LaunchSpec, ctx: Ra
                 loss = loss / accum
             (run.scaler.scale(loss) if run.fp16 else loss).backward()
         done = loss.detach()
-        # a loss over vocabulary-split logits (TP's loss parallel) is a replicated DTensor: its local value
-        done = done.to_local() if hasattr(done, "to_local") else done
+        # a loss over vocabulary-split logits (TP's loss parallel) is a DTensor: its whole value
+        done = done.full_tensor() if hasattr(done, "full_tensor") else done
         step_loss = done if step_loss is None else step_loss + done
     assert step_loss is not None  # a step has at least one micro-batch (accumulation >= 1)
     return step_loss

@@ -269,7 +269,7 @@ def _wrap_fsdp(model: torch.nn.Module, strategy: Strategy, ctx: RankContext,
         shape, names = tp_mesh_shape(ctx, strategy, shard_group_size)
         world_mesh = init_device_mesh(ctx.device_type, shape, mesh_dim_names=names)
         _parallelize(model, tp_plan, world_mesh["tp"])
-        # a plan's replicated output (ColwiseParallel's `to_local()`, the logits) is a view:
+        # a plan's replicated output (a ColwiseParallel's `to_local()`) is a view:
         # FSDP2 warns on every step that an in-place op on it would skip its backward hook
         warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
         mesh = world_mesh[names[:-1]] if len(names) > 2 else world_mesh["dp"]

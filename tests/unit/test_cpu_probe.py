@@ -156,6 +156,9 @@ def test_a_probe_disturbed_by_other_work_is_never_cached_and_a_cached_one_is_mea
     idle = dataclasses.replace(_aged(rates(fp32=80.0), 0, flags), thread_speedup={"gemm": ((1, 1.0), (2, 1.9))},
                                stream_curve=((2.0**20, 50.0, 40.0),))
     assert idle.implausible() is None
+    # 16 MiB fits the cache alone (68 GB/s) but not twice over: side by side it gets memory's 20 / 2
+    cache_bound = dataclasses.replace(rates(), stream_curve=((2.0**24, 68.0, 10.0), (2.0**26, 20.0, 10.0)))
+    assert cache_bound.implausible() is None
     measured: list[CpuRates] = []
     # as a user runs it: the load heeded (the suite ignores it), and the host quiet around the
     # instant fake probes (what `host_quiet` says of them is noise)
@@ -168,7 +171,7 @@ def test_a_probe_disturbed_by_other_work_is_never_cached_and_a_cached_one_is_mea
             return result
         return fn
 
-    # measured implausibly (even with the load ignored, as the suite does): used, not cached
+    # measured implausibly: used, not cached
     assert cached_cpu_rates(tmp_path, measure_fn=measure(disturbed)) == disturbed and not entry.exists()
     # a cached one that is implausible is measured again, and the plausible result cached
     entry.write_text(json.dumps(dataclasses.asdict(disturbed)))

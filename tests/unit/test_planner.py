@@ -9,6 +9,7 @@ profiles measure fp32 saved tensors, plus fp32 logits s*vocab*4.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -296,7 +297,10 @@ def test_a_bf16_reduce_is_priced_on_every_candidate_and_keeps_them_bf16():
         Overrides(reduce_dtype="fp8")
     # it forces no candidate (a plan that fits none still says what to change) ...
     assert Overrides(reduce_dtype="bf16").forced == ()
-    # ... and needs bf16 units
+    # ... and, on GPUs, bf16 units (a CPU without them runs bf16 slowly, as --precision bf16 does)
+    slow = dataclasses.replace(cpu, accelerator=dataclasses.replace(cpu.accelerator, peak_tflops={"fp32": 0.04}))
+    assert plan(GPT_TINY, slow, Goal(global_batch=8), overrides=Overrides(reduce_dtype="bf16")).chosen.strategy \
+        .precision == "bf16"
     with pytest.raises(PlanError, match="T4 has no bf16 units"):
         plan(GPT_TINY, topology("t4-4x"), Goal(global_batch=8), overrides=Overrides(reduce_dtype="bf16"))
     # unplanned (a SLURM run without a topology), the precision it needs is its fallback

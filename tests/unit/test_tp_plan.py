@@ -241,6 +241,19 @@ def test_profile_records_tp_degrees_and_cache_round_trip(tmp_path):
     assert prof.tp_degrees == (2, 4) and not prof.tp_loss_parallel
     # workloads/gpt.py keeps the logits split (torchtitan's loss parallel), and its profile says so
     assert profile_workload(load_workload(REPO / "workloads" / "gpt.py")).tp_loss_parallel
+    # only a single module's style that hands a vocabulary-split DTensor on counts: not a layer
+    # inside the blocks, nor a PrepareModuleOutput that hands on a replicated one
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleOutput
+
+    from launcher.plan.profile import splits_logits
+
+    head = ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False)
+    assert splits_logits({"head": head, "layers.*.wq": ColwiseParallel()})
+    assert not splits_logits({"layers.*.wq": ColwiseParallel(use_local_output=False),
+                              "head": ColwiseParallel(output_layouts=Replicate())})
+    assert not splits_logits({"head": PrepareModuleOutput(output_layouts=Shard(-1),
+                                                          desired_output_layouts=Replicate())})
     back = _profile_from_json(json.loads(json.dumps(dataclasses.asdict(prof))))
     assert back == prof and isinstance(back.tp_degrees, tuple)
     plain = tmp_path / "plain.py"
