@@ -25,8 +25,9 @@ def comm_delay_ms(env: dict[str, str] | None = None) -> float:
     return float(e.get("DLAUNCH_INJECT_COMM_DELAY_MS", "0") or 0)
 
 
-def install_comm_delay(ddp: DistributedDataParallel, delay_ms: float, hook: Any = allreduce_hook) -> None:
-    """Register a DDP comm hook that sleeps, then runs `hook` (the default all-reduce, or the run's own)."""
+def install_comm_delay(ddp: DistributedDataParallel, delay_ms: float, hook: Any = None) -> None:
+    """Register a DDP comm hook that sleeps, then runs `hook` (the run's own; None: the default all-reduce)."""
+    hook = hook or allreduce_hook
     # no annotations: DDP rejects a hook whose `bucket` annotation is not dist.GradBucket
     def delayed(state, bucket):  # type: ignore[no-untyped-def]
         time.sleep(delay_ms / 1000.0)

@@ -234,7 +234,7 @@ def _wrap(model: torch.nn.Module, strategy: Strategy, ctx: RankContext, blocks: 
     # reduce_dtype bf16: each fp32 bucket cast to bf16, all-reduced, divided by the world, copied back
     hook = _bf16_allreduce_hook if strategy.reduce_dtype == "bf16" else None
     if comm_delay_ms() > 0:
-        install_comm_delay(ddp, comm_delay_ms(), *((hook,) if hook else ()))
+        install_comm_delay(ddp, comm_delay_ms(), hook)
     elif hook is not None:
         ddp.register_comm_hook(None, hook)
     return Wrapped(module=ddp, no_sync=ddp.no_sync, accumulate=ddp.no_sync, compiled=strategy.compile)
