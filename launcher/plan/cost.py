@@ -14,7 +14,8 @@ One micro-batch's forward on a GPU is the sum of three kinds of work, each at it
   activation bytes the forward saves, over the HBM bandwidth (`hbm`; MEMORY_PASSES round trips per
   saved byte, fewer with torch.compile; a fused loss and low-precision norms by their constants).
 A language model's output head runs at a wide GEMM's efficiency whatever the model's width.
-Backward is twice the forward (flash attention's 2.5x); checkpointing recomputes a share of the
+Backward is twice the forward (flash attention's 2.5x the FLOPs, at its kernel's backward rate:
+the forward+backward rate split by `attention.ATTENTION_FWD_OVER_BWD`); checkpointing recomputes a share of the
 forward inside backward, by mode (`checkpointing`: every block all of it, 4/3 the compute; every
 other block half; per-op selective the memory-bound work and every second matmul, priced on
 this forward's split). The optimizer step streams fp32 params, grads and AdamW state through
@@ -38,7 +39,7 @@ import math
 from dataclasses import dataclass
 
 from launcher.hardware.types import DeviceSpec, Topology
-from launcher.plan.attention import ATTENTION_BWD_FACTOR, attention_efficiency
+from launcher.plan.attention import ATTENTION_BWD_FACTOR, attention_efficiency, forward_share
 from launcher.plan.checkpointing import recompute_share as mode_recompute
 from launcher.plan.collectives import ddp_comm, dp_topology, sharded_comm, tp_comm_s, zero1_sync_s
 from launcher.plan.cpu_cost import cpu_forward, cpu_step_time
@@ -121,6 +122,7 @@ class ForwardPass:
     gemm_s: float
     attention_s: float
     memory_s: float
+    attention_bwd_s: float  # attention's backward (its FLOPs 2.5x the forward's, at its own rate)
 
     @property
     def total_s(self) -> float:
@@ -129,8 +131,8 @@ class ForwardPass:
 
     @property
     def backward_s(self) -> float:
-        """Backward: twice the matmuls and memory traffic, flash attention's 2.5x."""
-        return 2 * (self.gemm_s + self.memory_s) + ATTENTION_BWD_FACTOR * self.attention_s
+        """Backward: twice the matmuls and memory traffic, and attention's backward."""
+        return 2 * (self.gemm_s + self.memory_s) + self.attention_bwd_s
 
 
 def forward_pass(profile: ModelProfile, strategy: Strategy, micro_batch: int, device: DeviceSpec) -> ForwardPass:
@@ -158,9 +160,10 @@ def forward_pass(profile: ModelProfile, strategy: Strategy, micro_batch: int, de
             / gemm_efficiency(device, width, tokens, strategy.precision)
             + head / gemm_efficiency(device, math.inf, tokens, strategy.precision)
             ) / tp * micro_batch / peak
-    # causal flash attention skips the upper triangle: half the profiled FLOPs
-    attention = 0.5 * attn / tp * micro_batch / (
+    # causal: half the profiled FLOPs, at the curve's forward+backward rate, split by kernel
+    attention_fwd_bwd = (1 + ATTENTION_BWD_FACTOR) * 0.5 * attn / tp * micro_batch / (
         peak * attention_efficiency(device, profile.units_per_sample, profile.attention_kernel))
+    attention = attention_fwd_bwd * forward_share(profile.attention_kernel)
     passes = MEMORY_PASSES * (COMPILE_MEMORY_FACTOR if strategy.compile else 1.0)
     # the profile measured fp32 tensors; the traffic moves at the compute dtype (whatever
     # autocast keeps in fp32 is small next to the matmul inputs and outputs)
@@ -176,7 +179,8 @@ def forward_pass(profile: ModelProfile, strategy: Strategy, micro_batch: int, de
         # the norms' fp32 round trips autocast would add, not run (a pre-norm transformer)
         norm_elements = (2 * profile.num_blocks + 1) * full_width * tokens / tp
         traffic = max(0.0, traffic - NORM_AUTOCAST_BYTES * norm_elements)
-    return ForwardPass(gemm_s=gemm, attention_s=attention, memory_s=traffic / hbm_bytes_per_s(device))
+    return ForwardPass(gemm_s=gemm, attention_s=attention, attention_bwd_s=attention_fwd_bwd - attention,
+                       memory_s=traffic / hbm_bytes_per_s(device))
 
 
 def _recompute(strategy: Strategy, profile: ModelProfile, matmul_s: float, attention_s: float,
@@ -256,9 +260,11 @@ def step_time(profile: ModelProfile, strategy: Strategy, topology: Topology, mic
         offload_s(profile, strategy, topology, group, fwd_s, bwd_s, grad_accum) if strategy.offload
         else (0.0, 0.0, optimizer_s(profile, strategy.tp * group, device)))
     compute = grad_accum * (fwd_s + bwd_s) + opt
-    scale = grad_accum * (fwd_s + bwd_s) / fwd_s if fwd_s else 0.0
-    parts = (("matmul", fwd.gemm_s * scale), ("attention", fwd.attention_s * scale),
-             ("memory-bound", fwd.memory_s * scale),
+    # each kind's forward (and its recomputed share) and its own backward: they sum to the compute
+    again = grad_accum * (1 + recompute)
+    parts = (("matmul", fwd.gemm_s * (again + 2 * grad_accum)),
+             ("attention", fwd.attention_s * again + fwd.attention_bwd_s * grad_accum),
+             ("memory-bound", fwd.memory_s * (again + 2 * grad_accum)),
              ("host optimizer" if strategy.offload else "optimizer", opt))
     if n <= 1:
         return StepTimeEstimate(compute_s=compute, comm_total_s=link_total,

@@ -338,10 +338,32 @@ def test_attention_time_follows_the_run_kernel():
     d = transformer(4096, seq=16384)
     fa2 = forward_pass(d, BF16, 1, A100)  # the default kernel on an A100: SDPA = FA2's curve
     triton = forward_pass(dataclasses.replace(d, attention_kernel="triton-fa"), BF16, 1, A100)
-    # at 16k tokens: FA2 189 TFLOP/s (x its run scale), Triton 80 (x its own); matmuls unchanged
+    # at 16k tokens: FA2 189 TFLOP/s (x its run scale), Triton 80 (x its own) forward+backward;
+    # matmuls unchanged
     expected = (189 * attention.ATTENTION_RUN_SCALE["sdpa"]) / (80 * attention.ATTENTION_RUN_SCALE["triton-fa"])
-    assert triton.attention_s / fa2.attention_s == pytest.approx(expected)
+    both = [p.attention_s + p.attention_bwd_s for p in (triton, fa2)]
+    assert both[0] / both[1] == pytest.approx(expected)
     assert triton.gemm_s == fa2.gemm_s and triton.memory_s == fa2.memory_s
+    # the forward+backward seconds split by the kernels' own rates: backward does 2.5x the
+    # forward's FLOPs; Triton's forward runs 1.7x its backward's rate, FA2's 1.1x
+    for p, r in ((triton, 1.7), (fa2, 1.1)):
+        assert p.attention_bwd_s / p.attention_s == pytest.approx(2.5 * r)
+
+
+def test_full_checkpointing_recomputes_attention_at_the_forward_rate():
+    d = dataclasses.replace(transformer(4096, seq=32768), attention_kernel="triton-fa")
+    full = dataclasses.replace(BF16, checkpointing="full")
+    plain, again = (compute_s(d, s, 1, 1, A100) for s in (BF16, full))
+    fwd = forward_pass(d, BF16, 1, A100)
+    # a whole-block checkpoint runs the forward once more; attention's part at the forward's
+    # rate, 1 / (1 + 2.5 x 1.7) = 0.19 of its forward+backward seconds, not 1 / 3.5 = 0.29
+    attention_both = fwd.attention_s + fwd.attention_bwd_s
+    assert again - plain == pytest.approx(fwd.gemm_s + fwd.memory_s + attention_both / (1 + 2.5 * 1.7))
+    assert plain == pytest.approx(3 * (fwd.gemm_s + fwd.memory_s) + attention_both)
+    # the step's parts by kind of work add up to its compute, the optimizer's step included
+    t = step_time(d, full, topo(per_node=1, device=A100), 1, 2)
+    assert sum(s for _, s in t.compute_parts) == pytest.approx(t.compute_s)
+    assert dict(t.compute_parts)["attention"] == pytest.approx(2 * (attention_both + fwd.attention_s))
 
 
 def test_run_kernels_are_validated_profile_inputs_with_defaults():
