@@ -508,8 +508,8 @@ def report(results: Sequence[Result]) -> tuple[list[str], dict[str, Any]]:
 
 def cli_check(row: Mapping[str, Any]) -> str:
     """That the benchmark plans as the command does: the real `dlaunch plan --json` with the
-    row's settings as flags (its kernels by --attention-kernel, --loss-kernel, --norm-kernel;
-    no tune corrections, as the benchmark plans) against `plan_row`."""
+    row's settings as flags (its kernels by --attention-kernel, --loss-kernel, --norm-kernel, its
+    --reduce-dtype and --float8; no tune corrections, as the benchmark plans) against `plan_row`."""
     ov = overrides(row)
     flags = {"strategy": "--strategy", "precision": "--precision", "micro_batch": "--micro-batch",
              "checkpointing": "--checkpointing", "tp": "--tp",
@@ -520,7 +520,7 @@ def cli_check(row: Mapping[str, Any]) -> str:
            "--global-batch", str(row["micro_batch"] * row["grad_accum"] * row["gpus"]
                                  // row.get("tp", 1)),
            "--compile" if ov.compile else "--no-compile"]
-    for key, flag in flags.items():
+    for key, flag in {**flags, "reduce_dtype": "--reduce-dtype", "float8": "--float8"}.items():
         cmd += [flag, str(getattr(ov, key))]
     out = subprocess.run(cmd + ["--", *workload_args(row)], capture_output=True, text=True,
                          cwd=ROOT, check=True).stdout
