@@ -32,15 +32,15 @@ GEMM_PEAK_FRACTION_DEFAULT = 0.80
 # keep 80%, 16k 97%).
 # FIT: the A100's GEMM_PEAK_FRACTION and ATTENTION_RUN_SCALE, jointly over the 80
 # `fit` rows of benchmarks/published (`run.py`: a grid, least mean |log(predicted/published)|;
-# among the points within 2% of the best, the one whose attention scales stay nearest 1, the
-# kernels' own benchmarks: the fit rows, at 2k-8k tokens, barely tell a Triton scale of 1.4
-# from 1.8). CONTENTION, COMPILE_MEMORY_FACTOR, STEP_JITTER and SCALE_TAX kept from the earlier
-# fit on the same rows (run.py's FIT_GRID says why). Refit after the run's loss, norm
-# and head were priced from their code (FUSED_LOSS_PASSES, NORM_AUTOCAST_BYTES, the head as a
-# wide GEMM) and MEMORY_PASSES was taken from its measurement: the A100's fraction 0.93 -> 0.90,
-# Triton's scale 1.4 -> 1.2 (FA2's 0.9 unchanged); back to 0.93 once IBM's compiled 34B and 70B
-# rows checkpoint every block, as their source's table says; 0.90 again once the rows whose
-# sources reduce gradients in bf16 (fms-fsdp, Composer before v0.16.4) are priced so (`reduce_dtype`).
+# among the points within 2% of the best, the one whose FA2 scale stays nearest 1, its kernel's
+# own benchmark; Triton's curve is another kernel's: attention.ATTENTION_RUN_SCALE says why).
+# CONTENTION, COMPILE_MEMORY_FACTOR, STEP_JITTER and SCALE_TAX kept from the earlier fit on the
+# same rows (run.py's FIT_GRID says why). Refit after the run's loss, norm and head were priced
+# from their code (FUSED_LOSS_PASSES, NORM_AUTOCAST_BYTES, the head as a wide GEMM) and
+# MEMORY_PASSES was taken from its measurement: the A100's fraction 0.93 -> 0.90, Triton's scale
+# 1.4 -> 1.2 (FA2's 0.9 unchanged); back to 0.93 once IBM's compiled 34B and 70B rows checkpoint
+# every block, as their source's table says; 0.90 again once the rows reducing in bf16 are priced
+# so (`reduce_dtype`); Triton's 1.2 -> 1.3 once attention's forward and backward got own rates.
 # The 103 `check` rows (llm-foundry at 512-1k and 8k-64k tokens) are never fitted on; `run.py`
 # reports them, and leave-one-source-out (each fit source refit without it).
 GEMM_HALF_WIDTH = 256
