@@ -308,7 +308,7 @@ def _stats_line(name: str, s: Mapping[str, Any]) -> str:
 FIT_GRID: dict[str, tuple[float, ...]] = {
     "A100_GEMM_PEAK_FRACTION": (0.86, 0.90, 0.93),
     "MEMORY_PASSES": (5.0,),
-    "TRITON_SCALE": (1.0, 1.1, 1.2, 1.3, 1.4, 1.5),
+    "TRITON_SCALE": (1.0, 1.1, 1.2, 1.3, 1.4, 1.6, 1.8, 2.0, 2.2),
     "FA2_SCALE": (0.9, 1.0, 1.1),
 }
 # Points whose objective is within this share of the best are equally good for the fit rows;

@@ -55,11 +55,11 @@ _FA2_PAPER = ("FlashAttention-2 (Dao 2023, arXiv 2307.08691) attention forward+b
 # FlashAttention-2 (flash-attn 2.x, and PyTorch SDPA's flash backend, which is FA2's code from
 # PyTorch 2.2): A100 80GB SXM4 Fig. 4(d); H100 80GB SXM5 the paper's H100 figure (d) (also
 # assets/flash2_{a100,h100}_fwd_bwd_benchmark.png of Dao-AILab/flash-attention).
-# Triton FlashAttention (flash_attn_triton.py, what llm-foundry's attn_impl "triton" runs): A100
-# the same Fig. 4(d). No H100 measurement exists: the kernel emits Ampere mma.sync, as FA1 and
-# FA2 do, and those gain 1.57-1.78x from A100 to H100 at each length (FA1: 98/55, 109/62,
-# 108/69, 126/76, 135/80, 137/83 in the two figures); so the A100 Triton curve x FA1's ratio at
-# each length (an assumption, labelled).
+# Triton FlashAttention (the paper's "Triton", OpenAI's triton.ops.flash_attention; llm-foundry
+# runs flash_attn_triton.py: ATTENTION_RUN_SCALE): A100 the same Fig. 4(d). No H100 measurement
+# exists: the kernel emits Ampere mma.sync, as FA1 and FA2 do, and those gain 1.57-1.78x from
+# A100 to H100 at each length (FA1: 98/55, 109/62, 108/69, 126/76, 135/80, 137/83 in the two
+# figures); so the A100 Triton curve x FA1's ratio at each length (an assumption, labelled).
 # SDPA: PyTorch SDPA as dlaunch's workloads run it: on an H100 measured (docs/benchmarks.md, GPU
 # kernel rates: torch 2.11, 0.15-0.59 of peak at 512-64k tokens); on an A100 the flash backend
 # (FA2's curve).
@@ -100,8 +100,7 @@ ATTENTION_FWD_OVER_BWD = {"fa2": 1.1, "triton-fa": 1.7, "sdpa": 1.1}
 
 
 def forward_share(kernel: str) -> float:
-    """The forward's share of a forward+backward's attention seconds with `kernel`: with rates
-    Rf = r x Rb and F FLOPs forward, 2.5F backward, F/Rf over F/Rf + 2.5F/Rb = 1 / (1 + 2.5 r)."""
+    """The forward's share of attention's seconds with `kernel`: F/Rf of F/Rf + 2.5F/Rb = 1/(1 + 2.5 r)."""
     return 1.0 / (1.0 + ATTENTION_BWD_FACTOR * ATTENTION_FWD_OVER_BWD[kernel])
 
 

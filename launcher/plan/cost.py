@@ -260,7 +260,7 @@ def step_time(profile: ModelProfile, strategy: Strategy, topology: Topology, mic
         offload_s(profile, strategy, topology, group, fwd_s, bwd_s, grad_accum) if strategy.offload
         else (0.0, 0.0, optimizer_s(profile, strategy.tp * group, device)))
     compute = grad_accum * (fwd_s + bwd_s) + opt
-    # each kind's forward (and its recomputed share) and its own backward: they sum to the compute
+    # each kind's forward, the recomputed share of it (spread evenly) and its own backward
     again = grad_accum * (1 + recompute)
     parts = (("matmul", fwd.gemm_s * (again + 2 * grad_accum)),
              ("attention", fwd.attention_s * again + fwd.attention_bwd_s * grad_accum),
@@ -278,8 +278,9 @@ def step_time(profile: ModelProfile, strategy: Strategy, topology: Topology, mic
         total, exposed = sharded_comm(profile, strategy, dp_topology(topology, strategy.tp),
                                        fwd_s * ovl, bwd_s * ovl, grad_accum)
     if strategy.tp > 1:
-        # TP's activation collectives wait on the matmuls they feed: exposed (no async TP)
-        tp_s = grad_accum * tp_comm_s(profile, strategy, topology, micro_batch, recompute=recompute)
+        # TP's activation collectives wait on the matmuls they feed (exposed: no async TP), re-run with them
+        tp_s = grad_accum * tp_comm_s(profile, strategy, topology, micro_batch,
+                                      recompute=_recompute(strategy, profile, 1.0, 0.0, 0.0))
         total, exposed = total + tp_s, exposed + tp_s
     contention = CONTENTION[kind] * max(0.0, total - exposed)  # of the hidden communication
     # the host link's copies (offload) take no SMs: no contention
