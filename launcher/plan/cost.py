@@ -260,11 +260,11 @@ def step_time(profile: ModelProfile, strategy: Strategy, topology: Topology, mic
         offload_s(profile, strategy, topology, group, fwd_s, bwd_s, grad_accum) if strategy.offload
         else (0.0, 0.0, optimizer_s(profile, strategy.tp * group, device)))
     compute = grad_accum * (fwd_s + bwd_s) + opt
-    # each kind's forward, the recomputed share of it (spread evenly) and its own backward
-    again = grad_accum * (1 + recompute)
-    parts = (("matmul", fwd.gemm_s * (again + 2 * grad_accum)),
-             ("attention", fwd.attention_s * again + fwd.attention_bwd_s * grad_accum),
-             ("memory-bound", fwd.memory_s * (again + 2 * grad_accum)),
+    # each kind's forward, the mode's recomputed share of that kind, and its own backward
+    again = [grad_accum * (1 + _recompute(strategy, profile, *kind)) for kind in ((1, 0, 0), (0, 1, 0), (0, 0, 1))]
+    parts = (("matmul", fwd.gemm_s * (again[0] + 2 * grad_accum)),
+             ("attention", fwd.attention_s * again[1] + fwd.attention_bwd_s * grad_accum),
+             ("memory-bound", fwd.memory_s * (again[2] + 2 * grad_accum)),
              ("host optimizer" if strategy.offload else "optimizer", opt))
     if n <= 1:
         return StepTimeEstimate(compute_s=compute, comm_total_s=link_total,

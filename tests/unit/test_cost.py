@@ -360,10 +360,15 @@ def test_full_checkpointing_recomputes_attention_at_the_forward_rate():
     attention_both = fwd.attention_s + fwd.attention_bwd_s
     assert again - plain == pytest.approx(fwd.gemm_s + fwd.memory_s + attention_both / (1 + 2.5 * 1.7))
     assert plain == pytest.approx(3 * (fwd.gemm_s + fwd.memory_s) + attention_both)
-    # the step's parts by kind of work add up to its compute, the optimizer's step included
+    # the step's parts by kind of work add up to its compute, the optimizer's step included, and
+    # each kind is recomputed as its mode says (selective: no attention, all memory-bound work)
     t = step_time(d, full, topo(per_node=1, device=A100), 1, 2)
     assert sum(s for _, s in t.compute_parts) == pytest.approx(t.compute_s)
     assert dict(t.compute_parts)["attention"] == pytest.approx(2 * (attention_both + fwd.attention_s))
+    sel = step_time(d, dataclasses.replace(BF16, checkpointing="selective"), topo(per_node=1, device=A100), 1, 3)
+    assert sum(s for _, s in sel.compute_parts) == pytest.approx(sel.compute_s)
+    assert dict(sel.compute_parts)["attention"] == pytest.approx(3 * attention_both)
+    assert dict(sel.compute_parts)["memory-bound"] == pytest.approx(3 * 4 * fwd.memory_s)
 
 
 def test_run_kernels_are_validated_profile_inputs_with_defaults():
