@@ -77,7 +77,7 @@ def train(workload: Workload, spec: LaunchSpec, ctx: RankContext, recorder: Rank
     runtime.resume for resume and preemption). With `--memory-snapshot` the CUDA allocation
     history is dumped at the end, or on out of memory (then re-raised)."""
     if spec.detect_anomaly:
-        profiling.enable_anomaly_detection(ctx.rank)
+        profiling.enable_anomaly_detection(ctx.rank, dtensors=spec.tp > 1)
     if not spec.memory_snapshot:
         return _train(workload, spec, ctx, recorder)
     profiling.start_memory_history()

@@ -45,14 +45,9 @@ def device_time_us(averages: Sequence[FunctionEventAvg]) -> float:
     (not the CPU ops' self device time, nor `record_function` ranges, flagged `is_user_annotation`;
     a legacy-profiler CPU row carries its kernel's time). Overlapping streams each count in full."""
     kinds = tuple(getattr(DeviceType, name) for name in DEVICE_WORK)
-    total = 0.0
-    for evt in averages:
-        if evt.device_type == DeviceType.CPU:
-            if getattr(evt, "is_legacy", False):
-                total += evt.self_device_time_total
-        elif evt.device_type in kinds and not getattr(evt, "is_user_annotation", False):
-            total += evt.self_device_time_total
-    return total
+    return float(sum(evt.self_device_time_total for evt in averages
+                     if (getattr(evt, "is_legacy", False) if evt.device_type == DeviceType.CPU
+                         else evt.device_type in kinds and not getattr(evt, "is_user_annotation", False))))
 
 
 # CPU-side rows that are not operators: CUPTI's mark for a launch that waited because the
@@ -158,8 +153,12 @@ def dump_memory_snapshot(run_dir: str | Path, rank: int, *, reason: str,
     return {"kind": "memory_snapshot", "path": str(path), "reason": reason}
 
 
-def enable_anomaly_detection(rank: int) -> None:
-    """Anomaly mode: backward names the forward op whose gradient became NaN (slow)."""
+def enable_anomaly_detection(rank: int, *, dtensors: bool = False) -> None:
+    """Anomaly mode: backward names the forward op whose gradient became NaN (slow). Its NaN check calls
+    aten._is_any_true, which DTensor cannot shard: under TP (`dtensors`) on the replicated gradient."""
+    if dtensors:
+        from torch.distributed.tensor import Replicate, experimental
+        experimental.register_sharding(torch.ops.aten._is_any_true.default)(lambda x: [([Replicate()], [Replicate()])])
     torch.autograd.set_detect_anomaly(True, check_nan=True)
     if rank == 0:
         print("dlaunch: anomaly detection on: steps are slower; a NaN in backward raises with "

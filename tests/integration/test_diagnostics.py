@@ -6,7 +6,7 @@ import pytest
 
 from launcher.rundir import RunPaths
 
-from tests.helpers import DATA, REPO, assert_one_line_error, rank_records, run_result
+from tests.helpers import DATA, REPO, assert_one_line_error, rank_records, run_result, step_losses
 
 MLP = str(REPO / "workloads" / "mlp.py")
 SLOW = str(DATA / "slow_data.py")
@@ -59,6 +59,21 @@ def test_slow_dataset_with_workers_is_not_data_loading_bound(dlaunch, tmp_path):
     result = verdict_of(dlaunch, tmp_path, workers=3)
     assert result["verdict"]["name"] != "data-loading bound", result["verdict"]
     assert result["verdict"]["shares"]["data_wait"] < 0.2
+
+
+@pytest.mark.distributed
+def test_detect_anomaly_names_the_op_that_made_the_nan_under_tensor_parallelism(dlaunch, tmp_path):
+    # anomaly mode's NaN check on DTensor gradients: torch has no sharding rule for the op it calls
+    # (aten._is_any_true), which dlaunch registers; the first step's backward passes the check,
+    # the second's NaN is traced to the multiply that made it, and the summary names the rank
+    run_dir = tmp_path / "run"
+    done = dlaunch("run", str(DATA / "gpt_tp_nan.py"), "--gpus", "2", "--tp", "2", "--strategy", "fsdp_full",
+                   "--micro-batch", "2", "--steps", "4", "--no-calibrate", "--detect-anomaly",
+                   "--run-dir", str(run_dir), "--", "--seq-len", "32")
+    assert done.code != 0
+    assert "rank 0 failed: RuntimeError: Function 'MulBackward0' returned nan values" in done.out + done.err
+    assert "_is_any_true" not in done.out + done.err
+    assert [s for s, _ in step_losses(rank_records(run_dir, 0))][:1] == [1]  # the metrics written are kept
 
 
 def test_memory_snapshot_needs_cuda(dlaunch):
