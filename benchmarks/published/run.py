@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import itertools
 import json
 import math
@@ -54,6 +55,7 @@ from launcher.plan.kernels import KNOBS  # noqa: E402
 from launcher.plan.memory import usable_mem_bytes  # noqa: E402
 from launcher.plan.resolve import plan_workload, resolve_topology  # noqa: E402
 from launcher.plan.types import KERNEL_ROLES, Overrides, Plan  # noqa: E402
+from launcher.runspec import RunSettings  # noqa: E402
 from launcher.specs import CHECKPOINTING, Goal, ModelProfile, Strategy  # noqa: E402
 
 DATA = Path(__file__).with_name("results.yaml")
@@ -508,20 +510,22 @@ def report(results: Sequence[Result]) -> tuple[list[str], dict[str, Any]]:
 
 def cli_check(row: Mapping[str, Any]) -> str:
     """That the benchmark plans as the command does: the real `dlaunch plan --json` with the
-    row's settings as flags (its kernels by --attention-kernel, --loss-kernel, --norm-kernel, its
-    --reduce-dtype and --float8; no tune corrections, as the benchmark plans) against `plan_row`."""
+    row's overrides as the flags their knobs declare (its kernels, reduce dtype and float8 among
+    them; no tune corrections, as the benchmark plans) against `plan_row`."""
     ov = overrides(row)
-    flags = {"strategy": "--strategy", "precision": "--precision", "micro_batch": "--micro-batch",
-             "checkpointing": "--checkpointing", "tp": "--tp",
-             **{knob: "--" + knob.replace("_", "-") for knob in KNOBS.values()}}
     cmd = [sys.executable, "-m", "launcher.cli", "plan", WORKLOAD, "--json", "--no-calibration-cache",
            "--topology", topology_name(row), "--nodes", str(row["nodes"]),
            "--gpus", str(row["gpus"] // row["nodes"]), "--seq-len", str(row["seq_len"]),
            "--global-batch", str(row["micro_batch"] * row["grad_accum"] * row["gpus"]
-                                 // row.get("tp", 1)),
-           "--compile" if ov.compile else "--no-compile"]
-    for key, flag in {**flags, "reduce_dtype": "--reduce-dtype", "float8": "--float8"}.items():
-        cmd += [flag, str(getattr(ov, key))]
+                                 // row.get("tp", 1))]
+    # every override the row sets, by the flag its knob declares (launcher.runspec.RunSettings)
+    declared = {f.name: f.metadata["knob"] for f in dataclasses.fields(RunSettings) if "knob" in f.metadata}
+    for f in dataclasses.fields(ov):
+        value, knob = getattr(ov, f.name), declared[f.name]
+        if isinstance(value, bool):
+            cmd += [knob.flag if value else "--no-" + knob.flag.removeprefix("--")] if knob.kind == "toggle" else []
+        elif value is not None:
+            cmd += [knob.flag, str(value)]
     out = subprocess.run(cmd + ["--", *workload_args(row)], capture_output=True, text=True,
                          cwd=ROOT, check=True).stdout
     via_cli = json.loads(out)["plan"]

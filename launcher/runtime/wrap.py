@@ -264,8 +264,11 @@ def _wrap_fsdp(model: torch.nn.Module, strategy: Strategy, ctx: RankContext,
         raise RuntimeError("FSDP needs the process group first: "
                            "init_distributed(ctx, mesh=uses_device_mesh(strategy))")
     tp_group: str | None = None
+    loss_context: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext
     if strategy.tp > 1:
         assert tp_plan is not None  # wrap() checked it
+        # a vocabulary-split output needs loss_parallel() for its loss and backward (plain tensors: no-op)
+        from torch.distributed.tensor.parallel import loss_parallel as loss_context
         shape, names = tp_mesh_shape(ctx, strategy, shard_group_size)
         world_mesh = init_device_mesh(ctx.device_type, shape, mesh_dim_names=names)
         _parallelize(model, tp_plan, world_mesh["tp"])
@@ -311,10 +314,6 @@ def _wrap_fsdp(model: torch.nn.Module, strategy: Strategy, ctx: RankContext,
         compile_forward(model, strategy)
     accumulate = (_switched_off(sharded.set_requires_all_reduce) if strategy.kind == "hybrid"
                   else contextlib.nullcontext)
-    # under TP a vocabulary-split output needs loss_parallel() for its loss and backward; it changes
-    # nothing for plain tensors, so every TP run enters it
-    from torch.distributed.tensor.parallel import loss_parallel
-
     return Wrapped(module=model, no_sync=_switched_off(sharded.set_requires_gradient_sync), accumulate=accumulate,
                    compiled=strategy.compile, mesh_shape=mesh_shape, mesh_dims=mesh_dims, tp_group=tp_group,
-                   loss_context=loss_parallel if strategy.tp > 1 else contextlib.nullcontext)
+                   loss_context=loss_context)

@@ -2,8 +2,9 @@
 
 Rank `fault_rank` raises ValueError in its `fault_step`-th call of loss_fn (with --no-calibrate
 and no accumulation: training step `fault_step`) in attempt `fault_attempt` of a
-`--max-restarts` run (DLAUNCH_ATTEMPT), as tests/data/fault.py does. `--fault none` (default)
-trains like workloads/gpt.py. `--step-sleep-ms X` pauses every loss_fn call, so a test can
+`--max-restarts` run (DLAUNCH_ATTEMPT), as tests/data/fault.py does. `--fault nan`: every rank's
+loss is NaN from its `fault_step`-th call on (a multiply, still a function of the parameters: the
+op --detect-anomaly names). `--fault none` (default) trains like workloads/gpt.py. `--step-sleep-ms X` pauses every loss_fn call, so a test can
 signal or requeue a run while it is in the middle. `--stream` gives the same samples, in
 order, as an IterableDataset (launcher/runtime/stream.py splits and resumes it).
 """
@@ -61,4 +62,5 @@ def loss_fn(model, batch):
         raise ValueError(f"injected failure at step {_calls['n']}")
     if _cfg["step_sleep_ms"] > 0:
         time.sleep(_cfg["step_sleep_ms"] / 1000.0)
-    return _gpt.loss_fn(model, batch)
+    loss = _gpt.loss_fn(model, batch)
+    return loss * float("nan") if _cfg["fault"] == "nan" and _calls["n"] >= _cfg["fault_step"] else loss

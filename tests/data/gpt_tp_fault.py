@@ -1,5 +1,6 @@
 """tests/data/gpt_fault.py (workloads/gpt.py with one injected fault) with gpt's tp_plan, for
-the tensor-parallel resume test (tests/integration/test_tensor_parallel.py)."""
+the tensor-parallel resume test (tests/integration/test_tensor_parallel.py) and --detect-anomaly
+under TP (tests/integration/test_diagnostics.py)."""
 
 from gpt_fault import (  # noqa: F401  (the workload's contract, by name)
     DEFAULTS,

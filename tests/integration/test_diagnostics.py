@@ -67,9 +67,9 @@ def test_detect_anomaly_names_the_op_that_made_the_nan_under_tensor_parallelism(
     # (aten._is_any_true), which dlaunch registers; the first step's backward passes the check,
     # the second's NaN is traced to the multiply that made it, and the summary names the rank
     run_dir = tmp_path / "run"
-    done = dlaunch("run", str(DATA / "gpt_tp_nan.py"), "--gpus", "2", "--tp", "2", "--strategy", "fsdp_full",
+    done = dlaunch("run", str(DATA / "gpt_tp_fault.py"), "--gpus", "2", "--tp", "2", "--strategy", "fsdp_full",
                    "--micro-batch", "2", "--steps", "4", "--no-calibrate", "--detect-anomaly",
-                   "--run-dir", str(run_dir), "--", "--seq-len", "32")
+                   "--run-dir", str(run_dir), "--", "--seq-len", "32", "--fault", "nan", "--fault-step", "2")
     assert done.code != 0
     assert "rank 0 failed: RuntimeError: Function 'MulBackward0' returned nan values" in done.out + done.err
     assert "_is_any_true" not in done.out + done.err
