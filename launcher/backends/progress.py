@@ -34,8 +34,8 @@ TTY_INTERVAL_S = 1.0
 # (the band the GPU cost model meets on 98% of the published runs it is checked on,
 # docs/benchmarks.md; CPU predictions on a quiet host meet it on most cells): an assumption
 DRIFT_BAND = 0.25
-# ... for this long of measured time after warm-up, and over at least this many steps
-DRIFT_SUSTAIN_S = 20.0
+# ... for this long of measured time after warm-up (DLAUNCH_DRIFT_SUSTAIN_S sets it), and over at least this many steps
+DRIFT_SUSTAIN_S = float(os.environ.get("DLAUNCH_DRIFT_SUSTAIN_S") or 20.0)
 DRIFT_MIN_STEPS = 10
 # the pace the warning reports: the last few seconds
 DRIFT_NOW_S = 5.0

@@ -102,15 +102,15 @@ def tp_degrees(kind: str, profile: ModelProfile, topology: Topology, ov: Overrid
     return [1] + [d for d in profile.tp_degrees if d > 1 and topology.devices_per_node % d == 0]
 
 
-def _precisions(topology: Topology, ov: Overrides) -> list[str]:
-    dev = topology.accelerator
+def precisions_for(topology: Topology, ov: Overrides) -> list[str]:
+    """The precisions the planner prices for `topology` under `ov` (what a CPU's step probe times)."""
     if ov.precision is not None:
         return [ov.precision]
     if ov.float8 not in (None, "none") or ov.reduce_dtype == "bf16":
         return ["bf16"]  # float8 runs everything but the converted GEMMs in bf16; a bf16 reduce needs bf16
     if topology.device == "cpu":
-        return ["fp32", "bf16"] if "bf16" in dev.peak_tflops else ["fp32"]
-    return ["bf16"] if dev.supports_bf16 else ["fp16"]
+        return ["fp32", "bf16"] if "bf16" in topology.accelerator.peak_tflops else ["fp32"]
+    return ["bf16"] if topology.accelerator.supports_bf16 else ["fp16"]
 
 
 def _float8s(topology: Topology, ov: Overrides, precision: str) -> list[str]:
@@ -198,7 +198,7 @@ def candidates(profile: ModelProfile, topology: Topology, goal: Goal, ov: Overri
                         continue
                     if ov.tp is not None:
                         skipped = tp_skipped
-                for precision, f8 in [(p, f) for p in _precisions(topology, ov) for f in _float8s(topology, ov, p)]:
+                for precision, f8 in [(p, f) for p in precisions_for(topology, ov) for f in _float8s(topology, ov, p)]:
                     for ckpt in modes:
                         strategy = Strategy(kind=kind, precision=precision, checkpointing=ckpt,
                                             compile=compiled, compile_mode=ov.compile_mode or "default",

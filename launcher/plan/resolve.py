@@ -35,6 +35,7 @@ from launcher.hardware.detect import cpu_info, detect_topology
 from launcher.hardware.topology import load_topology
 from launcher.hardware.types import Topology
 from launcher.plan import cpu_probe, step_probe
+from launcher.plan.candidates import precisions_for
 from launcher.plan.compile_probe import COMPILE_PROBE_FORMAT, CompileCheck, check_compile
 from launcher.plan.corrections import Correction, TrialRecord, correction_of, fingerprint, load_trials, store_trials
 from launcher.plan.cpu_cost import cpu_step_time
@@ -210,11 +211,6 @@ def cached_profiled(workload: str, workload_args: Sequence[str]) -> Profiled:
                    lambda: _measured_without_gc("its profile", profiled_workload, workload, workload_args))
 
 
-def cached_profile(workload: str, workload_args: Sequence[str]) -> ModelProfile:
-    """The workload's profile (`cached_profiled` without its kernels' sources)."""
-    return cached_profiled(workload, workload_args).profile
-
-
 def _profile_from_json(d: dict[str, Any]) -> ModelProfile:
     """A cached profile: JSON has no tuples, and ModelProfile's tp_degrees is one."""
     return ModelProfile(**{**d, "tp_degrees": tuple(d.get("tp_degrees", ()))})
@@ -296,12 +292,11 @@ def _probe_sizes(profile: ModelProfile, topology: Topology, precisions: int) -> 
     return step_probe.probe_micro_batches(step_s, precisions)
 
 
-def cached_step_timing(workload: str, workload_args: Sequence[str], profile: ModelProfile,
-                       topology: Topology) -> step_probe.WorkloadTiming | None:
-    """The workload's own steps timed on this host with a rank's thread count (`step_probe`),
-    measured once per workload, host and thread count; None for a GPU or multi-node topology,
-    a model too big or too slow to time here, or a workload that fails when timed (the run
-    will say why)."""
+def cached_step_timing(workload: str, workload_args: Sequence[str], profile: ModelProfile, topology: Topology,
+                       precisions: Sequence[str] = PROBE_PRECISIONS) -> step_probe.WorkloadTiming | None:
+    """The workload's own steps timed on this host with a rank's thread count (`step_probe`), each
+    of `precisions` measured once per workload, host and thread count; None for a GPU or multi-node
+    topology, a model too big or too slow to time here, or a workload that fails when timed."""
     if topology.device != "cpu" or topology.num_nodes != 1:
         return None
     threads = topology.rank_threads
@@ -309,32 +304,38 @@ def cached_step_timing(workload: str, workload_args: Sequence[str], profile: Mod
     host = cpu_probe.cache_key(info.model, info.usable_cores, cpu_probe.torch_version())
     key = f"{_cache_key(workload, workload_args)}-{host}-t{threads}-v{step_probe.STEP_PROBE_FORMAT}"
     path = step_cache_dir() / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
+    needed, have = step_probe.probe_precisions(precisions, profile.batch_norms), None
     try:
         stored = json.loads(path.read_text(encoding="utf-8"))
         if isinstance(stored, dict) and "failed" in stored:
             log.debug("step probe of %s failed before (%s); planning from the CPU rates",
                       profile.name, stored["failed"])
             return None
-        return step_probe.WorkloadTiming.from_dict(stored)
+        have = step_probe.WorkloadTiming.from_dict(stored)
+        if set(needed) <= set(have.precisions):
+            return have
     except (OSError, ValueError, TypeError, KeyError, PlanError):
         pass  # absent or stale: measure
-    precisions = step_probe.probe_precisions(PROBE_PRECISIONS, profile.batch_norms)
-    sizes = _probe_sizes(profile, topology, len(precisions))
+    missing = tuple(p for p in needed if have is None or p not in have.precisions)
+    sizes = _probe_sizes(profile, topology, len(missing))
     if not sizes:
         log.debug("step probe skipped for %s: too big or too slow to time here", profile.name)
-        return None
+        return have
     try:
         # in a child process: the workload's code may hang, exit or flood its streams there
         timing, quiet = watch(lambda: probe_in_child(
-            workload, workload_args, threads=threads, precisions=precisions,
+            workload, workload_args, threads=threads, precisions=missing,
             micro_batches=sizes), info.usable_cores, threads)
     except Exception as e:  # noqa: BLE001 - a workload bug surfaces in the run, with its traceback
         why = str(e) if isinstance(e, StepProbeFailed) else f"{type(e).__name__}: {e}"
         log.warning("timing %s's steps failed (%s); planning from the CPU rates without them", profile.name, why)
         # remembered like a timing (the key holds the workload file's hash): an edited workload
         # is timed again, an unchanged one does not re-import torch and fail at every plan
-        _store(path, {"failed": f"{type(e).__name__}: {e}"})
-        return None
+        if have is None:
+            _store(path, {"failed": f"{type(e).__name__}: {e}"})
+        return have
+    if have is not None:  # the precisions timed before stay
+        timing = dataclasses.replace(timing, precisions={**have.precisions, **timing.precisions})
     if cacheable(quiet):
         _store(path, step_probe.as_cached(timing))
     else:
@@ -359,7 +360,8 @@ def plan_workload(workload: str, workload_args: Sequence[str], topology: Topolog
     corrections of this workload's predicted compute (what the overrides force stays forced)."""
     profiled = cached_profiled(workload, workload_args)
     profile = profiled.profile
-    timing = cached_step_timing(workload, workload_args, profile, topology)
+    timing = cached_step_timing(workload, workload_args, profile, topology,
+                                precisions_for(topology, overrides or Overrides()))
     # compile is the plan's to decide on a GPU unless the user decided it
     compile_open = (overrides is None or overrides.compile is None) and topology.device == "cuda"
     check = cached_compile_check(workload, workload_args) if compile_open else None

@@ -17,7 +17,7 @@ from typing import Any
 from launcher.hardware.types import Topology
 from launcher.plan.kernels import given as given_kernels
 from launcher.plan.planfile import read_plan
-from launcher.plan.resolve import cached_profile
+from launcher.plan.resolve import cached_profiled
 from launcher.plan.search import plan
 from launcher.plan.types import Overrides
 from launcher.report.runs import RunData
@@ -81,7 +81,7 @@ def _predict_with_planner(rows: list[Row], data: RunData | None, topology: Topol
         return "prediction unavailable: no workload spec (plain scripts are not profiled)"
     spec = data.spec
     try:
-        profile = cached_profile(spec.workload, spec.workload_args)
+        profile = cached_profiled(spec.workload, spec.workload_args).profile
         for row in rows:
             n = row.world_size
             topo = _shape(topology, n, nodes.get(n))

@@ -82,11 +82,13 @@ def test_on_a_terminal_one_line_is_redrawn_and_quiet_turns_it_off(tmp_path: Path
 
 def test_a_rank_slowed_after_warm_up_raises_the_drift_warning(tmp_path: Path):
     run_dir = tmp_path / "run"
+    # a 6 s window, not the default 20 s: the warning after ~20 slow steps, 25 more of margin
     done = subprocess.run(
-        [sys.executable, "-m", "launcher.cli.main", "run", STEADY, "--gpus", "2", "--steps", "130",
+        [sys.executable, "-m", "launcher.cli.main", "run", STEADY, "--gpus", "2", "--steps", "60",
          *FIXED, "--run-dir", str(run_dir), "--json", "--",
-         "--step-sleep-s", "0.1", "--slow-rank", "1", "--slow-from", "40", "--slow-sleep-s", "0.3"],
-        cwd=REPO, env=dlaunch_env(tmp_path, own_cache=True), capture_output=True, text=True, timeout=300)
+         "--step-sleep-s", "0.1", "--slow-rank", "1", "--slow-from", "15", "--slow-sleep-s", "0.3"],
+        cwd=REPO, env=dlaunch_env(tmp_path, own_cache=True, DLAUNCH_DRIFT_SUSTAIN_S="6"), capture_output=True,
+        text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     warned = [x for x in done.stderr.splitlines() if "warning: steps take" in x]
     assert len(warned) == 1, done.stderr

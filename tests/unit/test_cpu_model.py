@@ -10,6 +10,7 @@ import pytest
 
 from launcher.hardware.types import Link, Topology
 from launcher.plan import step_probe
+from launcher.plan.candidates import precisions_for
 from launcher.plan.collectives import fsdp_units
 from launcher.plan.cost import step_time
 from launcher.plan.cpu_comm import DDP_BUCKET_OPS, cpu_ddp_comm, cpu_sharded_comm, ddp_buckets
@@ -18,6 +19,7 @@ from launcher.plan.gloo_probe import measure_gloo
 from launcher.plan.profile import profile_workload
 from launcher.plan.resolve import cached_gloo_rates, cached_step_timing, resolve_topology
 from launcher.plan.step_probe import PassTimes, StepTiming, WorkloadTiming, measure_steps
+from launcher.plan.types import Overrides
 from launcher.specs import ModelProfile, Strategy
 from launcher.workload import load_workload
 
@@ -179,6 +181,34 @@ def test_step_timing_is_cached_per_workload_and_threads_and_never_for_gpus(
     small = profile_workload(load_workload(path, other))
     assert cached_step_timing(path, other, small, one) is None
     assert cached_step_timing(path, other, small, one) is None and calls == [1]
+
+
+def test_the_step_probe_times_only_the_precisions_the_plan_prices_and_keeps_each(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("DLAUNCH_CACHE_DIR", str(tmp_path))
+    path, args = str(WORKLOADS / "mlp.py"), ["--hidden", "48", "--depth", "2"]
+    profile = profile_workload(load_workload(path, args))
+    asked: list[tuple[str, ...]] = []
+
+    def probe(*a: object, precisions: tuple[str, ...], **k: object) -> WorkloadTiming:
+        asked.append(precisions)  # each precision timed as its own pass set: 1 ms a pass per letter
+        one = (PassTimes(micro_batch=1, data_s=0.0, forward_s=1e-3 * len(precisions[0]), backward_s=2e-3),)
+        return dataclasses.replace(timing(2), precisions={
+            p: StepTiming(precision=p, passes=one, optimizer_s=1e-3) for p in precisions})
+
+    monkeypatch.setattr("launcher.plan.resolve.probe_in_child", probe)
+    fp32 = cached_step_timing(path, args, profile, topology(1), ("fp32",))
+    assert asked == [("fp32",)] and fp32 is not None and set(fp32.precisions) == {"fp32"}
+    # a plan that may choose bf16 times bf16 alone; the fp32 timing stays as measured
+    both = cached_step_timing(path, args, profile, topology(1), ("fp32", "bf16"))
+    assert asked == [("fp32",), ("bf16",)] and both is not None
+    assert set(both.precisions) == {"fp32", "bf16"} and both.precisions["fp32"] == fp32.precisions["fp32"]
+    assert cached_step_timing(path, args, profile, topology(1), ("bf16",)) == both and len(asked) == 2
+    # what the planner prices on a CPU: both where the probe found bf16 rates, one when forced
+    assert precisions_for(topology(1), Overrides()) == ["fp32", "bf16"]
+    assert precisions_for(topology(1), Overrides(precision="fp32")) == ["fp32"]
+    no_bf16 = dataclasses.replace(topology(1).accelerator, peak_tflops={"fp32": 0.1})
+    assert precisions_for(dataclasses.replace(topology(1), accelerator=no_bf16), Overrides()) == ["fp32"]
 
 
 # --- what the model makes of them ----------------------------------------------------------------

@@ -268,9 +268,9 @@ def test_published_2d_row_within_15_percent():
     import run  # noqa: PLC0415
 
     row = next(r for r in run.load_rows() if r.get("tp", 1) > 1)
-    from launcher.plan.resolve import cached_profile  # noqa: PLC0415
+    from launcher.plan.resolve import cached_profiled  # noqa: PLC0415
 
-    prof = dataclasses.replace(cached_profile(run.WORKLOAD, run.workload_args(row)),
+    prof = dataclasses.replace(cached_profiled(run.WORKLOAD, run.workload_args(row)).profile,
                                tp_degrees=(2, 4, 8))
     topo = load_topology(run.topology_name(row)).with_shape(num_nodes=row["nodes"],
                                                            devices_per_node=8)
