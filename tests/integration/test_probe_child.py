@@ -23,7 +23,7 @@ from tests.helpers import DATA, REPO, assert_processes_gone
 WORKLOAD = str(DATA / "probe_hostile.py")
 DECIDED = ("--gpus", "1", "--strategy", "ddp", "--precision", "fp32", "--micro-batch", "4",
            "--checkpointing", "none")
-PROBE_LIMIT_S = 15
+PROBE_LIMIT_S = 10
 
 
 def _plan(tmp_path: Path, hostile: str) -> tuple[subprocess.CompletedProcess[str], float]:
@@ -51,9 +51,9 @@ def test_a_hostile_step_probe_costs_one_warning_not_dlaunch(tmp_path: Path, host
     warnings = [line for line in done.stderr.splitlines() if "steps failed" in line]
     assert len(warnings) == 1 and why in warnings[0], done.stderr[-2000:]
     assert len(done.stderr) < 5000  # the 2 MiB stayed in the child's own file
-    # the whole plan, the probe's child stopped at its limit: measured sleep 22.8 s (the 15 s
-    # limit + start-up and planning), exit 12.0 s, flood 12.4 s on the 2-core AMD EPYC VM at load
-    # 1-2 (2026-11-28); the bound (75 s) is 3.3x the slowest
+    # the whole plan, the probe's child stopped at its limit: measured sleep 22.8 s (a 15 s limit
+    # then + start-up and planning), exit 12.0 s, flood 12.4 s on the 2-core AMD EPYC VM at load
+    # 1-2 (2026-11-28); the bound (70 s now) is 3.1x the slowest
     assert took_s < PROBE_LIMIT_S + 60
     assert not _left(tmp_path / "cache"), "the probe's child outlived dlaunch plan"
 
