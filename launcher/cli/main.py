@@ -180,7 +180,7 @@ class _Version(argparse.Action):
 def build_parser() -> argparse.ArgumentParser:
     """The full `dlaunch` parser."""
     parser = _Parser(prog="dlaunch", description="Plan, launch and measure distributed PyTorch training.")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks and torchrun's own log")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks, torchrun's log, libraries' warnings")
     parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for command in COMMANDS:
@@ -231,6 +231,8 @@ def _dispatch(argv: Sequence[str] | None) -> tuple[int, bool]:
                         format="dlaunch: %(levelname)s %(name)s: %(message)s")
     if debug:
         os.environ["DLAUNCH_DEBUG"] = "1"
+    else:  # libraries that log in this process (a workload's, profiled here) are not dlaunch: their errors only
+        logging.root.handlers[0].addFilter(lambda r: r.name.startswith("launcher.") or r.levelno >= logging.ERROR)
     try:
         with _stop_on_signals():  # restored before the line below is printed
             parser = build_parser()

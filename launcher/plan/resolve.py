@@ -334,8 +334,7 @@ def cached_step_timing(workload: str, workload_args: Sequence[str], profile: Mod
         if have is None:
             _store(path, {"failed": f"{type(e).__name__}: {e}"})
         return have
-    if have is not None:  # the precisions timed before stay
-        timing = dataclasses.replace(timing, precisions={**have.precisions, **timing.precisions})
+    timing = dataclasses.replace(timing, precisions={**(have.precisions if have else {}), **timing.precisions})
     if cacheable(quiet):
         _store(path, step_probe.as_cached(timing))
     else:

@@ -198,10 +198,9 @@ class TrackerFeed:
 
     def _run(self) -> None:
         try:
-            # the trackers' HTTP libraries log every retry and dropped connection as warnings into
-            # dlaunch's stderr; dlaunch says a tracker's trouble once itself
-            for name in ("urllib3", "mlflow", "requests", "wandb"):
-                logging.getLogger(name).setLevel(logging.ERROR)
+            # mlflow logs every retry as a warning through a handler of its own (urllib3's reach
+            # dlaunch's, which passes other libraries' errors only); dlaunch says a tracker's trouble once
+            logging.getLogger("mlflow").setLevel(logging.ERROR)
             self._open()  # here, not in start: mlflow's import alone takes a second
             self._drain()
             while not self._stop.wait(self.interval_s):

@@ -2,11 +2,13 @@
 still running when a test kills, interrupts or stops reading dlaunch.
 
   --step-sleep-s S   every micro-batch sleeps S seconds (default 0.2)
-  --chatter N        every micro-batch prints N long lines to stdout (default 0)
+  --chatter N        every micro-batch prints N long lines to stdout (default 0); with N > 0 its
+                     model's build also logs a warning through a library's logger
   --slow-rank R      rank R (-1: none) sleeps --slow-sleep-s instead, from its call number
   --slow-from N      N of loss_fn on (a straggler appearing mid-run)
 """
 
+import logging
 import os
 import sys
 import time
@@ -23,6 +25,8 @@ _LINE = "chatter " + "x" * 200 + "\n"
 
 def build_model(cfg):
     _cfg.update(vars(cfg))
+    if _cfg["chatter"]:
+        logging.getLogger("chatty.lib").warning("chatter from a library's logger")
     return nn.Linear(8, 2)
 
 

@@ -17,7 +17,7 @@ from launcher.request import RunRequest
 from launcher.runspec import RunSettings
 from launcher.specs import Goal, ModelProfile
 
-from tests.helpers import DATA, WORKLOADS
+from tests.helpers import DATA, WORKLOADS, run_dlaunch
 
 MLP = str(WORKLOADS / "mlp.py")
 GPT = str(WORKLOADS / "gpt.py")
@@ -140,6 +140,16 @@ def test_what_a_workload_prints_while_planned_stays_off_dlaunchs_output(capsys, 
     # the workload did run here: profiled, and its steps timed (the prints were held, not skipped)
     [timed] = (tmp_path / "steps").iterdir()
     assert "failed" not in json.loads(timed.read_text())
+
+
+def test_a_library_logging_while_the_workload_is_profiled_stays_off_dlaunchs_stderr(tmp_path):
+    # a GPU topology: the model is built on the meta device, no step probe
+    args = ["plan", str(DATA / "steady.py"), "--topology", "h100-sxm-8x", "--gpus", "1", "--", "--chatter", "1"]
+    quiet = run_dlaunch(*args, env={"DLAUNCH_CACHE_DIR": str(tmp_path / "quiet")})
+    assert quiet.code == 0 and "chatter from a library" not in quiet.out + quiet.err, quiet.err
+    # --debug shows it, and its library's errors always pass
+    loud = run_dlaunch(args[0], "--debug", *args[1:], env={"DLAUNCH_CACHE_DIR": str(tmp_path / "loud")})
+    assert loud.code == 0 and "WARNING chatty.lib: chatter from a library's logger" in loud.err, loud.err[-2000:]
 
 
 def test_a_forced_launch_inside_the_plans_headroom_is_warned_of_and_one_past_the_card_refused():
