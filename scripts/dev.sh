@@ -54,6 +54,7 @@ case "${1:-}" in
       "$VENV/bin/python" -m pytest -q -rs -n 2 --durations=10 tests/unit
       mypy_rc=0
       wait "$mypy_pid" || mypy_rc=$?
+      trap - EXIT  # mypy is done: its pid may be another process's from here on
       cat "$mypy_log"
       rm -f "$mypy_log"
       [ "$mypy_rc" -eq 0 ] || exit "$mypy_rc"
