@@ -276,8 +276,8 @@ def _gloo_or_none(ranks: int) -> GlooRates | None:
         return None
 
 
-def _probe_sizes(profile: ModelProfile, topology: Topology, precisions: int) -> tuple[int, ...]:
-    """The micro-batches the step probe may time for `profile` on one rank of `topology`
+def _probe_sizes(profile: ModelProfile, topology: Topology, precisions: Sequence[str]) -> tuple[int, ...]:
+    """The micro-batches the step probe may time for `profile` in `precisions` on one rank of `topology`
     (`step_probe.probe_micro_batches`), or () when the model is too big to build here."""
     state = profile.param_bytes * 2 + profile.num_params * profile.optimizer_state_bytes_per_param
     if state > min(step_probe.MAX_STATE_BYTES, 0.25 * psutil.virtual_memory().available):
@@ -287,9 +287,9 @@ def _probe_sizes(profile: ModelProfile, topology: Topology, precisions: int) -> 
     for mb in {1, *step_probe.MICRO_BATCHES}:
         if profile.activation_bytes_per_sample * mb + state > step_probe.MAX_STATE_BYTES:
             continue
-        step_s[mb] = max(cpu_step_time(profile, Strategy(precision=p), one, mb, 1, group_size=1,
-                                       recompute=0.0).step_time_s for p in PROBE_PRECISIONS)
-    return step_probe.probe_micro_batches(step_s, precisions)
+        step_s[mb] = max(cpu_step_time(profile, Strategy(precision=p.removesuffix(step_probe.FP32_NORMS)), one, mb, 1,
+                                       group_size=1, recompute=0.0).step_time_s for p in precisions)
+    return step_probe.probe_micro_batches(step_s, len(precisions))
 
 
 def cached_step_timing(workload: str, workload_args: Sequence[str], profile: ModelProfile, topology: Topology,
@@ -317,7 +317,7 @@ def cached_step_timing(workload: str, workload_args: Sequence[str], profile: Mod
     except (OSError, ValueError, TypeError, KeyError, PlanError):
         pass  # absent or stale: measure
     missing = tuple(p for p in needed if have is None or p not in have.precisions)
-    sizes = _probe_sizes(profile, topology, len(missing))
+    sizes = _probe_sizes(profile, topology, missing)
     if not sizes:
         log.debug("step probe skipped for %s: too big or too slow to time here", profile.name)
         return have

@@ -17,7 +17,7 @@ from launcher.plan.cpu_comm import DDP_BUCKET_OPS, cpu_ddp_comm, cpu_sharded_com
 from launcher.plan.cpu_rates import CpuRates, GlooRates, ProbedCpu
 from launcher.plan.gloo_probe import measure_gloo
 from launcher.plan.profile import profile_workload
-from launcher.plan.resolve import cached_gloo_rates, cached_step_timing, resolve_topology
+from launcher.plan.resolve import _probe_sizes, cached_gloo_rates, cached_step_timing, resolve_topology
 from launcher.plan.step_probe import PassTimes, StepTiming, WorkloadTiming, measure_steps
 from launcher.plan.types import Overrides
 from launcher.specs import ModelProfile, Strategy
@@ -324,3 +324,13 @@ def test_ranks_side_by_side_share_the_memory_bus_and_cache_the_probe_had_alone()
     parts = dict(step_time(big, s, topo(2, shared), 8, 1, timing=timing(1)).compute_parts)
     assert parts["shared memory"] == pytest.approx(extra)
     assert "shared memory" not in dict(step_time(big, s, topo(1, shared), 8, 1, timing=timing(2)).compute_parts)
+
+
+def test_the_probe_sizes_follow_the_precisions_it_times():
+    # bf16 priced ~1,000x slower than fp32 (a CPU without native bf16): timing it would not fit
+    # the probe's budget, fp32 alone does
+    slow = dataclasses.replace(RATES, gemm_gflops={"fp32": 100.0, "bf16": 0.1})
+    topo = dataclasses.replace(topology(1), accelerator=dataclasses.replace(topology(1).accelerator, rates=slow))
+    big = dataclasses.replace(PROFILE, flops_fwd_per_sample=2e8)
+    assert _probe_sizes(big, topo, ("fp32",))[:1] == (1,)
+    assert _probe_sizes(big, topo, ("fp32", "bf16")) == ()
