@@ -58,6 +58,7 @@ class Case:
     precision: str = "fp32"
     checkpointing: bool = False
     compile: bool = False
+    fsdp_unit: str = "block"
     world: int = 1
 
     @property
@@ -65,18 +66,23 @@ class Case:
         """How the table names it: "FSDP full bf16 ckpt compile x2"."""
         parts = [{"ddp": "DDP", "zero1": "ZeRO-1", "fsdp_full": "FSDP full"}.get(self.kind, self.kind),
                  self.precision] + (["ckpt"] if self.checkpointing else []) + (["compile"] if self.compile else [])
+        parts += ["linear units"] if self.fsdp_unit == "linear" else []
         return " ".join(parts) + f" x{self.world}"
 
 
 MODELS = [Model(label="gpt tiny", file="gpt.py", micro_batch=8),
           Model(label="HF GPT-2 tiny", file="hf_causal_lm.py", args=("--config", "tiny-gpt2"), micro_batch=8),
           Model(label="resnet", file="resnet.py", micro_batch=16)]
+# parameters over activations: where FSDP's unit (a block, or each linear layer) shows in the peak
+WIDE = Model(label="gpt wide, 16 tokens", file="gpt.py", micro_batch=1,
+             args=("--dim", "512", "--ffn", "2048", "--heads", "8", "--kv-heads", "8", "--seq-len", "16",
+                   "--vocab", "256"))
 
 
 def strategy_cases(models: list[Model]) -> list[Case]:
     """Every strategy the issue names, for each model: DDP fp32, bf16 autocast, full
     checkpointing, compile; ZeRO-1 on two ranks, fp32 and bf16 autocast, and on four in fp32; FSDP full on one and
-    two ranks, with its bf16 parameter policy, checkpointing and compile."""
+    two ranks, with its bf16 parameter policy, checkpointing and compile, and with each linear layer a unit."""
     out: list[Case] = []
     for m in models:
         out += [Case(model=m), Case(model=m, precision="bf16"), Case(model=m, checkpointing=True),
@@ -86,8 +92,11 @@ def strategy_cases(models: list[Model]) -> list[Case]:
                 Case(model=m, kind="fsdp_full"), Case(model=m, kind="fsdp_full", world=2),
                 Case(model=m, kind="fsdp_full", precision="bf16", world=2),
                 Case(model=m, kind="fsdp_full", checkpointing=True, world=2),
-                Case(model=m, kind="fsdp_full", compile=True, world=2)]
-    return out
+                Case(model=m, kind="fsdp_full", compile=True, world=2),
+                Case(model=m, kind="fsdp_full", fsdp_unit="linear", world=2),
+                Case(model=m, kind="fsdp_full", precision="bf16", fsdp_unit="linear", world=2)]
+    return out + [Case(model=WIDE, kind="fsdp_full", precision=p, fsdp_unit=u, world=2)
+                  for p in ("fp32", "bf16") for u in ("block", "linear")]
 
 
 def _free_port() -> int:
@@ -114,7 +123,8 @@ def _rank_main(rank: int, case: Case, port: int, out_dir: str) -> None:
 
     torch.set_num_threads(1)
     strategy = Strategy(kind=case.kind, precision=case.precision,
-                        checkpointing="full" if case.checkpointing else "none", compile=case.compile)
+                        checkpointing="full" if case.checkpointing else "none", compile=case.compile,
+                        fsdp_unit=case.fsdp_unit)
     ctx = from_env("cpu")
     workload = load_workload(REPO / "workloads" / case.model.file, case.model.args)
     init_distributed(ctx, timeout_s=300.0, mesh=uses_device_mesh(strategy))
@@ -177,7 +187,8 @@ def predicted_case(case: Case, profile: Any) -> float:
     from launcher.specs import Strategy
 
     strategy = Strategy(kind=case.kind, precision=case.precision,
-                        checkpointing="full" if case.checkpointing else "none", compile=case.compile)
+                        checkpointing="full" if case.checkpointing else "none", compile=case.compile,
+                        fsdp_unit=case.fsdp_unit)
     est = estimate_memory(profile, strategy, micro_batch=case.model.micro_batch,
                           world_size=case.world, shard_group_size=case.world, device="cpu")
     return plan_tensor_bytes(est, device="cpu", world_size=case.world)

@@ -63,7 +63,8 @@ class RunRequest(RunSettings):
         chosen, s = planned.plan.chosen, planned.plan.chosen.strategy
         choice: dict[str, Any] = {"strategy": s.kind, "precision": s.precision, "micro_batch": chosen.micro_batch,
                                   "grad_accum": chosen.grad_accum, "checkpointing": s.checkpointing, "tp": s.tp,
-                                  "compile": s.compile, "offload": s.offload, "float8": s.float8}
+                                  "compile": s.compile, "offload": s.offload, "float8": s.float8,
+                                  "fsdp_unit": s.fsdp_unit}
         filled = {k: v for k, v in choice.items() if getattr(self, k) is None}
         warnings = [r for r in planned.plan.reasons if r.startswith("warning:")]
         compiled = " + torch.compile" if filled.get("compile") else ""
@@ -111,7 +112,7 @@ def point_plan(request: RunRequest, spec: LaunchSpec, *, topology: str | None = 
     point = dataclasses.replace(
         request, planned=None, plan_note=None, gpus=spec.gpus, nodes=spec.nodes, global_batch=None,
         **{k: getattr(spec, k) for k in ("micro_batch", "grad_accum", "strategy", "precision",
-                                         "checkpointing", "compile", "tp", "offload", "float8")})
+                                         "checkpointing", "compile", "tp", "offload", "float8", "fsdp_unit")})
     return follow_plan(point, topology=topology).planned
 
 
@@ -129,7 +130,7 @@ def _planned(request: RunRequest, topology: str | None) -> Planned:
                           compile=request.compile, tp=request.tp, offload=request.offload,
                           # a run weighs float8 only where its ranks can convert (torchao)
                           float8=weighed_float8(request.float8), reduce_dtype=request.reduce_dtype,
-                          **given_kernels(request))
+                          fsdp_unit=request.fsdp_unit, **given_kernels(request))
     return plan_workload(request.workload, request.workload_args, topo, Goal(global_batch=goal), overrides=overrides)
 
 

@@ -37,6 +37,8 @@ from launcher.specs import (
     DEVICES,
     FLOAT8_NEEDS_BF16,
     FLOAT8_RECIPES,
+    FSDP_UNITS,
+    LINEAR_UNITS_NEED,
     LOSS_KERNELS,
     MAX_TIMEOUT_S,
     MIN_HANG_TIMEOUT_S,
@@ -107,6 +109,12 @@ class RunSettings:
         None, "--reduce-dtype", "the dtype the gradients are reduced in across ranks: fp32, or bf16 (half the "
         "bytes, bf16's rounding in the sum: FSDP's reduce_dtype, DDP's buckets cast to bf16; needs --precision bf16) "
         "(default fp32)", choices=REDUCE_DTYPES, fallback="fp32")
+    fsdp_unit: str | None = knob(
+        None, "--fsdp-unit", "FSDP's unit of gathering: block (each of the workload's blocks, one all-gather and one "
+        "reduce-scatter each) or linear (each linear layer in a block a unit of its own, the block the rest: fewer "
+        "parameters gathered at once for more collectives, as DeepSpeed's ZeRO-3 gathers per submodule; not with "
+        "--tp or --compile) (default: the plan's: block, or linear where nothing fits with blocks)",
+        choices=FSDP_UNITS, planned=True, fallback="block")
     attention_kernel: str | None = knob(
         None, "--attention-kernel", "the attention kernel the model calls: sdpa (PyTorch's "
         "scaled_dot_product_attention), fa2 (the flash-attn package), triton-fa (Triton "
@@ -168,6 +176,8 @@ class RunSettings:
               UsageError, f"`compile_mode` {self.compile_mode} captures CUDA graphs, which FSDP ({self.strategy}) does "
                           "not support; use `compile_mode` default or max-autotune-no-cudagraphs")
         check(not self.offload or self.strategy not in DDP_KINDS, UsageError, OFFLOAD_NEEDS_FSDP)
+        linear_ok = self.strategy not in DDP_KINDS and (self.tp or 1) == 1 and not self.compile
+        check(self.fsdp_unit != "linear" or linear_ok, UsageError, LINEAR_UNITS_NEED)
         check(self.float8 in (None, "none") or self.precision in (None, "bf16"), UsageError, FLOAT8_NEEDS_BF16)
         check(self.reduce_dtype in (None, "fp32") or self.precision in (None, "bf16"), UsageError, REDUCE_NEEDS_BF16)
         check(self.shard_group_size is None or self.strategy in (None, "hybrid"), UsageError,
@@ -221,6 +231,7 @@ class LaunchSpec(RunSettings):
         offload: bool
         float8: str
         reduce_dtype: str
+        fsdp_unit: str
         startup_timeout_s: float
 
     def __post_init__(self) -> None:
@@ -261,7 +272,7 @@ class LaunchSpec(RunSettings):
         return Strategy(kind=self.strategy, precision=self.precision, checkpointing=self.checkpointing,
                         compile=self.compile, compile_mode=self.compile_mode, compile_strict=self.compile_strict,
                         tp=self.tp, offload=self.offload, float8=self.float8,
-                        reduce_dtype=self.reduce_dtype)
+                        reduce_dtype=self.reduce_dtype, fsdp_unit=self.fsdp_unit)
 
     @property
     def loader(self) -> LoaderSpec:

@@ -39,6 +39,12 @@ REDUCE_DTYPES = ("fp32", "bf16")
 REDUCE_DTYPE_BYTES = {"fp32": 4, "bf16": 2}
 REDUCE_NEEDS_BF16 = ("`reduce_dtype` bf16 reduces the gradients of a bf16 run in bf16; use `precision` bf16 with "
                      "it, or `reduce_dtype` fp32")
+# FSDP's unit of gathering: each of the workload's blocks (torchtitan's), or inside each block each nn.Linear on its
+# own and the block the rest (DeepSpeed ZeRO-3 fetches per submodule; Accelerate's size-based wrap is alike)
+FSDP_UNITS = ("block", "linear")
+LINEAR_UNITS_NEED = ("`fsdp_unit` linear shards each linear layer of an FSDP strategy's blocks on its own; use "
+                     "`strategy` fsdp_full, fsdp_grad_op or hybrid without `tp` or `compile` (FSDP's hooks would sit "
+                     "inside each compiled block), or `fsdp_unit` block")
 OFFLOAD_NEEDS_FSDP = ("`offload` keeps FSDP's sharded state in host memory; DDP and ZeRO-1 keep whole parameters "
                       "on the device: use `strategy` fsdp_full, fsdp_grad_op or hybrid, or drop `offload`")
 MIN_HANG_TIMEOUT_S = 10.0  # twice the harness's flush interval
@@ -142,6 +148,10 @@ class ModelProfile:
     # whether that tp_plan keeps the logits split over the vocabulary (loss parallel): under TP the loss and its
     # gradient are then 1/tp on each rank, not whole
     tp_loss_parallel: bool = False
+    # FSDP units of linear layers (`Strategy.fsdp_unit` linear): the most parameters one holds (a block's nn.Linear,
+    # or what its block keeps beside them) and the most a block has (its linears + the block); 0 = not profiled
+    linear_unit_params: int = 0
+    linear_units_per_block: int = 0
     # how the model was profiled where that is not as it trains (the workload's word, e.g. an
     # MoE's routing stood in for on the meta device); "" = as it trains
     profile_note: str = ""
@@ -196,8 +206,13 @@ class Strategy:
     offload: bool = False
     float8: str = "none"  # one of FLOAT8_RECIPES (launcher.runtime.float8, launcher.plan.float8)
     reduce_dtype: str = "fp32"  # one of REDUCE_DTYPES: what the gradients cross the ranks in
+    fsdp_unit: str = "block"  # one of FSDP_UNITS
 
     def __post_init__(self) -> None:
+        check(self.fsdp_unit in FSDP_UNITS, UsageError,
+              f"unknown `fsdp_unit` {self.fsdp_unit!r}; use one of {', '.join(FSDP_UNITS)}")
+        check(self.fsdp_unit == "block" or (self.shards_params and self.tp == 1 and not self.compile), UsageError,
+              LINEAR_UNITS_NEED)
         check(self.reduce_dtype in REDUCE_DTYPES, UsageError,
               f"unknown `reduce_dtype` {self.reduce_dtype!r}; use one of {', '.join(REDUCE_DTYPES)}")
         check(self.reduce_dtype == "fp32" or self.precision == "bf16", UsageError, REDUCE_NEEDS_BF16)

@@ -347,6 +347,13 @@ def batch_norms(model: Any) -> list[Any]:
     return [m for m in model.modules() if isinstance(m, _BatchNorm)]
 
 
+def linear_layers(block: Any) -> list[Any]:
+    """A block's nn.Linear modules (float8's too): FSDP units of their own under `fsdp_unit` linear (runtime.wrap)."""
+    import torch  # deferred, as above
+
+    return [m for m in block.modules() if isinstance(m, torch.nn.Linear)]
+
+
 @contextlib.contextmanager
 def workload_prints_held(what: str) -> Iterator[None]:
     """Run workload code in dlaunch's own process (the planner's probes) with its prints held and

@@ -151,6 +151,8 @@ def overrides(row: Mapping[str, Any]) -> Overrides:
                      tp=row.get("tp", 1), float8=row.get("float8", "none"),
                      # what the gradients cross the ranks in (optional key: fp32 where the source does not say)
                      reduce_dtype=row.get("reduce_dtype", "fp32"),
+                     # FSDP's unit of gathering (optional key: each block where the source does not say)
+                     fsdp_unit=row.get("fsdp_unit", "block"),
                      **{knob: row[knob] for knob in KNOBS.values()})
 
 

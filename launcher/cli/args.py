@@ -105,7 +105,7 @@ OPTIONS: tuple[Option, ...] = (
            help="also log the run's metrics (rank 0's loss, step time, throughput per step; "
                 "result.json's summary) to these trackers, comma-separated: "
                 f"{', '.join(TRACKERS)} (needs the tracker's package; see docs/commands.md)"),
-    *(knob_option(name, commands=(*RUN, "plan", "scale")) for name in ("tp", "offload", "float8")),
+    *(knob_option(name, commands=(*RUN, "plan", "scale")) for name in ("tp", "offload", "float8", "fsdp_unit")),
     *(knob_option(name, commands=(*RUN, "plan", "scale", "tune"))
       for name in ("reduce_dtype", "attention_kernel", "loss_kernel", "norm_kernel")),
     *(knob_option(name, commands=RUN) for name in (

@@ -119,7 +119,7 @@ def cmd_plan(args: argparse.Namespace, workload_args: list[str]) -> int:
     overrides = Overrides(strategy=given.strategy, precision=given.precision, micro_batch=given.micro_batch,
                           checkpointing=given.checkpointing, compile=given.compile, tp=given.tp,
                           offload=given.offload, float8=given.float8, reduce_dtype=given.reduce_dtype,
-                          **given_kernels(given))
+                          fsdp_unit=given.fsdp_unit, **given_kernels(given))
     train_goal = _train_goal(opts)  # checked before the (slow) profile
     goodput = GoodputModel(**{k: v for k, v in (("mtbf_gpu_hours", opts.mtbf_gpu_hours),
                                                 ("ckpt_write_gb_s_per_node", opts.ckpt_write_gb_s),

@@ -59,8 +59,9 @@ UNCERTAINTY = {"cpu": 0.25, "cuda": 0.15}
 MAX_TRIAL_STEPS = 1000
 PLAN_FORMAT = "dlaunch-tuned-plan/1"
 DECISIONS = ("strategy", "precision", "micro_batch", "grad_accum", "checkpointing", "compile")
-# what a plan file may also hold: files written before tensor parallelism, kernels and the reduce dtype lack them
-FURTHER_DECISIONS = ("tp", "reduce_dtype", *KERNEL_KNOBS.values())
+# what a plan file may also hold: files written before tensor parallelism, kernels, the reduce dtype and FSDP's
+# unit lack them
+FURTHER_DECISIONS = ("tp", "reduce_dtype", "fsdp_unit", *KERNEL_KNOBS.values())
 
 
 def per_sample_s(c: Candidate) -> float:
@@ -90,7 +91,8 @@ def decisions_of(c: Candidate) -> dict[str, Any]:
     """What a run needs to repeat candidate `c`."""
     s = c.strategy
     return {"strategy": s.kind, "precision": s.precision, "micro_batch": c.micro_batch, "grad_accum": c.grad_accum,
-            "checkpointing": s.checkpointing, "compile": s.compile, "tp": s.tp, "reduce_dtype": s.reduce_dtype}
+            "checkpointing": s.checkpointing, "compile": s.compile, "tp": s.tp, "reduce_dtype": s.reduce_dtype,
+            "fsdp_unit": s.fsdp_unit}
 
 
 def trial_name(c: Candidate) -> str:

@@ -95,9 +95,11 @@ def tp_degrees(kind: str, profile: ModelProfile, topology: Topology, ov: Overrid
     """The TP degrees to try with strategy `kind`: the forced one; else on GPUs 1 and, for
     TP_KINDS, each of the workload's degrees that divides the GPUs per node (tensor parallelism
     over NVLink only); CPU plans try TP only when forced."""
+    if ov.fsdp_unit == "linear" and kind in DDP_KINDS:
+        return []  # linear units are FSDP's: no DDP candidate
     if ov.tp is not None:
         return [ov.tp] if ov.tp == 1 or kind not in DDP_KINDS else []
-    if topology.device != "cuda" or kind not in TP_KINDS:
+    if topology.device != "cuda" or kind not in TP_KINDS or ov.fsdp_unit == "linear":
         return [1]
     return [1] + [d for d in profile.tp_degrees if d > 1 and topology.devices_per_node % d == 0]
 
@@ -171,18 +173,18 @@ def candidates(profile: ModelProfile, topology: Topology, goal: Goal, ov: Overri
     sharded = [k for k in kinds if k not in DDP_KINDS and ov.strategy in (None, k)]
     if n == 1 and ov.strategy is None:
         kinds = ["ddp"]  # one device: nothing to shard over; the runtime runs it unwrapped
-    if (ov.tp or 1) > 1 and ov.strategy is None:
+    if ((ov.tp or 1) > 1 or ov.fsdp_unit == "linear") and ov.strategy is None:
         kinds = [k for k in kinds if k not in DDP_KINDS] or ["fsdp_full"]
     batches, skipped = _batches(goal, n, ov, topology.device) if (ov.tp or 1) == 1 else ([], [])
     # every checkpointing mode (`search` keeps the forced one); a model without repeated blocks has
     # nothing to wrap: none alone
     modes = ("none",) if profile.num_blocks < 1 and ov.checkpointing is None else CHECKPOINTING
 
-    def priced(kinds: list[str], offload: bool) -> list[Candidate]:
+    def priced(kinds: list[str], offload: bool, ov: Overrides = ov) -> list[Candidate]:
         nonlocal skipped
         out = []
         for kind in kinds:
-            compiled = compiles(kind, topology, ov, compile_check)
+            compiled = compiles(kind, topology, ov, compile_check) and ov.fsdp_unit != "linear"
             for tp in tp_degrees(kind, profile, topology, ov):
                 group = shard_group_size(kind, topology, tp)
                 if tp == 1:
@@ -202,7 +204,8 @@ def candidates(profile: ModelProfile, topology: Topology, goal: Goal, ov: Overri
                     for ckpt in modes:
                         strategy = Strategy(kind=kind, precision=precision, checkpointing=ckpt,
                                             compile=compiled, compile_mode=ov.compile_mode or "default",
-                                            tp=tp, offload=offload, float8=f8, reduce_dtype=ov.reduce_dtype or "fp32")
+                                            tp=tp, offload=offload, float8=f8, reduce_dtype=ov.reduce_dtype or "fp32",
+                                            fsdp_unit=ov.fsdp_unit or "block")
                         for mb, accum in tp_batches:
                             mem = estimate_memory(profile, strategy, micro_batch=mb, world_size=n,
                                                   shard_group_size=group, device=topology.device,
@@ -218,6 +221,11 @@ def candidates(profile: ModelProfile, topology: Topology, goal: Goal, ov: Overri
     if ov.offload:
         return priced(sharded, True), skipped
     out = priced(kinds, False)
+    # FSDP units of linear layers only where nothing fits with a block per unit: a smaller gathered
+    # peak for more collectives, before CPU offload trades the host link for the model state
+    if (ov.fsdp_unit is None and (ov.tp or 1) == 1 and not ov.compile and profile.linear_units_per_block > 1
+            and not any(c.fits for c in out)):
+        out += priced(sharded, False, dataclasses.replace(ov, fsdp_unit="linear"))
     # CPU offload on GPUs only where nothing else fits: it trades the host link and the CPU's
     # optimizer step for the GPU memory of the model state
     if (ov.offload is None and topology.device == "cuda" and topology.host is not None

@@ -222,9 +222,11 @@ def zero1_sync_s(profile: ModelProfile, topology: Topology) -> float:
 
 def fsdp_units(profile: ModelProfile, strategy: Strategy) -> int:
     """FSDP units (`fully_shard` groups, one all-gather and one reduce-scatter each): one per
-    block, the root when parameters stay outside the blocks, and under bf16/fp16 one per batch
-    norm (kept in fp32, runtime.wrap); a model without blocks is one unit."""
-    units = max(1, profile.num_blocks) + (1 if memory.unsharded_root_params(profile) > 0 and profile.num_blocks else 0)
+    block (each of its linear layers and the rest under `fsdp_unit` linear), the root when parameters
+    stay outside the blocks, and under bf16/fp16 one per batch norm (kept in fp32, runtime.wrap); a
+    model without blocks is one unit."""
+    blocks = profile.num_blocks * memory.units_per_block(profile, strategy)
+    units = max(1, blocks) + (1 if memory.unsharded_root_params(profile) > 0 and profile.num_blocks else 0)
     return units + (profile.batch_norms if strategy.precision != "fp32" else 0)
 
 
@@ -236,21 +238,22 @@ def fsdp_traffic(profile: ModelProfile, strategy: Strategy, topology: Topology) 
     tp = strategy.tp
     p = float(profile.num_params) / tp
     c = memory.COMPUTE_DTYPE_BYTES[strategy.precision]
-    block = float(profile.largest_block_params) / tp
+    block = float(memory.largest_unit_params(profile, strategy)) / tp
     root = float(memory.unsharded_root_params(profile)) / tp
     nb = max(1, profile.num_blocks)
+    gathers = nb * memory.units_per_block(profile, strategy)  # the blocks' units, each gathered again in backward
     units = fsdp_units(profile, strategy)
     ops = group_collectives(topology, within_node=strategy.kind == "hybrid")
     grad_op = strategy.kind == "fsdp_grad_op"
     # fixed per-collective cost: cannot overlap (it sits on the compute stream / CPU thread)
-    collectives = 2 * units + (0 if grad_op else nb)
+    collectives = 2 * units + (0 if grad_op else gathers)
     # float8 weights gather at 1 B, each after an all-reduce of its amax (plan.float8)
     float8_params, weights = fsdp_float8_gather(profile, strategy, topology.accelerator)
     saved = (c - FLOAT8_BYTES) * float8_params
     amax = weights * ops["ar"](AMAX_BYTES) if weights else 0.0
     return {"ag_fwd": split(ops["ag"], c * p - saved, units) + nb * amax,
             "first_ag": ops["ag"](c * (root + block) - saved / nb) + amax,
-            "ag_bwd": 0.0 if grad_op else split(ops["ag"], c * (p - root) - saved, nb) + nb * amax,
+            "ag_bwd": 0.0 if grad_op else split(ops["ag"], c * (p - root) - saved, gathers) + nb * amax,
             "rs": split(ops["rs"], strategy.reduce_bytes * p, units),
             "last_rs": ops["rs"](strategy.reduce_bytes * max(root, block)),
             "fixed": collectives * FSDP_COLLECTIVE_OVERHEAD_S,

@@ -92,6 +92,9 @@ def decide(chosen: Candidate, profile: ModelProfile, topology: Topology, ov: Ove
                       "the first step compiles for tens of seconds" if on else "compile: off (--no-compile)")
             return CompileDecision(compile=on, decided_by="--compile" if on else "--no-compile", reason=reason)
         return CompileDecision(compile=False, decided_by="cpu", reason=CPU_REASON)
+    if chosen.strategy.fsdp_unit == "linear":
+        return CompileDecision(compile=False, decided_by="--fsdp-unit", reason=(
+            "compile: off: under --fsdp-unit linear FSDP's hooks would sit inside each compiled block"))
     plain = _priced(chosen, False, profile, topology, timing).with_compute_scaled(compute_factor)
     eager = plain.step_time_s
     fused = _priced(chosen, True, profile, topology, timing).with_compute_scaled(compute_factor).step_time_s

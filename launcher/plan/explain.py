@@ -45,7 +45,7 @@ def label(c: Candidate) -> str:
     s = c.strategy
     prec = f"float8 ({s.float8})" if s.float8 != "none" else s.precision
     return (f"{kind_label(c)} {prec}" + (f" + {CKPT_LABELS[s.checkpointing]}" if s.recomputes else "")
-            + (" + offload" if s.offload else ""))
+            + (" + offload" if s.offload else "") + (" + linear units" if s.fsdp_unit == "linear" else ""))
 
 
 def _speed(c: Candidate, goal: Goal, n: int, profile: ModelProfile) -> str:

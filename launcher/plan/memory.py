@@ -24,8 +24,9 @@ The model, per rank (P = parameters, G = shard group size, c = compute-dtype byt
   (`parameters_as_bucket_view=True`), so the broadcast needs no buffer of its own (0 B).
 - FSDP full shard (ZeRO-3): params, grads, optimizer / G, plus the unsharded units: the root
   unit (parameters outside the blocks: embeddings, head), two blocks (the current one and the
-  prefetched one) at the compute dtype, and one block's unsharded gradients waiting for their
-  reduce-scatter, at the reduce dtype (`Strategy.reduce_dtype`: fp32, or bf16 as computed).
+  prefetched one) at the compute dtype, one block's gradients, and the reduce-scatter input FSDP2
+  copies them into (`Strategy.reduce_dtype`) beyond the activations that block's backward freed.
+  Under `fsdp_unit` linear the units are each block's linear layers and the rest of the block.
   They live during the blocks' backward, not at its start: when the loss gradient (backward's
   transient) peaks, every unit (the root too) has been resharded after its forward and no
   gradient exists yet (measured on CPU, torch 2.13: the peak is log_softmax's backward, with
@@ -69,6 +70,7 @@ The model, per rank (P = parameters, G = shard group size, c = compute-dtype byt
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from launcher.hardware.types import DeviceSpec
@@ -165,6 +167,17 @@ def usable_mem_bytes(device: DeviceSpec, headroom: float) -> float:
 def unsharded_root_params(profile: ModelProfile) -> int:
     """Parameters outside the blocks (embeddings, final norm, head): FSDP's root unit."""
     return max(0, profile.num_params - profile.num_blocks * profile.largest_block_params)
+
+
+def largest_unit_params(profile: ModelProfile, strategy: Strategy) -> int:
+    """The most parameters one FSDP unit inside the blocks gathers: a block, or under `fsdp_unit` linear the
+    largest of its linear layers and of what the block keeps beside them."""
+    return profile.linear_unit_params if strategy.fsdp_unit == "linear" else profile.largest_block_params
+
+
+def units_per_block(profile: ModelProfile, strategy: Strategy) -> int:
+    """FSDP units a block makes: 1, or under `fsdp_unit` linear its linear layers and its rest."""
+    return max(1, profile.linear_units_per_block) if strategy.fsdp_unit == "linear" else 1
 
 
 def activation_factors(strategy: Strategy, profile: ModelProfile | None = None) -> tuple[float, float]:
@@ -305,7 +318,8 @@ def estimate_memory(profile: ModelProfile, strategy: Strategy, *, micro_batch: i
         # TP splits every weight t ways, then FSDP shards each slice over its G ranks
         params, grads, opt = (b * p / tp / g for b in (MASTER_PARAM_BYTES, GRAD_BYTES, opt_b))
         notes[0] += f" / {g} (sharded)" if tp == 1 else f" / (TP {tp} x FSDP {g})"
-        block = float(profile.largest_block_params) / tp
+        block = float(largest_unit_params(profile, strategy)) / tp
+        unit = "block" if strategy.fsdp_unit == "block" else "linear-layer unit"
         root = float(unsharded_root_params(profile)) / tp
         if strategy.kind == "fsdp_grad_op":
             # reshard_after_forward=False: every unit stays unsharded from forward to backward
@@ -313,14 +327,18 @@ def estimate_memory(profile: ModelProfile, strategy: Strategy, *, micro_batch: i
             notes.append(f"unsharded {strategy.precision} params {c} B/param (grad-op keeps them)")
         else:
             units += c * (root + 2 * block)
-            notes.append(f"unsharded root ({root / 1e6:.0f}M params) + 2 blocks (prefetch) at "
+            notes.append(f"unsharded root ({root / 1e6:.0f}M params) + 2 {unit}s (prefetch) at "
                          f"{c} B" + (f", each its TP 1/{tp} (embedding row-, head column-split)"
                                      if tp > 1 else ""))
-        # the reduce-scatter's input: the unsharded grads cast to the reduce dtype (bf16: as computed)
-        units += strategy.reduce_bytes * block
-        notes.append(f"one block's {strategy.reduce_dtype} grads before reduce-scatter")
-        # backward's transient peaks before any unit is unsharded again (see the module
-        # docstring): the peak holds the larger of the two, not both
+        # one unit's grads (compute dtype) and the reduce-scatter input foreach_reduce copies them into: that comes once
+        # the unit's backward freed its share of the saved (or recomputed) activations, and adds what exceeds it
+        whole = dataclasses.replace(strategy, checkpointing="none")
+        freed = activation_bytes(profile, whole, micro_batch, device=device) / tp / max(
+            1, profile.num_blocks * units_per_block(profile, strategy))
+        units += c * block + max(0.0, strategy.reduce_bytes * block - freed)
+        notes.append(f"one {unit}'s {strategy.precision} grads + {strategy.reduce_dtype} reduce-scatter input "
+                     "past its activations")
+        # backward's transient peaks before any unit is unsharded again (module docstring): the peak holds the larger
         coexisting = c * p / tp if strategy.kind == "fsdp_grad_op" else 0.0
         overlap = min(units - coexisting, transient)
         if overlap > 0:

@@ -38,6 +38,7 @@ class PlanFile:
     compile: bool | None = None
     tp: int | None = None
     reduce_dtype: str | None = None
+    fsdp_unit: str | None = None
     # the kernels the plan was told (`--attention-kernel`, ...): a run that follows the plan
     # prices and records them again; detected and declared ones it finds again by itself
     attention_kernel: str | None = None
@@ -78,7 +79,7 @@ def read_plan(data: Mapping[str, Any]) -> PlanFile:
         micro_batch=chosen.get("micro_batch"), grad_accum=chosen.get("grad_accum"),
         world_size=plan.get("world_size"), compile=chosen.get("compile"),
         checkpointing=chosen.get("checkpointing"), tp=chosen.get("tp"),
-        reduce_dtype=chosen.get("reduce_dtype"), **given,
+        reduce_dtype=chosen.get("reduce_dtype"), fsdp_unit=chosen.get("fsdp_unit"), **given,
         units_per_s=None if plan.get("units_per_s") is None else float(plan["units_per_s"]),
         interval=_interval(plan.get("step_interval")), sample_units=profile.get("sample_units"),
         units_per_sample=int(profile.get("units_per_sample", 1)))

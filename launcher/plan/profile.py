@@ -28,7 +28,7 @@ from launcher.plan.kernels import declared, workload_kernels
 from launcher.plan.profile_passes import PROFILE_BATCHES, TRANSIENT_BATCHES, Counts, measure
 from launcher.plan.workload_probe import meta_error, optimizer_state
 from launcher.specs import ModelProfile
-from launcher.workload import Workload, batch_norms
+from launcher.workload import Workload, batch_norms, linear_layers
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +74,17 @@ def _extrapolated(workload: Workload, model: Any, param_keys: set[int], blocks: 
     # within a block's worth of gradients where it is inside the blocks)
     return whole._replace(block_input_bytes=one.block_input_bytes, transient1=three.transient1,
                           transient2=three.transient2)
+
+
+def linear_units(blocks: Sequence[Any]) -> tuple[int, int]:
+    """(linear_unit_params, linear_units_per_block) of `ModelProfile`: each block's linear layers FSDP units of
+    their own, and what the block keeps beside them one more (runtime.wrap under `fsdp_unit` linear)."""
+    largest = per_block = 0
+    for block in blocks:
+        linears = [sum(p.numel() for p in m.parameters()) for m in linear_layers(block)]
+        rest = sum(p.numel() for p in block.parameters()) - sum(linears)
+        largest, per_block = max(largest, rest, *linears), max(per_block, len(linears) + 1)
+    return largest, per_block
 
 
 def splits_logits(plan: dict[str, Any]) -> bool:
@@ -158,6 +169,7 @@ def profiled_workload(workload: Workload, *, extrapolate: bool = True) -> Profil
     degrees, loss_parallel = tp_degrees(workload)
     slope = (counts.saved2 - counts.saved1) / (PROFILE_BATCHES[1] - PROFILE_BATCHES[0])
     per_sample = 1 / PROFILE_BATCHES[0]
+    linear_unit, per_block = linear_units(blocks)
     profile = ModelProfile(
         name=workload.path.stem + "".join(f" {k}={v}" for k, v in vars(workload.cfg).items()
                                           if workload.defaults.get(k) != v),
@@ -178,6 +190,7 @@ def profiled_workload(workload: Workload, *, extrapolate: bool = True) -> Profil
         backward_transient_bytes_per_sample=max(
             (counts.transient2 - counts.transient1) / (TRANSIENT_BATCHES[1] - TRANSIENT_BATCHES[0]), 0.0),
         tp_degrees=degrees, tp_loss_parallel=loss_parallel,
+        linear_unit_params=linear_unit, linear_units_per_block=per_block,
         profile_note=str(getattr(model, PROFILE_NOTE_ATTR, "") or ""),
     )
     profile, sources = workload_kernels(profile, table, seen)

@@ -22,6 +22,7 @@ from launcher.alloc_conf import alloc_conf_env, installed_torch_version
 from launcher.errors import PlanError
 from launcher.hardware.types import Topology
 from launcher.plan.candidates import candidates, check_forced, choose, dp_ranks, profile_for_goal, units_per_s
+from launcher.plan.collectives import fsdp_units
 from launcher.plan.compile_choice import decide
 from launcher.plan.compile_probe import CompileCheck
 from launcher.plan.cost import step_time
@@ -120,6 +121,11 @@ def plan(profile: ModelProfile, topology: Topology, goal: Goal, *, overrides: Ov
         why.insert(1, _offload_reason(chosen, profile, topology, goal, ov, timing)
                    if topology.device == "cuda" else "CPU offload on CPU ranks: the state already "
                    "lives in host memory; FSDP's offload policy runs as on GPUs and moves nothing")
+    if chosen.strategy.fsdp_unit == "linear" and ov.fsdp_unit is None:
+        units = fsdp_units(profile, chosen.strategy)
+        why.insert(1, f"FSDP units: each linear layer of a block and the block's rest ({units} units), as nothing "
+                   "fits with a block per unit: fewer parameters gathered at once for more collectives "
+                   "(--fsdp-unit block keeps blocks)")
     if timing is not None:
         why.append(f"step time: {timing.describe()}, plus the model's FSDP work and gloo collectives")
     if ov.forced:

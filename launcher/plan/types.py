@@ -17,7 +17,9 @@ from launcher.specs import (
     ATTENTION_KERNELS,
     DDP_KINDS,
     FLOAT8_RECIPES,
+    FSDP_UNITS,
     GIB,
+    LINEAR_UNITS_NEED,
     LOSS_KERNELS,
     NORM_KERNELS,
     REDUCE_DTYPES,
@@ -59,6 +61,7 @@ class Overrides:
     offload: bool | None = None  # FSDP CPU offload (None: only where nothing else fits)
     float8: str | None = None  # one of FLOAT8_RECIPES (None: where predicted faster)
     reduce_dtype: str | None = None  # one of REDUCE_DTYPES (None: fp32)
+    fsdp_unit: str | None = None  # one of FSDP_UNITS (None: block)
     attention_kernel: str | None = None  # one of ATTENTION_KERNELS
     loss_kernel: str | None = None  # one of LOSS_KERNELS
     norm_kernel: str | None = None  # one of NORM_KERNELS
@@ -91,6 +94,10 @@ class Overrides:
             raise PlanError(f"--offload keeps FSDP's sharded state in host memory; --strategy "
                             f"{self.strategy} keeps whole parameters on the device: use "
                             "--strategy fsdp_full, fsdp_grad_op or hybrid, or drop --offload")
+        if self.fsdp_unit not in (None, *FSDP_UNITS):
+            raise PlanError(f"unknown --fsdp-unit {self.fsdp_unit!r}; use one of {', '.join(FSDP_UNITS)}")
+        if self.fsdp_unit == "linear" and (self.strategy in DDP_KINDS or (tp or 1) > 1 or self.compile):
+            raise PlanError(LINEAR_UNITS_NEED)
         for role, known in KERNEL_ROLES.items():
             value = getattr(self, f"{role}_kernel")
             if value is not None and value not in known:
@@ -176,7 +183,7 @@ class Candidate:
 
 # what settled the plan's torch.compile: Dynamo's trace of the workload (proposed or declined),
 # the user's flag, or a device the plan never proposes it on
-COMPILE_DECIDERS = ("dynamo trace", "--compile", "--no-compile", "not traced", "cpu", "gpu too old")
+COMPILE_DECIDERS = ("dynamo trace", "--compile", "--no-compile", "not traced", "cpu", "gpu too old", "--fsdp-unit")
 
 
 @dataclass(frozen=True, kw_only=True)

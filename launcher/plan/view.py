@@ -26,7 +26,8 @@ def format_plan(plan: Plan, profile: ModelProfile, topology: Topology) -> str:
              + (f" + float8 ({s.float8})" if s.float8 != "none" else ""),
              describe(s.checkpointing), f"compile ({s.compile_mode})" if s.compile else "no compile",
              *(["CPU offload"] if s.offload else []),
-             *(["gradients reduced in bf16"] if s.reduce_dtype == "bf16" else [])]
+             *(["gradients reduced in bf16"] if s.reduce_dtype == "bf16" else []),
+             *(["FSDP units: each linear layer"] if s.fsdp_unit == "linear" else [])]
     per_gpu = plan.units_per_s / plan.world_size
     hidden = 1 - t.comm_exposed_s / t.comm_total_s if t.comm_total_s else 1.0
     lines = [

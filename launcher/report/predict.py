@@ -91,7 +91,7 @@ def _predict_with_planner(rows: list[Row], data: RunData | None, topology: Topol
             p = plan(profile, topo, Goal(global_batch=per_rank * n), overrides=Overrides(
                 strategy=kind, precision=spec.precision, micro_batch=mb, checkpointing=spec.checkpointing,
                 offload=spec.offload, float8=spec.float8, reduce_dtype=spec.reduce_dtype,
-                **given_kernels(spec)))
+                fsdp_unit=spec.fsdp_unit, **given_kernels(spec)))
             row.predicted_step_time_s = p.chosen.time.step_time_s
             row.predicted_interval_s = (p.step_interval.low_s, p.step_interval.high_s) if p.step_interval else None
             row.predicted_samples_per_s = p.units_per_s / profile.units_per_sample

@@ -247,7 +247,8 @@ def aggregate(run_dir: str | Path, *, exit_code: int | None = None, wall_time_s:
         attempts=attempts, throughput_basis=basis, prediction=prediction,
         host_load=hosts, warnings=(*run_warnings(ranks, hosts, prediction), *_launcher_warnings(rd)),
         last_eval=next((r.last_eval for r in ranks if r.last_eval), None),
-        offload=bool(spec.offload), float8=spec.float8 or "none", reduce_dtype=spec.reduce_dtype or "fp32")
+        offload=bool(spec.offload), float8=spec.float8 or "none", reduce_dtype=spec.reduce_dtype or "fp32",
+        fsdp_unit=spec.fsdp_unit or "block")
 
 
 def _throughput(ranks: Sequence[RankResult], measured: Sequence[RankResult]) -> tuple[float, float, str]:

@@ -62,7 +62,8 @@ def format_run(result: RunResult) -> str:
     # or its own meter said it; all zero is nobody measuring it
     script = result.strategy == "script" and not result.data_wait_share
     head = (f"run {result.run_id}: {result.world_size} rank(s) on {result.num_nodes} node(s), "
-            f"{result.device}, {result.strategy}{' + CPU offload' if result.offload else ''} {result.precision}"
+            f"{result.device}, {result.strategy}{' + CPU offload' if result.offload else ''}"
+            f"{' + linear-layer units' if result.fsdp_unit == 'linear' else ''} {result.precision}"
             f"{f' + float8 ({result.float8})' if result.float8 != 'none' else ''}"
             f"{' + bf16 gradient reduce' if result.reduce_dtype == 'bf16' else ''}: "
             f"{status_text(result).upper()} "

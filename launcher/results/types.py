@@ -109,6 +109,7 @@ class RunResult:
     offload: bool = False  # FSDP's CPU offload (the strategy's `offload`)
     float8: str = "none"  # float8 training's recipe (the strategy's `float8`)
     reduce_dtype: str = "fp32"  # what the gradients crossed the ranks in (the strategy's `reduce_dtype`)
+    fsdp_unit: str = "block"  # FSDP's unit of gathering (the strategy's `fsdp_unit`)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""

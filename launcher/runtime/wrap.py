@@ -36,7 +36,7 @@ from launcher.runtime.context import RankContext
 from launcher.runtime.inject import comm_delay_ms, install_comm_delay
 from launcher.runtime.zero import zero_optimizer
 from launcher.specs import SELECTIVE_SAVED_MATMULS, SELECTIVE_SAVED_OPS, Strategy
-from launcher.workload import Workload, batch_norms
+from launcher.workload import Workload, batch_norms, linear_layers
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -306,6 +306,8 @@ def _wrap_fsdp(model: torch.nn.Module, strategy: Strategy, ctx: RankContext,
         if strategy.compile:
             # compile each block, not the root: FSDP's block loop breaks a whole-model graph
             compile_forward(block, strategy)
+        for linear in linear_layers(block) if strategy.fsdp_unit == "linear" else ():
+            fully_shard(linear, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard, offload_policy=offload)
         fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard, offload_policy=offload)
     sharded = fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard,
                           offload_policy=offload)  # `model`, as FSDPModule

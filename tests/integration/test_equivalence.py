@@ -61,15 +61,17 @@ def test_strategy_matches_one_process(single, tmp_path, strategy, accum, toleran
     assert worst < tolerance, (worst, single, got)
 
 
-def test_fsdp_with_cpu_offload_matches_one_process(single, tmp_path):
+def test_fsdp_with_cpu_offload_and_linear_units_matches_one_process(single, tmp_path):
     """--offload runs FSDP2's CPUOffloadPolicy: the host-side gradient accumulation and the
-    optimizer over host shards. On CPU ranks it moves no bytes, so the losses are full shard's;
-    the run's summary says it was offloaded."""
-    got = train(tmp_path / "run", gpus=2, strategy="fsdp_full", accum=4, extra=("--offload",))
+    optimizer over host shards. On CPU ranks it moves no bytes, so the losses are full shard's.
+    --fsdp-unit linear makes each linear layer of a block a unit of its own (nested inside the
+    block's): a different gather and reduce-scatter order, the same sums. The run's summary says both."""
+    got = train(tmp_path / "run", gpus=2, strategy="fsdp_full", accum=4,
+                extra=("--offload", "--fsdp-unit", "linear"))
     worst = worst_relative(single, got)
     assert worst < 1e-4, (worst, single, got)
     result = json.loads((tmp_path / "run" / "result.json").read_text())
-    assert result["offload"] is True and result["strategy"] == "fsdp_full"
+    assert (result["offload"], result["strategy"], result["fsdp_unit"]) == (True, "fsdp_full", "linear")
 
 
 def test_zero1_on_4_ranks_matches_one_process(single, tmp_path):

@@ -78,6 +78,8 @@ CASES = [
     _c("plan-tokens-zero", ["plan", GPT, "--tokens", "0"], "--tokens must be a finite number > 0, got 0"),
     _c("plan-two-goals", ["plan", GPT, "--tokens", "1e9", "--samples", "5"], "give one training goal"),
     _c("run-precision", ["run", MLP, "--precision", "fp8"], "invalid choice", "fp8"),
+    _c("run-linear-units-ddp", ["run", MLP, "--strategy", "ddp", "--fsdp-unit", "linear"],
+       "--fsdp-unit linear shards each linear layer of an FSDP strategy's blocks", "or --fsdp-unit block"),
     _c("run-unknown-flag", ["run", MLP, "--bogus"], "unrecognized arguments", "--bogus"),
     # torchrun's flags get dlaunch's; workload arguments without `--` get the `--`
     _c("run-torchrun-nproc", ["run", MLP, "--nproc-per-node", "2"], "--nproc-per-node is torchrun's",

@@ -79,27 +79,47 @@ def test_fsdp_full_divides_state_and_adds_unsharded_units():
     assert m.params_bytes == pytest.approx(0.5e9)  # 4 B x 1e9 / 8
     assert m.grads_bytes == pytest.approx(0.5e9)
     assert m.optimizer_bytes == pytest.approx(1e9)  # 8 B x 1e9 / 8
-    # root 1e8 + 2 blocks of 9e7 at 2 B = 5.6e8; one block's fp32 grads 4 x 9e7 = 3.6e8
-    assert m.overhead_bytes == pytest.approx(5.6e8 + 3.6e8)
+    # root 1e8 + 2 blocks of 9e7 at 2 B = 5.6e8; one block's bf16 grads 2 x 9e7 = 1.8e8, and its fp32
+    # reduce-scatter input 4 x 9e7 = 3.6e8 beyond the block's share of the activations (2e9 / 10 blocks): 1.6e8
+    assert m.overhead_bytes == pytest.approx(5.6e8 + 1.8e8 + 1.6e8)
     # FSDP computes in bf16 params (no autocast, no weight cache): half the fp32 bytes
     assert m.activations_bytes == pytest.approx(0.5 * ACT * 2)
     assert "= 16 B/param / 8 (sharded)" in m.assumptions
 
 
 def test_a_bf16_reduce_scatters_a_blocks_grads_as_computed():
-    # test_fsdp_full_divides_state_and_adds_unsharded_units with reduce_dtype bf16: the block's
-    # grads wait for their reduce-scatter in bf16, 2 x 9e7 = 1.8e8, not cast to fp32
+    # test_fsdp_full_divides_state_and_adds_unsharded_units with reduce_dtype bf16: the block's grads
+    # are copied into a bf16 reduce-scatter input, 2 x 9e7, which the block's 2e8 of activations hide
     s = Strategy(kind="fsdp_full", precision="bf16", reduce_dtype="bf16")
     m = estimate_memory(model(), s, micro_batch=2, world_size=8, shard_group_size=8, device="cpu")
     assert m.overhead_bytes == pytest.approx(5.6e8 + 1.8e8)
-    assert "one block's bf16 grads before reduce-scatter" in m.assumptions
+    assert "one block's bf16 grads + bf16 reduce-scatter input past its activations" in m.assumptions
+
+
+def test_linear_units_gather_and_reduce_a_linear_layer_at_a_time_for_more_collectives():
+    # test_fsdp_full_divides_state_and_adds_unsharded_units with each block's 4 linears units of their own, the
+    # largest 3e7: root 1e8 + 2 x 3e7 at 2 B = 3.2e8, one unit's grads 6e7 and reduce-scatter input 1.2e8 beyond its
+    # share of the activations (2e9 / 50 units): 8e7; 10 blocks x 5 units + the root
+    from launcher.errors import UsageError
+    from launcher.plan.collectives import fsdp_units
+
+    profile = model(linear_unit_params=int(3e7), linear_units_per_block=5)
+    s = Strategy(kind="fsdp_full", precision="bf16", fsdp_unit="linear")
+    m = estimate_memory(profile, s, micro_batch=2, world_size=8, shard_group_size=8, device="cpu")
+    assert m.overhead_bytes == pytest.approx(3.2e8 + 6e7 + 8e7)
+    assert "2 linear-layer units (prefetch)" in m.assumptions
+    assert (fsdp_units(profile, s), fsdp_units(profile, Strategy(kind="fsdp_full", precision="bf16"))) == (51, 11)
+    for kind, kw in (("ddp", {}), ("zero1", {}), ("fsdp_full", {"tp": 2}), ("fsdp_full", {"compile": True})):
+        with pytest.raises(UsageError, match="`fsdp_unit` linear shards each linear layer"):
+            Strategy(kind=kind, fsdp_unit="linear", **kw)
 
 
 def test_fsdp_grad_op_keeps_whole_params_at_compute_dtype():
     m = est("fsdp_grad_op", "bf16", group=8)
     assert m.params_bytes == pytest.approx(0.5e9)
-    # the whole model unsharded in bf16 (2e9) + one block's fp32 grads (3.6e8)
-    assert m.overhead_bytes == pytest.approx(2e9 + 3.6e8)
+    # the whole model unsharded in bf16 (2e9) + one block's bf16 grads and fp32 reduce-scatter input beyond its
+    # activations (1.8e8 + 1.6e8, as full shard)
+    assert m.overhead_bytes == pytest.approx(2e9 + 1.8e8 + 1.6e8)
     assert m.total_bytes > est("fsdp_full", "bf16", group=8).total_bytes
 
 
@@ -172,10 +192,10 @@ def test_compile_saves_less_of_a_transformer_and_as_much_of_a_conv_net():
 def test_fsdp_units_and_the_loss_gradient_are_counted_once():
     # the loss gradient peaks before any block's backward (every unit resharded, no unsharded
     # gradient yet); the units live once it is freed: the larger of the two, not both
-    small, large = 1e8, 5e9  # transient per sample: below and above the units (9.2e8 at bf16)
+    small, large = 1e8, 5e9  # transient per sample: below and above the units (9e8 at bf16)
     lo = est("fsdp_full", "bf16", profile=model(backward_transient_bytes_per_sample=small))
     hi = est("fsdp_full", "bf16", profile=model(backward_transient_bytes_per_sample=large))
-    units = 5.6e8 + 3.6e8
+    units = 5.6e8 + 1.8e8 + 1.6e8
     # bf16 params: the transient at 0.5, 2 samples
     assert lo.overhead_bytes == pytest.approx(units - 0.5 * small * 2)
     assert hi.overhead_bytes == pytest.approx(0.0)

@@ -20,10 +20,12 @@ from launcher.errors import DlaunchError, PlanError
 from launcher.hardware.topology import list_shipped, load_topology
 from launcher.hardware.types import DeviceSpec, Link, Topology
 from launcher.plan.candidates import STRATEGY_ORDER, TIE_TOLERANCE
+from launcher.plan.explain import label
+from launcher.plan.memory import estimate_memory
 from launcher.plan.search import plan
 from launcher.plan.types import Overrides
 from launcher.plan.view import format_plan
-from launcher.specs import CHECKPOINTING, Goal, ModelProfile
+from launcher.specs import CHECKPOINTING, FSDP_UNITS, GIB, Goal, ModelProfile, Strategy
 
 # --- hardware (numbers from topologies/*.yaml) --------------------------------------------------
 H100 = DeviceSpec(name="H100 SXM", mem_gib=79.6, compute_capability=(9, 0),
@@ -185,6 +187,31 @@ def test_a_forced_plan_inside_the_headroom_is_told_its_margin_not_that_it_cannot
     assert not tight.chosen.fits and tight.chosen.memory == roomy.chosen.memory
     assert re.match(r"warning: the forced plan leaves less than the \d+% headroom: DDP.*: "
                     r"\d+\.\d of 79\.\d GiB/GPU; it may run out of memory", tight.reasons[0]), tight.reasons[0]
+
+
+def test_linear_units_are_proposed_only_where_no_block_unit_fits():
+    # GPT-1.3B's blocks as 4 linears (the largest the MLP's 4d x d) and a rest: a budget between the two
+    # unit sizes' peaks leaves linear units the one fit; with room, blocks stay and no linear unit is priced
+    profile = dataclasses.replace(GPT_1_3B, linear_unit_params=4 * 2048 * 2048, linear_units_per_block=5)
+    topo = topology("h100-sxm-8x")
+    forced = Overrides(strategy="fsdp_full", micro_batch=4, checkpointing="full")
+    mem = {unit: estimate_memory(profile, Strategy(kind="fsdp_full", precision="bf16", checkpointing="full",
+                                                   fsdp_unit=unit), micro_batch=4, world_size=8, shard_group_size=8,
+                                 device="cuda").total_bytes for unit in FSDP_UNITS}
+    assert mem["linear"] < mem["block"]
+    tight = Goal(global_batch=256, headroom=1 - (mem["linear"] + mem["block"]) / 2 / (topo.accelerator.mem_gib * GIB))
+    p = plan(profile, topo, tight, overrides=forced)
+    assert p.chosen.fits and p.chosen.strategy.fsdp_unit == "linear" and not p.chosen.strategy.compile
+    assert "FSDP units: each linear layer of a block and the block's rest (121 units)" in p.reasons[1]
+    assert label(p.chosen).startswith("FSDP full") and label(p.chosen).endswith(" + ckpt + linear units")
+    roomy = plan(profile, topo, Goal(global_batch=256), overrides=forced)
+    assert roomy.chosen.strategy.fsdp_unit == "block" and {c.strategy.fsdp_unit for c in roomy.rejected} <= {"block"}
+    # given, it is kept where blocks would fit; under --tp or --compile it is one line
+    assert plan(profile, topo, Goal(global_batch=256), overrides=dataclasses.replace(
+        forced, fsdp_unit="linear")).chosen.strategy.fsdp_unit == "linear"
+    for bad in ({"tp": 2}, {"compile": True}, {"strategy": "ddp"}):
+        with pytest.raises(PlanError, match="`fsdp_unit` linear shards each linear layer"):
+            Overrides(fsdp_unit="linear", **{"strategy": "fsdp_full", **bad})
 
 
 def test_nothing_fits_raises_one_actionable_line():

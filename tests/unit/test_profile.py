@@ -106,3 +106,13 @@ def test_blocks_are_restored_after_truncation():
         assert list(layers) == before[:2]
         raise RuntimeError("a forward that fails mid-profile")
     assert list(layers) == before and [name for name, _ in layers.named_children()] == list("01234")
+
+
+def test_linear_units_are_each_blocks_linear_layers_and_its_rest():
+    # a SwiGLU block of dim 64 and ffn 192: q, k, v, o (64 x 64), three 64 x 192 MLP weights and two norms (the
+    # block's rest): 8 units under --fsdp-unit linear, the largest an MLP weight
+    workload = load_workload(WORKLOADS / "gpt.py", ["--size", "tiny", "--dim", "64", "--heads", "2", "--kv-heads", "2",
+                                                    "--ffn", "192", "--vocab", "256"])
+    p = profile_workload(workload)
+    assert (p.linear_unit_params, p.linear_units_per_block) == (64 * 192, 8)
+    assert p.largest_block_params == 4 * 64 * 64 + 3 * 64 * 192 + 2 * 64

@@ -129,13 +129,14 @@ def test_plan_files_tuned_or_from_a_run_dir_and_bad_ones(tmp_path: Path):
     run_plan.write_text(json.dumps({"plan": plan_of(cand("fsdp_full", ckpt=True)).to_dict()}))
     assert read_plan_file(str(run_plan)) == {"strategy": "fsdp_full", "precision": "fp32", "micro_batch": 8,
                                              "grad_accum": 1, "checkpointing": "full", "compile": False, "tp": 1,
-                                             "reduce_dtype": "fp32"}
-    # the reduce dtype a plan was made with is a decision a run following it repeats
+                                             "reduce_dtype": "fp32", "fsdp_unit": "block"}
+    # the reduce dtype and FSDP's unit a plan was made with are decisions a run following it repeats
     bf16 = cand("fsdp_full", "bf16")
-    bf16 = dataclasses.replace(bf16, strategy=dataclasses.replace(bf16.strategy, reduce_dtype="bf16"))
+    bf16 = dataclasses.replace(bf16, strategy=dataclasses.replace(bf16.strategy, reduce_dtype="bf16",
+                                                                  fsdp_unit="linear"))
     run_plan.write_text(json.dumps({"plan": plan_of(bf16).to_dict()}))
-    assert read_plan_file(str(run_plan))["reduce_dtype"] == "bf16"
-    assert decisions_of(bf16)["reduce_dtype"] == "bf16"
+    assert [read_plan_file(str(run_plan))[k] for k in ("reduce_dtype", "fsdp_unit")] == ["bf16", "linear"]
+    assert [decisions_of(bf16)[k] for k in ("reduce_dtype", "fsdp_unit")] == ["bf16", "linear"]
     # the kernels the plan was told travel with it (a run following it prices them again); the
     # ones it detected or defaulted to do not: the run finds them again
     told = plan_of(cand("fsdp_full", ckpt=True)).to_dict()
