@@ -348,10 +348,16 @@ def batch_norms(model: Any) -> list[Any]:
 
 
 def linear_layers(block: Any) -> list[Any]:
-    """A block's nn.Linear modules (float8's too): FSDP units of their own under `fsdp_unit` linear (runtime.wrap)."""
+    """A block's nn.Linear modules (float8's too), FSDP units of their own under `fsdp_unit` linear (runtime.wrap),
+    but those in a module list or dict: an MoE's experts, which each rank calls only for the tokens routed to
+    it, stay in the block's unit (a unit per expert would all-gather on some ranks and not others)."""
     import torch  # deferred, as above
 
-    return [m for m in block.modules() if isinstance(m, torch.nn.Linear)]
+    def walk(module: Any) -> list[Any]:
+        return [found for child in module.children() if not isinstance(child, torch.nn.ModuleList | torch.nn.ModuleDict)
+                for found in ([child] if isinstance(child, torch.nn.Linear) else walk(child))]
+
+    return walk(block)
 
 
 @contextlib.contextmanager

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from launcher.drivers.launch import RunOne
+from launcher.errors import UsageError
 from launcher.files import atomic_write_json, storage
 from launcher.hardware.detect import cpu_info, detect_topology
 from launcher.results.table import format_table
@@ -135,6 +136,9 @@ class LabResult:
 def lab_specs(base: LaunchSpec, mixed: str, compiled: str | None = None) -> list[tuple[str, LaunchSpec]]:
     """The three runs' specs: same everything, each in its own sub-directory of the lab dir.
     The third compiles `compiled` (default: the mixed precision)."""
+    if base.fsdp_unit == "linear":  # said before anything starts: the third run compiles, which linear units cannot
+        raise UsageError("`dlaunch lab`'s third run compiles, which `fsdp_unit` linear does not (FSDP's hooks would "
+                         "sit inside each compiled block): use `fsdp_unit` block, or `dlaunch run` for linear units")
     out = []
     third = compiled or mixed
     for name, precision, on in (("fp32", "fp32", False), (mixed, mixed, False), (f"{third}+compile", third, True)):

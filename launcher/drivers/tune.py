@@ -109,7 +109,7 @@ def trial_spec(base: LaunchSpec, c: Candidate, index: int) -> LaunchSpec:
     return dataclasses.replace(base, run_id=f"{base.run_id}-{slug}", run_dir=str(Path(base.run_dir) / slug),
                                micro_batch=c.micro_batch, grad_accum=c.grad_accum,
                                strategy=s.kind, precision=s.precision, checkpointing=s.checkpointing,
-                               compile=s.compile or base.compile, calibrate=False)
+                               compile=s.compile or base.compile, fsdp_unit=s.fsdp_unit, calibrate=False)
 
 
 def trial_planned(planned: Planned, c: Candidate) -> Planned:

@@ -252,7 +252,7 @@ def fsdp_traffic(profile: ModelProfile, strategy: Strategy, topology: Topology) 
     saved = (c - FLOAT8_BYTES) * float8_params
     amax = weights * ops["ar"](AMAX_BYTES) if weights else 0.0
     return {"ag_fwd": split(ops["ag"], c * p - saved, units) + nb * amax,
-            "first_ag": ops["ag"](c * (root + block) - saved / nb) + amax,
+            "first_ag": ops["ag"](c * (root + block) - saved / gathers) + amax,
             "ag_bwd": 0.0 if grad_op else split(ops["ag"], c * (p - root) - saved, gathers) + nb * amax,
             "rs": split(ops["rs"], strategy.reduce_bytes * p, units),
             "last_rs": ops["rs"](strategy.reduce_bytes * max(root, block)),

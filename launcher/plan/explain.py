@@ -254,8 +254,8 @@ def rejected(chosen: Candidate, cands: list[Candidate], goal: Goal, topology: To
     each with the reason it lost: slower, a tie the preferred plan won, or too big."""
     n = topology.world_size
     key = lambda c: (c.strategy.kind, c.strategy.tp, c.strategy.precision,  # noqa: E731
-                     c.strategy.float8, c.strategy.checkpointing)
-    groups: dict[tuple[str, int, str, str, str], list[Candidate]] = {}
+                     c.strategy.float8, c.strategy.checkpointing, c.strategy.fsdp_unit)
+    groups: dict[tuple[str, int, str, str, str, str], list[Candidate]] = {}
     for c in cands:
         groups.setdefault(key(c), []).append(c)
     groups.pop(key(chosen), None)

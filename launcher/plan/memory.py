@@ -170,9 +170,9 @@ def unsharded_root_params(profile: ModelProfile) -> int:
 
 
 def largest_unit_params(profile: ModelProfile, strategy: Strategy) -> int:
-    """The most parameters one FSDP unit inside the blocks gathers: a block, or under `fsdp_unit` linear the
-    largest of its linear layers and of what the block keeps beside them."""
-    return profile.linear_unit_params if strategy.fsdp_unit == "linear" else profile.largest_block_params
+    """The most parameters one FSDP unit in a block gathers: a block, or its largest linear layer or rest."""
+    linear = strategy.fsdp_unit == "linear" and profile.linear_unit_params  # 0: not profiled, priced as blocks
+    return profile.linear_unit_params if linear else profile.largest_block_params
 
 
 def units_per_block(profile: ModelProfile, strategy: Strategy) -> int:

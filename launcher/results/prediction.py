@@ -64,7 +64,8 @@ def _mismatch(plan: PlanFile, spec: LaunchSpec) -> str | None:
     pairs = [("strategy", plan.strategy, spec.strategy), ("precision", plan.precision, spec.precision),
              ("micro-batch", plan.micro_batch, spec.micro_batch), ("accumulation", plan.grad_accum, spec.grad_accum),
              ("world size", plan.world_size, spec.world_size),
-             *([("reduce dtype", plan.reduce_dtype, spec.reduce_dtype)] if plan.reduce_dtype is not None else [])]
+             *([("reduce dtype", plan.reduce_dtype, spec.reduce_dtype)] if plan.reduce_dtype is not None else []),
+             *([("FSDP unit", plan.fsdp_unit, spec.fsdp_unit)] if plan.fsdp_unit is not None else [])]
     diff = [f"{name} {a} planned, {b} run" for name, a, b in pairs if a != b]
     return "the run did not follow plan.json: " + ", ".join(diff) if diff else None
 

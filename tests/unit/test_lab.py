@@ -53,6 +53,16 @@ def test_three_specs_differ_only_in_precision_and_compile(tmp_path):
     assert len({s.run_dir for _, s in specs}) == 3
 
 
+def test_linear_units_are_refused_before_anything_starts(tmp_path):
+    import pytest
+
+    from launcher.errors import UsageError
+
+    base = dataclasses.replace(base_spec(tmp_path), strategy="fsdp_full", fsdp_unit="linear")
+    with pytest.raises(UsageError, match="third run compiles, which `fsdp_unit` linear does not"):
+        lab_specs(base, "bf16")
+
+
 def test_cpu_precisions_follow_the_bf16_unit():
     with_unit = cpu_precisions({"avx512f", "avx512_bf16"}, "bf16")
     assert with_unit.mixed == "bf16" and with_unit.usable == ("fp32", "bf16")

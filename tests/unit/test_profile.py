@@ -6,9 +6,10 @@ import logging
 import textwrap
 
 import pytest
+import torch
 
 from launcher.plan.profile import profile_workload
-from launcher.workload import load_workload
+from launcher.workload import linear_layers, load_workload
 
 from tests.helpers import WORKLOADS
 
@@ -116,3 +117,6 @@ def test_linear_units_are_each_blocks_linear_layers_and_its_rest():
     p = profile_workload(workload)
     assert (p.linear_unit_params, p.linear_units_per_block) == (64 * 192, 8)
     assert p.largest_block_params == 4 * 64 * 64 + 3 * 64 * 192 + 2 * 64
+    # an MoE's experts (linear layers in a module list, called per routed token) stay in the block's unit
+    moe = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(3)))
+    assert linear_layers(moe) == [moe[0]]
