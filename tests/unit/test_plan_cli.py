@@ -15,7 +15,8 @@ def test_plan_this_machine_json(dlaunch):
     data = json.loads(done.out)
     chosen = data["plan"]["chosen"]
     assert data["plan"]["world_size"] == 2 and chosen["fits"]
-    assert chosen["strategy"]["kind"] in ("ddp", "fsdp_full", "fsdp_grad_op")
+    # which of them wins on two CPU ranks follows the host's measured rates and gloo collectives
+    assert chosen["strategy"]["kind"] in ("ddp", "zero1", "fsdp_full", "fsdp_grad_op")
     assert data["profile"]["num_params"] > 4e6
 
 
