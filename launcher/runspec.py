@@ -51,6 +51,7 @@ from launcher.specs import (
     LoaderSpec,
     Strategy,
     check,
+    linear_units_ok,
 )
 
 _PLANS = " (default: the plan's)"
@@ -176,8 +177,8 @@ class RunSettings:
               UsageError, f"`compile_mode` {self.compile_mode} captures CUDA graphs, which FSDP ({self.strategy}) does "
                           "not support; use `compile_mode` default or max-autotune-no-cudagraphs")
         check(not self.offload or self.strategy not in DDP_KINDS, UsageError, OFFLOAD_NEEDS_FSDP)
-        linear_ok = self.strategy not in DDP_KINDS and (self.tp or 1) == 1 and not self.compile
-        check(self.fsdp_unit != "linear" or linear_ok, UsageError, LINEAR_UNITS_NEED)
+        check(self.fsdp_unit != "linear" or linear_units_ok(strategy=self.strategy, tp=self.tp, compile=self.compile),
+              UsageError, LINEAR_UNITS_NEED)
         check(self.float8 in (None, "none") or self.precision in (None, "bf16"), UsageError, FLOAT8_NEEDS_BF16)
         check(self.reduce_dtype in (None, "fp32") or self.precision in (None, "bf16"), UsageError, REDUCE_NEEDS_BF16)
         check(self.shard_group_size is None or self.strategy in (None, "hybrid"), UsageError,

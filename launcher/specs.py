@@ -89,6 +89,11 @@ def require_torchao(recipe: str) -> None:
     check(recipe in (None, "none") or has_torchao(), UsageError, NO_TORCHAO.format(recipe=recipe))
 
 
+def linear_units_ok(*, strategy: str | None, tp: int | None, compile: bool | None) -> bool:
+    """Whether `fsdp_unit` linear can run beside these (None: not decided yet); LINEAR_UNITS_NEED says why not."""
+    return strategy not in DDP_KINDS and (tp or 1) == 1 and not compile
+
+
 def check(cond: bool, err: type[Exception], msg: str) -> None:
     """Raise `err(msg)` unless `cond`: the one-line validation every spec's __post_init__ uses."""
     if not cond:
@@ -211,8 +216,8 @@ class Strategy:
     def __post_init__(self) -> None:
         check(self.fsdp_unit in FSDP_UNITS, UsageError,
               f"unknown `fsdp_unit` {self.fsdp_unit!r}; use one of {', '.join(FSDP_UNITS)}")
-        check(self.fsdp_unit == "block" or (self.shards_params and self.tp == 1 and not self.compile), UsageError,
-              LINEAR_UNITS_NEED)
+        check(self.fsdp_unit == "block" or linear_units_ok(strategy=self.kind, tp=self.tp, compile=self.compile),
+              UsageError, LINEAR_UNITS_NEED)
         check(self.reduce_dtype in REDUCE_DTYPES, UsageError,
               f"unknown `reduce_dtype` {self.reduce_dtype!r}; use one of {', '.join(REDUCE_DTYPES)}")
         check(self.reduce_dtype == "fp32" or self.precision == "bf16", UsageError, REDUCE_NEEDS_BF16)

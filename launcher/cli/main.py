@@ -221,6 +221,10 @@ def _stop_on_signals() -> Iterator[None]:
             signal.signal(s, h)
 
 
+def _dlaunch_or_error(record: logging.LogRecord) -> bool:  # the log filter without --debug
+    return record.name.startswith("launcher.") or record.levelno >= logging.ERROR
+
+
 def _dispatch(argv: Sequence[str] | None) -> tuple[int, bool]:
     """Parse and run one command: (exit code, whether the command allows a hard exit)."""
     raw = list(sys.argv[1:] if argv is None else argv)
@@ -231,8 +235,8 @@ def _dispatch(argv: Sequence[str] | None) -> tuple[int, bool]:
                         format="dlaunch: %(levelname)s %(name)s: %(message)s")
     if debug:
         os.environ["DLAUNCH_DEBUG"] = "1"
-    else:  # libraries that log in this process (a workload's, profiled here) are not dlaunch: their errors only
-        logging.root.handlers[0].addFilter(lambda r: r.name.startswith("launcher.") or r.levelno >= logging.ERROR)
+    # others' records (a workload's, profiled here) are not dlaunch's: their errors only; added once per handler
+    (logging.root.handlers[0].removeFilter if debug else logging.root.handlers[0].addFilter)(_dlaunch_or_error)
     try:
         with _stop_on_signals():  # restored before the line below is printed
             parser = build_parser()

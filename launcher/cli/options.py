@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 from launcher.cli.args import resolve
 from launcher.knobs import knobs_of
 from launcher.runspec import RunSettings
-from launcher.specs import DDP_KINDS
+from launcher.specs import linear_units_ok
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -260,7 +260,7 @@ def load(cls: type[T], args: argparse.Namespace) -> T:
         values.update({k: v for k, v in decided.items() if k != "compile" and values.get(k) is None})
         values["compile"] = bool(decided["compile"]) if values.get("compile") is None else values["compile"]
         # the plan's linear units yield to a flag given beside it that they cannot run with (LINEAR_UNITS_NEED)
-        if "fsdp_unit" not in given and values.get("fsdp_unit") == "linear" and (
-                values.get("strategy") in DDP_KINDS or (values.get("tp") or 1) > 1 or values["compile"]):
+        if "fsdp_unit" not in given and values.get("fsdp_unit") == "linear" and not linear_units_ok(
+                strategy=values.get("strategy"), tp=values.get("tp"), compile=values["compile"]):
             values["fsdp_unit"] = None
     return typed(cls, values)

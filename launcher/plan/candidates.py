@@ -95,11 +95,9 @@ def tp_degrees(kind: str, profile: ModelProfile, topology: Topology, ov: Overrid
     """The TP degrees to try with strategy `kind`: the forced one; else on GPUs 1 and, for
     TP_KINDS, each of the workload's degrees that divides the GPUs per node (tensor parallelism
     over NVLink only); CPU plans try TP only when forced."""
-    if ov.fsdp_unit == "linear" and kind in DDP_KINDS:
-        return []  # linear units are FSDP's: no DDP candidate
     if ov.tp is not None:
         return [ov.tp] if ov.tp == 1 or kind not in DDP_KINDS else []
-    if topology.device != "cuda" or kind not in TP_KINDS or ov.fsdp_unit == "linear":
+    if topology.device != "cuda" or kind not in TP_KINDS:
         return [1]
     return [1] + [d for d in profile.tp_degrees if d > 1 and topology.devices_per_node % d == 0]
 
@@ -173,19 +171,20 @@ def candidates(profile: ModelProfile, topology: Topology, goal: Goal, ov: Overri
     sharded = [k for k in kinds if k not in DDP_KINDS and ov.strategy in (None, k)]
     if n == 1 and ov.strategy is None:
         kinds = ["ddp"]  # one device: nothing to shard over; the runtime runs it unwrapped
-    if ((ov.tp or 1) > 1 or ov.fsdp_unit == "linear") and ov.strategy is None:
+    if (ov.tp or 1) > 1 and ov.strategy is None:
         kinds = [k for k in kinds if k not in DDP_KINDS] or ["fsdp_full"]
     batches, skipped = _batches(goal, n, ov, topology.device) if (ov.tp or 1) == 1 else ([], [])
     # every checkpointing mode (`search` keeps the forced one); a model without repeated blocks has
     # nothing to wrap: none alone
     modes = ("none",) if profile.num_blocks < 1 and ov.checkpointing is None else CHECKPOINTING
 
-    def priced(kinds: list[str], offload: bool, ov: Overrides = ov) -> list[Candidate]:
+    def priced(kinds: list[str], offload: bool, unit: str) -> list[Candidate]:
         nonlocal skipped
         out = []
         for kind in kinds:
-            compiled = compiles(kind, topology, ov, compile_check) and ov.fsdp_unit != "linear"
-            for tp in tp_degrees(kind, profile, topology, ov):
+            # linear units: FSDP's hooks on each linear layer, so neither compiled blocks nor TP
+            compiled = unit == "block" and compiles(kind, topology, ov, compile_check)
+            for tp in tp_degrees(kind, profile, topology, ov) if unit == "block" else [1]:
                 group = shard_group_size(kind, topology, tp)
                 if tp == 1:
                     tp_batches = batches
@@ -205,7 +204,7 @@ def candidates(profile: ModelProfile, topology: Topology, goal: Goal, ov: Overri
                         strategy = Strategy(kind=kind, precision=precision, checkpointing=ckpt,
                                             compile=compiled, compile_mode=ov.compile_mode or "default",
                                             tp=tp, offload=offload, float8=f8, reduce_dtype=ov.reduce_dtype or "fp32",
-                                            fsdp_unit=ov.fsdp_unit or "block")
+                                            fsdp_unit=unit)
                         for mb, accum in tp_batches:
                             mem = estimate_memory(profile, strategy, micro_batch=mb, world_size=n,
                                                   shard_group_size=group, device=topology.device,
@@ -218,19 +217,20 @@ def candidates(profile: ModelProfile, topology: Topology, goal: Goal, ov: Overri
                                                  memory=mem, time=t, fits=fits))
         return out
 
+    unit = ov.fsdp_unit or "block"
     if ov.offload:
-        return priced(sharded, True), skipped
-    out = priced(kinds, False)
+        return priced(sharded, True, unit), skipped
+    out = priced(sharded if unit == "linear" else kinds, False, unit)
     # FSDP units of linear layers only where nothing fits with a block per unit: a smaller gathered
     # peak for more collectives, before CPU offload trades the host link for the model state
     if (ov.fsdp_unit is None and (ov.tp or 1) == 1 and not ov.compile and profile.linear_units_per_block > 1
             and not any(c.fits for c in out)):
-        out += priced(sharded, False, dataclasses.replace(ov, fsdp_unit="linear"))
+        out += priced(sharded, False, "linear")
     # CPU offload on GPUs only where nothing else fits: it trades the host link and the CPU's
     # optimizer step for the GPU memory of the model state
     if (ov.offload is None and topology.device == "cuda" and topology.host is not None
             and not any(c.fits for c in out)):
-        out += priced(sharded, True)
+        out += priced(sharded, True, unit)
     return out, skipped
 
 

@@ -25,6 +25,7 @@ from launcher.specs import (
     REDUCE_DTYPES,
     Strategy,
     checkpointing_mode,
+    linear_units_ok,
 )
 
 # the kernels the cost model prices for each role (`plan.kernels`), the first the default, and
@@ -96,7 +97,7 @@ class Overrides:
                             "--strategy fsdp_full, fsdp_grad_op or hybrid, or drop --offload")
         if self.fsdp_unit not in (None, *FSDP_UNITS):
             raise PlanError(f"unknown --fsdp-unit {self.fsdp_unit!r}; use one of {', '.join(FSDP_UNITS)}")
-        if self.fsdp_unit == "linear" and (self.strategy in DDP_KINDS or (tp or 1) > 1 or self.compile):
+        if self.fsdp_unit == "linear" and not linear_units_ok(strategy=self.strategy, tp=tp, compile=self.compile):
             raise PlanError(LINEAR_UNITS_NEED)
         for role, known in KERNEL_ROLES.items():
             value = getattr(self, f"{role}_kernel")

@@ -92,3 +92,25 @@ def test_version_prints_the_package_version():
     done = subprocess.run([sys.executable, "-m", "launcher.cli.main", "--version"], capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.startswith("dlaunch ") and not done.stderr
+
+
+def test_main_run_again_in_one_process_filters_others_logs_once_and_not_under_debug(capsys, monkeypatch):
+    import logging
+
+    monkeypatch.delenv("DLAUNCH_DEBUG", raising=False)  # restored after: --debug sets it
+
+    from launcher.cli.main import main
+
+    handler_filters = lambda: [f for h in logging.root.handlers for f in h.filters]  # noqa: E731
+    for argv in (["status", "--help"], ["status", "--help"]):
+        try:
+            main(argv)
+        except SystemExit:
+            pass
+    assert len(handler_filters()) == 1  # once, however many runs
+    try:
+        main(["--debug", "status", "--help"])
+    except SystemExit:
+        pass
+    assert handler_filters() == []  # --debug shows every library's records
+    capsys.readouterr()

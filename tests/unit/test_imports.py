@@ -308,8 +308,10 @@ def test_the_branch_scan_sees_every_kind_of_test(tmp_path: Path):
 # The package's size when issue 33 (one door, one declaration per knob) began: the step that
 # consolidated it was to leave it no larger, and a module past 400 lines holds two ideas. A
 # feature adds what it needs and raises this by as much: --fsdp-unit (issue 34) and the
-# reduce-scatter input FSDP2 copies the gradients into (plan.memory) +119.
-MAX_PACKAGE_LINES = 24_477 + 119
+# reduce-scatter input FSDP2 copies the gradients into (plan.memory) +119; the EFA link kind and
+# its detection, `linear_units_ok` (one rule where four copies were, with its imports) and the
+# CLI's log filter as a function added once per handler (it was added again on each main()) +15.
+MAX_PACKAGE_LINES = 24_477 + 119 + 15
 MAX_MODULE_LINES = 400
 
 
