@@ -116,6 +116,8 @@ def topology_name(row: Mapping[str, Any]) -> str:
             return "a100-sxm-8x16node-400g"
         return "a100-sxm-8x8node-ib"  # not stated: a DGX A100 SuperPOD-style HDR fabric
     if gpu == "h100-sxm":
+        if "efa" in net:
+            return "h100-sxm-8x64node-efa"  # the Ultra-Scale Playbook's cluster: links fit to its measurements
         if "grand teton" in net:
             return "h100-sxm-96g-8x16node-roce"
         if "800 gbps" in net:

@@ -173,7 +173,7 @@ def cpu_peak_tflops(flags: frozenset[str] | set[str], ghz: float, cores: int) ->
 
 def detect_nics(*, ib_root: Path = Path("/sys/class/infiniband"),
                 net_stats: Mapping[str, Any] | None = None) -> tuple[Nic, ...]:
-    """Active RDMA ports (InfiniBand or RoCE, from sysfs) and physical Ethernet interfaces."""
+    """Active RDMA ports (InfiniBand, RoCE or EFA, from sysfs) and physical Ethernet interfaces."""
     nics: list[Nic] = []
     rdma_netdevs: set[str] = set()
     for dev in sorted(ib_root.iterdir()) if ib_root.is_dir() else []:
@@ -186,8 +186,10 @@ def detect_nics(*, ib_root: Path = Path("/sys/class/infiniband"),
                 continue
             layer = (_read(port / "link_layer") or "InfiniBand").lower()
             name = dev.name if len(ports) == 1 else f"{dev.name}/{port.name}"
-            nics.append(Nic(name=name, kind="roce" if layer == "ethernet" else "infiniband",
-                            speed_gbit_s=float(rate.group(1))))
+            # EFA's driver reports no link layer ("Unknown"; rdma-core#884), and its vendor is Amazon's
+            efa = layer in ("unknown", "unspecified") or _read(dev / "device" / "vendor") == "0x1d0f"
+            kind = "efa" if efa else "roce" if layer == "ethernet" else "infiniband"
+            nics.append(Nic(name=name, kind=kind, speed_gbit_s=float(rate.group(1))))
     for name, st in _physical_up(net_stats, rdma_netdevs):
         if st.speed > 0:
             nics.append(Nic(name=name, kind="ethernet", speed_gbit_s=st.speed / 1000))

@@ -29,9 +29,11 @@ _LATENCY_US = {"nvswitch": 3.0, "nvlink": 3.0, "pcie": 6.0, "pcie-nop2p": 10.0}
 # NVLink 370/450 (H100) and 230/300 (A100); PCIe Gen4 with P2P 20/31.5; without P2P 12/31.5.
 _NVLINK_EFF, _PCIE_EFF, _NOP2P_EFF = 0.8, 0.65, 0.38
 # Achievable busbw per NIC as a fraction of line rate: IB NDR 46-49 of 50 (nccl-tests #267,
-# #290); RoCE ~75% (nccl #495); TCP sockets: an assumption.
-_NET_EFF = {"infiniband": 0.93, "roce": 0.75, "ethernet": 0.6}
-_NET_LATENCY_US = {"infiniband": 5.0, "roce": 8.0, "ethernet": 30.0}
+# #290); RoCE ~75% (nccl #495); EFA: the fit to collectives measured on 8-GPU nodes with 3.2 Tb/s
+# of it (topologies/h100-sxm-8x64node-efa.yaml: 140 GB/s of 400, 31.5 us a ring step), assumed
+# for other EFA nodes; TCP sockets: an assumption.
+_NET_EFF = {"infiniband": 0.93, "roce": 0.75, "efa": 0.35, "ethernet": 0.6}
+_NET_LATENCY_US = {"infiniband": 5.0, "roce": 8.0, "efa": 31.5, "ethernet": 30.0}
 
 # Dense peak TFLOP/s from the vendors' datasheets (with-sparsity numbers halved), the compute
 # capability and the full GPU's SM count (None: not needed, no MIG), for GPUs NVML names; first
@@ -86,7 +88,7 @@ def inter_node_link(nics: Sequence[Nic]) -> Link:
     """The link a ring spanning nodes sees: the node's aggregate NIC bandwidth of the best kind.
     NCCL spreads its channels over all NICs of the fastest kind (one rail each), so a ring crossing
     nodes sees their sum (nccl-tests busbw); with one NIC, that NIC's rate."""
-    for kind in ("infiniband", "roce", "ethernet"):
+    for kind in ("infiniband", "roce", "efa", "ethernet"):
         same = [n for n in nics if n.kind == kind]
         if not same:
             continue

@@ -38,7 +38,7 @@ _LINK_OPTIONAL = ("source",)
 _NIC_REQUIRED = ("name", "kind", "speed_gbit_s")
 _DTYPES = ("fp32", "tf32", "bf16", "fp16")
 _INTRA_KINDS = {"cuda": ("nvswitch", "nvlink", "pcie", "pcie-nop2p"), "cpu": ("shm",)}
-NETWORK_KINDS = ("infiniband", "roce", "ethernet")
+NETWORK_KINDS = ("infiniband", "roce", "efa", "ethernet")
 # Upper bounds far above any real machine: past them a number is a typo or a hostile file, and
 # planning with it would overflow or loop over absurd counts
 MAX_NODES = 100_000

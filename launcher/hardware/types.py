@@ -21,7 +21,7 @@ LINK_KINDS = (
     "pcie",  # PCIe with peer-to-peer access
     "pcie-nop2p",  # PCIe, copies bounce through host memory
     "shm",  # processes on one host (CPU, gloo over shared memory / loopback)
-    "infiniband", "roce", "ethernet",  # between nodes
+    "infiniband", "roce", "efa", "ethernet",  # between nodes (efa: AWS's Elastic Fabric Adapter)
 )
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,7 +86,7 @@ class Nic:
     """A network interface seen on a node."""
 
     name: str
-    kind: str  # infiniband | roce | ethernet
+    kind: str  # infiniband | roce | efa | ethernet
     speed_gbit_s: float
 
 

@@ -301,6 +301,21 @@ def test_nics_from_sysfs_and_psutil(tmp_path):
     assert detect_nics(ib_root=tmp_path / "absent", net_stats={}) == ()
 
 
+def test_efa_ports_are_efa_not_infiniband(tmp_path):
+    # EFA's kernel driver reports the link layer "Unknown" (rdma-core#884); an older or other
+    # one may say InfiniBand, and Amazon's PCI vendor id tells it apart
+    make_port(tmp_path, "rdmap16s27", "1", "100 Gb/sec", "Unknown", "4: ACTIVE")
+    make_port(tmp_path, "efa_1", "1", "100 Gb/sec", "InfiniBand", "4: ACTIVE")
+    (tmp_path / "efa_1" / "device").mkdir()
+    (tmp_path / "efa_1" / "device" / "vendor").write_text("0x1d0f\n")
+    nics = detect_nics(ib_root=tmp_path, net_stats={})
+    assert [n.kind for n in nics] == ["efa", "efa"]
+    # 32 x 100 Gb/s (a p5's): the link the shipped EFA cluster file has, fit to measured collectives
+    link = inter_node_link([Nic(name=f"rdmap{i}", kind="efa", speed_gbit_s=100) for i in range(32)])
+    shipped = load_topology("h100-sxm-8x64node-efa").inter_node
+    assert (link.kind, link.bw_gb_s, link.latency_us) == (shipped.kind, shipped.bw_gb_s, shipped.latency_us)
+
+
 # -- SLURM ---------------------------------------------------------------------------------------
 
 def test_slurm_env_parsing():

@@ -21,7 +21,7 @@ from launcher.hardware.topology import (
 # Other modules and the planning benchmark name these files: they must exist under these names.
 EXPECTED = {
     "h100-sxm-8x", "a100-sxm-8x", "a100-pcie-8x", "l40s-pcie-8x", "rtx4090-4x", "v100-sxm-8x",
-    "t4-4x", "h100-sxm-8x4node-ib", "a100-sxm-8x2node-roce", "h100-sxm-8x128node-ib",
+    "t4-4x", "h100-sxm-8x4node-ib", "a100-sxm-8x2node-roce", "h100-sxm-8x128node-ib", "h100-sxm-8x64node-efa",
     "cpu-local",
 }
 
@@ -162,7 +162,7 @@ def test_multi_node_needs_inter_node_and_network_kinds(tmp_path):
     two = GOOD.replace("num_nodes: 1", "num_nodes: 2")
     assert "'inter_node'" in error_of(tmp_path, two)
     bad_kind = two + "inter_node: {kind: nvlink, bw_gb_s: 10, latency_us: 5}\n"
-    assert "inter_node.kind must be one of infiniband, roce, ethernet" in error_of(
+    assert "inter_node.kind must be one of infiniband, roce, efa, ethernet" in error_of(
         tmp_path, bad_kind)
     ok = two + ("inter_node: {kind: roce, bw_gb_s: 9.5, latency_us: 8}\n"
                 "nics: [{name: mlx5_0, kind: roce, speed_gbit_s: 100}]\n")
@@ -188,3 +188,27 @@ def test_cpu_topology_rules(tmp_path):
 def test_empty_and_non_mapping_files(tmp_path):
     assert "empty" in error_of(tmp_path, "")
     assert "mapping" in error_of(tmp_path, "- just\n- a list\n")
+
+
+def test_the_efa_link_is_the_fit_of_its_clusters_measured_collectives():
+    # benchmarks/published/links.py: bandwidth and latency from the playbook's measured
+    # all-reduce and all-gather, through dlaunch's collective formulas (a local minimum here;
+    # the script searches the whole grid)
+    import importlib.util
+    import sys
+
+    from tests.helpers import REPO
+
+    spec = importlib.util.spec_from_file_location("published_links", REPO / "benchmarks" / "published" / "links.py")
+    assert spec is not None and spec.loader is not None
+    links = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = links
+    spec.loader.exec_module(links)
+    topo = load_topology(links.TOPOLOGY)
+    bw, lat = topo.inter_node.bw_gb_s, topo.inter_node.latency_us
+    error = links.squared_log_error(topo, bw, lat, ("ar", "ag"))
+    for dbw, dlat in ((5, 0), (-5, 0), (0, 0.5), (0, -0.5)):
+        assert error < links.squared_log_error(topo, bw + dbw, lat + dlat, ("ar", "ag"))
+    # the measurements it rests on: a 256 MB all-gather on 64 nodes took 24 ms, ~50x one node's
+    assert 20e-3 < links.measured_s("ag", 64, 8) < 30e-3
+    assert links.measured_s("ar", 2, 8) < links.measured_s("ar", 64, 8) / 10
