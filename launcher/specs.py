@@ -23,7 +23,7 @@ GIB = 1024**3
 DEVICES = ("cuda", "cpu")
 STRATEGIES = ("ddp", "zero1", "fsdp_full", "fsdp_grad_op", "hybrid")
 # the kinds under DDP's wrapper: every rank keeps every parameter whole and autocast runs mixed precision;
-# zero1 shards the optimizer's state (ZeroRedundancyOptimizer), the others (FSDP2) shard all the state
+# zero1 shards the optimizer's state (runtime.zero), the others (FSDP2) shard all the state
 DDP_KINDS = ("ddp", "zero1")
 PRECISIONS = ("fp32", "bf16", "fp16")
 # float8 training (torchao's Float8Linear, the rest in bf16): off, or its scaling recipe

@@ -211,13 +211,10 @@ def zero1_sync_bytes(profile: ModelProfile) -> float:
 
 
 def zero1_sync_s(profile: ModelProfile, topology: Topology) -> float:
-    """Seconds of zero1's parameter sync after the optimizer step. torch's ZeroRedundancyOptimizer
-    (https://pytorch.org/docs/stable/distributed.optim.html; `_sync_params` in its source)
-    broadcasts each rank's updated shard to all ranks, one flat bucket per rank
-    (`parameters_as_bucket_view`, runtime/zero.py): an all-gather's bytes, priced with its
-    formula, its latency paid once per rank's broadcast (`split`). Nothing hides it: it follows
-    the optimizer step, after all of the step's compute."""
-    return split(group_collectives(topology)["ag"], zero1_sync_bytes(profile), topology.world_size)
+    """Seconds of zero1's parameter sync after the optimizer step: one all-gather of the flat
+    parameter buffer, each rank contributing the even 1/n it stepped (runtime/zero.py). Nothing
+    hides it: it follows the optimizer step, after all of the step's compute."""
+    return group_collectives(topology)["ag"](zero1_sync_bytes(profile))
 
 
 def fsdp_units(profile: ModelProfile, strategy: Strategy) -> int:

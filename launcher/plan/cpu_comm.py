@@ -9,9 +9,8 @@ several nodes) the topology's link figures give the alpha-beta time of `collecti
 - DDP: one all-reduce per bucket of the fp32 gradients per optimizer step (the first bucket 1 MiB,
   the rest 25 MiB each), and the reducer's handling of each (DDP_BUCKET_OPS); at one rank too
   (`cpu_cost`: DDP has no one-rank shortcut).
-- zero1: DDP's all-reduce, then each rank's broadcast of its updated parameters after the step
-  (torch's ZeroRedundancyOptimizer, https://pytorch.org/docs/stable/distributed.optim.html),
-  priced as all-gathers of 1/n of the fp32 parameters (`collectives.zero1_sync_s`'s formula).
+- zero1: DDP's all-reduce, then one all-gather of the fp32 parameters after the step, each rank
+  contributing the even 1/n it stepped (runtime/zero.py; `collectives.zero1_sync_s`'s formula).
 - FSDP2 (full shard, grad-op): per micro-batch and unit, an all-gather of the unit's parameters at
   the compute dtype in forward and (full shard) again in backward, and a reduce-scatter of its fp32
   gradients; plus FSDP2's own Python and copies on the rank's core (hooks, DTensor bookkeeping, the
@@ -32,7 +31,7 @@ import math
 from collections.abc import Callable
 
 from launcher.hardware.types import Topology
-from launcher.plan.collectives import fsdp_units, group_collectives, replica_allreduce, split, zero1_sync_bytes
+from launcher.plan.collectives import fsdp_units, group_collectives, replica_allreduce, zero1_sync_bytes
 from launcher.plan.cpu_rates import gloo_of, rates_of, time_share
 from launcher.plan.memory import COMPUTE_DTYPE_BYTES, DDP_BUCKET_CAP_BYTES, GRAD_BYTES
 from launcher.specs import ModelProfile, Strategy
@@ -104,9 +103,8 @@ def cpu_ddp_comm(profile: ModelProfile, topology: Topology, reduce_bytes: int = 
 
 
 def cpu_zero1_sync(profile: ModelProfile, topology: Topology) -> float:
-    """Seconds of zero1's parameter broadcasts after the step: one per rank, each 1/n of the
-    fp32 parameters (the all-gather's time per byte and latency, paid per broadcast)."""
-    return split(_ops(topology)["ag"], zero1_sync_bytes(profile), topology.world_size)
+    """Seconds of zero1's parameter all-gather after the step (the fp32 parameters, 1/n from each rank)."""
+    return _ops(topology)["ag"](zero1_sync_bytes(profile))
 
 
 def fsdp_overhead_s(profile: ModelProfile, strategy: Strategy, topology: Topology) -> float:

@@ -17,11 +17,11 @@ The model, per rank (P = parameters, G = shard group size, c = compute-dtype byt
   `gradient_as_bucket_view=True` (the grads ARE views of the buckets); without it the reducer
   would hold a second flat copy of all gradients (+4 B/param). Under autocast the cached
   compute-dtype weights (+c B/param) live until backward consumes them: counted as activations.
-- zero1 (ZeRO-1, torch's ZeroRedundancyOptimizer over DDP, runtime/zero.py): as DDP, but each
-  of the N ranks keeps the optimizer state of its 1/N of the parameters only (opt / N; the
-  parameters are the fp32 ones, no separate master copy, as DDP). After its step each rank
-  broadcasts its updated parameters in place: they are views of one flat bucket per rank
-  (`parameters_as_bucket_view=True`), so the broadcast needs no buffer of its own (0 B).
+- zero1 (ZeRO-1 over DDP, runtime/zero.py): as DDP, but each of the N ranks keeps the
+  optimizer state of its even 1/N of the parameters only (opt / N; the parameters are the fp32
+  ones, no separate master copy, as DDP). After its step one all-gather fills the parameters
+  in place: they are views of one flat buffer, each rank's 1/N of it the all-gather's input,
+  so it needs no buffer of its own (0 B).
 - FSDP full shard (ZeRO-3): params, grads, optimizer / G, plus the unsharded units: the root
   unit (parameters outside the blocks: embeddings, head), two blocks (the current one and the
   prefetched one) at the compute dtype, one block's gradients, and the reduce-scatter input FSDP2
@@ -294,7 +294,7 @@ def estimate_memory(profile: ModelProfile, strategy: Strategy, *, micro_batch: i
         params, grads, opt = MASTER_PARAM_BYTES * p, GRAD_BYTES * p, opt_b * p
         if strategy.kind == "zero1" and world_size > 1:
             opt /= world_size
-            notes[0] += f"; optimizer state / {world_size} (ZeRO-1), the updated parameters broadcast in place (0 B)"
+            notes[0] += f"; optimizer state / {world_size} (ZeRO-1), the updated parameters all-gathered in place (0 B)"
         if mixed:
             # autocast's weight cache: one compute-dtype copy of every weight, freed after backward
             activations += c * p

@@ -15,7 +15,7 @@ Torch-free, because something imports them before the door or without torch:
   bootstrap            the door of a plain script: it measures the script through torch's hooks
 
 Behind the door, torch submodules with a noticeable import of their own (on top of torch, on a
-2-core host: Dynamo 1.4 s, DCP 0.9 s, DTensor 0.8 s, FSDP2 0.6 s, torch.distributed.optim 1.5 s)
+2-core host: Dynamo 1.4 s, DCP 0.9 s, DTensor 0.8 s, FSDP2 0.6 s)
 are imported inside the function that needs them, so a run that never compiles, checkpoints or
 shards does not load them (DDP's constructor loads all but DCP itself).
 

@@ -174,7 +174,7 @@ class StepSampler:
             log.debug("live bytes: a profiler is already recording; step %d not sampled", step)
             return
         tracker = LiveBytes()
-        # zero1's ZeroRedundancyOptimizer keeps its state in its local optimizer (`optim`)
+        # zero1's optimizer keeps its state in its local optimizer (`optim`)
         held = getattr(self._optimizer, "optim", self._optimizer)
         state = (v for s in held.state.values() for v in s.values())
         tracker.add_existing(itertools.chain(self._module.parameters(), self._module.buffers(),

@@ -34,7 +34,7 @@ from launcher.runtime import float8
 from launcher.runtime.compiling import compile_forward
 from launcher.runtime.context import RankContext
 from launcher.runtime.inject import comm_delay_ms, install_comm_delay
-from launcher.runtime.zero import zero_optimizer
+from launcher.runtime.zero import ZeroOptimizer
 from launcher.specs import SELECTIVE_SAVED_MATMULS, SELECTIVE_SAVED_OPS, Strategy
 from launcher.workload import Workload, batch_norms, linear_layers
 
@@ -128,10 +128,10 @@ def make_optimizer(workload: Workload, model: torch.nn.Module, ctx: RankContext,
                    strategy: Strategy | None = None) -> tuple[torch.optim.Optimizer, LRScheduler | None]:
     """The workload's optimizer and LR scheduler (or None) for `model` as the workload built it
     (the parameter names it expects; FSDP2 has sharded them in place), already wrapped. Under
-    zero1 with several ranks, a ZeroRedundancyOptimizer (runtime.zero). Default: AdamW."""
+    zero1 with several ranks, sharded evenly over them (runtime.zero). Default: AdamW."""
     optimizer = workload.make_optimizer(model, fused=ctx.device_type == "cuda")
     if strategy is not None and strategy.kind == "zero1" and ctx.is_distributed:
-        optimizer = zero_optimizer(optimizer)
+        optimizer = ZeroOptimizer(optimizer)
     return optimizer, workload.make_scheduler(optimizer)
 
 

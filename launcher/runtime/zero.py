@@ -1,48 +1,113 @@
-"""ZeRO-1 (strategy zero1): DDP's gradient all-reduce with the optimizer's state sharded over the
-data-parallel ranks by torch's ZeroRedundancyOptimizer
-(https://pytorch.org/docs/stable/distributed.optim.html), and its part of a checkpoint.
+"""ZeRO-1 (strategy zero1): DDP's gradient all-reduce with the optimizer's state sharded evenly over the
+data-parallel ranks, as Megatron-LM's distributed optimizer and nanotron's ZeRO-1 shard it, and its part of
+a checkpoint.
 
-- `zero_optimizer`: the workload's own optimizer (its class, hyper-parameters and parameter
-  groups) made again as a ZeroRedundancyOptimizer over that class. Each rank's local optimizer
-  steps and holds the state of the parameters assigned to it (greedily by size); after the step
-  every rank broadcasts its updated parameters. With `parameters_as_bucket_view` those are one
-  flat bucket per rank ("to speed up communication", the docs): one broadcast per rank and step.
-- Checkpoints: ZeroRedundancyOptimizer's `state_dict()` needs `consolidate_state_dict(to=0)`
-  first, and rank 0 would then hold the whole optimizer state, the memory zero1 is there to
-  save. Instead each rank writes its own shard beside DCP's files (the model stays in DCP),
-  `optim-zero-<rank>.pt`: {"state": {index: that parameter's state}, "param_groups": the groups
-  with indices for parameters}, the index being the parameter's position over the groups (torch's
-  optimizer state dict numbering). A load reads every shard and keeps this rank's parameters'
-  states: a checkpoint resumes at another world size.
+- `ZeroOptimizer`: the parameters of each dtype move into one flat buffer (each parameter a view of it),
+  padded to a multiple of the world size; rank r owns the r-th contiguous 1/n of it. The workload's own
+  optimizer (its class, groups and hyper-parameters, made again) steps the pieces of the parameters that fall
+  in that range, each piece a view of the buffer given the matching piece of DDP's averaged gradient; then
+  one all-gather (`all_gather_single`, in place) hands every rank every updated parameter. One
+  collective per dtype and step: torch's ZeroRedundancyOptimizer, which this replaced, broadcasts once per
+  rank (a latency per rank, ~n^2 ring steps in all) and splits by whole parameters (an embedding larger
+  than 1/n of the model makes one rank's share many times the others').
+- Checkpoints: each rank writes its pieces' state beside DCP's files (the model stays in DCP),
+  `optim-zero-<rank>.pt`: {"state": {index: that piece's state}, "ranges": {index: (start, stop) within
+  the flattened parameter}, "param_groups": the groups with indices for parameters}, the index being the
+  parameter's position over the groups (torch's optimizer state dict numbering). A load reads every shard,
+  joins each parameter's pieces (a state tensor as long as its piece is the piece's part; others, AdamW's
+  step, are the same in each) and keeps this rank's: a checkpoint resumes at another world size. A shard
+  without "ranges" holds whole parameters.
 
-Never imports cli, backends, jobs or report; torch at module level, torch.distributed.optim
-(1.5 s of imports: it loads FSDP) only when zero1 makes its optimizer (see runtime/__init__).
+Never imports cli, backends, jobs or report; torch at module level.
 """
 
 from __future__ import annotations
 
 import inspect
-import itertools
-import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeGuard
+from typing import Any, TypeGuard
 
 import torch
+import torch.distributed as dist
 
 from launcher.errors import UsageError
 
-if TYPE_CHECKING:
-    from torch.distributed.optim import ZeroRedundancyOptimizer
-
+# all_gather_into_tensor's name from torch 2.13 on (the old one warns there)
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 SHARD = "optim-zero-{rank}.pt"
 SHARDS = "optim-zero-*.pt"
 
 
-def is_zero(optimizer: torch.optim.Optimizer) -> TypeGuard[ZeroRedundancyOptimizer]:
+class ZeroOptimizer(torch.optim.Optimizer):
+    """The workload's optimizer (not stepped yet) over this rank's even share of every parameter (the module
+    docstring); UsageError when its class cannot be made again from its groups and defaults."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        groups = [dict(g) for g in optimizer.param_groups]
+        params = [p for g in groups for p in g["params"]]
+        # each parameter's flat buffer and offset in it: one buffer per (dtype, device)
+        at: dict[int, tuple[torch.Tensor, int]] = {}
+        self.flats: list[torch.Tensor] = []
+        for kind in dict.fromkeys((p.dtype, p.device) for p in params):
+            mine = [p for p in params if (p.dtype, p.device) == kind]
+            total = sum(p.numel() for p in mine)
+            flat = torch.zeros(-(-total // self.world) * self.world, dtype=kind[0], device=kind[1])
+            offset = 0
+            for p in mine:
+                flat[offset:offset + p.numel()].copy_(p.detach().reshape(-1))
+                p.data = flat[offset:offset + p.numel()].view_as(p)  # the parameter is now a view of the buffer
+                at[id(p)] = (flat, offset)
+                offset += p.numel()
+            self.flats.append(flat)
+        # this rank's pieces: (piece, its parameter, the parameter's index, start, stop within the parameter)
+        self.pieces: list[tuple[torch.Tensor, torch.Tensor, int, int, int]] = []
+        local_groups = []
+        index = 0
+        for g in groups:
+            held = []
+            for p in g["params"]:
+                flat, offset = at[id(p)]
+                chunk = flat.numel() // self.world
+                lo, hi = max(offset, self.rank * chunk), min(offset + p.numel(), (self.rank + 1) * chunk)
+                if lo < hi:
+                    piece = flat[lo:hi]  # one object: the local optimizer keys its state by it
+                    self.pieces.append((piece, p, index, lo - offset, hi - offset))
+                    held.append(piece)
+                index += 1
+            local_groups.append({**{k: v for k, v in g.items() if k != "params"}, "params": held})
+        cls = type(optimizer)
+        try:
+            self.optim = cls(local_groups, **_constructor_kwargs(cls, optimizer.defaults))
+        except (TypeError, ValueError) as e:
+            raise UsageError(f"strategy zero1 makes the workload's optimizer {cls.__name__} again on "
+                             f"each rank's share of the parameters, from its param groups and "
+                             f"defaults, and that failed: {e}; use --strategy ddp or fsdp_full") from e
+        super().__init__(groups, optimizer.defaults)
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group, local in zip(self.param_groups, self.optim.param_groups, strict=True):
+            local.update({k: v for k, v in group.items() if k != "params"})  # a scheduler sets the wrapper's
+        for piece, p, _, start, stop in self.pieces:
+            piece.grad = None if p.grad is None else p.grad.reshape(-1)[start:stop]
+        self.optim.step()
+        for piece, *_ in self.pieces:
+            piece.grad = None
+        for flat in self.flats:
+            chunk = flat.numel() // self.world
+            _all_gather(flat, flat[self.rank * chunk:(self.rank + 1) * chunk])
+        return loss
+
+
+def is_zero(optimizer: torch.optim.Optimizer) -> TypeGuard[ZeroOptimizer]:
     """Whether `optimizer` is zero1's (its state is saved as shards, not through DCP)."""
-    # not imported to ask: a run that made no ZeroRedundancyOptimizer has not loaded its module
-    module = sys.modules.get("torch.distributed.optim")
-    return module is not None and isinstance(optimizer, module.ZeroRedundancyOptimizer)
+    return isinstance(optimizer, ZeroOptimizer)
 
 
 def _constructor_kwargs(cls: type, defaults: dict[str, Any]) -> dict[str, Any]:
@@ -53,59 +118,62 @@ def _constructor_kwargs(cls: type, defaults: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in defaults.items() if k in params}
 
 
-def zero_optimizer(optimizer: torch.optim.Optimizer) -> ZeroRedundancyOptimizer:
-    """`optimizer` (the workload's, not stepped yet) as a ZeroRedundancyOptimizer over its class,
-    groups and hyper-parameters; UsageError when its class cannot be made again from them."""
-    # deferred: 1.5 s of imports that only zero1 needs (see the module docstring)
-    from torch.distributed.optim import ZeroRedundancyOptimizer
-
-    cls = type(optimizer)
-    groups = [dict(g) for g in optimizer.param_groups]
-    try:
-        return ZeroRedundancyOptimizer(groups, optimizer_class=cls, parameters_as_bucket_view=True,
-                                       **_constructor_kwargs(cls, optimizer.defaults))
-    except (TypeError, ValueError) as e:
-        raise UsageError(f"strategy zero1 makes the workload's optimizer {cls.__name__} again on "
-                         f"each rank's share of the parameters, from its param groups and "
-                         f"defaults, and that failed: {e}; use --strategy ddp or fsdp_full") from e
+def _groups(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    """The groups as torch's optimizer state dicts hold them: hyper-parameters, and indices for parameters."""
+    out, index = [], 0
+    for g in optimizer.param_groups:
+        out.append({**{k: v for k, v in g.items() if k != "params"},
+                    "params": list(range(index, index + len(g["params"])))})
+        index += len(g["params"])
+    return out
 
 
-def _indices(optimizer: ZeroRedundancyOptimizer) -> dict[int, int]:
-    """id(parameter) -> its index over the parameter groups."""
-    params = itertools.chain.from_iterable(g["params"] for g in optimizer.param_groups)
-    return {id(p): i for i, p in enumerate(params)}
-
-
-def shard(optimizer: ZeroRedundancyOptimizer, rank: int) -> tuple[str, dict[str, Any]]:
-    """This rank's shard's file name and content: its parameters' state by global index, and groups."""
-    index = _indices(optimizer)
-    local: Any = optimizer.optim  # the local optimizer over this rank's parameters
-    state = {index[id(p)]: dict(local.state[p]) for g in local.param_groups for p in g["params"] if p in local.state}
-    groups = [{**{k: v for k, v in g.items() if k != "params"},
-               "params": [index[id(p)] for p in g["params"]]} for g in optimizer.param_groups]
-    return SHARD.format(rank=rank), {"state": state, "param_groups": groups}
-
-
-def load_shards(optimizer: ZeroRedundancyOptimizer, directory: Path) -> None:
-    """Every shard in `directory` into `optimizer`, keeping this rank's parameters' states."""
-    index = _indices(optimizer)
+def shard(optimizer: ZeroOptimizer, rank: int) -> tuple[str, dict[str, Any]]:
+    """This rank's shard's file name and content: its pieces' state and ranges by parameter index, and groups."""
     local: Any = optimizer.optim
-    mine = {index[id(p)] for g in local.param_groups for p in g["params"]}
+    state = {index: dict(local.state[piece]) for piece, _, index, _, _ in optimizer.pieces if piece in local.state}
+    ranges = {index: (start, stop) for _, _, index, start, stop in optimizer.pieces if index in state}
+    return SHARD.format(rank=rank), {"state": state, "ranges": ranges, "param_groups": _groups(optimizer)}
+
+
+def _piece_of(saved: list[tuple[int, int, dict[str, Any]]], start: int, stop: int) -> dict[str, Any]:
+    """[start, stop) of a parameter's state from its saved pieces ((start, stop, state), any ranks')."""
+    saved = sorted(saved, key=lambda s: s[0])
+    out: dict[str, Any] = {}
+    for key, first in saved[0][2].items():
+        if isinstance(first, torch.Tensor) and first.dim() > 0 and first.numel() == saved[0][1] - saved[0][0]:
+            out[key] = torch.cat([s[2][key].reshape(-1) for s in saved])[start:stop].clone()
+        else:  # the same on every piece (AdamW's step)
+            out[key] = first
+    return out
+
+
+def load_shards(optimizer: ZeroOptimizer, directory: Path) -> None:
+    """Every shard in `directory` into `optimizer`, keeping this rank's pieces' states."""
     paths = sorted(directory.glob(SHARDS))
     if not paths:
         raise FileNotFoundError(f"no zero1 optimizer shards ({SHARDS}) in {directory.name}: "
                                 "saved under another strategy")
-    state: dict[int, Any] = {}
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    saved: dict[int, list[tuple[int, int, dict[str, Any]]]] = {}
     groups: list[dict[str, Any]] = []
     for path in paths:
-        shard = torch.load(path, map_location="cpu", weights_only=True)
-        state.update({i: s for i, s in shard["state"].items() if i in mine})
-        groups = shard["param_groups"]
-    optimizer.load_state_dict({"state": state, "param_groups": groups})
-    # load_state_dict leaves a copy of the states in the wrapper's own `state` as well (on the
-    # parameters' device: a second copy of this rank's state on a GPU), which only the
-    # consolidated `state_dict()` reads, and that is never called here
-    optimizer.state.clear()
+        content = torch.load(path, map_location="cpu", weights_only=True)
+        ranges = content.get("ranges", {})  # none: whole parameters
+        for index, state in content["state"].items():
+            start, stop = ranges.get(index, (0, params[index].numel()))
+            saved.setdefault(index, []).append((start, stop, state))
+        groups = content["param_groups"]
+    for group, kept in zip(optimizer.param_groups, groups, strict=True):
+        group.update({k: v for k, v in kept.items() if k != "params"})
+    # torch's own load casts each value as its optimizer keeps it (AdamW's step on the CPU or the device)
+    local: Any = optimizer.optim
+    order = {id(piece): i for i, piece in enumerate(q for g in local.param_groups for q in g["params"])}
+    state = {order[id(piece)]: _piece_of(saved[index], start, stop)
+             for piece, _, index, start, stop in optimizer.pieces if index in saved}
+    local_groups = [{**g, **{k: v for k, v in kept.items() if k != "params"}}
+                    for g, kept in zip(_groups(local), groups, strict=True)]
+    local.load_state_dict({"state": state, "param_groups": local_groups})
 
 
-__all__ = ["zero_optimizer", "is_zero", "shard", "load_shards", "SHARD", "SHARDS"]
+__all__ = ["ZeroOptimizer", "is_zero", "shard", "load_shards", "SHARD", "SHARDS"]

@@ -66,9 +66,9 @@ def test_zero1_step_is_ddps_plus_the_exposed_parameter_sync():
     ddp = step_time(GPT_1_3B, Strategy(kind="ddp", precision="bf16"), topo, 4, 4)
     z = step_time(GPT_1_3B, Strategy(kind="zero1", precision="bf16"), topo, 4, 4)
     sync = zero1_sync_s(GPT_1_3B, topo)
-    # the full fp32 parameters over the ring, the all-gather's formula, one latency per rank
+    # the full fp32 parameters over the ring in one all-gather, each rank's 1/n
     link, n, nbytes = topo.intra_node, 8, 4 * GPT_1_3B.num_params
-    expected = (n - 1) / n * nbytes / (link.bw_gb_s * 1e9) + n * (n - 1) * link.latency_us * 1e-6
+    expected = (n - 1) / n * nbytes / (link.bw_gb_s * 1e9) + (n - 1) * link.latency_us * 1e-6
     assert sync == pytest.approx(expected)
     assert z.comm_total_s == pytest.approx(ddp.comm_total_s + sync)
     assert z.comm_exposed_s == pytest.approx(ddp.comm_exposed_s + sync)
@@ -76,7 +76,7 @@ def test_zero1_step_is_ddps_plus_the_exposed_parameter_sync():
     assert dict(z.compute_parts)["optimizer"] == pytest.approx(dict(ddp.compute_parts)["optimizer"] / 8)
 
 
-def test_zero1_on_cpu_ranks_adds_its_broadcasts_to_ddps_comm():
+def test_zero1_on_cpu_ranks_adds_its_all_gather_to_ddps_comm():
     topo = topology("cpu-local")
     z = step_time(GPT_TINY, Strategy(kind="zero1"), topo, 4, 1)
     assert z.comm_total_s == z.comm_exposed_s == pytest.approx(
@@ -141,7 +141,7 @@ def _workload_optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
 
 def _trained(steps: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     model = _model()
-    opt = zero.zero_optimizer(_workload_optimizer(model))
+    opt = zero.ZeroOptimizer(_workload_optimizer(model))
     for _ in range(steps):
         model(torch.randn(4, 8)).square().mean().backward()
         opt.step()
@@ -151,31 +151,69 @@ def _trained(steps: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
 
 def test_zero1_keeps_the_workloads_optimizer_class_groups_and_hyperparameters(gloo_group):
     model = _model()
-    opt = zero.zero_optimizer(_workload_optimizer(model))
+    before = [p.detach().clone() for p in model.parameters()]
+    opt = zero.ZeroOptimizer(_workload_optimizer(model))
     assert zero.is_zero(opt) and type(opt.optim) is torch.optim.AdamW
     assert [g["weight_decay"] for g in opt.param_groups] == [0.01, 0.0]
     assert all(g["betas"] == (0.8, 0.95) and g["lr"] == 1e-2 for g in opt.optim.param_groups)
     assert not zero.is_zero(_workload_optimizer(model))
+    # the parameters are views of one flat buffer now, with their values; the pieces cover them
+    (flat,) = opt.flats
+    assert all(p.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr() for p in model.parameters())
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert sum(piece.numel() for piece, *_ in opt.pieces) == sum(p.numel() for p in model.parameters())
+
+
+def test_zero1_steps_as_the_workloads_optimizer_does(gloo_group):
+    torch.manual_seed(1)
+    batches = [torch.randn(4, 8) for _ in range(3)]
+    models = []
+    for make in (lambda m: _workload_optimizer(m), lambda m: zero.ZeroOptimizer(_workload_optimizer(m))):
+        model = _model()
+        opt = make(model)
+        for x in batches:
+            model(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        models.append(model)
+    for a, b in zip(*(m.parameters() for m in models)):
+        assert torch.allclose(a, b, rtol=0, atol=1e-7)
 
 
 def test_a_zero1_shard_comes_back_as_saved_also_from_more_ranks(gloo_group, tmp_path):
     _, opt = _trained(3)
     opt.param_groups[1]["lr"] = 5e-3  # a scheduler's change: saved with the groups
     name, shard = zero.shard(opt, 0)
-    assert name == "optim-zero-0.pt" and sorted(shard["state"]) == [0, 1, 2, 3]
-    # as two ranks would have written it: each its half of the parameters' states
-    for rank in (0, 1):
-        torch.save({"state": {i: s for i, s in shard["state"].items() if i % 2 == rank},
-                    "param_groups": shard["param_groups"]}, tmp_path / f"optim-zero-{rank}.pt")
+    sizes = {0: 128, 1: 32, 2: 16, 3: 2}  # over the groups: weights (8x16, 16x2), then biases
+    assert name == "optim-zero-0.pt" and shard["ranges"] == {i: (0, n) for i, n in sizes.items()}
+    # as two ranks would have written it: the flat buffer (178) in halves of 89, so rank 0 holds the
+    # first 89 of parameter 0 and rank 1 the rest of it and every other parameter
+    def piece(i: int, start: int, stop: int) -> dict:
+        return {k: v[start:stop] if v.dim() else v for k, v in shard["state"][i].items()}
+
+    torch.save({"state": {0: piece(0, 0, 89)}, "ranges": {0: (0, 89)}, "param_groups": shard["param_groups"]},
+               tmp_path / "optim-zero-0.pt")
+    torch.save({"state": {0: piece(0, 89, 128), **{i: piece(i, 0, sizes[i]) for i in (1, 2, 3)}},
+                "ranges": {0: (89, 128), **{i: (0, sizes[i]) for i in (1, 2, 3)}},
+                "param_groups": shard["param_groups"]}, tmp_path / "optim-zero-1.pt")
     _, fresh = _trained(0)
     zero.load_shards(fresh, tmp_path)
     assert fresh.param_groups[1]["lr"] == fresh.optim.param_groups[1]["lr"] == 5e-3
     assert not fresh.state  # the wrapper keeps no second copy of the loaded state
-    # indexed over the groups, as torch's optimizer state dicts are
-    params = [p for g in fresh.param_groups for p in g["params"]]
-    for i, param in enumerate(params):
+    for piece_, _, i, _, _ in fresh.pieces:
         for key, value in shard["state"][i].items():
-            assert torch.equal(fresh.optim.state[param][key], value), (i, key)
+            assert torch.equal(fresh.optim.state[piece_][key], value), (i, key)
+    # a shard of whole parameters (no "ranges", each state the parameter's shape) reads too
+    params = [p for g in fresh.param_groups for p in g["params"]]
+    whole = {i: {k: v.reshape(params[i].shape) if v.dim() else v for k, v in s.items()}
+             for i, s in shard["state"].items()}
+    for path in tmp_path.glob("optim-zero-*.pt"):
+        path.unlink()
+    torch.save({"state": whole, "param_groups": shard["param_groups"]}, tmp_path / "optim-zero-0.pt")
+    _, fresh = _trained(0)
+    zero.load_shards(fresh, tmp_path)
+    assert all(torch.equal(fresh.optim.state[p][k], v) for p, _, i, _, _ in fresh.pieces
+               for k, v in shard["state"][i].items())
 
 
 def test_a_checkpoint_without_zero1_shards_is_one_line(gloo_group, tmp_path):
