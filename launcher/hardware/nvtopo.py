@@ -15,7 +15,7 @@ import re
 from collections.abc import Sequence
 
 from launcher.errors import TopologyError
-from launcher.hardware.types import DeviceSpec, Link, Nic
+from launcher.hardware.types import NETWORK_KINDS, DeviceSpec, Link, Nic
 from launcher.specs import GIB
 
 log = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ def inter_node_link(nics: Sequence[Nic]) -> Link:
     """The link a ring spanning nodes sees: the node's aggregate NIC bandwidth of the best kind.
     NCCL spreads its channels over all NICs of the fastest kind (one rail each), so a ring crossing
     nodes sees their sum (nccl-tests busbw); with one NIC, that NIC's rate."""
-    for kind in ("infiniband", "roce", "efa", "ethernet"):
+    for kind in NETWORK_KINDS:
         same = [n for n in nics if n.kind == kind]
         if not same:
             continue

@@ -21,7 +21,7 @@ import yaml
 
 from launcher.errors import TopologyError
 from launcher.files import atomic_write_text, read_yaml_capped, shown
-from launcher.hardware.types import DeviceSpec, Host, Link, Nic, Topology
+from launcher.hardware.types import NETWORK_KINDS, DeviceSpec, Host, Link, Nic, Topology
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,6 @@ _LINK_OPTIONAL = ("source",)
 _NIC_REQUIRED = ("name", "kind", "speed_gbit_s")
 _DTYPES = ("fp32", "tf32", "bf16", "fp16")
 _INTRA_KINDS = {"cuda": ("nvswitch", "nvlink", "pcie", "pcie-nop2p"), "cpu": ("shm",)}
-NETWORK_KINDS = ("infiniband", "roce", "efa", "ethernet")
 # Upper bounds far above any real machine: past them a number is a typo or a hostile file, and
 # planning with it would overflow or loop over absurd counts
 MAX_NODES = 100_000

@@ -15,13 +15,15 @@ from dataclasses import dataclass
 from launcher.errors import TopologyError
 from launcher.specs import DEVICES, check
 
+# between nodes, the fastest kind first (efa: AWS's Elastic Fabric Adapter)
+NETWORK_KINDS = ("infiniband", "roce", "efa", "ethernet")
 LINK_KINDS = (
     "nvswitch",  # every GPU pair through NVSwitch
     "nvlink",  # direct NVLink (bridges, meshes)
     "pcie",  # PCIe with peer-to-peer access
     "pcie-nop2p",  # PCIe, copies bounce through host memory
     "shm",  # processes on one host (CPU, gloo over shared memory / loopback)
-    "infiniband", "roce", "efa", "ethernet",  # between nodes (efa: AWS's Elastic Fabric Adapter)
+    *NETWORK_KINDS,
 )
 
 @dataclass(frozen=True, kw_only=True)

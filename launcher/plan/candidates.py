@@ -20,7 +20,7 @@ from launcher.plan.memory import estimate_memory
 from launcher.plan.offload import NO_HOST, host_fits
 from launcher.plan.step_probe import WorkloadTiming
 from launcher.plan.types import Candidate, Overrides, StepTimeEstimate
-from launcher.specs import CHECKPOINTING, DDP_KINDS, Goal, ModelProfile, Strategy
+from launcher.specs import CHECKPOINTING, DDP_KINDS, Goal, ModelProfile, Strategy, linear_units_ok
 from launcher.workload import no_tp_plan
 
 # Ties go to DDP (fewest moving parts), then to zero1 (DDP and a sharded optimizer, no hooks
@@ -223,8 +223,8 @@ def candidates(profile: ModelProfile, topology: Topology, goal: Goal, ov: Overri
     out = priced(sharded if unit == "linear" else kinds, False, unit)
     # FSDP units of linear layers only where nothing fits with a block per unit: a smaller gathered
     # peak for more collectives, before CPU offload trades the host link for the model state
-    if (ov.fsdp_unit is None and (ov.tp or 1) == 1 and not ov.compile and profile.linear_units_per_block > 1
-            and not any(c.fits for c in out)):
+    if (ov.fsdp_unit is None and linear_units_ok(strategy=ov.strategy, tp=ov.tp, compile=ov.compile)
+            and profile.linear_units_per_block > 1 and not any(c.fits for c in out)):
         out += priced(sharded, False, "linear")
     # CPU offload on GPUs only where nothing else fits: it trades the host link and the CPU's
     # optimizer step for the GPU memory of the model state

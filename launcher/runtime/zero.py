@@ -2,8 +2,9 @@
 data-parallel ranks, as Megatron-LM's distributed optimizer and nanotron's ZeRO-1 shard it, and its part of
 a checkpoint.
 
-- `ZeroOptimizer`: the parameters of each dtype move into one flat buffer (each parameter a view of it),
-  padded to a multiple of the world size; rank r owns the r-th contiguous 1/n of it. The workload's own
+- `ZeroOptimizer`: the parameters of each dtype and device move into one flat buffer (each parameter a
+  view of it, starting on an ALIGN boundary), padded to a multiple of the world size; rank r owns the r-th
+  contiguous 1/n of it. On an accelerator they pass through host memory, so setup holds them once. The workload's own
   optimizer (its class, groups and hyper-parameters, made again) steps the pieces of the parameters that fall
   in that range, each piece a view of the buffer given the matching piece of DDP's averaged gradient; then
   one all-gather (`all_gather_single`, in place) hands every rank every updated parameter. One
@@ -17,6 +18,9 @@ a checkpoint.
   joins each parameter's pieces (a state tensor as long as its piece is the piece's part; others, AdamW's
   step, are the same in each) and keeps this rank's: a checkpoint resumes at another world size. A shard
   without "ranges" holds whole parameters.
+- Only optimizers whose update of an element reads that element's gradient and state alone (ELEMENTWISE):
+  a piece may split a parameter, so a rule over a parameter's shape or norm (Adafactor's factored moments,
+  a trust ratio) would change; others are one line, exit 2.
 
 Never imports cli, backends, jobs or report; torch at module level.
 """
@@ -36,6 +40,11 @@ from launcher.errors import UsageError
 # all_gather_into_tensor's name from torch 2.13 on (the old one warns there)
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 SHARD = "optim-zero-{rank}.pt"
+ALIGN = 64  # elements: each parameter starts 256 B (fp32) into the buffer, where vectorised kernels read fastest
+# torch's optimizers whose step is per element (their subclasses too)
+ELEMENTWISE = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad, torch.optim.Adadelta,
+               torch.optim.Adamax, torch.optim.NAdam, torch.optim.RAdam, torch.optim.RMSprop, torch.optim.Rprop,
+               torch.optim.ASGD)
 SHARDS = "optim-zero-*.pt"
 
 
@@ -44,6 +53,11 @@ class ZeroOptimizer(torch.optim.Optimizer):
     docstring); UsageError when its class cannot be made again from its groups and defaults."""
 
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        cls = type(optimizer)
+        if not issubclass(cls, ELEMENTWISE):
+            raise UsageError(f"strategy zero1 steps pieces of the parameters, so it takes optimizers that update "
+                             f"each element on its own ({', '.join(c.__name__ for c in ELEMENTWISE)}); the workload's "
+                             f"is {cls.__name__}: use --strategy ddp or fsdp_full")
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         groups = [dict(g) for g in optimizer.param_groups]
         params = [p for g in groups for p in g["params"]]
@@ -52,14 +66,19 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self.flats: list[torch.Tensor] = []
         for kind in dict.fromkeys((p.dtype, p.device) for p in params):
             mine = [p for p in params if (p.dtype, p.device) == kind]
-            total = sum(p.numel() for p in mine)
-            flat = torch.zeros(-(-total // self.world) * self.world, dtype=kind[0], device=kind[1])
-            offset = 0
+            starts = [0]
             for p in mine:
-                flat[offset:offset + p.numel()].copy_(p.detach().reshape(-1))
-                p.data = flat[offset:offset + p.numel()].view_as(p)  # the parameter is now a view of the buffer
+                starts.append(-(-(starts[-1] + p.numel()) // ALIGN) * ALIGN)
+            # off the accelerator first: its old storage goes before the buffer comes
+            values = [p.detach().cpu() for p in mine]
+            for p in mine:
+                p.data = torch.empty(0, dtype=p.dtype, device=p.device) if p.device.type != "cpu" else p.data
+            flat = torch.zeros(-(-starts[-1] // self.world) * self.world, dtype=kind[0], device=kind[1])
+            for p, value, offset in zip(mine, values, starts, strict=False):
+                flat[offset:offset + value.numel()].copy_(value.reshape(-1))
+                p.data = flat[offset:offset + value.numel()].view_as(value)  # the parameter is now a view of it
                 at[id(p)] = (flat, offset)
-                offset += p.numel()
+            del values
             self.flats.append(flat)
         # this rank's pieces: (piece, its parameter, the parameter's index, start, stop within the parameter)
         self.pieces: list[tuple[torch.Tensor, torch.Tensor, int, int, int]] = []
@@ -77,7 +96,6 @@ class ZeroOptimizer(torch.optim.Optimizer):
                     held.append(piece)
                 index += 1
             local_groups.append({**{k: v for k, v in g.items() if k != "params"}, "params": held})
-        cls = type(optimizer)
         try:
             self.optim = cls(local_groups, **_constructor_kwargs(cls, optimizer.defaults))
         except (TypeError, ValueError) as e:
@@ -136,41 +154,56 @@ def shard(optimizer: ZeroOptimizer, rank: int) -> tuple[str, dict[str, Any]]:
     return SHARD.format(rank=rank), {"state": state, "ranges": ranges, "param_groups": _groups(optimizer)}
 
 
-def _piece_of(saved: list[tuple[int, int, dict[str, Any]]], start: int, stop: int) -> dict[str, Any]:
-    """[start, stop) of a parameter's state from its saved pieces ((start, stop, state), any ranks')."""
-    saved = sorted(saved, key=lambda s: s[0])
-    out: dict[str, Any] = {}
-    for key, first in saved[0][2].items():
-        if isinstance(first, torch.Tensor) and first.dim() > 0 and first.numel() == saved[0][1] - saved[0][0]:
-            out[key] = torch.cat([s[2][key].reshape(-1) for s in saved])[start:stop].clone()
-        else:  # the same on every piece (AdamW's step)
-            out[key] = first
-    return out
+def _per_element(key: str, value: Any, length: int) -> bool:
+    """Whether a piece's state value holds one number per element of a piece `length` long (torch's
+    optimizers keep their counter, the same on every piece, under "step", and torch's own load treats it apart)."""
+    return isinstance(value, torch.Tensor) and key != "step" and value.numel() == length
+
+
+def _cut(state: dict[str, Any], saved: tuple[int, int], kept: tuple[int, int]) -> dict[str, Any]:
+    """[kept) of a piece's state saved over [saved)."""
+    a, b = saved
+    return {k: v.reshape(-1)[kept[0] - a:kept[1] - a].clone() if _per_element(k, v, b - a) else v
+            for k, v in state.items()}
 
 
 def load_shards(optimizer: ZeroOptimizer, directory: Path) -> None:
-    """Every shard in `directory` into `optimizer`, keeping this rank's pieces' states."""
+    """Every shard in `directory` into `optimizer`, keeping this rank's pieces' states (each shard read
+    and let go in turn); ValueError when the shards do not cover a piece."""
     paths = sorted(directory.glob(SHARDS))
     if not paths:
         raise FileNotFoundError(f"no zero1 optimizer shards ({SHARDS}) in {directory.name}: "
                                 "saved under another strategy")
     params = [p for g in optimizer.param_groups for p in g["params"]]
-    saved: dict[int, list[tuple[int, int, dict[str, Any]]]] = {}
+    mine = {index: (start, stop) for _, _, index, start, stop in optimizer.pieces}
+    parts: dict[int, list[tuple[int, int, dict[str, Any]]]] = {}
     groups: list[dict[str, Any]] = []
     for path in paths:
-        content = torch.load(path, map_location="cpu", weights_only=True)
+        content = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         ranges = content.get("ranges", {})  # none: whole parameters
-        for index, state in content["state"].items():
-            start, stop = ranges.get(index, (0, params[index].numel()))
-            saved.setdefault(index, []).append((start, stop, state))
+        for index, held in content["state"].items():
+            saved, want = ranges.get(index, (0, params[index].numel())), mine.get(index, (0, 0))
+            lo, hi = max(saved[0], want[0]), min(saved[1], want[1])
+            if lo < hi:
+                parts.setdefault(index, []).append((lo, hi, _cut(held, saved, (lo, hi))))
         groups = content["param_groups"]
+        del content
     for group, kept in zip(optimizer.param_groups, groups, strict=True):
         group.update({k: v for k, v in kept.items() if k != "params"})
-    # torch's own load casts each value as its optimizer keeps it (AdamW's step on the CPU or the device)
+    state: dict[int, dict[str, Any]] = {}
     local: Any = optimizer.optim
     order = {id(piece): i for i, piece in enumerate(q for g in local.param_groups for q in g["params"])}
-    state = {order[id(piece)]: _piece_of(saved[index], start, stop)
-             for piece, _, index, start, stop in optimizer.pieces if index in saved}
+    for piece, _, index, start, stop in optimizer.pieces:
+        got = sorted(parts.get(index, []), key=lambda part: part[0])
+        if not got:
+            continue  # never stepped (no gradient yet): no state, as on every rank
+        if sum(hi - lo for lo, hi, _ in got) != stop - start:
+            raise ValueError(f"the zero1 shards hold {sum(hi - lo for lo, hi, _ in got)} of the {stop - start} "
+                             f"elements of parameter {index} this rank steps: saved from another model")
+        first_lo, first_hi, first = got[0]
+        state[order[id(piece)]] = {k: torch.cat([part[2][k] for part in got])
+                                   if _per_element(k, v, first_hi - first_lo) else v for k, v in first.items()}
+    # torch's own load casts each value as its optimizer keeps it (AdamW's step on the CPU or the device)
     local_groups = [{**g, **{k: v for k, v in kept.items() if k != "params"}}
                     for g, kept in zip(_groups(local), groups, strict=True)]
     local.load_state_dict({"state": state, "param_groups": local_groups})

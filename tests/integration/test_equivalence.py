@@ -75,8 +75,8 @@ def test_fsdp_with_cpu_offload_and_linear_units_matches_one_process(single, tmp_
 
 
 def test_zero1_on_4_ranks_matches_one_process(single, tmp_path):
-    """ZeRO-1 (DDP's all-reduce, each rank stepping a quarter of the parameters and broadcasting
-    them) on 4 ranks x micro-batch 2. On 2 ranks zero1's losses are DDP's bit for bit
+    """ZeRO-1 (DDP's all-reduce, each rank stepping an even quarter of the flat parameters, one
+    all-gather) on 4 ranks x micro-batch 2. On 2 ranks zero1's losses are DDP's bit for bit
     (tests/integration/test_resume.py, across a restart)."""
     got = train(tmp_path / "run", gpus=4, strategy="zero1", accum=1)
     worst = worst_relative(single, got)

@@ -16,7 +16,7 @@ RUNTIME = REPO / "launcher" / "runtime"
 TORCH_FREE = ("entry", "doctor_rank", "bootstrap", "context", "preemption", "recorder", "meter")
 # behind the door, these alone are imported where they are needed (the costs: runtime/__init__)
 HEAVY = ("torch._dynamo", "torch.distributed.checkpoint", "torch.distributed.tensor",
-         "torch.distributed.fsdp", "torch.distributed.optim")
+         "torch.distributed.fsdp")
 
 
 def test_what_a_rank_imports_before_its_recorder_loads_no_torch():

@@ -186,8 +186,8 @@ def test_a_zero1_shard_comes_back_as_saved_also_from_more_ranks(gloo_group, tmp_
     name, shard = zero.shard(opt, 0)
     sizes = {0: 128, 1: 32, 2: 16, 3: 2}  # over the groups: weights (8x16, 16x2), then biases
     assert name == "optim-zero-0.pt" and shard["ranges"] == {i: (0, n) for i, n in sizes.items()}
-    # as two ranks would have written it: the flat buffer (178) in halves of 89, so rank 0 holds the
-    # first 89 of parameter 0 and rank 1 the rest of it and every other parameter
+    # as two ranks would have written it: rank 0 the first 89 elements of parameter 0, rank 1 the rest
+    # of it and every other parameter
     def piece(i: int, start: int, stop: int) -> dict:
         return {k: v[start:stop] if v.dim() else v for k, v in shard["state"][i].items()}
 
@@ -214,6 +214,44 @@ def test_a_zero1_shard_comes_back_as_saved_also_from_more_ranks(gloo_group, tmp_
     zero.load_shards(fresh, tmp_path)
     assert all(torch.equal(fresh.optim.state[p][k], v) for p, _, i, _, _ in fresh.pieces
                for k, v in shard["state"][i].items())
+
+
+def test_zero1_takes_elementwise_optimizers_only_and_aligns_each_parameter(gloo_group):
+    model = _model()
+    with pytest.raises(UsageError, match="update each element on its own.*Adafactor: use --strategy ddp"):
+        zero.ZeroOptimizer(torch.optim.Adafactor(model.parameters()))
+    opt = zero.ZeroOptimizer(_workload_optimizer(model))
+    (flat,) = opt.flats
+    assert all((p.data_ptr() - flat.data_ptr()) // 4 % zero.ALIGN == 0 for p in model.parameters())
+
+
+def test_shards_that_miss_part_of_a_piece_are_a_value_error(gloo_group, tmp_path):
+    _, opt = _trained(1)
+    _, shard = zero.shard(opt, 0)
+    cut = {k: v[:100] if v.dim() else v for k, v in shard["state"][0].items()}
+    torch.save({"state": {**shard["state"], 0: cut}, "ranges": {**shard["ranges"], 0: (0, 100)},
+                "param_groups": shard["param_groups"]}, tmp_path / "optim-zero-0.pt")
+    _, fresh = _trained(0)
+    with pytest.raises(ValueError, match="hold 100 of the 128 elements of parameter 0"):
+        zero.load_shards(fresh, tmp_path)
+
+
+def test_an_old_shard_of_a_scalar_parameter_steps_again(gloo_group, tmp_path):
+    # shards written before the pieces hold whole parameters in their own shape: a scalar's state is 0-dim
+    model = torch.nn.Linear(4, 1)
+    model.register_parameter("scale", torch.nn.Parameter(torch.tensor(2.0)))
+    opt = zero.ZeroOptimizer(torch.optim.AdamW(model.parameters(), lr=1e-2))
+    (model(torch.randn(2, 4)) * model.scale).sum().backward()
+    opt.step()
+    _, shard = zero.shard(opt, 0)
+    shapes = [p.shape for p in model.parameters()]
+    whole = {i: {k: v.reshape(shapes[i]) if k != "step" else v for k, v in st.items()}
+             for i, st in shard["state"].items()}
+    assert whole[2]["exp_avg"].dim() == 0
+    torch.save({"state": whole, "param_groups": shard["param_groups"]}, tmp_path / "optim-zero-0.pt")
+    zero.load_shards(opt, tmp_path)
+    (model(torch.randn(2, 4)) * model.scale).sum().backward()
+    opt.step()  # the scalar's moments came back as its 1-element piece's
 
 
 def test_a_checkpoint_without_zero1_shards_is_one_line(gloo_group, tmp_path):
