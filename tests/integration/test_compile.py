@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from tests.helpers import DATA, REPO, assert_one_line_error, rank_losses, run_dlaunch_together, run_result
+from tests.helpers import DATA, REPO, assert_one_line_error, rank_losses, run_result
 
 MLP = str(REPO / "workloads" / "mlp.py")
 # shared across test sessions (git-ignored): a warm cache turns 20-30 s compiles into 3-7 s
@@ -17,20 +17,19 @@ INDUCTOR_CACHE = os.environ.get("DLAUNCH_TEST_INDUCTOR_CACHE",
                                 str(REPO / ".pytest_cache" / "dlaunch-inductor"))
 
 
-MLP_RUN = ["run", MLP, "--gpus", "2", "--strategy", "ddp", "--precision", "fp32", "--micro-batch", "8",
-           "--steps", "6", "--warmup-steps", "1", "--no-calibrate"]
+def run_mlp(dlaunch, run_dir, *extra):
+    done = dlaunch("run", MLP, "--gpus", "2", "--strategy", "ddp", "--precision", "fp32",
+                   "--micro-batch", "8", "--steps", "6", "--warmup-steps", "1", "--no-calibrate",
+                   "--run-dir", str(run_dir), *extra, env={"TORCHINDUCTOR_CACHE_DIR": INDUCTOR_CACHE})
+    assert done.code == 0, done.out + done.err
+    return done
 
 
 @pytest.mark.distributed
-def test_compiled_ddp_matches_eager(tmp_path, monkeypatch):
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", INDUCTOR_CACHE)
-    # at once: the eager run's start-up overlaps the compile (the losses do not depend on timing);
+def test_compiled_ddp_matches_eager(dlaunch, tmp_path):
+    run_mlp(dlaunch, tmp_path / "eager")
     # strict: fullgraph=True, so any graph break would fail the run
-    runs = run_dlaunch_together({"eager": ([*MLP_RUN, "--no-compile"], tmp_path / "eager"),
-                                 "compiled": ([*MLP_RUN, "--compile-strict"], tmp_path / "compiled")},
-                                tmp_path, timeout=300)
-    for _, code, text in runs.values():
-        assert code == 0, text
+    done = run_mlp(dlaunch, tmp_path / "compiled", "--compile-strict")
     eager, compiled = rank_losses(tmp_path / "eager"), rank_losses(tmp_path / "compiled")
     # Inductor fuses and reorders fp32 arithmetic: 1e-7 relative measured, fp32's bar is 1e-4
     worst = max(abs(a - b) / abs(a) for a, b in zip(eager, compiled))
@@ -39,7 +38,7 @@ def test_compiled_ddp_matches_eager(tmp_path, monkeypatch):
     r0 = result["ranks"][0]
     assert r0["compiled_graphs"] >= 1 and r0["graph_breaks"] == 0 and r0["recompiles"] == 0
     assert r0["compile_fallback"] is None
-    assert "compile: 1 graph(s), 0 graph break(s), 0 recompilation(s) on rank 0" in runs["compiled"][2]
+    assert "compile: 1 graph(s), 0 graph break(s), 0 recompilation(s) on rank 0" in done.out
 
 
 @pytest.mark.distributed
