@@ -43,6 +43,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import importlib.util
+import inspect
 import io
 import itertools
 import logging
@@ -337,6 +338,15 @@ def load_workload(path: str | Path, args: Sequence[str] = ()) -> Workload:
                             "e.g. {\"attention\": \"fa2\", \"loss\": \"fused\"}")
     return Workload(path=p, module=module, cfg=cfg, defaults=defaults, kernels=dict(kernels),
                     sample_units=str(getattr(module, "SAMPLE_UNITS", "samples")), units_per_sample=units)
+
+
+def optimizer_kwargs(cls: type, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings (a group's, an optimizer's defaults) `cls`'s constructor takes: all under **kwargs;
+    AdamW's `decoupled_weight_decay` is a default, not an argument."""
+    params = inspect.signature(cls).parameters  # the constructor's, without self
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return dict(settings)
+    return {k: v for k, v in settings.items() if k in params}
 
 
 def batch_norms(model: Any) -> list[Any]:

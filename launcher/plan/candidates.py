@@ -91,13 +91,13 @@ def check_forced(ov: Overrides, profile: ModelProfile, topology: Topology) -> No
                         "(tensor parallelism stays inside a node); use a divisor or drop --tp")
 
 
-def tp_degrees(kind: str, profile: ModelProfile, topology: Topology, ov: Overrides) -> list[int]:
-    """The TP degrees to try with strategy `kind`: the forced one; else on GPUs 1 and, for
-    TP_KINDS, each of the workload's degrees that divides the GPUs per node (tensor parallelism
-    over NVLink only); CPU plans try TP only when forced."""
+def tp_degrees(kind: str, profile: ModelProfile, topology: Topology, ov: Overrides, unit: str = "block") -> list[int]:
+    """The TP degrees to try with strategy `kind` and FSDP `unit`: the forced one; else on GPUs 1
+    and, for TP_KINDS, each of the workload's degrees that divides the GPUs per node (tensor
+    parallelism over NVLink only); CPU plans try TP only when forced; linear units run without it."""
     if ov.tp is not None:
         return [ov.tp] if ov.tp == 1 or kind not in DDP_KINDS else []
-    if topology.device != "cuda" or kind not in TP_KINDS:
+    if topology.device != "cuda" or kind not in TP_KINDS or unit == "linear":  # linear_units_ok
         return [1]
     return [1] + [d for d in profile.tp_degrees if d > 1 and topology.devices_per_node % d == 0]
 
@@ -182,9 +182,9 @@ def candidates(profile: ModelProfile, topology: Topology, goal: Goal, ov: Overri
         nonlocal skipped
         out = []
         for kind in kinds:
-            # linear units: FSDP's hooks on each linear layer, so neither compiled blocks nor TP
+            # linear units: FSDP's hooks on each linear layer, so no compiled blocks
             compiled = unit == "block" and compiles(kind, topology, ov, compile_check)
-            for tp in tp_degrees(kind, profile, topology, ov) if unit == "block" else [1]:
+            for tp in tp_degrees(kind, profile, topology, ov, unit):
                 group = shard_group_size(kind, topology, tp)
                 if tp == 1:
                     tp_batches = batches

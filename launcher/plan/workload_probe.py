@@ -9,12 +9,11 @@ missing from the cache needs it).
 
 from __future__ import annotations
 
-import inspect
 import logging
 from typing import Any
 
 from launcher.errors import WorkloadError
-from launcher.workload import Workload
+from launcher.workload import Workload, optimizer_kwargs
 
 log = logging.getLogger(__name__)
 
@@ -29,9 +28,8 @@ def _probe_state_bytes(cls: type, settings: dict[str, Any]) -> float:
     CPU tensor: tensors the size of the parameter (momentum, exp_avg), not scalar counters."""
     import torch
 
-    accepted = inspect.signature(cls).parameters
     probe = torch.zeros(PROBE_NUMEL, requires_grad=True)
-    optimizer = cls([probe], **{k: v for k, v in settings.items() if k in accepted})
+    optimizer = cls([probe], **optimizer_kwargs(cls, settings))
     probe.grad = torch.ones(PROBE_NUMEL)
     optimizer.step()
     return sum(t.numel() * t.element_size() for state in optimizer.state.values()

@@ -27,7 +27,6 @@ Never imports cli, backends, jobs or report; torch at module level.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeGuard
@@ -36,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from launcher.errors import UsageError
+from launcher.workload import optimizer_kwargs
 
 # all_gather_into_tensor's name from torch 2.13 on (the old one warns there)
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -97,7 +97,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 index += 1
             local_groups.append({**{k: v for k, v in g.items() if k != "params"}, "params": held})
         try:
-            self.optim = cls(local_groups, **_constructor_kwargs(cls, optimizer.defaults))
+            self.optim = cls(local_groups, **optimizer_kwargs(cls, optimizer.defaults))
         except (TypeError, ValueError) as e:
             raise UsageError(f"strategy zero1 makes the workload's optimizer {cls.__name__} again on "
                              f"each rank's share of the parameters, from its param groups and "
@@ -126,14 +126,6 @@ class ZeroOptimizer(torch.optim.Optimizer):
 def is_zero(optimizer: torch.optim.Optimizer) -> TypeGuard[ZeroOptimizer]:
     """Whether `optimizer` is zero1's (its state is saved as shards, not through DCP)."""
     return isinstance(optimizer, ZeroOptimizer)
-
-
-def _constructor_kwargs(cls: type, defaults: dict[str, Any]) -> dict[str, Any]:
-    """The defaults `cls` takes (AdamW's `decoupled_weight_decay` is a default, not an argument)."""
-    params = inspect.signature(cls).parameters  # the constructor's, without self
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return dict(defaults)
-    return {k: v for k, v in defaults.items() if k in params}
 
 
 def _groups(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:

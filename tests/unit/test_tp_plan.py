@@ -186,6 +186,8 @@ def test_cpu_plans_propose_tp_only_when_forced():
     assert tp_degrees("fsdp_full", llama(), cpu, Overrides(tp=2)) == [2]
     assert tp_degrees("ddp", llama(), gpus(), Overrides()) == [1]
     assert tp_degrees("hybrid", llama(), gpus(per_node=4), Overrides()) == [1, 2, 4]
+    # FSDP units per linear layer: TP's plan would rewrite the layers the units hook
+    assert tp_degrees("hybrid", llama(), gpus(per_node=4), Overrides(), "linear") == [1]
 
 
 TP_WORKLOAD = """
