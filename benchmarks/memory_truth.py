@@ -3,7 +3,8 @@ optimizer + activations + FSDP's unsharded units, `plan.memory.estimate_memory`,
 plan` calls it) against the measured peak of live tensor bytes, for each strategy the runtime
 builds (DDP, ZeRO-1 on two and four ranks, FSDP2 on two ranks, FSDP2 on one, full activation checkpointing, bf16,
 torch.compile)
-on gpt tiny, a Hugging Face GPT-2 (workloads/hf_causal_lm.py, `tiny-gpt2`) and ResNet.
+on gpt tiny, a Hugging Face GPT-2 (workloads/hf_causal_lm.py, `tiny-gpt2`) and ResNet; FSDP's unit on a wide
+gpt; attention written out (gpt.py `--attention eager`), whose scores are a share of what backward keeps.
 
     .venv/bin/python benchmarks/memory_truth.py                # the strategy table (CPU)
     .venv/bin/python benchmarks/memory_truth.py --only gpt     # cases whose label has "gpt"
@@ -79,6 +80,11 @@ WIDE = Model(label="gpt wide, 16 tokens", file="gpt.py", micro_batch=1,
                    "--vocab", "256"))
 
 
+# attention written out (`--attention eager`): its scores, held for backward, a share of the activations
+EAGER = Model(label="gpt eager attention, 512 tokens", file="gpt.py", micro_batch=2,
+              args=("--attention", "eager", "--seq-len", "512"))
+
+
 def strategy_cases(models: list[Model]) -> list[Case]:
     """Every strategy the issue names, for each model: DDP fp32, bf16 autocast, full
     checkpointing, compile; ZeRO-1 on two ranks, fp32 and bf16 autocast, and on four in fp32; FSDP full on one and
@@ -96,7 +102,9 @@ def strategy_cases(models: list[Model]) -> list[Case]:
                 Case(model=m, kind="fsdp_full", fsdp_unit="linear", world=2),
                 Case(model=m, kind="fsdp_full", precision="bf16", fsdp_unit="linear", world=2)]
     return out + [Case(model=WIDE, kind="fsdp_full", precision=p, fsdp_unit=u, world=2)
-                  for p in ("fp32", "bf16") for u in ("block", "linear")]
+                  for p in ("fp32", "bf16") for u in ("block", "linear")] + [
+        Case(model=EAGER), Case(model=EAGER, precision="bf16"), Case(model=EAGER, checkpointing=True),
+        Case(model=EAGER, kind="fsdp_full", world=2), Case(model=EAGER, kind="fsdp_full", precision="bf16", world=2)]
 
 
 def _free_port() -> int:

@@ -119,7 +119,8 @@ class RunSettings:
     attention_kernel: str | None = knob(
         None, "--attention-kernel", "the attention kernel the model calls: sdpa (PyTorch's "
         "scaled_dot_product_attention), fa2 (the flash-attn package), triton-fa (Triton "
-        "FlashAttention)" + _KERNEL.format("sdpa"), choices=ATTENTION_KERNELS)
+        "FlashAttention), eager (written out: q @ k^T, softmax, @ v; Hugging Face's attn_implementation=\"eager\")"
+        + _KERNEL.format("sdpa"), choices=ATTENTION_KERNELS)
     loss_kernel: str | None = knob(
         None, "--loss-kernel", "the loss over the vocabulary: eager (F.cross_entropy), fused (one kernel that saves no "
         "log-softmax: flash-attn's or Liger's cross entropy)" + _KERNEL.format("eager"), choices=LOSS_KERNELS)

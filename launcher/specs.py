@@ -59,17 +59,17 @@ SWEEP_MODES = ("weak", "strong")  # `dlaunch scale --mode`
 CHECKPOINTING = ("none", "selective", "every-other", "full")
 TRACKERS = ("tensorboard", "mlflow", "wandb")  # `dlaunch run --log-to` (launcher.results.trackers)
 # kernels a run calls where the meta-device profile cannot tell (it records the op, not its implementation):
-# attention (PyTorch SDPA; flash-attn 2; Triton FlashAttention, flash_attn_triton), the loss (cross entropy as
-# eager aten ops; flash-attn's fused cross entropy) and the norms (as autocast runs them, in fp32; in the compute
-# dtype, llm-foundry's low_precision_layernorm). The cost model prices each (launcher.plan.attention:
-# ATTENTION_CURVES; launcher.plan.cost: FUSED_LOSS_PASSES, NORM_AUTOCAST_BYTES).
+# attention (PyTorch SDPA; flash-attn 2; Triton FlashAttention, flash_attn_triton; written out, eager), the loss
+# (cross entropy as eager aten ops; flash-attn's fused cross entropy) and the norms (as autocast runs them, in
+# fp32; in the compute dtype, llm-foundry's low_precision_layernorm). The cost model prices each (plan.attention:
+# ATTENTION_CURVES, EAGER_HEAD_DIM; launcher.plan.cost: FUSED_LOSS_PASSES, NORM_AUTOCAST_BYTES).
 # selective checkpointing's save list, by aten op name (torchtitan's `_save_list`, plus addmm, a linear with a
 # bias, and CPU's flash kernel): every second matmul's output is saved, the others' always; the rest recomputed.
 # launcher.runtime.wrap applies it, launcher.plan.profile_passes measures what it keeps
 SELECTIVE_SAVED_MATMULS = ("mm", "addmm")
 SELECTIVE_SAVED_OPS = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
                        "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu", "max")
-ATTENTION_KERNELS = ("sdpa", "fa2", "triton-fa")
+ATTENTION_KERNELS = ("sdpa", "fa2", "triton-fa", "eager")
 LOSS_KERNELS = ("eager", "fused")
 NORM_KERNELS = ("eager", "low-precision")
 # `dlaunch tune` trials without --steps: at least TRIAL_STEPS, or enough to time TRIAL_TIMED_S
@@ -143,6 +143,9 @@ class ModelProfile:
     # what SDPA saves beyond flash attention's where it runs its math path (attention with dropout on CPU, whose
     # flash kernel takes none; CUDA's does), per sample at the profiled dtype; 0 = none, or not profiled
     math_attention_bytes_per_sample: float = 0.0
+    # attention written out (kernel "eager"): the bytes of the scores its softmaxes output, per sample at the
+    # profiled dtype, of the activation bytes above (held by softmax's backward and the next matmul); 0 = none
+    attention_scores_bytes_per_sample: float = 0.0
     # of one block's saved-for-backward bytes, the share selective checkpointing keeps: the outputs of the ops its
     # save list names (SELECTIVE_SAVED_MATMULS, every second; SELECTIVE_SAVED_OPS), measured on the first block;
     # None = not profiled (launcher.plan.checkpointing's SELECTIVE_SAVED_SHARE then)

@@ -10,7 +10,9 @@ Two block styles:
 
 Any preset's shape and style can be changed: `--dim --layers --heads --kv-heads --ffn --vocab
 --seq-len` (0 keeps the preset's), `--norm rmsnorm|layernorm`, `--mlp swiglu|gelu`,
-`--pos rope|learned` ("" keeps the preset's), `--tie-embeddings`, `--bias`.
+`--pos rope|learned` ("" keeps the preset's), `--tie-embeddings`, `--bias`; `--attention eager`
+writes attention out (q @ k^T, mask, softmax, @ v, as Hugging Face's "eager" and Megatron-LM's
+unfused path run it) instead of PyTorch's scaled_dot_product_attention (`sdpa`, the default).
 
 The large presets are for planning: `dlaunch plan workloads/gpt.py -- --size llama3-70b` builds
 them on the meta device only. Data is synthetic but learnable: each sequence follows
@@ -51,10 +53,11 @@ PRESETS = {
 LLAMA_STYLE = {"norm": "rmsnorm", "mlp": "swiglu", "pos": "rope", "tied": False, "bias": False}
 MPT_STYLE = {"norm": "layernorm", "mlp": "gelu", "pos": "learned", "tied": True, "bias": True}
 CHOICES = {"norm": ("rmsnorm", "layernorm"), "mlp": ("swiglu", "gelu"), "pos": ("rope", "learned")}
+ATTENTION = ("sdpa", "eager")
 
 DEFAULTS = {"size": "tiny", "seq_len": 0, "vocab": 0, "dim": 0, "layers": 0, "heads": 0,
             "kv_heads": 0, "ffn": 0, "norm": "", "mlp": "", "pos": "", "tie_embeddings": False,
-            "bias": False}
+            "bias": False, "attention": "sdpa"}
 SAMPLE_UNITS = "tokens"
 
 
@@ -78,6 +81,9 @@ def _shape(cfg):
         seq_len=cfg.seq_len or seq, tied=style["tied"] or getattr(cfg, "tie_embeddings", False),
         bias=style["bias"] or getattr(cfg, "bias", False),
         norm=style["norm"], mlp=style["mlp"], pos=style["pos"])
+    if getattr(cfg, "attention", "sdpa") not in ATTENTION:
+        raise ValueError(f"--attention {cfg.attention!r}: choose from {', '.join(ATTENTION)}")
+    shape.attention = getattr(cfg, "attention", "sdpa")
     if shape.dim % shape.heads or shape.heads % shape.kv_heads:
         raise ValueError(f"--dim {shape.dim} must split into --heads {shape.heads}, and heads "
                          f"into --kv-heads {shape.kv_heads} groups")
@@ -108,7 +114,7 @@ class Attention(nn.Module):
     def __init__(self, s):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = s.heads, s.kv_heads, s.dim // s.heads
-        self.rope = s.pos == "rope"
+        self.rope, self.eager = s.pos == "rope", s.attention == "eager"
         self.wq = nn.Linear(s.dim, s.dim, bias=s.bias)
         self.wk = nn.Linear(s.dim, s.kv_heads * self.head_dim, bias=s.bias)
         self.wv = nn.Linear(s.dim, s.kv_heads * self.head_dim, bias=s.bias)
@@ -126,7 +132,12 @@ class Attention(nn.Module):
         if self.kv_heads != self.heads:
             rep = self.heads // self.kv_heads  # the same locally: tp divides both head counts
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if self.eager:
+            scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)
+            causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+            y = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1) @ v
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.wo(y.transpose(1, 2).reshape(b, t, -1))
 
 

@@ -135,6 +135,7 @@ def workload_args(row: Mapping[str, Any]) -> list[str]:
         args += [f"--{key.replace('_', '-')}", str(s[key])]
     args += ["--norm", s["norm"], "--mlp", s["mlp"],
              "--pos", "learned" if s["pos"] in ("learned", "alibi") else s["pos"]]
+    args += ["--attention", "eager"] if row["attention_kernel"] == "eager" else []  # the source's model writes it out
     return args + (["--tie-embeddings"] if s["tied_embeddings"] else [])
 
 

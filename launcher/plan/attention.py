@@ -2,7 +2,7 @@
 SDPA reach at each sequence length on an architecture (ATTENTION_CURVES), a training run's attention
 against its kernel's benchmark (ATTENTION_RUN_SCALE), backward against forward in FLOPs
 (ATTENTION_BWD_FACTOR) and in rate (ATTENTION_FWD_OVER_BWD), which `cost.forward_pass` prices
-attention FLOPs with.
+attention FLOPs with; attention written out ("eager") is matmuls, priced as such (EAGER_HEAD_DIM).
 
 Pure arithmetic: no torch, no I/O; never imports cli, backends, jobs, runtime, results or report.
 """
@@ -97,6 +97,15 @@ ATTENTION_BWD_FACTOR = 2.5
 # benchmark_flash_attention.py prints 1.01-1.06 at 2k-8k). SDPA: its flash backend is FA2's code
 # (assumed on an H100, where dlaunch measured forward+backward together).
 ATTENTION_FWD_OVER_BWD = {"fa2": 1.1, "triton-fa": 1.7, "sdpa": 1.1}
+# Attention written out (q @ k^T, mask, softmax, @ v: Hugging Face's "eager", nanoGPT's slow path,
+# nn.MultiheadAttention with its weights) runs no attention kernel: the two matmuls compute the
+# whole s x s (the causal mask is applied after: twice flash's FLOPs), backward two matmuls for
+# each (2x), as batched GEMMs whose short side is the head dim (`gemm.gemm_efficiency` at this
+# width: the curves' head dim, an assumption); the mask, softmax and dropout over the scores are
+# memory-bound work over the probabilities the profile saw the model save. Checked: on an A100 at
+# 2k tokens this is 6x flash's time, inside the 3-10x the FA2 paper measured against PyTorch's
+# standard attention (arXiv 2307.08691, section 4.1).
+EAGER_HEAD_DIM = 128
 
 
 def forward_share(kernel: str) -> float:

@@ -9,7 +9,8 @@ One micro-batch's forward on a GPU is the sum of three kinds of work, each at it
   w/(w + GEMM_HALF_WIDTH) for model width w and t/(t + GEMM_HALF_TOKENS) for t tokens per
   micro-batch: narrow models and short micro-batches run far below peak;
 - attention (causal: half the profiled 4 s^2 d FLOPs per block) at the rate the profile's
-  `attention_kernel` reaches at that sequence length on that architecture (`attention`);
+  `attention_kernel` reaches at that sequence length on that architecture (`attention`); written
+  out ("eager"), all of them as narrow matmuls;
 - memory-bound work (norms, activations, residual adds, casts, rotary, loss) proportional to the
   activation bytes the forward saves, over the HBM bandwidth (`hbm`; MEMORY_PASSES round trips per
   saved byte, fewer with torch.compile; a fused loss and low-precision norms by their constants).
@@ -39,7 +40,7 @@ import math
 from dataclasses import dataclass
 
 from launcher.hardware.types import DeviceSpec, Topology
-from launcher.plan.attention import ATTENTION_BWD_FACTOR, attention_efficiency, forward_share
+from launcher.plan.attention import ATTENTION_BWD_FACTOR, EAGER_HEAD_DIM, attention_efficiency, forward_share
 from launcher.plan.checkpointing import recompute_share as mode_recompute
 from launcher.plan.collectives import ddp_comm, dp_topology, sharded_comm, tp_comm_s, zero1_sync_s
 from launcher.plan.cpu_cost import cpu_forward, cpu_step_time
@@ -160,10 +161,13 @@ def forward_pass(profile: ModelProfile, strategy: Strategy, micro_batch: int, de
             / gemm_efficiency(device, width, tokens, strategy.precision)
             + head / gemm_efficiency(device, math.inf, tokens, strategy.precision)
             ) / tp * micro_batch / peak
-    # causal: half the profiled FLOPs, at the curve's forward+backward rate, split by kernel
-    attention_fwd_bwd = (1 + ATTENTION_BWD_FACTOR) * 0.5 * attn / tp * micro_batch / (
-        peak * attention_efficiency(device, profile.units_per_sample, profile.attention_kernel))
-    attention = attention_fwd_bwd * forward_share(profile.attention_kernel)
+    if profile.attention_kernel == "eager":  # all the profiled FLOPs as matmuls, backward twice them
+        attention = attn / tp * micro_batch / peak / gemm_efficiency(device, EAGER_HEAD_DIM, tokens, strategy.precision)
+        attention_fwd_bwd = 3 * attention
+    else:  # causal: half the profiled FLOPs, at the curve's forward+backward rate, split by kernel
+        attention_fwd_bwd = (1 + ATTENTION_BWD_FACTOR) * 0.5 * attn / tp * micro_batch / (
+            peak * attention_efficiency(device, profile.units_per_sample, profile.attention_kernel))
+        attention = attention_fwd_bwd * forward_share(profile.attention_kernel)
     passes = MEMORY_PASSES * (COMPILE_MEMORY_FACTOR if strategy.compile else 1.0)
     # the profile measured fp32 tensors; the traffic moves at the compute dtype (whatever
     # autocast keeps in fp32 is small next to the matmul inputs and outputs)

@@ -141,7 +141,8 @@ def cpu_forward(profile: ModelProfile, strategy: Strategy, micro_batch: int, top
     """One micro-batch on one CPU rank (see the module docstring)."""
     rates, share = rates_of(topology.accelerator, topology), core_share(topology, "gemm")
     prec = rates.dtype(strategy.precision)
-    attn_flops = profile.attention_flops_fwd_per_sample * micro_batch
+    # attention written out ("eager") is matmuls and a softmax: priced as the matmuls and memory traffic they are
+    attn_flops = 0.0 if profile.attention_kernel == "eager" else profile.attention_flops_fwd_per_sample * micro_batch
     conv_flops = profile.conv_flops_fwd_per_sample * micro_batch
     gemm_flops = max(0.0, profile.flops_fwd_per_sample * micro_batch - attn_flops - conv_flops)
     # one thread's GEMM FLOP/s at `rows` rows: the uses of each weight per micro-batch (FLOPs / 2 x params)

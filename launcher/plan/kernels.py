@@ -30,6 +30,8 @@ from launcher.specs import ModelProfile
 # the field of each role on ModelProfile, RunSettings (the flag's knob) and Overrides
 KNOBS: Mapping[str, str] = {role: f"{role}_kernel" for role in ROLES}
 SDPA = "torch.nn.functional.scaled_dot_product_attention"
+# a softmax over a square of scores (..., s, s): attention written out (profile_passes records it by this name)
+SCORES_SOFTMAX = "torch.nn.functional.softmax"
 # the torch functions the profile records when the model calls them (`profile_passes`)
 WATCHED_FUNCTIONS = (SDPA, "torch.nn.functional.cross_entropy", "torch.nn.functional.layer_norm",
                      "torch.nn.functional.rms_norm")
@@ -60,6 +62,8 @@ def kernel_of(name: str) -> tuple[str, str] | None:
     "module.Class" (a module of the model, or an autograd Function of its graph)."""
     if name == SDPA:
         return "attention", "sdpa"
+    if name == SCORES_SOFTMAX:
+        return "attention", "eager"
     if name in WATCHED_FUNCTIONS:
         return ("loss", "eager") if name.endswith("cross_entropy") else ("norm", "eager")
     if name.startswith("flash_attn::"):  # flash-attn's ops (torch.library): its attention
@@ -81,11 +85,13 @@ def kernel_of(name: str) -> tuple[str, str] | None:
 
 def detected(names: Iterable[str]) -> dict[str, str]:
     """role -> the kernel the names show, for each role they show one; a fused or package
-    kernel wins over the default one (a model that calls both is priced by the one it chose)."""
+    kernel wins over the default one (a model that calls both is priced by the one it chose),
+    and both over attention written out (a softmax of scores beside SDPA: weights kept aside)."""
     seen: dict[str, set[str]] = {}
     for role, kernel in filter(None, map(kernel_of, names)):
         seen.setdefault(role, set()).add(kernel)
-    return {role: next((k for k in ROLES[role][1:] if k in kernels), ROLES[role][0]) for role, kernels in seen.items()}
+    return {role: sorted(kernels, key=lambda k: (k == "eager", k == ROLES[role][0], ROLES[role].index(k)))[0]
+            for role, kernels in seen.items()}
 
 
 def workload_kernels(profile: ModelProfile, table: Mapping[str, str],
@@ -122,8 +128,9 @@ def assumed_spread(kernels: Mapping[str, PricedKernel],
     for role, k in kernels.items():
         if k.source != "default":
             continue
+        # attention written out is never the unseen one: a profile that traced the model saw its softmax
         ratios = {alt: step_s({**kernels, role: PricedKernel(kernel=alt, source="default")}) / base
-                  for alt in ROLES[role] if alt != k.kernel}
+                  for alt in ROLES[role] if alt != k.kernel and (role, alt) != ("attention", "eager")}
         if all(abs(r - 1) < 1e-9 for r in ratios.values()):
             continue  # the model has no such work (no attention in an MLP): nothing assumed matters
         low, high = low * min(1.0, *ratios.values()), high * max(1.0, *ratios.values())

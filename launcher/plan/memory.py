@@ -101,6 +101,10 @@ COMPUTE_DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 AUTOCAST_ACTIVATION_FACTOR = 0.7
 # Checkpointed block inputs are that residual stream, fp32 under autocast: no discount.
 AUTOCAST_BLOCK_INPUT_FACTOR = 1.0
+# - Attention written out (`profile.attention_scores_bytes_per_sample`): CUDA's autocast runs softmax in fp32
+#   (torch.amp's op list), kept for its backward beside the next matmul's bf16 cast: 4 + 2 B a score where fp32
+#   keeps one 4-B tensor; CPU's runs it in bf16 (measured: its saved tensors), 2 B.
+AUTOCAST_SCORES_FACTOR = {"cpu": 0.5, "cuda": 1.5}
 # - A model without attention (conv nets, MLPs): everything after the first conv or matmul is
 #   bf16 (batch norm and ReLU run in their bf16 input's dtype on CPU and CUDA autocast), block
 #   inputs included: half the fp32 bytes. Measured on CPU: resnet 0.49 at micro-batch 16.
@@ -218,11 +222,9 @@ def fused_loss_bytes(profile: ModelProfile, strategy: Strategy) -> float:
 
 
 def activation_bytes(profile: ModelProfile, strategy: Strategy, micro_batch: int, *, device: str = "") -> float:
-    """Saved-for-backward bytes of one micro-batch, with the strategy's checkpointing mode.
-    On `device` "cpu" eager attention with dropout runs SDPA's math path, which saves
-    `profile.math_attention_bytes_per_sample` beyond flash's; compiled, Inductor recomputes
-    its softmax and regenerates its dropout mask (measured: HF GPT-2 tiny stays below the
-    estimate without it), so it is not added there."""
+    """Saved-for-backward bytes of one micro-batch, with the strategy's checkpointing mode. On `device`
+    "cpu" attention with dropout runs SDPA's math path, saving `profile.math_attention_bytes_per_sample`
+    more; not compiled (Inductor recomputes its softmax and mask: HF GPT-2 tiny measured below without it)."""
     factor, input_factor = activation_factors(strategy, profile)
     saved = profile.activation_bytes_per_sample
     if device == "cpu" and not strategy.compile:
@@ -230,7 +232,9 @@ def activation_bytes(profile: ModelProfile, strategy: Strategy, micro_batch: int
     loss = fused_loss_bytes(profile, strategy)
     if loss:  # the eager loss's fp32 log_softmax output is not saved; the fused loss's logits are
         saved -= min(logits_bytes(profile), saved)
-    kept = saved * factor * compile_factor(profile, strategy)
+    scores, autocast = profile.attention_scores_bytes_per_sample, factor != 1 and not strategy.shards_params
+    scores_factor = AUTOCAST_SCORES_FACTOR["cpu" if device == "cpu" else "cuda"] if autocast else factor
+    kept = ((saved - scores) * factor + scores * scores_factor) * compile_factor(profile, strategy)
     if strategy.recomputes and profile.num_blocks >= 1:
         kept = kept_activation_bytes(strategy.checkpointing, saved_bytes=kept,
                                      block_input_bytes=profile.block_input_bytes_per_sample * input_factor,
@@ -308,12 +312,8 @@ def estimate_memory(profile: ModelProfile, strategy: Strategy, *, micro_batch: i
             grads = max(SINGLE_PROCESS_GRAD_OVERLAP * grads - transient, grads + temps - activations, 0.0)
             notes.append("one process: grads freed each step, peak = max(activations + half the grads, activations + "
                          "backward transient, grads + optimizer-step temporaries)")
-        if world_size > 1:
-            if DDP_GRADIENT_AS_BUCKET_VIEW:
-                notes.append("DDP buckets 0 extra (gradient_as_bucket_view=True)")
-            else:
-                units += GRAD_BYTES * p
-                notes.append(f"DDP bucket copy {GRAD_BYTES} B/param")
+        if world_size > 1:  # the runtime's DDP keeps no bucket copy (DDP_GRADIENT_AS_BUCKET_VIEW)
+            notes.append("DDP buckets 0 extra (gradient_as_bucket_view=True)")
     else:
         # TP splits every weight t ways, then FSDP shards each slice over its G ranks
         params, grads, opt = (b * p / tp / g for b in (MASTER_PARAM_BYTES, GRAD_BYTES, opt_b))

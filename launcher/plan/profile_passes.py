@@ -20,7 +20,8 @@ measured; plan.profile scales these passes over the blocks into a ModelProfile.
 - operations: the aten ops that micro-batch-1 forward dispatches (what per-op overhead, the
   dominant cost of a tiny model on CPU, scales with);
 - kernels: in that pass, by name (plan.kernels.kernel_of), the attention, loss and norm
-  functions the forward and loss call (WATCHED_FUNCTIONS), the custom ops they dispatch
+  functions the forward and loss call (WATCHED_FUNCTIONS; a softmax only over a square of
+  scores, attention written out: SCORES_SOFTMAX), the custom ops they dispatch
   (flash-attn's, whose attention FLOPs are counted as SDPA's are) and the autograd Functions in
   the loss's graph (a fused loss called in `loss_fn`).
 
@@ -35,7 +36,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from launcher.plan.kernels import WATCHED_FUNCTIONS
+from launcher.plan.kernels import SCORES_SOFTMAX, WATCHED_FUNCTIONS
 from launcher.specs import SELECTIVE_SAVED_MATMULS, SELECTIVE_SAVED_OPS
 from launcher.workload import Workload
 
@@ -70,6 +71,8 @@ class Counts(NamedTuple):
     math_attention: float = 0.0  # at PROFILE_BATCHES[0]: SDPA's math path beyond flash (CPU dropout)
     block_saved: float = 0.0  # at PROFILE_BATCHES[0]: what the first block saves for backward
     block_selective: float = 0.0  # ... and what selective checkpointing's save list keeps of it
+    scores: float = 0.0  # at PROFILE_BATCHES[0]: attention written out, the bytes of its softmaxed scores
+    # the last two, which do not add up over blocks (plan.profile's extrapolation relies on their place)
     transient1: float = 0.0  # backward's peak bytes beyond the saved, at TRANSIENT_BATCHES[0]
     transient2: float = 0.0  # ... at TRANSIENT_BATCHES[1]
 
@@ -117,9 +120,16 @@ def _flash_like_sdpa() -> Any:
 
     watched = {getattr(F, name.rpartition(".")[2]): name for name in WATCHED_FUNCTIONS
                if hasattr(F, name.rpartition(".")[2])}
+    softmaxes = (F.softmax, torch.softmax, torch.Tensor.softmax)
+    matmuls = (torch.matmul, torch.Tensor.matmul, torch.bmm, torch.Tensor.bmm)  # `a @ b` arrives as Tensor.matmul
+
+    def square(t: Any) -> bool:  # (..., s, s): attention's scores, not a router's or the vocabulary's
+        return getattr(t, "ndim", 0) >= 3 and t.shape[-1] == t.shape[-2]
 
     class Mode(TorchFunctionMode):
         attention_flops = 0  # as FlopCounterMode counts SDPA: q @ k^T and scores @ v
+        written_flops = 0  # the same, of attention written out (FlopCounterMode counts these matmuls itself)
+        scores_bytes = 0  # what its softmaxes output (held for backward, by softmax's and the next matmul's)
         math_attention_bytes = 0  # what the math path would save beyond this, where attention has dropout
 
         def __init__(self) -> None:
@@ -131,6 +141,14 @@ def _flash_like_sdpa() -> Any:
         def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             if func in watched:
                 self.called.add(watched[func])
+            elif func in softmaxes and square(args[0]):
+                self.called.add(SCORES_SOFTMAX)
+                self.scores_bytes += args[0].numel() * args[0].element_size()
+            elif func in matmuls:
+                out = func(*args, **(kwargs or {}))
+                if square(out) or square(args[0]):  # q @ k^T, scores @ v: 2 x out x the inner dimension
+                    self.written_flops += 2 * out.numel() * args[0].shape[-1]
+                return out
             if func is F.scaled_dot_product_attention:
                 q, k, v = args[:3]
                 b_h_sq = q.numel() // q.shape[-1]
@@ -317,14 +335,14 @@ def _pass(workload: Workload, model: Any, micro_batch: int, param_keys: set[int]
     if count_flops and called is not None and dispatched is not None:
         called.update(sdpa.called, dispatched.custom_ops, _graph_functions(loss))
     del loss
-    counted = (0.0,) * 7
+    counted = (0.0,) * 8
     if isinstance(counter, FlopCounterMode) and dispatched is not None:
         by_op = counter.get_flop_counts().get("Global", {})
         conv = sum(n for op, n in by_op.items() if getattr(op, "__name__", str(op)).split(".")[0] in _CONV_OPS)
-        attention = float(sdpa.attention_flops + dispatched.attention_flops)
-        counted = (float(counter.get_total_flops()) + attention, attention, float(conv),
+        unseen = float(sdpa.attention_flops + dispatched.attention_flops)  # by the kernels FlopCounterMode misses
+        counted = (float(counter.get_total_flops()) + unseen, unseen + sdpa.written_flops, float(conv),
                    float(sdpa.math_attention_bytes), float(dispatched.ops), float(block_saved),
-                   float(dispatched.block_kept + sdpa.block_kept))
+                   float(dispatched.block_kept + sdpa.block_kept), float(sdpa.scores_bytes))
     return total, (block_in[0] if block_in else 0), counted, transient
 
 
@@ -334,12 +352,12 @@ def measure(workload: Workload, model: Any, param_keys: set[int], first_block: A
     aten ops at 1; with `transients`, backward's transient at TRANSIENT_BATCHES (else 0: the
     two backward passes are a third of a profile's time, skipped where nobody reads them).
     What the forward and loss called is added to `called` (`_pass`)."""
-    saved1, block_in, (flops, attention, conv, math_attention, ops, block_saved, block_selective), _ = _pass(
+    saved1, block_in, (flops, attention, conv, math_attention, ops, block_saved, block_selective, scores), _ = _pass(
         workload, model, PROFILE_BATCHES[0], param_keys, first_block, count_flops=True, called=called)
     saved2 = _pass(workload, model, PROFILE_BATCHES[1], param_keys)[0]
     transient1, transient2 = ((_pass(workload, model, mb, param_keys, backward=True)[3]
                                for mb in TRANSIENT_BATCHES) if transients else (0.0, 0.0))
     return Counts(saved1, saved2, block_in, flops, attention, conv, ops, math_attention,
-                  block_saved, block_selective, transient1, transient2)
+                  block_saved, block_selective, scores, transient1, transient2)
 
 

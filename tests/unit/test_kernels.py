@@ -16,12 +16,14 @@ from launcher.cli.main import build_parser
 from launcher.cli.options import BUILDS, load
 from launcher.errors import PlanError, WorkloadError
 from launcher.hardware.topology import load_topology
+from launcher.plan.cost import forward_pass
 from launcher.plan.kernels import detected, kernel_of
+from launcher.plan.memory import activation_bytes
 from launcher.plan.profile import profile_workload, profiled_workload
 from launcher.plan.search import plan
 from launcher.plan.types import Overrides
 from launcher.request import RunRequest, follow_plan
-from launcher.specs import Goal
+from launcher.specs import Goal, Strategy
 from launcher.workload import load_workload
 
 from tests.helpers import WORKLOADS, assert_one_line_error
@@ -142,6 +144,23 @@ loss = LigerCrossEntropyFunction.apply
 '''
 
 
+# attention written out (Hugging Face's "eager"), with a softmax over something else beside it (a router's)
+EAGER = '''
+def attend(q, k, v):
+    q, k, v = [x.transpose(1, 2) for x in (q, k, v)]
+    F.softmax(q.sum(-1), dim=-1)  # (batch, heads, sequence): no scores
+    return ((q @ k.transpose(-2, -1)).softmax(dim=-1) @ v).transpose(1, 2)
+'''
+ROUTER = '''
+_sdpa = attend
+
+
+def attend(q, k, v):
+    torch.softmax(q.sum(-1), dim=-1)  # a router's softmax beside SDPA
+    return _sdpa(q, k, v)
+'''
+
+
 def lm(tmp_path: Path, extra: str = "", name: str = "lm.py") -> Path:
     path = tmp_path / name
     path.write_text(LM.format(extra=textwrap.dedent(extra)))
@@ -154,6 +173,7 @@ def kernels_of(plan_dict: dict) -> dict[str, tuple[str, str]]:
 
 @pytest.mark.parametrize("name, found", [
     ("torch.nn.functional.scaled_dot_product_attention", ("attention", "sdpa")),
+    ("torch.nn.functional.softmax", ("attention", "eager")),  # recorded only over a square of scores
     ("flash_attn::_flash_attn_forward", ("attention", "fa2")),
     ("flash_attn.flash_attn_interface.FlashAttnFunc", ("attention", "fa2")),
     ("flash_attn.flash_attn_triton.FlashAttnFunc", ("attention", "triton-fa")),
@@ -178,6 +198,49 @@ def test_a_fused_kernel_wins_over_the_default_one_seen_beside_it():
     names = ["torch.nn.functional.cross_entropy", "liger_kernel.ops.cross_entropy.LigerCrossEntropyFunction",
              "torch.nn.functional.scaled_dot_product_attention", "torch.nn.modules.linear.Linear"]
     assert detected(names) == {"loss": "fused", "attention": "sdpa"}
+    # a softmax of scores beside SDPA or flash-attn is a side path (weights kept aside): the kernel is theirs
+    softmax = "torch.nn.functional.softmax"
+    assert detected([softmax, *names]) == {"loss": "fused", "attention": "sdpa"}
+    assert detected([softmax, "flash_attn::_flash_attn_forward"]) == {"attention": "fa2"}
+    assert detected([softmax]) == {"attention": "eager"}
+
+
+def test_attention_written_out_is_detected_by_its_softmax_of_scores(tmp_path):
+    eager = profiled_workload(load_workload(lm(tmp_path, EAGER, name="eager.py")))
+    assert eager.profile.attention_kernel == "eager" and eager.kernel_sources["attention"] == "detected"
+    router = profiled_workload(load_workload(lm(tmp_path, ROUTER, name="router.py")))
+    assert router.profile.attention_kernel == "sdpa"  # a softmax over no scores is no attention
+
+
+def test_attention_written_out_holds_its_scores_and_costs_what_flash_attention_saves_against_it():
+    # gpt.py's xl at 2k tokens (16 heads of 128), two blocks, attention by SDPA and written out
+    layers, heads, seq = 2, 16, 2048
+    a100 = load_topology("a100-sxm-8x").accelerator
+    profiles, passes = {}, {}
+    for kernel in ("sdpa", "eager"):
+        args = ["--size", "xl", "--layers", str(layers), "--attention", kernel]
+        profiles[kernel] = profiled_workload(load_workload(GPT, args)).profile
+        assert profiles[kernel].attention_kernel == kernel
+        passes[kernel] = forward_pass(profiles[kernel], Strategy(kind="ddp", precision="bf16"), 1, a100)
+    # the probabilities (fp32 on the meta device) saved for backward, where flash saves none
+    held = profiles["eager"].activation_bytes_per_sample - profiles["sdpa"].activation_bytes_per_sample
+    assert held > 0.9 * layers * heads * seq * seq * 4
+    assert profiles["eager"].attention_scores_bytes_per_sample == layers * heads * seq * seq * 4
+    # its two matmuls counted as SDPA's FLOPs are (q @ k^T, scores @ v)
+    assert profiles["eager"].attention_flops_fwd_per_sample == profiles["sdpa"].attention_flops_fwd_per_sample > 0
+    # autocast: CUDA's runs softmax in fp32 (kept for its backward, and the next matmul's bf16 cast of
+    # it: 6 B a score), CPU's in bf16 (2 B)
+    bf16 = Strategy(kind="ddp", precision="bf16")
+    on_cuda, on_cpu = (activation_bytes(profiles["eager"], bf16, 1, device=d) for d in ("cuda", "cpu"))
+    assert on_cuda - on_cpu == pytest.approx(profiles["eager"].attention_scores_bytes_per_sample)
+    # FlashAttention-2's paper: 3-10x faster than PyTorch's standard attention on an A100: attention's
+    # matmuls and the memory-bound work over the saved scores, forward and backward
+    sdpa, eager = passes["sdpa"], passes["eager"]
+    assert eager.gemm_s == pytest.approx(sdpa.gemm_s)  # the blocks' linears are the same
+    flash_s = sdpa.attention_s + sdpa.attention_bwd_s
+    written_out_s = eager.attention_s + eager.attention_bwd_s + 3 * (eager.memory_s - sdpa.memory_s)
+    assert 3 < written_out_s / flash_s < 10
+    assert eager.attention_bwd_s == pytest.approx(2 * eager.attention_s)
 
 
 def test_a_model_calling_sdpa_is_detected_and_one_calling_nothing_is_the_default(tmp_path):
