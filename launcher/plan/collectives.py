@@ -46,6 +46,7 @@ from collections.abc import Callable
 
 from launcher.hardware.types import Link, Topology
 from launcher.plan import memory
+from launcher.plan.activations import COMPUTE_DTYPE_BYTES
 from launcher.plan.float8 import fsdp_float8_gather
 from launcher.specs import ModelProfile, Strategy
 
@@ -187,7 +188,7 @@ def tp_comm_s(profile: ModelProfile, strategy: Strategy, topology: Topology, mic
     t = strategy.tp
     if t <= 1:
         return 0.0
-    nbytes = micro_batch * profile.block_input_bytes_per_sample * memory.COMPUTE_DTYPE_BYTES[strategy.precision] / 4
+    nbytes = micro_batch * profile.block_input_bytes_per_sample * COMPUTE_DTYPE_BYTES[strategy.precision] / 4
     per_pass = TP_COLLECTIVES_PER_BLOCK * max(1, profile.num_blocks) + TP_COLLECTIVES_OUTSIDE
     # all-gather and reduce-scatter cost the same: (t-1)/t * S/B + (t-1) * alpha
     return (2 + recompute) * per_pass * allgather_s(nbytes, t, topology.intra_node)
@@ -234,7 +235,7 @@ def fsdp_traffic(profile: ModelProfile, strategy: Strategy, topology: Topology) 
     # with TP each rank holds (and FSDP moves) its 1/tp slice; x / 1 is exact
     tp = strategy.tp
     p = float(profile.num_params) / tp
-    c = memory.COMPUTE_DTYPE_BYTES[strategy.precision]
+    c = COMPUTE_DTYPE_BYTES[strategy.precision]
     block = float(memory.largest_unit_params(profile, strategy)) / tp
     root = float(memory.unsharded_root_params(profile)) / tp
     nb = max(1, profile.num_blocks)

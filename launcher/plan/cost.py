@@ -40,6 +40,7 @@ import math
 from dataclasses import dataclass
 
 from launcher.hardware.types import DeviceSpec, Topology
+from launcher.plan.activations import COMPUTE_DTYPE_BYTES, logits_bytes
 from launcher.plan.attention import ATTENTION_BWD_FACTOR, EAGER_HEAD_DIM, attention_efficiency, forward_share
 from launcher.plan.checkpointing import recompute_share as mode_recompute
 from launcher.plan.collectives import ddp_comm, dp_topology, sharded_comm, tp_comm_s, zero1_sync_s
@@ -47,7 +48,6 @@ from launcher.plan.cpu_cost import cpu_forward, cpu_step_time
 from launcher.plan.float8 import float8_terms, gemm_speedup
 from launcher.plan.gemm import attention_flops_fwd, gemm_efficiency, head_flops_fwd, model_width, peak_flops
 from launcher.plan.hbm import hbm_bytes_per_s
-from launcher.plan.memory import COMPUTE_DTYPE_BYTES, logits_bytes
 from launcher.plan.offload import offload_s
 from launcher.plan.step_probe import WorkloadTiming, timing_key
 from launcher.plan.types import StepTimeEstimate

@@ -31,9 +31,10 @@ import math
 from collections.abc import Callable
 
 from launcher.hardware.types import Topology
+from launcher.plan.activations import COMPUTE_DTYPE_BYTES
 from launcher.plan.collectives import fsdp_units, group_collectives, replica_allreduce, zero1_sync_bytes
 from launcher.plan.cpu_rates import gloo_of, rates_of, time_share
-from launcher.plan.memory import COMPUTE_DTYPE_BYTES, DDP_BUCKET_CAP_BYTES, GRAD_BYTES
+from launcher.plan.memory import DDP_BUCKET_CAP_BYTES, GRAD_BYTES
 from launcher.specs import ModelProfile, Strategy
 
 # DDP's first gradient bucket (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES)

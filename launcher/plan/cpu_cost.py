@@ -37,9 +37,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from launcher.hardware.types import Topology
+from launcher.plan.activations import COMPUTE_DTYPE_BYTES
 from launcher.plan.cpu_comm import cpu_ddp_comm, cpu_sharded_comm, cpu_zero1_sync, fsdp_overhead_s
 from launcher.plan.cpu_rates import core_share, gloo_of, op_share, rates_of, time_share
-from launcher.plan.memory import COMPUTE_DTYPE_BYTES, GRAD_BYTES
+from launcher.plan.memory import GRAD_BYTES
 from launcher.plan.step_probe import StepTiming
 from launcher.plan.types import StepTimeEstimate
 from launcher.specs import ModelProfile, Strategy

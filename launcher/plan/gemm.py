@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from launcher.hardware.types import DeviceSpec
-from launcher.plan.memory import COMPUTE_DTYPE_BYTES, logits_bytes
+from launcher.plan.activations import COMPUTE_DTYPE_BYTES, logits_bytes
 from launcher.specs import ModelProfile
 
 # Best bf16 GEMM a GPU sustains, as a fraction of its dense peak, by compute capability: the

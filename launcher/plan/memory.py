@@ -46,22 +46,8 @@ The model, per rank (P = parameters, G = shard group size, c = compute-dtype byt
   `tp_plan`: the harness runs the loss and backward in `loss_parallel()`), whole where a plan
   gathers them. The caller's G is the FSDP group (world/t ranks, or devices per node / t under
   hybrid).
-- activations: `profile.activation_bytes_per_sample` is measured on fp32 saved tensors; bf16 and
-  fp16 scale it by what each kind of op saves, under DDP's autocast and under FSDP's bf16
-  parameters, and torch.compile by what Inductor recomputes (the factors below). On CPU, attention
-  with dropout runs SDPA's math path: its probabilities and masks are added
-  (`profile.math_attention_bytes_per_sample`). Checkpointing (`checkpointing`, by mode) keeps each
-  wrapped block's input and its mode's saved share (selective: matmul and attention outputs), the
-  unwrapped blocks' activations, and what one wrapped block dropped while backward recomputes it.
-- backward's transient: on top of the saved activations, the most bytes backward holds at once
-  (`profile.backward_transient_bytes_per_sample`, measured on meta: for a language model the
-  loss gradient over the vocabulary, two logits-sized tensors), at the loss's dtype (see
-  AUTOCAST_TRANSIENT_FACTOR; the compute dtype under FSDP's bf16 parameters). One process reaches
-  it before most gradients exist: there it counts only beyond the half of the gradients made.
-- a fused loss (`profile.loss_kernel`): flash-attn's CrossEntropyLoss saves its compute-dtype
-  logits and a log-sum-exp per token (not eager's fp32 log_softmax) and its backward makes one
-  gradient like them (`empty_like(logits)`; Liger's, in place, takes less): so one such tensor
-  saved outside the blocks and one as the transient.
+- activations and backward's transient: `plan.activations`. One process reaches the transient
+  before most gradients exist: there it counts only beyond the half of the gradients made.
 - CPU offload (FSDP kinds, `offload`, on GPUs): the shard's fp32 params, grads and optimizer
   state live in host memory (`host_bytes`, not in the GPU's total); the unsharded units and the
   activations stay (`launcher.plan.offload` prices the copies and the host's optimizer step).
@@ -74,7 +60,15 @@ import dataclasses
 import logging
 
 from launcher.hardware.types import DeviceSpec
-from launcher.plan.checkpointing import describe, kept_activation_bytes
+from launcher.plan.activations import (
+    COMPUTE_DTYPE_BYTES,
+    activation_bytes,
+    activation_factors,
+    compile_factor,
+    fused_loss_bytes,
+    transient_bytes,
+)
+from launcher.plan.checkpointing import describe
 from launcher.plan.types import MemoryEstimate
 from launcher.specs import GIB, ModelProfile, Strategy
 
@@ -85,55 +79,7 @@ logger = logging.getLogger(__name__)
 MASTER_PARAM_BYTES = 4
 GRAD_BYTES = 4
 OPTIMIZER_STATE_BYTES = {"adamw": 8, "sgd": 4}  # AdamW: exp_avg + exp_avg_sq; SGD: momentum buffer
-# Bytes of one element at the compute dtype of each precision.
-COMPUTE_DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
-# Saved activations under bf16/fp16 relative to the fp32 measurement, by what autocast (DDP,
-# runtime/harness.py) does to each kind of op: matmuls, convolutions and SDPA run in bf16 (their
-# saved inputs are bf16 casts, their outputs bf16); the rest runs in its inputs' dtype.
-# - A model with attention (a transformer): the residual stream starts at the fp32 embedding and
-#   stays fp32 (fp32 + bf16 matmul output promotes), so the norms save fp32 inputs and fp32
-#   outputs, and the next matmul saves a bf16 cast of each output besides. Per token and block
-#   (Korthikanti et al. 2022, arXiv 2205.05198, s4.1 accounting, flash attention, width h, MLP f):
-#   fp32 saves 4 x (8h + 2f) B; autocast 2 x 4h (norm inputs) + 2 x 6h (norm outputs fp32 + bf16)
-#   + 2 x 4h (q, k, v, SDPA out) + 2 x 2f = 28h + 4f: 0.71 at f = 3h (gpt tiny), 0.69 at 4h (GPT-2),
-#   0.72 at 2.69h (Llama). Measured on CPU (benchmarks/memory_truth.py): 0.72 for gpt tiny.
-AUTOCAST_ACTIVATION_FACTOR = 0.7
-# Checkpointed block inputs are that residual stream, fp32 under autocast: no discount.
-AUTOCAST_BLOCK_INPUT_FACTOR = 1.0
-# - Attention written out (`profile.attention_scores_bytes_per_sample`): CUDA's autocast runs softmax in fp32
-#   (torch.amp's op list), kept for its backward beside the next matmul's bf16 cast: 4 + 2 B a score where fp32
-#   keeps one 4-B tensor; CPU's runs it in bf16 (measured: its saved tensors), 2 B.
-AUTOCAST_SCORES_FACTOR = {"cpu": 0.5, "cuda": 1.5}
-# - A model without attention (conv nets, MLPs): everything after the first conv or matmul is
-#   bf16 (batch norm and ReLU run in their bf16 input's dtype on CPU and CUDA autocast), block
-#   inputs included: half the fp32 bytes. Measured on CPU: resnet 0.49 at micro-batch 16.
-AUTOCAST_NO_ATTENTION_FACTOR = 0.5
-# FSDP2 with MixedPrecisionPolicy(param_dtype=bf16) and no autocast (runtime/wrap.py): the
-# parameters and the cast inputs are bf16, so every saved tensor, block inputs included, is too.
-PARAM_DTYPE_ACTIVATION_FACTOR = 0.5
-# ... except behind batch norm: the runtime keeps each BatchNorm an fp32 unit of its own that
-# casts its input up (`cast_forward_inputs`), so a conv-BN-ReLU saves BN's fp32 input copy (4 B)
-# and ReLU's bf16 output (2 B) where fp32 saves 4 + 4: 0.75. Measured on CPU: resnet 0.73.
-PARAM_DTYPE_BATCH_NORM_FACTOR = 0.75
-
-# torch.compile (Inductor's default min-cut partitioner, torch._functorch.partitioners) saves for
-# backward what the compute-intensive ops (matmul, convolution, SDPA) need and recomputes
-# pointwise work (norm outputs, activation functions, dropout masks from the RNG seed) in the
-# fused backward kernels. A transformer block keeps its matmul outputs but drops those
-# intermediates: FIT 0.75 of the eager saved bytes, measured on CPU live tensor bytes (torch 2.13,
-# benchmarks/memory_truth.py): gpt tiny 0.80, HF GPT-2 tiny 0.70 of its profiled bytes. A conv
-# net's saved tensors are all conv inputs and outputs (BN's input is the conv's output, ReLU's
-# output the next conv's input): nothing to recompute, as eager (resnet measured 1.06).
-COMPILE_SAVED_FACTOR = 0.75
-COMPILE_NO_ATTENTION_FACTOR = 1.0
-
-# Backward's transient under mixed precision relative to the fp32 measurement. Autocast runs
-# cross_entropy / log_softmax / nll_loss in fp32 (torch.amp's fp32 op list), so of the two
-# logits-sized gradients one stays fp32 and the one into the head's matmul is bf16: (4+2)/(4+4).
-# Checked on one H100 (docs/benchmarks.md, GPU acceptance): gpt small, 64 x 1024 tokens, bf16
-# DDP peaked at 60.9 GiB allocated against 39.4 GiB of tensors predicted without this term.
-AUTOCAST_TRANSIENT_FACTOR = 0.75
 
 # The runtime must build DDP with this flag: the memory model relies on it (see module docstring).
 DDP_GRADIENT_AS_BUCKET_VIEW = True
@@ -182,73 +128,6 @@ def largest_unit_params(profile: ModelProfile, strategy: Strategy) -> int:
 def units_per_block(profile: ModelProfile, strategy: Strategy) -> int:
     """FSDP units a block makes: 1, or under `fsdp_unit` linear its linear layers and its rest."""
     return max(1, profile.linear_units_per_block) if strategy.fsdp_unit == "linear" else 1
-
-
-def activation_factors(strategy: Strategy, profile: ModelProfile | None = None) -> tuple[float, float]:
-    """(saved activations, checkpointed block inputs) relative to the fp32 measurement, by the
-    precision and what the model is (`profile`: attention or not, batch norms; None: a
-    transformer without batch norm)."""
-    if strategy.precision == "fp32":
-        return 1.0, 1.0
-    attention = profile is None or profile.attention_flops_fwd_per_sample > 0
-    if not strategy.shards_params:
-        if attention:
-            return AUTOCAST_ACTIVATION_FACTOR, AUTOCAST_BLOCK_INPUT_FACTOR
-        return AUTOCAST_NO_ATTENTION_FACTOR, AUTOCAST_NO_ATTENTION_FACTOR
-    if profile is not None and profile.batch_norms > 0:
-        return PARAM_DTYPE_BATCH_NORM_FACTOR, PARAM_DTYPE_ACTIVATION_FACTOR
-    return PARAM_DTYPE_ACTIVATION_FACTOR, PARAM_DTYPE_ACTIVATION_FACTOR
-
-
-def compile_factor(profile: ModelProfile, strategy: Strategy) -> float:
-    """Saved activations under torch.compile relative to eager (1 without compile)."""
-    if not strategy.compile:
-        return 1.0
-    return COMPILE_SAVED_FACTOR if profile.attention_flops_fwd_per_sample > 0 else COMPILE_NO_ATTENTION_FACTOR
-
-
-def logits_bytes(profile: ModelProfile) -> float:
-    """One fp32 logits tensor per sample: half the profiled transient of a language model (the
-    loss gradient, two logits-sized tensors); 0 for other models."""
-    return profile.backward_transient_bytes_per_sample / 2 if profile.sample_units == "tokens" else 0.0
-
-
-def fused_loss_bytes(profile: ModelProfile, strategy: Strategy) -> float:
-    """Per sample, the compute-dtype logits a fused loss saves (its gradient is as many bytes);
-    0 for an eager loss or a model without logits."""
-    if profile.loss_kernel != "fused":
-        return 0.0
-    return logits_bytes(profile) * COMPUTE_DTYPE_BYTES[strategy.precision] / COMPUTE_DTYPE_BYTES["fp32"]
-
-
-def activation_bytes(profile: ModelProfile, strategy: Strategy, micro_batch: int, *, device: str = "") -> float:
-    """Saved-for-backward bytes of one micro-batch, with the strategy's checkpointing mode. On `device`
-    "cpu" attention with dropout runs SDPA's math path, saving `profile.math_attention_bytes_per_sample`
-    more; not compiled (Inductor recomputes its softmax and mask: HF GPT-2 tiny measured below without it)."""
-    factor, input_factor = activation_factors(strategy, profile)
-    saved = profile.activation_bytes_per_sample
-    if device == "cpu" and not strategy.compile:
-        saved += profile.math_attention_bytes_per_sample
-    loss = fused_loss_bytes(profile, strategy)
-    if loss:  # the eager loss's fp32 log_softmax output is not saved; the fused loss's logits are
-        saved -= min(logits_bytes(profile), saved)
-    scores, autocast = profile.attention_scores_bytes_per_sample, factor != 1 and not strategy.shards_params
-    scores_factor = AUTOCAST_SCORES_FACTOR["cpu" if device == "cpu" else "cuda"] if autocast else factor
-    kept = ((saved - scores) * factor + scores * scores_factor) * compile_factor(profile, strategy)
-    if strategy.recomputes and profile.num_blocks >= 1:
-        kept = kept_activation_bytes(strategy.checkpointing, saved_bytes=kept,
-                                     block_input_bytes=profile.block_input_bytes_per_sample * input_factor,
-                                     num_blocks=profile.num_blocks, selective_share=profile.selective_saved_share)
-    return (kept + loss) * micro_batch
-
-
-def transient_bytes(profile: ModelProfile, strategy: Strategy, micro_batch: int) -> float:
-    """Backward's peak bytes beyond the saved activations, for one micro-batch."""
-    if loss := fused_loss_bytes(profile, strategy):
-        return loss * micro_batch
-    factor = (1.0 if strategy.precision == "fp32" else PARAM_DTYPE_ACTIVATION_FACTOR
-              if strategy.shards_params else AUTOCAST_TRANSIENT_FACTOR)
-    return profile.backward_transient_bytes_per_sample * factor * micro_batch
 
 
 def optimizer_state_bytes(profile: ModelProfile, optimizer: str) -> tuple[float, str]:
@@ -390,11 +269,7 @@ def fmt_gib(nbytes: float) -> str:
     return f"{gib:.1f}" if gib >= 1 or gib == 0 else f"{gib:.2g}"
 
 
-__all__ = ["estimate_memory", "optimizer_state_bytes", "transient_bytes", "logits_bytes", "fused_loss_bytes",
-           "AUTOCAST_TRANSIENT_FACTOR", "usable_mem_bytes", "activation_bytes", "unsharded_root_params", "fmt_gib",
-           "MASTER_PARAM_BYTES", "GRAD_BYTES", "OPTIMIZER_STATE_BYTES", "COMPUTE_DTYPE_BYTES",
-           "AUTOCAST_ACTIVATION_FACTOR", "AUTOCAST_BLOCK_INPUT_FACTOR", "PARAM_DTYPE_ACTIVATION_FACTOR",
-           "activation_factors", "AUTOCAST_NO_ATTENTION_FACTOR", "PARAM_DTYPE_BATCH_NORM_FACTOR",
-           "COMPILE_SAVED_FACTOR", "COMPILE_NO_ATTENTION_FACTOR", "compile_factor", "DDP_GRADIENT_AS_BUCKET_VIEW",
+__all__ = ["estimate_memory", "optimizer_state_bytes", "usable_mem_bytes", "unsharded_root_params", "fmt_gib",
+           "MASTER_PARAM_BYTES", "GRAD_BYTES", "OPTIMIZER_STATE_BYTES", "DDP_GRADIENT_AS_BUCKET_VIEW",
            "DDP_BUCKET_CAP_BYTES", "CUDA_CONTEXT_BYTES", "CUBLAS_WORKSPACE_BYTES", "NCCL_BUFFER_BYTES",
            "CUDA_ALLOCATOR_SLACK", "SINGLE_PROCESS_GRAD_OVERLAP", "FOREACH_ADAMW_TEMP_FACTOR"]

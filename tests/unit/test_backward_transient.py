@@ -11,12 +11,8 @@ import dataclasses
 
 import pytest
 
-from launcher.plan.memory import (
-    AUTOCAST_TRANSIENT_FACTOR,
-    estimate_memory,
-    transient_bytes,
-    unsharded_root_params,
-)
+from launcher.plan.activations import AUTOCAST_TRANSIENT_FACTOR, transient_bytes
+from launcher.plan.memory import estimate_memory, unsharded_root_params
 from launcher.plan.profile import profile_workload
 from launcher.specs import ModelProfile, Strategy
 from launcher.workload import load_workload

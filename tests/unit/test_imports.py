@@ -314,8 +314,10 @@ def test_the_branch_scan_sees_every_kind_of_test(tmp_path: Path):
 # zero1's own even sharding with one all-gather (parameters staged through the host, aligned, for
 # elementwise optimizers) and checkpoints that join and cut its pieces again shard by shard, where
 # torch's ZeroRedundancyOptimizer broadcast once per rank +97; attention written out as a kernel the plan prices
-# (detected by its softmax of scores, its matmuls counted as attention FLOPs, its scores' bytes held by dtype) +44.
-MAX_PACKAGE_LINES = 24_477 + 119 + 15 + 97 + 44
+# (detected by its softmax of scores, its matmuls counted as attention FLOPs, its scores' bytes held by dtype) +44;
+# plan.memory past 400 lines split along its ideas, what backward keeps into plan.activations (its docstring and
+# imports) +18.
+MAX_PACKAGE_LINES = 24_477 + 119 + 15 + 97 + 44 + 18
 MAX_MODULE_LINES = 400
 
 

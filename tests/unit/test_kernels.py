@@ -16,9 +16,9 @@ from launcher.cli.main import build_parser
 from launcher.cli.options import BUILDS, load
 from launcher.errors import PlanError, WorkloadError
 from launcher.hardware.topology import load_topology
+from launcher.plan.activations import activation_bytes
 from launcher.plan.cost import forward_pass
 from launcher.plan.kernels import detected, kernel_of
-from launcher.plan.memory import activation_bytes
 from launcher.plan.profile import profile_workload, profiled_workload
 from launcher.plan.search import plan
 from launcher.plan.types import Overrides

@@ -5,16 +5,18 @@ from __future__ import annotations
 import pytest
 
 from launcher.hardware.types import DeviceSpec
-from launcher.plan.checkpointing import kept_activation_bytes
-from launcher.plan.memory import (
+from launcher.plan.activations import (
     AUTOCAST_ACTIVATION_FACTOR,
     AUTOCAST_NO_ATTENTION_FACTOR,
     COMPILE_SAVED_FACTOR,
+    PARAM_DTYPE_BATCH_NORM_FACTOR,
+)
+from launcher.plan.checkpointing import kept_activation_bytes
+from launcher.plan.memory import (
     CUBLAS_WORKSPACE_BYTES,
     CUDA_ALLOCATOR_SLACK,
     CUDA_CONTEXT_BYTES,
     NCCL_BUFFER_BYTES,
-    PARAM_DTYPE_BATCH_NORM_FACTOR,
     estimate_memory,
     usable_mem_bytes,
 )

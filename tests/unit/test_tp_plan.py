@@ -71,7 +71,7 @@ def test_memory_splits_state_units_and_activations_by_tp():
     assert eight.optimizer_bytes == pytest.approx(one.optimizer_bytes)
     # activations (checkpointed block inputs + one block) / 8; the loss gradient whole: the
     # runtime gathers the logits on every TP rank (no loss parallel)
-    from launcher.plan.memory import transient_bytes
+    from launcher.plan.activations import transient_bytes
 
     s1 = Strategy(kind="fsdp_full", precision="bf16", checkpointing="full")
     transient = transient_bytes(llama(), s1, 2)
