@@ -83,6 +83,9 @@ WIDE = Model(label="gpt wide, 16 tokens", file="gpt.py", micro_batch=1,
 # attention written out (`--attention eager`): its scores, held for backward, a share of the activations
 EAGER = Model(label="gpt eager attention, 512 tokens", file="gpt.py", micro_batch=2,
               args=("--attention", "eager", "--seq-len", "512"))
+# ... as transformers writes it: the softmax in fp32, cast back
+HF_EAGER = Model(label="HF Llama tiny eager attention, 128 tokens", file="hf_causal_lm.py", micro_batch=8,
+                 args=("--attention", "eager"))
 
 
 def strategy_cases(models: list[Model]) -> list[Case]:
@@ -104,7 +107,9 @@ def strategy_cases(models: list[Model]) -> list[Case]:
     return out + [Case(model=WIDE, kind="fsdp_full", precision=p, fsdp_unit=u, world=2)
                   for p in ("fp32", "bf16") for u in ("block", "linear")] + [
         Case(model=EAGER), Case(model=EAGER, precision="bf16"), Case(model=EAGER, checkpointing=True),
-        Case(model=EAGER, kind="fsdp_full", world=2), Case(model=EAGER, kind="fsdp_full", precision="bf16", world=2)]
+        Case(model=EAGER, kind="fsdp_full", world=2), Case(model=EAGER, kind="fsdp_full", precision="bf16", world=2),
+        Case(model=HF_EAGER), Case(model=HF_EAGER, precision="bf16"),
+        Case(model=HF_EAGER, kind="fsdp_full", precision="bf16", world=2)]
 
 
 def _free_port() -> int:

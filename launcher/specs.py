@@ -146,6 +146,7 @@ class ModelProfile:
     # attention written out (kernel "eager"): the bytes of the scores its softmaxes output, per sample at the
     # profiled dtype, of the activation bytes above (held by softmax's backward and the next matmul); 0 = none
     attention_scores_bytes_per_sample: float = 0.0
+    attention_scores_upcast_bytes_per_sample: float = 0.0  # of those, softmaxed into fp32 (`dtype=torch.float32`)
     # of one block's saved-for-backward bytes, the share selective checkpointing keeps: the outputs of the ops its
     # save list names (SELECTIVE_SAVED_MATMULS, every second; SELECTIVE_SAVED_OPS), measured on the first block;
     # None = not profiled (launcher.plan.checkpointing's SELECTIVE_SAVED_SHARE then)

@@ -10,6 +10,8 @@ What it owns:
   from the config's `model_type`, the weights are freshly initialised in fp32 (the harness owns
   precision, so a config's `torch_dtype` is ignored), the KV cache is off, and attention is
   SDPA, plainly causal: every sample is one whole sequence (no padding, no packing);
+  `--attention eager` writes it out as transformers' own eager attention does (scores, a
+  softmax in fp32 cast back, `@ v`), with the causal mask built from shapes;
 - the data: synthetic learnable sequences (workloads/gpt.py's) by default, or `--tokens FILE`,
   a flat uint16 token file in workloads/tokens.py's format; `--seq-len` tokens per sample
   (default: the config's context length, at most 8192);
@@ -50,11 +52,12 @@ from torch import nn
 
 from launcher.errors import WorkloadError
 
-DEFAULTS = {"config": "tiny-llama", "seq_len": 0, "tokens": ""}
+DEFAULTS = {"config": "tiny-llama", "seq_len": 0, "tokens": "", "attention": "sdpa"}
 SAMPLE_UNITS = "tokens"
 # the name our attention function is registered under (no "sdpa" in it: transformers would then
 # refuse families it has no SDPA path for, Gemma-2's soft-capping among them)
 ATTENTION = "dlaunch_causal"
+EAGER = "dlaunch_causal_eager"  # ... and its written-out form (`--attention eager`)
 BALANCED_EXPERTS = "dlaunch_balanced"  # the meta-device stand-in for an MoE's experts kernel
 
 INSTALL_HINT = "workloads/hf_causal_lm.py needs transformers: pip install 'dlaunch[hf]'"
@@ -127,14 +130,15 @@ def units_per_sample(cfg: SimpleNamespace) -> int:
 
 
 def _causal_sdpa(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                 attention_mask: torch.Tensor | None, **kwargs: Any) -> Any:
+                 attention_mask: torch.Tensor | None, *, eager: bool = False, **kwargs: Any) -> Any:
     """transformers' own SDPA attention, plainly causal (`is_causal=True`, no mask); a
     sliding-window layer (Gemma-2, Mistral) gets its band as a mask built from shapes alone, and
-    soft-capped logits (Gemma-2) the eager arithmetic transformers' own eager attention does."""
+    soft-capped logits (Gemma-2), or every layer with `eager`, the arithmetic transformers' own
+    eager attention does."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     window, softcap = kwargs.get("sliding_window"), kwargs.get("softcap")
-    if not window and not softcap:
+    if not window and not softcap and not eager:
         return sdpa_attention_forward(module, query, key, value, None, **kwargs)
     q_len, k_len = query.shape[-2], key.shape[-2]
     # key j is visible from query i when j <= i and, in a window, i - j < window (transformers'
@@ -144,12 +148,12 @@ def _causal_sdpa(module: nn.Module, query: torch.Tensor, key: torch.Tensor, valu
     hidden = (j > i) | (i - j >= window) if window else j > i
     mask = torch.zeros(q_len, k_len, dtype=query.dtype, device=query.device).masked_fill(
         hidden, torch.finfo(query.dtype).min)
-    if not softcap:
+    if not softcap and not eager:
         return sdpa_attention_forward(module, query, key, value, mask[None, None], **kwargs)
     groups = query.shape[1] // key.shape[1]
     key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     scores = torch.matmul(query, key.transpose(2, 3)) * kwargs.get("scaling", query.shape[-1] ** -0.5)
-    scores = torch.tanh(scores / softcap) * softcap + mask
+    scores = (torch.tanh(scores / softcap) * softcap if softcap else scores) + mask
     weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
     weights = F.dropout(weights, p=kwargs.get("dropout", 0.0), training=module.training)
     return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
@@ -196,13 +200,17 @@ def build_model(cfg: SimpleNamespace) -> nn.Module:
     # its `sdpa` path checks the positions for packed sequences with a host sync each forward,
     # which fails on the meta device (`dlaunch plan`) and stalls a GPU's queue.
     transformers.AttentionInterface.register(ATTENTION, _causal_sdpa)
+    transformers.AttentionInterface.register(EAGER, functools.partial(_causal_sdpa, eager=True))
+    if cfg.attention not in ("sdpa", "eager"):
+        raise WorkloadError(f"--attention {cfg.attention!r}: sdpa or eager")
+    attention = EAGER if cfg.attention == "eager" else ATTENTION
     experts = _moe_experts(config)
     if not (experts and torch.get_default_device().type == "meta"):
-        return transformers.AutoModelForCausalLM.from_config(config, attn_implementation=ATTENTION)
+        return transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attention)
     from transformers.integrations.moe import ExpertsInterface
 
     ExpertsInterface.register(BALANCED_EXPERTS, _balanced_experts)
-    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=ATTENTION,
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attention,
                                                           experts_implementation=BALANCED_EXPERTS)
     top_k = int(getattr(config, "num_experts_per_tok", 1) or 1)
     model.dlaunch_profile_note = (  # launcher.plan.profile.PROFILE_NOTE_ATTR

@@ -41,6 +41,9 @@ AUTOCAST_BLOCK_INPUT_FACTOR = 1.0
 #   (torch.amp's op list), kept for its backward beside the next matmul's bf16 cast: 4 + 2 B a score where fp32
 #   keeps one 4-B tensor; CPU's runs it in bf16 (measured: its saved tensors), 2 B.
 AUTOCAST_SCORES_FACTOR = {"cpu": 0.5, "cuda": 1.5}
+# ... and a softmax asked for fp32 output and cast back (Hugging Face's eager attention:
+# `softmax(dtype=torch.float32).to(query.dtype)`) keeps both on any device, whatever the regime.
+UPCAST_SCORES_FACTOR = 1.5
 # - A model without attention (conv nets, MLPs): everything after the first conv or matmul is
 #   bf16 (batch norm and ReLU run in their bf16 input's dtype on CPU and CUDA autocast), block
 #   inputs included: half the fp32 bytes. Measured on CPU: resnet 0.49 at micro-batch 16.
@@ -120,9 +123,11 @@ def activation_bytes(profile: ModelProfile, strategy: Strategy, micro_batch: int
     loss = fused_loss_bytes(profile, strategy)
     if loss:  # the eager loss's fp32 log_softmax output is not saved; the fused loss's logits are
         saved -= min(logits_bytes(profile), saved)
-    scores, autocast = profile.attention_scores_bytes_per_sample, factor != 1 and not strategy.shards_params
-    scores_factor = AUTOCAST_SCORES_FACTOR["cpu" if device == "cpu" else "cuda"] if autocast else factor
-    kept = ((saved - scores) * factor + scores * scores_factor) * compile_factor(profile, strategy)
+    scores, upcast = profile.attention_scores_bytes_per_sample, profile.attention_scores_upcast_bytes_per_sample
+    autocast = factor != 1 and not strategy.shards_params
+    plain = AUTOCAST_SCORES_FACTOR["cpu" if device == "cpu" else "cuda"] if autocast else factor
+    held = (scores - upcast) * plain + upcast * (UPCAST_SCORES_FACTOR if factor != 1 else 1.0)
+    kept = ((saved - scores) * factor + held) * compile_factor(profile, strategy)
     if strategy.recomputes and profile.num_blocks >= 1:
         kept = kept_activation_bytes(strategy.checkpointing, saved_bytes=kept,
                                      block_input_bytes=profile.block_input_bytes_per_sample * input_factor,

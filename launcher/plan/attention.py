@@ -98,13 +98,12 @@ ATTENTION_BWD_FACTOR = 2.5
 # (assumed on an H100, where dlaunch measured forward+backward together).
 ATTENTION_FWD_OVER_BWD = {"fa2": 1.1, "triton-fa": 1.7, "sdpa": 1.1}
 # Attention written out (q @ k^T, mask, softmax, @ v: Hugging Face's "eager", nanoGPT's slow path,
-# nn.MultiheadAttention with its weights) runs no attention kernel: the two matmuls compute the
-# whole s x s (the causal mask is applied after: twice flash's FLOPs), backward two matmuls for
-# each (2x), as batched GEMMs whose short side is the head dim (`gemm.gemm_efficiency` at this
-# width: the curves' head dim, an assumption); the mask, softmax and dropout over the scores are
-# memory-bound work over the probabilities the profile saw the model save. Checked: on an A100 at
-# 2k tokens this is 6x flash's time, inside the 3-10x the FA2 paper measured against PyTorch's
-# standard attention (arXiv 2307.08691, section 4.1).
+# nn.MultiheadAttention with its weights) runs no attention kernel: two matmuls over the whole s x s
+# (the causal mask applied after: twice flash's FLOPs), backward two for each (2x), batched GEMMs
+# whose short side is the head dim (`gemm.gemm_efficiency` at the curves' head dim, an assumption);
+# mask, softmax and dropout are memory-bound work over the scores the profile saw the model save.
+# Checked: on an A100 at 2k tokens 6x flash's time, inside the 3-10x the FA2 paper measured against
+# PyTorch's standard attention (arXiv 2307.08691, section 4.1).
 EAGER_HEAD_DIM = 128
 
 

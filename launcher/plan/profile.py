@@ -187,6 +187,7 @@ def profiled_workload(workload: Workload, *, extrapolate: bool = True) -> Profil
         forward_ops=int(counts.ops), param_tensors=len(params), batch_norms=len(batch_norms(model)),
         math_attention_bytes_per_sample=counts.math_attention * per_sample,
         attention_scores_bytes_per_sample=counts.scores * per_sample,
+        attention_scores_upcast_bytes_per_sample=counts.scores_upcast * per_sample,
         selective_saved_share=min(1.0, counts.block_selective / counts.block_saved) if counts.block_saved > 0 else None,
         backward_transient_bytes_per_sample=max(
             (counts.transient2 - counts.transient1) / (TRANSIENT_BATCHES[1] - TRANSIENT_BATCHES[0]), 0.0),

@@ -72,6 +72,7 @@ class Counts(NamedTuple):
     block_saved: float = 0.0  # at PROFILE_BATCHES[0]: what the first block saves for backward
     block_selective: float = 0.0  # ... and what selective checkpointing's save list keeps of it
     scores: float = 0.0  # at PROFILE_BATCHES[0]: attention written out, the bytes of its softmaxed scores
+    scores_upcast: float = 0.0  # ... of those, softmaxed into fp32 (`softmax(dtype=torch.float32)`)
     # the last two, which do not add up over blocks (plan.profile's extrapolation relies on their place)
     transient1: float = 0.0  # backward's peak bytes beyond the saved, at TRANSIENT_BATCHES[0]
     transient2: float = 0.0  # ... at TRANSIENT_BATCHES[1]
@@ -130,6 +131,7 @@ def _flash_like_sdpa() -> Any:
         attention_flops = 0  # as FlopCounterMode counts SDPA: q @ k^T and scores @ v
         written_flops = 0  # the same, of attention written out (FlopCounterMode counts these matmuls itself)
         scores_bytes = 0  # what its softmaxes output (held for backward, by softmax's and the next matmul's)
+        upcast_bytes = 0  # of those, what a softmax asked for in fp32 (Hugging Face's eager attention)
         math_attention_bytes = 0  # what the math path would save beyond this, where attention has dropout
 
         def __init__(self) -> None:
@@ -143,7 +145,8 @@ def _flash_like_sdpa() -> Any:
                 self.called.add(watched[func])
             elif func in softmaxes and square(args[0]):
                 self.called.add(SCORES_SOFTMAX)
-                self.scores_bytes += args[0].numel() * args[0].element_size()
+                self.scores_bytes += (nbytes := args[0].numel() * args[0].element_size())
+                self.upcast_bytes += nbytes if (kwargs or {}).get("dtype") == torch.float32 else 0
             elif func in matmuls:
                 out = func(*args, **(kwargs or {}))
                 if square(out) or square(args[0]):  # q @ k^T, scores @ v: 2 x out x the inner dimension
@@ -335,14 +338,14 @@ def _pass(workload: Workload, model: Any, micro_batch: int, param_keys: set[int]
     if count_flops and called is not None and dispatched is not None:
         called.update(sdpa.called, dispatched.custom_ops, _graph_functions(loss))
     del loss
-    counted = (0.0,) * 8
+    counted = (0.0,) * 9
     if isinstance(counter, FlopCounterMode) and dispatched is not None:
         by_op = counter.get_flop_counts().get("Global", {})
         conv = sum(n for op, n in by_op.items() if getattr(op, "__name__", str(op)).split(".")[0] in _CONV_OPS)
         unseen = float(sdpa.attention_flops + dispatched.attention_flops)  # by the kernels FlopCounterMode misses
         counted = (float(counter.get_total_flops()) + unseen, unseen + sdpa.written_flops, float(conv),
                    float(sdpa.math_attention_bytes), float(dispatched.ops), float(block_saved),
-                   float(dispatched.block_kept + sdpa.block_kept), float(sdpa.scores_bytes))
+                   float(dispatched.block_kept + sdpa.block_kept), float(sdpa.scores_bytes), float(sdpa.upcast_bytes))
     return total, (block_in[0] if block_in else 0), counted, transient
 
 
@@ -352,12 +355,13 @@ def measure(workload: Workload, model: Any, param_keys: set[int], first_block: A
     aten ops at 1; with `transients`, backward's transient at TRANSIENT_BATCHES (else 0: the
     two backward passes are a third of a profile's time, skipped where nobody reads them).
     What the forward and loss called is added to `called` (`_pass`)."""
-    saved1, block_in, (flops, attention, conv, math_attention, ops, block_saved, block_selective, scores), _ = _pass(
-        workload, model, PROFILE_BATCHES[0], param_keys, first_block, count_flops=True, called=called)
+    saved1, block_in, counted, _ = _pass(workload, model, PROFILE_BATCHES[0], param_keys, first_block,
+                                         count_flops=True, called=called)
+    flops, attention, conv, math_attention, ops, block_saved, block_selective, scores, upcast = counted
     saved2 = _pass(workload, model, PROFILE_BATCHES[1], param_keys)[0]
     transient1, transient2 = ((_pass(workload, model, mb, param_keys, backward=True)[3]
                                for mb in TRANSIENT_BATCHES) if transients else (0.0, 0.0))
     return Counts(saved1, saved2, block_in, flops, attention, conv, ops, math_attention,
-                  block_saved, block_selective, scores, transient1, transient2)
+                  block_saved, block_selective, scores, upcast, transient1, transient2)
 
 

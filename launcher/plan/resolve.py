@@ -136,8 +136,8 @@ def _cache_key(workload: str, workload_args: Sequence[str]) -> str:
 
 # bump when profile.py measures differently, so old cache entries are ignored
 # 8: profile_note; 9: math_attention_bytes_per_sample; 11: kernels; 12: selective_saved_share; 13: tp_loss_parallel;
-# 14: linear_unit_params; 15: attention written out detected
-_PROFILE_FORMAT = 15
+# 14: linear_unit_params; 15: attention written out detected; 16: its scores softmaxed into fp32
+_PROFILE_FORMAT = 16
 
 
 def _cached(path: Path, load: Callable[[dict[str, Any]], _T], make: Callable[[], _T]) -> _T:

@@ -151,6 +151,12 @@ def attend(q, k, v):
     F.softmax(q.sum(-1), dim=-1)  # (batch, heads, sequence): no scores
     return ((q @ k.transpose(-2, -1)).softmax(dim=-1) @ v).transpose(1, 2)
 '''
+# ... as transformers writes it: the softmax into fp32, cast back
+UPCAST = '''
+def attend(q, k, v):
+    q, k, v = [x.transpose(1, 2) for x in (q, k, v)]
+    return (F.softmax(q @ k.transpose(-2, -1), dim=-1, dtype=torch.float32).to(q.dtype) @ v).transpose(1, 2)
+'''
 ROUTER = '''
 _sdpa = attend
 
@@ -210,6 +216,25 @@ def test_attention_written_out_is_detected_by_its_softmax_of_scores(tmp_path):
     assert eager.profile.attention_kernel == "eager" and eager.kernel_sources["attention"] == "detected"
     router = profiled_workload(load_workload(lm(tmp_path, ROUTER, name="router.py")))
     assert router.profile.attention_kernel == "sdpa"  # a softmax over no scores is no attention
+    # batch x heads x SEQ x SEQ fp32 scores per block; a softmax into fp32 keeps them and a cast back
+    # under any low precision (6 B a score), a plain one as its regime runs it (FSDP's bf16: 2 B)
+    upcast = profiled_workload(load_workload(lm(tmp_path, UPCAST, name="upcast.py"))).profile
+    scores = 4 * 2 * 8 * 8 * 4  # the LM's 4 blocks, HEADS, SEQ
+    assert eager.profile.attention_scores_bytes_per_sample == upcast.attention_scores_bytes_per_sample == scores
+    assert eager.profile.attention_scores_upcast_bytes_per_sample == 0
+    assert upcast.attention_scores_upcast_bytes_per_sample == scores
+    fsdp = Strategy(kind="fsdp_full", precision="bf16")
+    saved = upcast.activation_bytes_per_sample
+    assert activation_bytes(upcast, fsdp, 1) == pytest.approx((saved - scores) * 0.5 + scores * 1.5)
+    assert activation_bytes(eager.profile, fsdp, 1) == pytest.approx(eager.profile.activation_bytes_per_sample * 0.5)
+
+
+@pytest.mark.parametrize("attention, kernel", [("sdpa", "sdpa"), ("eager", "eager")])
+def test_transformers_attention_written_out_is_detected_with_its_softmax_into_fp32(attention, kernel):
+    profile = profiled_workload(load_workload(WORKLOADS / "hf_causal_lm.py", ["--attention", attention])).profile
+    assert profile.attention_kernel == kernel and profile.attention_flops_fwd_per_sample > 0
+    assert profile.attention_scores_upcast_bytes_per_sample == profile.attention_scores_bytes_per_sample
+    assert (profile.attention_scores_bytes_per_sample > 0) == (attention == "eager")
 
 
 def test_attention_written_out_holds_its_scores_and_costs_what_flash_attention_saves_against_it():
