@@ -132,8 +132,8 @@ class ModelProfile:
     # tensors: what per-op overhead scales with on CPU (0 = not profiled: no overhead modelled)
     forward_ops: int = 0
     param_tensors: int = 0
-    # the parts of flops_fwd_per_sample that are scaled-dot-product attention (4 s^2 d per
-    # layer, counted where SDPA is called) and convolutions; 0 = none, or not profiled
+    # the parts of flops_fwd_per_sample that are attention (4 s^2 d per layer: where SDPA, flash-attn or
+    # nn.MultiheadAttention is called, or the matmuls around a softmax of scores) and convolutions; 0 = none
     attention_flops_fwd_per_sample: float = 0.0
     conv_flops_fwd_per_sample: float = 0.0
     batch_norms: int = 0  # BatchNorm modules: FSDP units of their own under bf16/fp16
@@ -181,8 +181,10 @@ class ModelProfile:
               f"model {self.name}: negative op or parameter tensor count")
         check(self.optimizer_state_bytes_per_param >= 0, PlanError,
               f"model {self.name}: negative optimizer state bytes")
-        check(self.activation_bytes_per_sample >= 0 and self.backward_transient_bytes_per_sample >= 0,
-              PlanError, f"model {self.name}: negative activation bytes")
+        check(self.activation_bytes_per_sample >= 0 and self.backward_transient_bytes_per_sample >= 0
+              and 0 <= self.attention_scores_upcast_bytes_per_sample <= self.attention_scores_bytes_per_sample
+              <= self.activation_bytes_per_sample * (1 + 1e-9), PlanError,
+              f"model {self.name}: negative activation bytes, or attention scores that are not a part of them")
         check(self.units_per_sample >= 1, PlanError, f"model {self.name}: units_per_sample must be >= 1")
         check(self.selective_saved_share is None or 0.0 <= self.selective_saved_share <= 1.0, PlanError,
               f"model {self.name}: selective_saved_share must be in [0, 1], got {self.selective_saved_share}")

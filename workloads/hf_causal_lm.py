@@ -199,10 +199,10 @@ def build_model(cfg: SimpleNamespace) -> nn.Module:
     # causal. An attention function transformers has no mask builder for makes it build none:
     # its `sdpa` path checks the positions for packed sequences with a host sync each forward,
     # which fails on the meta device (`dlaunch plan`) and stalls a GPU's queue.
-    transformers.AttentionInterface.register(ATTENTION, _causal_sdpa)
-    transformers.AttentionInterface.register(EAGER, functools.partial(_causal_sdpa, eager=True))
     if cfg.attention not in ("sdpa", "eager"):
         raise WorkloadError(f"--attention {cfg.attention!r}: sdpa or eager")
+    transformers.AttentionInterface.register(ATTENTION, _causal_sdpa)
+    transformers.AttentionInterface.register(EAGER, functools.partial(_causal_sdpa, eager=True))
     attention = EAGER if cfg.attention == "eager" else ATTENTION
     experts = _moe_experts(config)
     if not (experts and torch.get_default_device().type == "meta"):

@@ -112,6 +112,14 @@ def fused_loss_bytes(profile: ModelProfile, strategy: Strategy) -> float:
     return logits_bytes(profile) * COMPUTE_DTYPE_BYTES[strategy.precision] / COMPUTE_DTYPE_BYTES["fp32"]
 
 
+def scores_factors(strategy: Strategy, profile: ModelProfile, device: str) -> tuple[float, float]:
+    """(plain, softmaxed into fp32) attention scores kept, relative to the fp32 measurement (AUTOCAST_SCORES_FACTOR)."""
+    low = strategy.precision != "fp32"
+    plain = AUTOCAST_SCORES_FACTOR["cpu" if device == "cpu" else "cuda"] if low and not strategy.shards_params else (
+        activation_factors(strategy, profile)[0])
+    return plain, UPCAST_SCORES_FACTOR if low else 1.0
+
+
 def activation_bytes(profile: ModelProfile, strategy: Strategy, micro_batch: int, *, device: str = "") -> float:
     """Saved-for-backward bytes of one micro-batch, with the strategy's checkpointing mode. On `device`
     "cpu" attention with dropout runs SDPA's math path, saving `profile.math_attention_bytes_per_sample`
@@ -124,10 +132,9 @@ def activation_bytes(profile: ModelProfile, strategy: Strategy, micro_batch: int
     if loss:  # the eager loss's fp32 log_softmax output is not saved; the fused loss's logits are
         saved -= min(logits_bytes(profile), saved)
     scores, upcast = profile.attention_scores_bytes_per_sample, profile.attention_scores_upcast_bytes_per_sample
-    autocast = factor != 1 and not strategy.shards_params
-    plain = AUTOCAST_SCORES_FACTOR["cpu" if device == "cpu" else "cuda"] if autocast else factor
-    held = (scores - upcast) * plain + upcast * (UPCAST_SCORES_FACTOR if factor != 1 else 1.0)
-    kept = ((saved - scores) * factor + held) * compile_factor(profile, strategy)
+    plain, upcast_factor = scores_factors(strategy, profile, device)
+    kept = ((saved - scores) * factor + (scores - upcast) * plain + upcast * upcast_factor) * compile_factor(
+        profile, strategy)
     if strategy.recomputes and profile.num_blocks >= 1:
         kept = kept_activation_bytes(strategy.checkpointing, saved_bytes=kept,
                                      block_input_bytes=profile.block_input_bytes_per_sample * input_factor,

@@ -190,7 +190,10 @@ def forward_pass(profile: ModelProfile, strategy: Strategy, micro_batch: int, de
 def _recompute(strategy: Strategy, profile: ModelProfile, matmul_s: float, attention_s: float,
                memory_bound_s: float) -> float:
     """Share of the forward that backward runs again: the strategy's checkpointing mode priced
-    on the forward's split by kind of work (`checkpointing.recompute_share`; none: 0)."""
+    on the forward's split by kind of work (`checkpointing.recompute_share`; none: 0). Attention
+    written out is bmm and softmax, which no save list keeps: recomputed as memory-bound work is."""
+    if profile.attention_kernel == "eager":
+        attention_s, memory_bound_s = 0.0, memory_bound_s + attention_s
     return mode_recompute(strategy.checkpointing, num_blocks=profile.num_blocks, matmul_s=matmul_s,
                           attention_s=attention_s, memory_bound_s=memory_bound_s)
 

@@ -61,9 +61,9 @@ def model_width(profile: ModelProfile) -> float | None:
 
 
 def attention_flops_fwd(profile: ModelProfile) -> float:
-    """Attention FLOPs per sample as the profile counts them (SDPA: 4 s^2 d per block, the
-    causal mask ignored): measured where SDPA was called, else (a profile from before that was
-    counted) one self-attention of the residual width per block."""
+    """Attention FLOPs per sample as the profile counts them (4 s^2 d per block, the causal mask
+    ignored): measured where attention was seen, else (a profile from before that was counted, or
+    attention the profile could not see) one self-attention of the residual width per block."""
     if profile.attention_flops_fwd_per_sample > 0:
         return profile.attention_flops_fwd_per_sample
     width = model_width(profile)

@@ -13,7 +13,7 @@ Functions the model's forward and loss reach, whether or not their package is in
 named LigerRMSNorm is Liger's fused norm): what a meta-device trace can see. Which backend SDPA
 picks, and kernels that run inside a compiled graph, it cannot.
 
-Pure: no torch, no I/O; imports only the foundation and plan.types.
+Pure: no torch, no I/O; imports only the foundation, plan.types and plan.attention.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from launcher.errors import WorkloadError
+from launcher.plan.attention import EAGER_HEAD_DIM
 from launcher.plan.types import KERNEL_ROLES as ROLES
 from launcher.plan.types import Overrides, PricedKernel
 from launcher.specs import ModelProfile
@@ -90,7 +91,8 @@ def detected(names: Iterable[str]) -> dict[str, str]:
     seen: dict[str, set[str]] = {}
     for role, kernel in filter(None, map(kernel_of, names)):
         seen.setdefault(role, set()).add(kernel)
-    return {role: sorted(kernels, key=lambda k: (k == "eager", k == ROLES[role][0], ROLES[role].index(k)))[0]
+    return {role: sorted(kernels, key=lambda k: ((role, k) == ("attention", "eager"), k == ROLES[role][0],
+                                                 ROLES[role].index(k)))[0]
             for role, kernels in seen.items()}
 
 
@@ -112,8 +114,17 @@ def priced(profile: ModelProfile, ov: Overrides, sources: Mapping[str, str]) -> 
 
 
 def with_kernels(profile: ModelProfile, kernels: Mapping[str, PricedKernel]) -> ModelProfile:
-    """The profile priced with `kernels` (role -> PricedKernel)."""
+    """The profile priced with `kernels` (role -> PricedKernel). Attention written out holds its scores
+    for backward, a flash kernel none: given one where the profile saw the other, the scores it would
+    hold are added (batch x heads x s x s fp32, the heads at EAGER_HEAD_DIM: an assumption) or dropped."""
     fields: dict[str, Any] = {KNOBS[role]: k.kernel for role, k in kernels.items()}
+    scores, eager = profile.attention_scores_bytes_per_sample, fields.get("attention_kernel") == "eager"
+    if eager and scores == 0:  # the FLOPs count 4 x batch x heads x s x s x head dim
+        fields["attention_scores_bytes_per_sample"] = scores = profile.attention_flops_fwd_per_sample / EAGER_HEAD_DIM
+        fields["activation_bytes_per_sample"] = profile.activation_bytes_per_sample + scores
+    elif not eager and "attention_kernel" in fields and scores > 0:
+        fields.update(attention_scores_bytes_per_sample=0.0, attention_scores_upcast_bytes_per_sample=0.0,
+                      activation_bytes_per_sample=max(0.0, profile.activation_bytes_per_sample - scores))
     return dataclasses.replace(profile, **fields)
 
 

@@ -66,6 +66,7 @@ from launcher.plan.activations import (
     activation_factors,
     compile_factor,
     fused_loss_bytes,
+    scores_factors,
     transient_bytes,
 )
 from launcher.plan.checkpointing import describe
@@ -81,8 +82,6 @@ GRAD_BYTES = 4
 OPTIMIZER_STATE_BYTES = {"adamw": 8, "sgd": 4}  # AdamW: exp_avg + exp_avg_sq; SGD: momentum buffer
 
 
-# The runtime must build DDP with this flag: the memory model relies on it (see module docstring).
-DDP_GRADIENT_AS_BUCKET_VIEW = True
 DDP_BUCKET_CAP_BYTES = 25 * 1024**2  # torch DDP default bucket_cap_mb=25
 
 # A CUDA 12 context with lazy module loading: nvidia-smi shows ~0.4-0.6 GiB for a rank that has
@@ -169,6 +168,10 @@ def estimate_memory(profile: ModelProfile, strategy: Strategy, *, micro_batch: i
     elif device == "cpu" and profile.math_attention_bytes_per_sample > 0:
         act_note += (", attention with dropout on SDPA's math path (CPU): "
                      f"{fmt_gib(profile.math_attention_bytes_per_sample)} GiB a sample more")
+    if mixed and profile.attention_scores_bytes_per_sample > 0:
+        plain, upcast = scores_factors(strategy, profile, device)
+        held = upcast if profile.attention_scores_upcast_bytes_per_sample > 0 else plain
+        act_note += f", attention written out: its scores x{held:g} (the dtype its softmax ran in)"
     if strategy.recomputes:
         act_note += f", {describe(strategy.checkpointing)} (block inputs x{input_factor:g})"
     units = 0.0  # FSDP unsharded parameters/gradients, counted in overhead
@@ -191,7 +194,7 @@ def estimate_memory(profile: ModelProfile, strategy: Strategy, *, micro_batch: i
             grads = max(SINGLE_PROCESS_GRAD_OVERLAP * grads - transient, grads + temps - activations, 0.0)
             notes.append("one process: grads freed each step, peak = max(activations + half the grads, activations + "
                          "backward transient, grads + optimizer-step temporaries)")
-        if world_size > 1:  # the runtime's DDP keeps no bucket copy (DDP_GRADIENT_AS_BUCKET_VIEW)
+        if world_size > 1:  # runtime/wrap.py builds DDP with gradient_as_bucket_view=True: no bucket copy
             notes.append("DDP buckets 0 extra (gradient_as_bucket_view=True)")
     else:
         # TP splits every weight t ways, then FSDP shards each slice over its G ranks
@@ -270,6 +273,6 @@ def fmt_gib(nbytes: float) -> str:
 
 
 __all__ = ["estimate_memory", "optimizer_state_bytes", "usable_mem_bytes", "unsharded_root_params", "fmt_gib",
-           "MASTER_PARAM_BYTES", "GRAD_BYTES", "OPTIMIZER_STATE_BYTES", "DDP_GRADIENT_AS_BUCKET_VIEW",
+           "MASTER_PARAM_BYTES", "GRAD_BYTES", "OPTIMIZER_STATE_BYTES",
            "DDP_BUCKET_CAP_BYTES", "CUDA_CONTEXT_BYTES", "CUBLAS_WORKSPACE_BYTES", "NCCL_BUFFER_BYTES",
            "CUDA_ALLOCATOR_SLACK", "SINGLE_PROCESS_GRAD_OVERLAP", "FOREACH_ADAMW_TEMP_FACTOR"]

@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from launcher.plan.kernels import SCORES_SOFTMAX, WATCHED_FUNCTIONS
+from launcher.plan.kernels import SDPA as SDPA_NAME
 from launcher.specs import SELECTIVE_SAVED_MATMULS, SELECTIVE_SAVED_OPS
 from launcher.workload import Workload
 
@@ -65,7 +66,7 @@ class Counts(NamedTuple):
     saved2: float  # ... at PROFILE_BATCHES[1]
     block_input_bytes: float  # the first block's input at PROFILE_BATCHES[0]
     flops: float  # forward FLOPs at PROFILE_BATCHES[0], attention included
-    attention_flops: float  # of which scaled-dot-product attention (4 s^2 d per layer)
+    attention_flops: float  # of which attention (4 s^2 d per layer, SDPA's or written out)
     conv_flops: float  # of which convolutions
     ops: float  # aten ops dispatched by that forward
     math_attention: float = 0.0  # at PROFILE_BATCHES[0]: SDPA's math path beyond flash (CPU dropout)
@@ -129,7 +130,9 @@ def _flash_like_sdpa() -> Any:
 
     class Mode(TorchFunctionMode):
         attention_flops = 0  # as FlopCounterMode counts SDPA: q @ k^T and scores @ v
-        written_flops = 0  # the same, of attention written out (FlopCounterMode counts these matmuls itself)
+        # the same of attention written out (matmuls over a square: attention's only where the pass
+        # softmaxed scores) and of nn.MultiheadAttention's, which FlopCounterMode counts itself
+        square_flops = mha_flops = 0
         scores_bytes = 0  # what its softmaxes output (held for backward, by softmax's and the next matmul's)
         upcast_bytes = 0  # of those, what a softmax asked for in fp32 (Hugging Face's eager attention)
         math_attention_bytes = 0  # what the math path would save beyond this, where attention has dropout
@@ -141,19 +144,34 @@ def _flash_like_sdpa() -> Any:
             self.block_kept = 0  # SDPA's outputs there (out and the log-sum-exp: in the save list)
 
         def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            kwargs = kwargs or {}
+            x = args[0] if args else kwargs.get("input")
             if func in watched:
                 self.called.add(watched[func])
-            elif func in softmaxes and square(args[0]):
+            elif func in softmaxes and square(x):
                 self.called.add(SCORES_SOFTMAX)
-                self.scores_bytes += (nbytes := args[0].numel() * args[0].element_size())
-                self.upcast_bytes += nbytes if (kwargs or {}).get("dtype") == torch.float32 else 0
+                at = 3 if func is F.softmax else 2  # its dtype's place: F.softmax(input, dim, _stacklevel, dtype)
+                upcast = kwargs.get("dtype", args[at] if len(args) > at else None) == torch.float32
+                self.scores_bytes += (nbytes := x.numel() * x.element_size())
+                self.upcast_bytes += nbytes if upcast else 0
             elif func in matmuls:
-                out = func(*args, **(kwargs or {}))
-                if square(out) or square(args[0]):  # q @ k^T, scores @ v: 2 x out x the inner dimension
-                    self.written_flops += 2 * out.numel() * args[0].shape[-1]
+                out = func(*args, **kwargs)
+                if square(out) or square(x):  # q @ k^T, scores @ v: 2 x out x the inner dimension
+                    self.square_flops += 2 * out.numel() * x.shape[-1]
                 return out
+            elif func is F.multi_head_attention_forward:
+                # one call (this mode is off inside it): (L, N, E) queries over (S, N, E) keys, its
+                # weights written out where asked for (`need_weights`, nn.MultiheadAttention's default)
+                key, heads = args[1], args[4]
+                batch = x.shape[1] if x.ndim == 3 else 1
+                self.mha_flops += 4 * batch * x.shape[0] * key.shape[0] * x.shape[-1]
+                if kwargs.get("need_weights", args[15] if len(args) > 15 else True):
+                    self.called.add(SCORES_SOFTMAX)
+                    self.scores_bytes += batch * heads * x.shape[0] * key.shape[0] * x.element_size()
+                else:
+                    self.called.add(SDPA_NAME)
             if func is F.scaled_dot_product_attention:
-                q, k, v = args[:3]
+                q, k, v = (*args, *(kwargs[n] for n in ("query", "key", "value")[len(args):]))[:3]
                 b_h_sq = q.numel() // q.shape[-1]
                 self.attention_flops += 2 * b_h_sq * k.shape[-2] * (q.shape[-1] + v.shape[-1])
                 dropout = (kwargs or {}).get("dropout_p", args[4] if len(args) > 4 else 0.0)
@@ -343,7 +361,8 @@ def _pass(workload: Workload, model: Any, micro_batch: int, param_keys: set[int]
         by_op = counter.get_flop_counts().get("Global", {})
         conv = sum(n for op, n in by_op.items() if getattr(op, "__name__", str(op)).split(".")[0] in _CONV_OPS)
         unseen = float(sdpa.attention_flops + dispatched.attention_flops)  # by the kernels FlopCounterMode misses
-        counted = (float(counter.get_total_flops()) + unseen, unseen + sdpa.written_flops, float(conv),
+        written = sdpa.mha_flops + (sdpa.square_flops if sdpa.scores_bytes else 0)
+        counted = (float(counter.get_total_flops()) + unseen, unseen + written, float(conv),
                    float(sdpa.math_attention_bytes), float(dispatched.ops), float(block_saved),
                    float(dispatched.block_kept + sdpa.block_kept), float(sdpa.scores_bytes), float(sdpa.upcast_bytes))
     return total, (block_in[0] if block_in else 0), counted, transient

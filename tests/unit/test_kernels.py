@@ -17,11 +17,11 @@ from launcher.cli.options import BUILDS, load
 from launcher.errors import PlanError, WorkloadError
 from launcher.hardware.topology import load_topology
 from launcher.plan.activations import activation_bytes
-from launcher.plan.cost import forward_pass
-from launcher.plan.kernels import detected, kernel_of
+from launcher.plan.cost import _recompute, forward_pass
+from launcher.plan.kernels import detected, kernel_of, with_kernels
 from launcher.plan.profile import profile_workload, profiled_workload
 from launcher.plan.search import plan
-from launcher.plan.types import Overrides
+from launcher.plan.types import Overrides, PricedKernel
 from launcher.request import RunRequest, follow_plan
 from launcher.specs import Goal, Strategy
 from launcher.workload import load_workload
@@ -157,6 +157,26 @@ def attend(q, k, v):
     q, k, v = [x.transpose(1, 2) for x in (q, k, v)]
     return (F.softmax(q @ k.transpose(-2, -1), dim=-1, dtype=torch.float32).to(q.dtype) @ v).transpose(1, 2)
 '''
+# torch's multi-head attention (nn.MultiheadAttention's functional form), its weights asked for or not
+MHA = '''
+def attend(q, k, v):
+    x = q.reshape(q.shape[0], SEQ, DIM).transpose(0, 1)  # (sequence, batch, width)
+    w, b = torch.ones(3 * DIM, DIM, device=x.device), torch.zeros(3 * DIM, device=x.device)
+    out, _ = F.multi_head_attention_forward(x, x, x, DIM, HEADS, w, b, None, None, False, 0.0, w[:DIM], b[:DIM],
+                                            need_weights=NEED)
+    return out.transpose(0, 1).reshape(q.shape)
+'''
+# SDPA beside a square batched matmul that is no attention (token mixing), and keyword-only calls
+MIXING = '''
+_sdpa = attend
+
+
+def attend(q, k, v):
+    mix = torch.ones(q.shape[0], SEQ, SEQ, device=q.device)
+    q = torch.matmul(input=mix, other=q.reshape(q.shape[0], SEQ, -1)).view(q.shape)
+    torch.softmax(input=q.sum(-1), dim=-1)
+    return _sdpa(q, k, v)
+'''
 ROUTER = '''
 _sdpa = attend
 
@@ -227,6 +247,37 @@ def test_attention_written_out_is_detected_by_its_softmax_of_scores(tmp_path):
     saved = upcast.activation_bytes_per_sample
     assert activation_bytes(upcast, fsdp, 1) == pytest.approx((saved - scores) * 0.5 + scores * 1.5)
     assert activation_bytes(eager.profile, fsdp, 1) == pytest.approx(eager.profile.activation_bytes_per_sample * 0.5)
+
+
+def test_multi_head_attention_is_written_out_when_its_weights_are_asked_for(tmp_path):
+    for need, kernel in ((True, "eager"), (False, "sdpa")):
+        got = profiled_workload(load_workload(lm(tmp_path, f"NEED = {need}\n{MHA}", name=f"mha{need}.py"))).profile
+        assert got.attention_kernel == kernel and got.attention_flops_fwd_per_sample == 4 * 8 * 8 * 16 * 4
+        assert got.attention_scores_bytes_per_sample == (4 * 2 * 8 * 8 * 4 if need else 0)
+
+
+def test_a_square_matmul_beside_sdpa_is_no_attention_and_keyword_calls_are_seen(tmp_path):
+    sdpa = profile_workload(load_workload(lm(tmp_path)))
+    mixing = profiled_workload(load_workload(lm(tmp_path, MIXING, name="mixing.py"))).profile
+    assert mixing.attention_kernel == "sdpa" and mixing.attention_scores_bytes_per_sample == 0
+    assert mixing.attention_flops_fwd_per_sample == sdpa.attention_flops_fwd_per_sample
+    assert mixing.flops_fwd_per_sample > sdpa.flops_fwd_per_sample  # the mixing matmul, priced as a matmul
+
+
+def test_a_kernel_given_against_the_profiles_holds_its_own_scores(tmp_path):
+    sdpa = profile_workload(load_workload(lm(tmp_path)))
+    eager = profile_workload(load_workload(lm(tmp_path, EAGER, name="eager.py")))
+    as_eager = with_kernels(sdpa, {"attention": PricedKernel(kernel="eager", source="given")})
+    scores = sdpa.attention_flops_fwd_per_sample / 128  # fp32 bytes of 4 x batch x heads x s x s x head dim FLOPs
+    assert as_eager.attention_scores_bytes_per_sample == pytest.approx(scores)
+    assert as_eager.activation_bytes_per_sample == pytest.approx(sdpa.activation_bytes_per_sample + scores)
+    as_flash = with_kernels(eager, {"attention": PricedKernel(kernel="fa2", source="given")})
+    assert as_flash.attention_scores_bytes_per_sample == 0
+    assert as_flash.activation_bytes_per_sample == pytest.approx(
+        eager.activation_bytes_per_sample - eager.attention_scores_bytes_per_sample)
+    # selective checkpointing keeps no bmm or softmax output: written out, attention is recomputed
+    selective = Strategy(kind="fsdp_full", precision="bf16", checkpointing="selective")
+    assert _recompute(selective, eager, 1.0, 1.0, 1.0) > _recompute(selective, sdpa, 1.0, 1.0, 1.0)
 
 
 @pytest.mark.parametrize("attention, kernel", [("sdpa", "sdpa"), ("eager", "eager")])
