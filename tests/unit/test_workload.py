@@ -80,3 +80,20 @@ def test_gpt_presets_reach_llama_shapes():
         n = sum(p.numel() for p in w.build_model().parameters())
     assert 7.9e9 < n < 8.1e9  # Llama-3 8B has 8.03e9 parameters
     assert w.units_per_sample == 8192
+
+
+def test_optimizer_kwargs_are_the_settings_a_constructor_takes():
+    import torch
+
+    from launcher.workload import optimizer_kwargs
+
+    adamw = torch.optim.AdamW([torch.zeros(1, requires_grad=True)], lr=0.1)
+    kept = optimizer_kwargs(torch.optim.AdamW, adamw.defaults)
+    assert kept["lr"] == 0.1 and set(kept) <= set(adamw.defaults)
+    assert "decoupled_weight_decay" in adamw.defaults and "decoupled_weight_decay" not in kept
+
+    class Wrapped(torch.optim.SGD):  # takes **kwargs: every setting passes through
+        def __init__(self, params, **kwargs):
+            super().__init__(params, **kwargs)
+
+    assert optimizer_kwargs(Wrapped, {"lr": 0.1, "momentum": 0.9}) == {"lr": 0.1, "momentum": 0.9}
