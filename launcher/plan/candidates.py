@@ -44,18 +44,21 @@ TP_KINDS = ("fsdp_full", "hybrid")
 
 def profile_for_goal(profile: ModelProfile, goal: Goal) -> ModelProfile:
     """`profile` at `goal.seq_len`: activations and matmul FLOPs scale linearly with sequence
-    length (exact for SDPA/flash attention, which saves no s x s scores), attention FLOPs
-    quadratically."""
+    length (exact for SDPA/flash attention, which saves no s x s scores), attention FLOPs and the
+    s x s scores attention written out (or SDPA's math path) keeps quadratically."""
     if goal.seq_len is None or goal.seq_len == profile.units_per_sample:
         return profile
     if profile.sample_units != "tokens":
         raise PlanError(f"--seq-len {goal.seq_len} applies to sequence models (tokens per "
                         f"sample); {profile.name} counts {profile.sample_units}: drop --seq-len")
     r = goal.seq_len / profile.units_per_sample
-    attention = attention_flops_fwd(profile)
+    attention, scores = attention_flops_fwd(profile), profile.attention_scores_bytes_per_sample
     return dataclasses.replace(
         profile, units_per_sample=goal.seq_len,
-        activation_bytes_per_sample=profile.activation_bytes_per_sample * r,
+        activation_bytes_per_sample=(profile.activation_bytes_per_sample - scores) * r + scores * r * r,
+        attention_scores_bytes_per_sample=scores * r * r,
+        attention_scores_upcast_bytes_per_sample=profile.attention_scores_upcast_bytes_per_sample * r * r,
+        math_attention_bytes_per_sample=profile.math_attention_bytes_per_sample * r * r,
         block_input_bytes_per_sample=profile.block_input_bytes_per_sample * r,
         flops_fwd_per_sample=(profile.flops_fwd_per_sample - attention) * r + attention * r * r,
         attention_flops_fwd_per_sample=attention * r * r,

@@ -17,6 +17,7 @@ from launcher.cli.options import BUILDS, load
 from launcher.errors import PlanError, WorkloadError
 from launcher.hardware.topology import load_topology
 from launcher.plan.activations import activation_bytes
+from launcher.plan.candidates import profile_for_goal
 from launcher.plan.cost import _recompute, forward_pass
 from launcher.plan.kernels import detected, kernel_of, with_kernels
 from launcher.plan.profile import profile_workload, profiled_workload
@@ -275,6 +276,11 @@ def test_a_kernel_given_against_the_profiles_holds_its_own_scores(tmp_path):
     assert as_flash.attention_scores_bytes_per_sample == 0
     assert as_flash.activation_bytes_per_sample == pytest.approx(
         eager.activation_bytes_per_sample - eager.attention_scores_bytes_per_sample)
+    # at twice the tokens, written out attention's scores are four times the bytes, the rest twice
+    longer = profile_for_goal(eager, Goal(seq_len=16))
+    assert longer.attention_scores_bytes_per_sample == 4 * eager.attention_scores_bytes_per_sample
+    assert longer.activation_bytes_per_sample == pytest.approx(
+        2 * eager.activation_bytes_per_sample + 2 * eager.attention_scores_bytes_per_sample)
     # selective checkpointing keeps no bmm or softmax output: written out, attention is recomputed
     selective = Strategy(kind="fsdp_full", precision="bf16", checkpointing="selective")
     assert _recompute(selective, eager, 1.0, 1.0, 1.0) > _recompute(selective, sdpa, 1.0, 1.0, 1.0)
