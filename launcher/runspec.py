@@ -178,7 +178,8 @@ class RunSettings:
               UsageError, f"`compile_mode` {self.compile_mode} captures CUDA graphs, which FSDP ({self.strategy}) does "
                           "not support; use `compile_mode` default or max-autotune-no-cudagraphs")
         check(not self.offload or self.strategy not in DDP_KINDS, UsageError, OFFLOAD_NEEDS_FSDP)
-        check(self.fsdp_unit != "linear" or linear_units_ok(strategy=self.strategy, tp=self.tp, compile=self.compile),
+        check(self.fsdp_unit != "linear" or linear_units_ok(strategy=self.strategy, tp=self.tp, compile=self.compile,
+                                                              checkpointing=self.checkpointing),
               UsageError, LINEAR_UNITS_NEED)
         check(self.float8 in (None, "none") or self.precision in (None, "bf16"), UsageError, FLOAT8_NEEDS_BF16)
         check(self.reduce_dtype in (None, "fp32") or self.precision in (None, "bf16"), UsageError, REDUCE_NEEDS_BF16)

@@ -43,8 +43,10 @@ REDUCE_NEEDS_BF16 = ("`reduce_dtype` bf16 reduces the gradients of a bf16 run in
 # own and the block the rest (DeepSpeed ZeRO-3 fetches per submodule; Accelerate's size-based wrap is alike)
 FSDP_UNITS = ("block", "linear")
 LINEAR_UNITS_NEED = ("`fsdp_unit` linear shards each linear layer of an FSDP strategy's blocks on its own; use "
-                     "`strategy` fsdp_full, fsdp_grad_op or hybrid without `tp` or `compile` (FSDP's hooks would sit "
-                     "inside each compiled block), or `fsdp_unit` block")
+                     "`strategy` fsdp_full, fsdp_grad_op or hybrid without `tp`, `compile` (FSDP's hooks would sit "
+                     "inside each compiled block) or `checkpointing` selective (a selectively checkpointed block's "
+                     "recompute replays its forward's ops one for one, and those hooks run other ops in it), or "
+                     "`fsdp_unit` block")
 OFFLOAD_NEEDS_FSDP = ("`offload` keeps FSDP's sharded state in host memory; DDP and ZeRO-1 keep whole parameters "
                       "on the device: use `strategy` fsdp_full, fsdp_grad_op or hybrid, or drop `offload`")
 MIN_HANG_TIMEOUT_S = 10.0  # twice the harness's flush interval
@@ -89,9 +91,9 @@ def require_torchao(recipe: str) -> None:
     check(recipe in (None, "none") or has_torchao(), UsageError, NO_TORCHAO.format(recipe=recipe))
 
 
-def linear_units_ok(*, strategy: str | None, tp: int | None, compile: bool | None) -> bool:
+def linear_units_ok(*, strategy: str | None, tp: int | None, compile: bool | None, checkpointing: str | None) -> bool:
     """Whether `fsdp_unit` linear can run beside these (None: not decided yet); LINEAR_UNITS_NEED says why not."""
-    return strategy not in DDP_KINDS and (tp or 1) == 1 and not compile
+    return strategy not in DDP_KINDS and (tp or 1) == 1 and not compile and checkpointing != "selective"
 
 
 def check(cond: bool, err: type[Exception], msg: str) -> None:
@@ -222,7 +224,8 @@ class Strategy:
     def __post_init__(self) -> None:
         check(self.fsdp_unit in FSDP_UNITS, UsageError,
               f"unknown `fsdp_unit` {self.fsdp_unit!r}; use one of {', '.join(FSDP_UNITS)}")
-        check(self.fsdp_unit == "block" or linear_units_ok(strategy=self.kind, tp=self.tp, compile=self.compile),
+        check(self.fsdp_unit == "block" or linear_units_ok(
+            strategy=self.kind, tp=self.tp, compile=self.compile, checkpointing=self.checkpointing),
               UsageError, LINEAR_UNITS_NEED)
         check(self.reduce_dtype in REDUCE_DTYPES, UsageError,
               f"unknown `reduce_dtype` {self.reduce_dtype!r}; use one of {', '.join(REDUCE_DTYPES)}")

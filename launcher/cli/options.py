@@ -261,6 +261,7 @@ def load(cls: type[T], args: argparse.Namespace) -> T:
         values["compile"] = bool(decided["compile"]) if values.get("compile") is None else values["compile"]
         # the plan's linear units yield to a flag given beside it that they cannot run with (LINEAR_UNITS_NEED)
         if "fsdp_unit" not in given and values.get("fsdp_unit") == "linear" and not linear_units_ok(
-                strategy=values.get("strategy"), tp=values.get("tp"), compile=values["compile"]):
+                strategy=values.get("strategy"), tp=values.get("tp"), compile=values["compile"],
+                checkpointing=values.get("checkpointing")):
             values["fsdp_unit"] = None
     return typed(cls, values)

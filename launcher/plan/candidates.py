@@ -203,7 +203,7 @@ def candidates(profile: ModelProfile, topology: Topology, goal: Goal, ov: Overri
                     if ov.tp is not None:
                         skipped = tp_skipped
                 for precision, f8 in [(p, f) for p in precisions_for(topology, ov) for f in _float8s(topology, ov, p)]:
-                    for ckpt in modes:
+                    for ckpt in (m for m in modes if unit == "block" or m != "selective"):  # linear_units_ok
                         strategy = Strategy(kind=kind, precision=precision, checkpointing=ckpt,
                                             compile=compiled, compile_mode=ov.compile_mode or "default",
                                             tp=tp, offload=offload, float8=f8, reduce_dtype=ov.reduce_dtype or "fp32",
@@ -226,7 +226,8 @@ def candidates(profile: ModelProfile, topology: Topology, goal: Goal, ov: Overri
     out = priced(sharded if unit == "linear" else kinds, False, unit)
     # FSDP units of linear layers only where nothing fits with a block per unit: a smaller gathered
     # peak for more collectives, before CPU offload trades the host link for the model state
-    if (ov.fsdp_unit is None and linear_units_ok(strategy=ov.strategy, tp=ov.tp, compile=ov.compile)
+    if (ov.fsdp_unit is None and linear_units_ok(strategy=ov.strategy, tp=ov.tp, compile=ov.compile,
+                                                      checkpointing=ov.checkpointing)
             and profile.linear_units_per_block > 1 and not any(c.fits for c in out)):
         out += priced(sharded, False, "linear")
     # CPU offload on GPUs only where nothing else fits: it trades the host link and the CPU's

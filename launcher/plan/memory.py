@@ -27,10 +27,11 @@ The model, per rank (P = parameters, G = shard group size, c = compute-dtype byt
   prefetched one) at the compute dtype, one block's gradients, and the reduce-scatter input FSDP2
   copies them into (`Strategy.reduce_dtype`) beyond the activations that block's backward freed.
   Under `fsdp_unit` linear the units are each block's linear layers and the rest of the block.
-  They live during the blocks' backward, not at its start: when the loss gradient (backward's
-  transient) peaks, every unit (the root too) has been resharded after its forward and no
-  gradient exists yet (measured on CPU, torch 2.13: the peak is log_softmax's backward, with
-  nothing unsharded), so the units and the transient count once, the larger.
+  The blocks' units live during the blocks' backward, not at its start: when the loss gradient
+  (backward's transient) peaks, every block has been resharded after its forward and no
+  gradient exists yet (measured on CPU, torch 2.13: the peak is log_softmax's backward), so
+  they and the transient count once, the larger; the root keeps its parameters from forward to
+  backward (runtime.wrap: its backward starts at once), beside the transient.
 - FSDP shard-grad-op (ZeRO-2, reshard_after_forward=False): the whole model stays unsharded at
   the compute dtype from forward to backward; fp32 params, grads and optimizer are sharded.
 - hybrid: full shard inside the shard group (one node), replicated across nodes.
@@ -209,7 +210,7 @@ def estimate_memory(profile: ModelProfile, strategy: Strategy, *, micro_batch: i
             notes.append(f"unsharded {strategy.precision} params {c} B/param (grad-op keeps them)")
         else:
             units += c * (root + 2 * block)
-            notes.append(f"unsharded root ({root / 1e6:.0f}M params) + 2 {unit}s (prefetch) at "
+            notes.append(f"unsharded root ({root / 1e6:.0f}M params, kept from forward) + 2 {unit}s (prefetch) at "
                          f"{c} B" + (f", each its TP 1/{tp} (embedding row-, head column-split)"
                                      if tp > 1 else ""))
         # one unit's grads (compute dtype) and the reduce-scatter input foreach_reduce copies them into: that comes once
@@ -220,8 +221,9 @@ def estimate_memory(profile: ModelProfile, strategy: Strategy, *, micro_batch: i
         units += c * block + max(0.0, strategy.reduce_bytes * block - freed)
         notes.append(f"one {unit}'s {strategy.precision} grads + {strategy.reduce_dtype} reduce-scatter input "
                      "past its activations")
-        # backward's transient peaks before any unit is unsharded again (module docstring): the peak holds the larger
-        coexisting = c * p / tp if strategy.kind == "fsdp_grad_op" else 0.0
+        # backward's transient peaks before any block's unit is unsharded again (module docstring): the peak
+        # holds the larger; what stays unsharded from forward (grad-op: all, else the root) lives beside it
+        coexisting = c * p / tp if strategy.kind == "fsdp_grad_op" else c * root
         overlap = min(units - coexisting, transient)
         if overlap > 0:
             units -= overlap

@@ -97,7 +97,8 @@ class Overrides:
                             "--strategy fsdp_full, fsdp_grad_op or hybrid, or drop --offload")
         if self.fsdp_unit not in (None, *FSDP_UNITS):
             raise PlanError(f"unknown --fsdp-unit {self.fsdp_unit!r}; use one of {', '.join(FSDP_UNITS)}")
-        if self.fsdp_unit == "linear" and not linear_units_ok(strategy=self.strategy, tp=tp, compile=self.compile):
+        if self.fsdp_unit == "linear" and not linear_units_ok(strategy=self.strategy, tp=tp, compile=self.compile,
+                                                                    checkpointing=self.checkpointing):
             raise PlanError(LINEAR_UNITS_NEED)
         for role, known in KERNEL_ROLES.items():
             value = getattr(self, f"{role}_kernel")

@@ -309,7 +309,10 @@ def _wrap_fsdp(model: torch.nn.Module, strategy: Strategy, ctx: RankContext,
         for linear in linear_layers(block) if strategy.fsdp_unit == "linear" else ():
             fully_shard(linear, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard, offload_policy=offload)
         fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard, offload_policy=offload)
-    sharded = fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard,
+    # the root keeps its parameters (embeddings, head) from forward to backward, whose first op
+    # needs them: resharded, they would be gathered again with nothing to hide behind. FSDP2 does
+    # so for a root not told otherwise (torchtitan's); said here, every torch version does it
+    sharded = fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False,
                           offload_policy=offload)  # `model`, as FSDPModule
     if strategy.compile and not blocks:
         # no units declared: the whole model is one FSDP unit, so compiling it breaks nothing

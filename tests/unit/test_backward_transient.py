@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 
 from launcher.plan.activations import AUTOCAST_TRANSIENT_FACTOR, transient_bytes
-from launcher.plan.memory import estimate_memory, unsharded_root_params
+from launcher.plan.memory import estimate_memory
 from launcher.plan.profile import profile_workload
 from launcher.specs import ModelProfile, Strategy
 from launcher.workload import load_workload
@@ -54,13 +54,12 @@ def test_memory_counts_the_transient_at_the_loss_dtype(lm_profile):
                  - estimate_memory(without, s, **kw).total_gib) * 2**30
         assert transient_bytes(lm_profile, s, mb) == pytest.approx(t * factor * mb)
         # the transient plus the allocator slack the model charges on every tensor byte; FSDP's
-        # unsharded units (root + 2 blocks at bf16, one block's bf16 grads, and their fp32 reduce-scatter input
+        # blocks' units (2 blocks at bf16, one block's bf16 grads, and their fp32 reduce-scatter input
         # beyond the block's share of the activations) live only after the loss gradient is freed, so the
-        # transient adds what exceeds them
+        # transient adds what exceeds them; the root (bf16) stays gathered from forward, beside it
         block = lm_profile.largest_block_params
         freed = (estimate_memory(without, s, **kw).activations_bytes) / lm_profile.num_blocks
-        units = (2 * (unsharded_root_params(lm_profile) + 2 * block) + 2 * block + max(0.0, 4 * block - freed)
-                 if kind == "fsdp_full" else 0.0)
+        units = (2 * (2 * block) + 2 * block + max(0.0, 4 * block - freed) if kind == "fsdp_full" else 0.0)
         assert grown == pytest.approx(max(0.0, t * factor * mb - units) * 1.05, rel=1e-6), (kind, precision)
 
 

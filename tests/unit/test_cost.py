@@ -493,3 +493,91 @@ def test_published_megatron_zero3_rows_agree_with_their_papers_training_time():
         days = 300e9 / (tokens * r["gpus"]) / 86400
         assert abs(days - stated) <= 0.5 + days * (0.5 / tflops + 0.05 / tokens), r["id"]
         assert r["global_batch"] == r["micro_batch"] * r["grad_accum"] * r["gpus"], r["id"]
+
+
+# --- FSDP's collectives as FSDP2 runs them (two gloo ranks) ----------------------------------------
+GATHER_CASES = [(ckpt, unit) for ckpt in ("none", "full") for unit in ("block", "linear")]
+
+
+def _count_gathers(rank: int, init: str, out) -> None:  # type: ignore[no-untyped-def]
+    """One forward and backward of gpt tiny per case through runtime.wrap, counting FSDP2's all-gathers."""
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import default_collate
+
+    from launcher.runtime.context import RankContext
+    from launcher.runtime.wrap import wrap
+    from launcher.workload import load_workload
+
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+        ctx = RankContext(rank=rank, local_rank=rank, world_size=2, local_world_size=2, node_rank=0, host="h",
+                          device_type="cpu")
+        workload = load_workload(str(Path(__file__).parents[2] / "workloads" / "gpt.py"), ["--size", "tiny"])
+        calls: list[bool] = []
+        gather = dist.all_gather_single
+
+        def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+            calls.append(torch.is_grad_enabled())  # FSDP2 gathers for backward under no_grad
+            return gather(*args, **kwargs)
+
+        dist.all_gather_single = counted  # type: ignore[assignment]
+        batch = default_collate(workload.first_samples(2))
+        for ckpt, unit in GATHER_CASES:
+            model = workload.build_model()
+            wrapped = wrap(model, Strategy(kind="fsdp_full", checkpointing=ckpt, fsdp_unit=unit), ctx,
+                           workload.blocks(model))
+            calls.clear()
+            loss = workload.loss_fn(wrapped.module, batch)
+            forward = len(calls)
+            loss.backward()
+            out.put((ckpt, unit, rank, forward, len(calls) - forward))
+    except BaseException:
+        import traceback
+
+        out.put(("error", traceback.format_exc(), rank, 0, 0))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+@pytest.mark.distributed
+def test_fsdp2_gathers_each_unit_once_a_pass_as_the_model_prices_it(tmp_path):
+    """fsdp_traffic's count: forward gathers every unit, backward every block's unit again, the
+    root excepted (it keeps its parameters: runtime.wrap); a recompute gathers nothing more, even
+    with linear units inside the checkpointed block (FSDP2's hooks keep what backward gathered)."""
+    import multiprocessing
+
+    import torch
+
+    from launcher.plan.memory import units_per_block
+    from launcher.plan.profile import linear_units
+    from launcher.workload import load_workload
+
+    workload = load_workload(str(Path(__file__).parents[2] / "workloads" / "gpt.py"), ["--size", "tiny"])
+    with torch.device("meta"):
+        model = workload.build_model()
+    blocks = workload.blocks(model)
+    largest, per_block = linear_units(blocks)
+    profile = ModelProfile(name="gpt-tiny", num_params=sum(p.numel() for p in model.parameters()),
+                           bytes_by_dtype={}, num_blocks=len(blocks), activation_bytes_per_sample=1.0,
+                           block_input_bytes_per_sample=1.0, flops_fwd_per_sample=1.0,
+                           largest_block_params=max(sum(p.numel() for p in b.parameters()) for b in blocks),
+                           linear_unit_params=largest, linear_units_per_block=per_block)
+    mp = multiprocessing.get_context("spawn")
+    out = mp.Queue()
+    procs = [mp.Process(target=_count_gathers, args=(r, f"file://{tmp_path / 'store'}", out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        seen = [out.get(timeout=120) for _ in range(2 * len(GATHER_CASES))]
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+    assert not [s for s in seen if s[0] == "error"], seen
+    for ckpt, unit, _rank, forward, backward in seen:
+        strategy = Strategy(kind="fsdp_full", checkpointing=ckpt, fsdp_unit=unit)
+        units = collectives.fsdp_units(profile, strategy)
+        assert (forward, backward) == (units, len(blocks) * units_per_block(profile, strategy)), (ckpt, unit)
+    assert {(s[1], s[3]) for s in seen} == {("block", 5), ("linear", 33)}  # gpt tiny: 4 blocks of 7 linears + rest

@@ -18,6 +18,7 @@ from launcher.plan.memory import (
     CUDA_CONTEXT_BYTES,
     NCCL_BUFFER_BYTES,
     estimate_memory,
+    unsharded_root_params,
     usable_mem_bytes,
 )
 from launcher.specs import GIB, ModelProfile, Strategy
@@ -192,15 +193,16 @@ def test_compile_saves_less_of_a_transformer_and_as_much_of_a_conv_net():
 
 
 def test_fsdp_units_and_the_loss_gradient_are_counted_once():
-    # the loss gradient peaks before any block's backward (every unit resharded, no unsharded
-    # gradient yet); the units live once it is freed: the larger of the two, not both
+    # the loss gradient peaks before any block's backward (every block resharded, no unsharded
+    # gradient yet); the blocks' units live once it is freed: the larger of the two, not both; the
+    # root (2e8 at bf16) stays gathered from forward, beside it
     small, large = 1e8, 5e9  # transient per sample: below and above the units (9e8 at bf16)
     lo = est("fsdp_full", "bf16", profile=model(backward_transient_bytes_per_sample=small))
     hi = est("fsdp_full", "bf16", profile=model(backward_transient_bytes_per_sample=large))
     units = 5.6e8 + 1.8e8 + 1.6e8
     # bf16 params: the transient at 0.5, 2 samples
     assert lo.overhead_bytes == pytest.approx(units - 0.5 * small * 2)
-    assert hi.overhead_bytes == pytest.approx(0.0)
+    assert hi.overhead_bytes == pytest.approx(2 * unsharded_root_params(model()))
     assert hi.activations_bytes == pytest.approx(0.5 * ACT * 2 + 0.5 * large * 2)
     assert "counted once" in lo.assumptions
     # grad-op keeps every unit unsharded through the loss: only its block's grads overlap

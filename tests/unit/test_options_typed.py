@@ -158,6 +158,7 @@ def test_a_plan_file_fills_the_decisions_the_flags_left_open(tmp_path: Path, mon
     # its linear units travel, and yield to a flag beside them they cannot run with (DDP, TP, compile)
     plan.write_text('{"decisions": {"strategy": "fsdp_full", "precision": "bf16", "micro_batch": 4, '
                     '"grad_accum": 2, "checkpointing": "none", "compile": false, "fsdp_unit": "linear"}}')
-    for flags, unit in (((), "linear"), (("--strategy", "ddp"), None), (("--compile",), None), (("--tp", "2"), None)):
+    for flags, unit in (((), "linear"), (("--strategy", "ddp"), None), (("--compile",), None), (("--tp", "2"), None),
+                        (("--checkpointing", "selective"), None)):
         given = load(RunOptions, build_parser().parse_args(["run", "w.py", "--plan", str(plan), *flags])).settings
         assert given.fsdp_unit == unit, flags

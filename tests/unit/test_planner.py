@@ -16,7 +16,7 @@ import re
 import pytest
 
 from launcher.alloc_conf import alloc_conf_name, installed_torch_version
-from launcher.errors import DlaunchError, PlanError
+from launcher.errors import DlaunchError, PlanError, UsageError
 from launcher.hardware.topology import list_shipped, load_topology
 from launcher.hardware.types import DeviceSpec, Link, Topology
 from launcher.plan.candidates import STRATEGY_ORDER, TIE_TOLERANCE
@@ -206,12 +206,18 @@ def test_linear_units_are_proposed_only_where_no_block_unit_fits():
     assert label(p.chosen).startswith("FSDP full") and label(p.chosen).endswith(" + ckpt + linear units")
     roomy = plan(profile, topo, Goal(global_batch=256), overrides=forced)
     assert roomy.chosen.strategy.fsdp_unit == "block" and {c.strategy.fsdp_unit for c in roomy.rejected} <= {"block"}
-    # given, it is kept where blocks would fit; under --tp or --compile it is one line
+    # given, it is kept where blocks would fit; under --tp, --compile or selective checkpointing it is one line
     assert plan(profile, topo, Goal(global_batch=256), overrides=dataclasses.replace(
         forced, fsdp_unit="linear")).chosen.strategy.fsdp_unit == "linear"
-    for bad in ({"tp": 2}, {"compile": True}, {"strategy": "ddp"}):
+    for bad in ({"tp": 2}, {"compile": True}, {"strategy": "ddp"}, {"checkpointing": "selective"}):
         with pytest.raises(PlanError, match="`fsdp_unit` linear shards each linear layer"):
             Overrides(fsdp_unit="linear", **{"strategy": "fsdp_full", **bad})
+    with pytest.raises(UsageError, match="`checkpointing` selective"):
+        Strategy(kind="fsdp_full", checkpointing="selective", fsdp_unit="linear")
+    # left to the plan, linear units come with whole-block checkpointing or none, never selective
+    free = plan(profile, topo, tight, overrides=Overrides(strategy="fsdp_full", micro_batch=4, fsdp_unit="linear"))
+    modes = {c.strategy.checkpointing for c in [free.chosen, *free.rejected]}
+    assert modes == {"none", "every-other", "full"}, modes
 
 
 def test_nothing_fits_raises_one_actionable_line():
