@@ -141,6 +141,9 @@ def write_missing_summaries(run_dir: str | Path, world_size: int, *, expected_st
             status, error = "failed", f"exit code {ex.code} without a summary"
             if (raised := raised_error(rd, rank)) is not None:
                 error = f"{raised} (exit code {ex.code})"
+            elif ex.code == 128 + signal.SIGTERM and not ex.root and rooted:
+                # SIGTERM's exit code, torchrun's stopping after its root cause: listed after it
+                when = now
         elif (stall is not None and stall.kind == "exited" and rank in stall.ranks) or (
                 exits and has_file):
             # torchrun lists every rank that failed or that it stopped; one it does not list

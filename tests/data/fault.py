@@ -11,6 +11,9 @@ loss_fn (run with --no-calibrate so that call is the training step of that numbe
                     the first batch; the other ranks wait in a collective for it)
 
 `--fault-attempt N` injects only in attempt N of a `--max-restarts` run (-1: every attempt).
+DLAUNCH_TEST_FAULT and DLAUNCH_TEST_FAULT_ATTEMPT set the defaults of --fault and --fault-attempt:
+runs that differ only in them have the same workload arguments, so share one cached profile and
+step timing.
 """
 
 import os
@@ -24,7 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-DEFAULTS = {"fault": "raise", "fault_rank": 1, "fault_step": 3, "fault_attempt": -1}
+DEFAULTS = {"fault": os.environ.get("DLAUNCH_TEST_FAULT", "raise"), "fault_rank": 1, "fault_step": 3,
+            "fault_attempt": int(os.environ.get("DLAUNCH_TEST_FAULT_ATTEMPT", "-1"))}
 _calls = {"n": 0}
 _cfg = {}
 

@@ -30,6 +30,7 @@ from tests.helpers import (
     dlaunch_env,
     rank_pids,
     rank_records,
+    seeded_cache,
 )
 
 pytestmark = pytest.mark.distributed
@@ -163,8 +164,9 @@ def test_one_run_dir_is_claimed_by_one_run(tmp_path: Path, seen: set[int]):
     with pytest.raises(LaunchError, match="taken by another dlaunch"):
         create_run_dir(mine, "second")  # empty still, but claimed
     run_dir = tmp_path / "run"
-    args = ["run", STEADY, "--gpus", "1", "--steps", "3", *FIXED, "--run-dir", str(run_dir),
-            "--", "--step-sleep-s", "0"]
+    # steady.py's own defaults: the plan test_sweep_refuses_a_foreign_directory_and_touches_nothing's
+    # seeded cache finds measured
+    args = ["run", STEADY, "--gpus", "1", "--steps", "3", *FIXED, "--run-dir", str(run_dir)]
     procs = [_start(tmp_path, *args, name=f"run{k}") for k in range(2)]
     seen.update(p.pid for p in procs)
     codes = sorted(p.wait(timeout=180) for p in procs)
@@ -185,7 +187,11 @@ def test_sweep_refuses_a_foreign_directory_and_touches_nothing(tmp_path: Path, d
     (sweep / "ws1-r0" / "thesis.tex").write_text("\\documentclass{article}\n")
     before = sorted((str(p.relative_to(sweep)), p.read_bytes() if p.is_file() else b"")
                     for p in sweep.rglob("*"))
-    done = dlaunch("scale", STEADY, "--gpus", "1", "--steps", "2", "--sweep-dir", str(sweep))
+    # a seeded cache and test_one_run_dir_is_claimed_by_one_run's plan: measured there, not again
+    # for a refusal
+    done = dlaunch("scale", STEADY, "--gpus", "1", "--steps", "2", "--strategy", "ddp", "--precision", "fp32",
+                   "--micro-batch", "4", "--sweep-dir", str(sweep),
+                   env={"DLAUNCH_CACHE_DIR": str(seeded_cache(tmp_path / "cache"))})
     assert_one_line_error(done, "--sweep-dir", "holds no dlaunch sweep")
     after = sorted((str(p.relative_to(sweep)), p.read_bytes() if p.is_file() else b"")
                    for p in sweep.rglob("*"))

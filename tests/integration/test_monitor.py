@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from launcher.backends.monitor import Stall, Watcher, read_heartbeats
 from launcher.backends.postmortem import parse_torchrun_exits, write_missing_summaries
 from launcher.backends.stacks import StackInfo, parse_stack_dump
@@ -240,18 +242,30 @@ def test_a_sigkilled_rank_leads_when_torchruns_root_cause_only_lost_its_peer(tmp
     assert _summary(rd, 1)["time"] > 1.5e9
 
 
-def test_a_rank_dying_while_torchrun_stops_it_is_listed_after_the_root_cause(tmp_path):
-    # rank 1 raised (torchrun's first observed failure); rank 0, sent SIGTERM, aborted in
-    # teardown: its last step predates rank 1's error, but it is not the cause
+@pytest.mark.parametrize("code, status, error", [
+    # aborted in teardown
+    ("-6 (pid: 14282)  (SIGABRT)", "killed", "by signal SIGABRT (6)"),
+    # 128 + SIGTERM: a handler turned the signal into an exit
+    ("143 (pid: 14282)", "failed", "exit code 143 without a summary"),
+])
+def test_a_rank_dying_while_torchrun_stops_it_is_listed_after_the_root_cause(tmp_path, code, status, error):
+    # rank 1 raised (torchrun's first observed failure); rank 0, sent SIGTERM, died of it: its
+    # last step predates rank 1's error, but it is not the cause
     rd = _run_dir(tmp_path)
     atomic_write_json(RunPaths(root=rd).summary(1), {"status": "failed", "time": 1.5e9,
                                                      "error": "ValueError: injected"})
-    report = (TORCHRUN_REPORT.replace("-15 (pid: 14282)  (SIGTERM)", "-6 (pid: 14282)  (SIGABRT)")
+    report = (TORCHRUN_REPORT.replace("-15 (pid: 14282)  (SIGTERM)", code)
               .replace("-9 (pid: 14283)  (SIGKILL)", "1 (pid: 14283)"))
     write_missing_summaries(rd, 2, expected_steps=8, beats={}, torchrun_log=report)
     s0 = _summary(rd, 0)
-    assert s0["status"] == "killed" and "SIGABRT (6)" in s0["error"]
+    assert (s0["status"], s0["error"]) == (status, error)
     assert s0["time"] > 1.5e9  # aggregate lists rank 1, the cause, first
+    # the root cause itself keeps its last sign of life, whatever its code
+    (tmp_path / "alone").mkdir()
+    rd2 = _run_dir(tmp_path / "alone")
+    write_missing_summaries(rd2, 2, expected_steps=8, beats={}, torchrun_log=TORCHRUN_REPORT.replace(
+        "-9 (pid: 14283)  (SIGKILL)", code.replace("14282", "14283")))
+    assert _summary(rd2, 1)["time"] < 1.5e9
 
 
 def test_a_rank_dying_while_dlaunch_stops_the_job_for_an_early_exit_is_listed_after_it(tmp_path):

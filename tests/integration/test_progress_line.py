@@ -1,5 +1,6 @@
 """`dlaunch run`'s live progress line, in a pipe and in a pseudo-terminal, and its ETA against
-the time the run really took (the rank's own step records)."""
+the time the run really took (the rank's own step records). The four runs go at once (one module
+fixture, mostly asleep in their steps) to keep the suite short; each test reads its own run."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ import re
 import subprocess
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import DATA, REPO, dlaunch_env, rank_records
+from tests.helpers import DATA, REPO, dlaunch_env, rank_records, seeded_cache
 
 pytestmark = pytest.mark.distributed
 
@@ -23,19 +25,89 @@ FIXED = ["--no-calibrate", "--strategy", "ddp", "--precision", "fp32", "--micro-
 LINE = re.compile(r"dlaunch: step (\d+)/(\d+) \(\d+%\)  ([\d,]+) samples/s  .*ETA (\d+):(\d\d)")
 
 
-def test_in_a_pipe_a_line_per_interval_and_the_eta_holds(tmp_path: Path):
-    run_dir = tmp_path / "run"
-    argv = [sys.executable, "-m", "launcher.cli.main", "run", STEADY, "--gpus", "1", "--steps", "120",
-            *FIXED, "--run-dir", str(run_dir), "--", "--step-sleep-s", "0.1"]
-    out = tmp_path / "stdout"
+PIPE_ARGS = ["--gpus", "1", "--steps", "120", *FIXED]
+TTY_ARGS = ["--gpus", "1", "--steps", "30", *FIXED]
+SLEEP = ["--", "--step-sleep-s", "0.1"]
+# rank 1 slowed to 0.3 s steps from its 15th on
+DRIFT_ARGS = ["--gpus", "2", "--steps", "60", *FIXED]
+DRIFT_SLEEP = ["--", "--step-sleep-s", "0.1", "--slow-rank", "1", "--slow-from", "15", "--slow-sleep-s", "0.3"]
+
+
+def _in_a_pipe(tmp: Path, env: dict[str, str]) -> tuple[Path, Path, list[tuple[float, str]]]:
+    """The run's dir, its stdout file and its stderr lines, each with the wall clock when read."""
+    run_dir = tmp / "run"
+    out = tmp / "stdout"
     with open(out, "w") as stdout:
-        env = dlaunch_env(tmp_path, own_cache=True, DLAUNCH_PROGRESS_INTERVAL_S="1")
-        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=stdout, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen([sys.executable, "-m", "launcher.cli.main", "run", STEADY, *PIPE_ARGS,
+                                 "--run-dir", str(run_dir), *SLEEP], cwd=REPO,
+                                env={**env, "DLAUNCH_PROGRESS_INTERVAL_S": "1"}, stdout=stdout,
+                                stderr=subprocess.PIPE, text=True)
         seen: list[tuple[float, str]] = []  # (wall clock when read, line)
         assert proc.stderr is not None
         for line in proc.stderr:
             seen.append((time.time(), line))
         assert proc.wait(timeout=300) == 0, "".join(x for _, x in seen)
+    return run_dir, out, seen
+
+
+def _on_a_terminal(tmp: Path, env: dict[str, str], *extra: str) -> str:
+    """What the run wrote to its pseudo-terminal."""
+    primary, secondary = pty.openpty()
+    argv = [sys.executable, "-m", "launcher.cli.main", "run", STEADY, *TTY_ARGS,
+            "--run-dir", str(tmp / "run"), *extra, *SLEEP]
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=secondary, stderr=secondary, stdin=subprocess.DEVNULL)
+    os.close(secondary)
+    chunks = []
+    while True:
+        try:
+            data = os.read(primary, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(primary)
+    assert proc.wait(timeout=300) == 0, b"".join(chunks).decode(errors="replace")
+    return b"".join(chunks).decode(errors="replace")
+
+
+def _drifting(tmp: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    # a 6 s window, not the default 20 s: the warning after ~20 slow steps, 25 more of margin
+    return subprocess.run(
+        [sys.executable, "-m", "launcher.cli.main", "run", STEADY, *DRIFT_ARGS, "--run-dir", str(tmp / "run"),
+         "--json", *DRIFT_SLEEP],
+        cwd=REPO, env={**env, "DLAUNCH_DRIFT_SUSTAIN_S": "6"}, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Future]:
+    """Each run's future, all done (a run's failure is its own test's)."""
+    root = tmp_path_factory.mktemp("progress")
+    cache = str(seeded_cache(root / "cache"))  # one cache: the runs share their plans
+    envs = {}
+    for name in ("warm", "pipe", "tty", "quiet", "drift"):
+        (root / name).mkdir()
+        envs[name] = {**dlaunch_env(root / name), "DLAUNCH_CACHE_DIR": cache}
+
+    def warm(args: list[str], sleep: list[str]) -> None:
+        done = subprocess.run([sys.executable, "-m", "launcher.cli.main", "run", STEADY, *args, "--dry-run", *sleep],
+                              cwd=REPO, env=envs["warm"], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+    with ThreadPoolExecutor(4) as pool:
+        # both plans measured before the runs: no run measures while another one's steps are timed
+        for f in [pool.submit(warm, PIPE_ARGS, SLEEP), pool.submit(warm, DRIFT_ARGS, DRIFT_SLEEP)]:
+            f.result()
+        futures = {"pipe": pool.submit(_in_a_pipe, root / "pipe", envs["pipe"]),
+                   "tty": pool.submit(_on_a_terminal, root / "tty", envs["tty"]),
+                   "quiet": pool.submit(_on_a_terminal, root / "quiet", envs["quiet"], "--quiet"),
+                   "drift": pool.submit(_drifting, root / "drift", envs["drift"])}
+        wait(futures.values())
+        return futures
+
+
+def test_in_a_pipe_a_line_per_interval_and_the_eta_holds(runs):
+    run_dir, out, seen = runs["pipe"].result()
     # the lines go to stderr: stdout holds what it did before (rank lines, the summary)
     assert "dlaunch: step " not in out.read_text() and "result: " in out.read_text()
     lines = [(t, m) for t, x in seen if (m := LINE.search(x))]
@@ -51,44 +123,16 @@ def test_in_a_pipe_a_line_per_interval_and_the_eta_holds(tmp_path: Path):
     assert abs(eta_s - real_s) <= 0.15 * real_s + 0.5, (eta_s, real_s, m.group(0))  # 0.5: m:ss rounding
 
 
-def test_on_a_terminal_one_line_is_redrawn_and_quiet_turns_it_off(tmp_path: Path):
-    def run(*extra: str) -> str:
-        primary, secondary = pty.openpty()
-        argv = [sys.executable, "-m", "launcher.cli.main", "run", STEADY, "--gpus", "1", "--steps", "30",
-                *FIXED, "--run-dir", str(tmp_path / f"run{len(extra)}"), *extra,
-                "--", "--step-sleep-s", "0.1"]
-        proc = subprocess.Popen(argv, cwd=REPO, env=dlaunch_env(tmp_path, own_cache=True), stdout=secondary,
-                                stderr=secondary, stdin=subprocess.DEVNULL)
-        os.close(secondary)
-        chunks = []
-        while True:
-            try:
-                data = os.read(primary, 65536)
-            except OSError:  # the child closed the terminal
-                break
-            if not data:
-                break
-            chunks.append(data)
-        os.close(primary)
-        assert proc.wait(timeout=300) == 0, b"".join(chunks).decode(errors="replace")
-        return b"".join(chunks).decode(errors="replace")
-
-    text = run()
+def test_on_a_terminal_one_line_is_redrawn_and_quiet_turns_it_off(runs):
+    text = runs["tty"].result()
     assert "\r\x1b[2Kdlaunch: step " in text and "ETA " in text, text
     assert "run steady-" in text  # the summary follows on a clean line
-    quiet = run("--quiet")
+    quiet = runs["quiet"].result()
     assert "dlaunch: step " not in quiet and "run steady-" in quiet
 
 
-def test_a_rank_slowed_after_warm_up_raises_the_drift_warning(tmp_path: Path):
-    run_dir = tmp_path / "run"
-    # a 6 s window, not the default 20 s: the warning after ~20 slow steps, 25 more of margin
-    done = subprocess.run(
-        [sys.executable, "-m", "launcher.cli.main", "run", STEADY, "--gpus", "2", "--steps", "60",
-         *FIXED, "--run-dir", str(run_dir), "--json", "--",
-         "--step-sleep-s", "0.1", "--slow-rank", "1", "--slow-from", "15", "--slow-sleep-s", "0.3"],
-        cwd=REPO, env=dlaunch_env(tmp_path, own_cache=True, DLAUNCH_DRIFT_SUSTAIN_S="6"), capture_output=True,
-        text=True, timeout=300)
+def test_a_rank_slowed_after_warm_up_raises_the_drift_warning(runs):
+    done = runs["drift"].result()
     assert done.returncode == 0, done.stderr
     warned = [x for x in done.stderr.splitlines() if "warning: steps take" in x]
     assert len(warned) == 1, done.stderr

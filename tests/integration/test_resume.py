@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -50,26 +51,69 @@ SEQ = ("--seq-len", "32")  # workload option (after `--`): cheaper steps, the sa
 
 
 @pytest.fixture(scope="module")
-def restarted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, int, str]]:
-    """An uninterrupted run of workloads/gpt.py and the faulty one with a restart, at once."""
+def together(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, tuple[Path, int, str]], Future]:
+    """The runs of `restarted` and, at the same time (to keep the suite short), the SIGUSR2 run
+    (its failure is its test's alone)."""
     root = tmp_path_factory.mktemp("resume")
     (root / "tmp").mkdir()
-    return run_dlaunch_together({
-        "ref": (["run", str(WORKLOADS / "gpt.py"), *PLAN, "--", *SEQ], root / "ref"),
-        "fault": (["run", FAULT, *PLAN, "--checkpoint-every", str(EVERY), "--max-restarts", "1",
-                   "--", *SEQ, "--fault", "raise", "--fault-step", str(FAULT_STEP),
-                   "--fault-attempt", "0"], root / "fault"),
-        # the same samples as a stream, read by 2 DataLoader workers per rank (not shuffled: the
-        # stream's order), uninterrupted and with the restart
-        "stream-ref": (["run", FAULT, *PLAN, "--num-workers", "2", "--", *SEQ, "--stream"], root / "stream-ref"),
-        "stream": (["run", FAULT, *PLAN, "--checkpoint-every", str(EVERY), "--max-restarts", "1",
-                    "--num-workers", "2", "--", *SEQ, "--stream", "--fault", "raise",
-                    "--fault-step", str(FAULT_STEP), "--fault-attempt", "0"], root / "stream"),
-        # ZeRO-1 (DDP with the optimizer state sharded, runtime.zero), restarted like "fault"
-        "zero1": (["run", FAULT, *ZERO1_PLAN, "--checkpoint-every", str(EVERY), "--max-restarts",
-                   "1", "--", *SEQ, "--fault", "raise", "--fault-step", str(FAULT_STEP),
-                   "--fault-attempt", "0"], root / "zero1"),
-    }, root / "tmp", timeout=240)
+    with ThreadPoolExecutor(1) as pool:
+        usr2 = pool.submit(_preempted_run, root / "usr2")
+        runs = run_dlaunch_together({
+            "ref": (["run", str(WORKLOADS / "gpt.py"), *PLAN, "--", *SEQ], root / "ref"),
+            "fault": (["run", FAULT, *PLAN, "--checkpoint-every", str(EVERY), "--max-restarts", "1",
+                       "--", *SEQ, "--fault", "raise", "--fault-step", str(FAULT_STEP),
+                       "--fault-attempt", "0"], root / "fault"),
+            # the same samples as a stream, read by 2 DataLoader workers per rank (not shuffled: the
+            # stream's order), uninterrupted and with the restart
+            "stream-ref": (["run", FAULT, *PLAN, "--num-workers", "2", "--", *SEQ, "--stream"], root / "stream-ref"),
+            "stream": (["run", FAULT, *PLAN, "--checkpoint-every", str(EVERY), "--max-restarts", "1",
+                        "--num-workers", "2", "--", *SEQ, "--stream", "--fault", "raise",
+                        "--fault-step", str(FAULT_STEP), "--fault-attempt", "0"], root / "stream"),
+            # ZeRO-1 (DDP with the optimizer state sharded, runtime.zero), restarted like "fault"
+            "zero1": (["run", FAULT, *ZERO1_PLAN, "--checkpoint-every", str(EVERY), "--max-restarts",
+                       "1", "--", *SEQ, "--fault", "raise", "--fault-step", str(FAULT_STEP),
+                       "--fault-attempt", "0"], root / "zero1"),
+        }, root / "tmp", timeout=240)
+        usr2.exception()  # waits for it
+        return runs, usr2
+
+
+@pytest.fixture(scope="module")
+def restarted(together) -> dict[str, tuple[Path, int, str]]:
+    """An uninterrupted run of workloads/gpt.py and the faulty one with a restart, at once."""
+    return together[0]
+
+
+def _preempted_run(tmp: Path) -> tuple[Path, int, str, float]:
+    """A run whose rank 1 gets SIGUSR2 a few steps in: its dir, exit code, output and the
+    monotonic clock when the signal went."""
+    (tmp / "tmp").mkdir(parents=True)
+    run_dir = tmp / "run"
+    proc = start_dlaunch(["run", FAULT, *PLAN, "--log-every", "2", "--max-restarts", "1",
+                   "--run-dir", str(run_dir), "--", *SEQ, "--step-sleep-ms", "200"], tmp / "tmp")
+    try:
+        beat = RunPaths(root=run_dir).heartbeat(1)
+        deadline = time.monotonic() + 90  # generous: only a failing run waits this long
+        data: dict = {}
+        # a few steps into the run (the heartbeat beats every step, at most once a second)
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                data = json.loads(beat.read_text())
+            except (OSError, ValueError):
+                data = {}
+            if data.get("step", 0) >= 3:
+                break
+            time.sleep(0.05)
+        else:
+            proc.kill()
+            pytest.fail(f"rank 1 did not reach step 3 (heartbeat {data}):\n{proc.communicate()[0]}")
+        t0 = time.monotonic()
+        os.kill(int(data["pid"]), signal.SIGUSR2)  # one rank only: the others learn it in the all-reduce
+        text, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return run_dir, proc.returncode, text, t0
 
 
 def _restarted_ok(restarted: dict[str, tuple[Path, int, str]], ref: str, run: str) -> tuple[Path, Path, str]:
@@ -149,36 +193,11 @@ def test_an_iterable_dataset_trains_and_resumes_with_the_uninterrupted_losses(re
 
 
 @pytest.mark.distributed
-def test_usr2_saves_on_every_rank_at_one_step_and_the_restart_resumes_there(restarted, tmp_path):
+def test_usr2_saves_on_every_rank_at_one_step_and_the_restart_resumes_there(restarted, together):
     ref_dir, code, _ = restarted["ref"]
     assert code == 0
-    (tmp_path / "tmp").mkdir()
-    run_dir = tmp_path / "run"
-    proc = start_dlaunch(["run", FAULT, *PLAN, "--log-every", "2", "--max-restarts", "1",
-                   "--run-dir", str(run_dir), "--", *SEQ, "--step-sleep-ms", "200"], tmp_path / "tmp")
-    try:
-        beat = RunPaths(root=run_dir).heartbeat(1)
-        deadline = time.monotonic() + 90  # generous: only a failing run waits this long
-        data: dict = {}
-        # a few steps into the run (the heartbeat beats every step, at most once a second)
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                data = json.loads(beat.read_text())
-            except (OSError, ValueError):
-                data = {}
-            if data.get("step", 0) >= 3:
-                break
-            time.sleep(0.05)
-        else:
-            proc.kill()
-            pytest.fail(f"rank 1 did not reach step 3 (heartbeat {data}):\n{proc.communicate()[0]}")
-        t0 = time.monotonic()
-        os.kill(int(data["pid"]), signal.SIGUSR2)  # one rank only: the others learn it in the all-reduce
-        text, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, text
+    run_dir, returncode, text, t0 = together[1].result()
+    assert returncode == 0, text
     first = RunPaths(root=run_dir).attempt(0)
     summaries = [json.loads(first.summary(r).read_text()) for r in (0, 1)]
     assert [s["status"] for s in summaries] == ["preempted"] * 2
