@@ -87,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         recorder.finish(outcome.status, extra=outcome.summary or None)
         return 0
     except BaseException as e:  # noqa: BLE001 - every way out must leave a summary
+        # a stop now (torchrun's, after the peer this rank lost failed) must not cut the summary short
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         # a rank told to stop (SIGTERM under SLURM) whose next collective then failed (a peer
         # was already gone) was being stopped, not failing of its own
         status = "stopped" if isinstance(e, Stopped) or stop_requested() is not None else "failed"
