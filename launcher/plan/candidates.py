@@ -203,7 +203,8 @@ def candidates(profile: ModelProfile, topology: Topology, goal: Goal, ov: Overri
                     if ov.tp is not None:
                         skipped = tp_skipped
                 for precision, f8 in [(p, f) for p in precisions_for(topology, ov) for f in _float8s(topology, ov, p)]:
-                    for ckpt in (m for m in modes if unit == "block" or m != "selective"):  # linear_units_ok
+                    for ckpt in (m for m in modes if unit == "block" or linear_units_ok(
+                            strategy=kind, tp=tp, compile=compiled, checkpointing=m)):
                         strategy = Strategy(kind=kind, precision=precision, checkpointing=ckpt,
                                             compile=compiled, compile_mode=ov.compile_mode or "default",
                                             tp=tp, offload=offload, float8=f8, reduce_dtype=ov.reduce_dtype or "fp32",

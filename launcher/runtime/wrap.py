@@ -309,9 +309,8 @@ def _wrap_fsdp(model: torch.nn.Module, strategy: Strategy, ctx: RankContext,
         for linear in linear_layers(block) if strategy.fsdp_unit == "linear" else ():
             fully_shard(linear, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard, offload_policy=offload)
         fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard, offload_policy=offload)
-    # the root keeps its parameters (embeddings, head) from forward to backward, whose first op
-    # needs them: resharded, they would be gathered again with nothing to hide behind. FSDP2 does
-    # so for a root not told otherwise (torchtitan's); said here, every torch version does it
+    # the root keeps its parameters (embeddings, head) for backward's first op, not gathered again with nothing
+    # to hide behind: FSDP2's (and torchtitan's) way for a root not told otherwise, said for every torch version
     sharded = fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False,
                           offload_policy=offload)  # `model`, as FSDPModule
     if strategy.compile and not blocks:
