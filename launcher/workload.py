@@ -135,13 +135,14 @@ def inspect_file(path: str | Path, *, force_script: bool = False) -> FileKind:
     if present and len(present) < len(REQUIRED):
         missing = ", ".join(n for n in REQUIRED if n not in names)
         raise WorkloadError(f"workload {str(path)!r} defines {', '.join(present)} but not "
-                            f"{missing}; a workload needs all of {', '.join(REQUIRED)}")
+                            f"{missing}; a workload needs all of {', '.join(REQUIRED)} (a plain script: --script)")
     if present:
         return FileKind(path=p, is_script=False, has_tp_plan="tp_plan" in names)
     if _has_main_guard(tree):
         return FileKind(path=p, is_script=True)
     raise WorkloadError(f"{str(path)!r} is neither a workload (it defines none of {', '.join(REQUIRED)}) nor a "
-                        "script (no `if __name__ == \"__main__\":` block); see workloads/mlp.py for the contract")
+                        "script (no `if __name__ == \"__main__\":` block; --script runs it as one); see "
+                        "workloads/mlp.py for the contract")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -103,7 +103,8 @@ def read_state(run_dir: Path, *, now: Callable[[], float] = time.time) -> LocalS
     common: dict[str, Any] = {
         "run_dir": run_dir, "pid": pid if isinstance(pid, int) else None,
         "host": host if isinstance(host, str) else None, "steps": steps, "beat_age_s": age,
-        "total_steps": launch.get("steps") if isinstance(launch.get("steps"), int) else None,
+        # a plain script runs its own loop: launch.json's steps is not its count
+        "total_steps": None if launch.get("is_script") or not isinstance(launch.get("steps"), int) else launch["steps"],
         "world_size": world_size(launch), "step_s": _step_s(paths, launch.get("warmup_steps"))}
     result = read_json_object(paths.result) if paths.result.is_file() else None
     if result:

@@ -90,8 +90,6 @@ class Watcher:
     world_size: int
     hang_timeout_s: float
     startup_timeout_s: float
-    # plain scripts beat only if they use the step meter: never call them hung for silence
-    expect_heartbeats: bool = True
     check_pids: bool = True  # ranks on this host: notice one that left without a summary
     # True once torchrun has begun stopping the ranks itself (a rank failed): it then reports
     # every exit code, which says more than a pid that is gone
@@ -156,7 +154,7 @@ class Watcher:
                 return Stall(kind="teardown", steps=dict(self._steps), ranks=(), idle_s=idle,
                              message=f"every rank finished but the job did not exit for {idle:.0f} s")
             return None
-        if idle <= self.hang_timeout_s or (not self.beats and not self.expect_heartbeats):
+        if idle <= self.hang_timeout_s:
             return None
         started = all(r in self._done or self._steps.get(r, 0) >= 1 for r in range(self.world_size))
         if not started and now - self._t0 <= self.startup_timeout_s:

@@ -85,7 +85,7 @@ def _lost_a_peer(run_dir: Path, rank: int) -> bool:
     return own is not None and bool(_PEER_LOST_RE.search(str(own.get("error", ""))))
 
 
-def write_missing_summaries(run_dir: str | Path, world_size: int, *, expected_steps: int, beats: dict[int, Beat],
+def write_missing_summaries(run_dir: str | Path, world_size: int, *, expected_steps: int | None, beats: dict[int, Beat],
                             stall: Stall | None = None, stacks: dict[int, StackInfo] | None = None,
                             torchrun_log: str = "") -> list[str]:
     """Write a summary for every rank that has none, saying how it ended; returns the lines.
@@ -148,7 +148,8 @@ def write_missing_summaries(run_dir: str | Path, world_size: int, *, expected_st
                 exits and has_file):
             # torchrun lists every rank that failed or that it stopped; one it does not list
             # but that left no summary returned exit code 0 before finishing
-            status, error = "exited", f"exit code 0 before finishing its {expected_steps} steps (no summary)"
+            status, error = "exited", ("exit code 0 before the others finished (no summary)" if expected_steps is None
+                                       else f"exit code 0 before finishing its {expected_steps} steps (no summary)")
         elif stall is not None:
             status, when = "stopped", now
             error = f"by dlaunch ({stall.kind}: {stall.message})"

@@ -20,6 +20,7 @@ import re
 import signal
 import sys
 import threading
+import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -254,8 +255,8 @@ def _dispatch(argv: Sequence[str] | None) -> tuple[int, bool]:
             handler = load_handler(args.handler)  # only now: this command's module tree, no other's
             return int(handler(args, workload_args)), bool(getattr(args, "hard_exit", False))
     except DlaunchError as e:
-        if debug:
-            raise
+        if debug:  # the traceback too; the exit code stays the error's
+            traceback.print_exc()
         print(f"dlaunch: error: {name_flags(str(e))}", file=sys.stderr)
         return e.exit_code, False
     except Interrupted as e:  # SIGTERM, SIGHUP

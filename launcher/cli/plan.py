@@ -12,7 +12,7 @@ import json
 import sys
 
 from launcher.cli.options import PlanOptions, load
-from launcher.errors import UsageError
+from launcher.errors import PlanError, UsageError
 from launcher.plan.explain import label
 from launcher.plan.kernels import given as given_kernels
 from launcher.plan.resolve import Planned, plan_workload, resolve_topology
@@ -59,12 +59,20 @@ def _sizes(opts: PlanOptions, workload_args: list[str], goal: Goal, overrides: O
     if bad := [n for n in sizes if n > per_node and n % per_node]:
         raise UsageError(f"--world-sizes {', '.join(map(str, bad))}: not whole nodes of {per_node} "
                          f"GPUs; use multiples of {per_node} above one node")
-    rows, plans = [], {}
+    rows: list[SizeRow] = []
+    plans: dict[int, Planned] = {}
+    unfit: dict[int, str] = {}  # world size -> why nothing was planned there
     for n in sizes:
         nodes, gpus = (n // per_node, per_node) if n >= per_node else (1, n)
         topology = resolve_topology(topology=opts.topology, gpus=gpus, nodes=nodes)
-        planned = plan_workload(opts.workload, workload_args, topology, goal, overrides=overrides,
-                                corrected=not opts.no_calibration_cache)
+        try:
+            planned = plan_workload(opts.workload, workload_args, topology, goal, overrides=overrides,
+                                    corrected=not opts.no_calibration_cache)
+        except PlanError as e:  # nothing fits at this size: the others still plan; none at all is the error
+            if n == sizes[-1] and not rows:
+                raise
+            unfit[n] = str(e)
+            continue
         rate = _rate(planned)
         plans[n] = planned
         rows.append(SizeRow(world_size=n, nodes=nodes, label=label(planned.plan.chosen), step_s=rate.step_s,
@@ -73,15 +81,17 @@ def _sizes(opts: PlanOptions, workload_args: list[str], goal: Goal, overrides: O
     rows = with_efficiency(rows)
     chosen, why = (pick(rows, deadline_s=deadline_s, budget=opts.budget)
                    if deadline_s is not None or opts.budget is not None else (None, []))
-    unit = "tokens" if plans[sizes[0]].profile.sample_units == "tokens" else "samples"
+    unit = "tokens" if plans[rows[0].world_size].profile.sample_units == "tokens" else "samples"
     if opts.json:
         print(json.dumps({"rows": [{**{k: v for k, v in dataclasses.asdict(r).items() if k != "ttt"},
                                     "time_to_train": None if r.ttt is None else to_dict(r.ttt),
                                     "plan": plans[r.world_size].plan.to_dict()} for r in rows],
                           "unit": unit, "chosen": None if chosen is None else chosen.world_size,
-                          "why": why}, indent=2, default=str))
+                          "why": why, "not_planned": unfit}, indent=2, default=str))
         return 0
     print(_size_table(rows, unit))
+    for n, why_not in unfit.items():
+        print(f"{n:>6} GPUs: not planned: {why_not}")
     if chosen is not None:
         print("\n".join(["", f"chosen: {why[0]}", *(f"  {w}" for w in why[1:])]))
     if rows[0].ttt is not None:
@@ -91,14 +101,15 @@ def _sizes(opts: PlanOptions, workload_args: list[str], goal: Goal, overrides: O
 
 def _size_table(rows: list[SizeRow], unit: str) -> str:
     """The --world-sizes table."""
-    head = f"{'GPUs':>6} {'nodes':>5}  {'plan':<22} {'step':>8} {unit + '/s':>14} {'eff.':>5}"
+    w = max(22, *(len(r.label) for r in rows))  # the plan column fits its longest label
+    head = f"{'GPUs':>6} {'nodes':>5}  {'plan':<{w}} {'step':>8} {unit + '/s':>14} {'eff.':>5}"
     goal = rows[0].ttt is not None
     priced = goal and all(r.ttt is not None and r.ttt.cost is not None for r in rows)
     if goal:
         head += f" {'time':>10} {'GPU-hours':>11}" + (f" {'cost':>12}" if priced else "") + f" {'goodput':>7}"
     lines = [head]
     for r in rows:
-        line = (f"{r.world_size:>6} {r.nodes:>5}  {r.label:<22} {r.step_s:>7.3g}s "
+        line = (f"{r.world_size:>6} {r.nodes:>5}  {r.label:<{w}} {r.step_s:>7.3g}s "
                 f"{r.units_per_s:>14,.0f} {r.efficiency:>5.0%}")
         if r.ttt is not None:
             line += f" {format_duration(r.ttt.wall_s):>10} {r.ttt.gpu_hours:>11,.0f}"

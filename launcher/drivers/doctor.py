@@ -93,7 +93,7 @@ def _probe_text(topology: Topology) -> str:
         return f"this machine as detected ({topology.source}) and datasheet figures"
     rates = dev.rates
     gloo = " and its gloo probe" if gloo_of(topology) is not None else ""
-    return (f"the cached CPU probe of this host ({rates.cpu_model}, {rates.cores} cores, torch {torch_version()}, "
+    return (f"the CPU probe of this host ({rates.cpu_model}, {rates.cores} cores, torch {torch_version()}, "
             f"measured {rates.measured_at.replace('T', ' ')}){gloo}")
 
 

@@ -113,7 +113,7 @@ def launch(rendered: Rendered, backend: Backend, console: IO[str], *, out: IO[st
         return result
     out.write(format_run(result) + "\n")
     if ended.interrupted is not None:
-        out.write(_how_far(result, ended.interrupted, steps=spec.steps) + "\n")
+        out.write(_how_far(result, ended.interrupted, steps=None if spec.is_script else spec.steps) + "\n")
     if history:
         out.write(f"restarts: {len(history) - 1} (earlier attempts in "
                   f"{paths.attempts}/, see {paths.attempts_record.name})\n")
@@ -133,7 +133,8 @@ def _aggregate(run_dir: Path, ended: Ended, spec: LaunchSpec, console: IO[str], 
     if ended.evidence is not None:
         ev = ended.evidence
         try:
-            write_missing_summaries(run_dir, spec.world_size, expected_steps=spec.steps, beats=dict(ev.beats),
+            write_missing_summaries(run_dir, spec.world_size, expected_steps=None if spec.is_script else spec.steps,
+                                    beats=dict(ev.beats),
                                     stall=stall, stacks=dict(ev.stacks), torchrun_log=ev.torchrun_log)
         except StorageError as e:  # a full disk must not cost the summary of what was recorded
             full = f"the ranks' summaries were not written: {e}"
@@ -149,11 +150,12 @@ def _aggregate(run_dir: Path, ended: Ended, spec: LaunchSpec, console: IO[str], 
     return result
 
 
-def _how_far(result: RunResult, signum: int, *, steps: int) -> str:
-    """How far an interrupted run got."""
+def _how_far(result: RunResult, signum: int, *, steps: int | None) -> str:
+    """How far an interrupted run got (of `steps`; None: a plain script's own count, unknown)."""
     done = sorted({r.steps for r in result.ranks})
     got = (f"{done[0]}" if len(done) == 1 else f"{done[0]}-{done[-1]}") if done else "0"
-    return (f"interrupted by {signal.Signals(signum).name} after {got} of {steps} step(s); the "
+    of = "" if steps is None else f" of {steps}"
+    return (f"interrupted by {signal.Signals(signum).name} after {got}{of} step(s); the "
             "rank files keep what was measured")
 
 

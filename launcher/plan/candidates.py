@@ -43,9 +43,10 @@ TP_KINDS = ("fsdp_full", "hybrid")
 
 
 def profile_for_goal(profile: ModelProfile, goal: Goal) -> ModelProfile:
-    """`profile` at `goal.seq_len`: activations and matmul FLOPs scale linearly with sequence
-    length (exact for SDPA/flash attention, which saves no s x s scores), attention FLOPs and the
-    s x s scores attention written out (or SDPA's math path) keeps quadratically."""
+    """`profile` at `goal.seq_len`: activations, matmul FLOPs and backward's transient (the loss
+    gradient over the vocabulary, a logits tensor per token) scale linearly with sequence length
+    (exact for SDPA/flash attention, which saves no s x s scores), attention FLOPs and the s x s
+    scores attention written out (or SDPA's math path) keeps quadratically."""
     if goal.seq_len is None or goal.seq_len == profile.units_per_sample:
         return profile
     if profile.sample_units != "tokens":
@@ -60,6 +61,7 @@ def profile_for_goal(profile: ModelProfile, goal: Goal) -> ModelProfile:
         attention_scores_upcast_bytes_per_sample=profile.attention_scores_upcast_bytes_per_sample * r * r,
         math_attention_bytes_per_sample=profile.math_attention_bytes_per_sample * r * r,
         block_input_bytes_per_sample=profile.block_input_bytes_per_sample * r,
+        backward_transient_bytes_per_sample=profile.backward_transient_bytes_per_sample * r,
         flops_fwd_per_sample=(profile.flops_fwd_per_sample - attention) * r + attention * r * r,
         attention_flops_fwd_per_sample=attention * r * r,
         conv_flops_fwd_per_sample=profile.conv_flops_fwd_per_sample * r)
@@ -73,6 +75,11 @@ def check_forced(ov: Overrides, profile: ModelProfile, topology: Topology) -> No
     if ov.reduce_dtype == "bf16" and topology.device == "cuda" and not topology.accelerator.supports_bf16:
         raise PlanError(f"--reduce-dtype bf16 reduces the gradients of a bf16 run, and {topology.accelerator.name} "
                         "has no bf16 units; drop --reduce-dtype or use --reduce-dtype fp32")
+    if ov.float8 not in (None, "none") and topology.device == "cuda" and not float8_supported(topology.accelerator):
+        cc = ".".join(map(str, topology.accelerator.compute_capability or ()))
+        raise PlanError(f"--float8 {ov.float8} runs the linear layers' GEMMs on float8 tensor cores (compute "
+                        f"capability 8.9 and later); {topology.accelerator.name} has none (compute capability "
+                        f"{cc}): drop --float8 or use --float8 none")
     if ov.strategy == "hybrid" and topology.num_nodes <= 1:
         raise PlanError("strategy hybrid shards inside a node and replicates across nodes: it "
                         "needs more than one node; on one node use fsdp_full")

@@ -176,8 +176,11 @@ def _float8_reason(chosen: Candidate, cands: list[Candidate], profile: ModelProf
         return [f"float8 ({s.float8}): {bf16.time.step_time_s:.3g} -> {f8.time.step_time_s:.3g} "
                 f"s/step predicted ({gain:+.0%} throughput): {what}; needs torchao "
                 "(pip install 'dlaunch[float8]'), --float8 none keeps bf16"]
+    # faster and not chosen: too big, or within a tie (ties go to bf16)
+    lost = "" if gain <= 0 else ", but it does not fit" if not f8.fits else ", a tie: bf16 kept" if (
+        gain <= TIE_TOLERANCE) else ", but the overrides rule it out"
     return [f"float8: weighed, not used: {f8.time.step_time_s:.3g} s/step against "
-            f"{bf16.time.step_time_s:.3g} in bf16 ({gain:+.0%} throughput{', a tie: bf16 kept' if gain > 0 else ''}): "
+            f"{bf16.time.step_time_s:.3g} in bf16 ({gain:+.0%} throughput{lost}): "
             + ("no linear passes torchao's filter at this width" if not share else what)]
 
 
@@ -188,8 +191,9 @@ def _checkpointing_reason(chosen: Candidate, cands: list[Candidate], fitting: li
     s = chosen.strategy
     if {c.strategy.checkpointing for c in cands} == {s.checkpointing}:
         return f"activation checkpointing, {describe(s.checkpointing)}: as forced"
-    same = [c for c in cands if (c.strategy.kind, c.strategy.tp, c.strategy.precision, c.strategy.float8,
-                                 c.micro_batch) == (s.kind, s.tp, s.precision, s.float8, chosen.micro_batch)]
+    # the chosen plan in every other mode: the same strategy (offload, unit, compile ...) and micro-batch
+    same = [c for c in cands if c.micro_batch == chosen.micro_batch
+            and dataclasses.replace(c.strategy, checkpointing=s.checkpointing) == s]
     base = next((c for c in same if not c.strategy.recomputes), None)
     extra = (f", {chosen.time.compute_s / base.time.compute_s - 1:.0%} more compute than without"
              if base is not None and base.time.compute_s > 0 else "")
@@ -222,7 +226,7 @@ def _tp_reasons(chosen: Candidate, cands: list[Candidate], best: Mapping[tuple[s
                     f"{too_big(smallest, usable, profile, topology)}")
         elif plain:
             rival = min(plain, key=per_sample)
-            why += (f"; {_gain(rival, chosen)} than the best without TP, {kind_label(rival)} "
+            why += (f"; {_gain(chosen, rival)} than the best without TP, {kind_label(rival)} "
                     f"at micro-batch {rival.micro_batch}")
         exposed = chosen.time.comm_exposed_s
         return [why + f"; its activation all-gathers/reduce-scatters over {topology.intra_node.kind} are exposed (no "

@@ -25,11 +25,12 @@ from launcher.plan.candidates import candidates, check_forced, choose, dp_ranks,
 from launcher.plan.collectives import fsdp_units
 from launcher.plan.compile_choice import decide
 from launcher.plan.compile_probe import CompileCheck
-from launcher.plan.cost import step_time
+from launcher.plan.cost import shard_group_size, step_time
 from launcher.plan.explain import host_too_small, label, per_device, reasons, rejected, too_big, within_card
 from launcher.plan.interval import step_interval
 from launcher.plan.kernels import assumed_spread, priced, with_kernels
 from launcher.plan.memory import fmt_gib, usable_mem_bytes
+from launcher.plan.offload import offload_s
 from launcher.plan.step_probe import WorkloadTiming
 from launcher.plan.types import Candidate, Overrides, Plan
 from launcher.specs import Goal, ModelProfile
@@ -160,12 +161,14 @@ def _offload_reason(c: Candidate, profile: ModelProfile, topology: Topology, goa
     assert host is not None  # offload is priced only with a described host
     host_opt = dict(t.compute_parts).get("host optimizer", 0.0)
     cost = host_opt + t.comm_exposed_s if n == 1 else host_opt
+    group = shard_group_size(c.strategy.kind, topology, c.strategy.tp)
+    link_s = offload_s(profile, c.strategy, topology, group, 0.0, 0.0, c.grad_accum)[0]  # in all, hidden or not
     out = (f"CPU offload: {'nothing fits without it; ' if not ov.offload else ''}each rank's fp32 params, grads and "
            f"optimizer state ({fmt_gib(c.memory.host_bytes)} GiB) live in host memory "
            f"({fmt_gib(c.memory.host_bytes * topology.devices_per_node)} of the node's {host.mem_gib:,.0f} GiB) and "
            f"the optimizer steps on the CPU: {host_opt:.3g} s a step at {host.mem_bw_gb_s:g} GB/s of host memory "
            f"bandwidth (the topology's figure) shared by {topology.devices_per_node} rank(s), plus copies over the "
-           f"{host.link_gb_s:g} GB/s host link, {t.comm_total_s:.3g} s of traffic a step: {cost / t.step_time_s:.0%} "
+           f"{host.link_gb_s:g} GB/s host link, {link_s:.3g} s of traffic a step: {cost / t.step_time_s:.0%} "
            "of the step is offload's")
     here = units_per_s(c, n, profile) / n
     node = max(topology.devices_per_node, 8)

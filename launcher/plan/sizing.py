@@ -96,8 +96,9 @@ def pick(rows: Sequence[SizeRow], *, deadline_s: float | None = None,
     if not meets:
         fastest = min(rows, key=lambda r: r.ttt.wall_s if r.ttt else float("inf"))
         raise PlanError(f"no world size planned meets the {'deadline' if deadline_s else 'budget'}: "
-                        f"{fastest.world_size} GPUs {fails(fastest)}; try more GPUs, a later "
-                        "deadline or a larger budget")
+                        f"{fastest.world_size} GPUs {fails(fastest)}; try more GPUs or "
+                        + " or ".join(w for w, given in (("a later deadline", deadline_s), ("a larger budget", budget))
+                                      if given is not None))
     if deadline_s is not None:
         best = min(meets, key=lambda r: (r.cost_key, r.ttt.wall_s if r.ttt else 0.0))
         won = f"the cheapest ({money}) that meets the deadline"

@@ -54,7 +54,7 @@ def format_plan(plan: Plan, profile: ModelProfile, topology: Topology) -> str:
         *(["  compute      " + "  ".join(f"{name} {sec:.3g}" for name, sec in t.compute_parts)]
           if t.compute_parts and sum(sec > 0 for _, sec in t.compute_parts) > 1 else []),
         f"  throughput   {plan.units_per_s:,.0f} {profile.sample_units}/s ({per_gpu:,.0f} per "
-        f"device), scaling efficiency {plan.scaling_efficiency:.0%}",
+        f"device), scaling efficiency {plan.scaling_efficiency:.0%} (compute over the whole step)",
         *([f"  interval     the middle {plan.step_interval.coverage:.0%} of measured/predicted "
             f"in the model's validation: {plan.step_interval.basis}"] if plan.step_interval else []),
         f"  assumptions  {m.assumptions}",

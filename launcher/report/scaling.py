@@ -215,7 +215,9 @@ def build_report(path: str | Path, *, topology: Topology | None = None,
 
     warnings = [f"{p.name}: {w}" for p in points for w in p.warnings]
     if n0 is not None:
-        warnings += [w for row in rows if (w := superlinear_warning(row.world_size, row.efficiency, n0)) is not None]
+        warnings += [w for row in rows for w in (superlinear_warning(row.world_size, row.efficiency, n0),
+                                                  superlinear_warning(row.world_size, row.predicted_efficiency, n0,
+                                                                      predicted=True)) if w is not None]
     link_note = None if topo is not None else "link bandwidth unknown: no topology recorded (pass --topology FILE)"
     return ScalingReport(kind=target.kind, source=str(Path(path).absolute()), mode=mode,
                          sample_units=next((p.sample_units for p in points if p.run_id), "samples"),

@@ -102,8 +102,9 @@ def _rank_result(run_dir: Path, rank: int, records: list[dict[str, Any]], summar
     start = next((r for r in records if r.get("kind") == "start"), {})
     steps = [r for r in records if r.get("kind") == "step"]
     resumed = next((int(r["step"]) for r in records if r.get("kind") == "resume"), None)
-    # profiled steps (--profile) run slower: out of throughput like warm-up
-    steady = [r for r in steps if not r.get("warmup") and not r.get("profiled")] or steps
+    # profiled steps (--profile) run slower: out of throughput like warm-up. A run that ended in warm-up is
+    # measured on its warm-up steps but the first (timed from the start: imports, rendezvous, compile)
+    steady = [r for r in steps if not r.get("warmup") and not r.get("profiled")] or steps[1:] or steps
     wall = measured_wall_s(steps, steady)
     total_time = wall if wall is not None else sum(r["step_time_s"] for r in steady)
     times = [r["step_time_s"] for r in steady] or [0.0]

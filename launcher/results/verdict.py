@@ -27,9 +27,9 @@ LAUNCH_BOUND_BUSY = 0.70
 
 # a rank is a straggler when its time exceeds the median over ranks by more than this share
 STRAGGLER_THRESHOLD = 0.10
-# the own-compute signal must also exceed the median by this much: the calibration has only a
-# few samples, and sub-millisecond steps jitter by more than 10%
-BUSY_FLOOR_S = 1e-3
+# ... and by this much: sub-millisecond steps jitter by more than 10% (and the calibration has only
+# a few samples)
+STRAGGLER_FLOOR_S = 1e-3
 # Under synchronous data parallelism every step ends in the same collective, so a rank slow in
 # its own compute has a step time equal to the others' or longer. A step-time median clearly
 # below the median of medians contradicts the calibration (a few samples, taken before
@@ -68,10 +68,11 @@ class Straggler:
         """The triggering numbers in one phrase."""
         if self.rule == STEP_RULE:
             return (f"median step {self.rank_s:.3f} s vs {self.median_s:.3f} s median of rank "
-                    f"medians (+{self.excess:.0%}; the flag needs > +{STRAGGLER_THRESHOLD:.0%})")
+                    f"medians (+{self.excess:.0%}; the flag needs > +{STRAGGLER_THRESHOLD:.0%} and "
+                    f"> +{1000 * STRAGGLER_FLOOR_S:.0f} ms)")
         out = (f"own forward+backward with gradient sync off {1000 * self.rank_s:.1f} ms vs "
                f"{1000 * self.median_s:.1f} ms median over ranks (+{self.excess:.0%}; the flag needs "
-               f"> +{STRAGGLER_THRESHOLD:.0%} and > +{1000 * BUSY_FLOOR_S:.0f} ms; sync-off calibration)")
+               f"> +{STRAGGLER_THRESHOLD:.0%} and > +{1000 * STRAGGLER_FLOOR_S:.0f} ms; sync-off calibration)")
         if self.step_median_s is not None and self.step_median_of_medians_s is not None:
             out += (f"; its median step {self.step_median_s:.3f} s vs {self.step_median_of_medians_s:.3f} s "
                     "(the all-reduce makes the others wait for it)")
@@ -89,15 +90,16 @@ def find_stragglers(medians: Mapping[int, float], threshold: float = STRAGGLER_T
     if len(medians) < 2:
         return ()
     mid = statistics.median(medians.values())
-    return tuple(sorted(r for r, m in medians.items() if mid > 0 and m > mid * (1 + threshold)))
+    return tuple(sorted(r for r, m in medians.items()
+                        if mid > 0 and m > mid * (1 + threshold) and m - mid > STRAGGLER_FLOOR_S))
 
 
 def detect_stragglers(step_medians: Mapping[int, float],
                       busy: Mapping[int, float] | None = None) -> tuple[Straggler, ...]:
     """Slow ranks by two rules, each flag with its evidence, sorted by rank (a rank flagged by
     both appears once, under the step-time rule). Step time: the rank's median step exceeds the
-    median of rank medians by > 10%. Own compute: its forward+backward with gradient sync off
-    (`busy`: the calibration's `nosync_step_s`) exceeds the median over ranks by > 10% and > 1 ms,
+    median of rank medians by > 10% and > 1 ms. Own compute: its forward+backward with gradient sync off
+    (`busy`: the calibration's `nosync_step_s`) exceeds the median over ranks by as much,
     and its median step is not clearly faster than the others'. This one matters under DDP: every
     step ends in the all-reduce, so only the time before the sync tells the ranks apart."""
     busy = busy or {}
@@ -108,7 +110,7 @@ def detect_stragglers(step_medians: Mapping[int, float],
         mid_busy = statistics.median(busy.values())
         for r in find_stragglers(busy):
             step = step_medians.get(r)
-            if r in out or busy[r] - mid_busy <= BUSY_FLOOR_S:
+            if r in out:
                 continue
             if step is not None and step < mid_step * (1 - LOCKSTEP_TOLERANCE):
                 log.debug("rank %d: slow sync-off calibration but a faster median step; not flagged", r)

@@ -11,30 +11,49 @@ as `python -m launcher.runtime.bootstrap SCRIPT ARGS...`, which runs SCRIPT as `
 Records go through the StepMeter a script could use itself; a script that makes its own
 StepMeter is left to it, so nothing is counted twice. A script that feeds its model other than
 through a DataLoader counts no samples. A batch fetched between steps (an evaluation loop) is a
-sign of life for the hang watcher, not a step. Without DLAUNCH_RUN_DIR it only runs the script.
+sign of life for the hang watcher, not a step. Before its first step the rank beats once at start
+and once a second for batches fetched (no pid: only a stepping script writes the summary the
+watcher would then wait for), so the start-up allowance holds a script stuck before it steps as it
+holds a workload. Without DLAUNCH_RUN_DIR it only runs the script.
 
 Never imports cli, backends, drivers or report.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import runpy
+import socket
 import sys
 import time
 from typing import Any
 
+from launcher.files import atomic_write_text
+from launcher.rundir import RunPaths
 from launcher.runtime import meter as meters
+from launcher.runtime.recorder import BEAT_INTERVAL_S
 
 
 class AutoMeter:
     """Counts the DataLoader's batches and marks each optimizer step (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, run_dir: str) -> None:
         self.meter: meters.StepMeter | None = None
         self.samples = self.tokens = 0
         self.data_wait_s = 0.0
         self.started = time.perf_counter()
+        self._beat_path = RunPaths(root=run_dir).heartbeat(int(os.environ.get("RANK", 0)))
+        self._beats, self._beat_at = 0, 0.0
+        self._starting_beat()
+
+    def _starting_beat(self, busy: str | None = None) -> None:
+        """The heartbeat before the first step (the module docstring); at most one a BEAT_INTERVAL_S."""
+        if time.monotonic() - self._beat_at < BEAT_INTERVAL_S:
+            return
+        self._beat_at, self._beats = time.monotonic(), self._beats + (busy is not None)
+        beat = {"step": 0, "time": time.time(), "host": socket.gethostname(), "busy": busy, "busy_beats": self._beats}
+        atomic_write_text(self._beat_path, json.dumps(beat), fsync=False)
 
     def batch(self, batch: Any, waited_s: float) -> None:
         samples, tokens = batch_size(batch)
@@ -43,6 +62,8 @@ class AutoMeter:
         self.data_wait_s += waited_s
         if self.meter is not None:
             self.meter.alive("fetching batches")
+        elif not meters.recorders_made():  # a script's own meter beats for it
+            self._starting_beat("fetching batches")
 
     def step(self) -> None:
         if self.meter is None:
@@ -105,8 +126,8 @@ def main(argv: list[str] | None = None) -> None:
     script = os.path.abspath(args[0])
     sys.argv = [args[0], *args[1:]]
     sys.path[0] = os.path.dirname(script)  # as `python SCRIPT` sets it
-    if os.environ.get("DLAUNCH_RUN_DIR"):
-        install(AutoMeter())
+    if run_dir := os.environ.get("DLAUNCH_RUN_DIR"):
+        install(AutoMeter(run_dir))
     runpy.run_path(script, run_name="__main__")
 
 

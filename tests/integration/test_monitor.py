@@ -123,7 +123,7 @@ def test_startup_gets_its_own_allowance(tmp_path):
     assert "rank 1 before its first heartbeat" in stall.message
 
 
-def test_finished_ranks_are_not_hung_and_plain_scripts_without_beats_are_not_watched(tmp_path):
+def test_finished_ranks_are_not_hung(tmp_path):
     clock = Clock()
     w = watcher(tmp_path, clock)
     beat(tmp_path, 0, 8), beat(tmp_path, 1, 8)
@@ -134,10 +134,30 @@ def test_finished_ranks_are_not_hung_and_plain_scripts_without_beats_are_not_wat
     assert w.poll() is None
     clock.t += 6  # every rank finished 11 s ago and the job is still there
     assert w.poll().kind == "teardown"
-    script = watcher(tmp_path / "nothing", Clock(), expect_heartbeats=False)
-    (tmp_path / "nothing").mkdir()
-    script.clock.t += 3600
-    assert script.poll() is None
+
+
+def test_a_plain_script_is_watched_from_its_start_its_batches_a_sign_of_life(tmp_path, monkeypatch):
+    import torch
+
+    from launcher.runtime.bootstrap import AutoMeter
+
+    autos = []
+    for rank in (0, 1):  # each rank's bootstrap, before its script's first optimizer step
+        monkeypatch.setenv("RANK", str(rank))
+        autos.append(AutoMeter(str(tmp_path)))
+    beats = read_heartbeats(tmp_path)
+    assert {r: (b.step, b.pid) for r, b in beats.items()} == {0: (0, None), 1: (0, None)}  # no pid: no summary owed
+    clock = Clock()
+    w = watcher(tmp_path, clock)
+    for _ in range(24):  # an evaluation loop fetching a batch every 5 s for two minutes: alive
+        clock.t += 5
+        autos[1]._beat_at = 0.0  # a second has passed for its rate limit
+        autos[1].batch(torch.zeros(4, 2), 0.0)
+        assert w.poll() is None
+    clock.t += 11  # then silence past the start-up allowance: stuck before its first step
+    stall = w.poll()
+    assert stall.kind == "hang"
+    assert "(still starting up after 131 s): rank 0 at step 0, rank 1 at step 0" in stall.message
 
 
 def test_zero_timeout_turns_hang_detection_off(tmp_path):
@@ -287,6 +307,9 @@ def test_rank_missing_from_torchruns_report_exited_with_code_0(tmp_path):
     write_missing_summaries(rd, 2, expected_steps=8, beats={}, torchrun_log=report)
     assert _summary(rd, 1)["status"] == "exited"
     assert "exit code 0 before finishing its 8 steps" in _summary(rd, 1)["error"]
+    RunPaths(root=rd).summary(1).unlink()  # a plain script's rank: its own loop, no count to finish
+    write_missing_summaries(rd, 2, expected_steps=None, beats={}, torchrun_log=report)
+    assert _summary(rd, 1)["error"] == "exit code 0 before the others finished (no summary)"
 
 
 def test_hang_names_the_rank_in_its_own_code_first(tmp_path):

@@ -219,6 +219,11 @@ def test_a_local_run_whose_owner_lives_is_running_with_its_rank_steps(tmp_path: 
     status = LocalBackend().status(str(run_dir))
     assert status.state is State.RUNNING and status.data["steps"] == {"0": 12, "1": 11}
     assert status.text.startswith(f"run {run_dir.resolve()}: RUNNING (dlaunch pid {os.getpid()};")
+    # a plain script runs its own loop: launch.json's steps is no total for it
+    launch = RunPaths(root=run_dir).launch
+    launch.write_text(json.dumps({**json.loads(launch.read_text()), "is_script": True}))
+    script = localrun.read_state(run_dir, now=lambda: now)
+    assert script.total_steps is None and localrun.progress_line(script) == "step 11 (per rank: 12 11)"
 
 
 def test_a_local_run_starting_up_has_no_heartbeat_yet(tmp_path: Path):

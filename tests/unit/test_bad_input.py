@@ -298,3 +298,10 @@ def test_force_launches_what_the_plan_calls_absurd(tmp_path: Path):
     assert done.code == 0, done.err
     assert "# command" in done.out and "torch.distributed.run" in done.out
     assert not (tmp_path / "runs").exists()
+
+
+def test_debug_adds_the_traceback_and_keeps_the_exit_code(tmp_path: Path):
+    done = run_dlaunch("--debug", "run", str(tmp_path / "nosuch.py"), "--gpus", "1", cwd=tmp_path)
+    assert done.code == 2, done.err
+    assert "Traceback" in done.err and "WorkloadError" in done.err
+    assert done.err.rstrip().splitlines()[-1].startswith("dlaunch: error: workload file ")

@@ -107,6 +107,7 @@ def test_a_dataset_too_large_to_index_fails_at_once_naming_steps_and_the_fix():
 # In a fresh process under TMPDIR: torch's own DataLoader with one worker (3 s timeout), then
 # make_loader and a script's DataLoader under the bootstrap's hooks.
 _UNDER_TMPDIR = """
+import tempfile
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 from launcher.errors import LaunchError
@@ -116,6 +117,7 @@ from launcher.runtime.context import RankContext
 from launcher.runtime.loader import make_loader
 from launcher.workload import load_workload
 data = TensorDataset(torch.zeros(8, 2))
+DIR = tempfile.mkdtemp()  # the script's bootstrap beats into it
 try:
     next(iter(DataLoader(data, batch_size=2, num_workers=1, timeout=3)))
     print("torch: ok")
@@ -126,7 +128,7 @@ spec = LaunchSpec(workload=WORKLOAD, run_id="r", run_dir="/r", steps=2, micro_ba
 ctx = RankContext(rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0, host="h",
                   device_type="cpu")
 for name, first_batch in [("make_loader", lambda: next(iter(make_loader(load_workload(WORKLOAD), spec, ctx)))),
-                          ("script", lambda: (install(AutoMeter()), next(iter(DataLoader(data, num_workers=1)))))]:
+                          ("script", lambda: (install(AutoMeter(DIR)), next(iter(DataLoader(data, num_workers=1)))))]:
     try:
         first_batch()
         print(name + ": ok")

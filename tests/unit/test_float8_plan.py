@@ -52,6 +52,14 @@ def test_an_h100_plan_weighs_float8_and_states_its_gain():
     assert p.units_per_s > 1.1 * bf16.units_per_s
 
 
+def test_a_faster_float8_twin_left_unused_says_why():
+    # DDP forced where neither fits: float8 is faster but too big, not a tie
+    p = plan(LLAMA3_8B, load_topology("h100-sxm-8x"), Goal(), overrides=Overrides(strategy="ddp"))
+    assert not p.chosen.fits and p.chosen.strategy.float8 == "none"
+    why = next(r for r in p.reasons if r.startswith("float8: weighed, not used"))
+    assert "throughput, but it does not fit)" in why and "tie" not in why
+
+
 def test_fsdp_gathers_the_converted_weights_in_float8_after_their_amax_all_reduces():
     topo = load_topology("h100-sxm-8x")
     ops = group_collectives(topo)
@@ -77,6 +85,9 @@ def test_float8_is_not_weighed_without_float8_tensor_cores_or_on_cpu():
     a100 = plan(LLAMA3_8B, load_topology("a100-sxm-8x"), Goal())
     assert a100.chosen.strategy.float8 == "none"
     assert any("no float8 tensor cores (compute capability 8.0 < 8.9)" in r for r in a100.reasons)
+    # forced there, it is one line, not a plan that would fail inside torchao
+    with pytest.raises(PlanError, match=r"A100-SXM4-80GB has none \(compute capability 8.0\): drop --float8"):
+        plan(LLAMA3_8B, load_topology("a100-sxm-8x"), Goal(), overrides=Overrides(float8="tensorwise"))
     cpu = plan(GPT_125M, load_topology("cpu-local"), Goal())
     assert cpu.chosen.strategy.float8 == "none"
     with pytest.raises(PlanError, match="--float8 tensorwise runs the linear layers' GEMMs in float8"):

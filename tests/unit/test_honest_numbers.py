@@ -13,6 +13,7 @@ from collections import namedtuple
 
 import pytest
 
+from launcher.drivers.sweeppoints import point_name
 from launcher.hardware.detect import unknown_speed_nics
 from launcher.report.html import page, run_table, verdict_cards
 from launcher.report.render import summary_lines, write_report
@@ -22,7 +23,7 @@ from launcher.results.misfits import find_misfit
 from launcher.results.plausibility import host_load
 from launcher.results.table import format_run
 from launcher.results.verdict import NOT_MEASURED, NOT_MEASURED_COMM
-from launcher.rundir import RunPaths
+from launcher.rundir import RunPaths, SweepPaths
 from launcher.specs import GIB
 
 from tests.synthetic import write_run, write_sweep
@@ -224,6 +225,21 @@ def test_superlinear_efficiency_warns_in_the_summary_and_the_report(tmp_path):
     assert "2 rank(s) at 500% efficiency relative to 1 rank(s)" in warning
     assert any(line.strip() == f"WARNING: {warning}" for line in summary_lines(rep))
     assert f"WARNING: {html.escape(warning)}" in page(rep, [])
+
+
+def test_a_predicted_superlinear_scaling_warns_too(tmp_path):
+    # the 1-rank point planned at 0.5 s a step (say, from a probe on a busy host), the 2-rank one at 0.05 s
+    sweep = write_sweep(tmp_path / "s", {1: dict(step_s=0.1), 2: dict(step_s=0.1)})
+    for n, compute_s in ((1, 0.5), (2, 0.05)):
+        run = SweepPaths(root=sweep).point(point_name(n, 0)).root
+        write_plan(run, world_size=n, compute_s=compute_s, exposed_s=0.0)
+        plan = json.loads(RunPaths(root=run).plan.read_text())
+        plan["plan"]["units_per_s"] = 8 * n / compute_s  # micro-batch 8 a rank
+        RunPaths(root=run).plan.write_text(json.dumps(plan))
+    rep = build_report(sweep)
+    [warning] = [w for w in rep.warnings if "superlinear" in w]
+    assert warning.startswith("predicted superlinear scaling: 2 rank(s) at 1000% efficiency relative to 1 rank(s) "
+                              "(> 200%)")
 
 
 # --- 10: one source for the verdict, layout, file modes, NICs ----------------------------------

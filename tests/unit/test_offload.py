@@ -9,7 +9,7 @@ import pytest
 
 from launcher.errors import PlanError, UsageError
 from launcher.hardware.topology import load_topology, topology_from_dict, topology_to_dict
-from launcher.plan.cost import step_time
+from launcher.plan.cost import shard_group_size, step_time
 from launcher.plan.offload import HOST_ADAMW_BYTES_PER_PARAM, host_bytes, offload_s
 from launcher.plan.search import plan
 from launcher.plan.types import Overrides
@@ -17,7 +17,7 @@ from launcher.plan.view import format_plan
 from launcher.runspec import RunSettings
 from launcher.specs import GIB, Goal, Strategy
 
-from tests.unit.test_planner import gpt
+from tests.unit.test_planner import LLAMA3_70B, gpt
 
 LLAMA_7B = gpt("llama-7b", 4096, 32, 32, 32000, 4096, params=6.74e9, tied=False)
 
@@ -42,6 +42,22 @@ def test_a_7b_model_on_one_h100_is_planned_with_cpu_offload():
     assert "CPU offload: nothing fits without it" in why and "fits from 2 GPUs" in why
     text = format_plan(p, LLAMA_7B, topo)
     assert "CPU offload" in text and "host 100.4 GiB per rank" in text
+
+
+def test_an_offloaded_plans_reasons_price_its_own_link_and_twins():
+    """On 8 GPUs the collectives and the host link both move bytes: the offload reason names the
+    link's seconds alone, and the checkpointing reason weighs the offloaded plan's own modes."""
+    topo = load_topology("h100-sxm-8x")
+    p = plan(LLAMA3_70B, topo, Goal())
+    c = p.chosen
+    assert c.strategy.offload and c.strategy.checkpointing == "full"
+    link = offload_s(LLAMA3_70B, c.strategy, topo, shard_group_size(c.strategy.kind, topo), 0.0, 0.0,
+                     c.grad_accum)[0]
+    assert 0 < link < c.time.comm_total_s  # the FSDP collectives are not the host link's
+    offload = next(r for r in p.reasons if r.startswith("CPU offload:"))
+    assert f"host link, {link:.3g} s of traffic a step" in offload
+    ckpt = next(r for r in p.reasons if r.startswith("activation checkpointing"))
+    assert ckpt.count("selective needs") == ckpt.count("every-other needs") == 1
 
 
 def test_a_host_too_small_is_one_line_naming_what_is_needed():

@@ -120,3 +120,19 @@ def test_linear_units_are_each_blocks_linear_layers_and_its_rest():
     # an MoE's experts (linear layers in a module list, called per routed token) stay in the block's unit
     moe = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(3)))
     assert linear_layers(moe) == [moe[0]]
+
+
+def test_plan_seq_len_scales_the_profile_as_profiling_at_that_length():
+    """`plan --seq-len` re-prices a profile taken at the workload's own length: what scales with
+    tokens (saved activations, the loss gradient over the vocabulary) must land where profiling
+    at the longer length does."""
+    from launcher.plan.candidates import profile_for_goal
+    from launcher.specs import Goal
+
+    args = ["--size", "tiny", "--attention", "sdpa"]
+    short = profile_workload(load_workload(WORKLOADS / "gpt.py", [*args, "--seq-len", "64"]))
+    long = profile_workload(load_workload(WORKLOADS / "gpt.py", [*args, "--seq-len", "256"]))
+    moved = profile_for_goal(short, Goal(seq_len=256))
+    assert long.backward_transient_bytes_per_sample == pytest.approx(4 * short.backward_transient_bytes_per_sample)
+    assert moved.backward_transient_bytes_per_sample == pytest.approx(long.backward_transient_bytes_per_sample)
+    assert moved.activation_bytes_per_sample == pytest.approx(long.activation_bytes_per_sample, rel=0.02)

@@ -41,6 +41,18 @@ def test_throughput_counts_the_time_between_steps(tmp_path):
     assert res.step_time_median_s == pytest.approx(0.1)  # medians keep the step's own time
 
 
+def test_a_run_that_ended_in_warm_up_is_measured_without_its_first_step(tmp_path):
+    # a plain script of 3 steps under dlaunch's 3 warm-up steps: its first step is timed from the
+    # script's start (imports, rendezvous: 5 s here), which is not its throughput
+    write_run(tmp_path / "r", world_size=1, steps=4, warmup=3, step_s=0.1)
+    path = RunPaths(root=tmp_path / "r").records(0)
+    lines = [line for line in path.read_text().splitlines() if '"step":4,' not in line]
+    path.write_text("\n".join(lines).replace('"step_time_s":0.1,"loss":1.75', '"step_time_s":5.0,"loss":1.75') + "\n")
+    res = aggregate(tmp_path / "r")
+    assert res.ranks[0].steps == 3 and res.ranks[0].steady_steps == 2
+    assert res.samples_per_s == pytest.approx(8 / 0.1)
+
+
 def test_the_slowest_rank_sets_the_wall_time(tmp_path):
     # rank 1 at 1.5x: 18 steps x 0.15 s; the run's 2 x 8 x 18 samples take that long
     write_run(tmp_path / "r", world_size=2, steps=20, warmup=2, step_s=0.1, slow={1: 1.5})

@@ -57,9 +57,9 @@ def test_budget_picks_the_fastest_within_it_and_the_impossible_is_an_error():
     costs = sorted(r.ttt.cost for r in rows)
     best, _ = pick(rows, budget=costs[1] * 1.0001)  # the two cheapest fit
     assert best.world_size == 128  # the faster of the two
-    with pytest.raises(PlanError, match="no world size planned meets the budget"):
-        pick(rows, budget=costs[0] / 2)
-    with pytest.raises(PlanError, match="deadline"):
+    with pytest.raises(PlanError, match="meets the budget: .*; try more GPUs or a larger budget$"):
+        pick(rows, budget=costs[0] / 2)  # no deadline given: none suggested
+    with pytest.raises(PlanError, match="meets the deadline: .*; try more GPUs or a later deadline$"):
         pick(rows, deadline_s=60.0)
 
 
@@ -87,3 +87,18 @@ def test_rows_agree_with_single_plans_and_bad_input_is_one_line(tmp_path):
                           "no world size planned meets the deadline")
     assert_one_line_error(run_dlaunch(*common, "--world-sizes", "12", env=env), "not whole nodes of 8")
     assert_one_line_error(run_dlaunch(*common, "--deadline", "1d", env=env), "--world-sizes")
+
+
+def test_a_size_where_nothing_fits_is_named_beside_the_sizes_that_plan(tmp_path):
+    env = {"DLAUNCH_CACHE_DIR": str(seeded_cache(tmp_path / "cache"))}
+    common = ["plan", "workloads/gpt.py", "--topology", "a100-sxm-8x8node-ib"]
+    out = run_dlaunch(*common, "--json", "--world-sizes", "8,64", "--", "--size", "llama3-70b", env=env)
+    assert out.code == 0, out.err
+    data = out.json()
+    assert [r["world_size"] for r in data["rows"]] == [64] and data["rows"][0]["efficiency"] == 1.0
+    assert list(data["not_planned"]) == ["8"] and data["not_planned"]["8"].startswith("nothing fits on 8 x")
+    text = run_dlaunch(*common, "--world-sizes", "8,64", "--", "--size", "llama3-70b", env=env)
+    assert text.code == 0 and "     8 GPUs: not planned: nothing fits on 8 x" in text.out
+    # no size fits: the planner's one line
+    assert_one_line_error(run_dlaunch(*common, "--world-sizes", "8", "--", "--size", "llama3-70b", env=env),
+                          "nothing fits on 8 x")

@@ -144,6 +144,18 @@ def test_tp_candidates_only_for_workloads_with_tp_degrees():
     assert any(r.startswith("TP ") for r in with_tp.reasons)
 
 
+def test_the_tp_reason_says_by_how_much_tp_beats_the_best_plan_without_it():
+    from launcher.plan.candidates import choose, per_sample
+
+    p = plan(llama(), dataclasses.replace(gpus(nodes=1), accelerator=dataclasses.replace(GPU, mem_gib=60)), Goal())
+    assert p.chosen.strategy.tp == 2
+    rival = choose([c for c in p.rejected if c.strategy.tp == 1 and c.fits])  # the plan's pick without TP
+    gain = per_sample(rival) / per_sample(p.chosen) - 1
+    assert gain > 0.02
+    why = next(r for r in p.reasons if r.startswith("TP 2: "))
+    assert f"{gain:.0%} faster than the best without TP" in why
+
+
 def test_tp_chosen_when_only_tp_fits_and_batch_counts_dp_ranks():
     small = dataclasses.replace(gpus(nodes=1), accelerator=dataclasses.replace(GPU, mem_gib=40))
     big = dataclasses.replace(llama(), activation_bytes_per_sample=llama().activation_bytes_per_sample * 4,

@@ -41,13 +41,14 @@ def test_syntax_error_names_line(tmp_path):
 
 def test_partial_contract_names_missing(tmp_path):
     p = write(tmp_path, "part.py", "def build_model(cfg): pass\ndef loss_fn(m, b): pass\n")
-    with pytest.raises(WorkloadError, match="but not make_dataset"):
+    with pytest.raises(WorkloadError, match=r"but not make_dataset; .* \(a plain script: --script\)"):
         inspect_file(p)
+    assert inspect_file(p, force_script=True).is_script  # what that says
 
 
 def test_neither_workload_nor_script(tmp_path):
     p = write(tmp_path, "x.py", "X = 1\n")
-    with pytest.raises(WorkloadError, match="neither a workload"):
+    with pytest.raises(WorkloadError, match="neither a workload.*--script runs it as one"):
         inspect_file(p)
 
 

@@ -195,7 +195,7 @@ class SlurmBackend:
         if run_dir is not None:
             lines.append(f"run dir: {run_dir}")
             spec = launch_spec(run_dir)
-            progress = Progress(run_dir, spec.world_size, spec.steps)
+            progress = Progress(run_dir, spec.world_size, None if spec.is_script else spec.steps)
             snap = progress.snapshot()
             steps, total = dict(snap["steps"]), spec.steps
             data["progress"] = {**snap, "steps": {str(k): v for k, v in snap["steps"].items()}}

@@ -77,7 +77,7 @@ def follow(job_id: str, spec: LaunchSpec, slurm: backend.SlurmSpec, *, submitted
            console: IO[str]) -> JobInfo:
     """Poll the job until it is over; print state changes and progress. Ctrl-C or SIGTERM to
     dlaunch cancels it; a SIGHUP (a closed terminal) leaves it running."""
-    progress = Progress(Path(spec.run_dir), spec.world_size, spec.steps)
+    progress = Progress(Path(spec.run_dir), spec.world_size, None if spec.is_script else spec.steps)
     seen: tuple[str, str, int] | None = None
     pending_since = time.monotonic()
     unknown_since: float | None = None

@@ -19,7 +19,7 @@ from launcher.rundir import RECORDS, RunPaths
 class Progress:
     """Incremental reader of every rank's records: steps done and current throughput."""
 
-    def __init__(self, run_dir: Path, world_size: int, steps: int) -> None:
+    def __init__(self, run_dir: Path, world_size: int, steps: int | None) -> None:  # None: a script's own count
         self.run_dir, self.world_size, self.steps = run_dir, world_size, steps
         self._offsets: dict[Path, int] = {}
         self._last_step: dict[int, dict[str, Any]] = {}
@@ -67,7 +67,8 @@ class Progress:
         else:
             per_rank = " ".join(str(snap["steps"].get(r, 0)) for r in range(self.world_size))
             done = min(snap["steps"].get(r, 0) for r in range(self.world_size))
-            text = (f"step {done}/{self.steps} (per rank: {per_rank}) on {', '.join(snap['hosts'])}, "
+            of = "" if self.steps is None else f"/{self.steps}"
+            text = (f"step {done}{of} (per rank: {per_rank}) on {', '.join(snap['hosts'])}, "
                     f"{snap['samples_per_s']:,.1f} samples/s")
         if text == self._printed:
             return None
