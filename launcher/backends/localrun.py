@@ -153,8 +153,9 @@ def cancel(run_dir: Path, *, wait_s: float = CANCEL_WAIT_S) -> Cancelled:
     if st.state is State.UNKNOWN:
         raise LaunchError(f"{run_dir} is {st.reason}; cancel it on that host")
     if st.state is not State.RUNNING or st.pid is None:
+        how = ": ".join(filter(None, (st.state.value, st.reason)))  # a completed run has no reason to give
         return Cancelled(before=st.state, after=st.state,
-                         message=f"run {run_dir} already ended ({st.state.value}: {st.reason}); nothing to cancel")
+                         message=f"run {run_dir} already ended ({how}); nothing to cancel")
     t0 = time.monotonic()
     try:
         os.kill(st.pid, signal.SIGTERM)

@@ -15,6 +15,7 @@ One micro-batch's forward on a GPU is the sum of three kinds of work, each at it
   activation bytes the forward saves, over the HBM bandwidth (`hbm`; MEMORY_PASSES round trips per
   saved byte, fewer with torch.compile; a fused loss and low-precision norms by their constants).
 A language model's output head runs at a wide GEMM's efficiency whatever the model's width.
+No step is shorter than the host takes to launch its ops (HOST_OP_S each, eager).
 Backward is twice the forward (flash attention's 2.5x the FLOPs, at its kernel's backward rate:
 the forward+backward rate split by `attention.ATTENTION_FWD_OVER_BWD`); checkpointing recomputes a share of the
 forward inside backward, by mode (`checkpointing`: every block all of it, 4/3 the compute; every
@@ -44,7 +45,7 @@ from launcher.plan.activations import COMPUTE_DTYPE_BYTES, logits_bytes
 from launcher.plan.attention import ATTENTION_BWD_FACTOR, EAGER_HEAD_DIM, attention_efficiency, forward_share
 from launcher.plan.checkpointing import recompute_share as mode_recompute
 from launcher.plan.collectives import ddp_comm, dp_topology, sharded_comm, tp_comm_s, zero1_sync_s
-from launcher.plan.cpu_cost import cpu_forward, cpu_step_time
+from launcher.plan.cpu_cost import ADAMW_FIXED_OPS, BACKWARD_OVERHEAD_FACTOR, cpu_forward, cpu_step_time
 from launcher.plan.float8 import float8_terms, gemm_speedup
 from launcher.plan.gemm import attention_flops_fwd, gemm_efficiency, head_flops_fwd, model_width, peak_flops
 from launcher.plan.hbm import hbm_bytes_per_s
@@ -91,6 +92,16 @@ COMPILE_MEMORY_FACTOR = 0.6
 # AdamW step per parameter of the local shard: read fp32 param, grad, m, v (16 B), write param,
 # m, v (12 B); a memory-bound kernel (fused or foreach).
 OPTIMIZER_BYTES_PER_PARAM = 28
+# Host seconds to issue one aten op to a GPU in eager PyTorch: Python, the dispatcher, autograd and
+# cudaLaunchKernel run before its kernel does, and the GPU idles where the host is slower (a small
+# model's step is the host's). PyTorch's autoparallel cost model charges every op at least 7 us on
+# H100 (meta-pytorch/autoparallel#146); an eager add issued back to back costs 8 us of host time on
+# A100. An ASSUMPTION for the GPU host, on every aten op the profile counts (views too, which cost
+# less: the high side), counted like the CPU model's ops (cpu_cost: the backward
+# BACKWARD_OVERHEAD_FACTOR x the forward's, the optimizer ADAMW_FIXED_OPS foreach launches);
+# compiled, Inductor launches COMPILE_MEMORY_FACTOR of them (it fuses their kernels as their traffic).
+HOST_OP_S = 8e-6
+HOST_OP_RANGE_S = (4e-6, 12e-6)  # where it may lie (views cost less, module hooks more): the interval's
 
 # --- overlap -----------------------------------------------------------------------------------
 # Share of a compute phase communication can hide behind. CUDA: NCCL runs on its own stream
@@ -269,10 +280,15 @@ def step_time(profile: ModelProfile, strategy: Strategy, topology: Topology, mic
     compute = grad_accum * (fwd_s + bwd_s) + opt
     # each kind's forward, the mode's recomputed share of that kind, and its own backward
     again = [grad_accum * (1 + _recompute(strategy, profile, *kind)) for kind in ((1, 0, 0), (0, 1, 0), (0, 0, 1))]
-    parts = (("matmul", fwd.gemm_s * (again[0] + 2 * grad_accum)),
-             ("attention", fwd.attention_s * again[1] + fwd.attention_bwd_s * grad_accum),
-             ("memory-bound", fwd.memory_s * (again[2] + 2 * grad_accum)),
-             ("host optimizer" if strategy.offload else "optimizer", opt))
+    parts: tuple[tuple[str, float], ...] = (
+        ("matmul", fwd.gemm_s * (again[0] + 2 * grad_accum)),
+        ("attention", fwd.attention_s * again[1] + fwd.attention_bwd_s * grad_accum),
+        ("memory-bound", fwd.memory_s * (again[2] + 2 * grad_accum)),
+        ("host optimizer" if strategy.offload else "optimizer", opt))
+    ops = profile.forward_ops * (1 + recompute + BACKWARD_OVERHEAD_FACTOR) * grad_accum + ADAMW_FIXED_OPS
+    host = ops * HOST_OP_S * (COMPILE_MEMORY_FACTOR if strategy.compile else 1.0)
+    if profile.forward_ops and host > compute:  # the GPU waits for the host's launches (HOST_OP_S)
+        parts, compute = (*parts, ("waiting for launches", host - compute)), host
     if n <= 1:
         return StepTimeEstimate(compute_s=compute, comm_total_s=link_total,
                                 comm_exposed_s=link_exposed, compute_parts=parts)

@@ -85,7 +85,8 @@ def step_interval(step_time_s: float, *, on_gpu: bool, seq_len: int | None, worl
                   kernel_spread: tuple[float, float, str] = (1.0, 1.0, "")) -> StepInterval:
     """The 80% interval around `step_time_s` for a plan on GPUs (`on_gpu`) or CPUs. The residuals come
     from runs whose kernels were known, so a kernel the plan assumed widens it by how far the others
-    it could be move the step time (`kernel_spread`: (low, high, note) of `kernels.assumed_spread`)."""
+    it could be move the step time (`kernel_spread`: (low, high, note) of `kernels.assumed_spread`, and of the
+    host's launches where they set the step: `cost.HOST_OP_RANGE_S`)."""
     if not step_time_s > 0 or not math.isfinite(step_time_s):
         raise PlanError(f"a step time must be positive and finite; got {step_time_s!r}")
     if not 0 < kernel_spread[0] <= 1 <= kernel_spread[1]:
@@ -98,7 +99,7 @@ def step_interval(step_time_s: float, *, on_gpu: bool, seq_len: int | None, worl
         basis += f"; widened {widen:.0%} each side beyond {MAX_PUBLISHED_GPUS} GPUs (assumed)"
     if kernel_spread[2]:
         low, high = low * kernel_spread[0], high * kernel_spread[1]
-        basis += f"; widened for the kernels assumed: {kernel_spread[2]}"
+        basis += f"; widened for what was assumed: {kernel_spread[2]}"
     return StepInterval(step_time_s=step_time_s, low_s=step_time_s * low, high_s=step_time_s * high,
                         coverage=COVERAGE, basis=basis)
 

@@ -25,7 +25,7 @@ from launcher.plan.candidates import candidates, check_forced, choose, dp_ranks,
 from launcher.plan.collectives import fsdp_units
 from launcher.plan.compile_choice import decide
 from launcher.plan.compile_probe import CompileCheck
-from launcher.plan.cost import shard_group_size, step_time
+from launcher.plan.cost import HOST_OP_RANGE_S, HOST_OP_S, shard_group_size, step_time
 from launcher.plan.explain import host_too_small, label, per_device, reasons, rejected, too_big, within_card
 from launcher.plan.interval import step_interval
 from launcher.plan.kernels import assumed_spread, priced, with_kernels
@@ -139,6 +139,11 @@ def plan(profile: ModelProfile, topology: Topology, goal: Goal, *, overrides: Ov
     spread = assumed_spread(kernels, lambda ks: step_time(
         with_kernels(profile, ks), chosen.strategy, topology, chosen.micro_batch, chosen.grad_accum,
         timing=timing).step_time_s) if on_gpu else (1.0, 1.0, "")
+    if on_gpu and "waiting for launches" in dict(t.compute_parts):  # the host's launches set the compute
+        lo, hi = (1 + t.compute_s / t.step_time_s * (r / HOST_OP_S - 1) for r in HOST_OP_RANGE_S)
+        spread = (spread[0] * lo, spread[1] * hi, "; ".join(filter(None, (spread[2], (
+            f"the host's launches at {HOST_OP_S * 1e6:g} us an op ({lo:.2f}-{hi:.2f}x at "
+            f"{HOST_OP_RANGE_S[0] * 1e6:g}-{HOST_OP_RANGE_S[1] * 1e6:g} us)")))))
     result = Plan(chosen=chosen, world_size=n, num_nodes=topology.num_nodes,
                   global_batch=global_batch, units_per_s=units_per_s(chosen, n, profile),
                   # weak scaling vs one device doing the same per-rank work with no communication

@@ -224,7 +224,7 @@ def aggregate(run_dir: str | Path, *, exit_code: int | None = None, wall_time_s:
     all_ok = all(r.status == "ok" for r in ranks) and unlisted <= 0
     code = exit_code if exit_code is not None else (0 if all_ok else 1)
     status = owner or ("ok" if code == 0 and all_ok else "failed")
-    if spec.is_script and not measured:
+    if spec.is_script and not measured and status == "ok":  # a run stopped early says why itself
         notes.append("the script reported no steps: no torch optimizer stepped and no StepMeter was called "
                      "(launcher.runtime.meter.StepMeter.step() once per step shows its throughput)")
     if code != 0 and all_ok:

@@ -259,7 +259,8 @@ def test_a_finished_local_run_is_what_its_result_says(tmp_path: Path, result: di
     assert (st.state, st.reason) == (state, reason)
     done = LocalBackend().cancel(str(run_dir))
     assert done.before is done.after is state
-    assert done.message == f"run {run_dir.resolve()} already ended ({state.value}: {reason}); nothing to cancel"
+    how = f"{state.value}: {reason}" if reason else state.value  # COMPLETED says no more
+    assert done.message == f"run {run_dir.resolve()} already ended ({how}); nothing to cancel"
 
 
 def test_following_a_starting_run_prints_its_ranks_once_launch_json_appears(tmp_path: Path):

@@ -256,6 +256,33 @@ def test_checkpointing_costs_about_a_third_more_compute():
     assert fwd.attention_bwd_s == pytest.approx(2.5 * 1.1 * fwd.attention_s)  # SDPA: FA2's ratio
 
 
+def test_no_gpu_step_is_shorter_than_the_host_takes_to_launch_its_ops():
+    from launcher.plan.cost import COMPILE_MEMORY_FACTOR, HOST_OP_S
+    from launcher.plan.cpu_cost import ADAMW_FIXED_OPS, BACKWARD_OVERHEAD_FACTOR
+
+    one = topo(per_node=1)
+    tiny = dataclasses.replace(profile(1000, flops=1e6), forward_ops=200)  # microseconds of GPU work
+    t = cost.step_time(tiny, Strategy(kind="ddp", precision="bf16"), one, 1, 2)
+    launches = 200 * (1 + BACKWARD_OVERHEAD_FACTOR) * 2 + ADAMW_FIXED_OPS
+    assert t.compute_s == pytest.approx(launches * HOST_OP_S)  # ~11 ms: the host's, not the GPU's
+    waiting = dict(t.compute_parts)["waiting for launches"]
+    assert 0 < waiting < t.compute_s and sum(s for _, s in t.compute_parts) == pytest.approx(t.compute_s)
+    compiled = cost.step_time(tiny, Strategy(kind="ddp", precision="bf16", compile=True), one, 1, 2)
+    assert compiled.compute_s == pytest.approx(COMPILE_MEMORY_FACTOR * t.compute_s)  # fused kernels, fewer launches
+    # a model whose kernels outlast their launches is priced by its GPU work alone
+    big = dataclasses.replace(transformer(4096, layers=4), forward_ops=200)
+    assert "waiting for launches" not in dict(cost.step_time(big, BF16, one, 1, 1).compute_parts)
+    assert cost.step_time(dataclasses.replace(tiny, forward_ops=0), BF16, one, 1, 1).compute_s < 1e-3  # not profiled
+    # a plan set by the launches carries their uncertainty in its interval
+    from launcher.plan.search import plan
+    from launcher.plan.types import Overrides
+
+    p = plan(tiny, one, Goal(global_batch=2), overrides=Overrides(strategy="ddp", precision="bf16", compile=False))
+    assert "waiting for launches" in dict(p.chosen.time.compute_parts)
+    assert "the host's launches at 8 us an op" in p.step_interval.basis
+    assert p.step_interval.high_s / p.step_interval.low_s > 2.5  # 4-12 us an op at least
+
+
 def test_compile_only_shortens_the_memory_bound_work():
     d = transformer(2048)
     eager = forward_pass(d, BF16, 2, GPU)

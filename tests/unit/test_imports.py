@@ -326,8 +326,10 @@ def test_the_branch_scan_sees_every_kind_of_test(tmp_path: Path):
 # the others; float8 forced on a GPU without float8 tensor cores refused in one line; a predicted superlinear
 # sweep warns; the plan's reasons price offload's host link alone and compare like with like (+34). A plain script
 # beats from its start (the start-up allowance holds a script stuck before its first step), status and the
-# post-mortem do not count its steps against launch.json's, a straggler needs 1 ms too (+29).
-MAX_PACKAGE_LINES = 24_477 + 119 + 15 + 97 + 44 + 18 + 10 + 49 + 11 + 5 + 34 + 29
+# post-mortem do not count its steps against launch.json's, a straggler needs 1 ms too (+29). No GPU step is
+# shorter than the host takes to launch its ops, and a plan it sets is as uncertain as they are (+22); cancel on
+# a completed run names no empty reason (+1).
+MAX_PACKAGE_LINES = 24_477 + 119 + 15 + 97 + 44 + 18 + 10 + 49 + 11 + 5 + 34 + 29 + 22 + 1
 MAX_MODULE_LINES = 400
 
 

@@ -97,7 +97,7 @@ def test_the_plan_carries_its_interval_into_its_text_and_json(planned: Planned, 
     p = planned.plan
     assert p.step_interval is not None and p.step_interval.step_time_s == p.chosen.time.step_time_s
     # the synthetic profile names no kernel source: each is assumed, and the basis says so
-    assert p.step_interval.basis.startswith(GPU_RESIDUALS["2k-4k"].basis + "; widened for the kernels assumed: ")
+    assert p.step_interval.basis.startswith(GPU_RESIDUALS["2k-4k"].basis + "; widened for what was assumed: ")
     text = format_plan(p, planned.profile, planned.topology)
     assert f"({p.step_interval.label()})" in text and p.step_interval.basis in text
     write_plan(tmp_path, planned)

@@ -53,6 +53,21 @@ def test_a_run_that_ended_in_warm_up_is_measured_without_its_first_step(tmp_path
     assert res.samples_per_s == pytest.approx(8 / 0.1)
 
 
+def test_a_script_that_reported_no_steps_is_told_how_to_show_them_unless_it_failed(tmp_path):
+    from launcher.runspec import LaunchSpec
+
+    notes = {}
+    for code in (0, 1):
+        run = tmp_path / f"r{code}"
+        write_run(run, world_size=1, result=None, spec=LaunchSpec(
+            workload="train.py", is_script=True, run_id=run.name, run_dir=str(run), gpus=1))
+        path = RunPaths(root=run).records(0)
+        path.write_text("".join(line + "\n" for line in path.read_text().splitlines() if '"kind":"step"' not in line))
+        notes[code] = " ".join(aggregate(run, exit_code=code).unreadable)
+    assert "the script reported no steps: no torch optimizer stepped" in notes[0]
+    assert "reported no steps" not in notes[1]  # stopped or failed: its failure says why
+
+
 def test_the_slowest_rank_sets_the_wall_time(tmp_path):
     # rank 1 at 1.5x: 18 steps x 0.15 s; the run's 2 x 8 x 18 samples take that long
     write_run(tmp_path / "r", world_size=2, steps=20, warmup=2, step_s=0.1, slow={1: 1.5})
