@@ -146,7 +146,7 @@ def launch(rendered: Rendered, spec: LaunchSpec, *, console: IO[str] = sys.stdou
     fd = os.open(paths.torchrun_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
     job: dict[str, Any] = {}  # proc, stall, stacks, interrupted: shared with the threads
     watcher = Watcher(run_dir=Path(spec.run_dir), world_size=spec.world_size, hang_timeout_s=spec.hang_timeout_s,
-                      startup_timeout_s=spec.startup_timeout_s)
+                      startup_timeout_s=spec.startup_timeout_s, script=spec.is_script)
     # from before torchrun exists: a Ctrl-C while it starts must stop it too
     restore = _catch_interrupts(job, watcher)
     # backslashreplace: a run dir or argument may hold any bytes the OS allows (not UTF-8)

@@ -1,7 +1,8 @@
 """Watching a running job's ranks through their heartbeat files: hangs and silent exits.
 
 Every rank replaces `RUN_DIR/rank-<r>.heartbeat` ({step, time, pid, host, stacks}) at least
-every few seconds while it advances (see runtime.recorder). `Watcher.poll()` turns those files
+every few seconds while it advances (see runtime.recorder; a plain script's bootstrap beats step 0
+without a pid before its first step, runtime.bootstrap). `Watcher.poll()` turns those files
 into a verdict, a `Stall`, when
   - no rank has advanced for `hang_timeout_s` (after every rank finished step 1; before that,
     `startup_timeout_s` from the launch covers imports, model build, compile and rendezvous), or
@@ -52,8 +53,9 @@ class Beat:
     pid: int | None = None
     host: str | None = None
     stacks: bool = False  # the rank dumps its stacks on SIGUSR1
-    # beats of a long call with no steps (RankRecorder.busy: a memory snapshot's dump); a
-    # growing count is progress, so a rank writing its snapshot is not ended as hung
+    # beats with no step: a long call (RankRecorder.busy: a memory snapshot's dump), batches
+    # fetched between steps (`alive`, a script's bootstrap before its first step); a changed
+    # count is progress (the bootstrap's count gives way to its meter's, which starts again)
     busy_beats: int = 0
 
 
@@ -90,6 +92,7 @@ class Watcher:
     world_size: int
     hang_timeout_s: float
     startup_timeout_s: float
+    script: bool = False  # a plain script: one that steps no torch optimizer is never seen to advance
     check_pids: bool = True  # ranks on this host: notice one that left without a summary
     # True once torchrun has begun stopping the ranks itself (a rank failed): it then reports
     # every exit code, which says more than a pid that is gone
@@ -116,7 +119,7 @@ class Watcher:
             if beat.step > self._steps.get(rank, -1):
                 self._steps[rank] = beat.step
                 self._last_advance = now
-            if beat.busy_beats > self._busy.get(rank, 0):
+            if beat.busy_beats != self._busy.get(rank, 0):
                 self._busy[rank] = beat.busy_beats
                 self._last_advance = now
         done = {r for r in range(self.world_size) if RunPaths(root=self.run_dir).summary(r).exists()}
@@ -163,6 +166,8 @@ class Watcher:
         where = ", ".join(f"rank {r} at step {s}" if s >= 0 else f"rank {r} before its first heartbeat"
                           for r, s in steps.items())
         phase = "" if started else f" (still starting up after {now - self._t0:.0f} s)"
+        if self.script and not any(self._steps.values()):
+            where += "; a script that steps no torch optimizer never advances: --hang-timeout-s 0 leaves it unwatched"
         return Stall(kind="hang", steps=steps, ranks=tuple(running), idle_s=idle,
                      message=f"no rank advanced for {idle:.0f} s{phase}: {where}")
 

@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 
 # bump when the meaning of a stored trial changes, so old files are ignored: a stored ratio is
 # measured / predicted, so any change to the CPU or GPU cost model changes its meaning too
-CORRECTIONS_FORMAT = 4
+CORRECTIONS_FORMAT = 5
 # the newest trials kept per precision: old ones describe a machine that may have changed
 MAX_TRIALS_PER_PRECISION = 20
 # a measured step shorter than the predicted non-compute terms would give a ratio <= 0: the

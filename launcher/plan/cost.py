@@ -52,7 +52,7 @@ from launcher.plan.hbm import hbm_bytes_per_s
 from launcher.plan.offload import offload_s
 from launcher.plan.step_probe import WorkloadTiming, timing_key
 from launcher.plan.types import StepTimeEstimate
-from launcher.specs import ModelProfile, Strategy
+from launcher.specs import CUDA_GRAPH_MODES, ModelProfile, Strategy
 
 # --- GPU compute -----------------------------------------------------------------------------
 # HBM round trips per byte of saved activations for the memory-bound work of one forward (eager
@@ -98,10 +98,11 @@ OPTIMIZER_BYTES_PER_PARAM = 28
 # H100 (meta-pytorch/autoparallel#146); an eager add issued back to back costs 8 us of host time on
 # A100. An ASSUMPTION for the GPU host, on every aten op the profile counts (views too, which cost
 # less: the high side), counted like the CPU model's ops (cpu_cost: the backward
-# BACKWARD_OVERHEAD_FACTOR x the forward's, the optimizer ADAMW_FIXED_OPS foreach launches);
-# compiled, Inductor launches COMPILE_MEMORY_FACTOR of them (it fuses their kernels as their traffic).
+# BACKWARD_OVERHEAD_FACTOR x the forward's, the optimizer ADAMW_FIXED_OPS foreach launches, none
+# offloaded); compiled, Inductor launches COMPILE_MEMORY_FACTOR of the model's (it fuses their kernels
+# as their traffic), and a mode that replays CUDA graphs none.
 HOST_OP_S = 8e-6
-HOST_OP_RANGE_S = (4e-6, 12e-6)  # where it may lie (views cost less, module hooks more): the interval's
+HOST_OP_RANGE_S = (4e-6, 12e-6)  # where it may lie (views cost less, module hooks more): the plan's interval
 
 # --- overlap -----------------------------------------------------------------------------------
 # Share of a compute phase communication can hide behind. CUDA: NCCL runs on its own stream
@@ -285,8 +286,10 @@ def step_time(profile: ModelProfile, strategy: Strategy, topology: Topology, mic
         ("attention", fwd.attention_s * again[1] + fwd.attention_bwd_s * grad_accum),
         ("memory-bound", fwd.memory_s * (again[2] + 2 * grad_accum)),
         ("host optimizer" if strategy.offload else "optimizer", opt))
-    ops = profile.forward_ops * (1 + recompute + BACKWARD_OVERHEAD_FACTOR) * grad_accum + ADAMW_FIXED_OPS
-    host = ops * HOST_OP_S * (COMPILE_MEMORY_FACTOR if strategy.compile else 1.0)
+    fused = (0.0 if strategy.compile_mode in CUDA_GRAPH_MODES else COMPILE_MEMORY_FACTOR) if strategy.compile else 1.0
+    ops = profile.forward_ops * (1 + recompute + BACKWARD_OVERHEAD_FACTOR) * grad_accum * fused + (
+        0.0 if strategy.offload else ADAMW_FIXED_OPS)
+    host = ops * HOST_OP_S + (opt if strategy.offload else 0.0)  # the host's optimizer after its launches
     if profile.forward_ops and host > compute:  # the GPU waits for the host's launches (HOST_OP_S)
         parts, compute = (*parts, ("waiting for launches", host - compute)), host
     if n <= 1:

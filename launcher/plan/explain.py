@@ -177,8 +177,7 @@ def _float8_reason(chosen: Candidate, cands: list[Candidate], profile: ModelProf
                 f"s/step predicted ({gain:+.0%} throughput): {what}; needs torchao "
                 "(pip install 'dlaunch[float8]'), --float8 none keeps bf16"]
     # faster and not chosen: too big, or within a tie (ties go to bf16)
-    lost = "" if gain <= 0 else ", but it does not fit" if not f8.fits else ", a tie: bf16 kept" if (
-        gain <= TIE_TOLERANCE) else ", but the overrides rule it out"
+    lost = "" if gain <= 0 else ", but it does not fit" if not f8.fits else ", a tie: bf16 kept"
     return [f"float8: weighed, not used: {f8.time.step_time_s:.3g} s/step against "
             f"{bf16.time.step_time_s:.3g} in bf16 ({gain:+.0%} throughput{lost}): "
             + ("no linear passes torchao's filter at this width" if not share else what)]
@@ -197,7 +196,8 @@ def _checkpointing_reason(chosen: Candidate, cands: list[Candidate], fitting: li
     base = next((c for c in same if not c.strategy.recomputes), None)
     extra = (f", {chosen.time.compute_s / base.time.compute_s - 1:.0%} more compute than without"
              if base is not None and base.time.compute_s > 0 else "")
-    plain = [c for c in fitting if c.strategy.kind == s.kind and not c.strategy.recomputes]
+    plain = [c for c in fitting if not c.strategy.recomputes  # the chosen strategy without checkpointing
+             and dataclasses.replace(c.strategy, checkpointing=s.checkpointing) == s]
     why = [f"activation checkpointing, {describe(s.checkpointing)}{extra}: "
            + ("it allows a larger micro-batch and is faster despite the recompute" if plain
               else f"without it {kind_label(chosen)} does not fit")]

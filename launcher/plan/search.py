@@ -139,8 +139,10 @@ def plan(profile: ModelProfile, topology: Topology, goal: Goal, *, overrides: Ov
     spread = assumed_spread(kernels, lambda ks: step_time(
         with_kernels(profile, ks), chosen.strategy, topology, chosen.micro_batch, chosen.grad_accum,
         timing=timing).step_time_s) if on_gpu else (1.0, 1.0, "")
-    if on_gpu and "waiting for launches" in dict(t.compute_parts):  # the host's launches set the compute
-        lo, hi = (1 + t.compute_s / t.step_time_s * (r / HOST_OP_S - 1) for r in HOST_OP_RANGE_S)
+    if on_gpu and (waiting := dict(t.compute_parts).get("waiting for launches")):  # the launches set the compute
+        # at another cost an op, the compute is the launches then, or the GPU's own work where that is longer
+        lo, hi = ((t.step_time_s + max(t.compute_s - waiting, t.compute_s * r / HOST_OP_S) - t.compute_s)
+                  / t.step_time_s for r in HOST_OP_RANGE_S)
         spread = (spread[0] * lo, spread[1] * hi, "; ".join(filter(None, (spread[2], (
             f"the host's launches at {HOST_OP_S * 1e6:g} us an op ({lo:.2f}-{hi:.2f}x at "
             f"{HOST_OP_RANGE_S[0] * 1e6:g}-{HOST_OP_RANGE_S[1] * 1e6:g} us)")))))

@@ -31,10 +31,12 @@ STRAGGLER_THRESHOLD = 0.10
 # a few samples)
 STRAGGLER_FLOOR_S = 1e-3
 # Under synchronous data parallelism every step ends in the same collective, so a rank slow in
-# its own compute has a step time equal to the others' or longer. A step-time median clearly
-# below the median of medians contradicts the calibration (a few samples, taken before
-# training) with the whole run's steady steps, and the steady steps win: no flag.
+# its own compute has a step time about the others' (a little less: its work between steps hides
+# in their wait for it). A step-time median clearly below the median of medians, by a share of the
+# step and by a share of the rank's sync-off excess, contradicts the calibration (a few samples,
+# taken before training) with the whole run's steady steps, and the steady steps win: no flag.
 LOCKSTEP_TOLERANCE = 0.02
+LOCKSTEP_SHARE = 0.25
 
 # a verdict that cannot be given: what was not measured is named in its evidence
 NOT_MEASURED = "not measured"
@@ -112,7 +114,8 @@ def detect_stragglers(step_medians: Mapping[int, float],
             step = step_medians.get(r)
             if r in out:
                 continue
-            if step is not None and step < mid_step * (1 - LOCKSTEP_TOLERANCE):
+            if step is not None and step < mid_step * (1 - LOCKSTEP_TOLERANCE) and (
+                    mid_step - step > LOCKSTEP_SHARE * (busy[r] - mid_busy)):
                 log.debug("rank %d: slow sync-off calibration but a faster median step; not flagged", r)
                 continue
             out[r] = Straggler(rank=r, rule=BUSY_RULE, rank_s=busy[r], median_s=mid_busy,

@@ -22,6 +22,7 @@ Never imports cli, backends, drivers or report.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import runpy
 import socket
@@ -33,6 +34,8 @@ from launcher.files import atomic_write_text
 from launcher.rundir import RunPaths
 from launcher.runtime import meter as meters
 from launcher.runtime.recorder import BEAT_INTERVAL_S
+
+log = logging.getLogger(__name__)
 
 
 class AutoMeter:
@@ -53,7 +56,10 @@ class AutoMeter:
             return
         self._beat_at, self._beats = time.monotonic(), self._beats + (busy is not None)
         beat = {"step": 0, "time": time.time(), "host": socket.gethostname(), "busy": busy, "busy_beats": self._beats}
-        atomic_write_text(self._beat_path, json.dumps(beat), fsync=False)
+        try:
+            atomic_write_text(self._beat_path, json.dumps(beat), fsync=False)
+        except OSError as e:  # a sign of life, not the script's business: a full disk must not end it
+            log.debug("heartbeat not written: %s", e)
 
     def batch(self, batch: Any, waited_s: float) -> None:
         samples, tokens = batch_size(batch)

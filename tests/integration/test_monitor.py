@@ -148,7 +148,7 @@ def test_a_plain_script_is_watched_from_its_start_its_batches_a_sign_of_life(tmp
     beats = read_heartbeats(tmp_path)
     assert {r: (b.step, b.pid) for r, b in beats.items()} == {0: (0, None), 1: (0, None)}  # no pid: no summary owed
     clock = Clock()
-    w = watcher(tmp_path, clock)
+    w = watcher(tmp_path, clock, script=True)
     for _ in range(24):  # an evaluation loop fetching a batch every 5 s for two minutes: alive
         clock.t += 5
         autos[1]._beat_at = 0.0  # a second has passed for its rate limit
@@ -158,6 +158,28 @@ def test_a_plain_script_is_watched_from_its_start_its_batches_a_sign_of_life(tmp
     stall = w.poll()
     assert stall.kind == "hang"
     assert "(still starting up after 131 s): rank 0 at step 0, rank 1 at step 0" in stall.message
+    assert stall.message.endswith("a script that steps no torch optimizer never advances: --hang-timeout-s 0 "
+                                  "leaves it unwatched")
+
+
+
+def test_a_scripts_meter_counting_its_beats_again_is_progress(tmp_path, monkeypatch):
+    from launcher.runtime.bootstrap import AutoMeter
+
+    monkeypatch.setenv("RANK", "0")
+    auto, clock = AutoMeter(str(tmp_path)), Clock()
+    w = Watcher(run_dir=tmp_path, world_size=1, clock=clock, hang_timeout_s=10, startup_timeout_s=60, script=True)
+    for _ in range(5):  # batches before the first step: the bootstrap's beats, up to 5
+        clock.t += 5
+        auto._beat_at = 0.0
+        auto.batch([1, 2], 0.0)
+        assert w.poll() is None
+    # the first optimizer step: the meter's recorder beats, its count starting again; then an
+    # evaluation loop's batches every 9 s, counted 1, 2, 3 (below the bootstrap's 5): each is progress
+    for n in range(4):
+        atomic_write_json(RunPaths(root=tmp_path).heartbeat(0), {"step": 1, "time": 1.0e9, "busy_beats": n})
+        clock.t += 9
+        assert w.poll() is None
 
 
 def test_zero_timeout_turns_hang_detection_off(tmp_path):

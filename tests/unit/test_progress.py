@@ -120,3 +120,13 @@ def test_ranks_slowed_alike_name_no_one(monkeypatch):
     assert said is not None and said.startswith("no rank stood out") and "rank 0 100%" in said
     monkeypatch.setattr(stacks, "dump_stacks", lambda *a, **k: {0: _stacks(set())[0]})
     assert stacks.name_straggler("unused", {}, samples=2, gap_s=0) is None  # one rank: nothing to compare
+
+
+def test_a_slurm_jobs_progress_counts_a_scripts_steps_against_nothing(tmp_path):
+    from launcher.backends.slurm.progress import Progress as SlurmProgress
+
+    from tests.synthetic import write_run
+
+    write_run(tmp_path / "r", world_size=2, steps=20, warmup=2, result=None)
+    assert SlurmProgress(tmp_path / "r", 2, 20).line().startswith("step 20/20 (per rank: 20 20)")
+    assert SlurmProgress(tmp_path / "r", 2, None).line().startswith("step 20 (per rank: 20 20)")  # its own loop

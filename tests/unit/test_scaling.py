@@ -189,6 +189,14 @@ def test_flagged_ranks_are_always_above_the_median():
                 assert s.rank_s > s.median_s * (1 + STRAGGLER_THRESHOLD), (medians, s)
 
 
+def test_a_rank_slow_in_its_own_compute_is_flagged_though_its_step_reads_a_little_faster():
+    # DDP on a loaded host (a real run): rank 1 sleeps 50 ms in every forward; its sync-off pass says
+    # 51.5 ms against rank 0's 1.2 ms, while its median step reads 2.2% below the median of medians
+    # (its work between steps hides in rank 0's wait): far less than its 25 ms excess, so flagged
+    [s] = detect_stragglers({0: 0.0559, 1: 0.0535}, {0: 0.00117, 1: 0.0515})
+    assert s.rank == 1 and s.rule == "own compute"
+
+
 def test_sub_millisecond_calibration_jitter_is_not_a_straggler(tmp_path):
     write_run(tmp_path / "r", world_size=2, exposed_comm_s=0.001,
               nosync_by_rank={0: 0.0008, 1: 0.0012})

@@ -197,7 +197,7 @@ class SlurmBackend:
             spec = launch_spec(run_dir)
             progress = Progress(run_dir, spec.world_size, None if spec.is_script else spec.steps)
             snap = progress.snapshot()
-            steps, total = dict(snap["steps"]), spec.steps
+            steps, total = dict(snap["steps"]), None if spec.is_script else spec.steps
             data["progress"] = {**snap, "steps": {str(k): v for k, v in snap["steps"].items()}}
             if info.final and not RunPaths(root=run_dir).result.is_file():
                 ended = ended_of(run_dir, info, queue.read_slurm_file(run_dir))
