@@ -48,8 +48,7 @@ case "${1:-}" in
       "$VENV/bin/mypy" >"$mypy_log" 2>&1 &
       mypy_pid=$!
       trap 'kill "$mypy_pid" 2>/dev/null || true' EXIT
-      # unit tests start no torchrun and time nothing: two workers halve their minutes; the
-      # torchrun and SLURM tests run one at a time (they share 2 cores and time their steps)
+      # unit tests start no torchrun and time nothing: two workers halve their minutes
       # --durations: the slowest tests in the log, where the suite's 25-minute budget goes
       "$VENV/bin/python" -m pytest -q -rs -n 2 --durations=10 tests/unit
       mypy_rc=0
@@ -58,7 +57,15 @@ case "${1:-}" in
       cat "$mypy_log"
       rm -f "$mypy_log"
       [ "$mypy_rc" -eq 0 ] || exit "$mypy_rc"
-      "$VENV/bin/python" -m pytest -q -rs --durations=25 tests/integration tests/slurm
+      # the torchrun tests on two workers, a module to a worker at a time (its fixtures run once),
+      # under a short base directory (DataLoader workers' socket paths must stay under 108 bytes);
+      # then, one at a time, the tests marked `alone`: they time steps against a clock, or share
+      # the one local SLURM cluster
+      basetemp=$(mktemp -d /tmp/dlt.XXXXXX)
+      "$VENV/bin/python" -m pytest -q -rs -n 2 --dist loadscope --basetemp="$basetemp" --durations=25 \
+        -m "not alone" tests/integration
+      "$VENV/bin/python" -m pytest -q -rs --durations=15 -m alone tests/integration tests/slurm
+      rm -rf "$basetemp"
     fi
     ;;
   *)

@@ -18,7 +18,7 @@ from tests.helpers import (
     run_result,
 )
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.alone]
 
 DELAY_MS = 150
 # small enough that DDP puts every gradient in ONE bucket: one all-reduce, one delay per step

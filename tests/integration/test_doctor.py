@@ -19,7 +19,7 @@ import pytest
 
 from launcher.runtime.doctor_checks import SLOW_RANK_ENV
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.alone]
 
 CPU_ONLY = {"CUDA_VISIBLE_DEVICES": ""}
 # the budget for 2 CPU ranks on a 2-core host: `dlaunch doctor --gpus 2 --threshold 0.5`

@@ -18,7 +18,7 @@ import pytest
 
 from tests.helpers import DATA, REPO, dlaunch_env, rank_records, seeded_cache
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.alone]
 
 STEADY = str(DATA / "steady.py")
 FIXED = ["--no-calibrate", "--strategy", "ddp", "--precision", "fp32", "--micro-batch", "4"]

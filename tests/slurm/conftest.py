@@ -29,6 +29,15 @@ from typing import Iterable, Iterator, Mapping
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test here is `alone` (pyproject's markers): they share the one local cluster."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in item.path.parents:
+            item.add_marker(pytest.mark.alone)
+
 SCRIPT = REPO_ROOT / "scripts" / "slurm-cluster.sh"
 UP_TIMEOUT_S = 900  # from scratch (apt install) this takes ~25 s; a slow mirror may take minutes
 DOWN_TIMEOUT_S = 300
