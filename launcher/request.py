@@ -44,6 +44,7 @@ class RunRequest(RunSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        self.check_warmup(is_script=self.is_script)
         check(self.device in DEVICES, UsageError, f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
         if self.global_batch is not None:
             at_least(1, MAX_GLOBAL_BATCH).validate("`global_batch`", self.global_batch)

@@ -168,9 +168,6 @@ class RunSettings:
 
     def __post_init__(self) -> None:
         validate_knobs(self)
-        # checked before planning, which profiles the workload: a typo should cost nothing
-        check(self.warmup_steps is None or self.warmup_steps < self.steps, UsageError,
-              f"`warmup_steps` must be below `steps` ({self.steps}), got {self.warmup_steps}")
         check(not self.tp or self.tp == 1 or self.strategy not in DDP_KINDS, UsageError,
               f"`tp` {self.tp} composes tensor parallelism with FSDP on the data-parallel dimension; DDP does not, "
               "nor does ZeRO-1: use `strategy` fsdp_full, fsdp_grad_op or hybrid")
@@ -193,6 +190,12 @@ class RunSettings:
         check(self.startup_timeout_s is None or self.hang_timeout_s <= self.startup_timeout_s <= MAX_TIMEOUT_S,
               UsageError, f"`startup_timeout_s` must be between `hang_timeout_s` ({self.hang_timeout_s:g}) "
                           f"and {MAX_TIMEOUT_S:g} seconds, got {self.startup_timeout_s or 0:g}")
+
+    def check_warmup(self, *, is_script: bool) -> None:
+        """Warm-up below the steps (made before planning, which profiles the workload: a typo costs
+        nothing); a plain script runs the steps it likes, so `steps` does not bound its warm-up."""
+        check(is_script or self.warmup_steps is None or self.warmup_steps < self.steps, UsageError,
+              f"`warmup_steps` must be below `steps` ({self.steps}), got {self.warmup_steps}")
 
     def decided(self) -> dict[str, Any]:
         """Each plan decision as made, else its fallback (what runs when nothing planned)."""
@@ -247,6 +250,7 @@ class LaunchSpec(RunSettings):
         for name, value in {**self.decided(), **made}.items():
             object.__setattr__(self, name, value)
         super().__post_init__()
+        self.check_warmup(is_script=self.is_script)
         check(self.device in DEVICES, UsageError, f"device must be one of {DEVICES}")
         check(self.gpus % self.tp == 0, UsageError, f"`tp` {self.tp} must divide the processes per node "
                                                     f"({self.gpus}): tensor parallelism stays inside a node")

@@ -40,13 +40,13 @@ class State(enum.Enum):
     COMPLETED = "COMPLETED"  # over, every rank ok
     FAILED = "FAILED"  # over, not ok
     CANCELLED = "CANCELLED"  # stopped on purpose (dlaunch cancel, Ctrl-C, scancel)
-    GONE = "GONE"  # its launcher died and left no result
+    ORPHANED = "ORPHANED"  # its launcher died and left no result (the report's "orphaned")
     UNKNOWN = "UNKNOWN"  # cannot be told from here (another host's run, a state SLURM has not)
 
     @property
     def final(self) -> bool:
         """True once the run will not change any more."""
-        return self in (State.COMPLETED, State.FAILED, State.CANCELLED, State.GONE)
+        return self in (State.COMPLETED, State.FAILED, State.CANCELLED, State.ORPHANED)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -9,7 +9,7 @@ The state, from the files alone:
   result.json              -> COMPLETED (status ok), CANCELLED (interrupted), FAILED (else)
   owner alive on this host -> RUNNING (with the rank steps of the heartbeats)
   owner on another host    -> UNKNOWN (its pid cannot be asked from here)
-  otherwise                -> GONE (dlaunch died without writing a result)
+  otherwise                -> ORPHANED (dlaunch died without writing a result)
 
 Never imports runtime, drivers, cli or results (it reads the files the ranks and dlaunch write).
 """
@@ -117,12 +117,13 @@ def read_state(run_dir: Path, *, now: Callable[[], float] = time.time) -> LocalS
         reason = why or ("" if state is State.COMPLETED else f"result.json says {status}")
         return LocalState(state=state, reason=reason, result=result, **common)
     if common["pid"] is None:
-        return LocalState(state=State.GONE, reason="no owner in owner.json and no result.json", **common)
+        return LocalState(state=State.ORPHANED, reason="no owner in owner.json and no result.json", **common)
     if common["host"] != socket.gethostname():
         return LocalState(state=State.UNKNOWN, reason=f"run by dlaunch pid {pid} on host {host}; ask there", **common)
     alive = pid_alive(common["pid"], not_after=since if isinstance(since, (int, float)) else None)
     if not alive:
-        return LocalState(state=State.GONE, reason=f"dlaunch (pid {pid}) is gone and wrote no result.json", **common)
+        return LocalState(state=State.ORPHANED, reason=f"dlaunch (pid {pid}) is gone and wrote no result.json",
+                          **common)
     if age is None:
         reason = f"dlaunch pid {pid}; no rank heartbeat yet (starting)"
     elif age > STALE_BEAT_S:

@@ -103,6 +103,7 @@ OPTIMIZER_BYTES_PER_PARAM = 28
 # as their traffic), and a mode that replays CUDA graphs none.
 HOST_OP_S = 8e-6
 HOST_OP_RANGE_S = (4e-6, 12e-6)  # where it may lie (views cost less, module hooks more): the plan's interval
+LAUNCH_WAIT_PART = "waiting for launches"  # the compute part the launches add where they set the step
 
 # --- overlap -----------------------------------------------------------------------------------
 # Share of a compute phase communication can hide behind. CUDA: NCCL runs on its own stream
@@ -291,7 +292,7 @@ def step_time(profile: ModelProfile, strategy: Strategy, topology: Topology, mic
         0.0 if strategy.offload else ADAMW_FIXED_OPS)
     host = ops * HOST_OP_S + (opt if strategy.offload else 0.0)  # the host's optimizer after its launches
     if profile.forward_ops and host > compute:  # the GPU waits for the host's launches (HOST_OP_S)
-        parts, compute = (*parts, ("waiting for launches", host - compute)), host
+        parts, compute = (*parts, (LAUNCH_WAIT_PART, host - compute)), host
     if n <= 1:
         return StepTimeEstimate(compute_s=compute, comm_total_s=link_total,
                                 comm_exposed_s=link_exposed, compute_parts=parts)

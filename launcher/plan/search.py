@@ -25,7 +25,7 @@ from launcher.plan.candidates import candidates, check_forced, choose, dp_ranks,
 from launcher.plan.collectives import fsdp_units
 from launcher.plan.compile_choice import decide
 from launcher.plan.compile_probe import CompileCheck
-from launcher.plan.cost import HOST_OP_RANGE_S, HOST_OP_S, shard_group_size, step_time
+from launcher.plan.cost import HOST_OP_RANGE_S, HOST_OP_S, LAUNCH_WAIT_PART, shard_group_size, step_time
 from launcher.plan.explain import host_too_small, label, per_device, reasons, rejected, too_big, within_card
 from launcher.plan.interval import step_interval
 from launcher.plan.kernels import assumed_spread, priced, with_kernels
@@ -139,7 +139,7 @@ def plan(profile: ModelProfile, topology: Topology, goal: Goal, *, overrides: Ov
     spread = assumed_spread(kernels, lambda ks: step_time(
         with_kernels(profile, ks), chosen.strategy, topology, chosen.micro_batch, chosen.grad_accum,
         timing=timing).step_time_s) if on_gpu else (1.0, 1.0, "")
-    if on_gpu and (waiting := dict(t.compute_parts).get("waiting for launches")):  # the launches set the compute
+    if on_gpu and (waiting := dict(t.compute_parts).get(LAUNCH_WAIT_PART)):  # the launches set the compute
         # at another cost an op, the compute is the launches then, or the GPU's own work where that is longer
         lo, hi = ((t.step_time_s + max(t.compute_s - waiting, t.compute_s * r / HOST_OP_S) - t.compute_s)
                   / t.step_time_s for r in HOST_OP_RANGE_S)

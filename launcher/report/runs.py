@@ -16,6 +16,7 @@ import json
 import logging
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,15 @@ def _is_run(d: Path) -> bool:
     return paths.launch.is_file() or paths.result.is_file()
 
 
+def _workload(d: Path) -> tuple[str, ...]:
+    """What the run ran: its workload file and arguments, from launch.json (() when unread)."""
+    try:
+        data = read_json(RunPaths(root=d).launch)
+    except (OSError, ValueError):
+        return ()
+    return (str(data.get("workload", "")), *map(str, data.get("workload_args") or ())) if isinstance(data, dict) else ()
+
+
 def _world_size(d: Path) -> int:
     """The world size the run's files say (1 when none says it; read_run checks the files)."""
     paths = RunPaths(root=d)
@@ -133,6 +143,15 @@ def discover(path: Path) -> Target:
     if not runs:
         raise DlaunchError(f"no runs in {path}: expected a sweep (sweep.json), a run "
                            "(launch.json / result.json), a tune (tune.json) or directories of runs")
+    ran = {d: _workload(d) for d in runs}
+    if len(set(ran.values())) > 1:  # a curve compares runs of one workload: the newest run's, the rest named
+        newest = ran[max(runs, key=lambda d: max(f.stat().st_mtime for f in (RunPaths(root=d).launch,
+                                                                              RunPaths(root=d).result) if f.is_file()))]
+        others = Counter(Path(w[0]).name or "unknown" for w in ran.values() if w != newest)
+        runs = [d for d in runs if ran[d] == newest]
+        unread.append(f"left out {sum(others.values())} run(s) of other workloads ("
+                      f"{', '.join(f'{w}: {k}' for w, k in others.items())}): the curve is the newest run's "
+                      f"workload's ({Path(newest[0]).name}); report a directory of the others' runs for theirs")
     seen: dict[int, int] = {}
     entries = []
     for d in runs:

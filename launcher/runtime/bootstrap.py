@@ -21,19 +21,16 @@ Never imports cli, backends, drivers or report.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import runpy
-import socket
 import sys
 import time
 from typing import Any
 
-from launcher.files import atomic_write_text
 from launcher.rundir import RunPaths
 from launcher.runtime import meter as meters
-from launcher.runtime.recorder import BEAT_INTERVAL_S
+from launcher.runtime.recorder import BEAT_INTERVAL_S, write_beat
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +52,8 @@ class AutoMeter:
         if time.monotonic() - self._beat_at < BEAT_INTERVAL_S:
             return
         self._beat_at, self._beats = time.monotonic(), self._beats + (busy is not None)
-        beat = {"step": 0, "time": time.time(), "host": socket.gethostname(), "busy": busy, "busy_beats": self._beats}
         try:
-            atomic_write_text(self._beat_path, json.dumps(beat), fsync=False)
+            write_beat(self._beat_path, 0, busy=busy, busy_beats=self._beats)
         except OSError as e:  # a sign of life, not the script's business: a full disk must not end it
             log.debug("heartbeat not written: %s", e)
 
@@ -134,7 +130,14 @@ def main(argv: list[str] | None = None) -> None:
     sys.path[0] = os.path.dirname(script)  # as `python SCRIPT` sets it
     if run_dir := os.environ.get("DLAUNCH_RUN_DIR"):
         install(AutoMeter(run_dir))
-    runpy.run_path(script, run_name="__main__")
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except Exception as e:  # told as `python SCRIPT` tells it: from the script's own frames, not runpy's or ours
+        tb = e.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename != script:
+            tb = tb.tb_next
+        sys.excepthook(type(e), e.with_traceback(tb), tb)  # a script's StepMeter hooks it to write its summary
+        raise SystemExit(1) from None  # the exit code of an uncaught exception
 
 
 if __name__ == "__main__":

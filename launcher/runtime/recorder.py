@@ -61,6 +61,13 @@ STACKS_SIGNAL = signal.SIGUSR1
 _stack_files: list[IO[str]] = []
 
 
+def write_beat(path: Path, step: int, **fields: Any) -> None:
+    """The heartbeat file ({step, time, host, ...}); no fsync: it is rewritten every second and
+    its readers only need it whole, never durable."""
+    beat = {"step": step, "time": time.time(), "host": socket.gethostname(), **fields}
+    atomic_write_text(path, json.dumps(beat), fsync=False)
+
+
 class RankRecorder:
     """Buffers step records and appends them at window ends; writes the final summary."""
 
@@ -74,7 +81,6 @@ class RankRecorder:
         self.steps_done = 0
         self._finished = False
         self._last_beat = 0.0
-        self._host = socket.gethostname()
         self._busy: str | None = None  # what `busy` is waiting for, while it is
         self._busy_beats = 0
         self._stepped = False  # a step record was added in this process
@@ -151,12 +157,8 @@ class RankRecorder:
         """Record progress for the launcher's hang detection (small file, replaced atomically)."""
         with self._beat_lock:
             self._last_beat = time.monotonic()
-            beat: dict[str, Any] = {"step": step, "time": time.time(), "pid": os.getpid(),
-                                    "host": self._host, "stacks": self._stacks}
-            if self._busy is not None:
-                beat.update(busy=self._busy, busy_beats=self._busy_beats)
-            # no fsync: this is rewritten every second; readers only need it whole, never durable
-            atomic_write_text(self._heartbeat, json.dumps(beat), fsync=False)
+            busy = {} if self._busy is None else {"busy": self._busy, "busy_beats": self._busy_beats}
+            write_beat(self._heartbeat, step, pid=os.getpid(), stacks=self._stacks, **busy)
 
     def alive(self, what: str) -> None:
         """A sign of life between steps (a batch fetched by an evaluation loop): progress for the

@@ -4,6 +4,7 @@ dlaunch launches it unchanged; the optional StepMeter makes its throughput show 
 """
 
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -27,6 +28,8 @@ def main() -> None:
         loss.backward()
         opt.step()
         meter.step(loss=loss.detach())
+        if rank == 1 and step + 1 == int(os.environ.get("PLAIN_RANK1_EXITS_AFTER", "0")):
+            sys.exit(0)  # leaves while rank 0 goes on into the next step's all-reduce
     print(f"plain script rank {rank}/{world} done")
     dist.destroy_process_group()
 

@@ -8,6 +8,8 @@ from launcher.rundir import RunPaths
 
 from tests.helpers import DATA, REPO, assert_one_line_error, rank_records, run_result, step_losses
 
+pytestmark = pytest.mark.alone  # its DataLoader workers must keep up with the step
+
 MLP = str(REPO / "workloads" / "mlp.py")
 SLOW = str(DATA / "slow_data.py")
 

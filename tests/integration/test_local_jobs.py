@@ -17,7 +17,7 @@ from launcher.backends.monitor import read_heartbeats
 
 from tests.helpers import DATA, REPO, dlaunch_env, rank_records, run_dlaunch
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.alone]
 
 STEADY = str(DATA / "steady.py")
 FIXED = ["--no-calibrate", "--strategy", "ddp", "--precision", "fp32", "--micro-batch", "4"]

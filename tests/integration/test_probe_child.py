@@ -20,6 +20,8 @@ import pytest
 
 from tests.helpers import DATA, REPO, assert_processes_gone
 
+pytestmark = pytest.mark.alone  # it bounds how long a probe and its stop take
+
 WORKLOAD = str(DATA / "probe_hostile.py")
 DECIDED = ("--gpus", "1", "--strategy", "ddp", "--precision", "fp32", "--micro-batch", "4",
            "--checkpointing", "none")

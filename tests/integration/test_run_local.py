@@ -2,6 +2,7 @@
 
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -103,6 +104,16 @@ def test_plain_script_runs_unchanged_and_is_measured(dlaunch, tmp_path):
     logs = [log for r in (0, 1) for log in RunPaths(root=tmp_path / "run").rank_logs(0, r, "stdout")]
     assert len(logs) == 2 and all(log.parent.parent.name == "attempt_0" for log in logs)
     assert "done" in logs[1].read_text()
+
+
+def test_a_script_rank_that_exits_0_early_is_named_before_the_peer_it_left_in_a_collective(dlaunch, tmp_path):
+    done = dlaunch("run", str(DATA / "plain_train.py"), "--gpus", "2", "--run-dir", str(tmp_path / "run"),
+                   env={"PLAIN_STEPS": "12", "PLAIN_RANK1_EXITS_AFTER": "3"})
+    assert done.code == 1, done.err[-3000:]
+    failed = [line for line in done.out.splitlines() if line.startswith("FAILED")]
+    assert failed[0] == (f"FAILED: rank 1 (host {socket.gethostname()}, node 0, local rank 1) exited after 3 steps: "
+                         "exit code 0 while rank(s) 0 went on and lost it in a collective"), failed
+    assert "rank 0 " in failed[1] and "closed by peer" in failed[1], failed
 
 
 def test_rank_failure_names_rank_and_keeps_metrics(dlaunch, tmp_path):

@@ -24,6 +24,8 @@ from launcher.workload import load_workload
 
 from tests.helpers import REPO, WORKLOADS, assert_one_line_error, log_tails, rank_records, run_result
 
+pytestmark = pytest.mark.alone  # its reader delay is timed against this host's step just before the runs
+
 TOKENS = str(WORKLOADS / "tokens.py")
 MODEL = ("--dim", "128", "--layers", "2", "--ffn", "384", "--seq-len", "128")
 MICRO_BATCH = 8

@@ -24,7 +24,7 @@ import pytest
 
 from tests.helpers import REPO, rank_records, run_result
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.alone]
 
 STEPS = 12
 

@@ -17,7 +17,7 @@ from launcher.rundir import RunPaths, TunePaths
 
 from tests.helpers import DATA, Done, run_dlaunch
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.alone]
 
 # mlp.py whose first run in a marker dir crashes (--fail-first): the first trial (the plan's own
 # candidate) crashes and the second trains, whichever two candidates this CPU puts near the best

@@ -176,7 +176,7 @@ def test_slurm_states_map_onto_the_neutral_ones():
     assert runs.state_of(JobInfo(job_id="1", state="TIMEOUT")) is State.FAILED
     assert runs.state_of(JobInfo(job_id="1", state="CANCELLED")) is State.CANCELLED
     assert runs.state_of(JobInfo(job_id="1", state="WEIRD")) is State.UNKNOWN
-    assert not State.RUNNING.final and State.GONE.final
+    assert not State.RUNNING.final and State.ORPHANED.final
 
 
 # --- local runs, on crafted run dirs ----------------------------------------------------------
@@ -235,16 +235,16 @@ def test_a_local_run_starting_up_has_no_heartbeat_yet(tmp_path: Path):
 def test_a_local_run_whose_owner_died_without_a_result_is_gone(tmp_path: Path):
     run_dir = _run_dir(tmp_path, pid=_dead_pid(), beats={0: (3, time.time() - 30)})
     st = localrun.read_state(run_dir)
-    assert st.state is State.GONE and "is gone and wrote no result.json" in st.reason
+    assert st.state is State.ORPHANED and "is gone and wrote no result.json" in st.reason
     assert st.steps == {0: 3}
     done = localrun.cancel(run_dir)
-    assert done.before is State.GONE and "nothing to cancel" in done.message
+    assert done.before is State.ORPHANED and "nothing to cancel" in done.message
 
 
 def test_a_recycled_owner_pid_does_not_make_a_run_running(tmp_path: Path):
     # this process started before the owner file says dlaunch claimed the dir: not the owner
     run_dir = _run_dir(tmp_path, pid=os.getpid(), since=time.time() - 10 ** 6)
-    assert localrun.read_state(run_dir).state is State.GONE
+    assert localrun.read_state(run_dir).state is State.ORPHANED
 
 
 @pytest.mark.parametrize(("result", "state", "reason"), [
@@ -299,7 +299,7 @@ def test_cancel_sends_sigterm_to_the_owner_and_waits_until_it_is_gone(tmp_path: 
     try:
         run_dir = _run_dir(tmp_path, pid=owner.pid, since=time.time() + 1)
         done = localrun.cancel(run_dir, wait_s=10)
-        assert done.before is State.RUNNING and done.after is State.GONE  # a sleeper writes no result
+        assert done.before is State.RUNNING and done.after is State.ORPHANED  # a sleeper writes no result
         assert f"sent SIGTERM to dlaunch (pid {owner.pid})" in done.message
         assert owner.wait(timeout=5) == -15
     finally:

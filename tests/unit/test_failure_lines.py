@@ -169,3 +169,19 @@ def test_no_workers_no_sockets(monkeypatch):
     check_worker_sockets(0)
     with pytest.raises(LaunchError, match="TMPDIR is too long"):
         check_worker_sockets(2)
+
+
+def test_a_plain_scripts_uncaught_error_reads_as_python_script_prints_it(tmp_path):
+    # the bootstrap runs the script through runpy: its frames and runpy's are not the script's
+    script = tmp_path / "train.py"
+    script.write_text("import sys\nhooked = sys.excepthook\n"
+                      "sys.excepthook = lambda t, e, tb: (print('hook saw', e, file=sys.stderr), hooked(t, e, tb))\n"
+                      "def step():\n    raise ValueError('bad batch')\nstep()\n")
+    done = subprocess.run([sys.executable, "-m", "launcher.runtime.bootstrap", str(script)], cwd=REPO,
+                          env={k: v for k, v in os.environ.items() if k != "DLAUNCH_RUN_DIR"},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == [
+        "hook saw bad batch", "Traceback (most recent call last):", f'  File "{script}", line 6, in <module>',
+        "    step()", f'  File "{script}", line 5, in step', "    raise ValueError('bad batch')",
+        "ValueError: bad batch"], done.stderr

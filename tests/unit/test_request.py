@@ -52,6 +52,14 @@ def test_bad_requests_are_refused_where_they_are_made(field, value, needle):
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 
+def test_a_plain_scripts_warm_up_is_not_bounded_by_steps_it_cannot_set():
+    # a script runs the steps it likes (`--steps` is for workloads): 25 warm-up steps are its to count
+    request = RunRequest(workload=MLP, is_script=True, warmup_steps=25)
+    assert request.launch_spec(run_id="r", run_dir="/RUN").warmup_steps == 25
+    with pytest.raises(UsageError, match="must be below"):
+        dataclasses.replace(request, is_script=False)
+
+
 def test_a_planned_request_leaves_nothing_open():
     request = RunRequest(workload=MLP, gpus=2)
     done = request.with_plan(planned(request))

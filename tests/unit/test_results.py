@@ -48,9 +48,23 @@ def test_a_run_that_ended_in_warm_up_is_measured_without_its_first_step(tmp_path
     path = RunPaths(root=tmp_path / "r").records(0)
     lines = [line for line in path.read_text().splitlines() if '"step":4,' not in line]
     path.write_text("\n".join(lines).replace('"step_time_s":0.1,"loss":1.75', '"step_time_s":5.0,"loss":1.75') + "\n")
+    summary = RunPaths(root=tmp_path / "r").summary(0)
+    summary.write_text(json.dumps({**json.loads(summary.read_text()), "steps": 3}))
     res = aggregate(tmp_path / "r")
     assert res.ranks[0].steps == 3 and res.ranks[0].steady_steps == 2
     assert res.samples_per_s == pytest.approx(8 / 0.1)
+
+
+def test_a_killed_rank_got_as_far_as_its_heartbeat_says_past_its_last_flushed_record(tmp_path):
+    # SIGKILL loses the records queued since the last flush; the summary dlaunch writes for the
+    # rank takes the heartbeat's step (backends.postmortem), which the failure line must keep
+    write_run(tmp_path / "r", world_size=2, steps=4, warmup=1)
+    paths = RunPaths(root=tmp_path / "r")
+    paths.summary(1).write_text(json.dumps({"rank": 1, "status": "killed", "steps": 9, "time": 2.0e9,
+                                            "error": "by signal SIGKILL (9)", "written_by": "dlaunch"}))
+    res = aggregate(tmp_path / "r")
+    assert [r.steps for r in res.ranks] == [4, 9]
+    assert res.failures == ("rank 1 (host node0, node 0, local rank 1) killed after 9 steps: by signal SIGKILL (9)",)
 
 
 def test_a_script_that_reported_no_steps_is_told_how_to_show_them_unless_it_failed(tmp_path):

@@ -230,6 +230,20 @@ def test_repeats_take_the_median(tmp_path):
     assert (r.samples_per_s, r.samples_per_s_min, r.samples_per_s_max) == pytest.approx((64, 40, 80))
 
 
+def test_a_directory_of_runs_of_several_workloads_draws_the_newest_runs_workloads_curve(tmp_path):
+    d = tmp_path / "runs"
+    for n in (1, 2):
+        write_run(d / f"gpt{n}", world_size=n, step_s=0.1, workload="/w/gpt.py")
+    write_run(d / "mlp2", world_size=2, step_s=0.4, workload="/w/mlp.py")
+    later = time.time() + 5
+    os.utime(RunPaths(root=d / "gpt2").launch, (later, later))  # the newest run
+    rep = build_report(d, with_prediction=False)
+    assert [p.name for p in rep.points] == ["gpt1", "gpt2"]
+    assert rows(rep)[2].efficiency == pytest.approx(1.0)  # not mixed with mlp's 4x slower steps
+    assert rep.notes == ["left out 1 run(s) of other workloads (mlp.py: 1): the curve is the newest run's "
+                         "workload's (gpt.py); report a directory of the others' runs for theirs"]
+
+
 def test_truncated_and_missing_rank_files_are_named(tmp_path):
     run = write_run(tmp_path / "r", world_size=3, steps=10)
     f = RunPaths(root=run).records(1)
