@@ -38,6 +38,8 @@ PRECISION_GAIN_FLOOR = 0.20  # below this precision speed-up: not arithmetic-bou
 COMPILE_GAIN_FLOOR = 0.10  # below this compile speed-up: kernels already fused
 # throughput varies 10-30% run to run on a machine shared with other work: say so near the floor
 NOISE = 0.30
+# a measured step this many times its run's median: most likely compile (a recompile) after the warm-up
+WARMING_SPREAD = 3.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -177,6 +179,11 @@ def reading(rows: tuple[LabRow, ...], precision_gain: float | None, compile_gain
                        "(matmul-bound) or the step waits elsewhere; compile is not worth its start-up")
         else:
             out.append(f"compile gained {100 * (compile_gain - 1):+.0f}%: fusing kernels pays; keep --compile")
+        spread = max((r.step_time_max_s / r.step_time_median_s for r in rows[-1].result.ranks if r.step_time_median_s),
+                     default=0.0)
+        if spread > WARMING_SPREAD:
+            out.append(f"the compiled run's slowest measured step took {spread:.1f}x its median (most likely a "
+                       "compile after the warm-up): its gain may be understated; rerun with more --warmup-steps")
     if any(g is not None and abs(g - 1) < NOISE for g in (precision_gain, compile_gain)):
         out.append(f"runs on a busy machine vary 10-30% in throughput: repeat the lab before "
                    f"acting on a difference under {100 * NOISE:.0f}%")

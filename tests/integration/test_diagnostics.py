@@ -8,8 +8,6 @@ from launcher.rundir import RunPaths
 
 from tests.helpers import DATA, REPO, assert_one_line_error, rank_records, run_result, step_losses
 
-pytestmark = pytest.mark.alone  # its DataLoader workers must keep up with the step
-
 MLP = str(REPO / "workloads" / "mlp.py")
 SLOW = str(DATA / "slow_data.py")
 
@@ -47,6 +45,7 @@ def verdict_of(dlaunch, tmp_path, workers: int) -> dict:
 
 
 @pytest.mark.distributed
+@pytest.mark.alone  # its reader must keep pace with the step's compute
 def test_slow_dataset_without_workers_is_data_loading_bound(dlaunch, tmp_path):
     # 10 ms per item read in the loop, 10 ms per sample of compute: about half the step waits
     result = verdict_of(dlaunch, tmp_path, workers=0)
@@ -56,6 +55,7 @@ def test_slow_dataset_without_workers_is_data_loading_bound(dlaunch, tmp_path):
 
 
 @pytest.mark.distributed
+@pytest.mark.alone  # its reader must keep pace with the step's compute
 def test_slow_dataset_with_workers_is_not_data_loading_bound(dlaunch, tmp_path):
     # 3 workers make a 40 ms batch each: one ready every ~13 ms against a 40 ms step
     result = verdict_of(dlaunch, tmp_path, workers=3)

@@ -150,3 +150,17 @@ def test_reading_calls_a_slower_mixed_precision_by_its_name(tmp_path):
                         result=fake_result(base_spec(tmp_path), 100.0)) for n in ("fp32", "bf16"))
     text = " ".join(reading(rows, 0.8, None))
     assert "mixed precision was 20% slower than fp32" in text and "repeat the lab" in text
+
+
+def test_a_compiled_run_still_compiling_after_its_warm_up_is_said_to_understate_its_gain(tmp_path):
+    base = base_spec(tmp_path)
+    rows = [LabRow(name=name, precision=spec.precision, compile=spec.compile, result=fake_result(spec, speed))
+            for (name, spec), speed in zip(lab_specs(base, "bf16"), (100.0, 150.0, 140.0))]
+    warm = "most likely a compile after the warm-up"
+    assert not any(warm in line for line in reading(tuple(rows), 1.5, 140 / 150))
+    rank = rows[2].result.ranks[0]
+    ranks = (dataclasses.replace(rank, step_time_max_s=4 * rank.step_time_median_s),)
+    rows[2] = dataclasses.replace(rows[2], result=dataclasses.replace(rows[2].result, ranks=ranks))
+    said = [line for line in reading(tuple(rows), 1.5, 140 / 150) if warm in line]
+    assert said == ["the compiled run's slowest measured step took 4.0x its median (most likely a compile after the "
+                    "warm-up): its gain may be understated; rerun with more --warmup-steps"]
