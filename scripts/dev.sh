@@ -60,12 +60,15 @@ case "${1:-}" in
       # the torchrun tests on two workers, a module to a worker at a time (its fixtures run once),
       # under a short base directory (DataLoader workers' socket paths must stay under 108 bytes);
       # then, one at a time, the tests marked `alone`: they time steps against a clock, or share
-      # the one local SLURM cluster
+      # the one local SLURM cluster. The second pass runs whatever the first gave (a red test there
+      # must not hide the rest); the script then exits with a failing pass's code
       basetemp=$(mktemp -d /tmp/dlt.XXXXXX)
+      rc=0
       "$VENV/bin/python" -m pytest -q -rs -n 2 --dist loadscope --basetemp="$basetemp" --durations=25 \
-        -m "not alone" tests/integration
-      "$VENV/bin/python" -m pytest -q -rs --durations=15 -m alone tests/integration tests/slurm
+        -m "not alone" tests/integration || rc=$?
+      "$VENV/bin/python" -m pytest -q -rs --durations=15 -m alone tests/integration tests/slurm || rc=$?
       rm -rf "$basetemp"
+      exit "$rc"
     fi
     ;;
   *)

@@ -16,6 +16,7 @@ imports launcher.runtime (it reads what the ranks left in files), drivers, cli o
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import signal
@@ -163,18 +164,21 @@ def write_missing_summaries(run_dir: str | Path, world_size: int, *, expected_st
         lines.append(f"rank {rank}: {status}: {error}")
     if not hung:
         lines += _blame_the_stuck(rd, world_size, beats)
-    return lines + _blame_the_leaver(rd, world_size)
+    leaver = expected_steps is None and (stall is None or stall.kind == "exited")  # a script, not stopped by dlaunch
+    return lines + (_blame_the_leaver(rd, world_size, exits) if leaver else [])
 
 
-def _blame_the_leaver(run_dir: Path, world_size: int) -> list[str]:
-    """A rank that ended ok before a peer's collective lost it (a script's `sys.exit(0)` on one
-    rank) left early, and caused that failure: its summary says so and keeps its own time (first)."""
+def _blame_the_leaver(run_dir: Path, world_size: int, exits: dict[int, RankExit]) -> list[str]:
+    """A plain script's rank that ended ok, exit code 0, before a peer's collective lost it (its
+    `sys.exit(0)` on one rank) left early, and caused that failure: its summary says so and keeps
+    its own time (listed first). A workload's ranks all run the harness's loop: never one of them."""
     summaries = {r: s for r in range(world_size) if (s := _read_summary(run_dir, r)) is not None}
-    lost = {r: float(s.get("time", 0.0)) for r, s in summaries.items()
-            if s.get("status") == "failed" and _PEER_LOST_RE.search(str(s.get("error", "")))}
+    when = {r: t for r, s in summaries.items() if isinstance(t := s.get("time"), (int, float))}
+    lost = {r: when[r] for r, s in summaries.items() if r in when and s.get("status") == "failed"
+            and _PEER_LOST_RE.search(str(s.get("error", "")))}
     lines: list[str] = []
     for rank, own in sorted(summaries.items()):
-        if lost and own.get("status") == "ok" and float(own.get("time", 0.0)) < min(lost.values()):
+        if lost and own.get("status") == "ok" and rank not in exits and when.get(rank, math.inf) < min(lost.values()):
             error = f"exit code 0 while rank(s) {', '.join(map(str, sorted(lost)))} went on and lost it in a collective"
             atomic_write_json(RunPaths(root=run_dir).summary(rank),
                               {**own, "status": "exited", "error": error, "written_by": "dlaunch"})

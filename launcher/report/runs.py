@@ -145,13 +145,14 @@ def discover(path: Path) -> Target:
                            "(launch.json / result.json), a tune (tune.json) or directories of runs")
     ran = {d: _workload(d) for d in runs}
     if len(set(ran.values())) > 1:  # a curve compares runs of one workload: the newest run's, the rest named
-        newest = ran[max(runs, key=lambda d: max(f.stat().st_mtime for f in (RunPaths(root=d).launch,
-                                                                              RunPaths(root=d).result) if f.is_file()))]
-        others = Counter(Path(w[0]).name or "unknown" for w in ran.values() if w != newest)
+        newest = ran[max((d for d in runs if ran[d]) or runs, key=lambda d: max(
+            f.stat().st_mtime for f in (RunPaths(root=d).launch, RunPaths(root=d).result) if f.is_file()))]
+        named = {w: " ".join([Path(w[0]).name, *w[1:]]) if w else "unknown (launch.json unread)" for w in ran.values()}
+        others = Counter(named[w] for w in ran.values() if w != newest)
         runs = [d for d in runs if ran[d] == newest]
         unread.append(f"left out {sum(others.values())} run(s) of other workloads ("
                       f"{', '.join(f'{w}: {k}' for w, k in others.items())}): the curve is the newest run's "
-                      f"workload's ({Path(newest[0]).name}); report a directory of the others' runs for theirs")
+                      f"workload's ({named[newest]}); report a directory of the others' runs for theirs")
     seen: dict[int, int] = {}
     entries = []
     for d in runs:

@@ -126,8 +126,10 @@ def _rank_result(run_dir: Path, rank: int, records: list[dict[str, Any]], summar
     prof_time = sum(r["step_time_s"] for r in steps if r.get("profiled"))
     return RankResult(
         rank=rank, local_rank=local_rank, node_rank=node_rank, host=host, status=status,
-        # a killed rank's summary (written by dlaunch) has its heartbeat's step: past its last flush
-        steps=max((resumed or 0) + len(steps), int((summary or {}).get("steps", 0))), steady_steps=len(steady),
+        # a killed rank's summary (written by dlaunch) has its heartbeat's step: past its last flush (a
+        # summary older than this attempt's start, a requeued job's, does not count)
+        steps=max((resumed or 0) + len(steps), int((summary or {}).get("steps", 0)) if summary and float(
+            summary.get("time", 0.0)) >= float(start.get("time", 0.0)) else 0), steady_steps=len(steady),
         samples_per_s=sum(r["samples"] for r in steady) / total_time if total_time else 0.0,
         units_per_s=sum(r["units"] for r in steady) / total_time if total_time else 0.0,
         step_time_median_s=statistics.median(times), step_time_p90_s=percentile(times, 90), step_time_max_s=max(times),

@@ -46,7 +46,7 @@ _KINDS: dict[str, dict[str, Any]] = {
 }
 _REQUIRED = {"step": ("step", "step_time_s", "samples", "units", "data_wait_s"), "resume": ("step",)}
 _SUMMARY: dict[str, Any] = {"status": str, "error": str | None, "time": float, "eval": dict | None,
-                            "preempted_by": str, "checkpoint_step": int, "rank_error": str | None}
+                            "preempted_by": str, "checkpoint_step": int, "rank_error": str | None, "steps": int}
 
 
 def read_spec(run_dir: str | Path) -> LaunchSpec:

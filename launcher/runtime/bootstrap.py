@@ -136,6 +136,7 @@ def main(argv: list[str] | None = None) -> None:
         tb = e.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename != script:
             tb = tb.tb_next
+        tb = tb or e.__traceback__  # none of its own (it did not compile): all, with the header the post-mortem reads
         sys.excepthook(type(e), e.with_traceback(tb), tb)  # a script's StepMeter hooks it to write its summary
         raise SystemExit(1) from None  # the exit code of an uncaught exception
 

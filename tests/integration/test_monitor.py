@@ -396,3 +396,26 @@ def test_an_unreadable_summary_is_never_overwritten(tmp_path):
     summary.write_text("{not json")
     write_missing_summaries(rd, 2, expected_steps=8, beats={}, torchrun_log=TORCHRUN_REPORT)
     assert summary.read_text() == "{not json"
+
+
+def test_only_a_scripts_rank_that_left_with_code_0_before_its_peer_lost_it_is_blamed(tmp_path):
+    closed = "RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:8083"
+    report = TORCHRUN_REPORT.replace("rank      : 1 (local_rank: 1)", "rank      : 0 (local_rank: 0)")
+
+    def blamed(*, expected_steps: int | None, ok_time: float | None, log: str = report) -> dict:
+        (rd := tmp_path / str(len(list(tmp_path.iterdir())))).mkdir()
+        _run_dir(rd)
+        paths = RunPaths(root=rd)
+        atomic_write_json(paths.summary(0), {"status": "failed", "time": 3.0e9, "error": closed})
+        atomic_write_json(paths.summary(1), {"status": "ok", "steps": 3,
+                                             **({} if ok_time is None else {"time": ok_time})})
+        write_missing_summaries(rd, 2, expected_steps=expected_steps, beats={}, torchrun_log=log)
+        return _summary(rd, 1)
+
+    left = blamed(expected_steps=None, ok_time=3.0e9 - 1)
+    assert left["status"] == "exited" and left["time"] == 3.0e9 - 1 and left["written_by"] == "dlaunch"
+    assert left["error"] == "exit code 0 while rank(s) 0 went on and lost it in a collective"
+    assert blamed(expected_steps=8, ok_time=3.0e9 - 1)["status"] == "ok"  # a workload's harness: all ranks alike
+    assert blamed(expected_steps=None, ok_time=3.0e9 + 1)["status"] == "ok"  # ended after the loss
+    assert blamed(expected_steps=None, ok_time=None)["status"] == "ok"  # no time to order it by
+    assert blamed(expected_steps=None, ok_time=3.0e9 - 1, log=TORCHRUN_REPORT)["status"] == "ok"  # not code 0

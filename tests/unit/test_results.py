@@ -64,6 +64,9 @@ def test_a_killed_rank_got_as_far_as_its_heartbeat_says_past_its_last_flushed_re
                                             "error": "by signal SIGKILL (9)", "written_by": "dlaunch"}))
     res = aggregate(tmp_path / "r")
     assert [r.steps for r in res.ranks] == [4, 9]
+    # a summary from before this attempt's start (a requeued job's last attempt) does not set it
+    paths.summary(1).write_text(json.dumps({"rank": 1, "status": "killed", "steps": 9, "time": 0.5e9}))
+    assert [r.steps for r in aggregate(tmp_path / "r").ranks] == [4, 4]
     assert res.failures == ("rank 1 (host node0, node 0, local rank 1) killed after 9 steps: by signal SIGKILL (9)",)
 
 

@@ -235,13 +235,15 @@ def test_a_directory_of_runs_of_several_workloads_draws_the_newest_runs_workload
     for n in (1, 2):
         write_run(d / f"gpt{n}", world_size=n, step_s=0.1, workload="/w/gpt.py")
     write_run(d / "mlp2", world_size=2, step_s=0.4, workload="/w/mlp.py")
+    RunPaths(root=write_run(d / "old", world_size=2, step_s=0.4)).launch.unlink()  # its result.json alone
     later = time.time() + 5
     os.utime(RunPaths(root=d / "gpt2").launch, (later, later))  # the newest run
     rep = build_report(d, with_prediction=False)
     assert [p.name for p in rep.points] == ["gpt1", "gpt2"]
     assert rows(rep)[2].efficiency == pytest.approx(1.0)  # not mixed with mlp's 4x slower steps
-    assert rep.notes == ["left out 1 run(s) of other workloads (mlp.py: 1): the curve is the newest run's "
-                         "workload's (gpt.py); report a directory of the others' runs for theirs"]
+    assert rep.notes == ["left out 2 run(s) of other workloads (mlp.py: 1, unknown (launch.json unread): 1): the "
+                         "curve is the newest run's workload's (gpt.py); report a directory of the others' runs "
+                         "for theirs"]
 
 
 def test_truncated_and_missing_rank_files_are_named(tmp_path):
