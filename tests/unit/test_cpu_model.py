@@ -64,6 +64,17 @@ def test_measured_passes_are_a_fixed_cost_plus_a_cost_per_sample():
     assert one.at(4).forward_s == pytest.approx(4 * 0.0015)  # one size only: proportional
 
 
+def test_a_part_the_larger_size_timed_faster_grows_past_it_instead_of_falling_to_zero():
+    # timer noise over a cost per sample too small to resolve (a busy host timed micro-batch 1)
+    noisy = StepTiming(precision="fp32", optimizer_s=0.002, passes=(
+        PassTimes(micro_batch=1, data_s=0.0004, forward_s=0.002, backward_s=0.001),
+        PassTimes(micro_batch=16, data_s=0.0003, forward_s=0.0013, backward_s=0.0019)))
+    assert noisy.at(8).forward_s == pytest.approx(0.002 - 7 * 0.0007 / 15)  # between: the line
+    far = noisy.at(512)
+    assert far.forward_s == pytest.approx(0.0013 * 32) and far.data_s == pytest.approx(0.0003 * 32)
+    assert far.backward_s == pytest.approx(0.001 + 511 * 0.0009 / 15)  # a rising part keeps its line
+
+
 def test_fsdp_with_low_precision_is_timed_with_its_batch_norms_in_fp32():
     import torch
 

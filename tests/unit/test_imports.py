@@ -337,8 +337,9 @@ def test_the_branch_scan_sees_every_kind_of_test(tmp_path: Path):
 # heartbeat says, a script's warm-up is not bounded by the steps it cannot set; one heartbeat writer (+48); the
 # lab says when its compiled run's slowest step suggests a compile after the warm-up (+7). The review's mends:
 # the early leaver is blamed only for a script not stopped by dlaunch, with code 0 and a time; a summary older
-# than the attempt's start sets no step count; unread workloads in a directory of runs are named (+8).
-MAX_PACKAGE_LINES = 24_477 + 119 + 15 + 97 + 44 + 18 + 10 + 49 + 11 + 5 + 34 + 29 + 22 + 1 + 16 + 3 + 48 + 7 + 8
+# than the attempt's start sets no step count; unread workloads in a directory of runs are named (+8). A
+# step timing whose larger size timed a part faster (noise) extrapolates it in proportion, not to zero (+4).
+MAX_PACKAGE_LINES = 24_477 + 119 + 15 + 97 + 44 + 18 + 10 + 49 + 11 + 5 + 34 + 29 + 22 + 1 + 16 + 3 + 48 + 7 + 8 + 4
 MAX_MODULE_LINES = 400
 
 
