@@ -130,6 +130,9 @@ class ModelProfile:
     # and its persistent state per parameter of the model (AdamW 8, SGD with momentum 4)
     optimizer: str = ""
     optimizer_state_bytes_per_param: float = 0.0
+    # whether it steps in one fused kernel (its param groups' `fused`); None = dlaunch's default optimizer,
+    # fused on CUDA ranks and the per-tensor loop on CPU ones (runtime.wrap), or not profiled
+    optimizer_fused: bool | None = None
     # aten ops one micro-batch's forward dispatches (independent of its size) and parameter
     # tensors: what per-op overhead scales with on CPU (0 = not profiled: no overhead modelled)
     forward_ops: int = 0

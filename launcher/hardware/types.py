@@ -82,6 +82,15 @@ class Host:
         for name in ("mem_gib", "link_gb_s", "mem_bw_gb_s"):
             check(getattr(self, name) > 0, TopologyError, f"host: {name} must be > 0, got {getattr(self, name)}")
 
+    @property
+    def mem_bw_measured(self) -> bool:
+        """Whether `mem_bw_gb_s` was measured on this host (plan.resolve), not listed or assumed."""
+        return MEASURED_HOST_BW in self.source
+
+
+# what a host's source says once plan.resolve measured its memory bandwidth
+MEASURED_HOST_BW = "GB/s measured (every thread streaming"
+
 
 @dataclass(frozen=True, kw_only=True)
 class Nic:

@@ -39,7 +39,7 @@ from typing import Any
 from launcher.alloc_conf import installed_torch_version
 from launcher.hardware.detect import cpu_info
 from launcher.hardware.types import Topology
-from launcher.plan.cpu_rates import CpuRates, GlooRates, ProbedCpu
+from launcher.plan.cpu_rates import CpuRates, GlooRates, HostStream, ProbedCpu
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +74,9 @@ REVALIDATE_AFTER_S = 86400.0
 # ... and re-probed when the re-measured fp32 GEMM moved by more than this from the cached one:
 # an assumption, twice the best-of-5 GEMM's run-to-run spread on the idle 2-core EPYC VM (~10%)
 REVALIDATE_TOLERANCE = 0.2
+# elements of the add that times the node's memory bandwidth (`host_stream`): 512 MiB read and 512 written,
+# past any last-level cache
+HOST_STREAM_NUMEL = 1 << 27
 # bump when `measure` measures differently, so old cache entries are ignored (7: thread scaling)
 PROBE_FORMAT = 7
 
@@ -225,6 +228,15 @@ def half_rows(large_gflops: float, skinny_gflops: float, rows: int) -> float:
     return max(0.0, rows * (large_gflops / skinny_gflops - 1))
 
 
+def host_stream() -> HostStream:
+    """The node's memory bandwidth: an out-of-place add over HOST_STREAM_NUMEL fp32 elements with
+    every thread torch runs, read and write counted, best of REPEATS (~0.5 s with the allocation)."""
+    import torch  # deferred: measured only when its cache entry is missing
+
+    gb_s = _stream_gb_s(torch, HOST_STREAM_NUMEL, REPEATS)
+    return HostStream(gb_s=round(gb_s, 1), measured_at=datetime.datetime.now().isoformat(timespec="seconds"))
+
+
 def measure() -> CpuRates:
     """Time GEMMs, attention, a convolution, a streaming add, a cast and tiny ops on one
     thread of this host, and the streaming add on all its cores (about a second)."""
@@ -326,7 +338,7 @@ def probed_topology(topology: Topology, rates: CpuRates, gloo: GlooRates | None 
     return dataclasses.replace(topology, accelerator=accel, cpu_cores_per_node=cores)
 
 
-__all__ = ["measure", "torch_version", "cache_key", "probed_topology", "half_rows", "llc_bytes",
+__all__ = ["measure", "host_stream", "torch_version", "cache_key", "probed_topology", "half_rows", "llc_bytes",
            "scaling_threads", "flags_digest", "quick_gemm_gflops", "needs_revalidation",
            "revalidate", "LARGE_GEMM", "SKINNY_GEMM", "PROBE_FORMAT", "REVALIDATE_AFTER_S",
            "REVALIDATE_TOLERANCE"]

@@ -182,6 +182,18 @@ COLLECTIVES = ("ar", "ag", "rs")  # all-reduce, all-gather, reduce-scatter
 
 
 @dataclass(frozen=True, kw_only=True)
+class HostStream:
+    """This node's memory bandwidth with every thread streaming (`cpu_probe.host_stream`): what CPU
+    offload's optimizer step on the host runs at (`Host.mem_bw_gb_s`, `plan.offload`'s unit)."""
+
+    gb_s: float
+    measured_at: str = ""
+
+    def __post_init__(self) -> None:
+        check(self.gb_s > 0, PlanError, f"host memory bandwidth must be > 0 GB/s, got {self.gb_s}")
+
+
+@dataclass(frozen=True, kw_only=True)
 class GlooRates:
     """What one gloo collective costs between `ranks` processes of this host that compute between
     collectives (as in training): a latency and a time per byte, by collective. Sizes follow

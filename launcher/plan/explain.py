@@ -28,7 +28,7 @@ from launcher.plan.float8 import converted_share, gemm_speedup
 from launcher.plan.float8 import supported as float8_supported
 from launcher.plan.memory import fmt_gib, usable_mem_bytes
 from launcher.plan.types import Candidate, CompileDecision
-from launcher.specs import CHECKPOINTING, GIB, Goal, ModelProfile
+from launcher.specs import CHECKPOINTING, GIB, Goal, ModelProfile, Strategy
 
 LABELS = {"ddp": "DDP", "zero1": "ZeRO-1", "fsdp_grad_op": "FSDP grad-op", "fsdp_full": "FSDP full", "hybrid": "hybrid"}
 
@@ -183,6 +183,12 @@ def _float8_reason(chosen: Candidate, cands: list[Candidate], profile: ModelProf
             + ("no linear passes torchao's filter at this width" if not share else what)]
 
 
+def _but_checkpointing(a: Strategy, b: Strategy) -> bool:
+    """Whether `a` is `b` in another checkpointing mode, field by field: `a` in `b`'s mode need not be a
+    strategy at all (linear FSDP units take no selective checkpointing)."""
+    return {**dataclasses.asdict(a), "checkpointing": b.checkpointing} == dataclasses.asdict(b)
+
+
 def _checkpointing_reason(chosen: Candidate, cands: list[Candidate], fitting: list[Candidate], usable: float) -> str:
     """Why the chosen checkpointing mode: what it recomputes (the extra compute against the
     same candidate without checkpointing), and that no lighter mode does better: a lighter one
@@ -191,13 +197,12 @@ def _checkpointing_reason(chosen: Candidate, cands: list[Candidate], fitting: li
     if {c.strategy.checkpointing for c in cands} == {s.checkpointing}:
         return f"activation checkpointing, {describe(s.checkpointing)}: as forced"
     # the chosen plan in every other mode: the same strategy (offload, unit, compile ...) and micro-batch
-    same = [c for c in cands if c.micro_batch == chosen.micro_batch
-            and dataclasses.replace(c.strategy, checkpointing=s.checkpointing) == s]
+    same = [c for c in cands if c.micro_batch == chosen.micro_batch and _but_checkpointing(c.strategy, s)]
     base = next((c for c in same if not c.strategy.recomputes), None)
     extra = (f", {chosen.time.compute_s / base.time.compute_s - 1:.0%} more compute than without"
              if base is not None and base.time.compute_s > 0 else "")
-    plain = [c for c in fitting if not c.strategy.recomputes  # the chosen strategy without checkpointing
-             and dataclasses.replace(c.strategy, checkpointing=s.checkpointing) == s]
+    # the chosen strategy without checkpointing
+    plain = [c for c in fitting if not c.strategy.recomputes and _but_checkpointing(c.strategy, s)]
     why = [f"activation checkpointing, {describe(s.checkpointing)}{extra}: "
            + ("it allows a larger micro-batch and is faster despite the recompute" if plain
               else f"without it {kind_label(chosen)} does not fit")]

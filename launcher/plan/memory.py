@@ -229,6 +229,11 @@ def estimate_memory(profile: ModelProfile, strategy: Strategy, *, micro_batch: i
             units -= overlap
             notes.append(f"the unsharded units and backward's transient never live at once: "
                          f"{fmt_gib(overlap)} GiB counted once")
+        if strategy.offload and device == "cuda":
+            # FSDPParam.all_gather_inputs copies the prefetched unit's fp32 shard to the GPU before casting it
+            # into the all-gather input: a 7B model on one H200 peaked 0.70 GiB past the plan, a block being 0.75
+            units += MASTER_PARAM_BYTES * block / g
+            notes.append(f"CPU offload: the prefetched {unit}'s fp32 shard copied in ({MASTER_PARAM_BYTES} B/param)")
         if tp > 1:
             notes.append(f"TP {tp} + sequence parallelism: activations / {tp} (every activation "
                          "split, Korthikanti et al. 2022); the loss gradient "

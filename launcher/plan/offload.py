@@ -7,8 +7,11 @@ state live in pinned host memory, and FSDP2 (torch.distributed.fsdp._fully_shard
   a unit that reshards after forward (full shard, hybrid) crosses the host link twice per
   micro-batch, in forward and in backward's re-gather; grad-op once. The copies run on the
   all-gather stream, behind the other units' compute;
-- copies each reduce-scattered fp32 gradient shard back to the host in backward (the link's
-  other direction: concurrent with backward's copies in);
+- copies each reduce-scattered fp32 gradient shard back to the host in backward, priced after
+  backward's copies in, not beside them: a 7B model's step on one H200 took 3.67 s, of which its
+  fused AdamW at the rate FSDP2 reached on that host is 1.6 s, leaving 2.0 s to forward, backward
+  and 4 B a parameter three times over the 55 GB/s link: more than the three crossings one after
+  another (1.5 s), twice the directions overlapped (1.0 s) (benchmarks/host_offload.py);
 - under accumulation adds each micro-batch's gradient shard to the host copy on the CPU;
 - and the optimizer then steps on the CPU over the host shard, after backward: nothing hides it.
 
@@ -29,13 +32,15 @@ NO_HOST = ("CPU offload: topology {} does not describe its hosts (memory, the li
 # Host bytes per parameter of the shard: fp32 parameters, fp32 gradients (the optimizer's state
 # is the profile's or the goal's, added by the caller)
 HOST_PARAM_GRAD_BYTES = 4 + 4
-# Bytes one parameter costs an optimizer step on the host, in units of the node's memory
-# bandwidth: torch's AdamW on CPU tensors (its default there is the per-tensor loop, not foreach)
-# makes a pass per elementwise op over param, grad, exp_avg and exp_avg_sq. Measured (torch 2.13,
-# one thread, 16M fp32 parameters in 16 tensors, AMD EPYC): 200 M params/s against a 12.7 GB/s
-# copy, 64 B per parameter; foreach=True 94 B; fused=True (one kernel) 18 B, which a workload
-# may choose for itself (priced as the default: the profile records the class, not its flags).
-HOST_ADAMW_BYTES_PER_PARAM = 64.0
+# Bytes one parameter costs an optimizer step on the host, in units of the node's memory bandwidth
+# (an out-of-place add's, every thread streaming): torch's AdamW on CPU tensors without `fused` runs
+# the per-tensor loop, a pass per elementwise op over param, grad, exp_avg and exp_avg_sq and fresh
+# temporaries; fused=True one kernel. Measured by benchmarks/host_offload.py over Llama-7B-shaped
+# fp32 tensors: loop 88-99 B (16-thread Xeon, 1.6B params), 139 B (2-thread AMD EPYC, 405M); fused
+# 13-17 B and 18 B, and 18.6 B under FSDP2's DTensors. dlaunch's own default optimizer is fused on
+# CUDA ranks (`ModelProfile.optimizer_fused`).
+HOST_ADAMW_LOOP_BYTES_PER_PARAM = 100.0
+HOST_ADAMW_FUSED_BYTES_PER_PARAM = 18.0
 # fp32 bytes per parameter a gradient accumulation adds on the host (read both, write one)
 HOST_ACCUMULATE_BYTES = 12.0
 # bytes per parameter crossing the link: the fp32 shard in before each all-gather, the fp32
@@ -61,11 +66,16 @@ def host_fits(host_bytes_per_rank: float, topology: Topology, headroom: float) -
                                  <= host.mem_gib * GIB * (1.0 - headroom))
 
 
+def steps_fused(profile: ModelProfile, topology: Topology) -> bool:
+    """Whether the workload's optimizer steps in one fused kernel on this topology's ranks."""
+    return profile.optimizer_fused if profile.optimizer_fused is not None else topology.device == "cuda"
+
+
 def offload_s(profile: ModelProfile, strategy: Strategy, topology: Topology, group_size: int,
               fwd_s: float, bwd_s: float, grad_accum: int) -> tuple[float, float, float]:
     """(link seconds in all, of them exposed, host seconds of the optimizer step and accumulation) for
-    one optimizer step of one rank. The copies in hide behind the pass they feed, the copies out run
-    beside backward's copies in; the host's work is exposed, its bandwidth shared by the node's ranks."""
+    one optimizer step of one rank. The copies in hide behind the pass they feed, backward's copies out
+    after its copies in; the host's work is exposed, its bandwidth shared by the node's ranks."""
     host = topology.host
     if host is None:
         raise PlanError(NO_HOST.format(topology.name))
@@ -75,7 +85,8 @@ def offload_s(profile: ModelProfile, strategy: Strategy, topology: Topology, gro
     fwd_in = LINK_PARAM_BYTES * local / link
     bwd_in, bwd_out = regathers * LINK_PARAM_BYTES * local / link, LINK_GRAD_BYTES * local / link
     total = grad_accum * (fwd_in + bwd_in + bwd_out)
-    exposed = grad_accum * (max(0.0, fwd_in - fwd_s) + max(0.0, max(bwd_in, bwd_out) - bwd_s))
+    exposed = grad_accum * (max(0.0, fwd_in - fwd_s) + max(0.0, bwd_in + bwd_out - bwd_s))
     host_bw = host.mem_bw_gb_s * 1e9 / topology.devices_per_node
-    host_s = (HOST_ADAMW_BYTES_PER_PARAM + HOST_ACCUMULATE_BYTES * (grad_accum - 1)) * local / host_bw
+    step = HOST_ADAMW_FUSED_BYTES_PER_PARAM if steps_fused(profile, topology) else HOST_ADAMW_LOOP_BYTES_PER_PARAM
+    host_s = (step + HOST_ACCUMULATE_BYTES * (grad_accum - 1)) * local / host_bw
     return total, exposed, host_s

@@ -149,7 +149,7 @@ def profiled_workload(workload: Workload, *, extrapolate: bool = True) -> Profil
         if any(p.device.type != "meta" for p in params):
             raise WorkloadError(f"workload {workload.path.name}: build_model() made tensors off the meta device; "
                                 "create parameters without an explicit device= so `with torch.device('meta')` applies")
-        optimizer, state_bytes = optimizer_state(workload, model, sum(p.numel() for p in params))
+        optimizer, state_bytes, fused = optimizer_state(workload, model, sum(p.numel() for p in params))
         blocks = workload.blocks(model)
         param_keys = {p.untyped_storage()._cdata for p in params}
         container = repeated_container(model, blocks) if extrapolate else None
@@ -183,7 +183,7 @@ def profiled_workload(workload: Workload, *, extrapolate: bool = True) -> Profil
         attention_flops_fwd_per_sample=counts.attention_flops * per_sample,
         conv_flops_fwd_per_sample=counts.conv_flops * per_sample,
         units_per_sample=workload.units_per_sample, sample_units=workload.sample_units,
-        optimizer=optimizer, optimizer_state_bytes_per_param=state_bytes,
+        optimizer=optimizer, optimizer_state_bytes_per_param=state_bytes, optimizer_fused=fused,
         forward_ops=int(counts.ops), param_tensors=len(params), batch_norms=len(batch_norms(model)),
         math_attention_bytes_per_sample=counts.math_attention * per_sample,
         attention_scores_bytes_per_sample=counts.scores * per_sample,

@@ -33,13 +33,13 @@ from launcher.errors import PlanError, UsageError, stopped_while
 from launcher.files import atomic_write_json
 from launcher.hardware.detect import cpu_info, detect_topology
 from launcher.hardware.topology import load_topology
-from launcher.hardware.types import Topology
+from launcher.hardware.types import MEASURED_HOST_BW, Host, Topology
 from launcher.plan import cpu_probe, step_probe
 from launcher.plan.candidates import precisions_for
 from launcher.plan.compile_probe import COMPILE_PROBE_FORMAT, CompileCheck, check_compile
 from launcher.plan.corrections import Correction, TrialRecord, correction_of, fingerprint, load_trials, store_trials
 from launcher.plan.cpu_cost import cpu_step_time
-from launcher.plan.cpu_rates import CpuRates, GlooRates
+from launcher.plan.cpu_rates import CpuRates, GlooRates, HostStream
 from launcher.plan.gloo_probe import GLOO_PROBE_FORMAT, measure_gloo
 from launcher.plan.host_quiet import IGNORE_LOAD_ENV, Quiet, cacheable, watch
 from launcher.plan.kernels import with_kernels
@@ -89,10 +89,23 @@ def resolve_topology(*, topology: str | None, gpus: int | None, nodes: int | Non
         # what this host's cores achieve replaces the listed (or ISA-derived) peak, and what
         # gloo costs between its ranks the link's figures (one node: the ranks share this host;
         # between nodes the link is the network's; one rank: DDP still hands each bucket to
-        # gloo); GPU topologies never pay for the probes
+        # gloo); GPU topologies never pay for these probes
         gloo = _gloo_or_none(topo.devices_per_node) if topo.num_nodes == 1 else None
         topo = cpu_probe.probed_topology(topo, cached_cpu_rates(), gloo)
+    if topology is None and topo.host is not None:
+        topo = dataclasses.replace(topo, host=measured_host(topo, cached_host_stream()))
     return topo
+
+
+def measured_host(topo: Topology, stream: HostStream) -> Host:
+    """This machine's host side with its memory bandwidth measured (on a CPU node, its link too: the copies
+    stay in that memory), not the assumed figure: CPU offload's host step runs at it."""
+    host = topo.host
+    assert host is not None
+    link = host.link_gb_s if topo.device == "cuda" else stream.gb_s
+    return Host(mem_gib=host.mem_gib, link_gb_s=link, mem_bw_gb_s=stream.gb_s,
+                source=host.source.split("; memory bandwidth")[0] + f"; memory bandwidth {stream.gb_s:g} "
+                       f"{MEASURED_HOST_BW}, {stream.measured_at})")
 
 
 def cache_root() -> Path:
@@ -136,8 +149,8 @@ def _cache_key(workload: str, workload_args: Sequence[str]) -> str:
 
 # bump when profile.py measures differently, so old cache entries are ignored
 # 8: profile_note; 9: math_attention_bytes_per_sample; 11: kernels; 12: selective_saved_share; 13: tp_loss_parallel;
-# 14: linear_unit_params; 15: attention written out detected; 16: its scores softmaxed into fp32
-_PROFILE_FORMAT = 16
+# 14: linear_unit_params; 15: attention written out detected; 16: its scores softmaxed into fp32; 17: optimizer_fused
+_PROFILE_FORMAT = 17
 
 
 def _cached(path: Path, load: Callable[[dict[str, Any]], _T], make: Callable[[], _T]) -> _T:
@@ -255,6 +268,16 @@ def cached_cpu_rates(cache_dir: Path | None = None, *, measure_fn: Callable[[], 
         return valid
 
     return _cached_probe(path, load, measure_fn, "its CPU rates", info.usable_cores)
+
+
+def cached_host_stream(cache_dir: Path | None = None, *,
+                       measure_fn: Callable[[], HostStream] = cpu_probe.host_stream) -> HostStream:
+    """This node's memory bandwidth (`cpu_probe.host_stream`), measured once per CPU model, usable
+    cores and torch version."""
+    info = cpu_info()
+    key = cpu_probe.cache_key(info.model, info.usable_cores, cpu_probe.torch_version())
+    path = (cache_dir or probe_cache_dir()) / f"host-stream-{key}.json"
+    return _cached_probe(path, lambda d: HostStream(**d), measure_fn, "its host memory bandwidth", info.usable_cores)
 
 
 def cached_gloo_rates(ranks: int, cache_dir: Path | None = None, *,

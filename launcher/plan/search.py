@@ -30,7 +30,7 @@ from launcher.plan.explain import host_too_small, label, per_device, reasons, re
 from launcher.plan.interval import step_interval
 from launcher.plan.kernels import assumed_spread, priced, with_kernels
 from launcher.plan.memory import fmt_gib, usable_mem_bytes
-from launcher.plan.offload import offload_s
+from launcher.plan.offload import offload_s, steps_fused
 from launcher.plan.step_probe import WorkloadTiming
 from launcher.plan.types import Candidate, Overrides, Plan
 from launcher.specs import Goal, ModelProfile
@@ -173,8 +173,10 @@ def _offload_reason(c: Candidate, profile: ModelProfile, topology: Topology, goa
     out = (f"CPU offload: {'nothing fits without it; ' if not ov.offload else ''}each rank's fp32 params, grads and "
            f"optimizer state ({fmt_gib(c.memory.host_bytes)} GiB) live in host memory "
            f"({fmt_gib(c.memory.host_bytes * topology.devices_per_node)} of the node's {host.mem_gib:,.0f} GiB) and "
-           f"the optimizer steps on the CPU: {host_opt:.3g} s a step at {host.mem_bw_gb_s:g} GB/s of host memory "
-           f"bandwidth (the topology's figure) shared by {topology.devices_per_node} rank(s), plus copies over the "
+           f"the optimizer steps on the CPU ({'fused' if steps_fused(profile, topology) else 'per-tensor loop'}): "
+           f"{host_opt:.3g} s a step at {host.mem_bw_gb_s:g} GB/s of host memory bandwidth "
+           f"({'measured here' if host.mem_bw_measured else 'the topology figure'}) shared by "
+           f"{topology.devices_per_node} rank(s), plus copies over the "
            f"{host.link_gb_s:g} GB/s host link, {link_s:.3g} s of traffic a step: {cost / t.step_time_s:.0%} "
            "of the step is offload's")
     here = units_per_s(c, n, profile) / n

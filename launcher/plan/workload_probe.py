@@ -37,13 +37,16 @@ def _probe_state_bytes(cls: type, settings: dict[str, Any]) -> float:
                if isinstance(t, torch.Tensor) and t.numel() == PROBE_NUMEL) / PROBE_NUMEL
 
 
-def optimizer_state(workload: Workload, model: Any, num_params: int) -> tuple[str, float]:
-    """The workload's optimizer ("SGD (make_optimizer)", "AdamW (default)") and its persistent state
-    in bytes per model parameter: built on the (meta) model, so its param groups are the workload's,
-    each group's settings (momentum, amsgrad) stepped once on a real probe; parameters it does not
-    train hold none. An optimizer that cannot be probed counts as AdamW's 8 B."""
+def optimizer_state(workload: Workload, model: Any, num_params: int) -> tuple[str, float, bool | None]:
+    """The workload's optimizer ("SGD (make_optimizer)", "AdamW (default)"), its persistent state
+    in bytes per model parameter and whether it steps fused (None: dlaunch's default optimizer):
+    built on the (meta) model, so its param groups are the workload's, each group's settings
+    (momentum, amsgrad) stepped once on a real probe; parameters it does not train hold none. An
+    optimizer that cannot be probed counts as AdamW's 8 B."""
     optimizer = workload.make_optimizer(model)
     cls = type(optimizer)
+    default = not hasattr(workload.module, "make_optimizer")
+    fused = None if default else any(bool(g.get("fused")) for g in optimizer.param_groups)
     total = 0.0
     try:
         for group in optimizer.param_groups:
@@ -52,9 +55,8 @@ def optimizer_state(workload: Workload, model: Any, num_params: int) -> tuple[st
     except Exception as e:
         log.warning("optimizer %s could not be probed on CPU (%s: %s); its state is assumed to "
                     "be AdamW's 8 B/param", cls.__name__, type(e).__name__, e)
-        return f"{cls.__name__} (assumed like AdamW)", 8.0
-    source = "make_optimizer" if hasattr(workload.module, "make_optimizer") else "default"
-    return f"{cls.__name__} ({source})", total / max(1, num_params)
+        return f"{cls.__name__} (assumed like AdamW)", 8.0, fused
+    return f"{cls.__name__} ({'default' if default else 'make_optimizer'})", total / max(1, num_params), fused
 
 
 def _first_line(workload: Workload, e: BaseException) -> str:

@@ -105,6 +105,14 @@ def test_a_7b_llama_config_plans_on_the_meta_device(dlaunch):
     assert profile["num_params"] == 6_738_415_616  # Llama 2 7B, exactly
     assert profile["bytes_by_dtype"] == {"float32": 4 * 6_738_415_616}  # not the config's float16
     assert profile["num_blocks"] == 32 and profile["units_per_sample"] == 4096
+    # on one GPU only offload fits; the checkpointing reason weighs linear FSDP units, which take no selective
+    # checkpointing, beside the chosen plan's own modes (it once built them in the chosen mode and failed)
+    one = dlaunch("plan", HF, "--topology", str(REPO / "topologies" / "h100-sxm-8x.yaml"), "--gpus", "1", "--json",
+                  "--", "--config", LLAMA_7B)
+    assert one.code == 0, one.err
+    plan = one.json()["plan"]
+    assert plan["chosen"]["strategy"]["offload"]
+    assert any(r.startswith("activation checkpointing") for r in plan["reasons"])
 
 
 def test_named_shapes_find_their_decoder_layers():

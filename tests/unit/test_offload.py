@@ -10,7 +10,14 @@ import pytest
 from launcher.errors import PlanError, UsageError
 from launcher.hardware.topology import load_topology, topology_from_dict, topology_to_dict
 from launcher.plan.cost import shard_group_size, step_time
-from launcher.plan.offload import HOST_ADAMW_BYTES_PER_PARAM, host_bytes, offload_s
+from launcher.plan.memory import CUDA_ALLOCATOR_SLACK, MASTER_PARAM_BYTES, estimate_memory
+from launcher.plan.offload import (
+    HOST_ADAMW_FUSED_BYTES_PER_PARAM,
+    HOST_ADAMW_LOOP_BYTES_PER_PARAM,
+    host_bytes,
+    offload_s,
+)
+from launcher.plan.resolve import cached_host_stream, measured_host
 from launcher.plan.search import plan
 from launcher.plan.types import Overrides
 from launcher.plan.view import format_plan
@@ -37,7 +44,8 @@ def test_a_7b_model_on_one_h100_is_planned_with_cpu_offload():
     assert c.memory.params_bytes == c.memory.grads_bytes == c.memory.optimizer_bytes == 0
     assert c.memory.host_bytes == pytest.approx(16 * LLAMA_7B.num_params)
     host_opt = dict(c.time.compute_parts)["host optimizer"]
-    assert host_opt == pytest.approx(HOST_ADAMW_BYTES_PER_PARAM * LLAMA_7B.num_params / 400e9)
+    # dlaunch's default optimizer steps fused on CUDA ranks
+    assert host_opt == pytest.approx(HOST_ADAMW_FUSED_BYTES_PER_PARAM * LLAMA_7B.num_params / 400e9)
     why = " ".join(p.reasons)
     assert "CPU offload: nothing fits without it" in why and "fits from 2 GPUs" in why
     text = format_plan(p, LLAMA_7B, topo)
@@ -99,7 +107,7 @@ def test_the_link_hides_behind_compute_until_it_is_longer():
     total, exposed, host = offload_s(LLAMA_7B, s, topo, 1, fwd_s=100.0, bwd_s=200.0, grad_accum=2)
     assert total == pytest.approx(2 * 12 * local / 55e9) and exposed == 0
     _, exposed, _ = offload_s(LLAMA_7B, s, topo, 1, fwd_s=0.0, bwd_s=0.0, grad_accum=1)
-    assert exposed == pytest.approx(8 * local / 55e9)  # forward's copy in + backward's (out beside it)
+    assert exposed == pytest.approx(12 * local / 55e9)  # forward's copy in + backward's in, then its out
     grad_op = dataclasses.replace(s, kind="fsdp_grad_op")
     assert offload_s(LLAMA_7B, grad_op, topo, 1, 0.0, 0.0, 1)[0] == pytest.approx(8 * local / 55e9)
     assert host_bytes(LLAMA_7B, s, 4, 8.0) == pytest.approx(16 * local / 4)
@@ -115,3 +123,46 @@ def test_the_host_block_round_trips_and_is_checked():
     with pytest.raises(Exception, match="host.link_gb_s"):
         topology_from_dict(bad)
     assert t.host is not None and t.host.mem_gib * GIB > 1e12
+
+
+def test_the_host_step_is_priced_by_the_optimizers_kernel():
+    """A workload's unfused AdamW runs the per-tensor loop on the host, several times the fused kernel's traffic;
+    dlaunch's own default steps fused on CUDA ranks and loops on CPU ones."""
+    topo = one_h100()
+    s = Strategy(kind="fsdp_full", precision="bf16", offload=True)
+    per_byte = LLAMA_7B.num_params / 400e9
+    host = {fused: offload_s(dataclasses.replace(LLAMA_7B, optimizer_fused=fused), s, topo, 1, 0.0, 0.0, 1)[2]
+            for fused in (None, True, False)}
+    assert host[None] == host[True] == pytest.approx(HOST_ADAMW_FUSED_BYTES_PER_PARAM * per_byte)
+    assert host[False] == pytest.approx(HOST_ADAMW_LOOP_BYTES_PER_PARAM * per_byte)
+    cpu = dataclasses.replace(topo, device="cpu")
+    assert offload_s(LLAMA_7B, s, cpu, 1, 0.0, 0.0, 1)[2] == pytest.approx(host[False])
+
+
+def test_an_offloaded_unit_s_fp32_copy_is_on_the_gpu():
+    """FSDP2 copies the prefetched unit's fp32 shard to the GPU before casting it for the all-gather."""
+    s = Strategy(kind="fsdp_full", precision="bf16", offload=True)
+    kw = dict(micro_batch=1, world_size=1, shard_group_size=1, device="cuda")
+    on, off = estimate_memory(LLAMA_7B, s, **kw), estimate_memory(LLAMA_7B, dataclasses.replace(s, offload=False), **kw)
+    kept = off.params_bytes + off.grads_bytes + off.optimizer_bytes
+    fp32_copy = MASTER_PARAM_BYTES * LLAMA_7B.largest_block_params
+    assert on.total_bytes - off.total_bytes == pytest.approx((fp32_copy - kept) * (1 + CUDA_ALLOCATOR_SLACK))
+    assert "fp32 shard copied in" in on.assumptions
+
+
+def test_this_hosts_memory_bandwidth_is_measured_once_and_replaces_the_assumed_figure(tmp_path):
+    stream = cached_host_stream(tmp_path)
+    assert 1 < stream.gb_s < 10_000  # an add over 1 GiB with every thread: DRAM, not a cache
+    assert cached_host_stream(tmp_path, measure_fn=lambda: pytest.fail("measured again")) == stream
+    gpu = one_h100()
+    host = measured_host(gpu, stream)
+    assert (host.mem_bw_gb_s, host.link_gb_s, host.mem_gib) == (stream.gb_s, gpu.host.link_gb_s, gpu.host.mem_gib)
+    assert host.mem_bw_measured and not gpu.host.mem_bw_measured
+    # a CPU node's "link" is the same memory: measured too
+    assert measured_host(dataclasses.replace(gpu, device="cpu"), stream).link_gb_s == stream.gb_s
+    # the plan says which figure the host step was priced at
+    p = plan(LLAMA_7B, dataclasses.replace(gpu, host=host), Goal())
+    offload = next(r for r in p.reasons if r.startswith("CPU offload:"))
+    assert f"{stream.gb_s:g} GB/s of host memory bandwidth (measured here)" in offload
+    listed = next(r for r in plan(LLAMA_7B, gpu, Goal()).reasons if r.startswith("CPU offload:"))
+    assert "(the topology figure)" in listed

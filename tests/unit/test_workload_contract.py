@@ -158,21 +158,21 @@ def workload_with(tmp_path: Path, extra: str) -> Path:
 PARAMS = 16 * 16 + 16 + 16 * 4 + 4
 
 
-@pytest.mark.parametrize("extra, name, state_bytes", [
-    ("", "AdamW (default)", 8.0),
+@pytest.mark.parametrize("extra, name, state_bytes, fused", [
+    ("", "AdamW (default)", 8.0, None),
     ("def make_optimizer(cfg, model):\n    return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)\n",
-     "SGD (make_optimizer)", 4.0),
+     "SGD (make_optimizer)", 4.0, False),
     ("def make_optimizer(cfg, model):\n    return torch.optim.SGD(model.parameters(), lr=0.1)\n",
-     "SGD (make_optimizer)", 0.0),
-    ("def make_optimizer(cfg, model):\n    return torch.optim.Adam(model.parameters(), amsgrad=True)\n",
-     "Adam (make_optimizer)", 12.0),
+     "SGD (make_optimizer)", 0.0, False),
+    ("def make_optimizer(cfg, model):\n    return torch.optim.Adam(model.parameters(), amsgrad=True, fused=True)\n",
+     "Adam (make_optimizer)", 12.0, True),
     # only the second layer trains: the first layer's parameters hold no state
     ("def make_optimizer(cfg, model):\n    return torch.optim.SGD(model[1].parameters(), lr=0.1, momentum=0.9)\n",
-     "SGD (make_optimizer)", 4.0 * (16 * 4 + 4) / PARAMS),
+     "SGD (make_optimizer)", 4.0 * (16 * 4 + 4) / PARAMS, False),
 ])
-def test_the_profile_measures_the_optimizer_state_by_type(tmp_path, extra, name, state_bytes):
+def test_the_profile_measures_the_optimizer_state_by_type(tmp_path, extra, name, state_bytes, fused):
     profile = profile_workload(load_workload(workload_with(tmp_path, extra)))
-    assert profile.optimizer == name
+    assert profile.optimizer == name and profile.optimizer_fused is fused
     assert profile.optimizer_state_bytes_per_param == pytest.approx(state_bytes)
     est = estimate_memory(profile, Strategy(), micro_batch=1, world_size=2, shard_group_size=1,
                           device="cpu")
