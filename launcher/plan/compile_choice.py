@@ -103,7 +103,8 @@ def decide(chosen: Candidate, profile: ModelProfile, topology: Topology, ov: Ove
     priced: dict[str, Any] = dict(eager_step_time_s=eager, compiled_step_time_s=fused, basis=(
         f"compile's gain: the memory-bound passes (norms, activations, residual adds, casts: "
         f"{memory_s:.3g} s of the eager step) fused to x{COMPILE_MEMORY_FACTOR:g} of their HBM "
-        f"traffic, {GAIN_BASIS}; matmuls, attention, optimizer and communication unchanged"))
+        f"traffic, {GAIN_BASIS}; the loss (outside the compiled forward), matmuls, attention, optimizer and "
+        "communication unchanged"))
     kind = chosen.strategy.kind
     if ov.compile is not None:
         if on:

@@ -30,7 +30,7 @@ from launcher.plan.explain import host_too_small, label, per_device, reasons, re
 from launcher.plan.interval import step_interval
 from launcher.plan.kernels import assumed_spread, priced, with_kernels
 from launcher.plan.memory import fmt_gib, usable_mem_bytes
-from launcher.plan.offload import offload_s, steps_fused
+from launcher.plan.offload import OFFLOAD_UNPRICED_LINK_SHARE, offload_s, steps_fused
 from launcher.plan.step_probe import WorkloadTiming
 from launcher.plan.types import Candidate, Overrides, Plan
 from launcher.specs import Goal, ModelProfile
@@ -146,6 +146,14 @@ def plan(profile: ModelProfile, topology: Topology, goal: Goal, *, overrides: Ov
         spread = (spread[0] * lo, spread[1] * hi, "; ".join(filter(None, (spread[2], (
             f"the host's launches at {HOST_OP_S * 1e6:g} us an op ({lo:.2f}-{hi:.2f}x at "
             f"{HOST_OP_RANGE_S[0] * 1e6:g}-{HOST_OP_RANGE_S[1] * 1e6:g} us)")))))
+    if on_gpu and chosen.strategy.offload:
+        link_s = offload_s(profile, chosen.strategy, topology, shard_group_size(chosen.strategy.kind, topology,
+                                                                                chosen.strategy.tp), 0.0, 0.0,
+                           chosen.grad_accum)[0]
+        hi = 1 + OFFLOAD_UNPRICED_LINK_SHARE * link_s / t.step_time_s
+        spread = (spread[0], spread[1] * hi, "; ".join(filter(None, (spread[2], (
+            f"CPU offload's copies, {OFFLOAD_UNPRICED_LINK_SHARE:.0%} of their time more (up to {hi:.2f}x) as "
+            "one H200 measured")))))
     result = Plan(chosen=chosen, world_size=n, num_nodes=topology.num_nodes,
                   global_batch=global_batch, units_per_s=units_per_s(chosen, n, profile),
                   # weak scaling vs one device doing the same per-rank work with no communication

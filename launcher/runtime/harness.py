@@ -142,7 +142,11 @@ def _setup(workload: Workload, spec: LaunchSpec, ctx: RankContext, recorder: Ran
     evaluation.check(workload, spec)
     device = ctx.device()
     torch.manual_seed(spec.seed)
-    model = workload.build_model().to(device)
+    model = workload.build_model()
+    if not spec.parallel.shards_params:
+        # FSDP's fully_shard moves each unit to the device as it shards it (torch's _move_states_to_device):
+        # the whole fp32 model on one GPU first would cap FSDP and offload at the models that need neither
+        model = model.to(device)
     blocks = workload.blocks(model)
     tp = spec.tp
     # the workload's plan for its model as built (module names before any wrapper)

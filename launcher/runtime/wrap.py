@@ -200,7 +200,8 @@ def uses_device_mesh(strategy: Strategy) -> bool:
 
 def wrap(model: torch.nn.Module, strategy: Strategy, ctx: RankContext, blocks: list[torch.nn.Module],
          *, shard_group_size: int | None = None, tp_plan: dict[str, Any] | None = None) -> Wrapped:
-    """Apply `strategy` to `model` (already on this rank's device) and return it ready to train.
+    """Apply `strategy` to `model` (on this rank's device; sharded kinds: on the host, moved a unit at a
+    time by fully_shard) and return it ready to train.
     With `strategy.tp` > 1 (FSDP kinds only) `tp_plan` is the workload's plan: torchtitan's
     order, tensor parallelism first, then checkpointing, compile and FSDP per block."""
     if strategy.tp > 1 and not strategy.shards_params:

@@ -171,6 +171,22 @@ def test_clean_trace_on_a_gpu_proposes_compile_priced_on_memory_bound_work_only(
     assert any(r.startswith("compile's gain:") for r in p.reasons)
 
 
+def test_the_loss_outside_the_compiled_forward_stays_unfused():
+    """dlaunch compiles the model's forward; the workload's loss_fn takes the loss of its logits outside it:
+    a language model's log_softmax traffic (its logits: half the loss gradient's transient) is not fused."""
+    logits = 1024 * 50304 * 4
+    lm = dataclasses.replace(GPT_SMALL, backward_transient_bytes_per_sample=2 * logits)
+    on, off = (Overrides(strategy="ddp", micro_batch=8, checkpointing="none", compile=c) for c in (True, False))
+    fused, plain = (forward_pass(lm, plan(lm, H100, Goal(global_batch=64), overrides=o).chosen.strategy, 8,
+                                 H100.accelerator) for o in (on, off))
+    share = logits / lm.activation_bytes_per_sample
+    assert 0.05 < share < 0.5
+    assert fused.memory_s == pytest.approx(plain.memory_s * (COMPILE_MEMORY_FACTOR * (1 - share) + share))
+    fused_loss = dataclasses.replace(lm, loss_kernel="fused")  # a fused loss kernel is priced by its own passes
+    assert (forward_pass(fused_loss, plan(lm, H100, Goal(global_batch=64), overrides=on).chosen.strategy, 8,
+                         H100.accelerator).memory_s < fused.memory_s)
+
+
 def test_fsdp_compiles_per_block_so_a_break_outside_the_blocks_declines_only_ddp():
     outside = CompileCheck(model_graphs=2, model_breaks=1, model_break="x (gpt.py:1)",
                            blocks_traced=1, block_graphs=1)

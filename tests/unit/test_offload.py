@@ -14,6 +14,7 @@ from launcher.plan.memory import CUDA_ALLOCATOR_SLACK, MASTER_PARAM_BYTES, estim
 from launcher.plan.offload import (
     HOST_ADAMW_FUSED_BYTES_PER_PARAM,
     HOST_ADAMW_LOOP_BYTES_PER_PARAM,
+    OFFLOAD_UNPRICED_LINK_SHARE,
     host_bytes,
     offload_s,
 )
@@ -166,3 +167,17 @@ def test_this_hosts_memory_bandwidth_is_measured_once_and_replaces_the_assumed_f
     assert f"{stream.gb_s:g} GB/s of host memory bandwidth (measured here)" in offload
     listed = next(r for r in plan(LLAMA_7B, gpu, Goal()).reasons if r.startswith("CPU offload:"))
     assert "(the topology figure)" in listed
+
+
+def test_an_offloaded_plans_interval_widens_by_what_its_copies_took_past_their_price():
+    topo = one_h100()
+    on = plan(LLAMA_7B, topo, Goal(global_batch=8), overrides=Overrides(strategy="fsdp_full", micro_batch=1,
+                                                                        checkpointing="full", offload=True))
+    c = on.chosen
+    link = offload_s(LLAMA_7B, c.strategy, topo, 1, 0.0, 0.0, c.grad_accum)[0]
+    wide = 1 + OFFLOAD_UNPRICED_LINK_SHARE * link / c.time.step_time_s
+    assert wide > 1.1 and "CPU offload's copies" in on.step_interval.basis
+    assert f"(up to {wide:.2f}x)" in on.step_interval.basis
+    off = plan(LLAMA_7B, load_topology("h100-sxm-8x").with_shape(num_nodes=1, devices_per_node=2),
+               Goal(global_batch=8), overrides=Overrides(strategy="fsdp_full", micro_batch=1, checkpointing="full"))
+    assert "CPU offload" not in off.step_interval.basis
