@@ -229,11 +229,17 @@ def half_rows(large_gflops: float, skinny_gflops: float, rows: int) -> float:
 
 
 def host_stream() -> HostStream:
-    """The node's memory bandwidth: an out-of-place add over HOST_STREAM_NUMEL fp32 elements with
-    every thread torch runs, read and write counted, best of REPEATS (~0.5 s with the allocation)."""
+    """The node's memory bandwidth: an out-of-place add over HOST_STREAM_NUMEL fp32 elements with a
+    thread on every usable core (whatever OMP_NUM_THREADS says: the cache key is the cores), read and
+    write counted, best of REPEATS (~0.5 s with the allocation)."""
     import torch  # deferred: measured only when its cache entry is missing
 
-    gb_s = _stream_gb_s(torch, HOST_STREAM_NUMEL, REPEATS)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cpu_info().usable_cores)
+    try:
+        gb_s = _stream_gb_s(torch, HOST_STREAM_NUMEL, REPEATS)
+    finally:
+        torch.set_num_threads(threads)
     return HostStream(gb_s=round(gb_s, 1), measured_at=datetime.datetime.now().isoformat(timespec="seconds"))
 
 

@@ -181,3 +181,21 @@ def test_an_offloaded_plans_interval_widens_by_what_its_copies_took_past_their_p
     off = plan(LLAMA_7B, load_topology("h100-sxm-8x").with_shape(num_nodes=1, devices_per_node=2),
                Goal(global_batch=8), overrides=Overrides(strategy="fsdp_full", micro_batch=1, checkpointing="full"))
     assert "CPU offload" not in off.step_interval.basis
+
+
+def test_the_bandwidth_probe_streams_on_every_usable_core_whatever_the_threads_are_set_to(monkeypatch):
+    """Its cache is keyed by the usable cores: a plan under OMP_NUM_THREADS=1 must not store one thread's rate."""
+    import torch
+
+    from launcher.hardware.detect import cpu_info
+    from launcher.plan.cpu_probe import host_stream
+
+    seen, add, threads = [], torch.add, torch.get_num_threads()
+    monkeypatch.setattr(torch, "add", lambda *a, **k: seen.append(torch.get_num_threads()) or add(*a, **k))
+    torch.set_num_threads(1)
+    try:
+        assert host_stream().gb_s > 0
+        assert torch.get_num_threads() == 1  # restored
+    finally:
+        torch.set_num_threads(threads)
+    assert seen and set(seen) == {cpu_info().usable_cores}
