@@ -1,6 +1,6 @@
 """What CPU offload's host side costs on this machine: the numbers `launcher/plan/offload.py` prices.
 
-    python benchmarks/host_offload.py [--blocks 8] [--hidden 4096] [--ffn 11008] [--repeats 3]
+    PYTHONPATH=. python benchmarks/host_offload.py [--blocks 8] [--hidden 4096] [--ffn 11008] [--repeats 3]
 
 - the host's streaming bandwidth with every thread torch uses (an out-of-place add over 512 MiB,
   read + write counted), the figure `Host.mem_bw_gb_s` stands for;
@@ -27,6 +27,8 @@ from collections.abc import Callable
 import torch
 from cli_start import cpu_model
 
+from launcher.plan.cpu_probe import host_stream
+
 
 def best_s(fn: Callable[[], object], repeats: int, sync: Callable[[], None] = lambda: None) -> float:
     """The fastest of `repeats` timed calls of `fn`, after one untimed call."""
@@ -39,13 +41,6 @@ def best_s(fn: Callable[[], object], repeats: int, sync: Callable[[], None] = la
         sync()
         times.append(time.perf_counter() - t0)
     return min(times)
-
-
-def stream_gb_s(repeats: int) -> float:
-    """An out-of-place add over 512 MiB with every thread: bytes read and written a second."""
-    x = torch.ones(1 << 27)
-    out = torch.empty_like(x)
-    return 8 * x.numel() / best_s(lambda: torch.add(x, 1.0, out=out), repeats) / 1e9
 
 
 def adamw_s(blocks: int, hidden: int, ffn: int, repeats: int, fused: bool) -> tuple[float, int]:
@@ -128,7 +123,7 @@ def main() -> None:
     args = ap.parse_args()
     print(f"CPU {cpu_model()}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"load {os.getloadavg()[0]:.2f}")
-    bw = stream_gb_s(args.repeats)
+    bw = host_stream().gb_s  # the plan's own probe
     print(f"host stream (512 MiB add, all threads): {bw:.1f} GB/s")
     for fused in (False, True):
         s, n = adamw_s(args.blocks, args.hidden, args.ffn, args.repeats, fused)

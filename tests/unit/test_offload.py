@@ -4,6 +4,7 @@ prices the host's memory, link and optimizer step, and refuses a host too small 
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import pytest
 
@@ -152,8 +153,19 @@ def test_an_offloaded_unit_s_fp32_copy_is_on_the_gpu():
 
 
 def test_this_hosts_memory_bandwidth_is_measured_once_and_replaces_the_assumed_figure(tmp_path):
+    import torch
+
     stream = cached_host_stream(tmp_path)
-    assert 1 < stream.gb_s < 10_000  # an add over 1 GiB with every thread: DRAM, not a cache
+    # every core streaming moves at least what one thread does over the same 1 GiB
+    x, threads = torch.ones(1 << 27), torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        t0 = time.perf_counter()
+        torch.add(x, 1.0, out=torch.empty_like(x))
+        one = 8 * x.numel() / (time.perf_counter() - t0) / 1e9
+    finally:
+        torch.set_num_threads(threads)
+    assert stream.gb_s > 0.7 * one
     assert cached_host_stream(tmp_path, measure_fn=lambda: pytest.fail("measured again")) == stream
     gpu = one_h100()
     host = measured_host(gpu, stream)
