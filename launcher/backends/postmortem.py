@@ -103,14 +103,29 @@ def write_missing_summaries(run_dir: str | Path, world_size: int, *, expected_st
     lines: list[str] = []
     for rank in range(world_size):
         own = _read_summary(rd, rank)
+        ex = exits.get(rank)
+        # a rank that wrote "ok", then failed as it exited (an atexit handler, a crash in teardown)
+        after_ok = own is not None and own.get("status") == "ok" and ex is not None
         # a rank dlaunch stopped for hanging writes "stopped"; the launcher knows why
-        if own is not None and not (rank in hung and own.get("status") == "stopped"):
+        if own is not None and not after_ok and not (rank in hung and own.get("status") == "stopped"):
             continue
         step, last, has_file = _rank_facts(rd, rank, beats)
-        ex = exits.get(rank)
         # aggregate prints "rank R <status> after N steps: <error>": say only what that lacks
         when = last if last is not None else now
-        if rank in hung:
+        if after_ok:
+            assert own is not None and ex is not None  # narrowing: after_ok says both are
+            signalled = ex.code < 0 or ex.code == 128 + signal.SIGTERM
+            if signalled and (stall is not None or (not ex.root and rooted)):
+                # stopped while exiting, by dlaunch or for another rank's failure: listed after that cause
+                status, when = "stopped", now
+                error = (f"{'by signal ' + signal_name(ex.code) if ex.code < 0 else f'exit code {ex.code}'} as it "
+                         f"exited, after {'dlaunch stopped the job' if stall is not None else 'another rank failed'}")
+            else:
+                status = "killed" if ex.code < 0 else "failed"
+                error = (f"by signal {signal_name(ex.code)}" if ex.code < 0 else f"exit code {ex.code}") + (
+                    " as it exited, after its summary said ok")
+                when = float(own.get("time", when))  # it failed no earlier: what it did first
+        elif rank in hung:
             st = stacks.get(rank)
             if rank in culprits:
                 assert stall is not None  # narrowing: hung ranks come from the stall
@@ -158,8 +173,9 @@ def write_missing_summaries(run_dir: str | Path, world_size: int, *, expected_st
             continue
         summary = {"rank": rank, "status": status, "steps": step, "time": when, "error": error, "written_by": "dlaunch"}
         if own is not None:
+            # one that said ok ended after it (`when`); any other stopped no later than its summary
             summary = {**own, **summary, "rank_error": own.get("error"),
-                       "time": min(when, float(own.get("time", when)))}
+                       "time": when if after_ok else min(when, float(own.get("time", when)))}
         atomic_write_json(RunPaths(root=rd).summary(rank), summary)
         lines.append(f"rank {rank}: {status}: {error}")
     if not hung:

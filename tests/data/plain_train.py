@@ -3,6 +3,7 @@
 dlaunch launches it unchanged; the optional StepMeter makes its throughput show up.
 """
 
+import atexit
 import os
 import sys
 
@@ -16,6 +17,9 @@ from launcher.runtime.meter import StepMeter
 def main() -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    if rank == 1 and (code := int(os.environ.get("PLAIN_RANK1_EXIT_CODE_AT_EXIT", "0"))):
+        # registered before the StepMeter's summary writer: runs after it (atexit is last in, first out)
+        atexit.register(os._exit, code)
     torch.manual_seed(0)
     model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1)))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -310,6 +310,32 @@ def test_a_rank_dying_while_torchrun_stops_it_is_listed_after_the_root_cause(tmp
     assert _summary(rd2, 1)["time"] < 1.5e9
 
 
+def test_a_rank_that_said_ok_then_failed_as_it_exited_is_the_cause_and_its_stopped_peer_follows(tmp_path):
+    # rank 1 wrote its ok summary, then exited 3 (an atexit handler): torchrun's root cause;
+    # rank 0, also ok, was sent SIGTERM in its teardown
+    rd = _run_dir(tmp_path)
+    for rank, when in ((0, 1.4e9), (1, 1.5e9)):
+        atomic_write_json(RunPaths(root=rd).summary(rank), {"status": "ok", "time": when, "steps": 2})
+    report = TORCHRUN_REPORT.replace("-9 (pid: 14283)  (SIGKILL)", "3 (pid: 14283)")
+    lines = write_missing_summaries(rd, 2, expected_steps=2, beats={}, torchrun_log=report)
+    s0, s1 = _summary(rd, 0), _summary(rd, 1)
+    assert (s1["status"], s1["time"]) == ("failed", 1.5e9)
+    assert s1["error"] == "exit code 3 as it exited, after its summary said ok"
+    assert s0["status"] == "stopped" and s0["error"].endswith("as it exited, after another rank failed")
+    assert s0["time"] > s1["time"]  # aggregate lists rank 1, the cause, first, though rank 0 said ok earlier
+    assert lines == [f"rank 0: stopped: {s0['error']}", f"rank 1: failed: {s1['error']}"]
+    # a rank that said ok and was killed while dlaunch stopped the job for a hang is not its cause
+    (tmp_path / "hang").mkdir()
+    rd2 = _run_dir(tmp_path / "hang")
+    atomic_write_json(RunPaths(root=rd2).summary(0), {"status": "ok", "time": 1.4e9, "steps": 2})
+    root0 = (TORCHRUN_REPORT.replace("rank      : 1 (local_rank: 1)", "rank      : X")
+             .replace("rank      : 0 (local_rank: 0)", "rank      : 1 (local_rank: 1)")
+             .replace("rank      : X", "rank      : 0 (local_rank: 0)"))
+    stall = Stall(kind="hang", message="rank 1 stopped advancing", steps={0: 2, 1: 1}, ranks=(1,))
+    write_missing_summaries(rd2, 2, expected_steps=2, beats={}, stall=stall, torchrun_log=root0)
+    assert _summary(rd2, 0)["status"] == "stopped" and _summary(rd2, 1)["status"] == "hung"
+
+
 def test_a_rank_dying_while_dlaunch_stops_the_job_for_an_early_exit_is_listed_after_it(tmp_path):
     # rank 1 returned 0 before its last step (dlaunch's watcher saw it leave and stopped the job);
     # rank 0, sent SIGTERM, aborted in teardown and is torchrun's only failure, its "root cause"
@@ -418,4 +444,5 @@ def test_only_a_scripts_rank_that_left_with_code_0_before_its_peer_lost_it_is_bl
     assert blamed(expected_steps=8, ok_time=3.0e9 - 1)["status"] == "ok"  # a workload's harness: all ranks alike
     assert blamed(expected_steps=None, ok_time=3.0e9 + 1)["status"] == "ok"  # ended after the loss
     assert blamed(expected_steps=None, ok_time=None)["status"] == "ok"  # no time to order it by
-    assert blamed(expected_steps=None, ok_time=3.0e9 - 1, log=TORCHRUN_REPORT)["status"] == "ok"  # not code 0
+    # not code 0: no leaver, but killed (torchrun's root cause) after its summary said ok
+    assert blamed(expected_steps=None, ok_time=3.0e9 - 1, log=TORCHRUN_REPORT)["status"] == "killed"

@@ -116,6 +116,18 @@ def test_a_script_rank_that_exits_0_early_is_named_before_the_peer_it_left_in_a_
     assert "rank 0 " in failed[1] and "closed by peer" in failed[1], failed
 
 
+def test_a_script_rank_that_fails_as_it_exits_after_its_ok_summary_is_named(dlaunch, tmp_path):
+    # rank 1's atexit handler runs after the StepMeter wrote "ok" and exits 3; torchrun then stops rank 0
+    done = dlaunch("run", str(DATA / "plain_train.py"), "--gpus", "2", "--run-dir", str(tmp_path / "run"),
+                   env={"PLAIN_STEPS": "4", "PLAIN_RANK1_EXIT_CODE_AT_EXIT": "3"})
+    assert done.code == 1, done.err[-3000:]
+    failed = [line for line in done.out.splitlines() if line.startswith("FAILED")]
+    assert failed[0] == (f"FAILED: rank 1 (host {socket.gethostname()}, node 0, local rank 1) failed after 4 steps: "
+                         "exit code 3 as it exited, after its summary said ok"), failed
+    assert "although every rank reported success" not in done.out
+    assert run_result(tmp_path / "run")["ranks"][1]["status"] == "failed"
+
+
 def test_rank_failure_names_rank_and_keeps_metrics(dlaunch, tmp_path):
     run = tmp_path / "run"
     # no calibration pass: it calls loss_fn once more and would shift which call fails
