@@ -29,11 +29,11 @@ from launcher.plan.cost import HOST_OP_RANGE_S, HOST_OP_S, LAUNCH_WAIT_PART, sha
 from launcher.plan.explain import host_too_small, label, per_device, reasons, rejected, too_big, within_card
 from launcher.plan.interval import step_interval
 from launcher.plan.kernels import assumed_spread, priced, with_kernels
-from launcher.plan.memory import fmt_gib, usable_mem_bytes
+from launcher.plan.memory import MASTER_PARAM_BYTES, fmt_gib, usable_mem_bytes
 from launcher.plan.offload import OFFLOAD_UNPRICED_LINK_SHARE, offload_s, steps_fused
 from launcher.plan.step_probe import WorkloadTiming
 from launcher.plan.types import Candidate, Overrides, Plan
-from launcher.specs import Goal, ModelProfile
+from launcher.specs import GIB, Goal, ModelProfile
 
 logger = logging.getLogger(__name__)
 
@@ -127,6 +127,8 @@ def plan(profile: ModelProfile, topology: Topology, goal: Goal, *, overrides: Ov
         why.insert(1, f"FSDP units: each linear layer of a block and the block's rest ({units} units), as nothing "
                    "fits with a block per unit: fewer parameters gathered at once for more collectives "
                    "(--fsdp-unit block keeps blocks)")
+    if (built := _built_on_host(profile, topology)) is not None:
+        why.append(built)
     if timing is not None:
         why.append(f"step time: {timing.describe()}, plus the model's FSDP work and gloo collectives")
     if ov.forced:
@@ -166,6 +168,18 @@ def plan(profile: ModelProfile, topology: Topology, goal: Goal, *, overrides: Ov
                       seq_len=profile.units_per_sample if profile.sample_units == "tokens" else None))
     logger.debug("plan %s on %s: %s (%d candidates)", profile.name, topology.name, label(chosen), len(cands))
     return result
+
+
+def _built_on_host(profile: ModelProfile, topology: Topology) -> str | None:
+    """A warning where the node's ranks, each building the whole fp32 model in host memory before
+    it reaches the device (FSDP moves and shards it a unit at a time), need more than the host has."""
+    host, g = topology.host, topology.devices_per_node
+    each = MASTER_PARAM_BYTES * float(profile.num_params)
+    if host is None or each * g <= host.mem_gib * GIB:
+        return None
+    return (f"warning: each of the node's {g} ranks builds the whole fp32 model in host memory first "
+            f"({each / GIB:,.0f} GiB; {each * g / GIB:,.0f} GiB against the node's {host.mem_gib:,.0f} GiB): the run "
+            "may run out of host memory as it starts (dlaunch does not build on the meta device yet)")
 
 
 def _offload_reason(c: Candidate, profile: ModelProfile, topology: Topology, goal: Goal,

@@ -211,3 +211,15 @@ def test_the_bandwidth_probe_streams_on_every_usable_core_whatever_the_threads_a
     finally:
         torch.set_num_threads(threads)
     assert seen and set(seen) == {cpu_info().usable_cores}
+
+
+def test_a_node_whose_ranks_cannot_all_build_the_fp32_model_on_its_host_is_warned():
+    """Every rank builds the whole fp32 model in host memory before FSDP moves it a unit at a time: 8 x 282 GB of
+    Llama 3 70B is past a DGX H100's 1,907 GiB, 8 x 27 GB of Llama 7B is not."""
+    topo = load_topology("h100-sxm-8x")
+    warned = [r for r in plan(LLAMA3_70B, topo, Goal()).reasons if "builds the whole fp32 model" in r]
+    assert len(warned) == 1 and warned[0].startswith("warning:") and "against the node's 1,907 GiB" in warned[0]
+    assert f"{8 * MASTER_PARAM_BYTES * LLAMA3_70B.num_params / GIB:,.0f} GiB against" in warned[0]
+    assert not [r for r in plan(LLAMA_7B, topo, Goal()).reasons if "builds the whole fp32 model" in r]
+    small = dataclasses.replace(topo, host=dataclasses.replace(topo.host, mem_gib=100))
+    assert [r for r in plan(LLAMA_7B, small, Goal()).reasons if "builds the whole fp32 model" in r]
