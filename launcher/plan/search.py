@@ -33,7 +33,7 @@ from launcher.plan.memory import MASTER_PARAM_BYTES, fmt_gib, usable_mem_bytes
 from launcher.plan.offload import OFFLOAD_UNPRICED_LINK_SHARE, offload_s, steps_fused
 from launcher.plan.step_probe import WorkloadTiming
 from launcher.plan.types import Candidate, Overrides, Plan
-from launcher.specs import GIB, Goal, ModelProfile
+from launcher.specs import GIB, Goal, ModelProfile, Strategy
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +127,7 @@ def plan(profile: ModelProfile, topology: Topology, goal: Goal, *, overrides: Ov
         why.insert(1, f"FSDP units: each linear layer of a block and the block's rest ({units} units), as nothing "
                    "fits with a block per unit: fewer parameters gathered at once for more collectives "
                    "(--fsdp-unit block keeps blocks)")
-    if (built := _built_on_host(profile, topology)) is not None:
+    if (built := _built_on_host(profile, topology, chosen.strategy)) is not None:
         why.append(built)
     if timing is not None:
         why.append(f"step time: {timing.describe()}, plus the model's FSDP work and gloo collectives")
@@ -170,16 +170,19 @@ def plan(profile: ModelProfile, topology: Topology, goal: Goal, *, overrides: Ov
     return result
 
 
-def _built_on_host(profile: ModelProfile, topology: Topology) -> str | None:
-    """A warning where the node's ranks, each building the whole fp32 model in host memory before
-    it reaches the device (FSDP moves and shards it a unit at a time), need more than the host has."""
+def _built_on_host(profile: ModelProfile, topology: Topology, strategy: Strategy) -> str | None:
+    """A warning where the fp32 model built in host memory before it reaches the devices (runtime.build:
+    by rank 0 alone for a sharded run over several ranks, by every rank otherwise) needs more than the
+    node's host has."""
     host, g = topology.host, topology.devices_per_node
+    once = strategy.shards_params and topology.world_size > 1
     each = MASTER_PARAM_BYTES * float(profile.num_params)
-    if host is None or each * g <= host.mem_gib * GIB:
+    if host is None or each * (1 if once else g) <= host.mem_gib * GIB:
         return None
-    return (f"warning: each of the node's {g} ranks builds the whole fp32 model in host memory first "
-            f"({each / GIB:,.0f} GiB; {each * g / GIB:,.0f} GiB against the node's {host.mem_gib:,.0f} GiB): the run "
-            "may run out of host memory as it starts (dlaunch does not build on the meta device yet)")
+    who = "rank 0 builds" if once else f"each of the node's {g} ranks builds"
+    return (f"warning: {who} the whole fp32 model in host memory ({each / GIB:,.0f} GiB"
+            f"{'' if once else f'; {each * g / GIB:,.0f} GiB'} against the node's {host.mem_gib:,.0f} GiB): the run "
+            "will likely run out of host memory as it starts")
 
 
 def _offload_reason(c: Candidate, profile: ModelProfile, topology: Topology, goal: Goal,

@@ -46,6 +46,7 @@ from torch.utils.data import DataLoader
 
 from launcher.runspec import LaunchSpec
 from launcher.runtime import calibrate, evaluation, profiling, resume
+from launcher.runtime.build import build, fill
 from launcher.runtime.compiling import CompileGuard, compile_stats
 from launcher.runtime.context import RankContext
 from launcher.runtime.live_bytes import StepSampler
@@ -142,7 +143,8 @@ def _setup(workload: Workload, spec: LaunchSpec, ctx: RankContext, recorder: Ran
     evaluation.check(workload, spec)
     device = ctx.device()
     torch.manual_seed(spec.seed)
-    model = workload.build_model()
+    # sharded over several ranks: built on rank 0, the other ranks' modules on the meta device until `fill`
+    model, values = build(workload, spec.parallel, ctx)
     if not spec.parallel.shards_params:
         # FSDP's fully_shard moves each unit to the device as it shards it (torch's _move_states_to_device):
         # the whole fp32 model on one GPU first would cap FSDP and offload at the models that need neither
@@ -152,6 +154,8 @@ def _setup(workload: Workload, spec: LaunchSpec, ctx: RankContext, recorder: Ran
     # the workload's plan for its model as built (module names before any wrapper)
     plan = workload.tp_plan(model, tp) if tp > 1 else None
     wrapped = wrap(model, spec.parallel, ctx, blocks, shard_group_size=spec.shard_group_size, tp_plan=plan)
+    fill(model, values, spec.parallel, ctx)
+    del values  # rank 0's whole model, now in every rank's shards
     recorder.add({"kind": "wrap", "strategy": spec.strategy, "compiled": wrapped.compiled,
                   "mesh_shape": list(wrapped.mesh_shape) if wrapped.mesh_shape else None,
                   "mesh_dims": list(wrapped.mesh_dims) if wrapped.mesh_dims else None,

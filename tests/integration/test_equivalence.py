@@ -74,6 +74,32 @@ def test_fsdp_with_cpu_offload_and_linear_units_matches_one_process(single, tmp_
     assert (result["offload"], result["strategy"], result["fsdp_unit"]) == (True, "fsdp_full", "linear")
 
 
+def test_a_sharded_model_is_built_on_rank_0_alone_and_every_shard_gets_its_values(tmp_path):
+    """Under FSDP only rank 0 builds the model in host memory; every rank then builds its modules on the meta
+    device (torch's default device untouched), fully_shard wraps them, and the shards and the buffers outside
+    the state dict get rank 0's values: the losses are one process's. A build that fails on the meta device
+    is done on every rank as before."""
+    losses = {}
+    for name, gpus, strategy, fails in (("one", 1, "ddp", ""), ("fsdp", 2, "fsdp_full", ""),
+                                        ("fallback", 2, "fsdp_full", "1")):
+        (probe := tmp_path / name).mkdir()
+        done = run_dlaunch("run", str(REPO / "tests" / "data" / "build_probe.py"), "--gpus", str(gpus),
+                           "--strategy", strategy, "--micro-batch", str(GLOBAL_BATCH // gpus), "--steps", str(STEPS),
+                           "--warmup-steps", "0", "--no-calibrate", "--run-dir", str(probe / "run"),
+                           env={"TMPDIR": str(tmp_path), "BUILD_PROBE_DIR": str(probe),
+                                "BUILD_PROBE_META_FAILS": fails})
+        assert done.code == 0, done.out + done.err
+        losses[name] = rank_losses(probe / "run")
+    builds = {p.name: p.read_text().splitlines() for p in sorted((tmp_path / "fsdp").glob("rank[0-9]*.txt"))}
+    assert builds == {"rank0.txt": ["cpu cpu", "meta cpu"], "rank1.txt": ["meta cpu"]}, builds
+    assert (tmp_path / "one" / "rank0.txt").read_text().splitlines() == ["cpu cpu"]
+    fallback = {p.name: p.read_text().splitlines() for p in sorted((tmp_path / "fallback").glob("rank[0-9]*.txt"))}
+    assert fallback == {"rank0.txt": ["cpu cpu", "meta cpu", "cpu cpu"], "rank1.txt": ["meta cpu", "cpu cpu"]}
+    for name in ("fsdp", "fallback"):
+        worst = worst_relative(losses["one"], losses[name])
+        assert worst < 1e-4, (name, worst, losses)
+
+
 def test_zero1_on_4_ranks_matches_one_process(single, tmp_path):
     """ZeRO-1 (DDP's all-reduce, each rank stepping an even quarter of the flat parameters, one
     all-gather) on 4 ranks x micro-batch 2. On 2 ranks zero1's losses are DDP's bit for bit

@@ -213,13 +213,16 @@ def test_the_bandwidth_probe_streams_on_every_usable_core_whatever_the_threads_a
     assert seen and set(seen) == {cpu_info().usable_cores}
 
 
-def test_a_node_whose_ranks_cannot_all_build_the_fp32_model_on_its_host_is_warned():
-    """Every rank builds the whole fp32 model in host memory before FSDP moves it a unit at a time: 8 x 282 GB of
-    Llama 3 70B is past a DGX H100's 1,907 GiB, 8 x 27 GB of Llama 7B is not."""
-    topo = load_topology("h100-sxm-8x")
-    warned = [r for r in plan(LLAMA3_70B, topo, Goal()).reasons if "builds the whole fp32 model" in r]
-    assert len(warned) == 1 and warned[0].startswith("warning:") and "against the node's 1,907 GiB" in warned[0]
-    assert f"{8 * MASTER_PARAM_BYTES * LLAMA3_70B.num_params / GIB:,.0f} GiB against" in warned[0]
-    assert not [r for r in plan(LLAMA_7B, topo, Goal()).reasons if "builds the whole fp32 model" in r]
-    small = dataclasses.replace(topo, host=dataclasses.replace(topo.host, mem_gib=100))
-    assert [r for r in plan(LLAMA_7B, small, Goal()).reasons if "builds the whole fp32 model" in r]
+def test_a_host_that_cannot_hold_the_fp32_model_built_before_sharding_is_warned():
+    """A sharded run's model is built in host memory by rank 0 alone (runtime.build): Llama 3 70B's 263 GiB fit a
+    DGX H100's 1,907 GiB, not a 200 GiB host; a run that is not sharded builds it on every rank of the node."""
+    topo = dataclasses.replace(load_topology("h100-sxm-8x4node-ib"), host=load_topology("h100-sxm-8x").host)
+    assert not [r for r in plan(LLAMA3_70B, topo, Goal()).reasons if "builds the whole fp32 model" in r]
+    small = dataclasses.replace(topo, host=dataclasses.replace(topo.host, mem_gib=200))
+    warned = [r for r in plan(LLAMA3_70B, small, Goal()).reasons if "builds the whole fp32 model" in r]
+    assert len(warned) == 1 and warned[0].startswith("warning: rank 0 builds"), warned
+    assert f"({MASTER_PARAM_BYTES * LLAMA3_70B.num_params / GIB:,.0f} GiB against the node's 200 GiB)" in warned[0]
+    tiny = dataclasses.replace(topo, host=dataclasses.replace(topo.host, mem_gib=1))
+    ddp = plan(gpt("small", 768, 12, 12, 50257, 1024, params=124e6, tied=True), tiny, Goal(),
+               overrides=Overrides(strategy="ddp"))
+    assert [r for r in ddp.reasons if r.startswith("warning: each of the node's 8 ranks builds")], ddp.reasons
