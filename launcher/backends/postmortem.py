@@ -81,9 +81,13 @@ def _rank_facts(run_dir: Path, rank: int, beats: dict[int, Beat]) -> tuple[int, 
 
 
 def _lost_a_peer(run_dir: Path, rank: int) -> bool:
-    """Whether `rank` says it failed because a peer's process vanished under a collective."""
+    """Whether `rank` says it failed because a peer's process vanished under a collective (in its
+    summary, or for one whose summary said ok, in what it raised as it exited)."""
     own = _read_summary(run_dir, rank)
-    return own is not None and bool(_PEER_LOST_RE.search(str(own.get("error", ""))))
+    if own is None:
+        return False
+    said = (raised_error(run_dir, rank) or "") if own.get("status") == "ok" else str(own.get("error", ""))
+    return bool(_PEER_LOST_RE.search(said))
 
 
 def write_missing_summaries(run_dir: str | Path, world_size: int, *, expected_steps: int | None, beats: dict[int, Beat],
@@ -115,15 +119,15 @@ def write_missing_summaries(run_dir: str | Path, world_size: int, *, expected_st
         if after_ok:
             assert own is not None and ex is not None  # narrowing: after_ok says both are
             signalled = ex.code < 0 or ex.code == 128 + signal.SIGTERM
-            if signalled and (stall is not None or (not ex.root and rooted)):
-                # stopped while exiting, by dlaunch or for another rank's failure: listed after that cause
-                status, when = "stopped", now
-                error = (f"{'by signal ' + signal_name(ex.code) if ex.code < 0 else f'exit code {ex.code}'} as it "
-                         f"exited, after {'dlaunch stopped the job' if stall is not None else 'another rank failed'}")
+            how = f"by signal {signal_name(ex.code)}" if ex.code < 0 else f"exit code {ex.code}"
+            if (signalled and stall is not None) or (not ex.root and rooted) or _lost_a_peer(rd, rank):
+                # stopped or taken down while exiting, by dlaunch or by another rank's failure: listed after it
+                status, when = ("stopped" if signalled else "failed"), now
+                error = (f"{how} as it exited, after "
+                         f"{'dlaunch stopped the job' if stall is not None else 'another rank failed'}")
             else:
                 status = "killed" if ex.code < 0 else "failed"
-                error = (f"by signal {signal_name(ex.code)}" if ex.code < 0 else f"exit code {ex.code}") + (
-                    " as it exited, after its summary said ok")
+                error = f"{how} as it exited, after its summary said ok"
                 when = float(own.get("time", when))  # it failed no earlier: what it did first
         elif rank in hung:
             st = stacks.get(rank)

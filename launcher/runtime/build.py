@@ -11,6 +11,7 @@ Never imports cli, backends, drivers or report; torch at module level (see runti
 
 from __future__ import annotations
 
+import inspect
 import logging
 from typing import Any
 
@@ -56,19 +57,31 @@ def build(workload: Workload, strategy: Strategy, ctx: RankContext) -> tuple[tor
         built = workload.build_model()
         values = {n: t.detach() for n, t in [*built.named_parameters(), *built.named_buffers()]}
         del built
-    # the generator as a build on every rank leaves it (dropout, the workload's data)
+    seed = torch.initial_seed()  # the harness's
     state = [torch.get_rng_state()]
-    dist.broadcast_object_list(state, src=0)
-    torch.set_rng_state(state[0])
+    failed: str | None = None
     try:
         with _OnMeta():
-            return workload.build_model(), values
-    except Exception as e:  # the same code fails alike on every rank: all of them build as before
-        log.warning("rank %d: build_model() failed on the meta device (%s: %s); every rank builds the whole "
-                    "model in host memory", ctx.rank, type(e).__name__, e)
+            model = workload.build_model()
+        # a tensor kept as a plain attribute is neither sharded nor filled: it would stay on the meta device
+        stray = [f"{m}.{k}".lstrip(".") for m, mod in model.named_modules() for k, v in vars(mod).items()
+                 if isinstance(v, torch.Tensor) and v.is_meta]
+        failed = f"tensors that are neither parameters nor buffers: {', '.join(stray[:3])}" if stray else None
+    except Exception as e:  # the workload's own code; the ranks agree below
+        failed = f"{type(e).__name__}: {e}"
+    # every rank takes the same path: one whose meta build failed makes all of them build as before
+    verdicts: list[str | None] = [None] * ctx.world_size
+    dist.all_gather_object(verdicts, failed)
+    if any(verdicts):
+        log.warning("build_model() failed on the meta device (%s); every rank builds the whole model in host "
+                    "memory", next(v for v in verdicts if v))
         del values
-        torch.manual_seed(torch.initial_seed())  # the seed the harness set, as a build on every rank starts
+        torch.manual_seed(seed)  # where a build on every rank starts
         return workload.build_model(), None
+    # the generator as a build on every rank leaves it (dropout, the workload's data)
+    dist.broadcast_object_list(state, src=0)
+    torch.set_rng_state(state[0])
+    return model, values
 
 
 @torch.no_grad()
@@ -77,8 +90,11 @@ def fill(model: torch.nn.Module, values: Values | None, strategy: Strategy, ctx:
     are allocated first (offloaded shards in host memory, the rest on the device)."""
     if values is None:
         return
+    # deferred, as wrap's: imports only a sharded run needs
     from torch.distributed.tensor import DTensor, distribute_tensor
 
+    # it cuts each rank's slice from a tensor every rank holds without communication from torch 2.7 on
+    local_cut = "src_data_rank" in inspect.signature(distribute_tensor).parameters
     device = ctx.device()
     model.to_empty(device="cpu" if strategy.offload else device)
     for module in model.modules():  # buffers live on the device, where FSDP puts them
@@ -88,12 +104,14 @@ def fill(model: torch.nn.Module, values: Values | None, strategy: Strategy, ctx:
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
         for prefix in _WRAPPER_PREFIXES:
             name = name.replace(prefix, "")
-        full = (values[name].to(device) if ctx.rank == 0
+        full = (values[name].to(device).contiguous() if ctx.rank == 0
                 else torch.empty(tensor.shape, dtype=tensor.dtype, device=device))
         dist.broadcast(full, src=0)
         if isinstance(tensor, DTensor):
-            # this rank's slice, cut as the tensor's placements cut it (no communication)
-            tensor.to_local().copy_(distribute_tensor(full, tensor.device_mesh, tensor.placements,
-                                                      src_data_rank=None).to_local())
+            # this rank's slice, cut as the tensor's placements cut it (torch < 2.7 scatters it again from a
+            # rank that holds the same values: no `src_data_rank`)
+            local = (distribute_tensor(full, tensor.device_mesh, tensor.placements, src_data_rank=None) if local_cut
+                     else distribute_tensor(full, tensor.device_mesh, tensor.placements))
+            tensor.to_local().copy_(local.to_local())
         else:
             tensor.copy_(full)

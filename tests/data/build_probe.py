@@ -1,6 +1,7 @@
 """workloads/mlp.py with a non-persistent buffer its loss depends on, noting every build_model call:
 each rank appends "<device a new tensor gets> <torch's default device>" to BUILD_PROBE_DIR/rank<R>.txt.
-BUILD_PROBE_META_FAILS=1: a build on the meta device raises after noting it."""
+BUILD_PROBE_META_FAILS=1: a build on the meta device raises after noting it; =attribute: the model keeps a
+tensor as a plain attribute (neither parameter nor buffer), which its forward reads."""
 
 import importlib.util
 import os
@@ -24,16 +25,20 @@ class Scaled(_mlp.MLP):
         self.register_buffer("scale", torch.linspace(0.5, 1.5, args[0]), persistent=False)
 
     def forward(self, x):
-        return super().forward(x * self.scale)
+        return super().forward(x * self.scale + getattr(self, "shift", 0.0))
 
 
 def build_model(cfg):
     rank = os.environ.get("RANK", "none")  # none: the planner's profile in dlaunch itself
     with open(Path(os.environ["BUILD_PROBE_DIR"]) / f"rank{rank}.txt", "a") as f:
         f.write(f"{torch.empty(0).device.type} {torch.get_default_device().type}\n")
-    if os.environ.get("BUILD_PROBE_META_FAILS") and torch.empty(0).is_meta:
+    fails = os.environ.get("BUILD_PROBE_META_FAILS")
+    if fails == "1" and torch.empty(0).is_meta:
         raise RuntimeError("this build reads a value")
-    return Scaled(cfg.features, cfg.hidden, cfg.depth, cfg.classes)
+    model = Scaled(cfg.features, cfg.hidden, cfg.depth, cfg.classes)
+    if fails == "attribute":
+        model.shift = torch.zeros(cfg.features)
+    return model
 
 
 blocks = _mlp.blocks

@@ -77,15 +77,16 @@ def test_fsdp_with_cpu_offload_and_linear_units_matches_one_process(single, tmp_
 def test_a_sharded_model_is_built_on_rank_0_alone_and_every_shard_gets_its_values(tmp_path):
     """Under FSDP only rank 0 builds the model in host memory; every rank then builds its modules on the meta
     device (torch's default device untouched), fully_shard wraps them, and the shards and the buffers outside
-    the state dict get rank 0's values: the losses are one process's. A build that fails on the meta device
-    is done on every rank as before."""
+    the state dict get rank 0's values: the losses are one process's. A build that fails on the meta device,
+    or keeps a tensor as a plain attribute, is done on every rank as before."""
     losses = {}
     for name, gpus, strategy, fails in (("one", 1, "ddp", ""), ("fsdp", 2, "fsdp_full", ""),
-                                        ("fallback", 2, "fsdp_full", "1")):
+                                        ("fallback", 2, "fsdp_full", "1"), ("attribute", 2, "fsdp_full", "attribute")):
         (probe := tmp_path / name).mkdir()
         done = run_dlaunch("run", str(REPO / "tests" / "data" / "build_probe.py"), "--gpus", str(gpus),
                            "--strategy", strategy, "--micro-batch", str(GLOBAL_BATCH // gpus), "--steps", str(STEPS),
-                           "--warmup-steps", "0", "--no-calibrate", "--run-dir", str(probe / "run"),
+                           "--warmup-steps", "0", "--precision", "fp32", "--no-calibrate",
+                           "--run-dir", str(probe / "run"),
                            env={"TMPDIR": str(tmp_path), "BUILD_PROBE_DIR": str(probe),
                                 "BUILD_PROBE_META_FAILS": fails})
         assert done.code == 0, done.out + done.err
@@ -95,7 +96,7 @@ def test_a_sharded_model_is_built_on_rank_0_alone_and_every_shard_gets_its_value
     assert (tmp_path / "one" / "rank0.txt").read_text().splitlines() == ["cpu cpu"]
     fallback = {p.name: p.read_text().splitlines() for p in sorted((tmp_path / "fallback").glob("rank[0-9]*.txt"))}
     assert fallback == {"rank0.txt": ["cpu cpu", "meta cpu", "cpu cpu"], "rank1.txt": ["meta cpu", "cpu cpu"]}
-    for name in ("fsdp", "fallback"):
+    for name in ("fsdp", "fallback", "attribute"):
         worst = worst_relative(losses["one"], losses[name])
         assert worst < 1e-4, (name, worst, losses)
 

@@ -334,6 +334,16 @@ def test_a_rank_that_said_ok_then_failed_as_it_exited_is_the_cause_and_its_stopp
     stall = Stall(kind="hang", message="rank 1 stopped advancing", steps={0: 2, 1: 1}, ranks=(1,))
     write_missing_summaries(rd2, 2, expected_steps=2, beats={}, stall=stall, torchrun_log=root0)
     assert _summary(rd2, 0)["status"] == "stopped" and _summary(rd2, 1)["status"] == "hung"
+    # one that said ok earlier and then exited 1 is not the cause either where another rank is torchrun's root
+    (tmp_path / "code").mkdir()
+    rd3 = _run_dir(tmp_path / "code")
+    for rank, when in ((0, 1.4e9), (1, 1.5e9)):
+        atomic_write_json(RunPaths(root=rd3).summary(rank), {"status": "ok", "time": when, "steps": 2})
+    write_missing_summaries(rd3, 2, expected_steps=2, beats={}, torchrun_log=report.replace(
+        "-15 (pid: 14282)  (SIGTERM)", "1 (pid: 14282)"))
+    s0 = _summary(rd3, 0)
+    assert (s0["status"], s0["error"]) == ("failed", "exit code 1 as it exited, after another rank failed")
+    assert s0["time"] > _summary(rd3, 1)["time"] == 1.5e9
 
 
 def test_a_rank_dying_while_dlaunch_stops_the_job_for_an_early_exit_is_listed_after_it(tmp_path):
