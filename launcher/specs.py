@@ -261,6 +261,10 @@ class Strategy:
         precision by its parameter policy; False for the DDP_KINDS (whole parameters, autocast)."""
         return self.kind not in DDP_KINDS
 
+    def builds_once(self, world_size: int) -> bool:
+        """Whether rank 0 alone builds the model in host memory, the others on meta (runtime.build)."""
+        return self.shards_params and world_size > 1
+
     @property
     def reduce_bytes(self) -> int:
         """Bytes a gradient element moves in the gradient reduction (`reduce_dtype`)."""

@@ -175,7 +175,7 @@ def _built_on_host(profile: ModelProfile, topology: Topology, strategy: Strategy
     by rank 0 alone for a sharded run over several ranks, by every rank otherwise) needs more than the
     node's host has."""
     host, g = topology.host, topology.devices_per_node
-    once = strategy.shards_params and topology.world_size > 1
+    once = strategy.builds_once(topology.world_size)
     each = MASTER_PARAM_BYTES * float(profile.num_params)
     if host is None or each * (1 if once else g) <= host.mem_gib * GIB:
         return None

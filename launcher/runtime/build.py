@@ -50,7 +50,7 @@ def build(workload: Workload, strategy: Strategy, ctx: RankContext) -> tuple[tor
     on other ranks) for `fill` after wrapping: the model's modules are then on the meta device on every rank
     (wrapping runs alike everywhere: tensor parallelism's scatters skip meta tensors). None: built on every
     rank as it is."""
-    if not (strategy.shards_params and ctx.world_size > 1):
+    if not strategy.builds_once(ctx.world_size):
         return workload.build_model(), None
     values: Values = {}
     if ctx.rank == 0:

@@ -106,26 +106,24 @@ def test_plain_script_runs_unchanged_and_is_measured(dlaunch, tmp_path):
     assert "done" in logs[1].read_text()
 
 
-def test_a_script_rank_that_exits_0_early_is_named_before_the_peer_it_left_in_a_collective(dlaunch, tmp_path):
-    done = dlaunch("run", str(DATA / "plain_train.py"), "--gpus", "2", "--run-dir", str(tmp_path / "run"),
-                   env={"PLAIN_STEPS": "12", "PLAIN_RANK1_EXITS_AFTER": "3"})
-    assert done.code == 1, done.err[-3000:]
-    failed = [line for line in done.out.splitlines() if line.startswith("FAILED")]
-    assert failed[0] == (f"FAILED: rank 1 (host {socket.gethostname()}, node 0, local rank 1) exited after 3 steps: "
-                         "exit code 0 while rank(s) 0 went on and lost it in a collective"), failed
-    assert "rank 0 " in failed[1] and "closed by peer" in failed[1], failed
-
-
-def test_a_script_rank_that_fails_as_it_exits_after_its_ok_summary_is_named(dlaunch, tmp_path):
+@pytest.mark.parametrize("env, status, first, peer", [
+    # rank 1 sys.exit(0)s after step 3 while rank 0 goes on into the next all-reduce
+    ({"PLAIN_STEPS": "12", "PLAIN_RANK1_EXITS_AFTER": "3"}, "exited",
+     "exited after 3 steps: exit code 0 while rank(s) 0 went on and lost it in a collective", "closed by peer"),
     # rank 1's atexit handler runs after the StepMeter wrote "ok" and exits 3; torchrun then stops rank 0
-    done = dlaunch("run", str(DATA / "plain_train.py"), "--gpus", "2", "--run-dir", str(tmp_path / "run"),
-                   env={"PLAIN_STEPS": "4", "PLAIN_RANK1_EXIT_CODE_AT_EXIT": "3"})
+    ({"PLAIN_STEPS": "4", "PLAIN_RANK1_EXIT_CODE_AT_EXIT": "3"}, "failed",
+     "failed after 4 steps: exit code 3 as it exited, after its summary said ok", None),
+], ids=["exits-0-early", "fails-after-ok"])
+def test_a_script_rank_that_leaves_or_fails_as_it_exits_is_named_before_its_peer(dlaunch, tmp_path, env, status,
+                                                                                  first, peer):
+    done = dlaunch("run", str(DATA / "plain_train.py"), "--gpus", "2", "--run-dir", str(tmp_path / "run"), env=env)
     assert done.code == 1, done.err[-3000:]
     failed = [line for line in done.out.splitlines() if line.startswith("FAILED")]
-    assert failed[0] == (f"FAILED: rank 1 (host {socket.gethostname()}, node 0, local rank 1) failed after 4 steps: "
-                         "exit code 3 as it exited, after its summary said ok"), failed
+    assert failed[0] == f"FAILED: rank 1 (host {socket.gethostname()}, node 0, local rank 1) {first}", failed
+    if peer is not None:
+        assert "rank 0 " in failed[1] and peer in failed[1], failed
     assert "although every rank reported success" not in done.out
-    assert run_result(tmp_path / "run")["ranks"][1]["status"] == "failed"
+    assert run_result(tmp_path / "run")["ranks"][1]["status"] == status
 
 
 def test_rank_failure_names_rank_and_keeps_metrics(dlaunch, tmp_path):
