@@ -49,6 +49,7 @@ from launcher.plan.cpu_cost import ADAMW_FIXED_OPS, BACKWARD_OVERHEAD_FACTOR, cp
 from launcher.plan.float8 import float8_terms, gemm_speedup
 from launcher.plan.gemm import attention_flops_fwd, gemm_efficiency, head_flops_fwd, model_width, peak_flops
 from launcher.plan.hbm import hbm_bytes_per_s
+from launcher.plan.memory import optimizer_step_share
 from launcher.plan.offload import offload_s
 from launcher.plan.step_probe import WorkloadTiming, timing_key
 from launcher.plan.types import StepTimeEstimate
@@ -227,9 +228,10 @@ def compute_s(profile: ModelProfile, strategy: Strategy, micro_batch: int, grad_
 
 
 def optimizer_s(profile: ModelProfile, group_size: int, device: DeviceSpec) -> float:
-    """The AdamW step over this rank's shard of the parameters on a GPU (CPU: `cpu_cost.cpu_optimizer_s`)."""
+    """The optimizer step over this rank's shard of the parameters on a GPU, at AdamW's bytes scaled
+    to the workload's optimizer (`memory.optimizer_step_share`; CPU: `cpu_cost.cpu_optimizer_s`)."""
     local = profile.num_params / max(1, group_size)
-    return OPTIMIZER_BYTES_PER_PARAM * local / hbm_bytes_per_s(device)
+    return OPTIMIZER_BYTES_PER_PARAM * optimizer_step_share(profile) * local / hbm_bytes_per_s(device)
 
 
 def shard_group_size(kind: str, topology: Topology, tp: int = 1) -> int:

@@ -40,7 +40,7 @@ from launcher.hardware.types import Topology
 from launcher.plan.activations import COMPUTE_DTYPE_BYTES
 from launcher.plan.cpu_comm import cpu_ddp_comm, cpu_sharded_comm, cpu_zero1_sync, fsdp_overhead_s
 from launcher.plan.cpu_rates import core_share, gloo_of, op_share, rates_of, time_share
-from launcher.plan.memory import GRAD_BYTES
+from launcher.plan.memory import GRAD_BYTES, MASTER_PARAM_BYTES, optimizer_state_bytes, optimizer_step_share
 from launcher.plan.step_probe import StepTiming
 from launcher.plan.types import StepTimeEstimate
 from launcher.specs import ModelProfile, Strategy
@@ -174,8 +174,11 @@ def cpu_forward(profile: ModelProfile, strategy: Strategy, micro_batch: int, top
 def cpu_optimizer_s(profile: ModelProfile, group_size: int, topology: Topology, *, ranks: int | None = None) -> float:
     """The optimizer step over this rank's shard of the parameters (`ranks`: see stream_s)."""
     local = profile.num_params / max(1, group_size)
-    # param, grad and two moments: 16 B per parameter stay in the working set
-    return stream_s(OPTIMIZER_BYTES_PER_PARAM * local, 16 * local, topology, ranks=ranks)
+    # AdamW's passes scaled to the workload's optimizer; param, grad and its state (AdamW's two
+    # moments: 16 B per parameter in all) stay in the working set
+    working = GRAD_BYTES + MASTER_PARAM_BYTES + optimizer_state_bytes(profile, "adamw")[0]
+    return stream_s(OPTIMIZER_BYTES_PER_PARAM * optimizer_step_share(profile) * local, working * local,
+                    topology, ranks=ranks)
 
 
 def shared_memory_s(profile: ModelProfile, precision: str, topology: Topology, micro_batch: int,

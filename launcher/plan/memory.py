@@ -138,6 +138,16 @@ def optimizer_state_bytes(profile: ModelProfile, optimizer: str) -> tuple[float,
     return float(OPTIMIZER_STATE_BYTES[optimizer]), f"{optimizer} (assumed)"
 
 
+def optimizer_step_share(profile: ModelProfile) -> float:
+    """The workload's optimizer step's memory traffic per parameter over AdamW's, on which the step
+    models' optimizer rates were measured: an elementwise step reads the fp32 parameter, its
+    gradient and its state and writes the parameter and the state, 12 + 2 x state B (AdamW's
+    8 B of state: 28 B; SGD with momentum 20, without 12). Derived from the profiled state bytes
+    (a profile that names no optimizer: AdamW's), not measured per optimizer."""
+    state = profile.optimizer_state_bytes_per_param if profile.optimizer else OPTIMIZER_STATE_BYTES["adamw"]
+    return (3 * MASTER_PARAM_BYTES + 2 * state) / (3 * MASTER_PARAM_BYTES + 2 * OPTIMIZER_STATE_BYTES["adamw"])
+
+
 def estimate_memory(profile: ModelProfile, strategy: Strategy, *, micro_batch: int, world_size: int,
                     shard_group_size: int, device: str, optimizer: str = "adamw") -> MemoryEstimate:
     """Predicted peak memory of one rank (every term counted: the module docstring).
@@ -279,7 +289,8 @@ def fmt_gib(nbytes: float) -> str:
     return f"{gib:.1f}" if gib >= 1 or gib == 0 else f"{gib:.2g}"
 
 
-__all__ = ["estimate_memory", "optimizer_state_bytes", "usable_mem_bytes", "unsharded_root_params", "fmt_gib",
+__all__ = ["estimate_memory", "optimizer_state_bytes", "optimizer_step_share", "usable_mem_bytes",
+           "unsharded_root_params", "fmt_gib",
            "MASTER_PARAM_BYTES", "GRAD_BYTES", "OPTIMIZER_STATE_BYTES",
            "DDP_BUCKET_CAP_BYTES", "CUDA_CONTEXT_BYTES", "CUBLAS_WORKSPACE_BYTES", "NCCL_BUFFER_BYTES",
            "CUDA_ALLOCATOR_SLACK", "SINGLE_PROCESS_GRAD_OVERLAP", "FOREACH_ADAMW_TEMP_FACTOR"]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from launcher.errors import PlanError
 from launcher.hardware.types import Topology
+from launcher.plan.memory import optimizer_step_share
 from launcher.specs import GIB, ModelProfile, Strategy
 
 NO_HOST = ("CPU offload: topology {} does not describe its hosts (memory, the link to each GPU, "
@@ -91,6 +92,7 @@ def offload_s(profile: ModelProfile, strategy: Strategy, topology: Topology, gro
     total = grad_accum * (fwd_in + bwd_in + bwd_out)
     exposed = grad_accum * (max(0.0, fwd_in - fwd_s) + max(0.0, bwd_in + bwd_out - bwd_s))
     host_bw = host.mem_bw_gb_s * 1e9 / topology.devices_per_node
-    step = HOST_ADAMW_FUSED_BYTES_PER_PARAM if steps_fused(profile, topology) else HOST_ADAMW_LOOP_BYTES_PER_PARAM
+    step = (HOST_ADAMW_FUSED_BYTES_PER_PARAM if steps_fused(profile, topology) else HOST_ADAMW_LOOP_BYTES_PER_PARAM
+            ) * optimizer_step_share(profile)
     host_s = (step + HOST_ACCUMULATE_BYTES * (grad_accum - 1)) * local / host_bw
     return total, exposed, host_s

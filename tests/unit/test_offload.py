@@ -226,3 +226,24 @@ def test_a_host_that_cannot_hold_the_fp32_model_built_before_sharding_is_warned(
     ddp = plan(gpt("small", 768, 12, 12, 50257, 1024, params=124e6, tied=True), tiny, Goal(),
                overrides=Overrides(strategy="ddp"))
     assert [r for r in ddp.reasons if r.startswith("warning: each of the node's 8 ranks builds")], ddp.reasons
+
+
+@pytest.mark.parametrize("optimizer, state_b, share", [("", 0.0, 1.0), ("AdamW (default)", 8.0, 1.0),
+                                                      ("SGD (make_optimizer)", 4.0, 20 / 28),
+                                                      ("SGD (make_optimizer)", 0.0, 12 / 28)])
+def test_the_optimizer_step_is_priced_by_the_workloads_own_optimizer(optimizer, state_b, share):
+    """AdamW's step reads param, grad and two moments and writes three (28 B a parameter); SGD with
+    momentum 20 B, without 12: the GPU's step, the CPU's and the offloaded host's scale alike. A
+    profile that names no optimizer is priced as AdamW, as the memory model assumes it."""
+    from launcher.plan.cost import optimizer_s
+    from launcher.plan.cpu_cost import cpu_optimizer_s
+
+    adamw = dataclasses.replace(LLAMA_7B, optimizer="AdamW (default)", optimizer_state_bytes_per_param=8.0)
+    other = dataclasses.replace(LLAMA_7B, optimizer=optimizer, optimizer_state_bytes_per_param=state_b)
+    gpu, s = one_h100(), Strategy(kind="fsdp_full", precision="bf16", offload=True)
+    cpu = load_topology("cpu-local").with_shape(num_nodes=1, devices_per_node=2)
+    assert optimizer_s(other, 8, gpu.accelerator) == pytest.approx(share * optimizer_s(adamw, 8, gpu.accelerator))
+    host = {p.optimizer_state_bytes_per_param: offload_s(p, s, gpu, 1, 0.0, 0.0, 1)[2] for p in (adamw, other)}
+    assert host[state_b] == pytest.approx(share * host[8.0])
+    # on CPU its smaller working set may stream at another rate: within 5% of the bytes' share
+    assert cpu_optimizer_s(other, 2, cpu) == pytest.approx(share * cpu_optimizer_s(adamw, 2, cpu), rel=0.05)
