@@ -16,7 +16,7 @@ from launcher.plan.compile_choice import compiles, worth_compiling
 from launcher.plan.compile_probe import CompileCheck
 from launcher.plan.cost import attention_flops_fwd, shard_group_size, step_time
 from launcher.plan.float8 import supported as float8_supported
-from launcher.plan.memory import estimate_memory
+from launcher.plan.memory import estimate_memory, optimizer_state_bytes
 from launcher.plan.offload import NO_HOST, host_fits
 from launcher.plan.step_probe import WorkloadTiming
 from launcher.plan.types import Candidate, Overrides, StepTimeEstimate
@@ -46,7 +46,11 @@ def profile_for_goal(profile: ModelProfile, goal: Goal) -> ModelProfile:
     """`profile` at `goal.seq_len`: activations, matmul FLOPs and backward's transient (the loss
     gradient over the vocabulary, a logits tensor per token) scale linearly with sequence length
     (exact for SDPA/flash attention, which saves no s x s scores), attention FLOPs and the s x s
-    scores attention written out (or SDPA's math path) keeps quadratically."""
+    scores attention written out (or SDPA's math path) keeps quadratically. A profile that names
+    no optimizer gets the goal's, assumed, so that memory and step time price the same one."""
+    if not profile.optimizer:
+        state, name = optimizer_state_bytes(profile, goal.optimizer)
+        profile = dataclasses.replace(profile, optimizer=name, optimizer_state_bytes_per_param=state)
     if goal.seq_len is None or goal.seq_len == profile.units_per_sample:
         return profile
     if profile.sample_units != "tokens":

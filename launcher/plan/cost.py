@@ -20,8 +20,9 @@ Backward is twice the forward (flash attention's 2.5x the FLOPs, at its kernel's
 the forward+backward rate split by `attention.ATTENTION_FWD_OVER_BWD`); checkpointing recomputes a share of the
 forward inside backward, by mode (`checkpointing`: every block all of it, 4/3 the compute; every
 other block half; per-op selective the memory-bound work and every second matmul, priced on
-this forward's split). The optimizer step streams fp32 params, grads and AdamW state through
-HBM once; offloaded (`offload`), it runs on the host after the shard's copies over its link.
+this forward's split). The optimizer step streams fp32 params, grads and the optimizer's state
+through HBM once (`memory.optimizer_step_share`: AdamW's 28 B a parameter, SGD's fewer);
+offloaded (`offload`), it runs on the host after the shard's copies over its link.
 
 Communication (collectives.py) hides behind compute but is not free: NCCL's kernels take SMs and
 HBM bandwidth from the matmuls they overlap, so every hidden second costs CONTENTION seconds of

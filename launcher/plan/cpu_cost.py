@@ -23,7 +23,8 @@ micro-batch's forward is the sum of:
   all-gather and the unsharded gradient to fp32 for its reduce-scatter.
 Backward is twice the forward's matmuls and memory traffic (attention and convolutions: their
 measured factors), plus writing (or accumulating) the fp32 gradient of every parameter; the
-optimizer streams OPTIMIZER_BYTES_PER_PARAM per local parameter. On top comes the fixed cost of
+optimizer streams OPTIMIZER_BYTES_PER_PARAM per local parameter (AdamW's; another optimizer's scaled by
+`memory.optimizer_step_share`, which over-prices SGD's few passes). On top comes the fixed cost of
 every operation (Python, the dispatcher, autograd), which dominates a tiny model: the profile's
 forward ops at the probe's per-op cost, the backward as a multiple of that, the AdamW step per
 parameter tensor and the harness's per-step work; one thread runs it, so more threads do not speed

@@ -140,12 +140,14 @@ def optimizer_state_bytes(profile: ModelProfile, optimizer: str) -> tuple[float,
 
 def optimizer_step_share(profile: ModelProfile) -> float:
     """The workload's optimizer step's memory traffic per parameter over AdamW's, on which the step
-    models' optimizer rates were measured: an elementwise step reads the fp32 parameter, its
-    gradient and its state and writes the parameter and the state, 12 + 2 x state B (AdamW's
-    8 B of state: 28 B; SGD with momentum 20, without 12). Derived from the profiled state bytes
-    (a profile that names no optimizer: AdamW's), not measured per optimizer."""
-    state = profile.optimizer_state_bytes_per_param if profile.optimizer else OPTIMIZER_STATE_BYTES["adamw"]
-    return (3 * MASTER_PARAM_BYTES + 2 * state) / (3 * MASTER_PARAM_BYTES + 2 * OPTIMIZER_STATE_BYTES["adamw"])
+    models' optimizer rates rest (the GPU's counted, the CPU's and the offloading host's measured):
+    an elementwise step reads the fp32 parameter, its gradient and its state and writes the
+    parameter and the state, 12 + 2 x state B (AdamW's 8 B of state: 28 B; SGD with momentum 20,
+    without 12). Derived from the profile's state bytes (the plan sets the goal's optimizer on a
+    profile that names none; here such a profile counts as AdamW), not measured per optimizer."""
+    adamw = float(OPTIMIZER_STATE_BYTES["adamw"])
+    state = profile.optimizer_state_bytes_per_param if profile.optimizer else adamw
+    return (2 * MASTER_PARAM_BYTES + GRAD_BYTES + 2 * state) / (2 * MASTER_PARAM_BYTES + GRAD_BYTES + 2 * adamw)
 
 
 def estimate_memory(profile: ModelProfile, strategy: Strategy, *, micro_batch: int, world_size: int,

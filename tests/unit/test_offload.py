@@ -13,6 +13,7 @@ from launcher.hardware.topology import load_topology, topology_from_dict, topolo
 from launcher.plan.cost import shard_group_size, step_time
 from launcher.plan.memory import CUDA_ALLOCATOR_SLACK, MASTER_PARAM_BYTES, estimate_memory
 from launcher.plan.offload import (
+    HOST_ACCUMULATE_BYTES,
     HOST_ADAMW_FUSED_BYTES_PER_PARAM,
     HOST_ADAMW_LOOP_BYTES_PER_PARAM,
     OFFLOAD_UNPRICED_LINK_SHARE,
@@ -228,13 +229,14 @@ def test_a_host_that_cannot_hold_the_fp32_model_built_before_sharding_is_warned(
     assert [r for r in ddp.reasons if r.startswith("warning: each of the node's 8 ranks builds")], ddp.reasons
 
 
-@pytest.mark.parametrize("optimizer, state_b, share", [("", 0.0, 1.0), ("AdamW (default)", 8.0, 1.0),
-                                                      ("SGD (make_optimizer)", 4.0, 20 / 28),
+
+@pytest.mark.parametrize("optimizer, state_b, share", [("", 0.0, 1.0), ("SGD (make_optimizer)", 4.0, 20 / 28),
                                                       ("SGD (make_optimizer)", 0.0, 12 / 28)])
 def test_the_optimizer_step_is_priced_by_the_workloads_own_optimizer(optimizer, state_b, share):
     """AdamW's step reads param, grad and two moments and writes three (28 B a parameter); SGD with
-    momentum 20 B, without 12: the GPU's step, the CPU's and the offloaded host's scale alike. A
-    profile that names no optimizer is priced as AdamW, as the memory model assumes it."""
+    momentum 20 B, without 12: the GPU's step, the CPU's and the offloaded host's (fused kernel or
+    per-tensor loop; accumulation's adds are the gradients', not the optimizer's) scale alike. A
+    profile that names no optimizer (state 0 given here) is priced as AdamW."""
     from launcher.plan.cost import optimizer_s
     from launcher.plan.cpu_cost import cpu_optimizer_s
 
@@ -243,7 +245,21 @@ def test_the_optimizer_step_is_priced_by_the_workloads_own_optimizer(optimizer, 
     gpu, s = one_h100(), Strategy(kind="fsdp_full", precision="bf16", offload=True)
     cpu = load_topology("cpu-local").with_shape(num_nodes=1, devices_per_node=2)
     assert optimizer_s(other, 8, gpu.accelerator) == pytest.approx(share * optimizer_s(adamw, 8, gpu.accelerator))
-    host = {p.optimizer_state_bytes_per_param: offload_s(p, s, gpu, 1, 0.0, 0.0, 1)[2] for p in (adamw, other)}
-    assert host[state_b] == pytest.approx(share * host[8.0])
+    for fused in (True, False):
+        host = {p.optimizer_state_bytes_per_param: offload_s(dataclasses.replace(p, optimizer_fused=fused),
+                                                             s, gpu, 1, 0.0, 0.0, 4)[2] for p in (adamw, other)}
+        adds = 3 * HOST_ACCUMULATE_BYTES * LLAMA_7B.num_params / 400e9
+        assert host[state_b] - adds == pytest.approx(share * (host[8.0] - adds))
     # on CPU its smaller working set may stream at another rate: within 5% of the bytes' share
     assert cpu_optimizer_s(other, 2, cpu) == pytest.approx(share * cpu_optimizer_s(adamw, 2, cpu), rel=0.05)
+
+
+def test_the_goals_optimizer_prices_the_step_of_a_profile_that_names_none():
+    """The plan's memory counts the goal's optimizer's state where the profile names no optimizer;
+    its step time prices the same optimizer: SGD's step on 8 GPUs is 20/28 of AdamW's."""
+    unnamed = dataclasses.replace(LLAMA_7B, optimizer="", optimizer_state_bytes_per_param=0.0)
+    topo = load_topology("h100-sxm-8x")
+    ov = Overrides(strategy="fsdp_full", precision="bf16", micro_batch=1, checkpointing="full")
+    steps = {name: dict(plan(unnamed, topo, Goal(optimizer=name), overrides=ov).chosen.time.compute_parts)["optimizer"]
+             for name in ("adamw", "sgd")}
+    assert steps["sgd"] == pytest.approx(20 / 28 * steps["adamw"])
