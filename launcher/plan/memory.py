@@ -145,9 +145,9 @@ def optimizer_step_share(profile: ModelProfile) -> float:
     parameter and the state, 12 + 2 x state B (AdamW's 8 B of state: 28 B; SGD with momentum 20,
     without 12). Derived from the profile's state bytes (the plan sets the goal's optimizer on a
     profile that names none; here such a profile counts as AdamW), not measured per optimizer."""
-    adamw = float(OPTIMIZER_STATE_BYTES["adamw"])
-    state = profile.optimizer_state_bytes_per_param if profile.optimizer else adamw
-    return (2 * MASTER_PARAM_BYTES + GRAD_BYTES + 2 * state) / (2 * MASTER_PARAM_BYTES + GRAD_BYTES + 2 * adamw)
+    state = optimizer_state_bytes(profile, "adamw")[0]
+    return (2 * MASTER_PARAM_BYTES + GRAD_BYTES + 2 * state) / (2 * MASTER_PARAM_BYTES + GRAD_BYTES
+                                                                 + 2 * OPTIMIZER_STATE_BYTES["adamw"])
 
 
 def estimate_memory(profile: ModelProfile, strategy: Strategy, *, micro_batch: int, world_size: int,

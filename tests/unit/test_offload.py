@@ -229,7 +229,6 @@ def test_a_host_that_cannot_hold_the_fp32_model_built_before_sharding_is_warned(
     assert [r for r in ddp.reasons if r.startswith("warning: each of the node's 8 ranks builds")], ddp.reasons
 
 
-
 @pytest.mark.parametrize("optimizer, state_b, share", [("", 0.0, 1.0), ("SGD (make_optimizer)", 4.0, 20 / 28),
                                                       ("SGD (make_optimizer)", 0.0, 12 / 28)])
 def test_the_optimizer_step_is_priced_by_the_workloads_own_optimizer(optimizer, state_b, share):
